@@ -1,0 +1,162 @@
+"""The budget ledger: one thread-safe count of what an optimization run has paid for.
+
+What it counts: one unit per evaluated example (train or validation) and one unit per sub-LM prompt
+(``llm_query`` / ``llm_query_batched`` inside the agent's REPL). What it does not count: baseline
+evaluations, records reused from an identical earlier evaluation, and the optimizer agent's own turns.
+
+Work that costs budget first *reserves* what it wants; the ledger grants what is left (possibly less,
+possibly nothing) and never lets reservations plus spending exceed the limit. The work then *spends*
+each unit as it completes and *releases* the rest, so an example that never produced an answer is
+never charged, and nothing is overspent however many threads share the ledger.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from rlmoptimizer.errors import BudgetExhaustedError
+
+TRAIN_EXAMPLE = "train_example"
+VAL_EXAMPLE = "val_example"
+SUB_LM_CALL = "sub_lm_call"
+KINDS: tuple[str, ...] = (TRAIN_EXAMPLE, VAL_EXAMPLE, SUB_LM_CALL)
+
+
+def budget_for(max_iterations: int, train_size: int, val_size: int) -> int:
+    """``max_iterations * len(trainset) + len(valset)``: the number of units one ``compile()`` may spend."""
+    return max_iterations * train_size + val_size
+
+
+class Reservation:
+    """Units set aside for one batch of work. Spend them one by one; release what is left.
+
+    Use as a context manager to release the unspent rest on exit, also when the batch fails.
+    """
+
+    def __init__(self, ledger: BudgetLedger, kind: str, granted: int) -> None:
+        self._ledger = ledger
+        self.kind = kind
+        self.granted = granted
+        self.spent = 0
+        self._open = granted
+
+    @property
+    def remaining(self) -> int:
+        """Units still reserved and not yet spent or released."""
+        return self._open
+
+    def spend(self, n: int = 1) -> None:
+        """Charge ``n`` of the reserved units. Spending more than was granted is a programming error."""
+        if n < 0:
+            raise ValueError(f"cannot spend a negative amount, got {n}")
+        with self._ledger._lock:
+            if n > self._open:
+                raise BudgetExhaustedError(
+                    f"reservation of {self.granted} {self.kind} unit(s) has only {self._open} left, asked to spend {n}"
+                )
+            self._open -= n
+            self.spent += n
+            self._ledger._reserved -= n
+            self._ledger._spent_by_kind[self.kind] = self._ledger._spent_by_kind.get(self.kind, 0) + n
+        self._ledger._changed()
+
+    def release(self) -> None:
+        """Give back every unit not spent. Idempotent."""
+        with self._ledger._lock:
+            self._ledger._reserved -= self._open
+            self._open = 0
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+class BudgetLedger:
+    """Thread-safe ledger with a fixed ``limit`` of units, spent by kind (see :data:`KINDS`)."""
+
+    def __init__(
+        self,
+        limit: int,
+        spent_by_kind: dict[str, int] | None = None,
+        on_change: Callable[[BudgetLedger], None] | None = None,
+    ) -> None:
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise ValueError(f"budget limit must be an int >= 0, got {limit!r}")
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._reserved = 0
+        self._spent_by_kind: dict[str, int] = {kind: 0 for kind in KINDS}
+        for kind, amount in (spent_by_kind or {}).items():
+            self._spent_by_kind[kind] = int(amount)
+        self._on_change = on_change
+
+    # -- reading ---------------------------------------------------------------------------------
+    @property
+    def spent(self) -> int:
+        with self._lock:
+            return sum(self._spent_by_kind.values())
+
+    @property
+    def left(self) -> int:
+        """Units neither spent nor reserved."""
+        with self._lock:
+            return max(0, self.limit - sum(self._spent_by_kind.values()) - self._reserved)
+
+    @property
+    def spent_by_kind(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._spent_by_kind)
+
+    def snapshot(self) -> dict[str, Any]:
+        """JSON-friendly state: ``{"limit", "spent", "left", "spent_by_kind"}``."""
+        with self._lock:
+            spent = sum(self._spent_by_kind.values())
+            return {
+                "limit": self.limit,
+                "spent": spent,
+                "left": max(0, self.limit - spent - self._reserved),
+                "spent_by_kind": dict(self._spent_by_kind),
+            }
+
+    @classmethod
+    def from_snapshot(
+        cls, snapshot: dict[str, Any], on_change: Callable[[BudgetLedger], None] | None = None
+    ) -> BudgetLedger:
+        return cls(int(snapshot["limit"]), spent_by_kind=snapshot.get("spent_by_kind"), on_change=on_change)
+
+    # -- reserving -------------------------------------------------------------------------------
+    def reserve(self, n: int, kind: str) -> Reservation:
+        """Reserve up to ``n`` units of ``kind``; the grant is ``min(n, left)`` and may be 0. Never raises
+        for lack of budget: the caller evaluates what was granted and says so."""
+        self._check(n, kind)
+        with self._lock:
+            available = max(0, self.limit - sum(self._spent_by_kind.values()) - self._reserved)
+            granted = min(n, available)
+            self._reserved += granted
+        return Reservation(self, kind, granted)
+
+    def reserve_exactly(self, n: int, kind: str) -> Reservation:
+        """Reserve exactly ``n`` units or raise :class:`BudgetExhaustedError` (reserving nothing)."""
+        self._check(n, kind)
+        with self._lock:
+            available = max(0, self.limit - sum(self._spent_by_kind.values()) - self._reserved)
+            if n > available:
+                raise BudgetExhaustedError(
+                    f"budget exhausted: {n} {kind} unit(s) requested, {available} of {self.limit} left"
+                )
+            self._reserved += n
+        return Reservation(self, kind, n)
+
+    def _check(self, n: int, kind: str) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"unknown budget kind {kind!r}; expected one of {KINDS}")
+        if not isinstance(n, int) or n < 0:
+            raise ValueError(f"can only reserve an int >= 0 of units, got {n!r}")
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change(self)

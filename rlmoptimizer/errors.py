@@ -1,0 +1,55 @@
+"""Exceptions raised by rlmoptimizer.
+
+The tree::
+
+    RLMOptimizerError
+     +-- ConfigurationError (also ValueError)   bad input to the optimizer; raised before any LM call
+     +-- MetricError (also TypeError)           the metric returned something that is not a score
+     +-- BudgetExhaustedError                   a budgeted action was asked for with nothing left
+     +-- StructureChangedError                  something other than instructions changed
+     +-- EvaluationLMError                      the evaluation LM fails in a way retrying cannot fix
+     +-- SandboxError                           the sandbox could not be started or restarted
+     +-- RunDirectoryMismatchError              run_storage_dir holds a run of another program/data/metric
+     +-- OptimizationInterrupted                Ctrl-C or an error mid-run; says where the state is
+
+Errors shown to the optimizer agent (inside its REPL) are plain messages formatted by
+:func:`rlmoptimizer.tools.agent_error`; only systemic failures propagate to the user.
+"""
+
+from __future__ import annotations
+
+
+class RLMOptimizerError(Exception):
+    """Base class of every error rlmoptimizer raises on purpose."""
+
+
+class ConfigurationError(RLMOptimizerError, ValueError):
+    """The optimizer, program, data or metric given by the user cannot be used as given."""
+
+
+class MetricError(RLMOptimizerError, TypeError):
+    """The metric returned a value that is not a score (None, NaN, text, ...)."""
+
+
+class BudgetExhaustedError(RLMOptimizerError):
+    """A budgeted action was requested but no budget is left."""
+
+
+class StructureChangedError(RLMOptimizerError):
+    """The program's structure (fields, demos, modules) changed; only instructions may change."""
+
+
+class EvaluationLMError(RLMOptimizerError):
+    """The evaluation LM failed on consecutive examples in a way that retrying cannot fix."""
+
+
+class SandboxError(RLMOptimizerError):
+    """The sandboxed REPL could not be started or restarted."""
+
+
+class RunDirectoryMismatchError(RLMOptimizerError):
+    """``run_storage_dir`` already holds a run of a different program, trainset, valset or metric."""
+
+
+class OptimizationInterrupted(RLMOptimizerError):
+    """The optimization stopped early (interrupt or error); the message says where the state is kept."""
