@@ -1,0 +1,248 @@
+"""The optimizer agent: a ``dspy.RLM`` whose sub-LM calls draw on the optimization budget.
+
+Differences from a plain ``dspy.RLM``:
+
+- ``llm_query`` / ``llm_query_batched`` and the sandbox's ``dspy`` sub-agents charge one budget unit per
+  prompt to the :class:`~rlmoptimizer.budget.BudgetLedger` (reserve first, so nothing is overspent). With no
+  budget left they answer with an error the agent can read, and the agent goes on working.
+- A root-LM reply that does not parse is retried, then shown to the agent as an error turn; it does not end
+  the run.
+- Each turn is reported to ``on_turn`` as soon as it exists (for checkpoints and display), and a run can
+  start from an earlier trajectory (resume).
+- Setup code (loading the evaluation data) runs once per sandbox process, after dspy's own setup, and is
+  replayed by the sandbox after a restart.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import dspy
+from dspy.predict.rlm import _LLMCallBudget, _strip_code_fences
+from dspy.primitives.code_interpreter import CodeInterpreter, resolve_interpreter_factory
+from dspy.primitives.prediction import Prediction
+from dspy.primitives.repl_types import REPLHistory
+from dspy.utils.exceptions import AdapterParseError, format_error_for_lm
+
+from rlmoptimizer.budget import SUB_LM_CALL, BudgetLedger, Reservation
+from rlmoptimizer.errors import BudgetExhaustedError
+
+logger = logging.getLogger(__name__)
+
+TurnCallback = Callable[[dict[str, Any]], None]
+
+
+class _ChargedBudget:
+    """dspy.RLM's per-run call ceiling plus our ledger: a reservation is taken from both or from neither."""
+
+    def __init__(self, rlm_budget: _LLMCallBudget, ledger: BudgetLedger) -> None:
+        self._rlm_budget = rlm_budget
+        self._ledger = ledger
+
+    def take(self, n: int) -> Reservation:
+        """Reserve ``n`` sub-LM calls; spend each one that produced an answer, release the rest."""
+        try:
+            reservation = self._ledger.reserve_exactly(n, SUB_LM_CALL)
+        except BudgetExhaustedError as exc:
+            raise RuntimeError(_budget_message(exc)) from None
+        try:
+            self._rlm_budget.reserve(n)
+        except Exception:
+            reservation.release()
+            raise
+        return reservation
+
+    def reserve(self, n: int = 1) -> None:
+        """dspy's facade protocol (sandbox sub-agents): charge ``n`` calls up front."""
+        self.take(n).spend(n)
+
+
+def _budget_message(exc: BaseException) -> str:
+    return (
+        f"{exc}. Sub-LM calls cost 1 unit each and the optimization budget cannot cover this. "
+        "Analyse with Python code instead, update prompts, and SUBMIT when ready."
+    )
+
+
+class OptimizerAgent(dspy.RLM):
+    """``dspy.RLM`` with budgeted sub-LM calls, tolerant turns, per-turn callbacks and resume."""
+
+    def __init__(
+        self,
+        signature,
+        *,
+        ledger: BudgetLedger,
+        setup_code: str = "",
+        on_turn: TurnCallback | None = None,
+        prior_turns: Sequence[dict[str, Any]] = (),
+        parse_retries: int = 2,
+        validate_submission: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        **rlm_kwargs: Any,
+    ) -> None:
+        super().__init__(signature, **rlm_kwargs)
+        self._ledger = ledger
+        self._setup_code = setup_code
+        self._on_turn = on_turn
+        self._prior_turns = [dict(t) for t in prior_turns]
+        self._parse_retries = parse_retries
+        self._validate_submission = validate_submission
+
+    # -- budgeted sub-LM tools ------------------------------------------------------------------------
+    def _make_llm_tools(self, budget: _LLMCallBudget | None = None, max_workers: int = 8) -> dict[str, Callable]:
+        charged = _ChargedBudget(budget if budget is not None else _LLMCallBudget(self.max_llm_calls), self._ledger)
+        sub_lm = self.sub_lm
+
+        def query(prompt: str) -> str:
+            lm = sub_lm if sub_lm is not None else dspy.settings.lm
+            if lm is None:
+                raise dspy.LMNotConfiguredError("No sub-LM configured for llm_query.")
+            response = lm(prompt)
+            text = response.text if isinstance(response, dspy.lm15.Response) else None
+            if text is None and isinstance(response, list) and response:
+                first = response[0]
+                text = first.get("text") if isinstance(first, dict) else first
+            if not isinstance(text, str):
+                raise TypeError(f"Sub-LM returned no text (got {type(response).__name__}).")
+            return text
+
+        def llm_query(prompt: str) -> str:
+            """Query the sub-LM with a prompt string (costs 1 budget unit)."""
+            if not prompt:
+                raise ValueError("prompt cannot be empty")
+            with charged.take(1) as reservation:
+                text = query(prompt)
+                reservation.spend(1)
+            return text
+
+        def llm_query_batched(prompts: list[str]) -> list[str]:
+            """Query the sub-LM with several prompts concurrently (1 budget unit per prompt)."""
+            if not prompts:
+                return []
+            if any(not p for p in prompts):
+                raise ValueError("prompts cannot contain empty strings")
+            results: dict[int, str] = {}
+            with charged.take(len(prompts)) as reservation, ThreadPoolExecutor(max_workers=max_workers) as pool:
+                futures = {
+                    pool.submit(contextvars.copy_context().run, query, prompt): index
+                    for index, prompt in enumerate(prompts)
+                }
+                for future, index in futures.items():
+                    try:
+                        results[index] = future.result()
+                        reservation.spend(1)
+                    except dspy.LMError as exc:
+                        results[index] = f"[ERROR] {format_error_for_lm(exc)}"
+            return [results[i] for i in range(len(prompts))]
+
+        return {"llm_query": llm_query, "llm_query_batched": llm_query_batched}
+
+    def _setup_facade(self, repl, budget, interpreter_factory) -> str:
+        return super()._setup_facade(repl, _ChargedBudget(budget, self._ledger), interpreter_factory)
+
+    # -- the loop ---------------------------------------------------------------------------------------
+    def forward(self, *, interpreter_factory: Callable[[], CodeInterpreter] | None = None, **input_args) -> Prediction:
+        self._validate_inputs(input_args)
+        if interpreter_factory is None:
+            interpreter_factory = resolve_interpreter_factory(self._interpreter_factory)
+        output_field_names = list(self.signature.output_fields.keys())
+        budget = _LLMCallBudget(self.max_llm_calls)
+        execution_tools = self._prepare_execution_tools(budget)
+        variables = self._build_variables(**input_args)
+
+        with self._interpreter_context(execution_tools, interpreter_factory) as repl:
+            sub_agent_rules = self._setup_facade(repl, budget, interpreter_factory)
+            regular_args = self._prepare_serializable_vars(input_args, repl)
+            if self._setup_code:
+                repl.execute(self._setup_code)
+            mark = getattr(repl, "mark_setup_complete", None)
+            if callable(mark):
+                mark()
+
+            history = REPLHistory(max_output_chars=self.max_output_chars)
+            for turn in self._prior_turns:
+                history = history.append(reasoning=turn.get("reasoning", ""), code=turn["code"], output=turn["output"])
+
+            for iteration in range(len(history), self.max_iters):
+                result = self._tolerant_iteration(
+                    repl, variables, history, iteration, regular_args, output_field_names, interpreter_factory,
+                    sub_agent_rules,
+                )
+                if isinstance(result, Prediction):
+                    outputs = {name: result[name] for name in output_field_names}
+                    self._report(result.trajectory[-1], iteration, final=True, outputs=outputs)
+                    return result
+                self._report(result.entries[-1].model_dump(), iteration, final=False)
+                history = result
+
+            return self._extract_fallback(variables, history, output_field_names)
+
+    def _tolerant_iteration(
+        self, repl, variables, history, iteration, input_args, output_field_names, interpreter_factory,
+        sub_agent_rules,
+    ):
+        """One turn; a reply that does not parse is retried, then recorded as an error turn."""
+        variables_info = [variable.format() for variable in variables]
+        signature = self._action_signature_for_current_factory(interpreter_factory, sub_agent_rules)
+        last_error: AdapterParseError | None = None
+        for attempt in range(1 + self._parse_retries):
+            try:
+                action = self.generate_action(
+                    signature=signature,
+                    variables_info=variables_info,
+                    repl_history=history,
+                    iteration=f"{iteration + 1}/{self.max_iters}",
+                    **({"config": {"cache": False}} if attempt else {}),
+                )
+                break
+            except AdapterParseError as exc:
+                last_error = exc
+                logger.warning("Root LM reply did not parse (attempt %d): %s", attempt + 1, exc)
+        else:
+            raw = (last_error.lm_response or "")[:2000] if last_error else ""
+            return history.append(
+                reasoning="(the reply could not be parsed)",
+                code=raw,
+                output=(
+                    f"[Error] Your last reply could not be parsed after {1 + self._parse_retries} attempts: "
+                    f"{format_error_for_lm(last_error)}. Reply with the output fields exactly as specified "
+                    "(reasoning, then code in a ```python block)."
+                ),
+            )
+        try:
+            code = _strip_code_fences(action.code)
+        except SyntaxError as exc:
+            code = action.code
+            result = f"[Error] {format_error_for_lm(exc)}"
+            return self._process_execution_result(action, code, result, history, output_field_names)
+        result = self._execute_code(repl, code, input_args)
+        return self._process_execution_result(action, code, result, history, output_field_names)
+
+    def _process_final_output(self, result, output_field_names):
+        """dspy's checks of a SUBMIT, then ours: a refused submission is an error the agent sees and fixes."""
+        parsed, error = super()._process_final_output(result, output_field_names)
+        if error is None and self._validate_submission is not None:
+            try:
+                parsed = self._validate_submission(parsed)
+            except ValueError as exc:
+                return None, f"[Error] Submission refused: {exc}"
+        return parsed, error
+
+    def _report(
+        self, entry: dict[str, Any], iteration: int, *, final: bool, outputs: dict[str, Any] | None = None
+    ) -> None:
+        if self._on_turn is None:
+            return
+        turn = {
+            "iteration": iteration + 1,
+            "reasoning": entry.get("reasoning", ""),
+            "code": entry.get("code", ""),
+            "output": entry.get("output", ""),
+            "final": final,
+        }
+        if outputs is not None:
+            turn["outputs"] = outputs
+        self._on_turn(turn)

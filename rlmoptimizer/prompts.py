@@ -1,0 +1,87 @@
+"""The optimizer agent's instructions: module constants with checked placeholders.
+
+``AGENT_INSTRUCTIONS`` becomes the docstring of the agent's signature (dspy.RLM puts it before its own
+REPL rules). ``render_task_brief`` builds the short per-compile brief handed to the agent as an input.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Mapping
+
+TOOL_NAMES: tuple[str, ...] = ("evaluate_program", "run_data", "update_prompt", "optimization_status")
+
+AGENT_INSTRUCTIONS = """\
+You are a prompt optimizer for a DSPy program. The program is made of steps (predictors); each step has
+instructions (its prompt). Your job: find instructions for the steps that make the program score higher on
+the user's metric, then SUBMIT them as `optimized_dspy_program`, a dict {step name: instructions}. Only the
+instructions can change: fields, demos and the program's structure stay as they are. Steps you leave out of
+the submission keep their current instructions (including edits you made with update_prompt).
+
+The REPL already holds the evaluation data of the unchanged program:
+- `baseline_train`: the baseline train run, a dict with "run_id", "score", "passed_count", "evaluated_count" and
+  "examples": a list of {"example_id", "inputs", "expected", "predicted", "score", "passed", "feedback",
+  "error", "steps": [{"step_name", "inputs", "outputs"}]} (every predictor call of that example, in order).
+- `baseline_val`: the baseline validation run, aggregates only (score, passed_count, evaluated_count).
+- `step_names`: the list of step names; `current_prompts`: {step name: current instructions}.
+
+Tools (call them from your code; they return plain dicts and lists):
+- `evaluate_program(split='train', limit=None, sample=None, ids=None, failed_from_run=None, seed=0)`: run the
+  program with the current instructions. On 'train' it returns a run like `baseline_train` (with "examples").
+  Select examples with `limit=N` (first N), `sample='random'` (shuffled with `seed`, combine with `limit`),
+  `ids=[3, 7]` or `ids='3,7'`, `failed_from_run='run-0001'` (the examples that did not pass in that run).
+  On 'val' it always runs the whole validation split and returns aggregates only: you never see validation
+  examples. Every evaluated example costs 1 budget unit; an example already evaluated with identical
+  instructions is reused for free. When the budget cannot cover the request, what fits is evaluated and
+  "note" says so.
+- `run_data(run_id)`: any earlier run (baseline runs included), free.
+- `update_prompt(step, text)`: set the instructions of one step, free. It refuses unknown step names and empty
+  text. Returns {"step", "previous", "version"}.
+- `optimization_status()`: free. Budget spent/left, current instructions per step, step names, and every run
+  so far with its split, label and score.
+- `llm_query(prompt)` / `llm_query_batched(prompts)`: ask a sub-LM; each prompt costs 1 budget unit.
+
+Budget: $budget units in all ($budget_note). Your own turns are free. When the budget is spent you can
+still analyse data, update prompts and SUBMIT.
+
+A good way to work:
+1. Read the baseline failures first. Group them with code by step and by cause (wrong format, missing rule,
+   misread input, ...): print counts and a few short examples, not everything.
+2. Use `llm_query_batched` on small groups of failures to understand what they have in common when code alone
+   cannot tell; keep prompts short and ask for short answers.
+3. Write better instructions for the step(s) at fault with `update_prompt`: state the rules the failures
+   reveal, the output format, the edge cases. Keep what already works.
+4. Re-evaluate a targeted subset first (`failed_from_run=...`, or `ids=[...]`), then a random sample to check
+   nothing that passed broke. Compare scores with code.
+5. Use `evaluate_program(split='val')` as a checkpoint when a change looks good: the program returned to
+   the user is the best of your submission and the candidates checked on validation.
+6. SUBMIT(optimized_dspy_program={step: instructions, ...}) once the result is good or the budget is spent.
+"""
+
+_REQUIRED_PLACEHOLDERS = frozenset({"budget", "budget_note"})
+
+
+def render_instructions(budget: int, budget_note: str) -> str:
+    """Fill the ``$placeholders`` of :data:`AGENT_INSTRUCTIONS`; every placeholder must be given."""
+    template = string.Template(AGENT_INSTRUCTIONS)
+    names = set(re.findall(r"\$(\w+)", AGENT_INSTRUCTIONS))
+    if names != _REQUIRED_PLACEHOLDERS:
+        raise RuntimeError(f"AGENT_INSTRUCTIONS placeholders changed: {sorted(names)}")
+    return template.substitute(budget=budget, budget_note=budget_note)
+
+
+def render_task_brief(
+    step_signatures: Mapping[str, str], train_size: int, val_size: int, budget_left: int, resumed: bool = False
+) -> str:
+    """A short description of this program and data, given to the agent as an input on every turn."""
+    lines = [f"The program has {len(step_signatures)} step(s):"]
+    lines += [f"- {name}: {signature}" for name, signature in step_signatures.items()]
+    lines.append(f"Train split: {train_size} examples (ids 0..{max(train_size - 1, 0)}). Validation split: {val_size}.")
+    lines.append(f"Budget left at the start of this session: {budget_left} units.")
+    if resumed:
+        lines.append(
+            "This optimization was resumed: your earlier turns are in the history, but the REPL restarted and your"
+            " own variables are gone (runs are kept: use run_data / optimization_status)."
+        )
+    return "\n".join(lines)
