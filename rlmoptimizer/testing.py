@@ -1,0 +1,92 @@
+"""Offline LMs for tests and demos: real DSPy adapters on top, scripted replies underneath, no network.
+
+``FunctionLM(fn)`` answers ``fn(messages)``; ``ScriptedLM([...])`` answers from a list in order. Use them to
+test a DSPy program, a metric or an optimization run without an API key.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from dspy.clients.engines.dummy_engine import AsyncDummyEngine, DummyEngine
+from dspy.lm15 import Message, Response, TextPart, Usage
+from dspy.utils.dummies import DummyLM
+
+Reply = dict[str, Any] | str | BaseException
+
+
+class _FunctionEngine(DummyEngine):
+    def _complete_messages(self, messages):
+        owner = self.owner
+        with owner._lock:
+            owner.calls.append(messages)
+        if owner.latency:
+            time.sleep(owner.latency)
+        reply = owner.fn(messages)
+        if isinstance(reply, BaseException):
+            raise reply
+        text = reply if isinstance(reply, str) else owner._format_answer_fields(reply)
+        words = sum(len(str(m.get("content", "")).split()) for m in messages)
+        return Response(
+            id=None,
+            model=owner.model,
+            message=Message.assistant([TextPart(text)]),
+            finish_reason="stop",
+            usage=Usage(input_tokens=words, output_tokens=len(text.split()), total_tokens=words + len(text.split())),
+        )
+
+
+class FunctionLM(DummyLM):
+    """An LM whose reply is ``fn(messages)``: a dict of output fields (formatted for the adapter),
+    a raw string (sent as is), or an exception instance (raised). Thread safe; records every call."""
+
+    def __init__(self, fn: Callable[[list[dict]], Reply], *, latency: float = 0.0, adapter=None, name="fake"):
+        super().__init__([], adapter=adapter)
+        self.model = name
+        self.fn = fn
+        self.latency = latency
+        self.calls: list[list[dict]] = []
+        self._lock = threading.Lock()
+        self._engine_spec = _FunctionEngine(self)
+        self._async_engine_spec = AsyncDummyEngine(self._engine_spec)
+
+
+class ScriptedLM(FunctionLM):
+    """Replies from a list, in order; raises AssertionError when the script runs out."""
+
+    def __init__(self, replies: Iterable[Reply], **kwargs):
+        self._replies = list(replies)
+        self._index = 0
+        super().__init__(self._next, **kwargs)
+
+    def _next(self, messages):
+        with self._lock:
+            if self._index >= len(self._replies):
+                raise AssertionError(f"ScriptedLM ran out of replies after {self._index} calls")
+            reply = self._replies[self._index]
+            self._index += 1
+        return reply
+
+    @property
+    def remaining(self) -> int:
+        return len(self._replies) - self._index
+
+
+def last_user_text(messages: list[dict]) -> str:
+    """The text of the last user message (where DSPy's adapters put the inputs)."""
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            content = message.get("content")
+            return content if isinstance(content, str) else str(content)
+    return ""
+
+
+def system_text(messages: list[dict]) -> str:
+    for message in messages:
+        if message.get("role") == "system":
+            content = message.get("content")
+            return content if isinstance(content, str) else str(content)
+    return ""
