@@ -90,3 +90,18 @@ def system_text(messages: list[dict]) -> str:
             content = message.get("content")
             return content if isinstance(content, str) else str(content)
     return ""
+
+
+def scripted_agent(turns: list[dict[str, Any] | str], *, name: str = "scripted-agent") -> FunctionLM:
+    """A root LM for ``dspy.RLM`` that plays ``turns`` in order, keyed by how many REPL steps it has seen.
+
+    Each turn is ``{"reasoning": ..., "code": ...}`` or a raw string (sent as is, e.g. a reply that does not
+    parse). Because the reply depends on the history shown, a retried turn gets the same reply again; after
+    the last turn it keeps answering with the last one.
+    """
+
+    def reply(messages: list[dict]) -> Reply:
+        seen = sum(str(m.get("content", "")).count("=== Step ") for m in messages if m.get("role") == "user")
+        return turns[min(seen, len(turns) - 1)]
+
+    return FunctionLM(reply, name=name)
