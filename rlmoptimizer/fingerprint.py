@@ -1,0 +1,203 @@
+"""What an optimization may change (instructions) and what it must not (everything else).
+
+Instructions are read and written by step name, the name ``program.named_predictors()`` gives each
+predictor (``"generate.predict"`` for a ``ChainOfThought`` stored as ``self.generate``).
+
+The *structural fingerprint* is a canonical, JSON-friendly description of everything except the
+instructions: every predictor's signature fields (name, prefix, description, type), its demos and its
+class, plus the class of every sub-module along ``named_sub_modules()`` paths. Two programs with the
+same fingerprint differ at most in their instructions. :func:`check_structure` compares a program
+with a fingerprint taken earlier and, when they differ, raises :class:`StructureChangedError` listing
+each difference in words.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from rlmoptimizer.errors import ConfigurationError, StructureChangedError
+from rlmoptimizer.records import jsonable
+
+FINGERPRINT_VERSION = 1
+
+
+# -- canonical JSON ------------------------------------------------------------------------------
+def canonical_json(value: Any) -> str:
+    """JSON text with sorted keys and no whitespace: equal values give equal text."""
+    return json.dumps(jsonable(value), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def sha256_json(value: Any) -> str:
+    """sha256 hex digest of :func:`canonical_json` of ``value``."""
+    return hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()
+
+
+def instructions_digest(instructions: dict[str, str]) -> str:
+    """Digest of a ``{step name: instructions}`` map; the key under which evaluations are cached."""
+    return sha256_json(dict(instructions))
+
+
+# -- instructions --------------------------------------------------------------------------------
+def get_instructions(program: Any) -> dict[str, str]:
+    """``{step name: instructions}`` for every predictor, in ``named_predictors()`` order."""
+    return {name: predictor.signature.instructions for name, predictor in program.named_predictors()}
+
+
+def apply_instructions(program: Any, mapping: dict[str, str]) -> None:
+    """Set the instructions of the named steps, in place (callers deep-copy first).
+
+    Unknown step names raise :class:`ConfigurationError` before anything is changed.
+    """
+    predictors = dict(program.named_predictors())
+    unknown = [name for name in mapping if name not in predictors]
+    if unknown:
+        raise ConfigurationError(
+            f"unknown step name(s) {unknown}; the program's steps are {list(predictors)} "
+            "(the names program.named_predictors() gives)"
+        )
+    for name, text in mapping.items():
+        if not isinstance(text, str):
+            raise ConfigurationError(f"instructions for step {name!r} must be a str, got {type(text).__name__}")
+        predictor = predictors[name]
+        predictor.signature = predictor.signature.with_instructions(text)
+
+
+# -- fingerprint ---------------------------------------------------------------------------------
+def _type_name(annotation: Any) -> str:
+    if isinstance(annotation, type) and not getattr(annotation, "__args__", None):
+        return annotation.__qualname__
+    return str(annotation)
+
+
+def _field(name: str, info: Any) -> dict[str, Any]:
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    return {
+        "name": name,
+        "prefix": extra.get("prefix"),
+        "desc": extra.get("desc"),
+        "type": _type_name(info.annotation),
+    }
+
+
+def _demo(demo: Any) -> Any:
+    items = getattr(demo, "items", None)
+    if callable(items):
+        try:
+            return jsonable(dict(items()))
+        except Exception:
+            pass
+    return jsonable(demo)
+
+
+def structural_fingerprint(program: Any) -> dict[str, Any]:
+    """Everything about ``program`` except its instructions, as canonical JSON-friendly data."""
+    predictors = []
+    for name, predictor in program.named_predictors():
+        signature = predictor.signature
+        predictors.append(
+            {
+                "name": name,
+                "class": type(predictor).__qualname__,
+                "inputs": [_field(n, f) for n, f in signature.input_fields.items()],
+                "outputs": [_field(n, f) for n, f in signature.output_fields.items()],
+                "demos": [_demo(d) for d in (getattr(predictor, "demos", None) or [])],
+            }
+        )
+    modules = [{"path": path, "class": type(module).__qualname__} for path, module in program.named_sub_modules()]
+    return {"version": FINGERPRINT_VERSION, "predictors": predictors, "modules": modules}
+
+
+def fingerprint_digest(fp: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of a fingerprint."""
+    return sha256_json(fp)
+
+
+# -- comparing -----------------------------------------------------------------------------------
+def _short(value: Any, limit: int = 80) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    text = repr(text) if isinstance(value, str) else text
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _field_diff(step: str, side: str, old: list[dict], new: list[dict]) -> list[str]:
+    lines = []
+    old_by_name = {f["name"]: f for f in old}
+    new_by_name = {f["name"]: f for f in new}
+    for name in old_by_name:
+        if name not in new_by_name:
+            lines.append(f"step {step!r}: {side} field {name!r} removed")
+    for name in new_by_name:
+        if name not in old_by_name:
+            lines.append(f"step {step!r}: {side} field {name!r} added")
+    for name, before in old_by_name.items():
+        after = new_by_name.get(name)
+        if after is None:
+            continue
+        for key in ("type", "prefix", "desc"):
+            if before.get(key) != after.get(key):
+                lines.append(
+                    f"step {step!r}: {side} field {name!r} {key} changed from "
+                    f"{_short(before.get(key))} to {_short(after.get(key))}"
+                )
+    common_old = [f["name"] for f in old if f["name"] in new_by_name]
+    common_new = [f["name"] for f in new if f["name"] in old_by_name]
+    if common_old != common_new:
+        lines.append(f"step {step!r}: {side} fields reordered from {common_old} to {common_new}")
+    return lines
+
+
+def _demo_diff(step: str, old: list, new: list) -> list[str]:
+    if old == new:
+        return []
+    if len(old) != len(new):
+        return [f"step {step!r}: demos changed from {len(old)} to {len(new)}"]
+    changed = [i for i, (a, b) in enumerate(zip(old, new, strict=True)) if a != b]
+    return [f"step {step!r}: demo {i} changed from {_short(old[i])} to {_short(new[i])}" for i in changed]
+
+
+def diff_fingerprints(expected: dict[str, Any], actual: dict[str, Any]) -> list[str]:
+    """Each structural difference between two fingerprints, in words; empty when they are equal."""
+    lines: list[str] = []
+    old_steps = {p["name"]: p for p in expected.get("predictors", [])}
+    new_steps = {p["name"]: p for p in actual.get("predictors", [])}
+    lines += [f"step {name!r} removed" for name in old_steps if name not in new_steps]
+    lines += [f"step {name!r} added" for name in new_steps if name not in old_steps]
+    for name, before in old_steps.items():
+        after = new_steps.get(name)
+        if after is None:
+            continue
+        if before.get("class") != after.get("class"):
+            lines.append(f"step {name!r}: class changed from {before.get('class')} to {after.get('class')}")
+        lines += _field_diff(name, "input", before.get("inputs", []), after.get("inputs", []))
+        lines += _field_diff(name, "output", before.get("outputs", []), after.get("outputs", []))
+        lines += _demo_diff(name, before.get("demos", []), after.get("demos", []))
+    old_order = [n for n in old_steps if n in new_steps]
+    new_order = [n for n in new_steps if n in old_steps]
+    if old_order != new_order:
+        lines.append(f"steps reordered from {old_order} to {new_order}")
+
+    old_modules = {m["path"]: m["class"] for m in expected.get("modules", [])}
+    new_modules = {m["path"]: m["class"] for m in actual.get("modules", [])}
+    lines += [f"module {p!r} ({c}) removed" for p, c in old_modules.items() if p not in new_modules]
+    lines += [f"module {p!r} ({c}) added" for p, c in new_modules.items() if p not in old_modules]
+    lines += [
+        f"module {p!r}: class changed from {c} to {new_modules[p]}"
+        for p, c in old_modules.items()
+        if p in new_modules and new_modules[p] != c
+    ]
+    if not lines and canonical_json(expected) != canonical_json(actual):
+        lines.append("the fingerprint changed (format version or an unrecognised detail)")
+    return lines
+
+
+def check_structure(expected_fp: dict[str, Any], program: Any) -> None:
+    """Raise :class:`StructureChangedError` listing every difference if ``program`` no longer matches."""
+    actual = structural_fingerprint(program)
+    if canonical_json(actual) == canonical_json(expected_fp):
+        return
+    lines = diff_fingerprints(expected_fp, actual)
+    raise StructureChangedError(
+        "the program's structure changed; only instructions may change:\n" + "\n".join(f"  - {line}" for line in lines)
+    )

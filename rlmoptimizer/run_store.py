@@ -1,0 +1,137 @@
+"""Evaluation runs on disk: one JSON file per run, ``<directory>/runs/<run_id>.json``, written atomically.
+
+Runs are append-only snapshots: ids are handed out in order (``run-0001``, ``run-0002``, ...), continuing
+after the highest id already on disk, so a resumed run directory keeps its history. A crash while
+writing leaves the old file or the new one, never half of one; stray temporary files are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from rlmoptimizer.records import EvalRun
+
+logger = logging.getLogger(__name__)
+
+_RUN_ID = re.compile(r"^run-(\d+)$")
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file in the same directory, fsync, then ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_directory(path.parent)
+
+
+def atomic_write_json(path: str | Path, data: Any) -> None:
+    """:func:`atomic_write_text` of ``data`` as indented JSON (non-ASCII kept as is)."""
+    atomic_write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make the rename itself durable where the platform allows it (POSIX); best effort."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _run_number(run_id: str) -> int | None:
+    match = _RUN_ID.match(run_id)
+    return int(match.group(1)) if match else None
+
+
+class RunStore:
+    """Append-only store of :class:`EvalRun` by id. ``directory=None`` uses a fresh temporary directory.
+
+    Thread safe. Runs are kept in memory as well as on disk; the disk is read once, at construction.
+    """
+
+    def __init__(self, directory: str | Path | None = None) -> None:
+        self.is_temporary = directory is None
+        self.directory = Path(tempfile.mkdtemp(prefix="rlmoptimizer-")) if directory is None else Path(directory)
+        self.runs_dir = self.directory / "runs"
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._runs: dict[str, EvalRun] = {}
+        self._load()
+        self._last_number = max((_run_number(r) or 0 for r in self._runs), default=0)
+
+    def __repr__(self) -> str:
+        return f"RunStore({str(self.directory)!r}, runs={len(self)})"
+
+    def _load(self) -> None:
+        for path in self.runs_dir.glob("run-*.json"):
+            if _run_number(path.stem) is None:
+                continue
+            try:
+                run = EvalRun.from_dict(json.loads(path.read_text(encoding="utf-8")))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                logger.warning("skipping unreadable run file %s: %s", path, exc)
+                continue
+            self._runs[run.run_id] = run
+
+    def next_run_id(self) -> str:
+        """A new id, one above the highest id handed out or found on disk."""
+        with self._lock:
+            self._last_number += 1
+            return f"run-{self._last_number:04d}"
+
+    def save(self, run: EvalRun) -> None:
+        """Write ``run`` to ``runs/<run_id>.json`` (atomically) and keep it in memory."""
+        number = _run_number(run.run_id)
+        if number is None:
+            raise ValueError(f"run_id must look like 'run-0001', got {run.run_id!r}")
+        atomic_write_json(self.runs_dir / f"{run.run_id}.json", run.to_dict())
+        with self._lock:
+            self._runs[run.run_id] = run
+            self._last_number = max(self._last_number, number)
+
+    def get(self, run_id: str) -> EvalRun:
+        """The run with this id; :class:`KeyError` naming the known ids if there is none."""
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is None:
+                known = sorted(self._runs, key=lambda r: _run_number(r) or 0)
+                shown = ", ".join(known) if known else "none yet"
+                raise KeyError(f"unknown run_id {run_id!r}; known run ids: {shown}")
+            return run
+
+    def all(self) -> list[EvalRun]:
+        """Every run, in id order."""
+        with self._lock:
+            return sorted(self._runs.values(), key=lambda r: _run_number(r.run_id) or 0)
+
+    def __contains__(self, run_id: object) -> bool:
+        with self._lock:
+            return run_id in self._runs
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._runs)
