@@ -1,0 +1,96 @@
+"""compile() keeps going through what goes wrong inside the agent loop: a cell that runs forever, a sandbox
+that dies, a budget that runs out, a root-LM reply that does not parse."""
+
+from __future__ import annotations
+
+from example import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
+from fakes import FunctionLM, scripted_agent
+
+from rlmoptimizer import RLMDocstringOptimizer
+
+SUBMIT_POLICY = {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"}
+
+
+def run(turns, **kwargs):
+    trainset, valset = make_splits()
+    kwargs.setdefault("max_iterations", 2)
+    task = FunctionLM(task_lm_reply)
+    opt = RLMDocstringOptimizer(root_lm=scripted_agent(turns), eval_lm=task, num_threads=4, **kwargs)
+    return opt.compile(student=RouteTicket(), trainset=trainset, metric=metric, valset=valset)
+
+
+def outputs(result):
+    return [turn["output"] for turn in result.agent_trajectory]
+
+
+def test_a_cell_that_runs_too_long_is_stopped_and_the_run_goes_on():
+    result = run([
+        {"reasoning": "keep something", "code": "notes = ['a', 'b']\nprint('ok')"},
+        {"reasoning": "oops", "code": "while True:\n    pass"},
+        {"reasoning": "still here?", "code": "print(len(baseline_train['examples']), 'notes' in dir())"},
+        SUBMIT_POLICY,
+    ], sandbox_timeout_s=3)
+    timed_out, after = outputs(result)[1:3]
+    assert "notes" in timed_out and "restart" in timed_out.lower()
+    assert after.strip() == "12 False"
+    assert result.optimized_dspy_program["route"] == POLICY_PROMPT
+
+
+def test_a_killed_sandbox_is_restarted_with_the_data_and_the_agent_is_told():
+    result = run([
+        {"reasoning": "keep something", "code": "mine = 42\nprint(mine)"},
+        {"reasoning": "kill it", "code": "import js\njs.Deno.exit(3)"},
+        {"reasoning": "data back?", "code": "print(baseline_train['score'], step_names)"},
+        SUBMIT_POLICY,
+    ])
+    died, after = outputs(result)[1:3]
+    assert "mine" in died
+    assert "['summarize.predict', 'route']" in after
+    assert result.optimized_dspy_program["route"] == POLICY_PROMPT
+
+
+def test_budget_exhaustion_evaluates_what_fits_and_the_agent_can_still_submit():
+    # budget = 1 * 12 + 8 = 20 units
+    result = run([
+        {"reasoning": "spend", "code": f"update_prompt('route', {POLICY_PROMPT!r})\n"
+                                        "a = evaluate_program()\nprint('a', a['evaluated_count'], a['budget_left'])"},
+        {"reasoning": "more", "code": "update_prompt('route', 'Answer with the queue name.')\n"
+                                      "b = evaluate_program()\nprint('b', b['evaluated_count'], b['note'])"},
+        {"reasoning": "sub-lm", "code": "try:\n    llm_query('hi')\nexcept Exception as e:\n    print('refused', e)"},
+        {"reasoning": "status", "code": "s = optimization_status()\nprint('left', s['budget_left'])"},
+        SUBMIT_POLICY,
+    ], max_iterations=1)
+    out = outputs(result)
+    assert out[0].split() == ["a", "12", "8"]
+    assert out[1].startswith("b 8 ") and "budget" in out[1]
+    assert "refused" in out[2] and "budget" in out[2].lower()
+    assert out[3].strip() == "left 0"
+    assert result.budget["spent"] == result.budget["limit"] == 20
+    # the submission could not be paid for: it was evaluated on validation for free, and it won
+    assert result.optimized_dspy_program["route"] == POLICY_PROMPT
+
+
+def test_sub_lm_calls_are_charged_to_the_budget():
+    sub = FunctionLM(lambda messages: "short answer")
+    trainset, valset = make_splits()
+    opt = RLMDocstringOptimizer(
+        max_iterations=1, root_lm=scripted_agent([
+            {"reasoning": "ask", "code": "print(llm_query_batched(['a', 'b', 'c']))\nprint(llm_query('d'))"},
+            SUBMIT_POLICY,
+        ]), sub_lm=sub, eval_lm=FunctionLM(task_lm_reply),
+    )
+    result = opt.compile(student=RouteTicket(), trainset=trainset, metric=metric, valset=valset)
+    assert result.budget["spent_by_kind"]["sub_lm_call"] == 4
+    assert len(sub.calls) == 4
+    assert "short answer" in outputs(result)[0]
+
+
+def test_a_root_reply_that_does_not_parse_is_shown_to_the_agent_and_the_run_goes_on():
+    result = run([
+        "this reply has no fields at all",
+        SUBMIT_POLICY,
+    ])
+    first = outputs(result)[0]
+    assert "could not be parsed" in first
+    assert result.optimized_dspy_program["route"] == POLICY_PROMPT
+    assert len(result.agent_trajectory) == 2

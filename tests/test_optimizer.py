@@ -1,0 +1,149 @@
+"""Full compile() runs: real DSPy programs, a fake task LM, a scripted root agent, the real sandbox."""
+
+from __future__ import annotations
+
+import json
+
+import dspy
+import pytest
+from example import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
+from fakes import FunctionLM, scripted_agent
+
+from rlmoptimizer import ConfigurationError, RLMDocstringOptimizer
+from rlmoptimizer.prompts import AGENT_INSTRUCTIONS, TOOL_NAMES
+
+SUBMIT_POLICY = {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"}
+
+
+def optimizer(root_turns, **kwargs):
+    kwargs.setdefault("max_iterations", 2)
+    return RLMDocstringOptimizer(
+        root_lm=scripted_agent(root_turns), eval_lm=FunctionLM(task_lm_reply), num_threads=4, **kwargs
+    )
+
+
+def compile_with(root_turns, **kwargs):
+    trainset, valset = make_splits()
+    return optimizer(root_turns, **kwargs).compile(
+        student=RouteTicket(), trainset=trainset, metric=metric, valset=valset
+    )
+
+
+def outputs(result) -> list[str]:
+    return [turn["output"] for turn in result.agent_trajectory]
+
+
+def test_agent_improves_the_program_and_the_result_is_an_ordinary_module(tmp_path):
+    result = compile_with([
+        {"reasoning": "look", "code": "print(len(baseline_train['examples']), baseline_train['score'])"},
+        {"reasoning": "fix", "code": f"update_prompt('route', {POLICY_PROMPT!r})\n"
+                                     "r = evaluate_program(failed_from_run=baseline_train['run_id'])\n"
+                                     "print('rerun', r['score'], r['evaluated_count'])"},
+        SUBMIT_POLICY,
+    ], run_storage_dir=tmp_path / "run")
+
+    assert result.optimized_dspy_program["route"] == POLICY_PROMPT
+    assert result.route.signature.instructions == POLICY_PROMPT
+    assert result.selection["chosen_score"] > result.selection["baseline_score"]
+    assert outputs(result)[0].strip().startswith("12 ")
+    assert "rerun 1.0" in outputs(result)[1]
+    labels = [log["label"] for log in result.trial_logs]
+    assert labels[:2] == ["baseline", "baseline"] and "submission" in labels
+    assert result.latest_run_id == result.trial_logs[-1]["run_id"]
+    assert result.agent_trajectory[-1]["final"] is True
+    # the budget counted the re-evaluated failures and the submission's validation run, nothing else
+    failures = sum(1 for log in result.trial_logs if log["label"] == "agent" for _ in range(log["evaluated_count"]))
+    assert result.budget["spent"] == failures + len(make_splits()[1])
+
+    path = tmp_path / "program.json"
+    result.save(str(path))
+    loaded = RouteTicket()
+    loaded.load(str(path))
+    assert loaded.route.signature.instructions == POLICY_PROMPT
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["optimized_dspy_program"]["route"] == POLICY_PROMPT
+
+
+def test_root_lm_in_context_never_runs_the_program():
+    """The eval LM is pinned: the caller's dspy.context LM (here the root agent) is not used by the program."""
+    trainset, valset = make_splits()
+    root = scripted_agent([SUBMIT_POLICY])
+    task = FunctionLM(task_lm_reply)
+    opt = RLMDocstringOptimizer(max_iterations=1, root_lm=root, eval_lm=task)
+    with dspy.context(lm=root):
+        opt.compile(student=RouteTicket(), trainset=trainset, metric=metric, valset=valset)
+    assert root.calls and all("variables_info" in str(messages) for messages in root.calls)
+    assert not any("variables_info" in str(messages) for messages in task.calls)
+    assert len(task.calls) >= 2 * (len(trainset) + len(valset))
+
+
+def test_unknown_step_and_bad_submission_are_errors_the_agent_can_fix():
+    result = compile_with([
+        {"reasoning": "typo", "code": "update_prompt('router', 'x')"},
+        {"reasoning": "submit typo", "code": "SUBMIT(optimized_dspy_program={'router': 'x'})"},
+        SUBMIT_POLICY,
+    ])
+    first, second = outputs(result)[:2]
+    assert "unknown step name 'router'" in first and "route" in first
+    assert "Submission refused" in second and "router" in second
+    assert result.optimized_dspy_program["route"] == POLICY_PROMPT
+
+
+def test_one_optimizer_compiles_twice_without_sharing_state():
+    trainset, valset = make_splits()
+    opt = RLMDocstringOptimizer(
+        max_iterations=1, root_lm=scripted_agent([SUBMIT_POLICY]), eval_lm=FunctionLM(task_lm_reply)
+    )
+    first = opt.compile(student=RouteTicket(), trainset=trainset, metric=metric, valset=valset)
+    second = opt.compile(student=RouteTicket(), trainset=trainset, metric=metric, valset=valset)
+    assert first.run_storage_dir != second.run_storage_dir
+    assert [t["run_id"] for t in first.trial_logs] == [t["run_id"] for t in second.trial_logs]
+    assert not any(key.startswith("_") and "run" in key for key in vars(opt))
+
+
+def test_a_worse_submission_is_not_returned():
+    bad = "Always answer billing."
+    result = compile_with([
+        {"reasoning": "check good on val", "code": f"update_prompt('route', {POLICY_PROMPT!r})\n"
+                                                  "print(evaluate_program(split='val')['score'])"},
+        {"reasoning": "submit a bad one", "code": f"SUBMIT(optimized_dspy_program={{'route': {bad!r}}})"},
+    ])
+    assert result.optimized_dspy_program["route"] == POLICY_PROMPT
+    assert result.selection["chosen_label"] == "agent"
+    assert result.selection["submission_score"] < result.selection["chosen_score"]
+    assert "returning that candidate instead" in result.selection["reason"]
+
+
+def test_agent_instructions_name_every_tool():
+    for name in (*TOOL_NAMES, "llm_query", "llm_query_batched", "SUBMIT", "baseline_train", "baseline_val"):
+        assert name in AGENT_INSTRUCTIONS
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_iterations": 0}, "max_iterations must be an int >= 1"),
+        ({"root_lm": None}, "root_lm is required"),
+        ({"root_lm": "openai/gpt-4o"}, "root_lm must be a dspy.LM"),
+        ({"pass_threshold": 2}, "pass_threshold must be a number in [0, 1]"),
+        ({"metric": "accuracy"}, "metric must be callable"),
+    ],
+)
+def test_bad_constructor_arguments_say_what_to_fix(kwargs, message):
+    base = {"root_lm": scripted_agent([SUBMIT_POLICY])}
+    with pytest.raises(ConfigurationError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        RLMDocstringOptimizer(**{**base, **kwargs})
+
+
+def test_bad_compile_input_fails_before_any_lm_call():
+    root, task = scripted_agent([SUBMIT_POLICY]), FunctionLM(task_lm_reply)
+    opt = RLMDocstringOptimizer(root_lm=root, eval_lm=task)
+    trainset, valset = make_splits()
+    with pytest.raises(ConfigurationError, match="no metric"):
+        opt.compile(student=RouteTicket(), trainset=trainset, valset=valset)
+    with pytest.raises(ConfigurationError):
+        opt.compile(student=RouteTicket(), trainset=[], metric=metric)
+    with pytest.raises(ConfigurationError):
+        opt.compile(student=RouteTicket(), trainset=[{"ticket": "x", "queue": "billing"}], metric=metric)
+    with pytest.raises(ConfigurationError):
+        opt.compile(student=dspy.Module(), trainset=trainset, metric=metric)
+    assert root.calls == [] and task.calls == []
