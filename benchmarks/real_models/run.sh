@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# One command for the real-model benchmark: set up what it needs, then run the comparison.
+#
+#   bash benchmarks/real_models/run.sh [run.py flags]      # e.g. --budget 120 --test-limit 20
+#   bash benchmarks/real_models/run.sh --setup-only        # build and assemble, run nothing
+#
+# Setup (each step is skipped when its result is already there, all under benchmarks/.work/):
+#   1. a venv in benchmarks/.work/venv with this repo installed (pip install -e; if the repo does not
+#      install yet, dspy==3.4.1 plus the repo root on PYTHONPATH),
+#   2. llama-cpp-python[server]==0.3.36 built once into a wheel cached in benchmarks/.work/wheels
+#      (compiled from source with -march=native, ~4-7 min on 2 cores; only for local models),
+#   3. the GGUF weights assembled in benchmarks/.work/models and checked against their sha256
+#      (done by run.py, which also starts, checks and stops the llama.cpp server).
+# With --task-model/--optimizer-model naming hosted models (and no --local), steps 2-3 are skipped.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+WORK="${RLMOPT_BENCH_WORK:-$REPO/benchmarks/.work}"
+VENV="$WORK/venv"
+WHEELS="$WORK/wheels"
+LLAMA_SPEC="llama-cpp-python[server]==0.3.36"
+LLAMA_VERSION="0.3.36"
+PYTHON="${PYTHON:-python3}"
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+# Hosted-model runs do not need llama.cpp. A run needs it unless both model flags name a hosted model.
+needs_local=1
+task_model=""
+opt_model=""
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+    case "${args[$i]}" in
+        --task-model) task_model="${args[$((i + 1))]:-}" ;;
+        --task-model=*) task_model="${args[$i]#*=}" ;;
+        --optimizer-model) opt_model="${args[$((i + 1))]:-}" ;;
+        --optimizer-model=*) opt_model="${args[$i]#*=}" ;;
+    esac
+done
+if [[ -n "$task_model" && "$task_model" != local* && -n "$opt_model" && "$opt_model" != local* ]]; then
+    needs_local=0
+fi
+
+mkdir -p "$WORK" "$WHEELS"
+
+# 1. The venv with the project installed.
+if [[ ! -x "$VENV/bin/python" ]]; then
+    log "creating venv $VENV"
+    "$PYTHON" -m venv "$VENV"
+    "$VENV/bin/python" -m pip install --quiet --upgrade pip
+fi
+PY="$VENV/bin/python"
+if ! "$PY" -c "import dspy, optuna" 2>/dev/null || [[ ! -f "$VENV/.project-installed" && ! -f "$VENV/.project-on-path" ]]; then
+    if nice -n 10 "$PY" -m pip install --quiet -e "$REPO" 2>"$WORK/pip-install-e.log"; then
+        touch "$VENV/.project-installed"
+        log "installed the project (pip install -e $REPO)"
+    else
+        log "the project does not install yet (see $WORK/pip-install-e.log): installing dspy==3.4.1 and using PYTHONPATH"
+        nice -n 10 "$PY" -m pip install --quiet "dspy==3.4.1"
+        touch "$VENV/.project-on-path"
+    fi
+    # MIPROv2 needs optuna, which dspy does not install.
+    nice -n 10 "$PY" -m pip install --quiet optuna
+fi
+if [[ -f "$VENV/.project-on-path" ]]; then
+    export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+fi
+
+# 2. llama-cpp-python, built once into a cached wheel (it is compiled for this machine's CPU).
+if [[ "$needs_local" == 1 ]]; then
+    if ! "$PY" -c "import llama_cpp, uvicorn, fastapi, sse_starlette, starlette_context, pydantic_settings" 2>/dev/null; then
+        wheel="$(ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl 2>/dev/null | head -n 1 || true)"
+        if [[ -z "$wheel" ]]; then
+            log "building $LLAMA_SPEC into $WHEELS (compiles llama.cpp: about 4-7 minutes on 2 cores)"
+            CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF}" nice -n 10 "$PY" -m pip wheel --no-deps \
+                --wheel-dir "$WHEELS" "llama-cpp-python==$LLAMA_VERSION" >"$WORK/llama-build.log" 2>&1 || {
+                log "the build failed; the last lines of $WORK/llama-build.log:"
+                tail -n 30 "$WORK/llama-build.log" >&2
+                exit 1
+            }
+            wheel="$(ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl | head -n 1)"
+        else
+            log "reusing the cached wheel $wheel"
+        fi
+        # The wheel, plus the [server] extra's dependencies from PyPI.
+        nice -n 10 "$PY" -m pip install --quiet "${wheel}[server]"
+    fi
+fi
+
+exec "$PY" "$HERE/run.py" "$@"

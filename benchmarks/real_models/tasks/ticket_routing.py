@@ -1,0 +1,128 @@
+"""Support-ticket routing where the labels follow a company policy that only a good instruction states.
+
+130 short tickets for a made-up project-management SaaS, written for this benchmark (``ticket_routing.jsonl``,
+one JSON object a line: ``id``, ``ticket``, ``queue``, ``rule``). Four queues; the policy overrides the
+ticket's surface topic, so a model that routes by topic gets about a third right:
+
+1. ``security``: anything about two-factor authentication (codes, authenticator apps, backup codes, security
+   keys), suspected unauthorized access, exposed passwords/keys/tokens, or phishing, even when it reads like
+   an ordinary login problem, a billing question or a cancellation. Highest priority.
+2. ``billing_escalations``: only chargebacks and payment disputes (filed or announced with a bank, card
+   issuer or PayPal, or a payment pulled back), even when the rest of the ticket is a technical problem or
+   the customer also wants to leave.
+3. ``retention``: the customer wants to cancel, close or delete the account, downgrade, not renew, or move to
+   a competitor, even when the ticket is mostly a bug report or a routine billing question.
+4. ``customer_care``: everything else, including routine billing (invoices, refunds without a dispute, card
+   changes, prices, VAT), bugs, how-to questions and ordinary password or SSO trouble.
+
+The program starts from a bare instruction that states none of this. The metric is exact match on the queue;
+its feedback gives the expected queue and a one-line rationale of the kind an annotator writes ("the customer
+has a chargeback or payment dispute with their bank"), not the policy text, so an optimizer has to generalize
+the policy from examples.
+
+This module is the template for a task: ``load()``, ``make_program()`` and ``metric(...)``; see
+``benchmarks/README.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Literal
+
+import dspy
+
+DATA_FILE = Path(__file__).with_suffix(".jsonl")
+SPLIT_SEED = 2024
+SPLIT_SIZES = (40, 30, 60)  # train, validation, test
+
+Queue = Literal["billing_escalations", "security", "retention", "customer_care"]
+QUEUES: tuple[str, ...] = Queue.__args__
+
+# The rule behind each ticket's label, filled by load(). It stays out of the examples, so optimizers that show
+# labeled examples to an LM (MIPROv2's dataset summary) see only the ticket and its queue.
+_RULE_BY_TICKET: dict[str, str] = {}
+
+# Why an example carries its label: the annotator's note that the metric's feedback quotes.
+RATIONALES = {
+    "2fa": "the ticket is about two-factor authentication",
+    "unauthorized_access": "the ticket reports possible unauthorized access to the account",
+    "leaked_credentials": "a password, API key or token may have been exposed",
+    "phishing": "the ticket reports a possible phishing attempt",
+    "chargeback": "the customer has a chargeback or payment dispute with their bank, card issuer or PayPal",
+    "cancel_intent": "the customer wants to cancel, downgrade, close the account or leave",
+    "routine_billing": "a routine billing request with no chargeback or dispute",
+    "routine": "a product question, bug report or feature request",
+    "password_reset": "an ordinary login or password problem with no sign of compromise and no two-factor issue",
+}
+
+
+class RouteTicket(dspy.Signature):
+    """Route the support ticket to a queue."""
+
+    ticket: str = dspy.InputField()
+    queue: Queue = dspy.OutputField()
+
+
+class TicketRouter(dspy.Module):
+    """One predictor, ``route``. It runs under ``dspy.JSONAdapter`` whatever adapter is configured globally,
+    so optimizers' own prompts keep theirs (the small local model parses far better as JSON)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.route = dspy.Predict(RouteTicket)
+
+    def forward(self, ticket: str) -> dspy.Prediction:
+        with dspy.context(adapter=dspy.JSONAdapter()):
+            return self.route(ticket=ticket)
+
+
+def load() -> tuple[list[dspy.Example], list[dspy.Example], list[dspy.Example]]:
+    """(train, val, test): the 130 tickets cut 40/30/60, stratified by queue, the same on every machine."""
+    rows = [json.loads(line) for line in DATA_FILE.read_text(encoding="utf-8").splitlines() if line.strip()]
+    for row in rows:
+        if row["queue"] not in QUEUES or row["rule"] not in RATIONALES:
+            raise ValueError(f"{DATA_FILE.name}: bad row {row['id']}: queue {row['queue']!r}, rule {row['rule']!r}")
+    if len(rows) != sum(SPLIT_SIZES):
+        raise ValueError(f"{DATA_FILE.name} has {len(rows)} rows, expected {sum(SPLIT_SIZES)}")
+    # Stratified by queue: shuffle each queue, then interleave them by relative rank, so that every prefix
+    # (and so every split) holds each queue in about its overall share.
+    rng = random.Random(SPLIT_SEED)
+    ranked = []
+    for queue in QUEUES:
+        members = sorted((row for row in rows if row["queue"] == queue), key=lambda row: row["id"])
+        rng.shuffle(members)
+        ranked += [((i + 0.5) / len(members), QUEUES.index(queue), row) for i, row in enumerate(members)]
+    rows = [row for *_, row in sorted(ranked, key=lambda item: item[:2])]
+    _RULE_BY_TICKET.update({row["ticket"]: row["rule"] for row in rows})
+    examples = [dspy.Example(ticket=row["ticket"], queue=row["queue"]).with_inputs("ticket") for row in rows]
+    n_train, n_val, _ = SPLIT_SIZES
+    return examples[:n_train], examples[n_train : n_train + n_val], examples[n_train + n_val :]
+
+
+def make_program() -> dspy.Module:
+    """The unchanged program every optimizer starts from."""
+    return TicketRouter()
+
+
+def metric(example, pred, trace=None, pred_name=None, pred_trace=None) -> dspy.Prediction:
+    """Exact match on the queue: ``dspy.Prediction(score=1.0 or 0.0, feedback=...)``.
+
+    Accepts GEPA's five arguments; the harness hands MIPROv2 and the test evaluation ``float(score)``
+    (``dspy.Prediction`` is truthy whatever its score, which BootstrapFewShot, inside MIPROv2, would
+    take for success).
+    """
+    got = getattr(pred, "queue", None) if pred is not None else None
+    got = got.strip().lower() if isinstance(got, str) else got
+    rule = _RULE_BY_TICKET.get(example.ticket)
+    why = RATIONALES[rule] if rule else "see the routing policy"
+    if got == example.queue:
+        return dspy.Prediction(score=1.0, feedback=f"Correct: {example.queue} ({why}).")
+    if got not in QUEUES:
+        return dspy.Prediction(
+            score=0.0,
+            feedback=f"No valid queue in the output (got {got!r}); expected {example.queue} ({why}). "
+            f"The queue must be one of {', '.join(QUEUES)}.",
+        )
+    return dspy.Prediction(score=0.0, feedback=f"Wrong: routed to {got}, expected {example.queue} ({why}).")
