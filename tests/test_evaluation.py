@@ -1,0 +1,719 @@
+"""The evaluator (threads, pinned LM, step traces, budget, systemic failures), input checks, id selection
+and the run service (cache, budget notes, partial runs). Real DSPy modules over fake LMs, no network."""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+import types
+
+import dspy
+import pytest
+from fakes import FunctionLM, last_user_text, system_text
+
+from rlmoptimizer.budget import TRAIN_EXAMPLE, VAL_EXAMPLE, BudgetLedger
+from rlmoptimizer.errors import ConfigurationError, EvaluationLMError, MetricError
+from rlmoptimizer.evaluation import (
+    Evaluator,
+    RunService,
+    check_examples,
+    check_program,
+    classify_lm_failure,
+    is_reusable,
+    resolve_eval_lm,
+    select_ids,
+)
+from rlmoptimizer.fingerprint import apply_instructions
+from rlmoptimizer.metric import Metric
+from rlmoptimizer.records import ExampleResult
+from rlmoptimizer.run_store import RunStore
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+
+def field(messages: list[dict], name: str) -> str:
+    """The value of input field ``name`` in the last user message (ChatAdapter format)."""
+    match = re.search(rf"\[\[ ## {name} ## \]\]\n(.*?)(?:\n\n|$)", last_user_text(messages), re.S)
+    return match.group(1) if match else ""
+
+
+def examples(n: int) -> list[dspy.Example]:
+    return [dspy.Example(question=f"q{i}", answer=f"a{i}").with_inputs("question") for i in range(n)]
+
+
+def echo_lm(**kwargs) -> FunctionLM:
+    """Answers ``a<i>`` to question ``q<i>`` (with a reasoning field for ChainOfThought)."""
+    return FunctionLM(lambda m: {"reasoning": "because", "answer": field(m, "question").replace("q", "a")}, **kwargs)
+
+
+def exact(example, prediction):
+    return example.answer == prediction.answer
+
+
+def make_evaluator(lm, metric=exact, **kwargs) -> Evaluator:
+    return Evaluator(metric=Metric(metric), lm=lm, **kwargs)
+
+
+class TwoSteps(dspy.Module):
+    def __init__(self):
+        super().__init__()
+        self.draft = dspy.Predict("question -> draft")
+        self.generate = dspy.ChainOfThought("question, draft -> answer")
+
+    def forward(self, question):
+        draft = self.draft(question=question).draft
+        return self.generate(question=question, draft=draft)
+
+
+class Outer(dspy.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = TwoSteps()
+        self.polish = dspy.Predict("draft_answer -> answer")
+
+    def forward(self, question):
+        return self.polish(draft_answer=self.inner(question=question).answer)
+
+
+def two_step_lm(**kwargs) -> FunctionLM:
+    def reply(messages):
+        if "`draft`" in system_text(messages).split("Your output fields are:")[1].split("All interactions")[0]:
+            return {"draft": "D:" + field(messages, "question")}
+        if "`reasoning`" in system_text(messages):
+            return {"reasoning": "r", "answer": field(messages, "question").replace("q", "a")}
+        return {"answer": field(messages, "draft_answer")}
+
+    return FunctionLM(reply, **kwargs)
+
+
+# -- input checks ----------------------------------------------------------------------------------
+
+
+def test_check_program_rejects_non_modules_and_modules_without_predictors():
+    check_program(dspy.Predict("question -> answer"))
+    with pytest.raises(ConfigurationError, match="must be a dspy.Module"):
+        check_program(lambda question: question)
+
+    class NoSteps(dspy.Module):
+        def forward(self, question):
+            return dspy.Prediction(answer=question)
+
+    with pytest.raises(ConfigurationError, match="no predictors"):
+        check_program(NoSteps())
+
+
+def test_check_examples_names_the_bad_index_and_shows_the_fix():
+    good = examples(3)
+    assert check_examples(tuple(good), "trainset") == good
+    with pytest.raises(ConfigurationError, match="trainset is empty"):
+        check_examples([], "trainset")
+    assert check_examples([], "valset", allow_empty=True) == []
+    with pytest.raises(ConfigurationError, match="list of dspy.Example"):
+        check_examples("q0,q1", "trainset")
+    with pytest.raises(ConfigurationError, match=r"trainset\[1\] is a dict.*with_inputs\(\"question\"\)"):
+        check_examples([good[0], {"question": "q"}], "trainset")
+    with pytest.raises(ConfigurationError, match=r"valset\[2\] has no input fields marked.*with_inputs"):
+        check_examples([good[0], good[1], dspy.Example(question="q", answer="a")], "valset")
+    with pytest.raises(ConfigurationError, match=r"trainset\[0\] marks \['query'\] as inputs"):
+        check_examples([dspy.Example(question="q", answer="a").with_inputs("query")], "trainset")
+
+
+def test_resolve_eval_lm_prefers_the_argument_then_settings_and_explains_when_neither():
+    mine, configured = echo_lm(), echo_lm()
+    with dspy.context(lm=configured):
+        assert resolve_eval_lm(mine) is mine
+        assert resolve_eval_lm(None) is configured
+    with pytest.raises(ConfigurationError, match=r"eval_lm=.*dspy.configure\(lm="):
+        resolve_eval_lm(None)
+    with pytest.raises(ConfigurationError, match="must be a dspy.LM"):
+        resolve_eval_lm("openai/gpt-4o-mini")
+
+
+def test_evaluator_rejects_bad_settings():
+    with pytest.raises(ConfigurationError, match="num_threads"):
+        make_evaluator(echo_lm(), num_threads=0)
+    with pytest.raises(ConfigurationError, match="pass_threshold"):
+        make_evaluator(echo_lm(), pass_threshold=1.5)
+    with pytest.raises(ConfigurationError, match="Metric"):
+        Evaluator(metric=exact, lm=echo_lm())
+
+
+# -- records ---------------------------------------------------------------------------------------
+
+
+def test_records_carry_ids_inputs_expected_predictions_and_scores_sorted_by_id():
+    data = examples(12)
+    data[5] = dspy.Example(question="q5", answer="wrong").with_inputs("question")
+    seen: list[int] = []
+    evaluator = make_evaluator(echo_lm(), num_threads=4, on_result=lambda r: seen.append(r.example_id))
+    items = [(i, data[i]) for i in (11, 3, 5, 0, 7, 1, 2, 4, 6, 8, 9, 10)]
+    records = evaluator.evaluate(dspy.ChainOfThought("question -> answer"), items)
+
+    assert [r.example_id for r in records] == list(range(12))
+    assert sorted(seen) == list(range(12))
+    r3 = records[3]
+    assert r3.inputs == {"question": "q3"}
+    assert r3.expected == {"answer": "a3"}
+    assert r3.predicted == {"reasoning": "because", "answer": "a3"}
+    assert (r3.score, r3.passed, r3.error, r3.feedback) == (1.0, True, None, None)
+    assert (records[5].score, records[5].passed) == (0.0, False)
+    assert [s.step_name for s in r3.steps] == ["predict"]
+    assert r3.steps[0].inputs == {"question": "q3"}
+    assert r3.steps[0].outputs == {"reasoning": "because", "answer": "a3"}
+
+
+def test_the_program_runs_with_the_evaluation_lm_never_the_callers():
+    def forbidden(messages):
+        raise AssertionError("the caller's LM must not be used by the program")
+
+    caller_lm, eval_lm = FunctionLM(forbidden), echo_lm()
+    evaluator = make_evaluator(eval_lm, num_threads=4)
+    with dspy.context(lm=caller_lm):
+        records = evaluator.evaluate(dspy.ChainOfThought("question -> answer"), list(enumerate(examples(8))))
+    assert caller_lm.calls == []
+    assert len(eval_lm.calls) == 8
+    assert all(r.passed and r.error is None for r in records)
+
+
+def test_the_program_is_shared_across_threads_not_copied_per_example():
+    seen: set[int] = set()
+    lock = threading.Lock()
+
+    class Recorder(dspy.Module):
+        def __init__(self):
+            super().__init__()
+            self.generate = dspy.Predict("question -> answer")
+
+        def forward(self, question):
+            with lock:
+                seen.add(id(self.generate))
+            return self.generate(question=question)
+
+    program = Recorder()
+    make_evaluator(echo_lm(), num_threads=4).evaluate(program, list(enumerate(examples(10))))
+    assert seen == {id(program.generate)}
+
+
+# -- step names ------------------------------------------------------------------------------------
+
+
+def test_steps_of_nested_modules_use_named_predictors_names_in_call_order():
+    program = Outer()
+    names = [name for name, _ in program.named_predictors()]
+    assert names == ["inner.draft", "inner.generate.predict", "polish"]
+
+    (record,) = make_evaluator(two_step_lm()).evaluate(program, [(0, examples(1)[0])])
+    assert [s.step_name for s in record.steps] == names
+    assert record.steps[0].outputs == {"draft": "D:q0"}
+    assert record.steps[1].inputs == {"question": "q0", "draft": "D:q0"}
+    assert record.steps[2].inputs == {"draft_answer": "a0"}
+    assert record.passed
+
+
+def test_a_predictor_called_twice_gives_two_traces_in_order():
+    class Twice(dspy.Module):
+        def __init__(self):
+            super().__init__()
+            self.step = dspy.Predict("question -> answer")
+
+        def forward(self, question):
+            first = self.step(question=question)
+            return self.step(question=first.answer + "!")
+
+    lm = FunctionLM(lambda m: {"answer": field(m, "question") + "?"})
+    (record,) = make_evaluator(lm, metric=lambda e, p: 1.0).evaluate(Twice(), [(4, examples(5)[4])])
+    assert [(s.step_name, s.inputs["question"], s.outputs["answer"]) for s in record.steps] == [
+        ("step", "q4", "q4?"),
+        ("step", "q4?!", "q4?!?"),
+    ]
+
+
+def test_a_bare_predictor_is_the_step_named_self():
+    (record,) = make_evaluator(echo_lm()).evaluate(dspy.Predict("question -> answer"), [(0, examples(1)[0])])
+    assert [s.step_name for s in record.steps] == ["self"] == [n for n, _ in dspy.Predict("q -> a").named_predictors()]
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+def react_lm() -> FunctionLM:
+    def reply(messages):
+        system = system_text(messages)
+        if "next_tool_name" in system:
+            if "observation_0" not in last_user_text(messages):
+                return {"next_thought": "add them", "next_tool_name": "add", "next_tool_args": {"a": 2, "b": 3}}
+            return {"next_thought": "done", "next_tool_name": "finish", "next_tool_args": {}}
+        return {"reasoning": "the tool said 5", "answer": "5"}
+
+    return FunctionLM(reply)
+
+
+def test_react_trace_entries_all_map_to_named_predictors():
+    class Agent(dspy.Module):
+        def __init__(self):
+            super().__init__()
+            self.agent = dspy.ReAct("question -> answer", tools=[add])
+
+        def forward(self, question):
+            return self.agent(question=question)
+
+    program = Agent()
+    names = [name for name, _ in program.named_predictors()]
+    assert names == ["agent.react", "agent.extract.predict"]
+    example = dspy.Example(question="2+3?", answer="5").with_inputs("question")
+
+    (record,) = make_evaluator(react_lm()).evaluate(program, [(0, example)])
+    assert record.error is None and record.passed
+    assert [s.step_name for s in record.steps] == ["agent.react", "agent.react", "agent.extract.predict"]
+    assert "5" in record.steps[1].inputs["trajectory"]  # the tool's observation reached the second step
+    assert record.predicted["trajectory"]["observation_0"] == 5
+
+
+# -- per-example failures are data ---------------------------------------------------------------
+
+
+def test_partial_credit_stays_partial_and_the_threshold_decides_passed():
+    half = lambda e, p: 0.5  # noqa: E731
+    items = list(enumerate(examples(3)))
+    strict = make_evaluator(echo_lm(), metric=half).evaluate(dspy.Predict("question -> answer"), items)
+    lenient = make_evaluator(echo_lm(), metric=half, pass_threshold=0.5).evaluate(
+        dspy.Predict("question -> answer"), items
+    )
+    assert [(r.score, r.passed) for r in strict] == [(0.5, False)] * 3
+    assert [(r.score, r.passed) for r in lenient] == [(0.5, True)] * 3
+
+
+def test_metric_feedback_reaches_the_record():
+    def judged(gold, pred, trace, pred_name, pred_trace):
+        ok = gold.answer == pred.answer
+        return dspy.Prediction(score=float(ok), feedback="right" if ok else f"expected {gold.answer}")
+
+    data = examples(2)
+    data[1] = dspy.Example(question="q1", answer="zzz").with_inputs("question")
+    records = make_evaluator(echo_lm(), metric=judged).evaluate(dspy.Predict("question -> answer"), enumerate(data))
+    assert [(r.score, r.feedback) for r in records] == [(1.0, "right"), (0.0, "expected zzz")]
+
+
+def test_a_program_exception_is_an_error_record_with_score_zero_and_is_charged():
+    class Fragile(dspy.Module):
+        def __init__(self):
+            super().__init__()
+            self.generate = dspy.Predict("question -> answer")
+
+        def forward(self, question):
+            out = self.generate(question=question)
+            if question == "q2":
+                raise ValueError("cannot handle q2")
+            return out
+
+    ledger = BudgetLedger(10)
+    with ledger.reserve(4, TRAIN_EXAMPLE) as reservation:
+        records = make_evaluator(echo_lm(), metric=lambda e, p: 1.0).evaluate(
+            Fragile(), list(enumerate(examples(4))), reservation
+        )
+    bad = records[2]
+    assert (bad.score, bad.passed, bad.feedback, bad.predicted) == (0.0, False, None, {})
+    assert bad.error == "ValueError: cannot handle q2"
+    assert [s.step_name for s in bad.steps] == ["generate"]  # the partial trace is kept
+    assert [r.passed for r in records] == [True, True, False, True]
+    assert ledger.spent == 4
+
+
+def test_an_unparseable_lm_reply_keeps_the_partial_trace_and_is_charged():
+    def reply(messages):
+        if "`draft`" in system_text(messages).split("Your output fields are:")[1].split("All interactions")[0]:
+            return {"draft": "D"}
+        return "I refuse to use your format."
+
+    ledger = BudgetLedger(5)
+    with ledger.reserve(1, TRAIN_EXAMPLE) as reservation:
+        (record,) = make_evaluator(FunctionLM(reply)).evaluate(TwoSteps(), [(0, examples(1)[0])], reservation)
+    assert record.error.startswith("AdapterParseError")
+    assert (record.score, record.passed) == (0.0, False)
+    assert [s.step_name for s in record.steps] == ["draft"]
+    assert ledger.spent == 1
+    assert is_reusable(record)
+
+
+def test_an_exception_inside_the_metric_is_an_error_record_that_keeps_the_prediction():
+    def picky(example, prediction):
+        if example.question == "q1":
+            raise KeyError("missing label")
+        return 1.0
+
+    ledger = BudgetLedger(10)
+    with ledger.reserve(3, VAL_EXAMPLE) as reservation:
+        records = make_evaluator(echo_lm(), metric=picky).evaluate(
+            dspy.Predict("question -> answer"), list(enumerate(examples(3))), reservation
+        )
+    assert records[1].error == "KeyError: 'missing label'"
+    assert (records[1].score, records[1].passed, records[1].predicted) == (0.0, False, {"answer": "a1"})
+    assert [r.passed for r in records] == [True, False, True]
+    assert ledger.spent_by_kind[VAL_EXAMPLE] == 3
+
+
+@pytest.mark.parametrize(
+    ("bad", "mentions"),
+    [(None, "returned None (NoneType)"), (float("nan"), "not a finite number"), ("correct", "returned 'correct' (str)")],
+)
+def test_a_metric_returning_a_non_score_stops_the_evaluation_at_once(bad, mentions):
+    calls: list[str] = []
+
+    def metric(example, prediction):
+        calls.append(example.question)
+        return bad if example.question == "q3" else 1.0
+
+    seen: list[int] = []
+    ledger = BudgetLedger(100)
+    evaluator = make_evaluator(echo_lm(), metric=metric, num_threads=1, on_result=lambda r: seen.append(r.example_id))
+    with ledger.reserve(20, TRAIN_EXAMPLE) as reservation:
+        with pytest.raises(MetricError) as info:
+            evaluator.evaluate(dspy.Predict("question -> answer"), list(enumerate(examples(20))), reservation)
+    message = str(info.value)
+    assert mentions in message and "metric 'test_a_metric_returning" in message
+    assert "first seen on example 3" in message and "Fix the metric" in message
+    assert calls == ["q0", "q1", "q2", "q3"]  # raised once, nothing evaluated after it
+    assert [r.example_id for r in info.value.completed] == seen == [0, 1, 2]
+    assert ledger.spent == 3
+
+
+# -- budget ----------------------------------------------------------------------------------------
+
+
+def test_a_reservation_smaller_than_the_request_evaluates_only_what_was_granted():
+    lm = echo_lm()
+    ledger = BudgetLedger(5)
+    with ledger.reserve(12, TRAIN_EXAMPLE) as reservation:
+        assert reservation.granted == 5
+        records = make_evaluator(lm, num_threads=3).evaluate(
+            dspy.Predict("question -> answer"), [(i, examples(12)[i]) for i in range(11, -1, -1)], reservation
+        )
+    assert [r.example_id for r in records] == [7, 8, 9, 10, 11]  # the first five in the given order
+    assert len(lm.calls) == 5
+    assert (ledger.spent, ledger.left) == (5, 0)
+
+
+def test_retries_inside_the_lm_are_not_charged_twice():
+    lock = threading.Lock()
+    failed: set[str] = set()
+
+    def flaky(messages):
+        question = field(messages, "question")
+        with lock:
+            if question not in failed:
+                failed.add(question)
+                return dspy.LMRateLimitError("slow down", retry_after=0)
+        return {"answer": question.replace("q", "a")}
+
+    lm = FunctionLM(flaky)
+    ledger = BudgetLedger(10)
+    with ledger.reserve(4, TRAIN_EXAMPLE) as reservation:
+        records = make_evaluator(lm, num_threads=2).evaluate(
+            dspy.Predict("question -> answer"), list(enumerate(examples(4))), reservation
+        )
+    assert len(lm.calls) == 8
+    assert all(r.passed for r in records)
+    assert ledger.spent == 4
+
+
+# -- systemic LM failures -----------------------------------------------------------------------
+
+
+def test_an_unusable_lm_stops_within_one_batch_charges_nothing_and_keeps_records():
+    lm = FunctionLM(lambda m: dspy.LMAuthError("invalid api key", model="fake", status=401))
+    ledger = BudgetLedger(100)
+    seen: list[int] = []
+    evaluator = make_evaluator(lm, num_threads=4, on_result=lambda r: seen.append(r.example_id))
+    with ledger.reserve(40, TRAIN_EXAMPLE) as reservation:
+        with pytest.raises(EvaluationLMError) as info:
+            evaluator.evaluate(dspy.ChainOfThought("question -> answer"), list(enumerate(examples(40))), reservation)
+    message = str(info.value)
+    assert "appears unusable" in message and "LMAuthError" in message and "invalid api key" in message
+    assert "0 of 40 example(s) were evaluated" in message
+    assert 3 <= len(lm.calls) <= 3 + 3  # the failures that stopped it plus at most the other running threads
+    assert ledger.spent == 0 and ledger.left == 100
+    completed = info.value.completed
+    assert len(completed) == len(lm.calls) and sorted(seen) == [r.example_id for r in completed]
+    assert all(r.error.startswith("LMAuthError") and r.score == 0.0 for r in completed)
+    assert not any(is_reusable(r) for r in completed)
+
+
+def test_successes_before_a_systemic_failure_are_kept_and_charged():
+    def reply(messages):
+        number = int(field(messages, "question")[1:])
+        if number >= 5:
+            return dspy.LMBillingError("insufficient quota", model="fake")
+        return {"answer": f"a{number}"}
+
+    ledger = BudgetLedger(100)
+    with ledger.reserve(20, TRAIN_EXAMPLE) as reservation:
+        with pytest.raises(EvaluationLMError, match="5 of 20 example") as info:
+            make_evaluator(FunctionLM(reply), num_threads=1).evaluate(
+                dspy.Predict("question -> answer"), list(enumerate(examples(20))), reservation
+            )
+    completed = info.value.completed
+    assert [r.example_id for r in completed] == list(range(8))
+    assert [r.passed for r in completed] == [True] * 5 + [False] * 3
+    assert ledger.spent == 5
+
+
+def test_an_isolated_lm_error_among_successes_is_a_record_and_is_not_charged():
+    def reply(messages):
+        question = field(messages, "question")
+        if question == "q3":
+            return dspy.LMAuthError("key rotated", model="fake")
+        return {"answer": question.replace("q", "a")}
+
+    ledger = BudgetLedger(100)
+    with ledger.reserve(8, TRAIN_EXAMPLE) as reservation:
+        records = make_evaluator(FunctionLM(reply), num_threads=3).evaluate(
+            dspy.Predict("question -> answer"), list(enumerate(examples(8))), reservation
+        )
+    assert [r.example_id for r in records] == list(range(8))
+    assert records[3].error.startswith("LMAuthError") and not records[3].passed
+    assert ledger.spent == 7
+
+
+def test_failures_must_be_consecutive_in_completion_order():
+    def reply(messages):
+        number = int(field(messages, "question")[1:])
+        if number % 3 != 2:  # fail, fail, succeed, fail, fail, succeed, ...
+            return dspy.LMAuthError("flaky auth", model="fake")
+        return {"answer": f"a{number}"}
+
+    records = make_evaluator(FunctionLM(reply), num_threads=1).evaluate(
+        dspy.Predict("question -> answer"), list(enumerate(examples(12)))
+    )
+    assert [r.passed for r in records] == [False, False, True] * 4
+
+
+def test_connection_refused_is_systemic_after_the_lms_own_retries():
+    lm = FunctionLM(lambda m: dspy.LMTransportError("Connection refused", model="fake", retry_after=0))
+    lm.num_retries = 1
+    with pytest.raises(EvaluationLMError, match="LMTransportError: \\[fake\\] Connection refused"):
+        make_evaluator(lm, num_threads=1).evaluate(dspy.Predict("question -> answer"), list(enumerate(examples(10))))
+    assert len(lm.calls) == 3 * 2  # three examples, each tried twice by dspy.LM
+
+
+def test_a_litellm_error_wrapped_by_dspy_is_classified_by_its_cause(monkeypatch):
+    """A custom LM raising LiteLLM's own AuthenticationError reaches us as dspy's LMUnexpectedError whose
+    cause is that error. (A stand-in litellm module keeps the test from importing the real one: 3 s.)"""
+    fake_litellm = types.ModuleType("litellm")
+
+    class AuthenticationError(Exception):
+        pass
+
+    fake_litellm.AuthenticationError = AuthenticationError
+    monkeypatch.setitem(sys.modules, "litellm", fake_litellm)
+    lm = FunctionLM(lambda m: AuthenticationError("bad key"))
+    with pytest.raises(EvaluationLMError, match="AuthenticationError: bad key"):
+        make_evaluator(lm, num_threads=1).evaluate(dspy.Predict("question -> answer"), list(enumerate(examples(5))))
+    assert len(lm.calls) == 3
+
+
+def test_classify_lm_failure_tells_systemic_transient_and_content_errors_apart():
+    assert classify_lm_failure(dspy.LMNotConfiguredError("no key"))[0] == "systemic"
+    assert classify_lm_failure(dspy.LMUnsupportedModelError("no such model"))[0] == "systemic"
+    assert classify_lm_failure(dspy.LMRateLimitError("slow down"))[0] == "lm"
+    assert classify_lm_failure(dspy.LMServerError("500"))[0] == "lm"
+    assert classify_lm_failure(dspy.ContextWindowExceededError(model="m")) is None
+    assert classify_lm_failure(ValueError("bad parse")) is None
+    try:
+        try:
+            raise dspy.LMAuthError("denied")
+        except dspy.LMAuthError as inner:
+            raise RuntimeError("program wrapped it") from inner
+    except RuntimeError as outer:
+        kind, cause = classify_lm_failure(outer)
+    assert kind == "systemic" and isinstance(cause, dspy.LMAuthError)
+
+
+# -- selecting ids -------------------------------------------------------------------------------
+
+
+def test_select_ids_defaults_ids_failed_sample_and_limit():
+    assert select_ids(5) == [0, 1, 2, 3, 4]
+    assert select_ids(50, ids="3, 7,12") == [3, 7, 12]
+    assert select_ids(50, ids=[12, 3, 12]) == [12, 3]
+    assert select_ids(50, ids=[12, 3], failed_ids_from_run=[3, 4]) == [3]
+    assert select_ids(10, failed_ids_from_run=[9, 2]) == [2, 9]
+    assert select_ids(10, failed_ids_from_run=[]) == []
+    assert select_ids(10, limit=3) == [0, 1, 2]
+    assert select_ids(10, limit=0) == []
+    shuffled = select_ids(50, sample="random", seed=7)
+    assert sorted(shuffled) == list(range(50)) and shuffled != list(range(50))
+    assert select_ids(50, sample="random", seed=7, limit=5) == shuffled[:5]
+    assert select_ids(50, sample="random", seed=8) != shuffled
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"ids": "3,x"}, r"comma-separated integers like '3,7,12', got '3,x'; valid ids are 0\.\.49"),
+        ({"ids": [3, 50]}, r"out-of-range \[50\]; valid ids are 0\.\.49"),
+        ({"ids": ""}, "empty string"),
+        ({"ids": []}, "ids is empty"),
+        ({"limit": -1}, r"limit must be an integer >= 0.*got -1"),
+        ({"sample": "top"}, r"sample must be 'random'.*got 'top'"),
+        ({"failed_ids_from_run": [99]}, "out-of-range"),
+    ],
+)
+def test_select_ids_explains_bad_values(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        select_ids(50, **kwargs)
+
+
+# -- the run service -----------------------------------------------------------------------------
+
+
+def make_service(tmp_path, lm, limit=1000, metric=exact, splits=None, **kwargs):
+    ledger = BudgetLedger(limit)
+    store = RunStore(tmp_path)
+    splits = splits or {"train": examples(10), "val": examples(4)}
+    service = RunService(
+        evaluator=make_evaluator(lm, metric=metric, num_threads=4, **kwargs), store=store, ledger=ledger, splits=splits
+    )
+    return service, ledger, store
+
+
+def test_a_run_is_evaluated_charged_and_stored(tmp_path):
+    lm = echo_lm()
+    service, ledger, store = make_service(tmp_path, lm)
+    run = service.evaluate(dspy.ChainOfThought("question -> answer"), "train", label="agent")
+    assert (run.run_id, run.split, run.label) == ("run-0001", "train", "agent")
+    assert run.instructions == {"predict": "Given the fields `question`, produce the fields `answer`."}
+    assert (run.evaluated_count, run.requested_count, run.passed_count, run.score) == (10, 10, 10, 1.0)
+    assert (run.budget_spent, run.budget_left, ledger.spent_by_kind[TRAIN_EXAMPLE]) == (10, 990, 10)
+    assert run.note is None and run.created_at > 0
+    assert store.get("run-0001") == run and service.get("run-0001") == run and service.runs() == [run]
+
+    val = service.evaluate(dspy.ChainOfThought("question -> answer"), "val", label="agent", ids=[3, 1])
+    assert [r.example_id for r in val.records] == [1, 3] and val.requested_count == 2
+    assert ledger.spent_by_kind[VAL_EXAMPLE] == 2 and val.budget_left == 988
+
+
+def test_identical_instructions_reuse_records_and_charge_nothing(tmp_path):
+    lm = echo_lm()
+    service, ledger, _ = make_service(tmp_path, lm)
+    program = dspy.ChainOfThought("question -> answer")
+    first = service.evaluate(program, "train", label="agent", ids=[0, 1, 2])
+    again = service.evaluate(program.deepcopy(), "train", label="agent", ids=[2, 1, 0, 3])
+    assert len(lm.calls) == 4  # only example 3 was new
+    assert again.records[:3] == first.records
+    assert again.budget_spent == 1 and ledger.spent == 4
+    assert "3 record(s) reused" in again.note
+
+    changed = program.deepcopy()
+    apply_instructions(changed, {"predict": "Answer tersely."})
+    third = service.evaluate(changed, "train", label="agent", ids=[0])
+    assert len(lm.calls) == 5 and third.budget_spent == 1 and third.instructions == {"predict": "Answer tersely."}
+
+
+def test_a_resumed_run_directory_reuses_records_and_charges_nothing(tmp_path):
+    lm = echo_lm()
+    service, _, _ = make_service(tmp_path, lm)
+    first = service.evaluate(dspy.ChainOfThought("question -> answer"), "train", label="agent")
+
+    lm_after = echo_lm()
+    resumed, ledger, store = make_service(tmp_path, lm_after)
+    run = resumed.evaluate(dspy.ChainOfThought("question -> answer"), "train", label="agent")
+    assert lm_after.calls == [] and ledger.spent == 0 and run.budget_spent == 0
+    assert run.records == first.records and run.run_id == "run-0002"
+    assert [r.run_id for r in store.all()] == ["run-0001", "run-0002"]
+
+
+def test_a_budget_smaller_than_the_request_evaluates_what_fits_and_says_so(tmp_path):
+    lm = echo_lm()
+    splits = {"train": examples(50)}
+    service, ledger, _ = make_service(tmp_path, lm, limit=12, splits=splits)
+    order = list(range(49, -1, -1))
+    run = service.evaluate(dspy.Predict("question -> answer"), "train", label="agent", ids=order)
+    assert [r.example_id for r in run.records] == order[:12][::-1]
+    assert run.note == "budget allowed 12 of 50 requested examples; 0 units left"
+    assert (run.requested_count, run.evaluated_count, run.budget_spent, ledger.spent, ledger.left) == (50, 12, 12, 12, 0)
+
+    empty = service.evaluate(dspy.Predict("question -> answer"), "train", label="agent", ids=[0, 1])
+    assert empty.evaluated_count == 0 and empty.note == "budget allowed 0 of 2 requested examples; 0 units left"
+    assert ledger.spent == 12 and len(lm.calls) == 12
+
+
+def test_an_uncharged_evaluation_leaves_the_ledger_alone(tmp_path):
+    service, ledger, _ = make_service(tmp_path, echo_lm(), limit=0)
+    run = service.evaluate(dspy.Predict("question -> answer"), "train", label="baseline", charged=False)
+    assert run.evaluated_count == 10 and run.budget_spent == 0 and ledger.spent == 0
+
+
+def test_records_whose_lm_call_failed_are_evaluated_again_not_reused(tmp_path):
+    state = {"down": True}
+
+    def reply(messages):
+        question = field(messages, "question")
+        if question == "q2" and state["down"]:
+            return dspy.LMServerError("overloaded", model="fake")
+        return {"answer": question.replace("q", "a")}
+
+    lm = FunctionLM(reply)
+    lm.num_retries = 0
+    service, ledger, _ = make_service(tmp_path, lm)
+    first = service.evaluate(dspy.Predict("question -> answer"), "train", label="agent", ids=[1, 2, 3])
+    assert first.records[1].error.startswith("LMServerError") and first.budget_spent == 2
+    assert "1 example(s) failed in the LM call itself and were not charged" in first.note
+
+    state["down"] = False
+    second = service.evaluate(dspy.Predict("question -> answer"), "train", label="agent", ids=[1, 2, 3])
+    assert [r.passed for r in second.records] == [True, True, True]
+    assert second.budget_spent == 1 and len(lm.calls) == 4 and ledger.spent == 3
+
+
+def test_a_systemic_failure_saves_a_partial_run_then_raises(tmp_path):
+    def reply(messages):
+        number = int(field(messages, "question")[1:])
+        return {"answer": f"a{number}"} if number < 2 else dspy.LMAuthError("revoked", model="fake")
+
+    lm = FunctionLM(reply)
+    ledger = BudgetLedger(100)
+    store = RunStore(tmp_path)
+    service = RunService(
+        evaluator=make_evaluator(lm, num_threads=1), store=store, ledger=ledger, splits={"train": examples(10)}
+    )
+    with pytest.raises(EvaluationLMError):
+        service.evaluate(dspy.Predict("question -> answer"), "train", label="agent")
+    (partial,) = store.all()
+    assert partial.label == "agent:partial" and "EvaluationLMError" in partial.note
+    assert [r.example_id for r in partial.records] == [0, 1, 2, 3, 4]
+    assert partial.budget_spent == 2 == ledger.spent and partial.requested_count == 10
+    assert RunStore(tmp_path).get(partial.run_id) == partial
+
+
+def test_a_metric_error_saves_a_partial_run_then_raises(tmp_path):
+    def metric(example, prediction):
+        return None if example.question == "q1" else True
+
+    service, ledger, store = make_service(tmp_path, echo_lm(), metric=metric)
+    service.evaluator.num_threads = 1
+    with pytest.raises(MetricError, match="returned None"):
+        service.evaluate(dspy.Predict("question -> answer"), "train", label="agent")
+    (partial,) = store.all()
+    assert partial.label == "agent:partial" and [r.example_id for r in partial.records] == [0]
+    assert partial.budget_spent == 1 == ledger.spent
+
+
+def test_unknown_split_is_rejected(tmp_path):
+    service, _, _ = make_service(tmp_path, echo_lm())
+    with pytest.raises(ValueError, match=r"unknown split 'test'; the splits are \['train', 'val'\]"):
+        service.evaluate(dspy.Predict("question -> answer"), "test", label="agent")
+
+
+def test_is_reusable_reads_the_error_type():
+    def record(error):
+        return ExampleResult(0, {}, {}, {}, 0.0, False, error=error)
+
+    assert is_reusable(record(None))
+    assert is_reusable(record("ValueError: boom"))
+    assert is_reusable(record("ContextWindowExceededError: too long"))
+    assert not is_reusable(record("LMRateLimitError: slow down"))
+    assert not is_reusable(record("LMAuthError: [m] bad key"))
+    assert not is_reusable(record("APIConnectionError: refused"))
