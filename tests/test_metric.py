@@ -1,0 +1,152 @@
+"""The metric wrapper: calling styles, accepted return values, and clear errors for everything else."""
+
+from __future__ import annotations
+
+import functools
+
+import dspy
+import pytest
+
+from rlmoptimizer.errors import ConfigurationError, MetricError
+from rlmoptimizer.metric import Metric
+
+GOLD = dspy.Example(question="2+2?", answer="4").with_inputs("question")
+PRED = dspy.Prediction(answer="4")
+
+
+def test_a_non_callable_is_a_configuration_error():
+    with pytest.raises(ConfigurationError, match=r"metric must be a callable.*got str"):
+        Metric("exact_match")
+
+
+def test_dspy_style_two_and_three_argument_metrics():
+    calls = []
+
+    def two(example, prediction):
+        calls.append(("two", example, prediction))
+        return True
+
+    def three(example, prediction, trace=None):
+        calls.append(("three", trace))
+        return 0.25
+
+    assert Metric(two).score(GOLD, PRED) == (1.0, None)
+    assert Metric(three).score(GOLD, PRED) == (0.25, None)
+    assert calls == [("two", GOLD, PRED), ("three", None)]
+    assert Metric(two).arity == 2 and Metric(three).arity == 3
+
+
+def test_gepa_style_five_argument_metric_gets_none_for_the_predictor_arguments():
+    received = []
+
+    def gepa_metric(gold, pred, trace, pred_name, pred_trace):
+        received.append((gold, pred, trace, pred_name, pred_trace))
+        return dspy.Prediction(score=0.5, feedback="half right")
+
+    metric = Metric(gepa_metric)
+    assert metric.arity == 5
+    assert metric.score(GOLD, PRED) == (0.5, "half right")
+    assert received == [(GOLD, PRED, None, None, None)]
+    assert metric.describe() == "test_gepa_style_five_argument_metric_gets_none_for_the_predictor_arguments.<locals>.gepa_metric(gold, pred, trace, pred_name, pred_trace)"
+
+
+def test_callable_objects_methods_partials_and_varargs():
+    class Judge:
+        def __call__(self, example, prediction, trace=None):
+            return 1
+
+    class Holder:
+        def check(self, example, prediction):
+            return False
+
+    def with_config(example, prediction, trace=None, *, strict):
+        return strict
+
+    assert Metric(Judge()).score(GOLD, PRED) == (1.0, None)
+    assert Metric(Holder().check).score(GOLD, PRED) == (0.0, None)
+    assert Metric(functools.partial(with_config, strict=True)).score(GOLD, PRED) == (1.0, None)
+    assert Metric(lambda *args: float(len(args) == 2)).score(GOLD, PRED) == (1.0, None)
+    assert Metric(Judge()).fn.__class__ is Judge
+
+
+@pytest.mark.parametrize(
+    ("fn", "message"),
+    [
+        (lambda example: 1.0, r"takes 1 positional argument"),
+        (lambda a, b, c, d: 1.0, r"requires 4 positional arguments"),
+        (lambda a, b, *, strict: 1.0, r"required keyword-only parameter\(s\) \['strict'\]"),
+    ],
+)
+def test_metrics_that_cannot_be_called_either_way_are_rejected_up_front(fn, message):
+    with pytest.raises(ConfigurationError, match=message):
+        Metric(fn)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (True, (1.0, None)),
+        (False, (0.0, None)),
+        (1, (1.0, None)),
+        (0, (0.0, None)),
+        (0.75, (0.75, None)),
+        (dspy.Prediction(score=0.5, feedback="close"), (0.5, "close")),
+        (dspy.Prediction(score=True), (1.0, None)),
+        ({"score": 0.2, "feedback": "wrong unit"}, (0.2, "wrong unit")),
+        ({"score": 1}, (1.0, None)),
+    ],
+)
+def test_accepted_return_values(value, expected):
+    assert Metric(lambda e, p: value).score(GOLD, PRED) == expected
+
+
+def test_an_object_with_score_and_feedback_attributes_is_accepted():
+    class Verdict:
+        score = 0.4
+        feedback = 3  # not text: shown as text
+
+    assert Metric(lambda e, p: Verdict()).score(GOLD, PRED) == (0.4, "3")
+
+
+@pytest.mark.parametrize(
+    ("value", "fragments"),
+    [
+        (None, ["returned None (NoneType)", "not a score"]),
+        (float("nan"), ["returned nan (float)", "not a finite number"]),
+        (float("inf"), ["returned inf (float)", "not a finite number"]),
+        ("yes", ["returned 'yes' (str)", "not a score"]),
+        ([1.0], ["returned [1.0] (list)"]),
+        (dspy.Prediction(score="high"), ["whose `score` 'high' (str)", "not a number"]),
+        ({"feedback": "no score key"}, ["not a score"]),
+        (1.5, ["score of 1.5, outside [0, 1]", "rescale"]),
+        (-1, ["score of -1.0, outside [0, 1]"]),
+    ],
+)
+def test_non_scores_raise_a_metric_error_that_says_what_is_accepted(value, fragments):
+    def my_metric(example, prediction):
+        return value
+
+    with pytest.raises(MetricError) as info:
+        Metric(my_metric).score(GOLD, PRED)
+    message = str(info.value)
+    assert "my_metric" in message
+    for fragment in fragments:
+        assert fragment in message
+    if not isinstance(value, (int, float)) or value != value or value in (float("inf"),):
+        assert "a bool, a number in [0, 1], or dspy.Prediction(score=" in message
+
+
+def test_an_exception_inside_the_metric_propagates_unchanged():
+    def broken(example, prediction):
+        raise ZeroDivisionError("division by zero")
+
+    with pytest.raises(ZeroDivisionError):
+        Metric(broken).score(GOLD, PRED)
+
+
+def test_describe_names_the_function_and_its_style():
+    def exact(example, prediction, trace=None):
+        return True
+
+    assert Metric(exact).describe() == "test_describe_names_the_function_and_its_style.<locals>.exact(example, prediction, trace)"
+    assert "Metric(" in repr(Metric(exact))
