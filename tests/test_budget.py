@@ -1,0 +1,157 @@
+"""The budget ledger: reserve-then-spend, never overspent, exact totals under many threads."""
+
+from __future__ import annotations
+
+import random
+import sys
+import threading
+
+import pytest
+
+from rlmoptimizer.budget import KINDS, SUB_LM_CALL, TRAIN_EXAMPLE, VAL_EXAMPLE, BudgetLedger, budget_for
+from rlmoptimizer.errors import BudgetExhaustedError
+
+
+@pytest.fixture
+def eager_thread_switching():
+    """Switch threads every microsecond so that races have a chance to show."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(previous)
+
+
+def test_budget_for_counts_iterations_of_the_trainset_plus_the_valset():
+    assert budget_for(5, 40, 20) == 220
+
+
+def test_reserve_grants_what_is_left_and_release_returns_the_rest():
+    ledger = BudgetLedger(10)
+    with ledger.reserve(6, TRAIN_EXAMPLE) as first:
+        assert first.granted == 6 and ledger.left == 4
+        second = ledger.reserve(6, VAL_EXAMPLE)
+        assert second.granted == 4 and ledger.left == 0
+        assert ledger.reserve(3, TRAIN_EXAMPLE).granted == 0
+        first.spend(2)
+        second.spend(1)
+        second.release()
+        second.release()  # idempotent
+        assert ledger.left == 3 and first.remaining == 4
+    assert ledger.left == 7 and ledger.spent == 3
+    assert ledger.spent_by_kind == {TRAIN_EXAMPLE: 2, VAL_EXAMPLE: 1, SUB_LM_CALL: 0}
+
+
+def test_a_reservation_is_released_when_the_work_fails():
+    ledger = BudgetLedger(5)
+    with pytest.raises(RuntimeError):
+        with ledger.reserve(5, TRAIN_EXAMPLE) as reservation:
+            reservation.spend(1)
+            raise RuntimeError("evaluation crashed")
+    assert (ledger.spent, ledger.left) == (1, 4)
+
+
+def test_spending_more_than_reserved_and_bad_requests_raise():
+    ledger = BudgetLedger(3)
+    reservation = ledger.reserve(2, SUB_LM_CALL)
+    reservation.spend(2)
+    with pytest.raises(BudgetExhaustedError, match="has only 0 left, asked to spend 1"):
+        reservation.spend(1)
+    with pytest.raises(ValueError, match="negative"):
+        reservation.spend(-1)
+    with pytest.raises(BudgetExhaustedError, match="2 train_example unit\\(s\\) requested, 1 of 3 left"):
+        ledger.reserve_exactly(2, TRAIN_EXAMPLE)
+    assert ledger.left == 1  # a refused reserve_exactly reserves nothing
+    with pytest.raises(ValueError, match="unknown budget kind 'tokens'"):
+        ledger.reserve(1, "tokens")
+    with pytest.raises(ValueError, match="int >= 0"):
+        ledger.reserve(-2, TRAIN_EXAMPLE)
+    with pytest.raises(ValueError, match="budget limit must be an int >= 0"):
+        BudgetLedger(-1)
+
+
+def test_on_change_reports_each_spend_and_snapshots_restore_the_counts():
+    seen: list[int] = []
+    ledger = BudgetLedger(10, on_change=lambda led: seen.append(led.spent))
+    with ledger.reserve(3, VAL_EXAMPLE) as reservation:
+        reservation.spend(1)
+        reservation.spend(2)
+    assert seen == [1, 3]
+    snapshot = ledger.snapshot()
+    assert snapshot == {
+        "limit": 10,
+        "spent": 3,
+        "left": 7,
+        "spent_by_kind": {TRAIN_EXAMPLE: 0, VAL_EXAMPLE: 3, SUB_LM_CALL: 0},
+    }
+    restored = BudgetLedger.from_snapshot(snapshot)
+    assert (restored.limit, restored.spent, restored.left) == (10, 3, 7)
+    assert restored.reserve(100, TRAIN_EXAMPLE).granted == 7
+
+
+def test_sixteen_threads_never_overspend_and_the_totals_are_exact(eager_thread_switching):
+    limit = 2_000
+    ledger = BudgetLedger(limit)
+    spent_by_thread: list[dict[str, int]] = []
+    lock = threading.Lock()
+    violations: list[str] = []
+    start = threading.Barrier(17)
+
+    def check_invariant():
+        with ledger._lock:
+            spent = sum(ledger._spent_by_kind.values())
+            if spent + ledger._reserved > limit or ledger._reserved < 0:
+                violations.append(f"spent {spent} + reserved {ledger._reserved} > {limit}")
+
+    def hammer(seed: int):
+        rng = random.Random(seed)
+        mine = dict.fromkeys(KINDS, 0)
+        start.wait()
+        for _ in range(300):
+            kind = rng.choice(KINDS)
+            with ledger.reserve(rng.randint(0, 12), kind) as reservation:
+                for _ in range(rng.randint(0, reservation.granted)):
+                    reservation.spend(1)
+                    mine[kind] += 1
+                check_invariant()
+        with lock:
+            spent_by_thread.append(mine)
+
+    def watch():
+        start.wait()
+        while len(spent_by_thread) < 16:
+            check_invariant()
+
+    threads = [threading.Thread(target=hammer, args=(seed,)) for seed in range(16)]
+    threads.append(threading.Thread(target=watch))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert violations == []
+    expected = {kind: sum(t[kind] for t in spent_by_thread) for kind in KINDS}
+    assert ledger.spent_by_kind == expected
+    assert ledger.spent == sum(expected.values()) <= limit
+    assert ledger.left == limit - ledger.spent and ledger._reserved == 0
+    assert ledger.spent == limit  # the demand (16 * 300 * ~3 units) exceeds the limit: it was all used
+
+
+def test_concurrent_single_unit_reservations_grant_exactly_the_limit(eager_thread_switching):
+    ledger = BudgetLedger(100)
+    granted: list[int] = []
+    lock = threading.Lock()
+
+    def grab():
+        for _ in range(20):
+            reservation = ledger.reserve(1, SUB_LM_CALL)
+            if reservation.granted:
+                reservation.spend(1)
+            with lock:
+                granted.append(reservation.granted)
+
+    threads = [threading.Thread(target=grab) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sum(granted) == 100 == ledger.spent_by_kind[SUB_LM_CALL] and ledger.left == 0
