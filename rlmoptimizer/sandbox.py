@@ -1,0 +1,845 @@
+"""The optimizer agent's REPL: dspy's Deno/Pyodide ``PythonInterpreter``, made to start offline, bounded
+in time and memory, and able to come back from a dead process.
+
+What :class:`Sandbox` adds to ``PythonInterpreter``:
+
+- **Offline start.** dspy's ``runner.js`` imports ``readLines`` from ``https://deno.land/std@.../io/mod.ts``.
+  An import map points every such URL at a local module shipped in ``sandbox_assets/``, so the sandbox
+  starts where deno.land cannot be reached (only the npm ``pyodide`` package must be in Deno's cache or
+  reachable once).
+- **Tighter isolation.** Deno's ``--deny-*`` flags on top of the permissions ``PythonInterpreter`` already
+  withholds, no permission prompts, a cap on WebAssembly memory, and a Deno process that inherits only
+  the environment variables Deno itself needs (see :data:`DENO_FLAGS` and :func:`_deno_environment`).
+- **A time limit per cell.** A watchdog kills the process when one ``execute()`` has spent more than
+  ``timeout_s`` seconds inside the sandbox; time spent in host tools (an evaluation that takes minutes)
+  does not count.
+- **Recovery.** After a timeout or a crash the sandbox restarts, re-runs ``setup_code`` and the executes
+  recorded before :meth:`Sandbox.mark_setup_complete`, and raises ``CodeExecutionError`` with a message for
+  the agent naming the variables it lost. The run goes on.
+
+Errors::
+
+    CodeExecutionError (dspy)   the agent's code failed, timed out or killed the process; the REPL is usable
+    SyntaxError                 the agent's code does not parse
+    CodeInterpreterError (dspy) a host-side misuse (a value that cannot be handed in, a recursive execute)
+    SandboxError                the sandbox could not be started or restarted; terminal
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import inspect
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dspy.primitives.code_interpreter import CodeExecutionError, CodeInterpreterError
+from dspy.primitives.facade import HOST_TOKEN_VAR, SHIM_SETUP
+from dspy.primitives.python_interpreter import PythonInterpreter, _validate_deno_version
+
+from rlmoptimizer.errors import SandboxError
+
+__all__ = ["Sandbox", "DENO_FLAGS", "build_import_map"]
+
+logger = logging.getLogger(__name__)
+
+# Deno flags added to PythonInterpreter's command. PythonInterpreter already grants nothing but reading the
+# runner, Deno's cache (revoked by runner.js once Pyodide is loaded) and the mounted files; these make the
+# denials explicit (an explicit deny also wins over any allow a future dspy might add) and turn off prompts.
+# Checked with Deno 2.9: Pyodide still loads from the npm cache and mounting still works with all of them.
+DENO_FLAGS = (
+    "--no-prompt",
+    "--deny-net",
+    "--deny-env",
+    "--deny-run",
+    "--deny-ffi",
+    "--deny-sys",
+    "--deny-write",
+)
+
+# Local stand-ins for the deno.land std modules runner.js imports, by path below `std@<version>/`.
+_LOCAL_STD_MODULES = {"io/mod.ts": "std_io.ts"}
+_ASSETS_DIR = Path(__file__).resolve().parent / "sandbox_assets"
+_DENO_LAND_IMPORT = re.compile(r"""(?:import|export)\b[^'"]*?['"](https://deno\.land/[^'"]+)['"]""")
+_STD_URL = re.compile(r"https://deno\.land/std@[^/]+/(.+\.ts)")
+_ANY_REMOTE_IMPORT = re.compile(r"""(?:import|export)\b[^'"]*?['"](https?://[^'"]+)['"]""")
+
+# Environment the Deno process keeps: what Deno needs to find its cache, reach the npm registry the first
+# time (proxies, certificates) and run on Windows. Everything else (API keys...) is dropped; Deno could
+# not show it to sandboxed code anyway (no --allow-env), this is defense in depth.
+_ENV_KEEP = frozenset({
+    "PATH", "HOME", "USERPROFILE", "LOCALAPPDATA", "APPDATA", "SYSTEMROOT", "SYSTEMDRIVE", "WINDIR",
+    "TMPDIR", "TEMP", "TMP", "XDG_CACHE_HOME", "LANG", "LC_ALL", "SSL_CERT_FILE", "SSL_CERT_DIR",
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY",
+})
+_ENV_KEEP_PREFIXES = ("DENO_", "NPM_CONFIG_")
+
+# One 64 KiB WebAssembly page.
+_WASM_PAGE = 64 * 1024
+
+# A cheap expression listing the REPL's global names that are not private and not modules. It defines
+# nothing (comprehension variables are local) and works even if the agent shadowed print or json.
+_GLOBAL_NAMES_EXPR = (
+    "__import__('json').dumps([_n for _n, _v in globals().items() "
+    "if not _n.startswith('_') and type(_v).__name__ != 'module'])"
+)
+
+_DIAGNOSTIC_CHARS = 600
+
+
+def build_import_map(runner_source: str, assets_dir: Path = _ASSETS_DIR) -> dict[str, dict[str, str]]:
+    """The Deno import map sending each ``https://deno.land/std@<v>/<path>`` import of ``runner_source`` to
+    a local module. Raises ``SandboxError`` for a deno.land import there is no local module for."""
+    imports: dict[str, str] = {}
+    for url in sorted(set(_DENO_LAND_IMPORT.findall(runner_source))):
+        match = _STD_URL.fullmatch(url)
+        local = _LOCAL_STD_MODULES.get(match.group(1)) if match else None
+        if local is None:
+            raise SandboxError(
+                f"dspy's sandbox runner imports {url}, which rlmoptimizer cannot serve offline "
+                f"(it provides {sorted(_LOCAL_STD_MODULES)} of deno.land/std). Use the dspy version "
+                "rlmoptimizer supports, or add a local module for it to rlmoptimizer/sandbox_assets/."
+            )
+        imports[url] = (assets_dir / local).resolve().as_uri()
+    for url in sorted(set(_ANY_REMOTE_IMPORT.findall(runner_source)) - set(imports)):
+        logger.warning("dspy's sandbox runner imports %s; the sandbox needs the network to start.", url)
+    return {"imports": imports}
+
+
+def _deno_environment(source: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment the Deno process starts with: a short allow-list of ``source`` (``os.environ``)."""
+    source = dict(os.environ) if source is None else source
+    env = {
+        key: value
+        for key, value in source.items()
+        if key.upper() in _ENV_KEEP or key.upper().startswith(_ENV_KEEP_PREFIXES)
+    }
+    env["DENO_NO_PACKAGE_JSON"] = "1"  # what PythonInterpreter sets for its default command
+    env["NO_COLOR"] = "1"  # plain diagnostics in messages
+    return env
+
+
+@functools.cache
+def _check_deno_version(deno_executable: str) -> None:
+    try:
+        _validate_deno_version(deno_executable)
+    except CodeInterpreterError as e:
+        raise SandboxError(str(e)) from e
+
+
+class _Interpreter(PythonInterpreter):
+    """``PythonInterpreter`` whose Deno process gets :func:`_deno_environment` instead of the host's.
+
+    (Passing ``deno_command=`` makes ``PythonInterpreter`` copy the whole host environment and skip its
+    version check; the check runs once in :class:`Sandbox`.)"""
+
+    def _spawn_process(self) -> None:
+        try:
+            self.deno_process = subprocess.Popen(
+                self.deno_command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                encoding="UTF-8",
+                env=_deno_environment(),
+            )
+        except OSError as e:
+            raise CodeInterpreterError(f"Could not start Deno ({self.deno_command[0]}): {e}") from e
+        self._health_check()
+
+
+class _Watchdog:
+    """Calls ``on_expire`` once the armed call has spent ``limit`` seconds running.
+
+    Counts only the time between :meth:`arm`/:meth:`resume` and :meth:`pause`/:meth:`disarm`, so
+    host tool calls (paused) are not charged. One daemon thread per watchdog."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._limit: float | None = None
+        self._spent = 0.0
+        self._since: float | None = None
+        self._on_expire: Callable[[], None] | None = None
+        self._fired = False
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, name="rlmoptimizer-sandbox-watchdog", daemon=True)
+        self._thread.start()
+
+    def arm(self, limit: float, on_expire: Callable[[], None]) -> None:
+        with self._cond:
+            self._limit, self._on_expire = limit, on_expire
+            self._spent, self._since, self._fired = 0.0, time.monotonic(), False
+            self._cond.notify()
+
+    def pause(self) -> None:
+        with self._cond:
+            if self._since is not None:
+                self._spent += time.monotonic() - self._since
+                self._since = None
+
+    def resume(self) -> None:
+        with self._cond:
+            if self._limit is not None and self._since is None:
+                self._since = time.monotonic()
+                self._cond.notify()
+
+    def disarm(self) -> bool:
+        """Stop counting; True if the limit was reached (and ``on_expire`` called) since :meth:`arm`."""
+        with self._cond:
+            self._limit, self._since, self._on_expire = None, None, None
+            return self._fired
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+
+    def _loop(self) -> None:
+        with self._cond:
+            while not self._stopped:
+                if self._limit is None or self._since is None:
+                    self._cond.wait()
+                    continue
+                remaining = self._limit - self._spent - (time.monotonic() - self._since)
+                if remaining > 0:
+                    self._cond.wait(remaining)
+                    continue
+                on_expire, self._fired = self._on_expire, True
+                self._limit, self._since, self._on_expire = None, None, None
+                if on_expire is not None:
+                    try:
+                        on_expire()
+                    except Exception:  # a failed kill shows up as a hung read, then as the next timeout
+                        logger.exception("The sandbox watchdog could not stop the Deno process.")
+
+
+@dataclass(frozen=True)
+class _Replay:
+    """An execute to run again, with the same variables, after every restart."""
+
+    code: str
+    variables: dict[str, Any]
+
+
+class _ProcessLost(Exception):
+    """The Deno process died (or was killed by the watchdog) during a call."""
+
+    def __init__(self, diagnostic: str, timed_out: bool):
+        super().__init__(diagnostic)
+        self.diagnostic = diagnostic
+        self.timed_out = timed_out
+
+
+def _exit_diagnostic(interp: _Interpreter, error: Exception) -> str:
+    """What is known about a dead process: its exit code, the end of its stderr, the protocol error."""
+    process, parts = interp.deno_process, []
+    if process is not None:
+        try:
+            parts.append(f"Deno exited with code {process.wait(timeout=5)}")
+            stderr = process.stderr.read() if process.stderr is not None and not process.stderr.closed else ""
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            stderr = ""
+        if stderr.strip():
+            parts.append(_shorten(stderr, 300))
+    parts.append(str(error))
+    return "; ".join(parts)
+
+
+def _shorten(text: str, limit: int = _DIAGNOSTIC_CHARS) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else "..." + text[-limit:]
+
+
+def _names_list(names: list[str]) -> str:
+    return "[" + ", ".join(names) + "]" if names else "[] (none)"
+
+
+class Sandbox:
+    """A persistent sandboxed Python REPL for the optimizer agent (implements dspy's CodeInterpreter protocol).
+
+    Python runs in Pyodide inside a Deno process that may read only the ``files`` given here (mounted
+    read-only at ``/sandbox/<basename of the host path>``), with no network, environment, subprocesses or
+    host writes. State persists across ``execute()`` calls until a restart.
+
+    Lifecycle: ``start()`` (or ``start_in_background()``, or lazily on the first ``execute()``), any number of
+    ``execute()``, ``shutdown()``. After ``shutdown()`` the sandbox cannot be used again. Calls are serialized
+    by a lock, so the sandbox may be started on one thread and used from another.
+
+    Restarts (after a timeout or a crash) run, in order: ``setup_code``, then every execute that succeeded
+    before :meth:`mark_setup_complete`, then the ``dspy`` facade installs made by ``dspy.RLM`` (recognized
+    automatically), then re-register the tools. Variables handed in with ``variables=`` come back with the
+    next ``execute()`` that hands them in (``dspy.RLM`` hands its inputs in on every turn).
+    """
+
+    # What RLM shows the agent about this runtime (RLM reads it from the interpreter factory). Instances
+    # override it with their own time limit and file list.
+    execution_instructions: str = (
+        "Python runs in Pyodide (WebAssembly) inside a Deno sandbox; variables persist across executions. "
+        "There is no network, no environment variables, no subprocesses, no host files except read-only data "
+        "under /sandbox/, and no packages beyond Pyodide's standard library. Each execution has a time limit "
+        "(time spent inside tool calls does not count); past it the execution is stopped and the REPL restarts "
+        "with its data reloaded, but the variables you defined are lost, so keep each step small."
+    )
+
+    def __init__(
+        self,
+        *,
+        tools: dict[str, Callable[..., Any]] | None = None,
+        timeout_s: float = 120.0,
+        files: dict[str, str | Path] | None = None,
+        setup_code: str = "",
+        replay_limit: int = 100,
+        # limits of the process itself
+        memory_limit_mb: int = 2048,
+        start_timeout_s: float = 300.0,
+    ) -> None:
+        """
+        Args:
+            tools: host functions callable from sandboxed code by name (keyword arguments, JSON-friendly
+                values). ``self.tools`` stays mutable; changes apply from the next ``execute()``.
+            timeout_s: the most seconds one ``execute()`` may spend inside the sandbox; host tool time is
+                not counted. Over it, the process is killed and restarted and the call raises
+                ``CodeExecutionError``.
+            files: ``{name: host_path}`` of files mounted read-only at ``/sandbox/<basename of host_path>``
+                (see :attr:`mounted_paths`). Basenames must be unique.
+            setup_code: Python run after every (re)start, before anything else, e.g.
+                ``import json; baseline = json.load(open('/sandbox/baseline.json'))``.
+            replay_limit: the most executes recorded before :meth:`mark_setup_complete` for replay.
+            memory_limit_mb: the most WebAssembly memory Pyodide may use; past it Python raises
+                ``MemoryError`` (the process survives). Bounded by Pyodide's own 4 GiB.
+            start_timeout_s: the most seconds a (re)start may take, including ``setup_code`` and replays
+                (the first start on a machine downloads Pyodide from npm).
+        """
+        # validation
+        if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        if not (isinstance(start_timeout_s, (int, float)) and start_timeout_s > 0):
+            raise ValueError(f"start_timeout_s must be a positive number of seconds, got {start_timeout_s!r}")
+        if not isinstance(replay_limit, int) or replay_limit < 0:
+            raise ValueError(f"replay_limit must be an int >= 0, got {replay_limit!r}")
+        if not isinstance(memory_limit_mb, int) or not 64 <= memory_limit_mb <= 4096:
+            raise ValueError(f"memory_limit_mb must be an int between 64 and 4096, got {memory_limit_mb!r}")
+        if not isinstance(setup_code, str):
+            raise TypeError(f"setup_code must be a str, got {type(setup_code).__name__}")
+        self._files = self._check_files(files or {})
+
+        # configuration
+        self.tools: dict[str, Callable[..., Any]] = dict(tools or {})
+        self.output_fields: list[dict] | None = None
+        self.timeout_s = float(timeout_s)
+        self.start_timeout_s = float(start_timeout_s)
+        self.setup_code = setup_code
+        self.replay_limit = replay_limit
+        self.memory_limit_mb = memory_limit_mb
+        self.execution_instructions = self._instructions()
+
+        # counters, readable by the caller
+        self.restarts = 0
+        self.timeouts = 0
+        self.lost_variables_on_last_restart: list[str] = []
+
+        # process state
+        self._lock = threading.Lock()
+        self._executing_thread: int | None = None
+        self._interp: _Interpreter | None = None
+        self._watchdog: _Watchdog | None = None
+        self._deno_command: list[str] | None = None
+        self._tmpdir: str | None = None
+        self._finalizer: weakref.finalize | None = None
+        self._closed = False
+        self._broken: SandboxError | None = None
+        self._background: threading.Thread | None = None
+        self._background_error: BaseException | None = None
+        self._registration_key: str | None = None
+        self._wrapped: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {}
+        self._notice = ""  # told to the agent with the next result (a restart it did not cause)
+
+        # replay and variable bookkeeping
+        self._replay: list[_Replay] = []
+        self._pending: list[_Replay] = []
+        self._pending_overflow = False
+        self._setup_complete = False
+        self._pristine_names: set[str] = set()  # globals of a fresh process (runner internals)
+        self._baseline_names: set[str] = set()  # globals after setup_code and replays
+        self._pending_names: set[str] = set()  # globals made by executes not yet marked as setup
+        self._user_names: list[str] = []  # agent-defined globals after the last execute
+
+    # ------------------------------------------------------------------ public interface
+
+    @property
+    def deno_command(self) -> list[str]:
+        """The command that starts the Deno process (built on first use)."""
+        if self._deno_command is None:
+            self._deno_command = self._build_deno_command()
+        return list(self._deno_command)
+
+    @property
+    def mounted_paths(self) -> dict[str, str]:
+        """``{name: path inside the sandbox}`` for each file in ``files``."""
+        return {name: f"/sandbox/{os.path.basename(path)}" for name, path in self._files.items()}
+
+    @property
+    def process_id(self) -> int | None:
+        """The Deno process id, or None when no process runs."""
+        process = self._interp.deno_process if self._interp is not None else None
+        return process.pid if process is not None and process.poll() is None else None
+
+    def as_factory(self) -> Callable[[], Sandbox]:
+        """An ``interpreter_factory`` for ``dspy.RLM`` that hands out this sandbox once.
+
+        It carries :attr:`execution_instructions` (RLM reads them from the factory, not the interpreter).
+        A second call (a sub-agent built inside the sandbox asking for its own REPL) raises
+        ``CodeInterpreterError``, because sharing this one would let the sub-agent replace the tools and
+        shut it down."""
+        handed_out = threading.Event()
+
+        def factory() -> Sandbox:
+            if handed_out.is_set():
+                raise CodeInterpreterError(
+                    "This sandbox is already in use by the optimizer agent; sub-agents cannot get their own REPL."
+                )
+            handed_out.set()
+            return self
+
+        factory.execution_instructions = self.execution_instructions
+        return factory
+
+    def start(self) -> None:
+        """Start the process, run ``setup_code``; idempotent and blocking. Raises ``SandboxError``."""
+        self._join_background()
+        with self._lock:
+            self._check_usable()
+            if self._interp is None:
+                self._boot()
+
+    def start_in_background(self) -> None:
+        """Begin :meth:`start` on a daemon thread and return; ``execute()``/``start()`` wait for it and
+        raise its error, if any, as ``SandboxError``."""
+        with self._lock:
+            self._check_usable()
+            if self._interp is not None or self._background is not None:
+                return
+            thread = threading.Thread(target=self._start_quietly, name="rlmoptimizer-sandbox-start", daemon=True)
+            self._background = thread
+        thread.start()
+
+    def execute(self, code: str, variables: dict[str, Any] | None = None) -> Any:
+        """Run ``code`` with ``variables`` assigned first, like ``PythonInterpreter.execute``.
+
+        Returns the captured stdout (or the value of a final expression), or ``FinalOutput`` if the code
+        called ``SUBMIT``. Raises ``SyntaxError`` or ``CodeExecutionError`` for the agent's code, including a
+        timeout or a crash after which the sandbox was restarted; ``SandboxError`` if it could not be."""
+        if self._executing_thread == threading.get_ident():
+            raise CodeInterpreterError("The sandbox cannot execute code from inside one of its own tools.")
+        self._join_background()
+        with self._lock:
+            self._check_usable()
+            self._executing_thread = threading.get_ident()
+            try:
+                return self._execute_locked(code, dict(variables or {}))
+            finally:
+                self._executing_thread = None
+
+    def __call__(self, code: str, variables: dict[str, Any] | None = None) -> Any:
+        return self.execute(code, variables)
+
+    def mark_setup_complete(self) -> None:
+        """Make every execute that succeeded so far part of the setup replayed (in order, with its
+        variables) after every restart; later executes are the agent's and are not replayed."""
+        with self._lock:
+            if self._setup_complete:
+                return
+            if self._pending_overflow:
+                raise SandboxError(
+                    f"More than replay_limit={self.replay_limit} executes ran before mark_setup_complete(); "
+                    "raise replay_limit, or put the setup in setup_code."
+                )
+            self._replay.extend(self._pending)
+            self._baseline_names |= self._pending_names
+            self._pending, self._pending_names, self._setup_complete = [], set(), True
+
+    def shutdown(self) -> None:
+        """Stop the process and release everything; the sandbox cannot be used afterwards."""
+        if self._executing_thread == threading.get_ident():
+            raise CodeInterpreterError("The sandbox cannot be shut down from inside one of its own tools.")
+        background = self._background
+        if background is not None:
+            background.join()
+        with self._lock:
+            self._closed = True
+            self._stop_process()
+            if self._watchdog is not None:
+                self._watchdog.stop()
+                self._watchdog = None
+            if self._finalizer is not None:
+                self._finalizer()
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.shutdown()
+
+    # ------------------------------------------------------------------ execute
+
+    def _execute_locked(self, code: str, variables: dict[str, Any]) -> Any:
+        if self._interp is None:
+            self._boot()
+        elif not self._alive():
+            self._notice = self._recover(
+                _ProcessLost(self._interp._last_diagnostic or "the process exited between cells", False),
+                variables,
+            )
+
+        try:
+            result = self._call(code, variables, self.timeout_s)
+        except _ProcessLost as lost:
+            raise CodeExecutionError(self._recover(lost, variables)) from None
+        except CodeExecutionError:
+            self._after_execute(code, variables, succeeded=False)
+            raise
+
+        self._after_execute(code, variables, succeeded=True)
+        if self._notice and (result is None or isinstance(result, str)):
+            result, self._notice = f"{self._notice}\n{result or ''}", ""
+        return result
+
+    def _after_execute(self, code: str, variables: dict[str, Any], *, succeeded: bool) -> None:
+        """Record a replayable execute and the agent's global names (one cheap extra call)."""
+        names = self._global_names()
+        if names is None:
+            return
+        facade_install = code == SHIM_SETUP or HOST_TOKEN_VAR in variables
+        if succeeded and facade_install:
+            self._replay.append(_Replay(code, variables))
+            self._baseline_names |= names
+            return
+        if succeeded and not self._setup_complete:
+            if len(self._pending) < self.replay_limit:
+                self._pending.append(_Replay(code, variables))
+                self._pending_names |= names - self._baseline_names
+            else:
+                self._pending_overflow = True
+        excluded = self._baseline_names | set(self.tools) | set(variables) | {"SUBMIT"}
+        self._user_names = sorted(names - excluded)
+
+    def _global_names(self) -> set[str] | None:
+        """The REPL's public non-module globals, or None if they could not be listed."""
+        try:
+            listed = self._call(_GLOBAL_NAMES_EXPR, {}, self.timeout_s)
+            return set(json.loads(listed))
+        except _ProcessLost:
+            return None  # noticed and recovered from on the next execute
+        except (CodeExecutionError, SyntaxError, TypeError, ValueError) as e:
+            logger.debug("Could not list the sandbox globals: %s", e)
+            return None
+
+    def _call(self, code: str, variables: dict[str, Any], limit: float) -> Any:
+        """One ``PythonInterpreter.execute`` under the watchdog; ``_ProcessLost`` if the process died."""
+        interp = self._interp
+        self._sync_tools(interp)
+        interp._owner_thread = None  # our lock serializes calls; let any thread make this one
+        self._watchdog.arm(limit, functools.partial(self._kill, interp))
+        timed_out = False
+        try:
+            return interp.execute(code, variables)
+        except (CodeExecutionError, SyntaxError):
+            raise
+        except (CodeInterpreterError, OSError, ValueError) as e:
+            if self._alive(interp):
+                raise  # a host-side error before anything ran (e.g. a variable that cannot be handed in)
+            raise _ProcessLost(_exit_diagnostic(interp, e), timed_out=self._watchdog.disarm()) from e
+        except BaseException:
+            # Interrupted mid-protocol (e.g. KeyboardInterrupt inside a tool): the process cannot be trusted.
+            self._kill(interp)
+            raise
+        finally:
+            timed_out = self._watchdog.disarm()
+            if timed_out and self._alive(interp):
+                self._kill(interp)
+
+    # ------------------------------------------------------------------ tools
+
+    def _sync_tools(self, interp: _Interpreter) -> None:
+        """Hand ``self.tools`` (wrapped to pause the watchdog) and ``output_fields`` to the interpreter;
+        re-register them in the sandbox when their names, signatures or the outputs changed."""
+        wrapped = {}
+        for name, fn in self.tools.items():
+            if not (isinstance(name, str) and name.isidentifier()):
+                raise SandboxError(f"Tool names must be Python identifiers, got {name!r}")
+            cached = self._wrapped.get(name)
+            if cached is None or cached[0] is not fn:
+                cached = (fn, self._pausing(fn))
+                self._wrapped[name] = cached
+            wrapped[name] = cached[1]
+        interp.tools = wrapped
+        interp.output_fields = self.output_fields
+        key = json.dumps(
+            [[name, interp._extract_parameters(fn)] for name, fn in wrapped.items()] + [self.output_fields],
+            default=repr,
+            sort_keys=True,
+        )
+        if key != self._registration_key:
+            interp._tools_registered = False
+            self._registration_key = key
+
+    def _pausing(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` with the watchdog paused while it runs (awaiting it too if it is async)."""
+
+        @functools.wraps(fn)
+        def tool(**kwargs: Any) -> Any:
+            watchdog = self._watchdog
+            watchdog.pause()
+            try:
+                result = fn(**kwargs)
+                return _run_awaitable(result) if inspect.isawaitable(result) else result
+            finally:
+                watchdog.resume()
+
+        try:
+            tool.__signature__ = inspect.signature(fn)
+        except (TypeError, ValueError):
+            pass  # no introspectable signature: registered as taking no named parameters
+        return tool
+
+    # ------------------------------------------------------------------ process lifecycle
+
+    def _boot(self) -> None:
+        """Start a process and bring it to the setup state; ``SandboxError`` on failure."""
+        if self._watchdog is None:
+            self._watchdog = _Watchdog()
+        command = self.deno_command
+        _check_deno_version(command[0])
+        interp = _Interpreter(deno_command=command, enable_read_paths=list(self._files.values()))
+        self._interp, self._registration_key = interp, None
+        self._watchdog.arm(self.start_timeout_s, functools.partial(self._kill, interp))
+        try:
+            interp.start()
+        except Exception as e:
+            timed_out = self._watchdog.disarm()
+            self._stop_process()
+            if timed_out:
+                raise SandboxError(f"The sandbox did not start within {self.start_timeout_s:g} s.") from e
+            raise SandboxError(f"The sandbox could not start: {_shorten(str(e))}") from e
+        self._watchdog.disarm()
+        try:
+            self._pristine_names = self._global_names() or set()
+            self._lock_mounted_files()
+            if self.setup_code:
+                self._call(self.setup_code, {}, self.start_timeout_s)
+            replay_failures = []
+            for step, replay in enumerate(self._replay, start=1):
+                try:
+                    self._call(replay.code, replay.variables, self.start_timeout_s)
+                except (CodeExecutionError, SyntaxError) as e:
+                    replay_failures.append(f"setup step {step}: {_shorten(str(e), 200)}")
+            if replay_failures:
+                logger.warning("Sandbox setup replay failed: %s", "; ".join(replay_failures))
+            names = self._global_names()
+            if names is None:
+                raise SandboxError("the sandbox did not answer after setup")
+            self._baseline_names = names | self._baseline_names
+        except _ProcessLost as e:
+            self._stop_process()
+            raise SandboxError(f"The sandbox died during setup: {_shorten(e.diagnostic)}") from e
+        except (CodeExecutionError, SyntaxError, CodeInterpreterError) as e:
+            self._stop_process()
+            raise SandboxError(f"The sandbox setup_code failed: {_shorten(str(e))}") from e
+
+    def _recover(self, lost: _ProcessLost, variables: dict[str, Any]) -> str:
+        """Restart after ``lost`` (at most two tries, else ``SandboxError``); the agent-facing message."""
+        lost_names = [name for name in self._user_names if name not in variables]
+        self._stop_process()
+        self.restarts += 1
+        if lost.timed_out:
+            self.timeouts += 1
+        error: SandboxError | None = None
+        for _attempt in range(2):
+            try:
+                self._boot()
+                break
+            except SandboxError as e:
+                error = e
+        else:
+            self._broken = SandboxError(f"The sandbox could not be restarted: {error}")
+            raise self._broken from error
+        lost_names = [name for name in lost_names if name not in self._baseline_names]
+        self.lost_variables_on_last_restart = lost_names
+        self._user_names = []
+        return self._restart_message(lost, lost_names)
+
+    def _restart_message(self, lost: _ProcessLost, lost_names: list[str]) -> str:
+        data = sorted(self._baseline_names - self._pristine_names - set(self.tools) - {"SUBMIT"})
+        restored = "The REPL was restarted and the setup was run again"
+        restored += f" (data variables reloaded: {', '.join(data)})." if data else "."
+        lost_text = f"These of your variables were lost: {_names_list(lost_names)}."
+        if lost.timed_out:
+            return (
+                f"TimeoutError: this code ran for more than {self.timeout_s:g} s of sandbox time and was stopped. "
+                f"{restored} {lost_text} Work on smaller slices of the data, avoid unbounded loops, and keep "
+                "intermediate results in variables so a restart costs little. Time spent inside tool calls "
+                "does not count toward the limit."
+            )
+        return (
+            f"SandboxCrash: the sandbox process died while running this code "
+            f"(last diagnostic: {_shorten(lost.diagnostic, 300)}). {restored} {lost_text} Avoid building very "
+            "large objects (process the data in pieces) and do not end the process (os._exit, js.Deno.exit)."
+        )
+
+    def _lock_mounted_files(self) -> None:
+        """Make the mounted copies read-only inside Pyodide too (the host files are never written)."""
+        if not self._files:
+            return
+        paths = json.dumps(sorted(self.mounted_paths.values()))
+        code = f"[__import__('os').chmod(_p, 0o444) for _p in {paths}]"
+        try:
+            self._call(code, {}, self.start_timeout_s)
+        except (CodeExecutionError, SyntaxError) as e:
+            logger.debug("Could not make the mounted files read-only inside the sandbox: %s", e)
+
+    def _start_quietly(self) -> None:
+        try:
+            with self._lock:
+                self._check_usable()
+                if self._interp is None:
+                    self._boot()
+        except BaseException as e:  # surfaced by the next execute()/start()
+            self._background_error = e
+
+    def _join_background(self) -> None:
+        background = self._background
+        if background is None:
+            return
+        background.join()
+        with self._lock:
+            if self._background is background:
+                self._background = None
+            error, self._background_error = self._background_error, None
+        if error is not None:
+            if isinstance(error, SandboxError):
+                raise SandboxError(str(error)) from error
+            raise SandboxError(f"The sandbox could not start in the background: {error!r}") from error
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise SandboxError("The sandbox was shut down; create a new Sandbox.")
+        if self._broken is not None:
+            raise self._broken
+
+    def _alive(self, interp: _Interpreter | None = None) -> bool:
+        interp = interp if interp is not None else self._interp
+        if interp is None or interp._session_ended or interp.deno_process is None:
+            return False
+        return interp.deno_process.poll() is None
+
+    @staticmethod
+    def _kill(interp: _Interpreter) -> None:
+        process = interp.deno_process
+        if process is not None and process.poll() is None:
+            process.kill()
+
+    def _stop_process(self) -> None:
+        """End the current process (politely if it is idle) and forget it."""
+        interp, self._interp = self._interp, None
+        if interp is None or interp.deno_process is None:
+            return
+        process = interp.deno_process
+        interp._session_ended = True
+        if process.poll() is None:
+            try:
+                process.stdin.write('{"jsonrpc": "2.0", "method": "shutdown"}\n')
+                process.stdin.close()
+                process.wait(timeout=5)
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                process.kill()
+        process.wait()
+        for stream in (process.stdin, process.stdout, process.stderr):
+            try:
+                if stream is not None:
+                    stream.close()
+            except (OSError, ValueError):
+                pass
+
+    # ------------------------------------------------------------------ construction helpers
+
+    def _build_deno_command(self) -> list[str]:
+        """PythonInterpreter's default command plus an import map and :data:`DENO_FLAGS`."""
+        try:
+            default = PythonInterpreter(enable_read_paths=[str(path) for path in self._files.values()])
+        except CodeInterpreterError as e:
+            raise SandboxError(f"The sandbox files cannot be mounted: {e}") from e
+        runner_source = Path(default._get_runner_path()).read_text(encoding="utf-8")
+        import_map = build_import_map(runner_source)
+        self._tmpdir = tempfile.mkdtemp(prefix="rlmoptimizer-sandbox-")
+        self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)
+        map_path = os.path.join(self._tmpdir, "import_map.json")
+        with open(map_path, "w", encoding="utf-8") as f:
+            json.dump(import_map, f)
+        command = list(default.deno_command)
+        if any(arg.startswith(("--allow-net", "--allow-env", "--allow-write", "--allow-run")) for arg in command):
+            raise SandboxError(f"dspy's default Deno command grants more than reading files: {command}")
+        pages = self.memory_limit_mb * 1024 * 1024 // _WASM_PAGE
+        at = command.index("run") + 1
+        command[at:at] = [f"--import-map={map_path}", *DENO_FLAGS, f"--v8-flags=--wasm-max-mem-pages={pages}"]
+        return command
+
+    @staticmethod
+    def _check_files(files: dict[str, str | Path]) -> dict[str, str]:
+        if not isinstance(files, dict):
+            raise TypeError(f"files must be a dict {{name: host_path}}, got {type(files).__name__}")
+        checked: dict[str, str] = {}
+        by_basename: dict[str, str] = {}
+        for name, path in files.items():
+            path = os.fspath(path)
+            if not os.path.isfile(path):
+                raise ValueError(f"files[{name!r}] = {path!r} is not an existing file")
+            basename = os.path.basename(path)
+            if basename in by_basename:
+                raise ValueError(
+                    f"files[{name!r}] and files[{by_basename[basename]!r}] would both be /sandbox/{basename}; "
+                    "give the files different names"
+                )
+            by_basename[basename] = name
+            checked[name] = path
+        return checked
+
+    def _instructions(self) -> str:
+        files = ""
+        if self._files:
+            files = " Read-only data files: " + ", ".join(sorted(self.mounted_paths.values())) + "."
+        return (
+            "Python runs in Pyodide (WebAssembly) inside a Deno sandbox; variables persist across executions. "
+            "There is no network, no environment variables, no subprocesses, no host files except the read-only "
+            f"data under /sandbox/, and no packages beyond Pyodide's standard library.{files} Each execution may "
+            f"run for at most {self.timeout_s:g} s of sandbox time (time spent inside tool calls does not count); "
+            "past that it is stopped and the REPL restarts with its data reloaded, but the variables you defined "
+            "are lost, so keep each step small."
+        )
+
+
+def _run_awaitable(awaitable: Any) -> Any:
+    """Await an async tool's result from sync code, on a helper thread if this one runs an event loop."""
+
+    async def wait() -> Any:
+        return await awaitable
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(wait())
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, wait()).result()
