@@ -90,12 +90,48 @@ _ENV_KEEP_PREFIXES = ("DENO_", "NPM_CONFIG_")
 # One 64 KiB WebAssembly page.
 _WASM_PAGE = 64 * 1024
 
-# A cheap expression listing the REPL's global names that are not private and not modules. It defines
-# nothing (comprehension variables are local) and works even if the agent shadowed print or json.
+# A cheap expression listing the REPL's global names that are not private and not modules (``js`` is a
+# JsProxy, hence the sys.modules check). It defines nothing and works even if the agent shadowed print.
 _GLOBAL_NAMES_EXPR = (
-    "__import__('json').dumps([_n for _n, _v in globals().items() "
-    "if not _n.startswith('_') and type(_v).__name__ != 'module'])"
+    "(lambda _modules: __import__('json').dumps([_n for _n, _v in globals().items() "
+    "if not _n.startswith('_') and type(_v).__name__ != 'module' and id(_v) not in _modules]))"
+    "({id(_m) for _m in __import__('sys').modules.values()})"
 )
+
+# Run after each tool registration. dspy's tool wrappers convert a JSON result with Pyodide's ``to_py()``,
+# which turns every JSON null into ``pyodide.ffi.jsnull`` instead of None (so ``result['error'] is None``
+# is False). This wraps each registered tool to turn them back into None (the signature shown by help()
+# stays the tool's), and removes the functions of tools no longer in ``Sandbox.tools``.
+_CLEAN_TOOL_RESULTS = """
+def _rlmopt_wrap_tools(_names):
+    import functools
+    from pyodide.ffi import jsnull
+
+    def clean(value):
+        if value is jsnull:
+            return None
+        if isinstance(value, dict):
+            return {key: clean(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [clean(item) for item in value]
+        return value
+
+    for name in _names:
+        tool = globals().get(name)
+        if tool is None or getattr(tool, "_rlmopt_clean", False):
+            continue
+
+        def wrapper(*args, _tool=tool, **kwargs):
+            return clean(_tool(*args, **kwargs))
+
+        functools.update_wrapper(wrapper, tool)
+        wrapper._rlmopt_clean = True
+        globals()[name] = wrapper
+
+for _rlmopt_removed in %s:  # tools taken out of Sandbox.tools since the last registration
+    globals().pop(_rlmopt_removed, None)
+_rlmopt_wrap_tools(%s)
+"""
 
 _DIAGNOSTIC_CHARS = 600
 
@@ -365,6 +401,7 @@ class Sandbox:
         self._background: threading.Thread | None = None
         self._background_error: BaseException | None = None
         self._registration_key: str | None = None
+        self._registered_tools: set[str] = set()  # tool functions defined in the current process
         self._wrapped: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {}
         self._notice = ""  # told to the agent with the next result (a restart it did not cause)
 
@@ -551,11 +588,15 @@ class Sandbox:
     def _call(self, code: str, variables: dict[str, Any], limit: float) -> Any:
         """One ``PythonInterpreter.execute`` under the watchdog; ``_ProcessLost`` if the process died."""
         interp = self._interp
-        self._sync_tools(interp)
+        registering = self._sync_tools(interp)
         interp._owner_thread = None  # our lock serializes calls; let any thread make this one
         self._watchdog.arm(limit, functools.partial(self._kill, interp))
         timed_out = False
         try:
+            if registering:  # execute() registers the tools first, then this wraps them
+                removed = sorted(self._registered_tools - set(interp.tools))
+                interp.execute(_CLEAN_TOOL_RESULTS % (json.dumps(removed), json.dumps(sorted(interp.tools))))
+                self._registered_tools = set(interp.tools)
             return interp.execute(code, variables)
         except (CodeExecutionError, SyntaxError):
             raise
@@ -574,9 +615,9 @@ class Sandbox:
 
     # ------------------------------------------------------------------ tools
 
-    def _sync_tools(self, interp: _Interpreter) -> None:
+    def _sync_tools(self, interp: _Interpreter) -> bool:
         """Hand ``self.tools`` (wrapped to pause the watchdog) and ``output_fields`` to the interpreter;
-        re-register them in the sandbox when their names, signatures or the outputs changed."""
+        re-register them in the sandbox when their names, signatures or the outputs changed (True then)."""
         wrapped = {}
         for name, fn in self.tools.items():
             if not (isinstance(name, str) and name.isidentifier()):
@@ -593,9 +634,10 @@ class Sandbox:
             default=repr,
             sort_keys=True,
         )
-        if key != self._registration_key:
+        if key != self._registration_key or not interp._tools_registered:
             interp._tools_registered = False
             self._registration_key = key
+        return not interp._tools_registered and bool(wrapped or self._registered_tools)
 
     def _pausing(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` with the watchdog paused while it runs (awaiting it too if it is async)."""
@@ -625,7 +667,7 @@ class Sandbox:
         command = self.deno_command
         _check_deno_version(command[0])
         interp = _Interpreter(deno_command=command, enable_read_paths=list(self._files.values()))
-        self._interp, self._registration_key = interp, None
+        self._interp, self._registration_key, self._registered_tools = interp, None, set()
         self._watchdog.arm(self.start_timeout_s, functools.partial(self._kill, interp))
         try:
             interp.start()
