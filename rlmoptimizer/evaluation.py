@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import math
 import random
 import re
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import dspy
@@ -190,12 +191,24 @@ def _format_error(exc: BaseException) -> str:
 # -- the evaluator ---------------------------------------------------------------------------------
 
 
+_PLAIN_TYPES = frozenset({str, int, bool, type(None)})
+
+
+def _json_dict(data: dict[str, Any]) -> dict[str, Any]:
+    """``jsonable(data)``, with a fast path for the common flat dict of plain values."""
+    for key, value in data.items():
+        kind = type(value)
+        if type(key) is not str or (kind not in _PLAIN_TYPES and not (kind is float and math.isfinite(value))):
+            return jsonable(data)
+    return dict(data)
+
+
 def _fields(value: Any) -> dict[str, Any]:
     """A prediction's fields as a JSON-safe dict."""
     items = getattr(value, "items", None)
     if callable(items):
         try:
-            return jsonable(dict(items()))
+            return _json_dict(dict(items()))
         except Exception:
             pass
     to_dict = getattr(value, "toDict", None)
@@ -206,6 +219,17 @@ def _fields(value: Any) -> dict[str, Any]:
             pass
     converted = jsonable(value)
     return converted if isinstance(converted, dict) else {"output": converted}
+
+
+def _inputs_and_labels(example: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(inputs, labels)`` of an example as plain dicts; what ``inputs()`` / ``labels()`` give, without
+    building two intermediate Examples per call."""
+    store, keys = getattr(example, "_store", None), getattr(example, "_input_keys", None)
+    if isinstance(store, dict) and keys:
+        inputs = {k: v for k, v in store.items() if k in keys and not k.startswith("dspy_")}
+        labels = {k: v for k, v in store.items() if k not in keys and not k.startswith("dspy_")}
+        return inputs, labels
+    return dict(example.inputs().items()), dict(example.labels().items())
 
 
 class _Batch:
@@ -222,6 +246,9 @@ class _Batch:
         self.uncharged_lm_failures = 0
         self.last_lm_error: BaseException | None = None
         self.fatal: BaseException | None = None
+        self.crash: BaseException | None = None
+        self.finished = 0  # examples finished or skipped
+        self.wake = threading.Event()  # set when all are finished or the evaluation must stop
 
 
 class Evaluator:
@@ -270,26 +297,28 @@ class Evaluator:
             return []
         names = {id(predictor): name for name, predictor in program.named_predictors()}
         batch = _Batch(len(items), reservation)
-        workers = min(self.num_threads, len(items))
-        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rlmoptimizer-eval")
+        pool = ThreadPoolExecutor(max_workers=min(self.num_threads, len(items)), thread_name_prefix="rlmoptimizer-eval")
         futures = []
         try:
             for example_id, example in items:
                 context = contextvars.copy_context()
-                futures.append(pool.submit(context.run, self._run_one, program, names, example_id, example, batch))
-            for future in as_completed(futures):
-                if not future.cancelled():
-                    future.result()  # a bug here (not in the program or metric) surfaces at once
-                if batch.stop.is_set():
-                    for other in futures:
-                        other.cancel()
-        except BaseException:
+                futures.append(pool.submit(context.run, self._task, program, names, example_id, example, batch))
+            # One wake-up when everything is done or something must stop, not one per example: the main
+            # thread then competes for the GIL with the workers as little as possible.
+            batch.wake.wait()
+        except BaseException:  # e.g. Ctrl-C: start nothing new, let the running examples finish
             batch.stop.set()
-            for other in futures:
-                other.cancel()
             raise
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+            stopping = batch.stop.is_set()
+            if stopping:
+                for future in futures:
+                    future.cancel()
+            # When everything finished, the idle workers may exit in the background; when stopping, wait
+            # for the examples still running so that their records are kept.
+            pool.shutdown(wait=stopping, cancel_futures=True)
+        if batch.crash is not None:
+            raise batch.crash
         records = sorted(batch.records, key=lambda r: r.example_id)
         if batch.fatal is not None:
             fatal = batch.fatal
@@ -297,7 +326,7 @@ class Evaluator:
                 answered = len(records) - batch.systemic_failures
                 fatal = EvaluationLMError(
                     "the evaluation LM appears unusable: "
-                    f"{batch.consecutive_lm_failures} consecutive examples failed with "
+                    f"{self.max_consecutive_lm_failures} consecutive examples failed with "
                     f"{_format_error(batch.last_lm_error)}. {answered} of {batch.total} example(s) were evaluated "
                     "before the evaluation stopped; examples that failed this way were not charged. Check the LM's "
                     "model name, API key, billing and network access (eval_lm=... or dspy.configure(lm=...))."
@@ -308,11 +337,25 @@ class Evaluator:
         return records
 
     # -- one example, in a worker thread ---------------------------------------------------------
+    def _task(self, program: Any, names: dict[int, str], example_id: int, example: Any, batch: _Batch) -> None:
+        try:
+            self._run_one(program, names, example_id, example, batch)
+        except BaseException as exc:  # a bug outside the program and metric (or an interrupt): stop everything
+            with batch.lock:
+                if batch.crash is None:
+                    batch.crash = exc
+            batch.stop.set()
+        finally:
+            with batch.lock:
+                batch.finished += 1
+                if batch.finished == batch.total or batch.stop.is_set():
+                    batch.wake.set()
+
     def _run_one(self, program: Any, names: dict[int, str], example_id: int, example: Any, batch: _Batch) -> None:
         if batch.stop.is_set():
             return
         trace: list = []
-        inputs = dict(example.inputs().items())
+        inputs, labels = _inputs_and_labels(example)
         with dspy.context(lm=self.lm, trace=trace):
             try:
                 prediction = program(**inputs)
@@ -320,8 +363,8 @@ class Evaluator:
                 failure = classify_lm_failure(exc)
                 record = ExampleResult(
                     example_id=example_id,
-                    inputs=jsonable(inputs),
-                    expected=jsonable(dict(example.labels().items())),
+                    inputs=_json_dict(inputs),
+                    expected=_json_dict(labels),
                     predicted={},
                     score=0.0,
                     passed=False,
@@ -346,8 +389,8 @@ class Evaluator:
                 score, feedback, error = 0.0, None, _format_error(exc)
         record = ExampleResult(
             example_id=example_id,
-            inputs=jsonable(inputs),
-            expected=jsonable(dict(example.labels().items())),
+            inputs=_json_dict(inputs),
+            expected=_json_dict(labels),
             predicted=_fields(prediction),
             score=score,
             passed=error is None and score >= self.pass_threshold,
@@ -364,7 +407,7 @@ class Evaluator:
             name = names.get(id(predictor))
             if name is None:  # a predictor outside named_predictors() (e.g. a compiled sub-module): not a step
                 continue
-            steps.append(StepTrace(step_name=name, inputs=jsonable(dict(step_inputs)), outputs=_fields(outputs)))
+            steps.append(StepTrace(step_name=name, inputs=_json_dict(dict(step_inputs)), outputs=_fields(outputs)))
         return tuple(steps)
 
     def _finish(self, batch: _Batch, record: ExampleResult, failure: tuple[str, BaseException] | None) -> None:

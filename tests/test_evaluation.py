@@ -717,3 +717,17 @@ def test_is_reusable_reads_the_error_type():
     assert not is_reusable(record("LMRateLimitError: slow down"))
     assert not is_reusable(record("LMAuthError: [m] bad key"))
     assert not is_reusable(record("APIConnectionError: refused"))
+
+
+def test_a_failing_on_result_callback_stops_the_evaluation_and_propagates():
+    calls: list[int] = []
+
+    def persist(record):
+        calls.append(record.example_id)
+        raise OSError("disk full")
+
+    lm = echo_lm()
+    evaluator = make_evaluator(lm, num_threads=1, on_result=persist)
+    with pytest.raises(OSError, match="disk full"):
+        evaluator.evaluate(dspy.Predict("question -> answer"), list(enumerate(examples(10))))
+    assert calls == [0] and len(lm.calls) == 1
