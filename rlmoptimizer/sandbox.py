@@ -28,6 +28,7 @@ Errors::
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import functools
 import inspect
@@ -134,6 +135,7 @@ _rlmopt_wrap_tools(%s)
 """
 
 _DIAGNOSTIC_CHARS = 600
+_STDERR_LINES = 20
 
 
 def build_import_map(runner_source: str, assets_dir: Path = _ASSETS_DIR) -> dict[str, dict[str, str]]:
@@ -182,20 +184,40 @@ class _Interpreter(PythonInterpreter):
     (Passing ``deno_command=`` makes ``PythonInterpreter`` copy the whole host environment and skip its
     version check; the check runs once in :class:`Sandbox`.)"""
 
+    stderr_tail: collections.deque[str]
+
     def _spawn_process(self) -> None:
         try:
-            self.deno_process = subprocess.Popen(
+            process = subprocess.Popen(
                 self.deno_command,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
                 encoding="UTF-8",
+                errors="replace",
                 env=_deno_environment(),
             )
         except OSError as e:
             raise CodeInterpreterError(f"Could not start Deno ({self.deno_command[0]}): {e}") from e
+        # Drain stderr on a thread, keeping its last lines for diagnostics: a full pipe would block Deno.
+        # PythonInterpreter reads stderr only after the process exits, and skips it when it is None.
+        self.stderr_tail = collections.deque(maxlen=_STDERR_LINES)
+        stderr, process.stderr = process.stderr, None
+        threading.Thread(target=_drain, args=(stderr, self.stderr_tail), name="rlmoptimizer-deno-stderr",
+                         daemon=True).start()
+        self.deno_process = process
         self._health_check()
+
+
+def _drain(stream: Any, tail: collections.deque[str]) -> None:
+    try:
+        for line in stream:
+            tail.append(line.rstrip("\n")[:_DIAGNOSTIC_CHARS])
+    except (OSError, ValueError):
+        pass
+    finally:
+        stream.close()
 
 
 class _Watchdog:
@@ -286,12 +308,13 @@ def _exit_diagnostic(interp: _Interpreter, error: Exception) -> str:
     if process is not None:
         try:
             parts.append(f"Deno exited with code {process.wait(timeout=5)}")
-            stderr = process.stderr.read() if process.stderr is not None and not process.stderr.closed else ""
-        except (OSError, ValueError, subprocess.TimeoutExpired):
-            stderr = ""
+        except subprocess.TimeoutExpired:
+            pass
+        time.sleep(0.05)  # let the stderr thread read the last lines
+        stderr = "\n".join(getattr(interp, "stderr_tail", ()))
         if stderr.strip():
-            parts.append(_shorten(stderr, 300))
-    parts.append(str(error))
+            parts.append("stderr: " + _shorten(stderr, 250))
+    parts.append(_shorten(str(error), 150))
     return "; ".join(parts)
 
 
@@ -361,11 +384,11 @@ class Sandbox:
                 (the first start on a machine downloads Pyodide from npm).
         """
         # validation
-        if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+        if isinstance(timeout_s, bool) or not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         if not (isinstance(start_timeout_s, (int, float)) and start_timeout_s > 0):
             raise ValueError(f"start_timeout_s must be a positive number of seconds, got {start_timeout_s!r}")
-        if not isinstance(replay_limit, int) or replay_limit < 0:
+        if isinstance(replay_limit, bool) or not isinstance(replay_limit, int) or replay_limit < 0:
             raise ValueError(f"replay_limit must be an int >= 0, got {replay_limit!r}")
         if not isinstance(memory_limit_mb, int) or not 64 <= memory_limit_mb <= 4096:
             raise ValueError(f"memory_limit_mb must be an int between 64 and 4096, got {memory_limit_mb!r}")
@@ -738,7 +761,7 @@ class Sandbox:
             )
         return (
             f"SandboxCrash: the sandbox process died while running this code "
-            f"(last diagnostic: {_shorten(lost.diagnostic, 300)}). {restored} {lost_text} Avoid building very "
+            f"(last diagnostic: {_shorten(lost.diagnostic, 500)}). {restored} {lost_text} Avoid building very "
             "large objects (process the data in pieces) and do not end the process (os._exit, js.Deno.exit)."
         )
 
@@ -809,7 +832,7 @@ class Sandbox:
             except (OSError, ValueError, subprocess.TimeoutExpired):
                 process.kill()
         process.wait()
-        for stream in (process.stdin, process.stdout, process.stderr):
+        for stream in (process.stdin, process.stdout):
             try:
                 if stream is not None:
                     stream.close()

@@ -31,7 +31,7 @@ from dspy.primitives.python_interpreter import PythonInterpreter
 from fakes import ScriptedLM
 
 from rlmoptimizer.errors import SandboxError
-from rlmoptimizer.sandbox import DENO_FLAGS, Sandbox, build_import_map
+from rlmoptimizer.sandbox import DENO_FLAGS, Sandbox, _deno_environment, build_import_map
 
 pytestmark = pytest.mark.slow
 
@@ -289,6 +289,12 @@ def test_a_dead_process_is_restarted(sandbox, code, expected):
     assert run(sandbox, "print(baseline['score'])") == "0.5\n"
 
 
+def test_a_flood_of_stderr_does_not_block_the_process(sandbox):
+    code = "import js\nfor _ in range(3000):\n    js.console.error('e' * 200)\nprint('done')"
+    assert run(sandbox, code) == "done\n"  # 600 KB, ten times a pipe buffer
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
 def test_a_process_killed_between_executes_is_restarted_with_a_notice(sandbox):
     run(sandbox, "survivor = 1")
     process = sandbox._interp.deno_process
@@ -455,6 +461,17 @@ def test_recursive_execute_from_a_tool_is_refused(sandbox):
 
 
 # ---------------------------------------------------------------- validation
+
+
+def test_deno_gets_only_the_environment_it_needs():
+    env = _deno_environment({
+        "PATH": "/bin", "HOME": "/home/u", "DENO_DIR": "/cache", "HTTPS_PROXY": "http://proxy:3128",
+        "NPM_CONFIG_REGISTRY": "https://npm.example", "OPENAI_API_KEY": "sk-secret", "AWS_SECRET_ACCESS_KEY": "x",
+    })
+    assert env["DENO_DIR"] == "/cache" and env["HTTPS_PROXY"] == "http://proxy:3128"
+    assert env["NPM_CONFIG_REGISTRY"] == "https://npm.example" and env["PATH"] == "/bin"
+    assert "OPENAI_API_KEY" not in env and "AWS_SECRET_ACCESS_KEY" not in env
+    assert env["DENO_NO_PACKAGE_JSON"] == "1"
 
 
 @pytest.mark.parametrize(
