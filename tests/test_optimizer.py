@@ -38,7 +38,7 @@ def test_agent_improves_the_program_and_the_result_is_an_ordinary_module(tmp_pat
         {"reasoning": "look", "code": "print(len(baseline_train['examples']), baseline_train['score'])"},
         {"reasoning": "fix", "code": f"update_prompt('route', {POLICY_PROMPT!r})\n"
                                      "r = evaluate_program(failed_from_run=baseline_train['run_id'])\n"
-                                     "print('rerun', r['score'], r['evaluated_count'])"},
+                                     "print('rerun', float(r['score']), r['evaluated_count'])"},
         SUBMIT_POLICY,
     ], run_storage_dir=tmp_path / "run")
 
