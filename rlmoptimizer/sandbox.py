@@ -287,10 +287,12 @@ class _Watchdog:
 
 @dataclass(frozen=True)
 class _Replay:
-    """An execute to run again, with the same variables, after every restart."""
+    """An execute to run again, with the same variables, after a restart: always if it installed dspy's
+    facade, else only once :meth:`Sandbox.mark_setup_complete` confirmed it as setup."""
 
     code: str
     variables: dict[str, Any]
+    facade: bool
 
 
 class _ProcessLost(Exception):
@@ -338,9 +340,10 @@ class Sandbox:
     ``execute()``, ``shutdown()``. After ``shutdown()`` the sandbox cannot be used again. Calls are serialized
     by a lock, so the sandbox may be started on one thread and used from another.
 
-    Restarts (after a timeout or a crash) run, in order: ``setup_code``, then every execute that succeeded
-    before :meth:`mark_setup_complete`, then the ``dspy`` facade installs made by ``dspy.RLM`` (recognized
-    automatically), then re-register the tools. Variables handed in with ``variables=`` come back with the
+    Restarts (after a timeout or a crash) run ``setup_code``, then, in their original order, every execute
+    that succeeded before :meth:`mark_setup_complete` and the ``dspy`` facade installs made by ``dspy.RLM``
+    (recognized automatically, replayed even if ``mark_setup_complete`` is never called); tools are
+    registered again. Variables handed in with ``variables=`` come back with the
     next ``execute()`` that hands them in (``dspy.RLM`` hands its inputs in on every turn).
     """
 
@@ -429,8 +432,8 @@ class Sandbox:
         self._notice = ""  # told to the agent with the next result (a restart it did not cause)
 
         # replay and variable bookkeeping
-        self._replay: list[_Replay] = []
-        self._pending: list[_Replay] = []
+        self._records: list[_Replay] = []  # in execution order
+        self._confirmed = 0  # records[:confirmed] were made before mark_setup_complete()
         self._pending_overflow = False
         self._setup_complete = False
         self._pristine_names: set[str] = set()  # globals of a fresh process (runner internals)
@@ -528,9 +531,9 @@ class Sandbox:
                     f"More than replay_limit={self.replay_limit} executes ran before mark_setup_complete(); "
                     "raise replay_limit, or put the setup in setup_code."
                 )
-            self._replay.extend(self._pending)
+            self._confirmed = len(self._records)
             self._baseline_names |= self._pending_names
-            self._pending, self._pending_names, self._setup_complete = [], set(), True
+            self._pending_names, self._setup_complete = set(), True
 
     def shutdown(self) -> None:
         """Stop the process and release everything; the sandbox cannot be used afterwards."""
@@ -585,12 +588,12 @@ class Sandbox:
             return
         facade_install = code == SHIM_SETUP or HOST_TOKEN_VAR in variables
         if succeeded and facade_install:
-            self._replay.append(_Replay(code, variables))
+            self._records.append(_Replay(code, variables, facade=True))
             self._baseline_names |= names
             return
         if succeeded and not self._setup_complete:
-            if len(self._pending) < self.replay_limit:
-                self._pending.append(_Replay(code, variables))
+            if sum(not record.facade for record in self._records) < self.replay_limit:
+                self._records.append(_Replay(code, variables, facade=False))
                 self._pending_names |= names - self._baseline_names
             else:
                 self._pending_overflow = True
@@ -707,7 +710,8 @@ class Sandbox:
             if self.setup_code:
                 self._call(self.setup_code, {}, self.start_timeout_s)
             replay_failures = []
-            for step, replay in enumerate(self._replay, start=1):
+            replays = [r for i, r in enumerate(self._records) if r.facade or i < self._confirmed]
+            for step, replay in enumerate(replays, start=1):
                 try:
                     self._call(replay.code, replay.variables, self.start_timeout_s)
                 except (CodeExecutionError, SyntaxError) as e:

@@ -138,7 +138,7 @@ def test_starts_offline_in_the_background_and_runs_on_another_thread(monkeypatch
         monkeypatch.setenv(name, dead)
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
-    box = Sandbox(timeout_s=30)
+    box = Sandbox(timeout_s=30, replay_limit=2)
     try:
         box.start_in_background()  # starts on a helper thread
         assert box.execute("print(1 + 1)") == "2\n"  # used from this one
@@ -147,6 +147,8 @@ def test_starts_offline_in_the_background_and_runs_on_another_thread(monkeypatch
         if LINUX:
             environ = Path(f"/proc/{box.process_id}/environ").read_bytes().split(b"\0")
             assert f"HTTPS_PROXY={dead}".encode() in environ  # the test really pointed Deno at a dead proxy
+        with pytest.raises(SandboxError, match="replay_limit=2"):  # three executes cannot all be replayed
+            box.mark_setup_complete()
     finally:
         box.shutdown()
     with pytest.raises(SandboxError, match="shut down"):
