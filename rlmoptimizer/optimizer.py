@@ -336,14 +336,16 @@ class _CompileRun:
             submitted_run = self.session.evaluate(split, None, label="submission", charged=charged)
             self.display.run_finished(submitted_run.summary())
             complete.append(submitted_run)
-        best = max(complete, key=lambda r: r.score)
+        others = [r for r in complete if r.instructions != submission]
+        best = max(others, key=lambda r: r.score, default=None)
         candidates = [
             {"run_id": r.run_id, "label": r.label, "score": r.score, "instructions": r.instructions} for r in complete
         ]
-        if submitted_run.score >= best.score:
-            chosen_run, reason = submitted_run, (
-                f"the agent's submission scored {submitted_run.score:.4f} on {split}, at least as well as every "
-                f"other candidate (best other: {best.score:.4f})"
+        if best is None or submitted_run.score >= best.score:
+            chosen_run = submitted_run
+            reason = f"the agent's submission scored {submitted_run.score:.4f} on {split}" + (
+                f", at least as well as every other candidate (best: {best.run_id} ({best.label}) at {best.score:.4f})"
+                if best is not None else ""
             )
         else:
             chosen_run, reason = best, (

@@ -6,9 +6,9 @@ import json
 
 import dspy
 import pytest
-from example import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 from fakes import FunctionLM, scripted_agent
 
+from example import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 from rlmoptimizer import ConfigurationError, RLMDocstringOptimizer
 from rlmoptimizer.prompts import AGENT_INSTRUCTIONS, TOOL_NAMES
 
