@@ -244,8 +244,8 @@ class _CompileRun:
         )
 
     def _run(self, sandbox: Sandbox) -> dspy.Module:
-        for version in self.journal.prompt_versions() if self.resumed else []:
-            self.session.set_instructions({version["step"]: version["text"]}, source="resume")
+        if self.resumed:
+            self.session.restore_versions(self.journal.prompt_versions())
         baseline_train = self._baseline("train")
         baseline_val = self._baseline("val") if self.valset else None
 
@@ -288,6 +288,8 @@ class _CompileRun:
             trajectory.append(turn)
             self.journal.write_turn(turn)
             self.display.turn(turn)
+            if self.session.fatal is not None:  # e.g. the evaluation LM is unusable: stop, keep what was paid for
+                raise self.session.fatal
 
         agent = OptimizerAgent(
             signature,

@@ -14,7 +14,7 @@ from typing import Any
 import dspy
 
 from rlmoptimizer.budget import BudgetLedger
-from rlmoptimizer.errors import ConfigurationError, StructureChangedError
+from rlmoptimizer.errors import ConfigurationError, EvaluationLMError, MetricError, StructureChangedError
 from rlmoptimizer.evaluation import RunService, select_ids
 from rlmoptimizer.fingerprint import apply_instructions, check_structure, get_instructions
 from rlmoptimizer.records import EvalRun
@@ -52,6 +52,7 @@ class OptimizationSession:
         self.step_names = [name for name, _ in program.named_predictors()]
         self.prompt_versions: list[dict[str, Any]] = []
         self._on_prompt_version = on_prompt_version
+        self.fatal: Exception | None = None
         self._lock = threading.Lock()
 
     # -- helpers used by the optimizer ------------------------------------------------------------
@@ -110,9 +111,23 @@ class OptimizationSession:
                 if self._on_prompt_version is not None:
                     self._on_prompt_version(version)
 
-    def evaluate(self, split: str, ids: list[int] | None, label: str, charged: bool = True) -> EvalRun:
+    def restore_versions(self, versions: list[dict[str, Any]]) -> None:
+        """Re-apply prompt versions read back from a run directory (a resume), without recording them again."""
         with self._lock:
-            return self.runs.evaluate(self.program, split, label=label, charged=charged, ids=ids)
+            for version in versions:
+                apply_instructions(self.program, {version["step"]: version["text"]})
+                self.prompt_versions.append(dict(version))
+            check_structure(self.fingerprint, self.program)
+
+    def evaluate(self, split: str, ids: list[int] | None, label: str, charged: bool = True) -> EvalRun:
+        """Evaluate the working program. A systemic failure (the evaluation LM is unusable, the metric is
+        broken) is also kept in ``self.fatal`` so the optimizer stops after the agent's current turn."""
+        with self._lock:
+            try:
+                return self.runs.evaluate(self.program, split, label=label, charged=charged, ids=ids)
+            except (EvaluationLMError, MetricError) as exc:
+                self.fatal = exc
+                raise
 
     # -- the tools ----------------------------------------------------------------------------------
     def tool_functions(self) -> list[Callable]:

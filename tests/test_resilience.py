@@ -1,0 +1,143 @@
+"""Nothing paid for is lost: runs stopped by a fault resume without paying twice; a run directory of
+another compile is refused; systemic faults stop the run with an error that says where the state is."""
+
+from __future__ import annotations
+
+import json
+
+import dspy
+import pytest
+from fakes import FunctionLM, scripted_agent
+
+from example import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
+from rlmoptimizer import (
+    EvaluationLMError,
+    OptimizationInterrupted,
+    RLMDocstringOptimizer,
+    RunDirectoryMismatchError,
+)
+
+TURNS = [
+    {"reasoning": "look", "code": "print(baseline_train['score'])"},
+    {"reasoning": "fix", "code": f"update_prompt('route', {POLICY_PROMPT!r})\n"
+                                 "r = evaluate_program(failed_from_run=baseline_train['run_id'])\n"
+                                 "print('rerun', r['evaluated_count'], r['budget_spent'])"},
+    {"reasoning": "validate", "code": "v = evaluate_program(split='val')\nprint('val', float(v['score']))"},
+    {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"},
+]
+
+
+def steps_seen(messages) -> int:
+    return sum(str(m.get("content", "")).count("=== Step ") for m in messages if m.get("role") == "user")
+
+
+def dies_after(turns_played: int, error: Exception):
+    def reply(messages):
+        seen = steps_seen(messages)
+        if seen >= turns_played:
+            raise error
+        return TURNS[seen]
+
+    return FunctionLM(reply)
+
+
+def compile_in(directory, root_lm, task_lm, trainset=None, valset=None, metric_fn=metric):
+    default_train, default_val = make_splits()
+    opt = RLMDocstringOptimizer(max_iterations=2, root_lm=root_lm, eval_lm=task_lm, run_storage_dir=directory)
+    return opt.compile(
+        student=RouteTicket(), trainset=trainset or default_train, valset=valset or default_val, metric=metric_fn
+    )
+
+
+def files(directory, sub):
+    return sorted(p.name for p in (directory / sub).glob("*.json"))
+
+
+def test_a_run_stopped_by_a_dead_root_lm_resumes_without_paying_twice(tmp_path):
+    first_task = FunctionLM(task_lm_reply)
+    with pytest.raises(OptimizationInterrupted) as stopped:
+        compile_in(tmp_path, dies_after(2, dspy.LMAuthError("invalid api key")), first_task)
+    assert str(tmp_path) in str(stopped.value) and "resume" in str(stopped.value)
+    assert isinstance(stopped.value.__cause__, dspy.LMAuthError)
+
+    # on disk: both baselines, the agent's re-run of the 2 failures, its prompt version, 2 turns, the ledger
+    assert files(tmp_path, "runs") == ["run-0001.json", "run-0002.json", "run-0003.json"]
+    assert files(tmp_path, "turns") == ["turn-0001.json", "turn-0002.json"]
+    assert json.loads((tmp_path / "prompts" / "v-0001.json").read_text())["text"] == POLICY_PROMPT
+    assert json.loads((tmp_path / "ledger.json").read_text())["spent"] == 2
+    assert not list(tmp_path.rglob("*.tmp"))
+
+    second_task = FunctionLM(task_lm_reply)
+    root = scripted_agent(TURNS)
+    result = compile_in(tmp_path, root, second_task)
+
+    # the agent got its trajectory back and went on with turn 3
+    assert "=== Step 2 ===" in str(root.calls[0]) and "resumed" in str(root.calls[0])
+    assert [t["code"] for t in result.agent_trajectory[:2]] == [t["code"] for t in TURNS[:2]]
+    assert len(result.agent_trajectory) == 4
+    # no baseline again, nothing evaluated twice: only the validation check of turn 3 ran (2 LM calls each)
+    assert len(second_task.calls) == 2 * len(make_splits()[1])
+    assert result.budget["spent"] == 2 + len(make_splits()[1])
+    assert result.optimized_dspy_program["route"] == POLICY_PROMPT
+    assert len(files(tmp_path, "prompts")) == 1
+
+
+def test_a_finished_run_directory_returns_its_result_without_new_calls(tmp_path):
+    first = compile_in(tmp_path, scripted_agent(TURNS), FunctionLM(task_lm_reply))
+    root, task = scripted_agent(TURNS), FunctionLM(task_lm_reply)
+    again = compile_in(tmp_path, root, task)
+    assert root.calls == [] and task.calls == []
+    assert again.optimized_dspy_program == first.optimized_dspy_program
+    assert again.budget == first.budget
+
+
+def test_a_run_directory_of_another_compile_is_refused(tmp_path):
+    compile_in(tmp_path, scripted_agent(TURNS), FunctionLM(task_lm_reply))
+    trainset, valset = make_splits()
+    with pytest.raises(RunDirectoryMismatchError, match="trainset"):
+        compile_in(tmp_path, scripted_agent(TURNS), FunctionLM(task_lm_reply), trainset=trainset[:-1])
+
+    def other_metric(example, prediction, trace=None):
+        return 1.0
+
+    with pytest.raises(RunDirectoryMismatchError, match="metric"):
+        compile_in(tmp_path, scripted_agent(TURNS), FunctionLM(task_lm_reply), metric_fn=other_metric)
+
+
+def test_an_unusable_evaluation_lm_stops_the_run_and_charges_nothing_for_it(tmp_path):
+    calls = {"n": 0}
+
+    def task_reply(messages):
+        calls["n"] += 1
+        if calls["n"] > 2 * 20:  # both baselines (20 examples, 2 calls each) work, then the key is revoked
+            return dspy.LMAuthError("key revoked")
+        return task_lm_reply(messages)
+
+    with pytest.raises(EvaluationLMError, match="unusable") as stopped:
+        compile_in(tmp_path, scripted_agent(TURNS), FunctionLM(task_reply))
+    assert "key revoked" in str(stopped.value)
+    ledger = json.loads((tmp_path / "ledger.json").read_text())
+    assert ledger["spent"] == 0
+    partial = [json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*.json")]
+    assert any(run["label"].endswith(":partial") for run in partial)
+    # it stopped within one batch: at most num_threads examples past the three failures were attempted
+    assert calls["n"] - 40 <= 3 + 8
+
+    resumed = compile_in(tmp_path, scripted_agent(TURNS), FunctionLM(task_lm_reply))
+    assert resumed.optimized_dspy_program["route"] == POLICY_PROMPT
+
+
+def test_a_metric_that_raises_on_some_examples_leaves_failing_records():
+    def flaky_metric(example, prediction, trace=None):
+        if "chargeback" in example.ticket:
+            raise RuntimeError("metric bug on chargebacks")
+        return metric(example, prediction)
+
+    result = compile_in(None, scripted_agent(TURNS), FunctionLM(task_lm_reply), metric_fn=flaky_metric)
+    baseline = result.trial_logs[0]
+    assert baseline["label"] == "baseline"
+    from rlmoptimizer.run_store import RunStore
+
+    run = RunStore(result.run_storage_dir).get(baseline["run_id"])
+    errors = [r for r in run.records if r.error]
+    assert errors and all("metric bug on chargebacks" in r.error and r.score == 0 for r in errors)
