@@ -15,6 +15,7 @@ package installed.
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import statistics
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="timed runs of each, median reported (default 3)")
     parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
     args = parser.parse_args(argv)
+    logging.getLogger("dspy.evaluate.evaluate").setLevel(logging.WARNING)  # its "Average Metric" lines
 
     program = dspy.ChainOfThought("question -> answer")
     devset = [dspy.Example(question=f"q{i}", answer=f"a{i}").with_inputs("question") for i in range(args.n)]
