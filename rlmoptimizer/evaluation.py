@@ -254,7 +254,11 @@ class _Batch:
 class Evaluator:
     """Runs a program on examples in threads, with its LM pinned, and scores each with the metric.
 
-    ``on_result(record)`` is called under a lock, from the worker threads, as each record completes.
+    Each example runs in a copy of the caller's context inside ``dspy.context(lm=self.lm, trace=[])``: an LM
+    the caller set (the optimizer agent's, for one) never reaches the program. The metric runs in the same
+    pinned context, so an LLM-judge metric that relies on ``dspy.settings.lm`` also gets the evaluation LM.
+    The program object is shared by the threads, not copied. ``on_result(record)`` is called under a lock,
+    from the worker threads, as each record completes.
     """
 
     def __init__(

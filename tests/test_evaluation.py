@@ -176,6 +176,21 @@ def test_the_program_runs_with_the_evaluation_lm_never_the_callers():
     assert all(r.passed and r.error is None for r in records)
 
 
+def test_the_metric_sees_the_evaluation_lm_too():
+    eval_lm, caller_lm = echo_lm(), echo_lm()
+    seen = []
+
+    def judge(example, prediction):
+        seen.append(dspy.settings.lm)
+        return 1.0
+
+    with dspy.context(lm=caller_lm):
+        make_evaluator(eval_lm, metric=judge, num_threads=2).evaluate(
+            dspy.Predict("question -> answer"), list(enumerate(examples(4)))
+        )
+    assert len(seen) == 4 and all(lm is eval_lm for lm in seen)
+
+
 def test_the_program_is_shared_across_threads_not_copied_per_example():
     seen: set[int] = set()
     lock = threading.Lock()
