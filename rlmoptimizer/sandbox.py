@@ -383,8 +383,8 @@ class Sandbox:
             replay_limit: the most executes recorded before :meth:`mark_setup_complete` for replay.
             memory_limit_mb: the most WebAssembly memory Pyodide may use; past it Python raises
                 ``MemoryError`` (the process survives). Bounded by Pyodide's own 4 GiB.
-            start_timeout_s: the most seconds a (re)start may take, including ``setup_code`` and replays
-                (the first start on a machine downloads Pyodide from npm).
+            start_timeout_s: the most seconds starting the process may take (the first start on a machine
+                downloads Pyodide from npm), and the limit for ``setup_code`` and each replayed execute.
         """
         # validation
         if isinstance(timeout_s, bool) or not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
@@ -430,6 +430,7 @@ class Sandbox:
         self._registered_tools: set[str] = set()  # tool functions defined in the current process
         self._wrapped: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {}
         self._notice = ""  # told to the agent with the next result (a restart it did not cause)
+        self._replay_failures: list[str] = []  # setup steps that failed on the last restart
 
         # replay and variable bookkeeping
         self._records: list[_Replay] = []  # in execution order
@@ -718,16 +719,20 @@ class Sandbox:
                     replay_failures.append(f"setup step {step}: {_shorten(str(e), 200)}")
             if replay_failures:
                 logger.warning("Sandbox setup replay failed: %s", "; ".join(replay_failures))
+            self._replay_failures = replay_failures
             names = self._global_names()
             if names is None:
-                raise SandboxError("the sandbox did not answer after setup")
+                raise SandboxError("The sandbox did not answer after its setup.")
             self._baseline_names = names | self._baseline_names
         except _ProcessLost as e:
             self._stop_process()
             raise SandboxError(f"The sandbox died during setup: {_shorten(e.diagnostic)}") from e
         except (CodeExecutionError, SyntaxError, CodeInterpreterError) as e:
             self._stop_process()
-            raise SandboxError(f"The sandbox setup_code failed: {_shorten(str(e))}") from e
+            raise SandboxError(f"The sandbox setup failed: {_shorten(str(e))}") from e
+        except BaseException:
+            self._stop_process()
+            raise
 
     def _recover(self, lost: _ProcessLost, variables: dict[str, Any]) -> str:
         """Restart after ``lost`` (at most two tries, else ``SandboxError``); the agent-facing message."""
@@ -755,6 +760,8 @@ class Sandbox:
         data = sorted(self._baseline_names - self._pristine_names - set(self.tools) - {"SUBMIT"})
         restored = "The REPL was restarted and the setup was run again"
         restored += f" (data variables reloaded: {', '.join(data)})." if data else "."
+        if self._replay_failures:
+            restored += " Some setup steps failed on replay: " + "; ".join(self._replay_failures) + "."
         lost_text = f"These of your variables were lost: {_names_list(lost_names)}."
         if lost.timed_out:
             return (

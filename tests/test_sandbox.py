@@ -155,16 +155,12 @@ def test_starts_offline_in_the_background_and_runs_on_another_thread(monkeypatch
         box.execute("print(1)")
 
 
-def test_a_failed_background_start_surfaces_on_the_next_execute(monkeypatch):
-    box = Sandbox()
-
-    def broken_boot(self):
-        raise SandboxError("no deno here")
-
-    monkeypatch.setattr(Sandbox, "_boot", broken_boot)
+def test_a_failed_background_start_surfaces_on_the_next_execute():
+    box = Sandbox(setup_code="raise ValueError('bad setup')")
     box.start_in_background()
-    with pytest.raises(SandboxError, match="no deno here"):
+    with pytest.raises(SandboxError, match="setup failed.*bad setup"):
         box.execute("print(1)")
+    assert box.process_id is None  # nothing left running
     box.shutdown()
 
 
