@@ -248,10 +248,8 @@ def test_mounted_file_is_read_only_and_host_file_never_changes(sandbox, data_dir
 def test_timeout_restarts_reloads_data_and_names_lost_variables(sandbox):
     timeouts, restarts = sandbox.timeouts, sandbox.restarts
     run(sandbox, "import re\nkept_a = 1\n_hidden = 2\ndef helper():\n    return 3\nbaseline['extra'] = True")
-    started = time.monotonic()
-    with pytest.raises(CodeExecutionError) as raised:
-        sandbox.execute("n = 0\nwhile True:\n    n += 1", {"given": 1})
-    assert time.monotonic() - started < 120  # stopped (the limit is 2 s of sandbox time; restart takes a few)
+    with pytest.raises(CodeExecutionError) as raised:  # returning at all means the endless loop was stopped
+        sandbox.execute("counter = 0\nwhile True:\n    counter += 1", {"given": 1})
     message = str(raised.value)
     assert f"more than {TIMEOUT_S:g} s" in message
     assert "restarted" in message and "baseline" in message
