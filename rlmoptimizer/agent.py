@@ -30,6 +30,7 @@ from dspy.utils.exceptions import AdapterParseError, format_error_for_lm
 
 from rlmoptimizer.budget import SUB_LM_CALL, BudgetLedger, Reservation
 from rlmoptimizer.errors import BudgetExhaustedError
+from rlmoptimizer.sessions import RootSession
 
 logger = logging.getLogger(__name__)
 
@@ -81,9 +82,17 @@ class OptimizerAgent(dspy.RLM):
         prior_turns: Sequence[dict[str, Any]] = (),
         parse_retries: int = 2,
         validate_submission: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        stateful_session: bool = False,
+        multiturn_history: bool = False,
         **rlm_kwargs: Any,
     ) -> None:
         super().__init__(signature, **rlm_kwargs)
+        # What the root LM is sent per turn (rlmoptimizer.sessions); None keeps dspy's rendering unchanged.
+        self._root_session = (
+            RootSession(stateful=stateful_session, multiturn=multiturn_history, max_iters=self.max_iters)
+            if stateful_session or multiturn_history
+            else None
+        )
         self._ledger = ledger
         self._setup_code = setup_code
         self._on_turn = on_turn
@@ -188,15 +197,24 @@ class OptimizerAgent(dspy.RLM):
         variables_info = [variable.format() for variable in variables]
         signature = self._action_signature_for_current_factory(interpreter_factory, sub_agent_rules)
         last_error: AdapterParseError | None = None
+        root_lm = self.generate_action.lm or dspy.settings.lm
+        session = self._root_session if self._root_session is not None and self._root_session.takes_turn(root_lm) else None
         for attempt in range(1 + self._parse_retries):
             try:
-                action = self.generate_action(
-                    signature=signature,
-                    variables_info=variables_info,
-                    repl_history=history,
-                    iteration=f"{iteration + 1}/{self.max_iters}",
-                    **({"config": {"cache": False}} if attempt else {}),
-                )
+                if session is not None:
+                    action = session.act(
+                        root_lm, signature, variables_info=variables_info, history=history,
+                        iteration=f"{iteration + 1}/{self.max_iters}", options=self.generate_action.config,
+                        fresh=bool(attempt),
+                    )
+                else:
+                    action = self.generate_action(
+                        signature=signature,
+                        variables_info=variables_info,
+                        repl_history=history,
+                        iteration=f"{iteration + 1}/{self.max_iters}",
+                        **({"config": {"cache": False}} if attempt else {}),
+                    )
                 break
             except AdapterParseError as exc:
                 last_error = exc

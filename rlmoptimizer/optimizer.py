@@ -79,18 +79,6 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(jsonable(value), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-class _PrewarmedFactory:
-    """The agent's interpreter factory: hands out the sandbox started during the baseline."""
-
-    execution_instructions = Sandbox.execution_instructions
-
-    def __init__(self, sandbox: Sandbox) -> None:
-        self.sandbox = sandbox
-
-    def __call__(self) -> Sandbox:
-        return self.sandbox
-
-
 class RLMDocstringOptimizer(Teleprompter):
     """Optimize the instructions of every predictor of a DSPy program with an RLM agent.
 
@@ -306,9 +294,11 @@ class _CompileRun:
             max_iters=self.config.rlm_max_iterations,
             max_llm_calls=self.config.rlm_max_llm_calls,
             max_output_chars=self.config.rlm_max_output_chars,
+            stateful_session=self.config.root_stateful_session,  # a resumed run starts a fresh chain
+            multiturn_history=self.config.rlm_multiturn_history,
             tools=self.session.tool_functions(),
             sub_lm=self.sub_lm,
-            interpreter_factory=_PrewarmedFactory(sandbox),
+            interpreter_factory=sandbox.as_factory(),
         )
         brief = render_task_brief(
             {name: str(p.signature.signature) for name, p in self.program.named_predictors()},
