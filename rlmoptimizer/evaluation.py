@@ -269,6 +269,8 @@ class Evaluator:
         num_threads: int = 8,
         pass_threshold: float = 1.0,
         max_consecutive_lm_failures: int = 3,
+        transient_retries: int = 2,
+        retry_backoff_s: float = 1.0,
         on_result: Callable[[ExampleResult], None] | None = None,
     ) -> None:
         if not isinstance(metric, Metric):
@@ -284,6 +286,10 @@ class Evaluator:
         self.num_threads = num_threads
         self.pass_threshold = float(pass_threshold)
         self.max_consecutive_lm_failures = max_consecutive_lm_failures
+        if not isinstance(transient_retries, int) or transient_retries < 0:
+            raise ConfigurationError(f"transient_retries must be an int >= 0, got {transient_retries!r}")
+        self.transient_retries = transient_retries
+        self.retry_backoff_s = float(retry_backoff_s)
         self.on_result = on_result
 
     def evaluate(
@@ -310,8 +316,13 @@ class Evaluator:
             # One wake-up when everything is done or something must stop, not one per example: the main
             # thread then competes for the GIL with the workers as little as possible.
             batch.wake.wait()
-        except BaseException:  # e.g. Ctrl-C: start nothing new, let the running examples finish
+        except BaseException as exc:  # e.g. Ctrl-C: start nothing new, keep what the running examples produce
             batch.stop.set()
+            logger.warning("Evaluation interrupted: waiting for the examples already running so their records are kept.")
+            for future in futures:
+                future.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
+            exc.completed = sorted(batch.records, key=lambda r: r.example_id)
             raise
         finally:
             stopping = batch.stop.is_set()
@@ -358,25 +369,34 @@ class Evaluator:
     def _run_one(self, program: Any, names: dict[int, str], example_id: int, example: Any, batch: _Batch) -> None:
         if batch.stop.is_set():
             return
-        trace: list = []
         inputs, labels = _inputs_and_labels(example)
+        for attempt in range(self.transient_retries + 1):
+            trace: list = []
+            with dspy.context(lm=self.lm, trace=trace):
+                try:
+                    prediction = program(**inputs)
+                    break
+                except Exception as exc:
+                    failure = classify_lm_failure(exc)
+                    transient = failure is not None and failure[0] == "lm"
+                    if transient and attempt < self.transient_retries and not batch.stop.is_set():
+                        # rate limit, timeout, server error: back off and try the example again (charged once)
+                        delay = getattr(failure[1], "retry_after", None) or self.retry_backoff_s * 2**attempt
+                        batch.stop.wait(min(float(delay), 60.0))
+                        continue
+                    record = ExampleResult(
+                        example_id=example_id,
+                        inputs=_json_dict(inputs),
+                        expected=_json_dict(labels),
+                        predicted={},
+                        score=0.0,
+                        passed=False,
+                        error=_format_error(failure[1] if failure else exc),
+                        steps=self._steps(trace, names),
+                    )
+                    self._finish(batch, record, failure)
+                    return
         with dspy.context(lm=self.lm, trace=trace):
-            try:
-                prediction = program(**inputs)
-            except Exception as exc:
-                failure = classify_lm_failure(exc)
-                record = ExampleResult(
-                    example_id=example_id,
-                    inputs=_json_dict(inputs),
-                    expected=_json_dict(labels),
-                    predicted={},
-                    score=0.0,
-                    passed=False,
-                    error=_format_error(failure[1] if failure else exc),
-                    steps=self._steps(trace, names),
-                )
-                self._finish(batch, record, failure)
-                return
             steps = self._steps(trace, names)
             try:
                 score, feedback = self.metric.score(example, prediction)
@@ -574,13 +594,15 @@ class RunService:
                     )
             else:
                 new = self.evaluator.evaluate(program, [(i, examples[i]) for i in todo]) if todo else []
-        except (EvaluationLMError, MetricError) as exc:
+        except BaseException as exc:  # EvaluationLMError, MetricError, Ctrl-C, ...: keep what was paid for
             completed = list(getattr(exc, "completed", []))
-            first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            notes.append(
-                f"stopped early after {len(completed)} of {len(todo)} new examples: {type(exc).__name__}: {first_line}"
-            )
-            self._save(f"{label}:partial", split, instructions, reused + completed, len(ids), spent, notes)
+            if completed or isinstance(exc, (EvaluationLMError, MetricError)):
+                first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                notes.append(
+                    f"stopped early after {len(completed)} of {len(todo)} new examples: "
+                    f"{type(exc).__name__}: {first_line}"
+                )
+                self._save(f"{label}:partial", split, instructions, reused + completed, len(ids), spent, notes)
             raise
         if reused:
             notes.append(f"{len(reused)} record(s) reused from earlier runs with identical instructions (not charged)")

@@ -81,7 +81,7 @@ class RunJournal:
     # -- ledger and result ------------------------------------------------------------------------
     def write_ledger(self, snapshot: dict[str, Any]) -> None:
         with self._lock:
-            atomic_write_json(self.directory / "ledger.json", snapshot)
+            atomic_write_json(self.directory / "ledger.json", snapshot, durable=False)
 
     def read_ledger(self) -> dict[str, Any] | None:
         path = self.directory / "ledger.json"

@@ -23,8 +23,11 @@ logger = logging.getLogger(__name__)
 _RUN_ID = re.compile(r"^run-(\d+)$")
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same directory, fsync, then ``os.replace``."""
+def atomic_write_text(path: str | Path, text: str, durable: bool = True) -> None:
+    """Write ``text`` to ``path`` via a temporary file in the same directory, fsync, then ``os.replace``.
+
+    With ``durable=False`` the fsyncs are skipped: the file is still complete or absent if the process dies,
+    but a power loss may lose the latest version (for state rewritten very often, like the ledger)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -32,7 +35,8 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -40,12 +44,13 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         except OSError:
             pass
         raise
-    _fsync_directory(path.parent)
+    if durable:
+        _fsync_directory(path.parent)
 
 
-def atomic_write_json(path: str | Path, data: Any) -> None:
+def atomic_write_json(path: str | Path, data: Any, durable: bool = True) -> None:
     """:func:`atomic_write_text` of ``data`` as indented JSON (non-ASCII kept as is)."""
-    atomic_write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    atomic_write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n", durable=durable)
 
 
 def _fsync_directory(directory: Path) -> None:

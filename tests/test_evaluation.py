@@ -672,15 +672,16 @@ def test_records_whose_lm_call_failed_are_evaluated_again_not_reused(tmp_path):
 
     lm = FunctionLM(reply)
     lm.num_retries = 0
-    service, ledger, _ = make_service(tmp_path, lm)
+    service, ledger, _ = make_service(tmp_path, lm, transient_retries=1, retry_backoff_s=0.0)
     first = service.evaluate(dspy.Predict("question -> answer"), "train", label="agent", ids=[1, 2, 3])
     assert first.records[1].error.startswith("LMServerError") and first.budget_spent == 2
+    assert len(lm.calls) == 4  # q2 was tried twice (one retry), then recorded as an uncharged LM failure
     assert "1 example(s) failed in the LM call itself and were not charged" in first.note
 
     state["down"] = False
     second = service.evaluate(dspy.Predict("question -> answer"), "train", label="agent", ids=[1, 2, 3])
     assert [r.passed for r in second.records] == [True, True, True]
-    assert second.budget_spent == 1 and len(lm.calls) == 4 and ledger.spent == 3
+    assert second.budget_spent == 1 and len(lm.calls) == 5 and ledger.spent == 3
 
 
 def test_a_systemic_failure_saves_a_partial_run_then_raises(tmp_path):

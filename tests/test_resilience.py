@@ -141,3 +141,57 @@ def test_a_metric_that_raises_on_some_examples_leaves_failing_records():
     run = RunStore(result.run_storage_dir).get(baseline["run_id"])
     errors = [r for r in run.records if r.error]
     assert errors and all("metric bug on chargebacks" in r.error and r.score == 0 for r in errors)
+
+
+def test_rate_limits_are_retried_and_charged_once(tmp_path):
+    attempts: dict[str, int] = {}
+
+    def task_reply(messages):
+        key = str(messages[-1].get("content", ""))
+        attempts[key] = attempts.get(key, 0) + 1
+        if attempts[key] == 1:
+            return dspy.LMRateLimitError("slow down", retry_after=0.01)
+        return task_lm_reply(messages)
+
+    result = compile_in(tmp_path, scripted_agent(TURNS), FunctionLM(task_reply))
+    from rlmoptimizer.run_store import RunStore
+
+    runs = RunStore(tmp_path).all()
+    assert all(r.error is None for run in runs for r in run.records)
+    assert any(count == 2 for count in attempts.values())
+    agent_runs = [run for run in runs if run.label == "agent"]
+    assert sum(run.budget_spent for run in agent_runs) == sum(run.evaluated_count for run in agent_runs)
+    assert result.budget["spent_by_kind"]["train_example"] == 2
+
+
+def test_ctrl_c_in_the_middle_of_an_evaluation_keeps_what_was_paid_for_and_resumes(tmp_path):
+    import _thread
+    import threading
+
+    calls = {"n": 0}
+    lock = threading.Lock()
+
+    def task_reply(messages):
+        with lock:
+            calls["n"] += 1
+            n = calls["n"]
+        if n == 40 + 2 * 2 + 5:  # baselines (40 calls), the agent's re-run (4 calls), then into validation
+            _thread.interrupt_main()
+        return task_lm_reply(messages)
+
+    with pytest.raises(OptimizationInterrupted, match="interrupted") as stopped:
+        compile_in(tmp_path, scripted_agent(TURNS), FunctionLM(task_reply))
+    assert str(tmp_path) in str(stopped.value)
+    assert not list(tmp_path.rglob("*.tmp"))
+    runs = [json.loads(p.read_text()) for p in sorted((tmp_path / "runs").glob("*.json"))]
+    partial = [run for run in runs if run["label"].endswith(":partial")]
+    assert len(partial) == 1 and partial[0]["split"] == "val" and 0 < partial[0]["evaluated_count"] < 8
+    ledger = json.loads((tmp_path / "ledger.json").read_text())
+    assert ledger["spent"] == 2 + partial[0]["budget_spent"]
+
+    task = FunctionLM(task_lm_reply)
+    result = compile_in(tmp_path, scripted_agent(TURNS), task)
+    already = partial[0]["evaluated_count"]
+    assert len(task.calls) == 2 * (8 - already)
+    assert result.budget["spent"] == 2 + 8
+    assert result.optimized_dspy_program["route"] == POLICY_PROMPT
