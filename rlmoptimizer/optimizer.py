@@ -192,6 +192,7 @@ class _CompileRun:
         self.session = OptimizationSession(
             program=self.program, fingerprint=self.fingerprint, runs=self.runs, ledger=self.ledger,
             on_prompt_version=self.journal.write_prompt_version,
+            on_run_start=self.display.evaluation_started, on_run_end=self.display.run_finished,
         )
 
     def _manifest(self) -> dict[str, Any]:
@@ -248,9 +249,9 @@ class _CompileRun:
         for run in self.runs.runs():
             if run.split == split and run.label == "baseline" and run.instructions == self.initial_instructions:
                 return run
-        baseline_program = self.student.deepcopy()
-        self.display.message(f"Evaluating the unchanged program on {split} (free)...")
-        run = self.runs.evaluate(baseline_program, split, label="baseline", charged=False)
+        size = len(self.trainset) if split == "train" else len(self.valset)
+        self.display.evaluation_started(split, "baseline", size)
+        run = self.runs.evaluate(self.student.deepcopy(), split, label="baseline", charged=False)
         self.display.run_finished(run.summary())
         return run
 
@@ -326,7 +327,6 @@ class _CompileRun:
             charged = self.ledger.left >= size
             self.session.set_instructions(submission, source="submission")
             submitted_run = self.session.evaluate(split, None, label="submission", charged=charged)
-            self.display.run_finished(submitted_run.summary())
             complete.append(submitted_run)
         others = [r for r in complete if r.instructions != submission]
         best = max(others, key=lambda r: r.score, default=None)

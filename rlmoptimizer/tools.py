@@ -44,6 +44,8 @@ class OptimizationSession:
         runs: RunService,
         ledger: BudgetLedger,
         on_prompt_version: Callable[[dict[str, Any]], None] | None = None,
+        on_run_start: Callable[[str, str, int], None] | None = None,
+        on_run_end: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.program = program
         self.fingerprint = fingerprint
@@ -53,6 +55,8 @@ class OptimizationSession:
         self.prompt_versions: list[dict[str, Any]] = []
         self._on_prompt_version = on_prompt_version
         self.fatal: Exception | None = None
+        self._on_run_start = on_run_start
+        self._on_run_end = on_run_end
         self._lock = threading.Lock()
 
     # -- helpers used by the optimizer ------------------------------------------------------------
@@ -123,11 +127,16 @@ class OptimizationSession:
         """Evaluate the working program. A systemic failure (the evaluation LM is unusable, the metric is
         broken) is also kept in ``self.fatal`` so the optimizer stops after the agent's current turn."""
         with self._lock:
+            if self._on_run_start is not None:
+                self._on_run_start(split, label, len(self.runs.splits[split]) if ids is None else len(ids))
             try:
-                return self.runs.evaluate(self.program, split, label=label, charged=charged, ids=ids)
+                run = self.runs.evaluate(self.program, split, label=label, charged=charged, ids=ids)
             except (EvaluationLMError, MetricError) as exc:
                 self.fatal = exc
                 raise
+            if self._on_run_end is not None:
+                self._on_run_end(run.summary())
+            return run
 
     # -- the tools ----------------------------------------------------------------------------------
     def tool_functions(self) -> list[Callable]:

@@ -1,0 +1,41 @@
+"""verbose=True shows each agent turn and the evaluations; verbose=False prints nothing at all."""
+
+from __future__ import annotations
+
+import io
+
+from example import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
+from fakes import FunctionLM, scripted_agent
+from rich.console import Console
+
+from rlmoptimizer import RLMDocstringOptimizer
+
+TURNS = [
+    {"reasoning": "count the failures", "code": "print('failures:', baseline_train['evaluated_count'] - baseline_train['passed_count'])"},
+    {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"},
+]
+
+
+def compile_once(**kwargs):
+    trainset, valset = make_splits()
+    opt = RLMDocstringOptimizer(
+        max_iterations=1, root_lm=scripted_agent(TURNS), eval_lm=FunctionLM(task_lm_reply), **kwargs
+    )
+    return opt.compile(student=RouteTicket(), trainset=trainset, metric=metric, valset=valset)
+
+
+def test_verbose_shows_turns_and_evaluations():
+    buffer = io.StringIO()
+    compile_once(verbose=True, console=Console(file=buffer, width=120, force_terminal=False))
+    shown = buffer.getvalue()
+    assert "agent turn 1" in shown and "agent turn 2 (submitted)" in shown
+    assert "count the failures" in shown and "failures: 2" in shown
+    assert "evaluating baseline on train: 12/12 (10 passed)" in shown
+    assert "evaluating submission on val: 8/8" in shown
+    assert "run-0001" in shown and "budget left" in shown
+
+
+def test_quiet_prints_nothing(capsys):
+    compile_once(verbose=False)
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ""
