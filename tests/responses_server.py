@@ -64,6 +64,7 @@ class Recorded:
     status: int = 200
     response_id: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    context_tokens: int = 0  # the input the model read (stored context included), as reported in usage
 
     @property
     def previous_response_id(self) -> str | None:
@@ -161,6 +162,7 @@ class ResponsesServer:
             self._conversations[record.response_id] = [*conversation, ("assistant", reply)]
             instructions = body.get("instructions") or ""
             input_tokens = tokens("\n".join([instructions, *(text for _, text in conversation)]))
+            record.context_tokens = input_tokens
             return 200, {
                 "id": record.response_id,
                 "object": "response",
