@@ -249,6 +249,7 @@ class _Batch:
         self.crash: BaseException | None = None
         self.finished = 0  # examples finished or skipped
         self.wake = threading.Event()  # set when all are finished or the evaluation must stop
+        self.on_record: Callable[[ExampleResult], None] | None = None
 
 
 class Evaluator:
@@ -297,9 +298,11 @@ class Evaluator:
         program: Any,
         items: Sequence[tuple[int, dspy.Example]],
         reservation: Reservation | None = None,
+        on_record: Callable[[ExampleResult], None] | None = None,
     ) -> list[ExampleResult]:
         """Evaluate ``items`` (``(example_id, example)`` pairs); at most ``reservation.granted`` of them
-        when a reservation is given, spending one unit per charged example. Records sorted by id."""
+        when a reservation is given, spending one unit per charged example. Records sorted by id.
+        ``on_record`` is called like ``on_result``, for this call only."""
         items = list(items)
         if reservation is not None:
             items = items[: reservation.granted]
@@ -307,6 +310,7 @@ class Evaluator:
             return []
         names = {id(predictor): name for name, predictor in program.named_predictors()}
         batch = _Batch(len(items), reservation)
+        batch.on_record = on_record
         pool = ThreadPoolExecutor(max_workers=min(self.num_threads, len(items)), thread_name_prefix="rlmoptimizer-eval")
         futures = []
         try:
@@ -437,6 +441,8 @@ class Evaluator:
     def _finish(self, batch: _Batch, record: ExampleResult, failure: tuple[str, BaseException] | None) -> None:
         with batch.lock:
             batch.records.append(record)
+            if batch.on_record is not None:  # logged before it is charged: a kill in between never loses a paid unit
+                batch.on_record(record)
             if failure is None:
                 if batch.reservation is not None:
                     batch.reservation.spend(1)
@@ -543,6 +549,19 @@ class RunService:
         self._cache: dict[tuple[str, int, str], ExampleResult] = {}
         for run in store.all():
             self._index(run)
+        self._recover_pending()
+
+    def _recover_pending(self) -> None:
+        """Turn the records of evaluations that a killed process never finished into saved runs."""
+        for path, header, records in self.store.pending():
+            if records:
+                self._save(
+                    f"{header.get('label', 'agent')}:recovered", header["split"], header["instructions"], records,
+                    int(header.get("requested", len(records))),
+                    sum(1 for r in records if is_reusable(r)) if header.get("charged") else 0,
+                    ["recovered from an evaluation the process did not finish"],
+                )
+            path.unlink(missing_ok=True)
 
     def _index(self, run: EvalRun) -> None:
         digest = instructions_digest(run.instructions)
@@ -580,12 +599,18 @@ class RunService:
         kind = TRAIN_EXAMPLE if split == "train" else VAL_EXAMPLE
         notes: list[str] = []
         spent = 0
+        pending = self.store.open_pending(
+            {"label": label, "split": split, "instructions": instructions, "requested": len(ids), "charged": charged}
+        ) if todo else None
+        on_record = pending.append if pending is not None else None
         try:
             if charged and todo:
                 with self.ledger.reserve(len(todo), kind) as reservation:
                     batch = todo[: reservation.granted]
                     try:
-                        new = self.evaluator.evaluate(program, [(i, examples[i]) for i in batch], reservation)
+                        new = self.evaluator.evaluate(
+                            program, [(i, examples[i]) for i in batch], reservation, on_record=on_record
+                        )
                     finally:
                         spent = reservation.spent
                 if len(batch) < len(todo):
@@ -593,7 +618,10 @@ class RunService:
                         f"budget allowed {len(batch)} of {len(todo)} requested examples; {self.ledger.left} units left"
                     )
             else:
-                new = self.evaluator.evaluate(program, [(i, examples[i]) for i in todo]) if todo else []
+                new = (
+                    self.evaluator.evaluate(program, [(i, examples[i]) for i in todo], on_record=on_record)
+                    if todo else []
+                )
         except BaseException as exc:  # EvaluationLMError, MetricError, Ctrl-C, ...: keep what was paid for
             completed = list(getattr(exc, "completed", []))
             if completed or isinstance(exc, (EvaluationLMError, MetricError)):
@@ -603,13 +631,18 @@ class RunService:
                     f"{type(exc).__name__}: {first_line}"
                 )
                 self._save(f"{label}:partial", split, instructions, reused + completed, len(ids), spent, notes)
+            if pending is not None:
+                pending.discard()
             raise
         if reused:
             notes.append(f"{len(reused)} record(s) reused from earlier runs with identical instructions (not charged)")
         uncharged = [r for r in new if not is_reusable(r)]
         if uncharged and charged:
             notes.append(f"{len(uncharged)} example(s) failed in the LM call itself and were not charged")
-        return self._save(label, split, instructions, reused + new, len(ids), spent, notes)
+        run = self._save(label, split, instructions, reused + new, len(ids), spent, notes)
+        if pending is not None:
+            pending.discard()
+        return run
 
     def _save(
         self,

@@ -13,10 +13,11 @@ import os
 import re
 import tempfile
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
-from rlmoptimizer.records import EvalRun
+from rlmoptimizer.records import EvalRun, ExampleResult
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +66,31 @@ def _fsync_directory(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+class PendingLog:
+    """Append-only JSON lines: a header, then one completed record per line (flushed as written)."""
+
+    def __init__(self, path: Path, header: dict[str, Any]) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._handle = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in discard()
+        self._write(header)
+
+    def _write(self, data: dict[str, Any]) -> None:
+        self._handle.write(json.dumps(data, ensure_ascii=False) + "\n")
+        self._handle.flush()
+
+    def append(self, record: ExampleResult) -> None:
+        with self._lock:
+            if not self._handle.closed:
+                self._write(record.to_dict())
+
+    def discard(self) -> None:
+        """Close and delete the log (the records now live in a saved run)."""
+        with self._lock:
+            self._handle.close()
+        self.path.unlink(missing_ok=True)
 
 
 def _run_number(run_id: str) -> int | None:
@@ -136,6 +162,34 @@ class RunStore:
     def __contains__(self, run_id: object) -> bool:
         with self._lock:
             return run_id in self._runs
+
+    # -- records of an evaluation in flight --------------------------------------------------------
+    def open_pending(self, header: dict[str, Any]) -> PendingLog:
+        """A log of the records of one evaluation as they complete, so that a process killed mid-evaluation
+        (SIGKILL, OOM, power cut) loses none of what it paid for. Discard it once the run is saved."""
+        return PendingLog(self.runs_dir / f"pending-{uuid.uuid4().hex}.jsonl", header)
+
+    def pending(self) -> list[tuple[Path, dict[str, Any], list[ExampleResult]]]:
+        """Logs left by evaluations that never finished: ``(path, header, records)``; a torn last line is ignored."""
+        found = []
+        for path in sorted(self.runs_dir.glob("pending-*.jsonl")):
+            lines = path.read_text(encoding="utf-8").splitlines()
+            if not lines:
+                path.unlink(missing_ok=True)
+                continue
+            try:
+                header = json.loads(lines[0])
+            except ValueError:
+                path.unlink(missing_ok=True)
+                continue
+            records = []
+            for line in lines[1:]:
+                try:
+                    records.append(ExampleResult.from_dict(json.loads(line)))
+                except (ValueError, KeyError, TypeError):
+                    break
+            found.append((path, header, records))
+        return found
 
     def __len__(self) -> int:
         with self._lock:

@@ -195,3 +195,62 @@ def test_ctrl_c_in_the_middle_of_an_evaluation_keeps_what_was_paid_for_and_resum
     assert len(task.calls) == 2 * (8 - already)
     assert result.budget["spent"] == 2 + 8
     assert result.optimized_dspy_program["route"] == POLICY_PROMPT
+
+
+KILLED_RUN = """
+import os, sys, tempfile
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+sys.path[:0] = [{tests!r}, {root!r}]
+import test_resilience as t
+from example import task_lm_reply
+from rlmoptimizer.testing import FunctionLM, scripted_agent
+from rlmoptimizer import RLMDocstringOptimizer
+from example import RouteTicket, make_splits, metric
+trainset, valset = make_splits()
+opt = RLMDocstringOptimizer(max_iterations=2, root_lm=scripted_agent(t.TURNS),
+                            eval_lm=FunctionLM(task_lm_reply, latency=0.2), num_threads=1,
+                            run_storage_dir={directory!r})
+opt.compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
+"""
+
+
+def test_a_process_killed_mid_evaluation_loses_nothing_it_paid_for(tmp_path):
+    """SIGKILL (OOM killer, power cut) during the agent's validation run: the records already paid for are
+    recovered from the in-flight log on resume, and the ledger does not charge them twice."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    tests = Path(__file__).parent
+    script = tmp_path / "killed.py"
+    directory = tmp_path / "run"
+    script.write_text(KILLED_RUN.format(tests=str(tests), root=str(tests.parent), directory=str(directory)))
+    env = {**os.environ, "DSPY_CACHEDIR": str(tmp_path / "cache")}
+    process = subprocess.Popen([sys.executable, str(script)], env=env)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and process.poll() is None:
+            logs = list((directory / "runs").glob("pending-*.jsonl")) if (directory / "runs").exists() else []
+            lines = [p.read_text().splitlines() for p in logs]
+            if any(len(ls) >= 4 and '"split": "val"' in ls[0] and '"label": "agent"' in ls[0] for ls in lines):
+                process.send_signal(signal.SIGKILL)
+                break
+            time.sleep(0.05)
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == -signal.SIGKILL
+
+    task = FunctionLM(task_lm_reply)
+    result = compile_in(directory, scripted_agent(TURNS), task)
+    from rlmoptimizer.run_store import RunStore
+
+    recovered = [run for run in RunStore(directory).all() if run.label == "agent:recovered"]
+    assert len(recovered) == 1 and recovered[0].split == "val" and recovered[0].evaluated_count >= 3
+    assert len(task.calls) == 2 * (8 - recovered[0].evaluated_count)
+    assert result.budget["spent"] == 2 + 8
+    assert not list((directory / "runs").glob("pending-*"))
