@@ -214,8 +214,8 @@ class _CompileRun:
             return self._run(sandbox)
         except KeyboardInterrupt as exc:
             raise OptimizationInterrupted(self._where("interrupted")) from exc
-        except RLMOptimizerError:
-            raise
+        except RLMOptimizerError as exc:  # e.g. the evaluation LM is unusable: say where the paid work is
+            raise type(exc)(f"{exc}\n{self._where('stopped')}") from exc
         except Exception as exc:
             raise OptimizationInterrupted(self._where(f"stopped by {type(exc).__name__}: {exc}")) from exc
         finally:

@@ -115,7 +115,7 @@ def test_an_unusable_evaluation_lm_stops_the_run_and_charges_nothing_for_it(tmp_
 
     with pytest.raises(EvaluationLMError, match="unusable") as stopped:
         compile_in(tmp_path, scripted_agent(TURNS), FunctionLM(task_reply))
-    assert "key revoked" in str(stopped.value)
+    assert "key revoked" in str(stopped.value) and str(tmp_path) in str(stopped.value)
     ledger = json.loads((tmp_path / "ledger.json").read_text())
     assert ledger["spent"] == 0
     partial = [json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*.json")]
