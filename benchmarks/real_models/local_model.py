@@ -6,7 +6,7 @@ order, and the result is refused unless its sha256 is the published one.
 
 The server runs in its own process group and is stopped (SIGTERM, then SIGKILL) when the ``llama_server``
 context exits, normally or by an exception, Ctrl-C or SIGTERM turned into ``SystemExit``; it also gets
-SIGTERM from the kernel if this process dies without cleaning up (``PR_SET_PDEATHSIG``).
+SIGKILL from the kernel if this process dies without cleaning up (``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
@@ -138,9 +138,10 @@ def free_port() -> int:
 
 
 def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGTERM it when the benchmark process dies (Linux only)."""
+    """Runs in the child before exec: SIGKILL it when the benchmark process dies (Linux only). SIGKILL, not
+    SIGTERM: on SIGTERM uvicorn waits for the generation in progress, and no parent is left to insist."""
     with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
 
 
 def _http_json(url: str, payload: dict | None = None, timeout: float = 10.0) -> dict:

@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         "split_sizes": {"train": len(train), "val": len(val), "test": len(test)},
         "models": {"task": args.task_model, "optimizer": args.optimizer_model,
                    "local_model": args.local_model if needs_local else None},
-        "settings": vars(args),
+        "settings": {**vars(args), "api_key": "(set)" if args.api_key else None},
         "cache": "dspy cache disabled (memory and disk) and cache=False on every LM",
         "rows": rows,
     }
