@@ -28,12 +28,12 @@ reply is parsed exactly as dspy would parse it (``adapter.parse(signature, text)
 Whether the first request of a chain was one message or multi-turn, what follows it is multi-turn: the server
 holds the agent's replies as assistant turns.
 
-Fallbacks, each said once in the log (``logging.warning``): a root LM that cannot chain (not a Responses-API
-``dspy.LM``) runs statelessly; a request whose ``previous_response_id`` the server refuses (an HTTP 400/404
+Fallbacks, each said once in the log: a root LM that cannot chain (not a Responses-API ``dspy.LM``) runs
+statelessly (logged at INFO: it is the common case with the default settings); a request whose ``previous_response_id`` the server refuses (an HTTP 400/404
 such as ``previous_response_not_found``, an expired or unstored id, an unsupported parameter) or evidently
 ignores (its reported input is smaller than the previous turn's) is sent again in full without it, and the
-chain restarts from that response; a second refusal switches chaining off for the rest of the run. No turn
-is lost to a fallback.
+chain restarts from that response; a second refusal switches chaining off for the rest of the run (both
+logged at WARNING). No turn is lost to a fallback.
 """
 
 from __future__ import annotations
@@ -234,7 +234,7 @@ class RootSession:
         reason = chain_unsupported_reason(lm)
         if reason is not None:
             self._warn_once(
-                "unsupported",
+                "unsupported", level=logging.INFO, message=
                 f"root_stateful_session is on, but {reason}; every turn sends the whole REPL history (stateless). "
                 "Use dspy.LM(..., model_type='responses') to chain turns with previous_response_id.",
             )
@@ -277,10 +277,10 @@ class RootSession:
             self._warn_once("off", f"root_stateful_session: {what}, a second time; chaining is off for the rest "
                             "of this run (every turn sends the whole REPL history).")
 
-    def _warn_once(self, key: str, message: str) -> None:
+    def _warn_once(self, key: str, message: str, level: int = logging.WARNING) -> None:
         if key not in self._logged:
             self._logged.add(key)
-            logger.warning(message)
+            logger.log(level, message)
 
 
 def _send(lm, messages: list[dict], options: dict[str, Any], *, fresh: bool,
