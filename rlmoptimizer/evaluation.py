@@ -211,13 +211,7 @@ def _fields(value: Any) -> dict[str, Any]:
             return _json_dict(dict(items()))
         except Exception:
             pass
-    to_dict = getattr(value, "toDict", None)
-    if callable(to_dict):
-        try:
-            return jsonable(to_dict())
-        except Exception:
-            pass
-    converted = jsonable(value)
+    converted = jsonable(value)  # also handles toDict() and pydantic models
     return converted if isinstance(converted, dict) else {"output": converted}
 
 
