@@ -7,6 +7,7 @@ what to do next (the agent sees it as the error of its code cell); nothing a too
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -74,6 +75,12 @@ class OptimizationSession:
         for step, text in mapping.items():
             self._check_step(step)
             clean[step] = self._check_text(step, text)
+        probe = copy.deepcopy(self.program)
+        apply_instructions(probe, clean)
+        try:
+            check_structure(self.fingerprint, probe)
+        except StructureChangedError as exc:
+            raise agent_error(f"{what} refused: {exc}", "only change the instructions text of existing steps") from None
         return clean
 
     def _check_step(self, step: Any) -> None:
@@ -95,11 +102,13 @@ class OptimizationSession:
         """Apply instructions to the working program, check the structure, record the version."""
         with self._lock:
             before = get_instructions(self.program)
+            signatures = {name: predictor.signature for name, predictor in self.program.named_predictors()}
             apply_instructions(self.program, mapping)
             try:
                 check_structure(self.fingerprint, self.program)
             except StructureChangedError:
-                apply_instructions(self.program, before)
+                for name, predictor in self.program.named_predictors():  # restore the very signatures
+                    predictor.signature = signatures[name]
                 raise
             for step, text in mapping.items():
                 if before.get(step) == text:

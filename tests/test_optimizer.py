@@ -147,3 +147,37 @@ def test_bad_compile_input_fails_before_any_lm_call():
     with pytest.raises(ConfigurationError):
         opt.compile(student=dspy.Module(), trainset=trainset, metric=metric)
     assert root.calls == [] and task.calls == []
+
+
+class SelfExtendingPredict(dspy.Predict):
+    """A predictor whose signature grows an output field when its instructions mention 'confidence':
+    setting such instructions would change the program's structure, which the optimizer must refuse."""
+
+    def __setattr__(self, name, value):
+        if name == "signature" and "confidence" in (value.instructions or "") and "confidence" not in value.output_fields:
+            value = value.append("confidence", dspy.OutputField(), type_=str)
+        super().__setattr__(name, value)
+
+
+class RouteWithExtendingStep(RouteTicket):
+    def __init__(self):
+        super().__init__()
+        self.route = SelfExtendingPredict("summary -> queue")
+
+
+def test_an_update_that_would_change_the_structure_is_refused_and_rolled_back():
+    trainset, valset = make_splits()
+    opt = optimizer([
+        {"reasoning": "try", "code": "print(update_prompt('route', 'Also give your confidence.'))"},
+        {"reasoning": "look", "code": "print(optimization_status()['current_prompts']['route'])"},
+        {"reasoning": "submit it anyway",
+         "code": "SUBMIT(optimized_dspy_program={'route': 'Also give your confidence.'})"},
+        SUBMIT_POLICY,
+    ])
+    result = opt.compile(student=RouteWithExtendingStep(), trainset=trainset, metric=metric, valset=valset)
+    refused, current, submitted = outputs(result)[:3]
+    assert "update refused" in refused and "output field 'confidence'" in refused
+    assert current.strip() == "Given the fields `summary`, produce the fields `queue`."
+    assert "confidence" in submitted and "refused" in submitted.lower()
+    assert result.optimized_dspy_program["route"] == POLICY_PROMPT
+    assert list(result.route.signature.output_fields) == ["queue"]
