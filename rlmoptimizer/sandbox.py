@@ -158,6 +158,42 @@ del _rlmopt_after
 """
 
 
+# Run with each tool registration, like _CLEAN_TOOL_RESULTS. dspy's runner.js runs the same few snippets
+# through ``pyodide.runPython`` around every execute (its stdout/SUBMIT setup, reading the captured output,
+# restoring stdout), and ``runPython`` looks up ``pyodide.code.eval_code`` on each call, which parses and
+# compiles its source every time: about 5 ms of WebAssembly CPU per execute. This wraps ``eval_code`` to
+# compile each distinct source once (only plain calls with short sources; a bounded cache) and run the same
+# code object again, which is what recompiling would produce. The agent's own code goes through
+# ``eval_code_async`` and is not touched.
+_CACHE_RUNNER_COMPILES = """
+def _rlmopt_cache_compiles():
+    import pyodide.code
+    from _pyodide._base import CodeRunner
+
+    original = pyodide.code.eval_code
+    if getattr(original, "_rlmopt_cached", False):
+        return
+    compiled = {}
+
+    def eval_code(source, globals=None, locals=None, **kwargs):
+        if kwargs or not isinstance(source, str) or len(source) > 20_000:
+            return original(source, globals, locals, **kwargs)
+        runner = compiled.get(source)
+        if runner is None:
+            runner = CodeRunner(source).compile()
+            if len(compiled) < 256:
+                compiled[source] = runner
+        return runner.run(globals, locals)
+
+    eval_code.__wrapped__ = original
+    eval_code._rlmopt_cached = True
+    pyodide.code.eval_code = eval_code
+
+_rlmopt_cache_compiles()
+del _rlmopt_cache_compiles
+"""
+
+
 def _report_names_at_end(code: str) -> str | None:
     """``code`` made to report the REPL's global names to the host when it completes, with the same result
     and the same line numbers; None when that cannot be done safely (the names are then listed by a separate
@@ -687,7 +723,7 @@ class Sandbox:
                 removed = sorted(self._registered_tools - set(interp.tools))
                 interp.execute(_CLEAN_TOOL_RESULTS % (
                     json.dumps(removed), json.dumps(sorted(interp.tools)), json.dumps(_NAMES_TOOL)
-                ))
+                ) + _CACHE_RUNNER_COMPILES)
                 self._registered_tools = set(interp.tools)
             return interp.execute(code, variables)
         except (CodeExecutionError, SyntaxError):
