@@ -27,7 +27,6 @@ Errors::
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import collections
 import concurrent.futures
@@ -42,7 +41,6 @@ import subprocess
 import tempfile
 import threading
 import time
-import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -101,18 +99,10 @@ _GLOBAL_NAMES_EXPR = (
     "({id(_m) for _m in __import__('sys').modules.values()})"
 )
 
-# The host tool through which an execute reports the REPL's global names at its end (see
-# :func:`_report_names_at_end`), instead of a second execute that lists them: one tool round trip (~0.5 ms)
-# in place of a whole execute (the runner's per-execute setup, ~5 ms). Private, so never listed itself.
-_NAMES_TOOL = "_rlmopt_names"
-
 # Run after each tool registration. dspy's tool wrappers convert a JSON result with Pyodide's ``to_py()``,
 # which turns every JSON null into ``pyodide.ffi.jsnull`` instead of None (so ``result['error'] is None``
 # is False). This wraps each registered tool to turn them back into None (the signature shown by help()
-# stays the tool's), and removes the functions of tools no longer in ``Sandbox.tools``. It also defines
-# the builtin ``_rlmopt_after(value)`` (a builtin, so the agent's code cannot delete or shadow it by
-# accident): report the names :data:`_GLOBAL_NAMES_EXPR` would list to the host, then return ``value``. It
-# never raises; an execute whose names did not arrive gets them listed by a separate call.
+# stays the tool's), and removes the functions of tools no longer in ``Sandbox.tools``.
 _CLEAN_TOOL_RESULTS = """
 def _rlmopt_wrap_tools(_names):
     import functools
@@ -142,90 +132,68 @@ def _rlmopt_wrap_tools(_names):
 for _rlmopt_removed in %s:  # tools taken out of Sandbox.tools since the last registration
     globals().pop(_rlmopt_removed, None)
 _rlmopt_wrap_tools(%s)
-
-def _rlmopt_after(_value=None, _report=globals().get(%s), _globals=globals, _modules=__import__('sys').modules,
-                  _type=type, _id=id):
-    try:
-        _ids = {_id(_m) for _m in list(_modules.values())}
-        _report(names=[_n for _n, _v in list(_globals().items())
-                       if not _n.startswith('_') and _type(_v).__name__ != 'module' and _id(_v) not in _ids])
-    except BaseException:
-        pass
-    return _value
-
-__import__('builtins')._rlmopt_after = _rlmopt_after
-del _rlmopt_after
 """
 
+# The internal host tool through which each execute reports the REPL's global names as it ends (private, so
+# never listed itself, and not in ``Sandbox.tools``): one tool round trip (~0.5 ms) instead of a second
+# execute listing them (dspy's runner sets up every execute: ~5 ms).
+_NAMES_TOOL = "_rlmopt_names"
 
-# Run with each tool registration, like _CLEAN_TOOL_RESULTS. dspy's runner.js runs the same few snippets
-# through ``pyodide.runPython`` around every execute (its stdout/SUBMIT setup, reading the captured output,
-# restoring stdout), and ``runPython`` looks up ``pyodide.code.eval_code`` on each call, which parses and
-# compiles its source every time: about 5 ms of WebAssembly CPU per execute. This wraps ``eval_code`` to
-# compile each distinct source once (only plain calls with short sources; a bounded cache) and run the same
-# code object again, which is what recompiling would produce. The agent's own code goes through
-# ``eval_code_async`` and is not touched.
-_CACHE_RUNNER_COMPILES = """
-def _rlmopt_cache_compiles():
+# Run with each tool registration, after _CLEAN_TOOL_RESULTS. Two hooks on the functions dspy's runner.js
+# calls through ``pyodide.runPython`` / ``runPythonAsync``, which look up ``pyodide.code.eval_code`` and
+# ``eval_code_async`` on every call:
+# - ``eval_code`` (the runner's own snippets around every execute: stdout/SUBMIT setup, reading the captured
+#   output, restoring stdout) compiles each distinct short source once and runs the same code object again,
+#   which is what recompiling would produce: about 5 ms less WebAssembly CPU per execute;
+# - ``eval_code_async`` (the code of each execute) reports, in a ``finally``, the names _GLOBAL_NAMES_EXPR
+#   would list to the host through _NAMES_TOOL: after success, an error or a SUBMIT alike. The result and the
+#   exception are untouched, and nothing is added to the REPL's namespace. Where a report does not arrive,
+#   the host lists the names with a separate execute.
+_RUNNER_HOOKS = """
+def _rlmopt_install_hooks(report):
+    import sys
     import pyodide.code
     from _pyodide._base import CodeRunner
 
-    original = pyodide.code.eval_code
-    if getattr(original, "_rlmopt_cached", False):
+    code = pyodide.code
+    if getattr(code.eval_code_async, "_rlmopt_hooked", False):
+        code.eval_code_async.report = report  # the tool's function was defined again by this registration
         return
+    original, original_async = code.eval_code, code.eval_code_async
     compiled = {}
+    _id, _type, _list, _isinstance, _len, _str = id, type, list, isinstance, len, str
 
     def eval_code(source, globals=None, locals=None, **kwargs):
-        if kwargs or not isinstance(source, str) or len(source) > 20_000:
+        if kwargs or not _isinstance(source, _str) or _len(source) > 20_000:
             return original(source, globals, locals, **kwargs)
         runner = compiled.get(source)
         if runner is None:
             runner = CodeRunner(source).compile()
-            if len(compiled) < 256:
+            if _len(compiled) < 256:
                 compiled[source] = runner
         return runner.run(globals, locals)
 
-    eval_code.__wrapped__ = original
-    eval_code._rlmopt_cached = True
-    pyodide.code.eval_code = eval_code
+    async def eval_code_async(source, globals=None, locals=None, **kwargs):
+        try:
+            return await original_async(source, globals, locals, **kwargs)
+        finally:
+            try:
+                if globals is not None:
+                    modules = {_id(module) for module in _list(sys.modules.values())}
+                    eval_code_async.report(names=[
+                        name for name, value in _list(globals.items())
+                        if not name.startswith("_") and _type(value).__name__ != "module" and _id(value) not in modules
+                    ])
+            except BaseException:
+                pass
 
-_rlmopt_cache_compiles()
-del _rlmopt_cache_compiles
+    eval_code.__wrapped__, eval_code_async.__wrapped__ = original, original_async
+    eval_code_async._rlmopt_hooked, eval_code_async.report = True, report
+    code.eval_code, code.eval_code_async = eval_code, eval_code_async
+
+_rlmopt_install_hooks(globals().get(%s))
+del _rlmopt_install_hooks
 """
-
-
-def _report_names_at_end(code: str) -> str | None:
-    """``code`` made to report the REPL's global names to the host when it completes, with the same result
-    and the same line numbers; None when that cannot be done safely (the names are then listed by a separate
-    call). A final expression ``EXPR`` becomes ``_rlmopt_after((EXPR))``, which returns its value, so the
-    execute still answers with it; otherwise ``_rlmopt_after();`` is appended (the trailing semicolon keeps
-    the answer the captured output). Code that raises or SUBMITs reports nothing."""
-    if "\r" in code or "\x00" in code:
-        return None
-    try:
-        with warnings.catch_warnings():  # invalid escapes etc. are the sandbox's to report, not the host's
-            warnings.simplefilter("ignore")
-            tree = ast.parse(code)
-    except Exception:  # SyntaxError, or syntax this host's Python does not know: run it as given
-        return None
-    if not tree.body:
-        return None
-    last = tree.body[-1]
-    if not isinstance(last, ast.Expr):
-        return f"{code}\n_rlmopt_after();"
-    lines = code.split("\n")
-    try:
-        start = _char_offset(lines, last.lineno, last.col_offset)
-        end = _char_offset(lines, last.end_lineno, last.end_col_offset)
-    except (IndexError, TypeError, UnicodeDecodeError):
-        return None
-    return f"{code[:start]}_rlmopt_after(({code[start:end]})){code[end:]}"
-
-
-def _char_offset(lines: list[str], lineno: int, byte_col: int) -> int:
-    """The character offset in ``"\n".join(lines)`` of an ``ast`` position (1-based line, UTF-8 byte column)."""
-    before = sum(len(line) + 1 for line in lines[: lineno - 1])
-    return before + len(lines[lineno - 1].encode("utf-8")[:byte_col].decode("utf-8"))
 
 _DIAGNOSTIC_CHARS = 600
 _STDERR_LINES = 20
@@ -663,10 +631,8 @@ class Sandbox:
                 variables,
             )
 
-        self._reported_names = None
-        instrumented = _report_names_at_end(code)
         try:
-            result = self._call(code if instrumented is None else instrumented, variables, self.timeout_s)
+            result = self._call(code, variables, self.timeout_s)
         except _ProcessLost as lost:
             raise CodeExecutionError(self._recover(lost, variables)) from None
         except CodeExecutionError:
@@ -679,8 +645,8 @@ class Sandbox:
         return result
 
     def _after_execute(self, code: str, variables: dict[str, Any], *, succeeded: bool) -> None:
-        """Record a replayable execute and the agent's global names: those the code reported as it completed,
-        else listed by one extra call (after an error, a SUBMIT, or code that could not report them)."""
+        """Record a replayable execute and the agent's global names: those the execute reported as it ended
+        (see _RUNNER_HOOKS), else listed by one extra call."""
         names, self._reported_names = self._reported_names, None
         if names is None:
             names = self._global_names()
@@ -721,10 +687,12 @@ class Sandbox:
         try:
             if registering:  # execute() registers the tools first, then this wraps them
                 removed = sorted(self._registered_tools - set(interp.tools))
-                interp.execute(_CLEAN_TOOL_RESULTS % (
-                    json.dumps(removed), json.dumps(sorted(interp.tools)), json.dumps(_NAMES_TOOL)
-                ) + _CACHE_RUNNER_COMPILES)
+                interp.execute(
+                    _CLEAN_TOOL_RESULTS % (json.dumps(removed), json.dumps(sorted(interp.tools)))
+                    + _RUNNER_HOOKS % json.dumps(_NAMES_TOOL)
+                )
                 self._registered_tools = set(interp.tools)
+            self._reported_names = None  # what this execute reports as it ends
             return interp.execute(code, variables)
         except (CodeExecutionError, SyntaxError):
             raise
@@ -769,7 +737,7 @@ class Sandbox:
         return not interp._tools_registered and bool(wrapped or self._registered_tools)
 
     def _receive_names(self, names: list) -> None:
-        """The internal tool :func:`_report_names_at_end` code calls with the REPL's global names."""
+        """_NAMES_TOOL: each execute reports the REPL's global names through it as it ends."""
         if isinstance(names, list) and all(isinstance(name, str) for name in names):
             self._reported_names = set(names)
 
