@@ -259,6 +259,7 @@ class Probes:
         self._originals: list[tuple[Any, str, Any]] = []
 
     def reset(self) -> None:
+        self.sandbox: Sandbox | None = None  # the compile's sandbox, seen at its first execute
         self.turns: list[dict[str, float]] = []
         self.executes: list[tuple[float, float]] = []
         self.tool_calls: list[tuple[float, float]] = []
@@ -285,10 +286,14 @@ class Probes:
     def install(self) -> None:
         probes = self
 
+        def cpu() -> float:  # this process (all threads) plus the sandbox's Deno process
+            box = probes.sandbox
+            return time.process_time() + _process_cpu(box.process_id if box is not None else None)
+
         def iteration(original):
             @functools.wraps(original)
             def wrapper(agent, *args, **kwargs):
-                probes.turns.append({"start": time.perf_counter()})
+                probes.turns.append({"start": time.perf_counter(), "cpu_start": cpu()})
                 return original(agent, *args, **kwargs)
             return wrapper
 
@@ -299,7 +304,19 @@ class Probes:
                 try:
                     return original(agent, *args, **kwargs)
                 finally:
-                    probes.turns[-1].update(report_start=start, end=time.perf_counter())
+                    probes.turns[-1].update(report_start=start, end=time.perf_counter(), cpu_end=cpu())
+            return wrapper
+
+        def execute(original):
+            @functools.wraps(original)
+            def wrapper(box, *args, **kwargs):
+                if probes.sandbox is None:
+                    probes.sandbox = box
+                start = time.perf_counter()
+                try:
+                    return original(box, *args, **kwargs)
+                finally:
+                    probes.executes.append((start, time.perf_counter()))
             return wrapper
 
         def join_background(original):
@@ -315,7 +332,7 @@ class Probes:
 
         self._patch(OptimizerAgent, "_tolerant_iteration", iteration)
         self._patch(OptimizerAgent, "_report", report)
-        self._patch(Sandbox, "execute", functools.partial(self._span, "executes"))
+        self._patch(Sandbox, "execute", execute)
         self._patch(Sandbox, "_join_background", join_background)
         self._patch(Sandbox, "_start_quietly", functools.partial(self._span, "background_starts"))
         self._patch(sandbox_module._Interpreter, "_handle_tool_call", functools.partial(self._span, "tool_calls"))
@@ -325,6 +342,17 @@ class Probes:
         for owner, name, original in reversed(self._originals):
             setattr(owner, name, original)
         self._originals.clear()
+
+
+def _process_cpu(pid: int | None) -> float:
+    """CPU seconds (user + system) used so far by process ``pid`` (Linux), 0.0 when unknown."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0
 
 
 def _within(spans: list[tuple[float, float]], lo: float, hi: float) -> float:
@@ -337,7 +365,7 @@ def _p90(values: list[float]) -> float:
 
 
 # -- one compile ------------------------------------------------------------------------------------------------
-def run_once(n: int, latency: float, probes: Probes) -> dict[str, Any]:
+def run_once(n: int, latency: float, probes: Probes, root_latency: float = 0.0) -> dict[str, Any]:
     clock = LMClock()
     turns_seen = [0]
 
@@ -346,7 +374,7 @@ def run_once(n: int, latency: float, probes: Probes) -> dict[str, Any]:
         turns_seen[0] = max(turns_seen[0], seen)
         return AGENT_TURNS[min(seen, len(AGENT_TURNS) - 1)]
 
-    root_lm = FunctionLM(clock.timed(root_reply, "root"), name="scripted-agent")
+    root_lm = FunctionLM(clock.timed(root_reply, "root", sleep=root_latency), name="scripted-agent")
     task_lm = FunctionLM(clock.timed(task_lm_reply, "task", sleep=latency), name="fake-task-lm")
     sub_lm = FunctionLM(clock.timed(lambda m: "Policy: chargebacks go to disputes; unknown logins to security.", "sub",
                                     sleep=latency), name="fake-sub-lm")
@@ -388,6 +416,8 @@ def run_once(n: int, latency: float, probes: Probes) -> dict[str, Any]:
             "tools": _within(probes.tool_calls, ex_lo, ex_hi) - clock.busy(ex_lo, ex_hi),
             "report": hi - t["report_start"],  # checkpoint (turn file) and display
             "lm": lm,
+            "evaluates": clock.busy(lo, hi, ("task",)) > 0,
+            "cpu": t["cpu_end"] - t["cpu_start"],
         })
 
     wait = sum(e - s for s, e in probes.waits)
@@ -418,7 +448,7 @@ def _ms(values: list[float]) -> str:
     return f"{statistics.median(values) * 1e3:7.1f} / {_p90(values) * 1e3:6.1f}"
 
 
-def report(results: dict[int, list[dict[str, Any]]], latency: float) -> list[str]:
+def report(results: dict[int, list[dict[str, Any]]], latency: float, root_latency: float) -> list[str]:
     sizes = sorted(results)
     width = 20
     missed = []
@@ -426,8 +456,8 @@ def report(results: dict[int, list[dict[str, Any]]], latency: float) -> list[str
     def row(label: str, cells: list[str]) -> None:
         print(f"{label:46s}" + "".join(f"{c:>{width}s}" for c in cells))
 
-    def turn_values(n: int, key: str) -> list[float]:
-        return [t[key] for r in results[n] for t in r["turns"]]
+    def turn_values(n: int, key: str, evaluates: bool | None = None) -> list[float]:
+        return [t[key] for r in results[n] for t in r["turns"] if evaluates is None or t["evaluates"] == evaluates]
 
     def med(n: int, key: str) -> float:
         return statistics.median(r[key] for r in results[n])
@@ -441,7 +471,13 @@ def report(results: dict[int, list[dict[str, Any]]], latency: float) -> list[str
     row("    sandbox execute (round trips + tools)", [_ms(turn_values(n, "execute")) for n in sizes])
     row("      of which host side of tool calls", [_ms(turn_values(n, "tools")) for n in sizes])
     row("    checkpoint + display", [_ms(turn_values(n, "report")) for n in sizes])
+    evaluating = sum(t["evaluates"] for t in results[sizes[0]][0]["turns"])
+    row(f"  turns that run the program ({evaluating}): overhead",
+        [_ms(turn_values(n, "overhead", True)) for n in sizes])
+    row(f"  the other turns ({len(AGENT_TURNS) - evaluating}): overhead",
+        [_ms(turn_values(n, "overhead", False)) for n in sizes])
     row("  LM time per turn (excluded)", [_ms(turn_values(n, "lm")) for n in sizes])
+    row("  CPU per turn, this process + Deno (load-proof)", [_ms(turn_values(n, "cpu")) for n in sizes])
     print("per compile() (s), median of the compiles")
     row("  compile() wall time", [f"{med(n, 'wall'):.2f}" for n in sizes])
     row("  LM time (wall time with an LM call in flight)", [f"{med(n, 'lm'):.2f}" for n in sizes])
@@ -455,7 +491,8 @@ def report(results: dict[int, list[dict[str, Any]]], latency: float) -> list[str
     row("  after the last turn (selection, result), - LM",
         [f"{statistics.median(r['after_agent'] - r['after_agent_lm'] for r in results[n]):.2f}" for n in sizes])
     row("  task LM calls per compile", [str(results[n][0]["task_calls"]) for n in sizes])
-    print(f"\ntask LM: {latency * 1e3:g} ms per call (sleep); valset {VAL_SIZE}; 8 evaluation threads")
+    print(f"\ntask LM: {latency * 1e3:g} ms per call (sleep); root LM: {root_latency * 1e3:g} ms per call; "
+          f"valset {VAL_SIZE}; 8 evaluation threads")
 
     for n in sizes:
         values = turn_values(n, "overhead")
@@ -472,6 +509,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="10,1000", help="train sizes, comma-separated (default 10,1000)")
     parser.add_argument("--repeat", type=int, default=2, help="compiles per size, interleaved (default 2)")
     parser.add_argument("--latency", type=float, default=0.003, help="seconds per task-LM call (default 0.003)")
+    parser.add_argument("--root-latency", type=float, default=0.0,
+                        help="seconds per root-LM call (default 0; LM time, excluded from the overhead)")
     parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
@@ -488,10 +527,10 @@ def main(argv: list[str] | None = None) -> int:
         run_once(sizes[0], 0.0, probes)  # warm-up: imports, Deno's file cache, adapters
         for _ in range(args.repeat):
             for n in sizes:  # interleaved, so that background load hits all sizes alike
-                results[n].append(run_once(n, args.latency, probes))
+                results[n].append(run_once(n, args.latency, probes, args.root_latency))
     finally:
         probes.uninstall()
-    missed = report(results, args.latency)
+    missed = report(results, args.latency, args.root_latency)
     return 1 if (args.check and missed) else 0
 
 
