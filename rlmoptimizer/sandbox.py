@@ -13,10 +13,6 @@ What :class:`Sandbox` adds to ``PythonInterpreter``:
 - **A time limit per cell.** A watchdog kills the process when one ``execute()`` has spent more than
   ``timeout_s`` seconds inside the sandbox; time spent in host tools (an evaluation that takes minutes)
   does not count.
-- **A fast start.** Pyodide's own start-up (~5 s of CPU) is done once per machine: a memory snapshot of a
-  freshly started Pyodide is kept in the user's cache directory, and each sandbox starts from it (~0.5 s).
-  See :func:`_pyodide_snapshot`; without it (an old Deno, a snapshot that cannot be made) the start is
-  Pyodide's own.
 - **Recovery.** After a timeout or a crash the sandbox restarts, re-runs ``setup_code`` and the executes
   recorded before :meth:`Sandbox.mark_setup_complete`, and raises ``CodeExecutionError`` with a message for
   the agent naming the variables it lost. The run goes on.
@@ -34,9 +30,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import contextlib
 import functools
-import hashlib
 import inspect
 import json
 import logging
@@ -96,78 +90,6 @@ _ENV_KEEP_PREFIXES = ("DENO_", "NPM_CONFIG_")
 
 # One 64 KiB WebAssembly page.
 _WASM_PAGE = 64 * 1024
-
-# -- the Pyodide snapshot (see _pyodide_snapshot) ---------------------------------------------------------
-_SNAPSHOT_FORMAT = 1  # bump to make every machine build a new snapshot
-_SNAPSHOT_ARG = "--rlmoptimizer-pyodide-snapshot="
-_PYODIDE_IMPORT = re.compile(r"""import\s+\w+\s+from\s+['"](npm:pyodide@[^'"]+)['"]""")
-_PRELOAD_MIN_DENO = (2, 4)  # `deno run --preload`
-_snapshots_failed = False  # a start from a snapshot failed in this process: start without one from then on
-
-# Run by `deno run --preload` before dspy's runner.js, in the sandbox process. runner.js calls Pyodide's
-# loadPyodide() with no options; this makes that call start from the snapshot named on the command line,
-# then revokes read access to it. Without the argument, or when the snapshot cannot be read or used, the
-# call is Pyodide's own (the reason goes to stderr). What the snapshot kept of the process that made it is
-# then set as this process's own start sets it: the program name, ``sys.path`` (Pyodide adds "" to it on
-# every start), and the state of the random-number generators seeded at start-up. (String hashes keep the
-# seed of the snapshot: the same on every start on a machine, as with a fixed PYTHONHASHSEED.)
-_PRELOAD_JS = """\
-import pyodide from "%(specifier)s";
-
-const RESTORE = `
-import os, sys
-if program is not None:
-    os.environ["_"] = sys.executable = program
-if sys.path[:2] == ["", ""]:
-    del sys.path[0]
-if "random" in sys.modules:
-    sys.modules["random"].seed()
-if "tempfile" in sys.modules:
-    sys.modules["tempfile"]._name_sequence = None
-`;
-const flag = %(flag)s;
-const path = Deno.args.find((arg) => arg.startsWith(flag))?.slice(flag.length);
-const loadPyodide = pyodide?.loadPyodide;
-if (path && typeof loadPyodide === "function") {
-  try {
-    pyodide.loadPyodide = async (options = {}) => {
-      let snapshot = null;
-      try {
-        snapshot = await Deno.readFile(path);
-      } catch (error) {
-        console.error(`rlmoptimizer: cannot read the Pyodide snapshot (${error}); starting without it`);
-      } finally {
-        await Deno.permissions.revoke({ name: "read", path });
-      }
-      if (snapshot !== null) {
-        let instance = null;
-        try {
-          instance = await loadPyodide({ ...options, _loadSnapshot: snapshot });
-        } catch (error) {
-          console.error(`rlmoptimizer: the Pyodide snapshot did not load (${error}); starting without it`);
-        }
-        if (instance !== null) {
-          const program = globalThis.process?.argv?.[1]?.replace(/\\\\/g, "/") ?? null;
-          instance.runPython(RESTORE, { globals: instance.toPy({ program }) });
-          return instance;
-        }
-      }
-      return await loadPyodide(options);
-    };
-  } catch (error) {
-    console.error(`rlmoptimizer: cannot use a Pyodide snapshot (${error})`);
-  }
-}
-"""
-
-# Run once per machine (and Pyodide or Deno version) in its own Deno process, which may write only the
-# snapshot file: start Pyodide as runner.js does and save its memory.
-_SNAPSHOT_MAKER_JS = """\
-import pyodide from "%(specifier)s";
-
-const pyodideInstance = await pyodide.loadPyodide({ _makeSnapshot: true });
-await Deno.writeFile(Deno.args[0], pyodideInstance.makeMemorySnapshot());
-"""
 
 # A cheap expression listing the REPL's global names that are not private and not modules (``js`` is a
 # JsProxy, hence the sys.modules check). It defines nothing and works even if the agent shadowed print.
@@ -307,82 +229,6 @@ def _deno_environment(source: dict[str, str] | None = None) -> dict[str, str]:
     env["DENO_NO_PACKAGE_JSON"] = "1"  # what PythonInterpreter sets for its default command
     env["NO_COLOR"] = "1"  # plain diagnostics in messages
     return env
-
-
-@functools.cache
-def _deno_version(deno_executable: str) -> tuple[int, int] | None:
-    try:
-        output = subprocess.run(
-            [deno_executable, "--version"], capture_output=True, text=True, timeout=30, env=_deno_environment()
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    match = re.search(r"deno (\d+)\.(\d+)", output)
-    return (int(match.group(1)), int(match.group(2))) if match else None
-
-
-def _snapshot_directory() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlmoptimizer"
-
-
-@functools.cache
-def _pyodide_snapshot(deno_executable: str, specifier: str, deno_dir: str, timeout_s: float) -> str | None:
-    """The path of a memory snapshot of a freshly started Pyodide for this Deno and Pyodide, made on first use
-    (one Pyodide start, in a Deno process that may write that one file); None if it cannot be made.
-
-    Kept in ``$XDG_CACHE_HOME/rlmoptimizer`` (``~/.cache/rlmoptimizer``), written atomically, named by the
-    Pyodide version and a digest of the Deno executable. It holds the interpreter right after Pyodide's
-    start-up, before any of runner.js's or the agent's code: the same state every sandbox starts in."""
-    try:
-        stat = os.stat(deno_executable)
-        key = json.dumps([_SNAPSHOT_FORMAT, specifier, os.path.realpath(deno_executable), stat.st_size,
-                          stat.st_mtime_ns])
-        version = re.sub(r"[^0-9A-Za-z.]+", "-", specifier.split("@", 1)[-1].split("/", 1)[0])
-        path = _snapshot_directory() / f"pyodide-{version}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.snapshot"
-        if path.is_file() and path.stat().st_size > 0:
-            return str(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        logger.debug("No Pyodide snapshot: %s", e)
-        return None
-    workdir = tempfile.mkdtemp(prefix="rlmoptimizer-snapshot-")
-    try:
-        maker = os.path.join(workdir, "make_snapshot.js")
-        Path(maker).write_text(_SNAPSHOT_MAKER_JS % {"specifier": specifier}, encoding="utf-8")
-        partial = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-        command = [
-            deno_executable, "run", "--no-config", "--no-lock", "--node-modules-dir=false",
-            *(flag for flag in DENO_FLAGS if flag != "--deny-write"),
-            f"--allow-read={deno_dir}", f"--allow-write={partial}", maker, partial,
-        ]
-        started = time.monotonic()
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=_deno_environment())
-        if done.returncode != 0 or not os.path.isfile(partial) or os.path.getsize(partial) == 0:
-            logger.warning("Could not make a Pyodide snapshot (exit code %s): %s", done.returncode,
-                           _shorten(done.stderr or done.stdout, 300))
-            return None
-        with open(partial, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(partial, path)
-        logger.info("Made a Pyodide snapshot in %.1f s: %s", time.monotonic() - started, path)
-        return str(path)
-    except (OSError, subprocess.SubprocessError) as e:
-        logger.warning("Could not make a Pyodide snapshot: %s", e)
-        return None
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(f"{path}.{os.getpid()}.{threading.get_ident()}.tmp")
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _forget_snapshot(path: str) -> None:
-    """After a start from ``path`` failed: no snapshots for the rest of this process, and a snapshot of ours
-    is deleted so that the next process makes a new one."""
-    global _snapshots_failed
-    _snapshots_failed = True
-    if Path(path).parent == _snapshot_directory():
-        with contextlib.suppress(OSError):
-            os.unlink(path)
 
 
 @functools.cache
@@ -583,7 +429,6 @@ class Sandbox:
         # limits of the process itself
         memory_limit_mb: int = 2048,
         start_timeout_s: float = 300.0,
-        pyodide_snapshot: bool = True,
     ) -> None:
         """
         Args:
@@ -601,8 +446,6 @@ class Sandbox:
                 ``MemoryError`` (the process survives). Bounded by Pyodide's own 4 GiB.
             start_timeout_s: the most seconds starting the process may take (the first start on a machine
                 downloads Pyodide from npm), and the limit for ``setup_code`` and each replayed execute.
-            pyodide_snapshot: start from a memory snapshot of a freshly started Pyodide, made on the first
-                start on a machine and kept in ``~/.cache/rlmoptimizer`` (~0.5 s instead of ~5 s per start).
         """
         # validation
         if isinstance(timeout_s, bool) or not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
@@ -625,7 +468,6 @@ class Sandbox:
         self.setup_code = setup_code
         self.replay_limit = replay_limit
         self.memory_limit_mb = memory_limit_mb
-        self.pyodide_snapshot = bool(pyodide_snapshot)
         self.execution_instructions = self._instructions()
 
         # counters, readable by the caller
@@ -934,13 +776,6 @@ class Sandbox:
         except Exception as e:
             timed_out = self._watchdog.disarm()
             self._stop_process()
-            snapshot = next((arg[len(_SNAPSHOT_ARG):] for arg in command if arg.startswith(_SNAPSHOT_ARG)), None)
-            if snapshot is not None:
-                logger.warning("The sandbox did not start from the Pyodide snapshot %s (%s); starting without "
-                               "it, and without snapshots in this process.", snapshot, _shorten(str(e), 300))
-                _forget_snapshot(snapshot)
-                self.pyodide_snapshot, self._deno_command = False, None
-                return self._boot()
             if timed_out:
                 raise SandboxError(f"The sandbox did not start within {self.start_timeout_s:g} s.") from e
             raise SandboxError(f"The sandbox could not start: {_shorten(str(e))}") from e
@@ -1111,30 +946,7 @@ class Sandbox:
         pages = self.memory_limit_mb * 1024 * 1024 // _WASM_PAGE
         at = command.index("run") + 1
         command[at:at] = [f"--import-map={map_path}", *DENO_FLAGS, f"--v8-flags=--wasm-max-mem-pages={pages}"]
-        if self.pyodide_snapshot and not _snapshots_failed:
-            self._add_snapshot(command, runner_source)
         return command
-
-    def _add_snapshot(self, command: list[str], runner_source: str) -> None:
-        """Make ``command`` start Pyodide from :func:`_pyodide_snapshot` (a ``--preload`` module, read access
-        to the snapshot, its path as an argument), when the snapshot and Deno's ``--preload`` are available."""
-        specifiers = set(_PYODIDE_IMPORT.findall(runner_source))
-        deno_dirs = [arg.split("=", 1)[1] for arg in command if arg.startswith("--dspy-deno-dir=")]
-        reads = [i for i, arg in enumerate(command) if arg.startswith("--allow-read=")]
-        version = _deno_version(command[0])
-        if len(specifiers) != 1 or len(deno_dirs) != 1 or len(reads) != 1 or not version or version < _PRELOAD_MIN_DENO:
-            logger.debug("No Pyodide snapshot (runner imports %s, Deno %s)", sorted(specifiers), version)
-            return
-        (specifier,) = specifiers
-        snapshot = _pyodide_snapshot(command[0], specifier, deno_dirs[0], self.start_timeout_s)
-        if snapshot is None:
-            return
-        preload = os.path.join(self._tmpdir, "pyodide_preload.js")
-        with open(preload, "w", encoding="utf-8") as f:
-            f.write(_PRELOAD_JS % {"specifier": specifier, "flag": json.dumps(_SNAPSHOT_ARG)})
-        command[reads[0]] += f",{snapshot}"
-        command.insert(command.index("run") + 1, f"--preload={preload}")
-        command.append(_SNAPSHOT_ARG + snapshot)
 
     @staticmethod
     def _check_files(files: dict[str, str | Path]) -> dict[str, str]:

@@ -1,9 +1,8 @@
-"""The sandbox's fast paths (real Deno/Pyodide) keep dspy's runner behaviour exactly.
+"""The sandbox's per-execute fast paths (real Deno/Pyodide) keep dspy's runner behaviour exactly.
 
-Each execute reports the REPL's names as it ends (no second execute listing them), the runner's own
-snippets are compiled once, and a sandbox starts from a Pyodide memory snapshot. Regressions here would
-show as wrong results, as lost-variable messages that miss variables after a restart, or as a sandbox
-whose interpreter differs from a freshly started one.
+Each execute reports the REPL's names as it ends (no second execute listing them), and the runner's own
+snippets are compiled once. Regressions here would show as wrong results, or as lost-variable messages
+that miss variables after a restart.
 """
 
 from __future__ import annotations
@@ -11,8 +10,7 @@ from __future__ import annotations
 import pytest
 from dspy.primitives.code_interpreter import CodeExecutionError, FinalOutput
 
-from rlmoptimizer import sandbox as sandbox_module
-from rlmoptimizer.sandbox import _SNAPSHOT_ARG, Sandbox
+from rlmoptimizer.sandbox import Sandbox
 
 pytestmark = pytest.mark.slow
 
@@ -97,47 +95,3 @@ def test_a_restart_names_what_the_last_execute_defined(box):
     output = box.execute("print('back')")
     assert "fp_survivor" in output and output.endswith("back\n")
     assert box.execute("print(echo(value=7))") == "7\n"  # tools and hooks installed again
-
-
-# ---------------------------------------------------------------- starting from a Pyodide snapshot
-
-STATE = (
-    "import sys, os, json\n"
-    "print(json.dumps([sorted(sys.modules), sorted(globals()), dict(os.environ), sys.path, sys.executable, sys.argv]))"
-)
-
-
-def _snapshot_of(box: Sandbox) -> str | None:
-    return next((arg.split("=", 1)[1] for arg in box.deno_command if arg.startswith(_SNAPSHOT_ARG)), None)
-
-
-def test_a_start_from_the_snapshot_is_a_fresh_start():
-    states, draws = {}, []
-    for snapshot in (True, True, False):
-        with Sandbox(pyodide_snapshot=snapshot) as box:
-            box.start()
-            assert (_snapshot_of(box) is not None) == snapshot
-            states[snapshot] = box.execute(STATE)
-            draws.append(box.execute("import random\nprint(random.random())"))
-            if snapshot:  # sandboxed code cannot read the snapshot
-                path = _snapshot_of(box)
-                output = box.execute(f"import js\ntry:\n    js.Deno.readFileSync({path!r})\n    print('READ')\n"
-                                     "except Exception as e:\n    print('BLOCKED')")
-                assert output == "BLOCKED\n"
-    assert states[True] == states[False]
-    assert len(set(draws)) == len(draws)  # the generators are seeded per start, not frozen in the snapshot
-
-
-def test_an_unusable_snapshot_falls_back_to_pyodides_own_start(tmp_path, monkeypatch, caplog):
-    garbage = tmp_path / "broken.snapshot"
-    garbage.write_bytes(b"not a snapshot" * 100)
-    monkeypatch.setattr(sandbox_module, "_pyodide_snapshot", lambda *args: str(garbage))
-    monkeypatch.setattr(sandbox_module, "_snapshots_failed", False)
-    with Sandbox() as box:
-        assert _snapshot_of(box) == str(garbage)
-        box.start()
-        assert box.execute("print(1 + 1)") == "2\n"
-        assert _snapshot_of(box) is None  # started again without it
-    assert "did not start from the Pyodide snapshot" in caplog.text
-    assert garbage.exists()  # not ours to delete
-    assert sandbox_module._snapshots_failed  # no more snapshots in this process
