@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import logging
 import os
 import statistics
@@ -365,6 +366,16 @@ def _p90(values: list[float]) -> float:
 
 
 # -- one compile ------------------------------------------------------------------------------------------------
+def _time_sandbox_start() -> float:
+    started = time.perf_counter()
+    box = Sandbox()
+    try:
+        box.start()
+        return time.perf_counter() - started
+    finally:
+        box.shutdown()
+
+
 def run_once(n: int, latency: float, probes: Probes, root_latency: float = 0.0) -> dict[str, Any]:
     clock = LMClock()
     turns_seen = [0]
@@ -381,11 +392,7 @@ def run_once(n: int, latency: float, probes: Probes, root_latency: float = 0.0) 
     trainset, valset = make_examples(n), make_examples(VAL_SIZE, offset=n)
 
     # The sandbox's cold start, measured in this process right before the compile.
-    started = time.perf_counter()
-    box = Sandbox()
-    box.start()
-    cold_start = time.perf_counter() - started
-    box.shutdown()
+    cold_start = _time_sandbox_start()
 
     probes.reset()
     optimizer = RLMDocstringOptimizer(
@@ -511,6 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency", type=float, default=0.003, help="seconds per task-LM call (default 0.003)")
     parser.add_argument("--root-latency", type=float, default=0.0,
                         help="seconds per root-LM call (default 0; LM time, excluded from the overhead)")
+    parser.add_argument("--json", metavar="PATH", help="also write every measurement to PATH as JSON")
     parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
@@ -531,6 +539,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         probes.uninstall()
     missed = report(results, args.latency, args.root_latency)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"load_average_at_start": load, "results": results}, indent=1))
     return 1 if (args.check and missed) else 0
 
 
