@@ -265,6 +265,7 @@ class Probes:
         self.executes: list[tuple[float, float]] = []
         self.tool_calls: list[tuple[float, float]] = []
         self.waits: list[tuple[float, float]] = []
+        self.setups: list[tuple[float, float]] = []  # the REPL setup (facade, data), which overlaps the first root call
         self.background_starts: list[tuple[float, float]] = []
         self.journal_writes: list[tuple[float, float]] = []
 
@@ -295,7 +296,10 @@ class Probes:
             @functools.wraps(original)
             def wrapper(agent, *args, **kwargs):
                 probes.turns.append({"start": time.perf_counter(), "cpu_start": cpu()})
-                return original(agent, *args, **kwargs)
+                try:
+                    return original(agent, *args, **kwargs)
+                finally:
+                    probes.turns[-1]["action_end"] = time.perf_counter()
             return wrapper
 
         def report(original):
@@ -331,11 +335,12 @@ class Probes:
                         probes.waits.append((start, time.perf_counter()))
             return wrapper
 
-        self._patch(OptimizerAgent, "_tolerant_iteration", iteration)
+        self._patch(OptimizerAgent, "_next_action", iteration)
         self._patch(OptimizerAgent, "_report", report)
         self._patch(Sandbox, "execute", execute)
         self._patch(Sandbox, "_join_background", join_background)
         self._patch(Sandbox, "_start_quietly", functools.partial(self._span, "background_starts"))
+        self._patch(OptimizerAgent, "_prepare_repl", functools.partial(self._span, "setups"))
         self._patch(sandbox_module._Interpreter, "_handle_tool_call", functools.partial(self._span, "tool_calls"))
         self._patch(RunJournal, "write_turn", functools.partial(self._span, "journal_writes"))
 
@@ -427,7 +432,9 @@ def run_once(n: int, latency: float, probes: Probes, root_latency: float = 0.0) 
             "cpu": t["cpu_end"] - t["cpu_start"],
         })
 
-    wait = sum(e - s for s, e in probes.waits)
+    # The agent needs the REPL once its first action is ready; it waits only for what of the setup (which waits
+    # for the sandbox's start) is still running then.
+    wait = max(0.0, probes.setups[0][1] - turns[0]["action_end"]) if probes.setups else sum(e - s for s, e in probes.waits)
     first_need = probes.waits[0][0] if probes.waits else (probes.executes[0][0] if probes.executes else t1)
     background = probes.background_starts[0] if probes.background_starts else (t0, t0)
     setup_end = turns[0]["start"]

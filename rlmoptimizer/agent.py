@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import dspy
-from dspy.predict.rlm import _LLMCallBudget, _strip_code_fences
+from dspy.predict.rlm import SUB_AGENT_INSTRUCTIONS, _LLMCallBudget, _strip_code_fences
 from dspy.primitives.code_interpreter import CodeInterpreter, resolve_interpreter_factory
 from dspy.primitives.prediction import Prediction
 from dspy.primitives.repl_types import REPLHistory
@@ -162,24 +162,27 @@ class OptimizerAgent(dspy.RLM):
         execution_tools = self._prepare_execution_tools(budget)
         variables = self._build_variables(**input_args)
 
-        with self._interpreter_context(execution_tools, interpreter_factory) as repl:
-            sub_agent_rules = self._setup_facade(repl, budget, interpreter_factory)
-            regular_args = self._prepare_serializable_vars(input_args, repl)
-            if self._setup_code:
-                repl.execute(self._setup_code)
-            mark = getattr(repl, "mark_setup_complete", None)
-            if callable(mark):
-                mark()
+        with self._interpreter_context(execution_tools, interpreter_factory) as repl, \
+                ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlmoptimizer-setup") as pool:
+            # The REPL's setup waits for the sandbox's start; the first root-LM call does not need it, so the two
+            # overlap and the start is hidden behind the LM (the sandbox serializes calls from any thread).
+            setup = pool.submit(
+                contextvars.copy_context().run, self._prepare_repl, repl, budget, interpreter_factory, input_args
+            )
+            sub_agent_rules, regular_args = SUB_AGENT_INSTRUCTIONS, None
 
             history = REPLHistory(max_output_chars=self.max_output_chars)
             for turn in self._prior_turns:
                 history = history.append(reasoning=turn.get("reasoning", ""), code=turn["code"], output=turn["output"])
 
             for iteration in range(len(history), self.max_iters):
-                result = self._tolerant_iteration(
-                    repl, variables, history, iteration, regular_args, output_field_names, interpreter_factory,
-                    sub_agent_rules,
-                )
+                action = self._next_action(variables, history, iteration, interpreter_factory, sub_agent_rules)
+                if regular_args is None:
+                    sub_agent_rules, regular_args = setup.result()
+                if isinstance(action, REPLHistory):  # a reply that never parsed, recorded as an error turn
+                    result = action
+                else:
+                    result = self._run_action(repl, action, history, regular_args, output_field_names)
                 if isinstance(result, Prediction):
                     outputs = {name: result[name] for name in output_field_names}
                     self._report(result.trajectory[-1], iteration, final=True, outputs=outputs)
@@ -187,13 +190,23 @@ class OptimizerAgent(dspy.RLM):
                 self._report(result.entries[-1].model_dump(), iteration, final=False)
                 history = result
 
+            setup.result()
             return self._extract_fallback(variables, history, output_field_names)
 
-    def _tolerant_iteration(
-        self, repl, variables, history, iteration, input_args, output_field_names, interpreter_factory,
-        sub_agent_rules,
-    ):
-        """One turn; a reply that does not parse is retried, then recorded as an error turn."""
+    def _prepare_repl(self, repl, budget, interpreter_factory, input_args) -> tuple[str, dict[str, Any]]:
+        """dspy's facade, our data-loading setup code, then mark both for replay after a restart."""
+        sub_agent_rules = self._setup_facade(repl, budget, interpreter_factory)
+        regular_args = self._prepare_serializable_vars(input_args, repl)
+        if self._setup_code:
+            repl.execute(self._setup_code)
+        mark = getattr(repl, "mark_setup_complete", None)
+        if callable(mark):
+            mark()
+        return sub_agent_rules, regular_args
+
+    def _next_action(self, variables, history, iteration, interpreter_factory, sub_agent_rules):
+        """The root LM's next action; a reply that does not parse is retried, then recorded as an error turn
+        (returned as the new REPLHistory)."""
         variables_info = [variable.format() for variable in variables]
         signature = self._action_signature_for_current_factory(interpreter_factory, sub_agent_rules)
         last_error: AdapterParseError | None = None
@@ -230,6 +243,10 @@ class OptimizerAgent(dspy.RLM):
                     "(reasoning, then code in a ```python block)."
                 ),
             )
+        return action
+
+    def _run_action(self, repl, action, history, input_args, output_field_names):
+        """Execute the action's code; the new history, or the final Prediction on a valid SUBMIT."""
         try:
             code = _strip_code_fences(action.code)
         except SyntaxError as exc:
