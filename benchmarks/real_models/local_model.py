@@ -225,7 +225,7 @@ def _stop(proc: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
     try:
-        proc.wait(timeout=15)
+        proc.wait(timeout=5)  # uvicorn finishes the generation in progress first; no need to wait for it
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)

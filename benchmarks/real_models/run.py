@@ -32,6 +32,7 @@ import logging  # noqa: E402
 import platform  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 from contextlib import ExitStack  # noqa: E402
@@ -50,6 +51,15 @@ from local_model import DEFAULT_WEIGHTS, WEIGHTS, ensure_weights, llama_server  
 from metering import CountingMetric, Meter, MeteredLM  # noqa: E402
 
 log = logging.getLogger("bench")
+_interrupted = threading.Event()
+
+
+def _interrupt(signum, frame) -> None:
+    """Ctrl-C, SIGTERM and SIGHUP all become KeyboardInterrupt in the main thread, so every ``finally`` (the
+    servers' included) runs and dspy's parallel evaluation cancels its pending examples. The flag survives
+    dspy turning the interrupt into ``Exception("Execution cancelled ...")``, which ``run_arm`` re-raises."""
+    _interrupted.set()
+    signal.default_int_handler(signum, frame)
 LOCAL = "local"
 DEFAULT_TASK = HERE / "tasks" / "ticket_routing.py"
 DEFAULT_ARMS = "unchanged,rlmoptimizer,gepa,mipro"
@@ -186,6 +196,8 @@ def run_arm(key: str, args, task, data, task_lm, optimizer_lm, meters, out_dir: 
     except Unavailable as e:
         row["status"], row["error"] = "not available", str(e)
     except Exception as e:  # a failing optimizer is a result, not the end of the benchmark
+        if _interrupted.is_set():
+            raise KeyboardInterrupt from e
         row["status"], row["error"] = "error", f"{type(e).__name__}: {e}"
         row["traceback"] = traceback.format_exc()
     row["optimize"] = {
@@ -200,7 +212,14 @@ def run_arm(key: str, args, task, data, task_lm, optimizer_lm, meters, out_dir: 
     row["instructions"] = instructions_of(program)
     log.info("%s: optimized in %.0f s with %d metric calls; scoring on %d test examples", arm.name,
              row["optimize"]["wall_s"], metric.scored, len(test))
-    row["test"] = evaluate(program, test, task, task_lm, meters["task"], args.num_threads)
+    try:
+        row["test"] = evaluate(program, test, task, task_lm, meters["task"], args.num_threads)
+    except Exception as e:  # e.g. the server died: the row says so, the next arm still runs
+        if _interrupted.is_set():
+            raise KeyboardInterrupt from e
+        row["status"], row["error"] = "error", f"test evaluation failed: {type(e).__name__}: {e}"
+        row["traceback"] = traceback.format_exc()
+        return row
     log.info("%s: test score %.1f%% (%d/%d) in %.0f s", arm.name, 100 * row["test"]["score"], row["test"]["correct"],
              row["test"]["total"], row["test"]["wall_s"])
     return row
@@ -263,9 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.out) if args.out else work_dir / "results" / stamp.strftime("%Y%m%dT%H%M%SZ")
     out_dir.mkdir(parents=True, exist_ok=True)
     setup_logging(out_dir / "run.log")
-    # SIGTERM/SIGHUP unwind like Ctrl-C, so every `finally` (the server's included) runs.
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
 
     task = load_task(args.task)
     train, val, test = task.load()
@@ -362,4 +380,10 @@ def setup_logging(log_file: Path) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        log.error("interrupted; the servers are stopped, and results.json holds the arms that finished")
+        logging.shutdown()
+        # Not sys.exit: that would wait for evaluation threads still retrying against the stopped servers.
+        os._exit(130)
