@@ -51,12 +51,14 @@ if (_ROOT / "rlmoptimizer" / "__init__.py").is_file():
 
 import dspy  # noqa: E402
 
+# the offline demo's task: a two-step program, its metric and a fake task LM that follows the policy when told
+from example import POLICY_PROMPT, RouteTicket, metric, task_lm_reply  # noqa: E402
 from rlmoptimizer import RLMDocstringOptimizer  # noqa: E402
 from rlmoptimizer import sandbox as sandbox_module  # noqa: E402
 from rlmoptimizer.agent import OptimizerAgent  # noqa: E402
 from rlmoptimizer.journal import RunJournal  # noqa: E402
 from rlmoptimizer.sandbox import Sandbox  # noqa: E402
-from rlmoptimizer.testing import FunctionLM, last_user_text, system_text  # noqa: E402
+from rlmoptimizer.testing import FunctionLM  # noqa: E402
 
 TARGET_MS = 15.0
 VAL_SIZE = 20
@@ -80,18 +82,6 @@ _FILL = {
     "m": ["January", "March", "June", "October"], "d": ["Monday", "Tuesday", "Friday"],
     "x": ["project", "team", "calendar", "invoice"], "c": ["Brazil", "Norway", "an unknown device", "Kenya"],
 }
-TOPIC_WORDS = {
-    "billing": ("charge", "invoice", "refund", "billed", "price", "payment", "bill"),
-    "technical": ("crash", "error", "fails", "blank", "time out", "bug"),
-    "security": ("logged into", "login", "breach", "password"),
-    "how-to": ("how do i", "where can i", "can i"),
-}
-POLICY_WORDS = {"disputes": ("chargeback", "dispute"), "security": ("breach", "login", "logged into", "unknown device")}
-POLICY_PROMPT = (
-    "Given the ticket summary, answer with exactly one queue: billing, technical, how-to, disputes or security. "
-    "Policy overrides the surface topic: any chargeback or bank dispute goes to disputes; any unknown login, "
-    "account breach or suspicious password reset goes to security."
-)
 SUMMARY_PROMPT = "Restate the support ticket in one sentence, keeping every mention of banks, logins and payments."
 
 
@@ -103,39 +93,6 @@ def make_examples(count: int, offset: int = 0) -> list[dspy.Example]:
         values["n"] = f"#{10_000 + i}"
         examples.append(dspy.Example(ticket=template.format(**values), queue=queue).with_inputs("ticket"))
     return examples
-
-
-class RouteTicket(dspy.Module):
-    """Two steps: summarize the ticket, then pick a queue from the summary."""
-
-    def __init__(self):
-        super().__init__()
-        self.summarize = dspy.ChainOfThought("ticket -> summary")
-        self.route = dspy.Predict("summary -> queue")
-
-    def forward(self, ticket):
-        return self.route(summary=self.summarize(ticket=ticket).summary)
-
-
-def metric(example, prediction, trace=None):
-    return float(example.queue == (prediction.queue or "").strip().lower())
-
-
-def task_lm_reply(messages):
-    """Summaries copy the ticket; routing follows the surface topic unless the instructions state the policy."""
-    system, user = system_text(messages).lower(), last_user_text(messages)
-    if "summary" in system and "[[ ## ticket ## ]]" in user:
-        ticket = user.split("[[ ## ticket ## ]]", 1)[1].split("Respond with", 1)[0].strip()
-        return {"reasoning": "Restate the ticket.", "summary": ticket}
-    summary = user.split("[[ ## summary ## ]]", 1)[1].split("Respond with", 1)[0].strip().lower()
-    if "chargeback" in system and any(w in summary for w in POLICY_WORDS["disputes"]):
-        return {"queue": "disputes"}
-    if "security" in system and "login" in system and any(w in summary for w in POLICY_WORDS["security"]):
-        return {"queue": "security"}
-    for queue, words in TOPIC_WORDS.items():
-        if any(w in summary for w in words):
-            return {"queue": queue}
-    return {"queue": "how-to"}
 
 
 # -- the scripted agent: ~20 turns of the analysis a real agent does -------------------------------------------
