@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rlmoptimizer.errors import RunDirectoryMismatchError
-from rlmoptimizer.run_store import atomic_write_json
+from rlmoptimizer.run_store import atomic_write_json, fsync_path
 
 logger = logging.getLogger(__name__)
 
@@ -36,17 +36,8 @@ MANIFEST_KEYS_THAT_MUST_MATCH = ("program", "trainset", "valset", "metric", "bud
 
 def _fsync(path: Path) -> None:
     """Flush ``path`` and its directory entry to disk (best effort where the platform refuses)."""
-    for target, flags in ((path, os.O_RDWR), (path.parent, os.O_RDONLY)):
-        try:
-            fd = os.open(target, flags)
-        except OSError:
-            continue
-        try:
-            os.fsync(fd)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+    fsync_path(path, os.O_RDWR)
+    fsync_path(path.parent)
 
 
 class RunJournal:

@@ -16,8 +16,6 @@ the optimizer, so one optimizer can compile twice.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
 from pathlib import Path
@@ -37,12 +35,13 @@ from rlmoptimizer.fingerprint import (
     check_structure,
     fingerprint_digest,
     get_instructions,
+    sha256_json,
     structural_fingerprint,
 )
 from rlmoptimizer.journal import RunJournal
 from rlmoptimizer.metric import Metric
 from rlmoptimizer.prompts import render_instructions, render_task_brief
-from rlmoptimizer.records import EvalRun, jsonable
+from rlmoptimizer.records import EvalRun
 from rlmoptimizer.run_store import RunStore
 from rlmoptimizer.sandbox import Sandbox
 from rlmoptimizer.tools import AgentToolError, OptimizationSession
@@ -73,10 +72,6 @@ def _check_lm(name: str, lm: Any, required: bool) -> Any:
     if not isinstance(lm, dspy.BaseLM):
         raise ConfigurationError(f"{name} must be a dspy.LM (or dspy.BaseLM), got {type(lm).__name__}")
     return lm
-
-
-def _digest(value: Any) -> str:
-    return hashlib.sha256(json.dumps(jsonable(value), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 class RLMDocstringOptimizer(Teleprompter):
@@ -198,8 +193,8 @@ class _CompileRun:
     def _manifest(self) -> dict[str, Any]:
         return {
             "program": fingerprint_digest(self.fingerprint),
-            "trainset": _digest([dict(ex) for ex in self.trainset]),
-            "valset": _digest([dict(ex) for ex in self.valset]),
+            "trainset": sha256_json([dict(ex) for ex in self.trainset]),
+            "valset": sha256_json([dict(ex) for ex in self.valset]),
             "metric": f"{getattr(self.metric.fn, '__module__', '')}.{getattr(self.metric.fn, '__qualname__', repr(self.metric.fn))}",
             "budget_limit": self.budget_limit,
             "pass_threshold": self.config.pass_threshold,

@@ -54,10 +54,10 @@ def atomic_write_json(path: str | Path, data: Any, durable: bool = True) -> None
     atomic_write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n", durable=durable)
 
 
-def _fsync_directory(directory: Path) -> None:
-    """Make the rename itself durable where the platform allows it (POSIX); best effort."""
+def fsync_path(path: Path, flags: int = os.O_RDONLY) -> None:
+    """fsync a file or directory where the platform allows it; best effort (a refusal is ignored)."""
     try:
-        fd = os.open(directory, os.O_RDONLY)
+        fd = os.open(path, flags)
     except OSError:
         return
     try:
@@ -66,6 +66,11 @@ def _fsync_directory(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make the rename itself durable where the platform allows it (POSIX); best effort."""
+    fsync_path(directory)
 
 
 class PendingLog:
