@@ -41,6 +41,7 @@ Tools (call them from your code; they return plain dicts and lists):
 - `optimization_status()`: free. Budget spent/left, current instructions per step, step names, and every run
   so far with its split, label and score.
 - `llm_query(prompt)` / `llm_query_batched(prompts)`: ask a sub-LM; each prompt costs 1 budget unit.
+A tool refusing a call raises `AgentToolError` (a ValueError) whose message says what was wrong -> what to do.
 
 Budget: $budget units in all ($budget_note). Your own turns are free. When the budget is spent you can
 still analyse data, update prompts and SUBMIT.

@@ -101,12 +101,23 @@ _GLOBAL_NAMES_EXPR = (
 
 # Run after each tool registration. dspy's tool wrappers convert a JSON result with Pyodide's ``to_py()``,
 # which turns every JSON null into ``pyodide.ffi.jsnull`` instead of None (so ``result['error'] is None``
-# is False). This wraps each registered tool to turn them back into None (the signature shown by help()
-# stays the tool's), and removes the functions of tools no longer in ``Sandbox.tools``.
+# is False), and raise every host-side tool error as ``RuntimeError("<HostErrorType>: <message>")``. This
+# wraps each registered tool to turn nulls back into None and to raise an error the host meant for the
+# sandboxed code (``rlmoptimizer.tools.AgentToolError``) as an ``AgentToolError`` (a ValueError, defined in
+# builtins so code can catch it by name) carrying the message alone; the signature shown by help() stays the
+# tool's. It also removes the functions of tools no longer in ``Sandbox.tools``.
 _CLEAN_TOOL_RESULTS = """
 def _rlmopt_wrap_tools(_names):
+    import builtins
     import functools
     from pyodide.ffi import jsnull
+
+    if not hasattr(builtins, "AgentToolError"):
+        builtins.AgentToolError = type("AgentToolError", (ValueError,), {
+            "__module__": "builtins",
+            "__doc__": "A tool call to correct; the message says what went wrong and what to do.",
+        })
+    prefix = "AgentToolError: "
 
     def clean(value):
         if value is jsnull:
@@ -123,7 +134,14 @@ def _rlmopt_wrap_tools(_names):
             continue
 
         def wrapper(*args, _tool=tool, **kwargs):
-            return clean(_tool(*args, **kwargs))
+            try:
+                result = _tool(*args, **kwargs)
+            except RuntimeError as exc:
+                message = str(exc.args[0]) if exc.args else ""
+                if not message.startswith(prefix):
+                    raise
+                raise builtins.AgentToolError(message[len(prefix):]) from None
+            return clean(result)
 
         functools.update_wrapper(wrapper, tool)
         wrapper._rlmopt_clean = True

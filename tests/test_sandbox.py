@@ -32,6 +32,7 @@ from fakes import ScriptedLM
 
 from rlmoptimizer.errors import SandboxError
 from rlmoptimizer.sandbox import DENO_FLAGS, Sandbox, _deno_environment, build_import_map
+from rlmoptimizer.tools import agent_error
 
 pytestmark = pytest.mark.slow
 
@@ -62,6 +63,10 @@ def fail(message: str) -> None:
     raise ValueError(message)
 
 
+def refuse(step: str) -> None:
+    raise agent_error(f"unknown step {step!r}", "use one of ['route']")
+
+
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory) -> Path:
     directory = tmp_path_factory.mktemp("sandbox-data")
@@ -74,7 +79,7 @@ def data_dir(tmp_path_factory) -> Path:
 def sandbox(data_dir):
     os.environ[ENV_SECRET_NAME] = ENV_SECRET_VALUE
     box = Sandbox(
-        tools={"add": add, "echo": echo, "slow": slow, "fail": fail},
+        tools={"add": add, "echo": echo, "slow": slow, "fail": fail, "refuse": refuse},
         timeout_s=TIMEOUT_S,
         files={"baseline": data_dir / "baseline.json"},
         setup_code="import json\nbaseline = json.load(open('/sandbox/baseline.json'))",
@@ -197,6 +202,21 @@ def test_a_tool_error_is_an_agent_error_and_the_repl_survives(sandbox):
     with pytest.raises(CodeExecutionError, match="bad input"):
         sandbox.execute("fail(message='bad input')")
     assert run(sandbox, "print(add(a=2, b=3)['sum'])") == "5\n"
+
+
+def test_an_error_meant_for_the_agent_is_raised_as_AgentToolError_with_its_message_alone(sandbox):
+    with pytest.raises(CodeExecutionError) as refused:
+        sandbox.execute("refuse(step='rout')")
+    shown = str(refused.value)
+    assert "AgentToolError" in shown and "unknown step 'rout' -> use one of ['route']" in shown
+    assert "RuntimeError" not in shown
+    code = (
+        "try:\n    refuse(step='x')\nexcept AgentToolError as e:\n"
+        "    print(isinstance(e, ValueError), e)\n"
+        "try:\n    fail(message='plain')\nexcept AgentToolError:\n    print('wrong')\n"
+        "except RuntimeError as e:\n    print('host error', 'plain' in str(e))"
+    )
+    assert run(sandbox, code) == "True unknown step 'x' -> use one of ['route']\nhost error True\n"
 
 
 def test_tools_changed_between_executes_are_registered(sandbox):
