@@ -71,11 +71,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g = p.add_argument_group("task and budget")
     g.add_argument("--task", default=str(DEFAULT_TASK),
                    help="a task: path to a .py file or a dotted module exposing load(), make_program(), metric()")
-    g.add_argument("--budget", type=int, default=150, help="B, metric calls per optimizer")
+    g.add_argument("--budget", type=int, default=80, help="B, metric calls per optimizer")
     g.add_argument("--optimizers", default=DEFAULT_ARMS, help=f"comma-separated subset of {DEFAULT_ARMS}")
-    g.add_argument("--limit-train", type=int, help="use only the first N training examples (smoke runs)")
-    g.add_argument("--limit-val", type=int, help="use only the first N validation examples (smoke runs)")
-    g.add_argument("--limit-test", type=int, help="use only the first N test examples (smoke runs)")
+    g.add_argument("--limit-train", type=int, default=20,
+                   help="use only the first N training examples (0: all; the default task has 40)")
+    g.add_argument("--limit-val", type=int, default=20,
+                   help="use only the first N validation examples (0: all; the default task has 30)")
+    g.add_argument("--limit-test", type=int, default=40,
+                   help="use only the first N test examples (0: all; the default task has 60)")
     g.add_argument("--num-threads", type=int, default=2, help="evaluation threads for every optimizer and the test")
     g.add_argument("--seed", type=int, default=0)
 
@@ -100,11 +103,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="assemble the model, start the server, check it answers, stop it; run nothing")
 
     g = p.add_argument_group("optimizer settings")
-    g.add_argument("--mipro-candidates", type=int, default=6, help="MIPROv2 num_candidates (instructions proposed)")
-    g.add_argument("--mipro-minibatch-size", type=int, default=10)
+    g.add_argument("--mipro-candidates", type=int, default=4, help="MIPROv2 num_candidates (instructions proposed)")
+    g.add_argument("--mipro-minibatch-size", type=int, default=5)
     g.add_argument("--mipro-full-eval-steps", type=int, default=5)
-    g.add_argument("--rlm-max-turns", type=int, default=16, help="rlmoptimizer rlm_max_iterations (agent turns)")
-    g.add_argument("--rlm-max-llm-calls", type=int, default=20, help="rlmoptimizer rlm_max_llm_calls")
+    g.add_argument("--rlm-max-turns", type=int, default=12, help="rlmoptimizer rlm_max_iterations (agent turns)")
+    g.add_argument("--rlm-max-llm-calls", type=int, default=10, help="rlmoptimizer rlm_max_llm_calls")
 
     g = p.add_argument_group("output")
     g.add_argument("--work-dir", default=str(REPO / "benchmarks" / ".work"))
@@ -115,6 +118,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--optimizers: unknown {unknown}; choose from {sorted(ARMS)}")
     if args.budget < 1:
         p.error(f"--budget must be >= 1, got {args.budget}")
+    for flag in ("limit_train", "limit_val", "limit_test"):
+        value = getattr(args, flag)
+        if value < 0:
+            p.error(f"--{flag.replace('_', '-')} must be >= 0 (0: the whole split), got {value}")
+        setattr(args, flag, value or None)
     return args
 
 
@@ -173,8 +181,13 @@ def make_lm(model: str, meter: Meter, *, server, api_base, api_key, max_tokens: 
                      temperature=temperature, num_retries=2, **extra)
 
 
-def run_arm(key: str, args, task, data, task_lm, optimizer_lm, meters, out_dir: Path) -> dict[str, Any]:
-    """One arm: optimize, then score on test. Failures become the row's status; only Ctrl-C stops the run."""
+def run_arm(key: str, args, task, data, task_lm, optimizer_lm, meters, out_dir: Path,
+            scored: dict[str, tuple[str, dict]]) -> dict[str, Any]:
+    """One arm: optimize, then score on test. Failures become the row's status; only Ctrl-C stops the run.
+
+    ``scored`` maps the instructions of every program scored so far to (arm, test result): a program whose
+    instructions were already scored (an optimizer that returned the unchanged program) reuses that score
+    instead of paying for the same test run again (the task LM runs at temperature 0 by default)."""
     arm = ARMS[key]
     train, val, test = data
     metric = CountingMetric(task.metric, as_float=arm.metric_as_float)
@@ -210,6 +223,13 @@ def run_arm(key: str, args, task, data, task_lm, optimizer_lm, meters, out_dir: 
         log.warning("%s: %s: %s", arm.name, row["status"], row["error"])
         return row
     row["instructions"] = instructions_of(program)
+    same = json.dumps(row["instructions"], sort_keys=True)
+    if same in scored and args.task_temperature == 0:
+        earlier, row["test"] = scored[same]
+        row["test"] = {**row["test"], "same_instructions_as": earlier}
+        log.info("%s: optimized in %.0f s with %d metric calls; same instructions as %s: test score %.1f%% reused",
+                 arm.name, row["optimize"]["wall_s"], metric.scored, earlier, 100 * row["test"]["score"])
+        return row
     log.info("%s: optimized in %.0f s with %d metric calls; scoring on %d test examples", arm.name,
              row["optimize"]["wall_s"], metric.scored, len(test))
     try:
@@ -222,6 +242,7 @@ def run_arm(key: str, args, task, data, task_lm, optimizer_lm, meters, out_dir: 
         return row
     log.info("%s: test score %.1f%% (%d/%d) in %.0f s", arm.name, 100 * row["test"]["score"], row["test"]["correct"],
              row["test"]["total"], row["test"]["wall_s"])
+    scored[same] = (arm.name, row["test"])
     return row
 
 
@@ -252,8 +273,9 @@ def table_rows(rows: list[dict]) -> list[tuple[str, ...]]:
             out.append((row["arm"], f"{row['status']}: {row['error']}"[:120], "", "", "", "", "", ""))
             continue
         o, t = row["optimize"], row["test"]
+        same = f" (same instructions as {t['same_instructions_as']})" if t.get("same_instructions_as") else ""
         out.append((
-            row["arm"], f"{100 * t['score']:.1f}% ({t['correct']}/{t['total']})", str(o["metric_calls"]),
+            row["arm"], f"{100 * t['score']:.1f}% ({t['correct']}/{t['total']}){same}", str(o["metric_calls"]),
             str(o["task_lm"]["calls"]),
             f"{fmt_tokens(o['task_lm']['input_tokens'])} / {fmt_tokens(o['task_lm']['output_tokens'])}",
             str(o["optimizer_lm"]["calls"]),
@@ -319,8 +341,9 @@ def main(argv: list[str] | None = None) -> int:
                                max_tokens=args.optimizer_max_tokens, temperature=args.optimizer_temperature,
                                **lm_options)
         dspy.configure(lm=task_lm)
+        scored: dict[str, tuple[str, dict]] = {}
         for key in args.optimizers.split(","):
-            rows.append(run_arm(key, args, task, (train, val, test), task_lm, optimizer_lm, meters, out_dir))
+            rows.append(run_arm(key, args, task, (train, val, test), task_lm, optimizer_lm, meters, out_dir, scored))
             results["total_wall_s"] = round(time.perf_counter() - started, 1)
             write_json(out_dir / "results.json", results)
 
