@@ -72,8 +72,8 @@ class TicketRouter(dspy.Module):
     Why chain of thought: with a bare ``dspy.Predict`` the 1.5B local model answers ``billing_escalations`` for
     nearly every ticket whatever the instruction says (25% on 40 validation/test tickets with the bare
     instruction and 25% with one that states the whole policy); asked to reason first, it scored 3/12 with the
-    bare instruction and 6/12 with the policy. The reasoning costs ~50 generated tokens a call (~1.7 s on
-    2 cores).
+    bare instruction and 6/12 with the policy. The reasoning costs ~50 generated tokens a call (5-6 s at the ~9
+    tokens/s measured on 2 cores).
     """
 
     def __init__(self) -> None:
