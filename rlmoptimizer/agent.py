@@ -62,6 +62,36 @@ class _ChargedBudget:
         self.take(n).spend(n)
 
 
+_NOTICE = "\n[Notice] "
+
+
+def _same_code(code: str) -> str:
+    return " ".join(code.split())
+
+
+def _note_repeat(history: REPLHistory, new: REPLHistory) -> REPLHistory:
+    """``new`` with a notice appended to its last output when that turn ran the code of an earlier turn again
+    and got the same output: a stuck agent (small root LMs loop like this) learns it changed nothing instead of
+    spending its turns on it. The notice goes at the end, which the history's head+tail truncation keeps."""
+    last = new.entries[-1]
+    code = _same_code(last.code)
+    if not code:
+        return new
+    earlier = [i + 1 for i, entry in enumerate(history.entries)
+               if _same_code(entry.code) == code and entry.output.split(_NOTICE)[0] == last.output]
+    if not earlier:
+        return new
+    where = f"step {earlier[0]}" if len(earlier) == 1 else f"steps {', '.join(map(str, earlier))}"
+    times = "once" if len(earlier) == 1 else f"{len(earlier)} times"
+    notice = (
+        f"{_NOTICE}This code already ran {times} ({where}) with this same output: "
+        "running it again changes nothing. Do something different: analyse `baseline_train['examples']` or a "
+        "run from `run_data(...)`, write new instructions with `update_prompt`, check them with "
+        "`evaluate_program`, or SUBMIT."
+    )
+    return history.append(reasoning=last.reasoning, code=last.code, output=last.output + notice)
+
+
 def _budget_message(exc: BaseException) -> str:
     return (
         f"{exc}. Sub-LM calls cost 1 unit each and the optimization budget cannot cover this. "
@@ -254,7 +284,8 @@ class OptimizerAgent(dspy.RLM):
             result = f"[Error] {format_error_for_lm(exc)}"
             return self._process_execution_result(action, code, result, history, output_field_names)
         result = self._execute_code(repl, code, input_args)
-        return self._process_execution_result(action, code, result, history, output_field_names)
+        result = self._process_execution_result(action, code, result, history, output_field_names)
+        return _note_repeat(history, result) if isinstance(result, REPLHistory) else result
 
     def _process_final_output(self, result, output_field_names):
         """dspy's checks of a SUBMIT, then ours: a refused submission is an error the agent sees and fixes."""
