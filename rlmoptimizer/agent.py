@@ -287,6 +287,22 @@ class OptimizerAgent(dspy.RLM):
         result = self._process_execution_result(action, code, result, history, output_field_names)
         return _note_repeat(history, result) if isinstance(result, REPLHistory) else result
 
+    def _extract_fallback(self, variables, history, output_field_names) -> Prediction:
+        """Out of turns without a SUBMIT: dspy asks the root LM to extract the outputs from the history. When that
+        reply is unusable (a small model's often is), the run does not fail: the outputs are left empty, so the
+        current instructions (the agent's ``update_prompt`` edits) are what was submitted."""
+        try:
+            return super()._extract_fallback(variables, history, output_field_names)
+        except Exception as exc:
+            logger.warning("The agent ran out of turns and its final output could not be extracted (%s: %s); "
+                           "submitting the current instructions.", type(exc).__name__, exc)
+            return Prediction(
+                trajectory=[entry.model_dump() for entry in history],
+                final_reasoning=f"Out of turns; the extraction failed ({type(exc).__name__}), so the current "
+                "instructions were submitted.",
+                **{name: {} for name in output_field_names},
+            )
+
     def _process_final_output(self, result, output_field_names):
         """dspy's checks of a SUBMIT, then ours: a refused submission is an error the agent sees and fixes."""
         parsed, error = super()._process_final_output(result, output_field_names)

@@ -112,3 +112,27 @@ def test_an_agent_that_repeats_a_cell_with_the_same_output_is_told_it_changed_no
     assert "already ran 2 times (steps 2, 3)" in out[3]
     assert "[Notice]" not in out[4]
     assert result.optimized_dspy_program["route"] == POLICY_PROMPT
+
+
+OUT_OF_TURNS = [
+    {"reasoning": "look", "code": "print(baseline_train['score'])"},
+    {"reasoning": "edit", "code": f"update_prompt('route', {POLICY_PROMPT!r})\nprint('edited')"},
+    {"reasoning": "check", "code": "print(optimization_status()['budget_left'])"},
+]
+
+
+def test_out_of_turns_with_an_unusable_extraction_submits_the_current_instructions():
+    # After the last turn the scripted root LM answers the extraction with a code turn, which does not parse.
+    result = run(OUT_OF_TURNS, rlm_max_iterations=3)
+    assert [turn["iteration"] for turn in result.agent_trajectory] == [1, 2, 3]
+    assert "extraction failed" in result.agent_final_reasoning
+    assert result.optimized_dspy_program["route"] == POLICY_PROMPT  # the agent's edit, kept: it wins on val
+    assert result.selection["chosen_label"] == "submission"
+
+
+def test_out_of_turns_with_a_usable_extraction_submits_what_was_extracted():
+    extracted = {"reasoning": "the policy",
+                 "optimized_dspy_program": {"route": POLICY_PROMPT + " Answer with the queue name only."}}
+    result = run([*OUT_OF_TURNS, extracted], rlm_max_iterations=3)
+    assert result.agent_final_reasoning == "Extract forced final output"
+    assert result.optimized_dspy_program["route"] == POLICY_PROMPT + " Answer with the queue name only."
