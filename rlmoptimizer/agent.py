@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import dspy
+from dspy.adapters.chat_adapter import ChatAdapter
 from dspy.predict.rlm import SUB_AGENT_INSTRUCTIONS, _LLMCallBudget, _strip_code_fences
 from dspy.primitives.code_interpreter import CodeInterpreter, resolve_interpreter_factory
 from dspy.primitives.prediction import Prediction
@@ -60,6 +61,14 @@ class _ChargedBudget:
     def reserve(self, n: int = 1) -> None:
         """dspy's facade protocol (sandbox sub-agents): charge ``n`` calls up front."""
         self.take(n).spend(n)
+
+
+def _root_adapter(*, last_attempt: bool):
+    """The adapter for one root-LM attempt. Unless the user configured one, dspy's ChatAdapter, whose fallback
+    to JSONAdapter after a reply that does not parse is kept for the last attempt only: the fallback's prompt
+    differs from the first ~150 tokens on, so every prompt-prefix cache (a local server's, a provider's
+    prompt caching) misses and the whole history is paid for again, while a plain retry reuses it."""
+    return dspy.settings.adapter or ChatAdapter(use_json_adapter_fallback=last_attempt)
 
 
 _NOTICE = "\n[Notice] "
@@ -251,13 +260,14 @@ class OptimizerAgent(dspy.RLM):
                         fresh=bool(attempt),
                     )
                 else:
-                    action = self.generate_action(
-                        signature=signature,
-                        variables_info=variables_info,
-                        repl_history=history,
-                        iteration=f"{iteration + 1}/{self.max_iters}",
-                        **({"config": {"cache": False}} if attempt else {}),
-                    )
+                    with dspy.context(adapter=_root_adapter(last_attempt=attempt == self._parse_retries)):
+                        action = self.generate_action(
+                            signature=signature,
+                            variables_info=variables_info,
+                            repl_history=history,
+                            iteration=f"{iteration + 1}/{self.max_iters}",
+                            **({"config": {"cache": False}} if attempt else {}),
+                        )
                 break
             except AdapterParseError as exc:
                 last_error = exc
@@ -292,7 +302,8 @@ class OptimizerAgent(dspy.RLM):
         reply is unusable (a small model's often is), the run does not fail: the outputs are left empty, so the
         current instructions (the agent's ``update_prompt`` edits) are what was submitted."""
         try:
-            return super()._extract_fallback(variables, history, output_field_names)
+            with dspy.context(adapter=_root_adapter(last_attempt=True)):
+                return super()._extract_fallback(variables, history, output_field_names)
         except Exception as exc:
             logger.warning("The agent ran out of turns and its final output could not be extracted (%s: %s); "
                            "submitting the current instructions.", type(exc).__name__, exc)

@@ -136,3 +136,18 @@ def test_out_of_turns_with_a_usable_extraction_submits_what_was_extracted():
     result = run([*OUT_OF_TURNS, extracted], rlm_max_iterations=3)
     assert result.agent_final_reasoning == "Extract forced final output"
     assert result.optimized_dspy_program["route"] == POLICY_PROMPT + " Answer with the queue name only."
+
+
+def test_a_reply_only_json_can_parse_is_retried_with_the_same_prompt_before_the_json_fallback():
+    json_turn = '{"reasoning": "look", "code": "print(len(step_names))"}'  # no [[ ## ]] fields: ChatAdapter fails
+    root = scripted_agent([json_turn, SUBMIT_POLICY])
+    trainset, valset = make_splits()
+    opt = RLMDocstringOptimizer(max_iterations=2, root_lm=root, eval_lm=FunctionLM(task_lm_reply), num_threads=4)
+    result = opt.compile(student=RouteTicket(), trainset=trainset, metric=metric, valset=valset)
+    assert outputs(result)[0].strip() == "2"  # parsed in the end, by the JSON fallback
+    first_turn = [call for call in root.calls if "=== Step " not in str(call)]
+    # three attempts with the very same prompt (a prefix cache reuses it), then the last one's JSON fallback
+    assert len(first_turn) == 4
+    assert first_turn[0] == first_turn[1] == first_turn[2]
+    assert "Respond with a JSON object" not in str(first_turn[0])
+    assert "Respond with a JSON object" in str(first_turn[3])
