@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import dspy
+from dspy.adapters.chat_adapter import ChatAdapter
 from dspy.predict.rlm import SUB_AGENT_INSTRUCTIONS, _LLMCallBudget, _strip_code_fences
 from dspy.primitives.code_interpreter import CodeInterpreter, resolve_interpreter_factory
 from dspy.primitives.prediction import Prediction
@@ -60,6 +61,44 @@ class _ChargedBudget:
     def reserve(self, n: int = 1) -> None:
         """dspy's facade protocol (sandbox sub-agents): charge ``n`` calls up front."""
         self.take(n).spend(n)
+
+
+def _root_adapter(*, last_attempt: bool):
+    """The adapter for one root-LM attempt. Unless the user configured one, dspy's ChatAdapter, whose fallback
+    to JSONAdapter after a reply that does not parse is kept for the last attempt only: the fallback's prompt
+    differs from the first ~150 tokens on, so every prompt-prefix cache (a local server's, a provider's
+    prompt caching) misses and the whole history is paid for again, while a plain retry reuses it."""
+    return dspy.settings.adapter or ChatAdapter(use_json_adapter_fallback=last_attempt)
+
+
+_NOTICE = "\n[Notice] "
+
+
+def _same_code(code: str) -> str:
+    return " ".join(code.split())
+
+
+def _note_repeat(history: REPLHistory, new: REPLHistory) -> REPLHistory:
+    """``new`` with a notice appended to its last output when that turn ran the code of an earlier turn again
+    and got the same output: a stuck agent (small root LMs loop like this) learns it changed nothing instead of
+    spending its turns on it. The notice goes at the end, which the history's head+tail truncation keeps."""
+    last = new.entries[-1]
+    code = _same_code(last.code)
+    if not code:
+        return new
+    earlier = [i + 1 for i, entry in enumerate(history.entries)
+               if _same_code(entry.code) == code and entry.output.split(_NOTICE)[0] == last.output]
+    if not earlier:
+        return new
+    where = f"step {earlier[0]}" if len(earlier) == 1 else f"steps {', '.join(map(str, earlier))}"
+    times = "once" if len(earlier) == 1 else f"{len(earlier)} times"
+    notice = (
+        f"{_NOTICE}This code already ran {times} ({where}) with this same output: "
+        "running it again changes nothing. Do something different: analyse `baseline_train['examples']` or a "
+        "run from `run_data(...)`, write new instructions with `update_prompt`, check them with "
+        "`evaluate_program`, or SUBMIT."
+    )
+    return history.append(reasoning=last.reasoning, code=last.code, output=last.output + notice)
 
 
 def _budget_message(exc: BaseException) -> str:
@@ -221,13 +260,14 @@ class OptimizerAgent(dspy.RLM):
                         fresh=bool(attempt),
                     )
                 else:
-                    action = self.generate_action(
-                        signature=signature,
-                        variables_info=variables_info,
-                        repl_history=history,
-                        iteration=f"{iteration + 1}/{self.max_iters}",
-                        **({"config": {"cache": False}} if attempt else {}),
-                    )
+                    with dspy.context(adapter=_root_adapter(last_attempt=attempt == self._parse_retries)):
+                        action = self.generate_action(
+                            signature=signature,
+                            variables_info=variables_info,
+                            repl_history=history,
+                            iteration=f"{iteration + 1}/{self.max_iters}",
+                            **({"config": {"cache": False}} if attempt else {}),
+                        )
                 break
             except AdapterParseError as exc:
                 last_error = exc
@@ -254,7 +294,25 @@ class OptimizerAgent(dspy.RLM):
             result = f"[Error] {format_error_for_lm(exc)}"
             return self._process_execution_result(action, code, result, history, output_field_names)
         result = self._execute_code(repl, code, input_args)
-        return self._process_execution_result(action, code, result, history, output_field_names)
+        result = self._process_execution_result(action, code, result, history, output_field_names)
+        return _note_repeat(history, result) if isinstance(result, REPLHistory) else result
+
+    def _extract_fallback(self, variables, history, output_field_names) -> Prediction:
+        """Out of turns without a SUBMIT: dspy asks the root LM to extract the outputs from the history. When that
+        reply is unusable (a small model's often is), the run does not fail: the outputs are left empty, so the
+        current instructions (the agent's ``update_prompt`` edits) are what was submitted."""
+        try:
+            with dspy.context(adapter=_root_adapter(last_attempt=True)):
+                return super()._extract_fallback(variables, history, output_field_names)
+        except Exception as exc:
+            logger.warning("The agent ran out of turns and its final output could not be extracted (%s: %s); "
+                           "submitting the current instructions.", type(exc).__name__, exc)
+            return Prediction(
+                trajectory=[entry.model_dump() for entry in history],
+                final_reasoning=f"Out of turns; the extraction failed ({type(exc).__name__}), so the current "
+                "instructions were submitted.",
+                **{name: {} for name in output_field_names},
+            )
 
     def _process_final_output(self, result, output_field_names):
         """dspy's checks of a SUBMIT, then ours: a refused submission is an error the agent sees and fixes."""

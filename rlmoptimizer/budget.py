@@ -49,8 +49,10 @@ class Reservation:
 
     def spend(self, n: int = 1) -> None:
         """Charge ``n`` of the reserved units. Spending more than was granted is a programming error."""
-        if n < 0:
-            raise ValueError(f"cannot spend a negative amount, got {n}")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"can only spend an int >= 0 of units, got {n!r}")
+        if n == 0:
+            return
         with self._ledger._lock:
             if n > self._open:
                 raise BudgetExhaustedError(
@@ -154,7 +156,7 @@ class BudgetLedger:
     def _check(self, n: int, kind: str) -> None:
         if kind not in KINDS:
             raise ValueError(f"unknown budget kind {kind!r}; expected one of {KINDS}")
-        if not isinstance(n, int) or n < 0:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"can only reserve an int >= 0 of units, got {n!r}")
 
     def _changed(self) -> None:

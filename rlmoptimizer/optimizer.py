@@ -312,8 +312,9 @@ class _CompileRun:
 
     # -- never worse ------------------------------------------------------------------------------------
     def _choose(self, submission: dict[str, str]) -> tuple[dict[str, str], dict[str, Any]]:
-        """The submission if it scores at least as well as every candidate checked on the selection split
-        (validation, or train without a valset), else the best of those candidates."""
+        """The submission if it scores better than the unchanged program and at least as well as every other
+        candidate checked on the selection split (validation, or train without a valset), else the best of those
+        candidates; the unchanged instructions win every tie."""
         split = "val" if self.valset else "train"
         size = len(self.valset) if self.valset else len(self.trainset)
         complete = [r for r in self.runs.runs() if r.split == split and r.evaluated_count == size]
@@ -323,22 +324,34 @@ class _CompileRun:
             self.session.set_instructions(submission, source="submission")
             submitted_run = self.session.evaluate(split, None, label="submission", charged=charged)
             complete.append(submitted_run)
+        # Highest score wins; on a tie the unchanged instructions win (a change is returned only when the
+        # selection split shows it is better), then the submission, then the latest other candidate.
+        initial = self.initial_instructions
+        order = {id(r): i for i, r in enumerate(complete)}
+        chosen_run = max(complete, key=lambda r: (r.score, r.instructions == initial, r is submitted_run, order[id(r)]))
         others = [r for r in complete if r.instructions != submission]
         best = max(others, key=lambda r: r.score, default=None)
+        if chosen_run is submitted_run and submission == initial:
+            reason = f"the agent submitted the unchanged instructions, which score {submitted_run.score:.4f} on {split}"
+        elif chosen_run is submitted_run:
+            reason = f"the agent's submission scored {submitted_run.score:.4f} on {split}" + (
+                f", more than the unchanged program and at least as well as every other candidate (best: "
+                f"{best.run_id} ({best.label}) at {best.score:.4f})" if best is not None else ""
+            )
+        elif chosen_run.instructions == initial and chosen_run.score == submitted_run.score:
+            reason = (
+                f"the agent's submission scored {submitted_run.score:.4f} on {split}, the same as the unchanged "
+                f"program ({chosen_run.run_id}); a change is returned only when it scores better, so the unchanged "
+                "instructions are returned"
+            )
+        else:
+            reason = (
+                f"the agent's submission scored {submitted_run.score:.4f} on {split}, below {chosen_run.run_id} "
+                f"({chosen_run.label}) at {chosen_run.score:.4f}; returning that candidate instead"
+            )
         candidates = [
             {"run_id": r.run_id, "label": r.label, "score": r.score, "instructions": r.instructions} for r in complete
         ]
-        if best is None or submitted_run.score >= best.score:
-            chosen_run = submitted_run
-            reason = f"the agent's submission scored {submitted_run.score:.4f} on {split}" + (
-                f", at least as well as every other candidate (best: {best.run_id} ({best.label}) at {best.score:.4f})"
-                if best is not None else ""
-            )
-        else:
-            chosen_run, reason = best, (
-                f"the agent's submission scored {submitted_run.score:.4f} on {split}, below {best.run_id} "
-                f"({best.label}) at {best.score:.4f}; returning that candidate instead"
-            )
         selection = {
             "split": split,
             "chosen_run_id": chosen_run.run_id,

@@ -94,3 +94,60 @@ def test_a_root_reply_that_does_not_parse_is_shown_to_the_agent_and_the_run_goes
     assert "could not be parsed" in first
     assert result.optimized_dspy_program["route"] == POLICY_PROMPT
     assert len(result.agent_trajectory) == 2
+
+
+def test_an_agent_that_repeats_a_cell_with_the_same_output_is_told_it_changed_nothing():
+    stuck = {"reasoning": "refine", "code": "update_prompt('route', 'Route it.')\nprint('done')"}
+    result = run([
+        {"reasoning": "look", "code": "print(step_names)"},
+        stuck,  # first time: changes the prompt
+        {"reasoning": "again", "code": "  update_prompt('route',   'Route it.')\n\nprint('done')  "},  # same code
+        stuck,
+        {"reasoning": "same code, new output", "code": "print(step_names)\nprint(len(step_names))"},
+        SUBMIT_POLICY,
+    ])
+    out = outputs(result)
+    assert "[Notice]" not in out[0] and "[Notice]" not in out[1]
+    assert out[2].startswith("done") and "already ran once (step 2)" in out[2]
+    assert "already ran 2 times (steps 2, 3)" in out[3]
+    assert "[Notice]" not in out[4]
+    assert result.optimized_dspy_program["route"] == POLICY_PROMPT
+
+
+OUT_OF_TURNS = [
+    {"reasoning": "look", "code": "print(baseline_train['score'])"},
+    {"reasoning": "edit", "code": f"update_prompt('route', {POLICY_PROMPT!r})\nprint('edited')"},
+    {"reasoning": "check", "code": "print(optimization_status()['budget_left'])"},
+]
+
+
+def test_out_of_turns_with_an_unusable_extraction_submits_the_current_instructions():
+    # After the last turn the scripted root LM answers the extraction with a code turn, which does not parse.
+    result = run(OUT_OF_TURNS, rlm_max_iterations=3)
+    assert [turn["iteration"] for turn in result.agent_trajectory] == [1, 2, 3]
+    assert "extraction failed" in result.agent_final_reasoning
+    assert result.optimized_dspy_program["route"] == POLICY_PROMPT  # the agent's edit, kept: it wins on val
+    assert result.selection["chosen_label"] == "submission"
+
+
+def test_out_of_turns_with_a_usable_extraction_submits_what_was_extracted():
+    extracted = {"reasoning": "the policy",
+                 "optimized_dspy_program": {"route": POLICY_PROMPT + " Answer with the queue name only."}}
+    result = run([*OUT_OF_TURNS, extracted], rlm_max_iterations=3)
+    assert result.agent_final_reasoning == "Extract forced final output"
+    assert result.optimized_dspy_program["route"] == POLICY_PROMPT + " Answer with the queue name only."
+
+
+def test_a_reply_only_json_can_parse_is_retried_with_the_same_prompt_before_the_json_fallback():
+    json_turn = '{"reasoning": "look", "code": "print(len(step_names))"}'  # no [[ ## ]] fields: ChatAdapter fails
+    root = scripted_agent([json_turn, SUBMIT_POLICY])
+    trainset, valset = make_splits()
+    opt = RLMDocstringOptimizer(max_iterations=2, root_lm=root, eval_lm=FunctionLM(task_lm_reply), num_threads=4)
+    result = opt.compile(student=RouteTicket(), trainset=trainset, metric=metric, valset=valset)
+    assert outputs(result)[0].strip() == "2"  # parsed in the end, by the JSON fallback
+    first_turn = [call for call in root.calls if "=== Step " not in str(call)]
+    # three attempts with the very same prompt (a prefix cache reuses it), then the last one's JSON fallback
+    assert len(first_turn) == 4
+    assert first_turn[0] == first_turn[1] == first_turn[2]
+    assert "Respond with a JSON object" not in str(first_turn[0])
+    assert "Respond with a JSON object" in str(first_turn[3])

@@ -56,7 +56,7 @@ def test_spending_more_than_reserved_and_bad_requests_raise():
     reservation.spend(2)
     with pytest.raises(BudgetExhaustedError, match="has only 0 left, asked to spend 1"):
         reservation.spend(1)
-    with pytest.raises(ValueError, match="negative"):
+    with pytest.raises(ValueError, match="int >= 0"):
         reservation.spend(-1)
     with pytest.raises(BudgetExhaustedError, match="2 train_example unit\\(s\\) requested, 1 of 3 left"):
         ledger.reserve_exactly(2, TRAIN_EXAMPLE)
@@ -65,6 +65,12 @@ def test_spending_more_than_reserved_and_bad_requests_raise():
         ledger.reserve(1, "tokens")
     with pytest.raises(ValueError, match="int >= 0"):
         ledger.reserve(-2, TRAIN_EXAMPLE)
+    for not_a_count in (True, 1.0, "1"):  # True == 1 in Python; a bool count is a caller's bug
+        with pytest.raises(ValueError, match="int >= 0"):
+            ledger.reserve(not_a_count, TRAIN_EXAMPLE)
+        with pytest.raises(ValueError, match="int >= 0"):
+            reservation.spend(not_a_count)
+    assert ledger.left == 1
     with pytest.raises(ValueError, match="budget limit must be an int >= 0"):
         BudgetLedger(-1)
 
@@ -74,6 +80,7 @@ def test_on_change_reports_each_spend_and_snapshots_restore_the_counts():
     ledger = BudgetLedger(10, on_change=lambda led: seen.append(led.spent))
     with ledger.reserve(3, VAL_EXAMPLE) as reservation:
         reservation.spend(1)
+        reservation.spend(0)  # nothing charged: nothing to report
         reservation.spend(2)
     assert seen == [1, 3]
     snapshot = ledger.snapshot()

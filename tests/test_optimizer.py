@@ -113,6 +113,30 @@ def test_a_worse_submission_is_not_returned():
     assert "returning that candidate instead" in result.selection["reason"]
 
 
+def test_a_submission_that_only_ties_the_unchanged_program_is_not_returned():
+    reworded = "Pick the queue for this summary."  # the fake task LM routes it exactly like the original
+    original = RouteTicket().route.signature.instructions
+    result = compile_with([
+        {"reasoning": "submit a rewording", "code": f"SUBMIT(optimized_dspy_program={{'route': {reworded!r}}})"},
+    ])
+    assert result.selection["submission_score"] == result.selection["baseline_score"]
+    assert result.selection["chosen_label"] == "baseline"
+    assert result.optimized_dspy_program["route"] == original
+    assert "the same as the unchanged program" in result.selection["reason"]
+    assert result.route.signature.instructions == original
+
+
+def test_submitting_the_unchanged_instructions_returns_them():
+    original = RouteTicket().route.signature.instructions
+    result = compile_with([
+        {"reasoning": "nothing better", "code": f"SUBMIT(optimized_dspy_program={{'route': {original!r}}})"},
+    ])
+    assert result.selection["chosen_label"] == "baseline"
+    assert result.selection["submission_run_id"] == result.selection["chosen_run_id"]
+    assert "submitted the unchanged instructions" in result.selection["reason"]
+    assert result.budget["spent"] == 0  # already evaluated by the free baseline: nothing paid for it
+
+
 def test_agent_instructions_name_every_tool():
     for name in (*TOOL_NAMES, "llm_query", "llm_query_batched", "SUBMIT", "baseline_train", "baseline_val"):
         assert name in AGENT_INSTRUCTIONS
