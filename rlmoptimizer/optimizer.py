@@ -261,8 +261,8 @@ class _CompileRun:
             "task_brief: str -> optimized_dspy_program: dict[str, str]",
             render_instructions(
                 self.budget_limit,
-                f"max_iterations={self.config.max_iterations} x {len(self.trainset)} train examples"
-                f" + {len(self.valset)} validation examples",
+                f"enough to evaluate the {len(self.trainset)} train examples {self.config.max_iterations} time(s)"
+                + (f" plus the {len(self.valset)} validation examples once" if self.valset else ""),
             ),
         )
         trajectory: list[dict[str, Any]] = list(prior_turns)
