@@ -12,8 +12,11 @@ The tree::
      +-- RunDirectoryMismatchError              run_storage_dir holds a run of another program/data/metric
      +-- OptimizationInterrupted                Ctrl-C or an error mid-run; says where the state is
 
-Errors shown to the optimizer agent (inside its REPL) are plain messages formatted by
-:func:`rlmoptimizer.tools.agent_error`; only systemic failures propagate to the user.
+    AgentToolError (a ValueError)               a tool call the agent should correct; raised by a tool, shown to the
+                                                agent inside its REPL as an ``AgentToolError`` of the same name,
+                                                never to the user (formatted by :func:`rlmoptimizer.tools.agent_error`)
+
+Only systemic failures propagate to the user.
 """
 
 from __future__ import annotations
@@ -53,3 +56,8 @@ class RunDirectoryMismatchError(RLMOptimizerError):
 
 class OptimizationInterrupted(RLMOptimizerError):
     """The optimization stopped early (interrupt or error); the message says where the state is kept."""
+
+
+class AgentToolError(ValueError):
+    """A tool call the agent should correct; the message says how. The sandbox raises it inside the REPL
+    under the same class name (see ``rlmoptimizer/sandbox/assets/tool_wrappers.py``)."""

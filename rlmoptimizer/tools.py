@@ -15,14 +15,16 @@ from typing import Any
 import dspy
 
 from rlmoptimizer.budget import BudgetLedger
-from rlmoptimizer.errors import ConfigurationError, EvaluationLMError, MetricError, StructureChangedError
+from rlmoptimizer.errors import (
+    AgentToolError,
+    ConfigurationError,
+    EvaluationLMError,
+    MetricError,
+    StructureChangedError,
+)
 from rlmoptimizer.evaluation import RunService, select_ids
 from rlmoptimizer.fingerprint import apply_instructions, check_structure, get_instructions
 from rlmoptimizer.records import EvalRun
-
-
-class AgentToolError(ValueError):
-    """A tool call the agent should correct; the message says how."""
 
 
 def agent_error(problem: str, fix: str) -> AgentToolError:

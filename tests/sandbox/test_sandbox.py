@@ -31,7 +31,8 @@ from dspy.primitives.python_interpreter import PythonInterpreter
 from fakes import ScriptedLM
 
 from rlmoptimizer.errors import SandboxError
-from rlmoptimizer.sandbox import DENO_FLAGS, Sandbox, _deno_environment, build_import_map
+from rlmoptimizer.sandbox import DENO_FLAGS, Sandbox, build_import_map
+from rlmoptimizer.sandbox import deno_environment as _deno_environment
 from rlmoptimizer.tools import agent_error
 
 pytestmark = pytest.mark.slow

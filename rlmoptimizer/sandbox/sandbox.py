@@ -1,15 +1,15 @@
-"""The optimizer agent's REPL: dspy's Deno/Pyodide ``PythonInterpreter``, made to start offline, bounded
-in time and memory, and able to come back from a dead process.
+""":class:`Sandbox`: dspy's Deno/Pyodide ``PythonInterpreter``, made to start offline, bounded in time and
+memory, and able to come back from a dead process.
 
 What :class:`Sandbox` adds to ``PythonInterpreter``:
 
 - **Offline start.** dspy's ``runner.js`` imports ``readLines`` from ``https://deno.land/std@.../io/mod.ts``.
-  An import map points every such URL at a local module shipped in ``sandbox_assets/``, so the sandbox
+  An import map points every such URL at a local module shipped in ``assets/``, so the sandbox
   starts where deno.land cannot be reached (only the npm ``pyodide`` package must be in Deno's cache or
-  reachable once).
+  reachable once, through the proxy and CA bundle the host's Python uses: see :mod:`.deno`).
 - **Tighter isolation.** Deno's ``--deny-*`` flags on top of the permissions ``PythonInterpreter`` already
   withholds, no permission prompts, a cap on WebAssembly memory, and a Deno process that inherits only
-  the environment variables Deno itself needs (see :data:`DENO_FLAGS` and :func:`_deno_environment`).
+  the environment variables Deno itself needs (see :mod:`.deno`).
 - **A time limit per cell.** A watchdog kills the process when one ``execute()`` has spent more than
   ``timeout_s`` seconds inside the sandbox; time spent in host tools (an evaluation that takes minutes)
   does not count.
@@ -22,74 +22,38 @@ Errors::
     CodeExecutionError (dspy)   the agent's code failed, timed out or killed the process; the REPL is usable
     SyntaxError                 the agent's code does not parse
     CodeInterpreterError (dspy) a host-side misuse (a value that cannot be handed in, a recursive execute)
-    SandboxError                the sandbox could not be started or restarted; terminal
+    SandboxError                the sandbox could not be started or restarted; terminal (a failed start says
+                                why in Deno's words and what to do)
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import functools
 import inspect
 import json
 import logging
 import os
-import re
 import shutil
 import subprocess
 import tempfile
 import threading
-import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dspy.primitives.code_interpreter import CodeExecutionError, CodeInterpreterError
-from dspy.primitives.facade import HOST_TOKEN_VAR, SHIM_SETUP
-from dspy.primitives.python_interpreter import PythonInterpreter, _validate_deno_version
+from rlmoptimizer.errors import AgentToolError, SandboxError
+from rlmoptimizer.sandbox import deno
+from rlmoptimizer.sandbox._dspy import HOST_TOKEN_VAR, SHIM_SETUP, CodeExecutionError, CodeInterpreterError
+from rlmoptimizer.sandbox.deno import DenoInterpreter
+from rlmoptimizer.sandbox.watchdog import Watchdog
 
-from rlmoptimizer.errors import SandboxError
-
-__all__ = ["Sandbox", "DENO_FLAGS", "build_import_map"]
+__all__ = ["Sandbox"]
 
 logger = logging.getLogger(__name__)
-
-# Deno flags added to PythonInterpreter's command. PythonInterpreter already grants nothing but reading the
-# runner, Deno's cache (revoked by runner.js once Pyodide is loaded) and the mounted files; these make the
-# denials explicit (an explicit deny also wins over any allow a future dspy might add) and turn off prompts.
-# Checked with Deno 2.9: Pyodide still loads from the npm cache and mounting still works with all of them.
-DENO_FLAGS = (
-    "--no-prompt",
-    "--deny-net",
-    "--deny-env",
-    "--deny-run",
-    "--deny-ffi",
-    "--deny-sys",
-    "--deny-write",
-)
-
-# Local stand-ins for the deno.land std modules runner.js imports, by path below `std@<version>/`.
-_LOCAL_STD_MODULES = {"io/mod.ts": "std_io.ts"}
-_ASSETS_DIR = Path(__file__).resolve().parent / "sandbox_assets"
-_DENO_LAND_IMPORT = re.compile(r"""(?:import|export)\b[^'"]*?['"](https://deno\.land/[^'"]+)['"]""")
-_STD_URL = re.compile(r"https://deno\.land/std@[^/]+/(.+\.ts)")
-_ANY_REMOTE_IMPORT = re.compile(r"""(?:import|export)\b[^'"]*?['"](https?://[^'"]+)['"]""")
-
-# Environment the Deno process keeps: what Deno needs to find its cache, reach the npm registry the first
-# time (proxies, certificates) and run on Windows. Everything else (API keys...) is dropped; Deno could
-# not show it to sandboxed code anyway (no --allow-env), this is defense in depth.
-_ENV_KEEP = frozenset({
-    "PATH", "HOME", "USERPROFILE", "LOCALAPPDATA", "APPDATA", "SYSTEMROOT", "SYSTEMDRIVE", "WINDIR",
-    "TMPDIR", "TEMP", "TMP", "XDG_CACHE_HOME", "LANG", "LC_ALL", "SSL_CERT_FILE", "SSL_CERT_DIR",
-    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY",
-})
-_ENV_KEEP_PREFIXES = ("DENO_", "NPM_CONFIG_")
-
-# One 64 KiB WebAssembly page.
-_WASM_PAGE = 64 * 1024
 
 # A cheap expression listing the REPL's global names that are not private and not modules (``js`` is a
 # JsProxy, hence the sys.modules check). It defines nothing and works even if the agent shadowed print.
@@ -99,269 +63,24 @@ _GLOBAL_NAMES_EXPR = (
     "({id(_m) for _m in __import__('sys').modules.values()})"
 )
 
-# Run after each tool registration. dspy's tool wrappers convert a JSON result with Pyodide's ``to_py()``,
-# which turns every JSON null into ``pyodide.ffi.jsnull`` instead of None (so ``result['error'] is None``
-# is False), and raise every host-side tool error as ``RuntimeError("<HostErrorType>: <message>")``. This
-# wraps each registered tool to turn nulls back into None and to raise an error the host meant for the
-# sandboxed code (``rlmoptimizer.tools.AgentToolError``) as an ``AgentToolError`` (a ValueError, defined in
-# builtins so code can catch it by name) carrying the message alone; the signature shown by help() stays the
-# tool's. It also removes the functions of tools no longer in ``Sandbox.tools``.
-_CLEAN_TOOL_RESULTS = """
-def _rlmopt_wrap_tools(_names):
-    import builtins
-    import functools
-    from pyodide.ffi import jsnull
-
-    if not hasattr(builtins, "AgentToolError"):
-        builtins.AgentToolError = type("AgentToolError", (ValueError,), {
-            "__module__": "builtins",
-            "__doc__": "A tool call to correct; the message says what went wrong and what to do.",
-        })
-    prefix = "AgentToolError: "
-
-    def clean(value):
-        if value is jsnull:
-            return None
-        if isinstance(value, dict):
-            return {key: clean(item) for key, item in value.items()}
-        if isinstance(value, list):
-            return [clean(item) for item in value]
-        return value
-
-    for name in _names:
-        tool = globals().get(name)
-        if tool is None or getattr(tool, "_rlmopt_clean", False):
-            continue
-
-        def wrapper(*args, _tool=tool, **kwargs):
-            try:
-                result = _tool(*args, **kwargs)
-            except RuntimeError as exc:
-                message = str(exc.args[0]) if exc.args else ""
-                if not message.startswith(prefix):
-                    raise
-                raise builtins.AgentToolError(message[len(prefix):]) from None
-            return clean(result)
-
-        functools.update_wrapper(wrapper, tool)
-        wrapper._rlmopt_clean = True
-        globals()[name] = wrapper
-
-for _rlmopt_removed in %s:  # tools taken out of Sandbox.tools since the last registration
-    globals().pop(_rlmopt_removed, None)
-_rlmopt_wrap_tools(%s)
-"""
+# Sandbox-side code run with each tool registration (see the docstrings of the asset files): the tools'
+# wrappers, then the runner hooks. The host appends the one call each file's docstring names.
+_TOOL_WRAPPERS = (deno.ASSETS_DIR / "tool_wrappers.py").read_text(encoding="utf-8")
+_RUNNER_HOOKS = (deno.ASSETS_DIR / "runner_hooks.py").read_text(encoding="utf-8")
 
 # The internal host tool through which each execute reports the REPL's global names as it ends (private, so
 # never listed itself, and not in ``Sandbox.tools``): one tool round trip (~0.5 ms) instead of a second
 # execute listing them (dspy's runner sets up every execute: ~5 ms).
 _NAMES_TOOL = "_rlmopt_names"
 
-# Run with each tool registration, after _CLEAN_TOOL_RESULTS. Two hooks on the functions dspy's runner.js
-# calls through ``pyodide.runPython`` / ``runPythonAsync``, which look up ``pyodide.code.eval_code`` and
-# ``eval_code_async`` on every call:
-# - ``eval_code`` (the runner's own snippets around every execute: stdout/SUBMIT setup, reading the captured
-#   output, restoring stdout) compiles each distinct short source once and runs the same code object again,
-#   which is what recompiling would produce: about 5 ms less WebAssembly CPU per execute;
-# - ``eval_code_async`` (the code of each execute) reports, in a ``finally``, the names _GLOBAL_NAMES_EXPR
-#   would list to the host through _NAMES_TOOL: after success, an error or a SUBMIT alike. The result and the
-#   exception are untouched, and nothing is added to the REPL's namespace. Where a report does not arrive,
-#   the host lists the names with a separate execute.
-_RUNNER_HOOKS = """
-def _rlmopt_install_hooks(report):
-    import sys
-    import pyodide.code
-    from _pyodide._base import CodeRunner
-
-    code = pyodide.code
-    if getattr(code.eval_code_async, "_rlmopt_hooked", False):
-        code.eval_code_async.report = report  # the tool's function was defined again by this registration
-        return
-    original, original_async = code.eval_code, code.eval_code_async
-    compiled = {}
-    _id, _type, _list, _isinstance, _len, _str = id, type, list, isinstance, len, str
-
-    def eval_code(source, globals=None, locals=None, **kwargs):
-        if kwargs or not _isinstance(source, _str) or _len(source) > 20_000:
-            return original(source, globals, locals, **kwargs)
-        runner = compiled.get(source)
-        if runner is None:
-            runner = CodeRunner(source).compile()
-            if _len(compiled) < 256:
-                compiled[source] = runner
-        return runner.run(globals, locals)
-
-    async def eval_code_async(source, globals=None, locals=None, **kwargs):
-        try:
-            return await original_async(source, globals, locals, **kwargs)
-        finally:
-            try:
-                if globals is not None:
-                    modules = {_id(module) for module in _list(sys.modules.values())}
-                    eval_code_async.report(names=[
-                        name for name, value in _list(globals.items())
-                        if not name.startswith("_") and _type(value).__name__ != "module" and _id(value) not in modules
-                    ])
-            except BaseException:
-                pass
-
-    eval_code.__wrapped__, eval_code_async.__wrapped__ = original, original_async
-    eval_code_async._rlmopt_hooked, eval_code_async.report = True, report
-    code.eval_code, code.eval_code_async = eval_code, eval_code_async
-
-_rlmopt_install_hooks(globals().get(%s))
-del _rlmopt_install_hooks
-"""
-
 _DIAGNOSTIC_CHARS = 600
-_STDERR_LINES = 20
 
 
-def build_import_map(runner_source: str, assets_dir: Path = _ASSETS_DIR) -> dict[str, dict[str, str]]:
-    """The Deno import map sending each ``https://deno.land/std@<v>/<path>`` import of ``runner_source`` to
-    a local module. Raises ``SandboxError`` for a deno.land import there is no local module for."""
-    imports: dict[str, str] = {}
-    for url in sorted(set(_DENO_LAND_IMPORT.findall(runner_source))):
-        match = _STD_URL.fullmatch(url)
-        local = _LOCAL_STD_MODULES.get(match.group(1)) if match else None
-        if local is None:
-            raise SandboxError(
-                f"dspy's sandbox runner imports {url}, which rlmoptimizer cannot serve offline "
-                f"(it provides {sorted(_LOCAL_STD_MODULES)} of deno.land/std). Use the dspy version "
-                "rlmoptimizer supports, or add a local module for it to rlmoptimizer/sandbox_assets/."
-            )
-        imports[url] = (assets_dir / local).resolve().as_uri()
-    for url in sorted(set(_ANY_REMOTE_IMPORT.findall(runner_source)) - set(imports)):
-        logger.warning("dspy's sandbox runner imports %s; the sandbox needs the network to start.", url)
-    return {"imports": imports}
-
-
-def _deno_environment(source: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment the Deno process starts with: a short allow-list of ``source`` (``os.environ``)."""
-    source = dict(os.environ) if source is None else source
-    env = {
-        key: value
-        for key, value in source.items()
-        if key.upper() in _ENV_KEEP or key.upper().startswith(_ENV_KEEP_PREFIXES)
-    }
-    env["DENO_NO_PACKAGE_JSON"] = "1"  # what PythonInterpreter sets for its default command
-    env["NO_COLOR"] = "1"  # plain diagnostics in messages
-    return env
-
-
-@functools.cache
-def _check_deno_version(deno_executable: str) -> None:
-    try:
-        _validate_deno_version(deno_executable)
-    except CodeInterpreterError as e:
-        raise SandboxError(str(e)) from e
-
-
-class _Interpreter(PythonInterpreter):
-    """``PythonInterpreter`` whose Deno process gets :func:`_deno_environment` instead of the host's.
-
-    (Passing ``deno_command=`` makes ``PythonInterpreter`` copy the whole host environment and skip its
-    version check; the check runs once in :class:`Sandbox`.)"""
-
-    stderr_tail: collections.deque[str]
-
-    def _spawn_process(self) -> None:
-        try:
-            process = subprocess.Popen(
-                self.deno_command,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                encoding="UTF-8",
-                errors="replace",
-                env=_deno_environment(),
-            )
-        except OSError as e:
-            raise CodeInterpreterError(f"Could not start Deno ({self.deno_command[0]}): {e}") from e
-        # Drain stderr on a thread, keeping its last lines for diagnostics: a full pipe would block Deno.
-        # PythonInterpreter reads stderr only after the process exits, and skips it when it is None.
-        self.stderr_tail = collections.deque(maxlen=_STDERR_LINES)
-        stderr, process.stderr = process.stderr, None
-        threading.Thread(target=_drain, args=(stderr, self.stderr_tail), name="rlmoptimizer-deno-stderr",
-                         daemon=True).start()
-        self.deno_process = process
-        self._health_check()
-
-
-def _drain(stream: Any, tail: collections.deque[str]) -> None:
-    try:
-        for line in stream:
-            tail.append(line.rstrip("\n")[:_DIAGNOSTIC_CHARS])
-    except (OSError, ValueError):
-        pass
-    finally:
-        stream.close()
-
-
-class _Watchdog:
-    """Calls ``on_expire`` once the armed call has spent ``limit`` seconds running.
-
-    Counts only the time between :meth:`arm`/:meth:`resume` and :meth:`pause`/:meth:`disarm`, so
-    host tool calls (paused) are not charged. One daemon thread per watchdog."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._limit: float | None = None
-        self._spent = 0.0
-        self._since: float | None = None
-        self._on_expire: Callable[[], None] | None = None
-        self._fired = False
-        self._stopped = False
-        self._thread = threading.Thread(target=self._loop, name="rlmoptimizer-sandbox-watchdog", daemon=True)
-        self._thread.start()
-
-    def arm(self, limit: float, on_expire: Callable[[], None]) -> None:
-        with self._cond:
-            self._limit, self._on_expire = limit, on_expire
-            self._spent, self._since, self._fired = 0.0, time.monotonic(), False
-            self._cond.notify()
-
-    def pause(self) -> None:
-        with self._cond:
-            if self._since is not None:
-                self._spent += time.monotonic() - self._since
-                self._since = None
-
-    def resume(self) -> None:
-        with self._cond:
-            if self._limit is not None and self._since is None:
-                self._since = time.monotonic()
-                self._cond.notify()
-
-    def disarm(self) -> bool:
-        """Stop counting; True if the limit was reached (and ``on_expire`` called) since :meth:`arm`."""
-        with self._cond:
-            self._limit, self._since, self._on_expire = None, None, None
-            return self._fired
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopped = True
-            self._cond.notify()
-
-    def _loop(self) -> None:
-        with self._cond:
-            while not self._stopped:
-                if self._limit is None or self._since is None:
-                    self._cond.wait()
-                    continue
-                remaining = self._limit - self._spent - (time.monotonic() - self._since)
-                if remaining > 0:
-                    self._cond.wait(remaining)
-                    continue
-                on_expire, self._fired = self._on_expire, True
-                self._limit, self._since, self._on_expire = None, None, None
-                if on_expire is not None:
-                    try:
-                        on_expire()
-                    except Exception:  # a failed kill shows up as a hung read, then as the next timeout
-                        logger.exception("The sandbox watchdog could not stop the Deno process.")
+def _registration_code(names: list[str], removed: list[str]) -> str:
+    """What runs in the sandbox after dspy registered the tools ``names`` (``removed`` are gone since)."""
+    wrap = f"_rlmopt_wrap_tools({json.dumps(names)}, {json.dumps(removed)}, {json.dumps(AgentToolError.__name__)})"
+    hooks = f"_rlmopt_install_hooks(globals().get({json.dumps(_NAMES_TOOL)}))"
+    return "\n".join([_TOOL_WRAPPERS, wrap, "del _rlmopt_wrap_tools", _RUNNER_HOOKS, hooks, "del _rlmopt_install_hooks"])
 
 
 @dataclass(frozen=True)
@@ -383,7 +102,7 @@ class _ProcessLost(Exception):
         self.timed_out = timed_out
 
 
-def _exit_diagnostic(interp: _Interpreter, error: Exception) -> str:
+def _exit_diagnostic(interp: DenoInterpreter, error: Exception) -> str:
     """What is known about a dead process: its exit code, the end of its stderr, the protocol error."""
     process, parts = interp.deno_process, []
     if process is not None:
@@ -391,8 +110,7 @@ def _exit_diagnostic(interp: _Interpreter, error: Exception) -> str:
             parts.append(f"Deno exited with code {process.wait(timeout=5)}")
         except subprocess.TimeoutExpired:
             pass
-        time.sleep(0.05)  # let the stderr thread read the last lines
-        stderr = "\n".join(getattr(interp, "stderr_tail", ()))
+        stderr = interp.stderr_text(wait_s=0.5)  # the stderr thread reads the last lines
         if stderr.strip():
             parts.append("stderr: " + _shorten(stderr, 250))
     parts.append(_shorten(str(error), 150))
@@ -496,8 +214,8 @@ class Sandbox:
         # process state
         self._lock = threading.Lock()
         self._executing_thread: int | None = None
-        self._interp: _Interpreter | None = None
-        self._watchdog: _Watchdog | None = None
+        self._interp: DenoInterpreter | None = None
+        self._watchdog: Watchdog | None = None
         self._deno_command: list[str] | None = None
         self._tmpdir: str | None = None
         self._finalizer: weakref.finalize | None = None
@@ -705,10 +423,7 @@ class Sandbox:
         try:
             if registering:  # execute() registers the tools first, then this wraps them
                 removed = sorted(self._registered_tools - set(interp.tools))
-                interp.execute(
-                    _CLEAN_TOOL_RESULTS % (json.dumps(removed), json.dumps(sorted(interp.tools)))
-                    + _RUNNER_HOOKS % json.dumps(_NAMES_TOOL)
-                )
+                interp.execute(_registration_code(sorted(interp.tools), removed))
                 self._registered_tools = set(interp.tools)
             self._reported_names = None  # what this execute reports as it ends
             return interp.execute(code, variables)
@@ -729,7 +444,7 @@ class Sandbox:
 
     # ------------------------------------------------------------------ tools
 
-    def _sync_tools(self, interp: _Interpreter) -> bool:
+    def _sync_tools(self, interp: DenoInterpreter) -> bool:
         """Hand ``self.tools`` (wrapped to pause the watchdog) and ``output_fields`` to the interpreter;
         re-register them in the sandbox when their names, signatures or the outputs changed (True then)."""
         wrapped = {}
@@ -783,20 +498,20 @@ class Sandbox:
     def _boot(self) -> None:
         """Start a process and bring it to the setup state; ``SandboxError`` on failure."""
         if self._watchdog is None:
-            self._watchdog = _Watchdog()
+            self._watchdog = Watchdog()
         command = self.deno_command
-        _check_deno_version(command[0])
-        interp = _Interpreter(deno_command=command, enable_read_paths=list(self._files.values()))
+        deno.check_deno_version(command[0])
+        interp = DenoInterpreter(deno_command=command, enable_read_paths=list(self._files.values()))
+        interp.workdir = os.path.join(self._tmpdir, "work") if self._tmpdir else None
         self._interp, self._registration_key, self._registered_tools = interp, None, set()
         self._watchdog.arm(self.start_timeout_s, functools.partial(self._kill, interp))
         try:
             interp.start()
         except Exception as e:
             timed_out = self._watchdog.disarm()
+            message = self._start_failure(interp, e, timed_out)
             self._stop_process()
-            if timed_out:
-                raise SandboxError(f"The sandbox did not start within {self.start_timeout_s:g} s.") from e
-            raise SandboxError(f"The sandbox could not start: {_shorten(str(e))}") from e
+            raise SandboxError(message) from e
         self._watchdog.disarm()
         try:
             self._pristine_names = self._global_names() or set()
@@ -826,6 +541,21 @@ class Sandbox:
         except BaseException:
             self._stop_process()
             raise
+
+    def _start_failure(self, interp: DenoInterpreter, error: Exception, timed_out: bool) -> str:
+        """Why ``interp`` did not start, in Deno's words, with what to do (:func:`deno.explain_start_failure`)."""
+        process, exit_code = interp.deno_process, None
+        if process is not None:
+            try:
+                exit_code = process.wait(timeout=0.1 if timed_out else 5)  # stdout closes before the exit is seen
+            except subprocess.TimeoutExpired:
+                pass
+        stderr = interp.stderr_text(wait_s=1.0 if exit_code is not None else 0.0)
+        cache_dir = deno.deno_cache_dir(self.deno_command[0])
+        message = deno.explain_start_failure(stderr, exit_code, _shorten(str(error)), cache_dir)
+        if timed_out:
+            message = f"The sandbox did not start within {self.start_timeout_s:g} s. " + message
+        return message
 
     def _recover(self, lost: _ProcessLost, variables: dict[str, Any]) -> str:
         """Restart after ``lost`` (at most two tries, else ``SandboxError``); the agent-facing message."""
@@ -909,14 +639,14 @@ class Sandbox:
         if self._broken is not None:
             raise self._broken
 
-    def _alive(self, interp: _Interpreter | None = None) -> bool:
+    def _alive(self, interp: DenoInterpreter | None = None) -> bool:
         interp = interp if interp is not None else self._interp
         if interp is None or interp._session_ended or interp.deno_process is None:
             return False
         return interp.deno_process.poll() is None
 
     @staticmethod
-    def _kill(interp: _Interpreter) -> None:
+    def _kill(interp: DenoInterpreter) -> None:
         process = interp.deno_process
         if process is not None and process.poll() is None:
             process.kill()
@@ -946,25 +676,12 @@ class Sandbox:
     # ------------------------------------------------------------------ construction helpers
 
     def _build_deno_command(self) -> list[str]:
-        """PythonInterpreter's default command plus an import map and :data:`DENO_FLAGS`."""
-        try:
-            default = PythonInterpreter(enable_read_paths=[str(path) for path in self._files.values()])
-        except CodeInterpreterError as e:
-            raise SandboxError(f"The sandbox files cannot be mounted: {e}") from e
-        runner_source = Path(default._get_runner_path()).read_text(encoding="utf-8")
-        import_map = build_import_map(runner_source)
+        """The Deno command (see :func:`deno.build_command`); its import map and working directory live in a
+        temporary directory removed with the sandbox."""
         self._tmpdir = tempfile.mkdtemp(prefix="rlmoptimizer-sandbox-")
         self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)
-        map_path = os.path.join(self._tmpdir, "import_map.json")
-        with open(map_path, "w", encoding="utf-8") as f:
-            json.dump(import_map, f)
-        command = list(default.deno_command)
-        if any(arg.startswith(("--allow-net", "--allow-env", "--allow-write", "--allow-run")) for arg in command):
-            raise SandboxError(f"dspy's default Deno command grants more than reading files: {command}")
-        pages = self.memory_limit_mb * 1024 * 1024 // _WASM_PAGE
-        at = command.index("run") + 1
-        command[at:at] = [f"--import-map={map_path}", *DENO_FLAGS, f"--v8-flags=--wasm-max-mem-pages={pages}"]
-        return command
+        os.mkdir(os.path.join(self._tmpdir, "work"))
+        return deno.build_command([str(path) for path in self._files.values()], self.memory_limit_mb, self._tmpdir)
 
     @staticmethod
     def _check_files(files: dict[str, str | Path]) -> dict[str, str]:

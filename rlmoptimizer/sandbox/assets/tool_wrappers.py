@@ -1,0 +1,59 @@
+"""Runs inside the sandbox (Pyodide) after each tool registration; never imported on the host.
+
+dspy's tool wrappers convert a JSON result with Pyodide's ``to_py()``, which turns every JSON null into
+``pyodide.ffi.jsnull`` instead of None (so ``result['error'] is None`` is False), and raise every host-side
+tool error as ``RuntimeError("<HostErrorType>: <message>")``. :func:`_rlmopt_wrap_tools` wraps each
+registered tool to turn nulls back into None and to raise an error the host meant for the sandboxed code
+(the host class whose name the host passes as ``error_name``) as that name's class here (a ValueError,
+defined in builtins so code can catch it by name) carrying the message alone; the signature shown by
+help() stays the tool's. It also removes the functions of tools no longer registered.
+
+The host appends one call: ``_rlmopt_wrap_tools(names, removed, error_name)``.
+"""
+
+
+def _rlmopt_wrap_tools(_names, _removed, _error_name):
+    import builtins
+    import functools
+
+    from pyodide.ffi import jsnull
+
+    for _name in _removed:
+        globals().pop(_name, None)
+
+    error_type = getattr(builtins, _error_name, None)
+    if error_type is None:
+        error_type = type(_error_name, (ValueError,), {
+            "__module__": "builtins",
+            "__doc__": "A tool call to correct; the message says what went wrong and what to do.",
+        })
+        setattr(builtins, _error_name, error_type)
+    prefix = _error_name + ": "
+
+    def clean(value):
+        if value is jsnull:
+            return None
+        if isinstance(value, dict):
+            return {key: clean(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [clean(item) for item in value]
+        return value
+
+    for name in _names:
+        tool = globals().get(name)
+        if tool is None or getattr(tool, "_rlmopt_clean", False):
+            continue
+
+        def wrapper(*args, _tool=tool, **kwargs):
+            try:
+                result = _tool(*args, **kwargs)
+            except RuntimeError as exc:
+                message = str(exc.args[0]) if exc.args else ""
+                if not message.startswith(prefix):
+                    raise
+                raise error_type(message[len(prefix):]) from None
+            return clean(result)
+
+        functools.update_wrapper(wrapper, tool)
+        wrapper._rlmopt_clean = True
+        globals()[name] = wrapper

@@ -1,0 +1,206 @@
+"""``python -m rlmoptimizer.sandbox``: fetch Pyodide into Deno's cache, start the sandbox, check its isolation,
+and print one screen a person can act on.
+
+Run it once on a new machine (it is the prefetch step for an air-gapped one: run it where the npm registry is
+reachable, then copy Deno's cache directory and point ``DENO_DIR`` at the copy). It exits with 0 when the
+sandbox started and every isolation probe was refused, 1 otherwise.
+
+May import: the standard library, ``rlmoptimizer.errors`` and the sandbox wing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rlmoptimizer.errors import SandboxError
+from rlmoptimizer.sandbox import deno
+from rlmoptimizer.sandbox._dspy import CodeExecutionError
+from rlmoptimizer.sandbox.sandbox import Sandbox
+
+__all__ = ["Probe", "CheckReport", "run_check", "isolation_probes", "main"]
+
+_SECRET = "rlmoptimizer-isolation-probe"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One thing sandboxed code must not be able to do."""
+
+    name: str
+    passed: bool
+    """True when the sandbox refused it (and, where the host can see it, nothing happened there)."""
+    detail: str
+
+
+@dataclass
+class CheckReport:
+    """What ``python -m rlmoptimizer.sandbox`` found."""
+
+    deno_version: str | None = None
+    pyodide_version: str | None = None
+    cache_dir: str | None = None
+    trust: str = ""
+    pyodide_was_cached: bool = False
+    first_start_s: float | None = None
+    """The first start, including the download of Pyodide when it was not cached."""
+    cold_start_s: float | None = None
+    """A start with Pyodide in Deno's cache: what every optimization pays once."""
+    probes: list[Probe] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.probes) and all(probe.passed for probe in self.probes)
+
+    def render(self) -> str:
+        def seconds(value: float | None) -> str:
+            return f"{value:.1f} s" if value is not None else "-"
+
+        lines = [
+            "rlmoptimizer sandbox check",
+            f"  Deno:        {self.deno_version or 'not found'}",
+            f"  Pyodide:     {self.pyodide_version or 'unknown'} (npm package pyodide)",
+            f"  Deno cache:  {self.cache_dir or 'unknown'} (set DENO_DIR to use another)",
+            f"  TLS trust:   {self.trust}",
+            f"  Pyodide was {'already in the cache' if self.pyodide_was_cached else 'downloaded into the cache'}",
+            f"  first start: {seconds(self.first_start_s)}; cold start with the cache: {seconds(self.cold_start_s)}",
+        ]
+        if self.error:
+            lines += ["", "FAILED: the sandbox did not start.", self.error]
+            return "\n".join(lines)
+        lines.append("  isolation (sandboxed code must be refused):")
+        lines += [f"    {'passed' if p.passed else 'FAILED'}  {p.name}: {p.detail}" for p in self.probes]
+        lines.append("")
+        lines.append(
+            "OK: the sandbox works on this machine. To use it offline, copy the Deno cache above to the other "
+            "machine and point DENO_DIR at it."
+            if self.ok else "FAILED: the sandbox is not isolated as it should be; do not run optimizations here."
+        )
+        return "\n".join(lines)
+
+
+def _pyodide_cached(cache_dir: str | None, version: str | None) -> bool:
+    if not cache_dir or not version:
+        return False
+    return os.path.isdir(os.path.join(cache_dir, "npm", "registry.npmjs.org", "pyodide", version))
+
+
+class _RecordingServer:
+    """An HTTP server on 127.0.0.1 that records every request path (to see whether sandboxed code reached it)."""
+
+    def __init__(self) -> None:
+        paths = self.paths = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+                paths.append(self.path)
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b"reached")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def _attempt(sandbox: Sandbox, code: str) -> str:
+    """Run probe ``code`` (which returns a value when the forbidden thing worked); ``"refused: ..."`` if it raised.
+
+    The error is caught inside the sandbox: an uncaught JavaScript permission error ends dspy's runner."""
+    body = "\n".join("    " + line for line in code.splitlines())
+    wrapped = (
+        f"async def _probe():\n{body}\n"
+        "try:\n    print('ALLOWED:', repr(await _probe()))\n"
+        "except BaseException as _e:\n    print('refused:', type(_e).__name__, _e)\n"
+    )
+    try:
+        output = str(sandbox.execute(wrapped))
+    except CodeExecutionError as exc:
+        output = "refused: " + str(exc)
+    return " ".join(output.split())[:160]
+
+
+def isolation_probes(sandbox: Sandbox) -> list[Probe]:
+    """Try, from inside ``sandbox``, what its code must never do; each probe passes when it is refused."""
+    probes = []
+    with tempfile.TemporaryDirectory(prefix="rlmoptimizer-check-") as host_dir:
+        secret_file = os.path.join(host_dir, "secret.txt")
+        with open(secret_file, "w", encoding="utf-8") as f:
+            f.write(_SECRET)
+        target = os.path.join(host_dir, "written.txt")
+        server = _RecordingServer()
+        try:
+            cases: list[tuple[str, str, Callable[[str], bool]]] = [
+                ("read a host file", f"import js\nreturn js.Deno.readTextFileSync({secret_file!r})",
+                 lambda out: _SECRET not in out),
+                ("write a host file", f"import js\nreturn js.Deno.writeTextFileSync({target!r}, 'x')",
+                 lambda out: not os.path.exists(target)),
+                ("read the environment", "import js\nreturn js.Deno.env.get('PATH')", lambda out: True),
+                ("reach the network", f"import js\nreturn (await js.fetch({server.url + '/probe'!r})).status",
+                 lambda out: not server.paths),
+                ("start a process", "import js\nreturn js.eval(\"new Deno.Command('true').outputSync().code\")",
+                 lambda out: True),
+            ]
+            for name, code, host_clean in cases:
+                outcome = _attempt(sandbox, code)
+                passed = outcome.startswith("refused") and host_clean(outcome)
+                probes.append(Probe(name, passed, outcome))
+        finally:
+            server.close()
+    return probes
+
+
+def run_check(make_sandbox: Callable[[], Sandbox] = Sandbox) -> CheckReport:
+    """Start a sandbox twice (the first start fetches Pyodide if needed), probe its isolation, and report."""
+    report = CheckReport(trust=deno.tls_trust().source)
+    probe_sandbox = make_sandbox()
+    try:
+        executable = probe_sandbox.deno_command[0]
+        report.deno_version = deno.deno_version(executable)
+        report.pyodide_version = deno.pyodide_version()
+        report.cache_dir = deno.deno_cache_dir(executable)
+        report.pyodide_was_cached = _pyodide_cached(report.cache_dir, report.pyodide_version)
+        started = time.perf_counter()
+        probe_sandbox.start()
+        report.first_start_s = time.perf_counter() - started
+        probe_sandbox.shutdown()
+        probe_sandbox = make_sandbox()
+        started = time.perf_counter()
+        probe_sandbox.start()
+        report.cold_start_s = time.perf_counter() - started
+        report.probes = isolation_probes(probe_sandbox)
+    except SandboxError as exc:
+        report.error = str(exc)
+    finally:
+        probe_sandbox.shutdown()
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m rlmoptimizer.sandbox",
+        description="Fetch Pyodide into Deno's cache, start rlmoptimizer's sandbox and check that it is isolated.",
+    )
+    parser.parse_args(argv)
+    report = run_check()
+    print(report.render())
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

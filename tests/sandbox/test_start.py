@@ -1,0 +1,224 @@
+"""Starting the sandbox on a machine a user has: behind a TLS-inspecting proxy, offline, or misconfigured.
+
+A new user's first start downloads Pyodide from the npm registry into Deno's cache. Deno reads neither
+``SSL_CERT_FILE`` nor pip's settings, so behind a company proxy the first start failed with an empty message
+after the colon. These tests give Deno an empty cache of its own and a registry on 127.0.0.1 (Deno honours
+``NPM_CONFIG_REGISTRY``), so they never reach the network.
+"""
+
+from __future__ import annotations
+
+import http.server
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from rlmoptimizer.errors import SandboxError
+from rlmoptimizer.sandbox import Sandbox, deno_environment, tls_trust
+from rlmoptimizer.sandbox.check import run_check
+
+pytestmark = pytest.mark.slow
+
+_TLS_VARIABLES = ("DENO_CERT", "DENO_TLS_CA_STORE", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+                  "PIP_CERT", "NODE_EXTRA_CA_CERTS", "PIP_CONFIG_FILE")
+_PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy",
+                    "all_proxy", "no_proxy")
+
+
+@pytest.fixture
+def bare_env(monkeypatch, tmp_path):
+    """No TLS or proxy settings, no pip config, and an empty Deno cache of the test's own."""
+    for name in _TLS_VARIABLES + _PROXY_VARIABLES + ("NPM_CONFIG_REGISTRY",):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "home" / ".config"))
+    monkeypatch.setenv("DENO_DIR", str(tmp_path / "deno-cache"))
+    return tmp_path
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------- what Deno is told to trust
+
+def test_deno_gets_the_ca_bundle_python_uses(bare_env, monkeypatch):
+    bundle = bare_env / "company-ca.pem"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\n")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(bundle))
+    assert deno_environment()["DENO_CERT"] == str(bundle)
+    monkeypatch.setenv("SSL_CERT_FILE", str(bundle))
+    trust = tls_trust()
+    assert trust.env == {"DENO_CERT": str(bundle)} and "SSL_CERT_FILE" in trust.source
+
+
+def test_a_deno_setting_of_the_user_is_left_alone(bare_env, monkeypatch):
+    bundle = bare_env / "ca.pem"
+    bundle.write_text("x")
+    monkeypatch.setenv("SSL_CERT_FILE", str(bundle))
+    monkeypatch.setenv("DENO_TLS_CA_STORE", "mozilla")
+    env = deno_environment()
+    assert env["DENO_TLS_CA_STORE"] == "mozilla" and "DENO_CERT" not in env
+
+
+def test_pips_cert_setting_is_used_and_a_missing_file_is_skipped(bare_env, monkeypatch):
+    bundle = bare_env / "pip-ca.pem"
+    bundle.write_text("x")
+    config = bare_env / "home" / ".config" / "pip" / "pip.conf"
+    config.parent.mkdir(parents=True)
+    config.write_text(f"[global]\ncert = {bundle}\n")
+    monkeypatch.setenv("SSL_CERT_FILE", str(bare_env / "does-not-exist.pem"))
+    assert tls_trust().env == {"DENO_CERT": str(bundle)}
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # pip's way to read no config file (also the machine's)
+    assert tls_trust().env == {"DENO_TLS_CA_STORE": "system,mozilla"}  # nothing named: the system store
+
+
+# ---------------------------------------------------------------- a start that cannot download Pyodide
+
+def test_a_refusing_proxy_fails_fast_with_the_cause_and_the_fix(bare_env, monkeypatch):
+    proxy = f"http://127.0.0.1:{_closed_port()}"
+    monkeypatch.setenv("HTTPS_PROXY", proxy)
+    monkeypatch.setenv("HTTP_PROXY", proxy)
+    started = time.monotonic()
+    with pytest.raises(SandboxError) as caught, Sandbox() as box:
+        box.start()
+    message = str(caught.value)
+    assert time.monotonic() - started < box.start_timeout_s  # an error Deno already gave, not a wait for the limit
+    assert "could not reach the npm registry" in message
+    assert "https://registry.npmjs.org/pyodide" in message
+    assert "Connection refused" in message  # Deno's own words
+    assert f"HTTPS_PROXY={proxy}" in message
+    assert "python -m rlmoptimizer.sandbox" in message and "DENO_DIR" in message
+
+
+def _make_ca_and_server_cert(directory: Path) -> tuple[Path, Path, Path]:
+    """A CA and a certificate for 127.0.0.1 signed by it (openssl's command line)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("needs the openssl command to make a certificate authority")
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], cwd=directory, check=True, capture_output=True)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+        "-subj", "/CN=rlmoptimizer test CA")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
+        "-subj", "/CN=127.0.0.1")
+    (directory / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "server.pem", "-days", "2", "-extfile", "ext.cnf")
+    return directory / "ca.pem", directory / "server.pem", directory / "server.key"
+
+
+@pytest.fixture
+def tls_registry(bare_env):
+    """An HTTPS 'npm registry' on 127.0.0.1 whose certificate only a private CA vouches for, like a company
+    proxy's; it records the paths asked for and answers 404."""
+    ca, cert, key = _make_ca_and_server_cert(bare_env)
+    paths: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            paths.append(self.path)
+            self.send_response(404)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    server.handle_error = lambda *args: None  # a client refusing our certificate is expected
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"https://127.0.0.1:{server.server_address[1]}/", ca, paths
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_untrusted_proxy_certificate_names_tls_and_the_fix(tls_registry, monkeypatch):
+    registry, _ca, paths = tls_registry
+    monkeypatch.setenv("NPM_CONFIG_REGISTRY", registry)
+    with pytest.raises(SandboxError) as caught, Sandbox() as box:
+        box.start()
+    message = str(caught.value)
+    assert "could not verify the TLS certificate" in message
+    assert "UnknownIssuer" in message or "certificate" in message.split("Deno said:")[1]
+    assert "SSL_CERT_FILE" in message and "DENO_CERT" in message
+    assert "python -m rlmoptimizer.sandbox" in message
+    assert paths == []  # the handshake failed: no request got through
+
+
+def test_the_ca_bundle_in_ssl_cert_file_reaches_deno(tls_registry, monkeypatch):
+    """The same registry, with its CA in SSL_CERT_FILE only (as pip and requests use it): Deno now completes
+    the handshake and asks for pyodide (this registry has none, so the start still fails, for that reason)."""
+    registry, ca, paths = tls_registry
+    monkeypatch.setenv("NPM_CONFIG_REGISTRY", registry)
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca))
+    with pytest.raises(SandboxError) as caught, Sandbox() as box:
+        box.start()
+    assert any("pyodide" in path for path in paths), paths
+    assert "could not verify the TLS certificate" not in str(caught.value)
+
+
+# ---------------------------------------------------------------- the check command
+
+def test_check_command_prefetches_and_then_works_offline(tmp_path):
+    """A machine that reaches the registry runs the check (the prefetch); the same cache then starts the
+    sandbox with every proxy refusing, as on an air-gapped machine with the cache copied over."""
+    cache = tmp_path / "deno-cache"
+    env = {k: v for k, v in os.environ.items() if k.upper() not in {p.upper() for p in _PROXY_VARIABLES}}
+    env["DENO_DIR"] = str(cache)
+    prefetch = _check_command(env)
+    assert prefetch.returncode == 0, prefetch.stdout + prefetch.stderr
+    assert "Pyodide was downloaded into the cache" in prefetch.stdout or "already" in prefetch.stdout
+
+    copied = tmp_path / "copied-cache"
+    shutil.copytree(cache, copied, symlinks=True)
+    closed = f"http://127.0.0.1:{_closed_port()}"
+    offline = dict(env, DENO_DIR=str(copied), HTTPS_PROXY=closed, HTTP_PROXY=closed, ALL_PROXY=closed)
+    result = _check_command(offline)
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    assert "Pyodide was already in the cache" in out
+    assert f"Deno cache:  {copied}" in out
+    for probe in ("read a host file", "write a host file", "read the environment", "reach the network",
+                  "start a process"):
+        assert f"passed  {probe}: refused" in out
+    assert "Deno:        deno 2." in out and "Pyodide:     0." in out
+
+
+def _check_command(env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rlmoptimizer.sandbox"], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).resolve().parents[2])
+
+
+class _LeakySandbox(Sandbox):
+    """A sandbox whose Deno may read the environment: the self-check must catch it."""
+
+    def _build_deno_command(self):
+        command = [arg for arg in super()._build_deno_command() if arg != "--deny-env"]
+        command.insert(command.index("run") + 1, "--allow-env")
+        return command
+
+
+def test_the_self_check_fails_a_sandbox_that_leaks():
+    report = run_check(_LeakySandbox)
+    failed = [probe.name for probe in report.probes if not probe.passed]
+    assert failed == ["read the environment"]
+    assert not report.ok and "FAILED  read the environment: ALLOWED" in report.render()
