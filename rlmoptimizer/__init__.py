@@ -3,6 +3,7 @@
 from rlmoptimizer.errors import (
     BudgetExhaustedError,
     ConfigurationError,
+    DspyVersionError,
     EvaluationLMError,
     MetricError,
     OptimizationInterrupted,
@@ -24,6 +25,7 @@ __all__ = [
     "SandboxError",
     "RunDirectoryMismatchError",
     "OptimizationInterrupted",
+    "DspyVersionError",
 ]
 
 __version__ = "0.1.0"

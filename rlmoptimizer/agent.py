@@ -23,12 +23,17 @@ from typing import Any
 
 import dspy
 from dspy.adapters.chat_adapter import ChatAdapter
-from dspy.predict.rlm import SUB_AGENT_INSTRUCTIONS, _LLMCallBudget, _strip_code_fences
-from dspy.primitives.code_interpreter import CodeInterpreter, resolve_interpreter_factory
+from dspy.primitives.code_interpreter import CodeInterpreter
 from dspy.primitives.prediction import Prediction
 from dspy.primitives.repl_types import REPLHistory
 from dspy.utils.exceptions import AdapterParseError, format_error_for_lm
 
+from rlmoptimizer._dspy_agent import (
+    SUB_AGENT_INSTRUCTIONS,
+    _LLMCallBudget,
+    _strip_code_fences,
+    resolve_interpreter_factory,
+)
 from rlmoptimizer.budget import SUB_LM_CALL, BudgetLedger, Reservation
 from rlmoptimizer.errors import BudgetExhaustedError
 from rlmoptimizer.sessions import RootSession

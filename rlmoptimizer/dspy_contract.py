@@ -20,16 +20,12 @@ import importlib.metadata
 import inspect
 from dataclasses import dataclass
 
-from rlmoptimizer.errors import RLMOptimizerError
+from rlmoptimizer.errors import DspyVersionError
 
 __all__ = ["TESTED_DSPY_VERSIONS", "DspyVersionError", "Requirement", "check"]
 
 TESTED_DSPY_VERSIONS = ("3.4.1",)
 """The dspy releases the test suite ran against; ``pyproject.toml`` pins the same."""
-
-
-class DspyVersionError(RLMOptimizerError, ImportError):
-    """The installed dspy lacks a private member rlmoptimizer relies on."""
 
 
 @dataclass(frozen=True)

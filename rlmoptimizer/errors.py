@@ -11,6 +11,7 @@ The tree::
      +-- SandboxError                           the sandbox could not be started or restarted
      +-- RunDirectoryMismatchError              run_storage_dir holds a run of another program/data/metric
      +-- OptimizationInterrupted                Ctrl-C or an error mid-run; says where the state is
+     +-- DspyVersionError (also ImportError)    the installed dspy lacks a private member we rely on (at import)
 
     AgentToolError (a ValueError)               a tool call the agent should correct; raised by a tool, shown to the
                                                 agent inside its REPL as an ``AgentToolError`` of the same name,
@@ -56,6 +57,10 @@ class RunDirectoryMismatchError(RLMOptimizerError):
 
 class OptimizationInterrupted(RLMOptimizerError):
     """The optimization stopped early (interrupt or error); the message says where the state is kept."""
+
+
+class DspyVersionError(RLMOptimizerError, ImportError):
+    """The installed dspy lacks a private member rlmoptimizer relies on (see ``rlmoptimizer.dspy_contract``)."""
 
 
 class AgentToolError(ValueError):

@@ -16,6 +16,7 @@ def test_public_names():
         "SandboxError",
         "RunDirectoryMismatchError",
         "OptimizationInterrupted",
+        "DspyVersionError",
     ])
     for name in rlmoptimizer.__all__:
         assert getattr(rlmoptimizer, name).__module__.startswith("rlmoptimizer.")

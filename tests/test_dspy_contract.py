@@ -1,0 +1,60 @@
+"""The private dspy names rlmoptimizer relies on: pinned here, checked at import.
+
+dspy's 3.4.0 -> 3.4.1 patch release renamed several private members we override; without this check the
+first sign was an AttributeError in the middle of an optimization.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlmoptimizer import _dspy_agent
+from rlmoptimizer.dspy_contract import TESTED_DSPY_VERSIONS, DspyVersionError, Requirement, check
+from rlmoptimizer.sandbox import _dspy as sandbox_dspy
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("requirement", sandbox_dspy.REQUIRED + _dspy_agent.REQUIRED, ids=lambda r: f"{r.owner}.{r.name}")
+def test_every_private_name_we_use_is_in_the_installed_dspy(requirement):
+    assert requirement.problem() is None
+
+
+def test_the_installed_and_the_declared_dspy_are_the_tested_ones():
+    assert importlib.metadata.version("dspy") in TESTED_DSPY_VERSIONS
+    declared = re.findall(r'^\s*"(dspy[^"]*)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert declared == [f"dspy=={version}" for version in TESTED_DSPY_VERSIONS]
+
+
+def test_a_missing_member_and_a_changed_signature_are_named():
+    with pytest.raises(DspyVersionError) as caught:
+        check("agent", (
+            Requirement("dspy.predict.rlm:RLM", "_gone_in_a_later_release"),
+            Requirement("dspy.predict.rlm:RLM", "_execute_code", params=("repl", "code")),
+        ))
+    message = str(caught.value)
+    assert "dspy.predict.rlm:RLM._gone_in_a_later_release does not exist" in message
+    assert "_execute_code takes (repl, code, input_args), expected (repl, code)" in message
+    assert f"installed dspy {importlib.metadata.version('dspy')}" in message
+    assert f'pip install "dspy=={TESTED_DSPY_VERSIONS[-1]}"' in message
+
+
+def test_importing_rlmoptimizer_with_an_incompatible_dspy_fails_with_the_reason():
+    """A dspy whose RLM lost a member we override: the import itself says so, in a fresh interpreter."""
+    code = (
+        "import dspy.predict.rlm as rlm\n"
+        "del rlm.RLM._process_final_output\n"
+        "import rlmoptimizer\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                            env={"PATH": "", "LITELLM_LOCAL_MODEL_COST_MAP": "True", "PYTHONPATH": str(ROOT)})
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("rlmoptimizer.errors.DspyVersionError: rlmoptimizer's agent relies on dspy")
+    assert "RLM._process_final_output does not exist" in last
