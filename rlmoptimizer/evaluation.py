@@ -286,6 +286,27 @@ class Evaluator:
         self.transient_retries = transient_retries
         self.retry_backoff_s = float(retry_backoff_s)
         self.on_result = on_result
+        self._rollout_lms: dict[int, dspy.BaseLM] = {}
+        self._rollout_lock = threading.Lock()
+
+    def lm_for(self, rollout: int) -> dspy.BaseLM:
+        """The LM that runs rollout ``rollout`` of an example.
+
+        Rollout 0 is the evaluation LM as configured. Rollout ``k > 0`` is a copy with ``rollout_id`` set to
+        the LM's own ``rollout_id`` (0 when unset) plus ``k``, as dspy's ``BestOfN`` does: dspy's cache keys on
+        it, so every rollout is a real LM call, at the LM's own temperature (at temperature 0 the answers
+        differ only as much as the provider's sampling does). Copies are made once per rollout and kept.
+        """
+        if isinstance(rollout, bool) or not isinstance(rollout, int) or rollout < 0:
+            raise ValueError(f"rollout must be an int >= 0, got {rollout!r}")
+        if rollout == 0:
+            return self.lm
+        with self._rollout_lock:
+            lm = self._rollout_lms.get(rollout)
+            if lm is None:
+                start = (getattr(self.lm, "kwargs", None) or {}).get("rollout_id") or 0
+                lm = self._rollout_lms[rollout] = self.lm.copy(rollout_id=start + rollout)
+            return lm
 
     def evaluate(
         self,
@@ -293,15 +314,18 @@ class Evaluator:
         items: Sequence[tuple[int, dspy.Example]],
         reservation: Reservation | None = None,
         on_record: Callable[[ExampleResult], None] | None = None,
+        rollout: int = 0,
     ) -> list[ExampleResult]:
-        """Evaluate ``items`` (``(example_id, example)`` pairs); at most ``reservation.granted`` of them
+        """Evaluate ``items`` (``(example_id, example)`` pairs); at most ``reservation.remaining`` of them
         when a reservation is given, spending one unit per charged example. Records sorted by id.
-        ``on_record`` is called like ``on_result``, for this call only."""
+        ``on_record`` is called like ``on_result``, for this call only. ``rollout`` picks the LM
+        (:meth:`lm_for`): 0 is the evaluation LM itself."""
         items = list(items)
         if reservation is not None:
-            items = items[: reservation.granted]
+            items = items[: reservation.remaining]
         if not items:
             return []
+        lm = self.lm_for(rollout)
         names = {id(predictor): name for name, predictor in program.named_predictors()}
         batch = _Batch(len(items), reservation)
         batch.on_record = on_record
@@ -310,7 +334,7 @@ class Evaluator:
         try:
             for example_id, example in items:
                 context = contextvars.copy_context()
-                futures.append(pool.submit(context.run, self._task, program, names, example_id, example, batch))
+                futures.append(pool.submit(context.run, self._task, lm, program, names, example_id, example, batch))
             # One wake-up when everything is done or something must stop, not one per example: the main
             # thread then competes for the GIL with the workers as little as possible.
             batch.wake.wait()
@@ -350,9 +374,10 @@ class Evaluator:
         return records
 
     # -- one example, in a worker thread ---------------------------------------------------------
-    def _task(self, program: Any, names: dict[int, str], example_id: int, example: Any, batch: _Batch) -> None:
+    def _task(self, lm: dspy.BaseLM, program: Any, names: dict[int, str], example_id: int, example: Any,
+              batch: _Batch) -> None:
         try:
-            self._run_one(program, names, example_id, example, batch)
+            self._run_one(lm, program, names, example_id, example, batch)
         except BaseException as exc:  # a bug outside the program and metric (or an interrupt): stop everything
             with batch.lock:
                 if batch.crash is None:
@@ -364,13 +389,14 @@ class Evaluator:
                 if batch.finished == batch.total or batch.stop.is_set():
                     batch.wake.set()
 
-    def _run_one(self, program: Any, names: dict[int, str], example_id: int, example: Any, batch: _Batch) -> None:
+    def _run_one(self, lm: dspy.BaseLM, program: Any, names: dict[int, str], example_id: int, example: Any,
+                 batch: _Batch) -> None:
         if batch.stop.is_set():
             return
         inputs, labels = _inputs_and_labels(example)
         for attempt in range(self.transient_retries + 1):
             trace: list = []
-            with dspy.context(lm=self.lm, trace=trace):
+            with dspy.context(lm=lm, trace=trace):
                 try:
                     prediction = program(**inputs)
                     break
@@ -394,7 +420,7 @@ class Evaluator:
                     )
                     self._finish(batch, record, failure)
                     return
-        with dspy.context(lm=self.lm, trace=trace):
+        with dspy.context(lm=lm, trace=trace):
             steps = self._steps(trace, names)
             try:
                 score, feedback = self.metric.score(example, prediction)
@@ -523,8 +549,8 @@ def select_ids(
 class RunService:
     """Evaluates a program on a split as one stored :class:`EvalRun`, reusing identical earlier records.
 
-    The cache key is ``(split, example_id, digest of the instructions)``; it is built from the store at
-    construction (so a resumed run directory reuses its records) and updated on every save.
+    The cache key is ``(split, example_id, digest of the instructions, rollout)``; it is built from the store
+    at construction (so a resumed run directory reuses its records) and updated on every save.
     """
 
     def __init__(
@@ -540,7 +566,7 @@ class RunService:
         self.ledger = ledger
         self.splits = dict(splits)
         self._lock = threading.Lock()
-        self._cache: dict[tuple[str, int, str], ExampleResult] = {}
+        self._cache: dict[tuple[str, int, str, int], ExampleResult] = {}
         for run in store.all():
             self._index(run)
         self._recover_pending()
@@ -553,7 +579,7 @@ class RunService:
                     f"{header.get('label', 'agent')}:recovered", header["split"], header["instructions"], records,
                     int(header.get("requested", len(records))),
                     sum(1 for r in records if is_reusable(r)) if header.get("charged") else 0,
-                    ["recovered from an evaluation the process did not finish"],
+                    ["recovered from an evaluation the process did not finish"], int(header.get("rollout", 0)),
                 )
             path.unlink(missing_ok=True)
 
@@ -562,7 +588,14 @@ class RunService:
         with self._lock:
             for record in run.records:
                 if is_reusable(record):
-                    self._cache[(run.split, record.example_id, digest)] = record
+                    self._cache[(run.split, record.example_id, digest, run.rollout)] = record
+
+    def stored(self, instructions: dict[str, str], split: str, ids: Sequence[int], rollout: int = 0) -> dict[int, ExampleResult]:
+        """The stored records that an evaluation of ``instructions`` on ``ids`` would reuse (free), by id."""
+        digest = instructions_digest(instructions)
+        with self._lock:
+            found = {i: self._cache.get((split, i, digest, rollout)) for i in ids}
+        return {i: record for i, record in found.items() if record is not None}
 
     def get(self, run_id: str) -> EvalRun:
         return self.store.get(run_id)
@@ -578,8 +611,14 @@ class RunService:
         label: str,
         charged: bool = True,
         ids: list[int] | None = None,
+        rollout: int = 0,
+        reservation: Reservation | None = None,
     ) -> EvalRun:
-        """Evaluate ``program`` on ``ids`` of ``split`` (all when None), save the run and return it."""
+        """Evaluate ``program`` on ``ids`` of ``split`` (all when None), save the run and return it.
+
+        ``rollout`` picks the sample (:meth:`Evaluator.lm_for`); records are reused only from the same
+        rollout. A charged evaluation reserves its own units, or spends from ``reservation`` when one is
+        given (a caller that set aside the units of several evaluations at once)."""
         if split not in self.splits:
             raise ValueError(f"unknown split {split!r}; the splits are {sorted(self.splits)}")
         examples = self.splits[split]
@@ -587,33 +626,38 @@ class RunService:
         instructions = get_instructions(program)
         digest = instructions_digest(instructions)
         with self._lock:
-            cached = {i: self._cache.get((split, i, digest)) for i in ids}
+            cached = {i: self._cache.get((split, i, digest, rollout)) for i in ids}
         reused = [record for record in cached.values() if record is not None]
         todo = [i for i in ids if cached[i] is None]
         kind = TRAIN_EXAMPLE if split == "train" else VAL_EXAMPLE
         notes: list[str] = []
         spent = 0
         pending = self.store.open_pending(
-            {"label": label, "split": split, "instructions": instructions, "requested": len(ids), "charged": charged}
+            {"label": label, "split": split, "instructions": instructions, "requested": len(ids), "charged": charged,
+             "rollout": rollout}
         ) if todo else None
         on_record = pending.append if pending is not None else None
         try:
             if charged and todo:
-                with self.ledger.reserve(len(todo), kind) as reservation:
-                    batch = todo[: reservation.granted]
-                    try:
-                        new = self.evaluator.evaluate(
-                            program, [(i, examples[i]) for i in batch], reservation, on_record=on_record
-                        )
-                    finally:
-                        spent = reservation.spent
+                own = self.ledger.reserve(len(todo), kind) if reservation is None else None
+                source = own if own is not None else reservation
+                batch = todo[: source.remaining]
+                before = source.spent
+                try:
+                    new = self.evaluator.evaluate(
+                        program, [(i, examples[i]) for i in batch], source, on_record=on_record, rollout=rollout
+                    )
+                finally:
+                    spent = source.spent - before
+                    if own is not None:
+                        own.release()
                 if len(batch) < len(todo):
                     notes.append(
                         f"budget allowed {len(batch)} of {len(todo)} requested examples; {self.ledger.left} units left"
                     )
             else:
                 new = (
-                    self.evaluator.evaluate(program, [(i, examples[i]) for i in todo], on_record=on_record)
+                    self.evaluator.evaluate(program, [(i, examples[i]) for i in todo], on_record=on_record, rollout=rollout)
                     if todo else []
                 )
         except BaseException as exc:  # EvaluationLMError, MetricError, Ctrl-C, ...: keep what was paid for
@@ -624,7 +668,7 @@ class RunService:
                     f"stopped early after {len(completed)} of {len(todo)} new examples: "
                     f"{type(exc).__name__}: {first_line}"
                 )
-                self._save(f"{label}:partial", split, instructions, reused + completed, len(ids), spent, notes)
+                self._save(f"{label}:partial", split, instructions, reused + completed, len(ids), spent, notes, rollout)
             if pending is not None:
                 pending.discard()
             raise
@@ -633,7 +677,7 @@ class RunService:
         uncharged = [r for r in new if not is_reusable(r)]
         if uncharged and charged:
             notes.append(f"{len(uncharged)} example(s) failed in the LM call itself and were not charged")
-        run = self._save(label, split, instructions, reused + new, len(ids), spent, notes)
+        run = self._save(label, split, instructions, reused + new, len(ids), spent, notes, rollout)
         if pending is not None:
             pending.discard()
         return run
@@ -647,6 +691,7 @@ class RunService:
         requested: int,
         spent: int,
         notes: list[str],
+        rollout: int = 0,
     ) -> EvalRun:
         run = EvalRun(
             run_id=self.store.next_run_id(),
@@ -659,6 +704,7 @@ class RunService:
             budget_left=self.ledger.left,
             note="; ".join(notes) if notes else None,
             created_at=time.time(),
+            rollout=rollout,
         )
         self.store.save(run)
         self._index(run)

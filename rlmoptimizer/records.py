@@ -125,7 +125,9 @@ class EvalRun:
     ``score`` is the mean record score (0.0 when nothing was evaluated); ``records`` are sorted by
     ``example_id``; ``budget_spent`` counts only the units this run charged (baseline runs and records
     reused from an earlier identical evaluation charge nothing). ``note`` says why fewer examples were
-    evaluated than requested, if they were.
+    evaluated than requested, if they were. ``rollout`` is the sample index: 0 is the evaluation LM as
+    configured; ``k > 0`` is the k-th extra independent sample of the same examples (see
+    ``Evaluator.lm_for``), so records of different rollouts are never mistaken for one another.
     """
 
     run_id: str
@@ -138,6 +140,7 @@ class EvalRun:
     budget_left: int
     note: str | None = None
     created_at: float = 0.0
+    rollout: int = 0
     score: float = field(init=False)
     passed_count: int = field(init=False)
     evaluated_count: int = field(init=False)
@@ -156,8 +159,8 @@ class EvalRun:
         return [r.example_id for r in self.records if not r.passed]
 
     def summary(self) -> dict[str, Any]:
-        """Aggregates only: what the agent may see of a validation run."""
-        return {
+        """Aggregates only: what the agent may see of a validation run (``rollout`` only when it is not 0)."""
+        summary = {
             "run_id": self.run_id,
             "split": self.split,
             "label": self.label,
@@ -169,6 +172,9 @@ class EvalRun:
             "budget_left": self.budget_left,
             "note": self.note,
         }
+        if self.rollout:
+            summary["rollout"] = self.rollout
+        return summary
 
     def agent_view(self) -> dict[str, Any]:
         """What the optimizer agent is shown: every record for train, aggregates only for validation."""
@@ -180,6 +186,7 @@ class EvalRun:
     def to_dict(self) -> dict[str, Any]:
         return {
             **self.summary(),
+            "rollout": self.rollout,
             "instructions": dict(self.instructions),
             "created_at": self.created_at,
             "records": [r.to_dict() for r in self.records],
@@ -198,4 +205,5 @@ class EvalRun:
             budget_left=int(data["budget_left"]),
             note=data.get("note"),
             created_at=float(data.get("created_at", 0.0)),
+            rollout=int(data.get("rollout", 0)),
         )

@@ -25,7 +25,7 @@ class _FunctionEngine(DummyEngine):
             owner.calls.append(messages)
         if owner.latency:
             time.sleep(owner.latency)
-        reply = owner.fn(messages)
+        reply = owner.fn(messages, dict(owner.kwargs)) if owner.with_settings else owner.fn(messages)
         if isinstance(reply, BaseException):
             raise reply
         text = reply if isinstance(reply, str) else owner._format_answer_fields(reply)
@@ -41,17 +41,29 @@ class _FunctionEngine(DummyEngine):
 
 class FunctionLM(DummyLM):
     """An LM whose reply is ``fn(messages)``: a dict of output fields (formatted for the adapter),
-    a raw string (sent as is), or an exception instance (raised). Thread safe; records every call."""
+    a raw string (sent as is), or an exception instance (raised). Thread safe; records every call.
 
-    def __init__(self, fn: Callable[[list[dict]], Reply], *, latency: float = 0.0, adapter=None, name="fake"):
+    With ``with_settings=True`` the reply is ``fn(messages, settings)``, where ``settings`` are the LM's
+    request settings (``temperature``, ``rollout_id``, ...). ``lm.copy(...)`` (what dspy does for rollouts)
+    answers with the same ``fn`` and records its calls in the same ``calls`` list."""
+
+    def __init__(self, fn: Callable[..., Reply], *, latency: float = 0.0, adapter=None, name="fake",
+                 with_settings: bool = False):
         super().__init__([], adapter=adapter)
         self.model = name
         self.fn = fn
+        self.with_settings = with_settings
         self.latency = latency
         self.calls: list[list[dict]] = []
         self._lock = threading.Lock()
         self._engine_spec = _FunctionEngine(self)
         self._async_engine_spec = AsyncDummyEngine(self._engine_spec)
+
+    def copy(self, **kwargs):
+        copied = super().copy(**kwargs)  # shares fn, calls and the lock (a shallow copy)
+        copied._engine_spec = _FunctionEngine(copied)
+        copied._async_engine_spec = AsyncDummyEngine(copied._engine_spec)
+        return copied
 
 
 class ScriptedLM(FunctionLM):
