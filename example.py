@@ -2,8 +2,10 @@
 
 A real two-step DSPy program routes support tickets to a queue. The task LM is a deterministic fake that
 follows the company policy only when the routing step's instructions state it; the root agent is scripted,
-but it works through the real sandbox and the real tools: it reads the baseline failures by step, updates
-a prompt, re-evaluates the failures, checks validation and submits.
+but it works through the real sandbox and the real tools: it reads the baseline failures by step, asks for
+new routing instructions written from those failures (GEPA's reflective proposal; the offline sub-LM
+answers it), compares them with the current instructions on the failures plus a random sample of other
+examples, keeps the winner, checks validation and submits: the default loop the agent instructions give.
 
     python example.py
 """
@@ -17,6 +19,8 @@ import time
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("DSPY_CACHEDIR", os.path.join(tempfile.gettempdir(), "rlmoptimizer-example-cache"))
+
+import json  # noqa: E402
 
 import dspy  # noqa: E402
 
@@ -105,6 +109,11 @@ POLICY_PROMPT = (
     "Policy overrides the surface topic: any chargeback or bank dispute goes to disputes; any unknown login, "
     "account breach or suspicious password reset goes to security."
 )
+def proposal_reply(messages):
+    """The offline sub-LM: answers dspy's instruction proposal (GEPA's) with the policy the failures reveal."""
+    return json.dumps({"new_instruction": POLICY_PROMPT})
+
+
 AGENT_TURNS = [
     {
         "reasoning": "Read the baseline failures first and group them by the step that produced the answer.",
@@ -118,24 +127,27 @@ AGENT_TURNS = [
         ),
     },
     {
-        "reasoning": "Failures are tickets whose policy queue differs from their topic. The route step must state it.",
-        "code": f"print(update_prompt('route', {POLICY_PROMPT!r}))",
+        "reasoning": "Every failure is decided by the route step. Ask for new route instructions from its failures.",
+        "code": "p = propose_instructions('route')\nprint(p['example_ids'], '->', p['texts'][0])",
     },
     {
-        "reasoning": "Re-evaluate only the baseline failures.",
+        "reasoning": "Compare them with the current instructions on those failures plus a random sample of others.",
         "code": (
-            "rerun = evaluate_program(failed_from_run=baseline_train['run_id'])\n"
-            "print(rerun['run_id'], rerun['score'], rerun['passed_count'], '/', rerun['evaluated_count'],\n"
-            "      'budget left', rerun['budget_left'])"
+            "r = compare(['current'] + p['candidates'], ids=p['check_ids'])\n"
+            "print('best', r['best'], [(c['score'], c['wins'], c['losses']) for c in r['candidates']])"
         ),
+    },
+    {
+        "reasoning": "The proposal wins: keep it.",
+        "code": "if r['best'] > 0: print(update_prompt('route', r['best_instructions']['route']))",
     },
     {
         "reasoning": "Check on validation before submitting.",
         "code": "val = evaluate_program(split='val')\nprint('val', val['score'], 'baseline val', baseline_val['score'])",
     },
     {
-        "reasoning": "Validation improved; submit the new routing instructions.",
-        "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})",
+        "reasoning": "Validation improved; submit the current instructions.",
+        "code": "SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])",
     },
 ]
 
@@ -145,9 +157,10 @@ def main() -> None:
     trainset, valset = make_splits()
     task_lm = FunctionLM(task_lm_reply, name="fake-task-lm")
     root_lm = ScriptedLM(AGENT_TURNS, name="scripted-root-agent")
+    sub_lm = FunctionLM(proposal_reply, name="fake-sub-lm")
     program = RouteTicket()
 
-    optimizer = RLMDocstringOptimizer(max_iterations=3, root_lm=root_lm, eval_lm=task_lm, verbose=True)
+    optimizer = RLMDocstringOptimizer(max_iterations=3, root_lm=root_lm, sub_lm=sub_lm, eval_lm=task_lm, verbose=True)
     optimized = optimizer.compile(student=program, trainset=trainset, metric=metric, valset=valset)
 
     selection = optimized.selection

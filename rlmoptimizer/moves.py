@@ -160,15 +160,15 @@ class Moves:
             guidance = ""
         if not isinstance(guidance, str):
             raise _refuse(f"guidance must be a string, got {type(guidance).__name__}", "pass guidance='...' as text or leave it out")
-        run = self._source_run(run_id, "propose_instructions")
-        records = self._select_records(run, ids)
+        source, by_id = self._source(run_id, "propose_instructions")
+        records = self._select_records(source, by_id, ids)
         dataset, skipped = [], []
         for record in records:
             entry = reflective_example(step, record)
             (dataset.append(entry) if entry is not None else skipped.append(record.example_id))
         if not dataset:
             raise _refuse(
-                f"step {step!r} did not run on the selected examples of {run.run_id} (ids {[r.example_id for r in records]})",
+                f"step {step!r} did not run on the selected examples of {source} (ids {[r.example_id for r in records]})",
                 "pick examples where the step ran (see their 'steps'), or another step",
             )
         lm = self._lm()
@@ -201,10 +201,12 @@ class Moves:
             notes.append(f"{len(errors)} proposal(s) failed: {errors[0]}")
         if skipped:
             notes.append(f"step {step!r} did not run on example(s) {skipped}; they were left out")
+        used = [r.example_id for r in records if r.example_id not in skipped]
         return {
             "step": step,
-            "from_run": run.run_id,
-            "example_ids": [r.example_id for r in records if r.example_id not in skipped],
+            "from": source,
+            "example_ids": used,
+            "check_ids": used + self._others(used),
             "texts": unique,
             "candidates": [{step: text} for text in unique],
             "budget_spent": spent,
@@ -287,7 +289,8 @@ class Moves:
                 row["ties"] = sum(1 for a, b in zip(mine, first, strict=True) if a == b)
             result["example_ids"] = paired
             result["examples"] = examples
-        result.update({"candidates": rows, "best": best, "budget_spent": spent, "budget_left": self.ledger.left,
+        result.update({"candidates": rows, "best": best, "best_instructions": dict(resolved[best][1]),
+                       "budget_spent": spent, "budget_left": self.ledger.left,
                        "note": "; ".join(notes) or None})
         return result
 
@@ -520,22 +523,37 @@ class Moves:
             raise _refuse(f"{tool}: run {run.run_id} is a {run.split} run", "pass a train run id (validation examples are not shown)")
         return run
 
-    def _source_run(self, run_id: Any, tool: str) -> EvalRun:
+    def _source(self, run_id: Any, tool: str) -> tuple[str, dict[int, ExampleResult]]:
+        """Where a proposal's examples come from: the given train run; by default every first-rollout train
+        record of the current instructions (the latest per example), else the latest train run."""
         if run_id is not None:
-            return self._train_run(run_id, tool)
+            run = self._train_run(run_id, tool)
+            return f"run {run.run_id}", {r.example_id: r for r in run.records}
         train = [run for run in self.runs.runs() if run.split == "train" and run.records]
         if not train:
             raise _refuse(f"{tool}: no train run yet", "call evaluate_program() first")
-        return train[-1]
+        digest = instructions_digest(self._current())
+        mine = [run for run in train if run.rollout == 0 and instructions_digest(run.instructions) == digest]
+        if mine:
+            merged = {r.example_id: r for run in mine for r in run.records}
+            return "the current instructions' train records", dict(sorted(merged.items()))
+        return f"run {train[-1].run_id}", {r.example_id: r for r in train[-1].records}
 
-    def _select_records(self, run: EvalRun, ids: Any) -> list[ExampleResult]:
-        by_id = {r.example_id: r for r in run.records}
+    def _others(self, used: list[int]) -> list[int]:
+        """A random sample of other train ids, as many as ``used`` (at least 5): the check that a proposal
+        fixing these failures breaks nothing else. Reproducible for a given number of stored runs."""
+        rest = [i for i in range(len(self.runs.splits["train"])) if i not in set(used)]
+        rng = random.Random(len(self.runs.runs()))
+        return sorted(rng.sample(rest, min(len(rest), max(5, len(used)))))
+
+    def _select_records(self, source: str, by_id: dict[int, ExampleResult], ids: Any) -> list[ExampleResult]:
         if ids is None:
-            failed = [r for r in run.records if not r.passed]
+            failed = [r for r in by_id.values() if not r.passed]
             if not failed:
                 raise _refuse(
-                    f"run {run.run_id} has no failures to learn from",
-                    "pass ids=[...] of examples to reflect on, or run_id= of a run with failures",
+                    f"{source} show no failures to learn from",
+                    "evaluate new examples first (evaluate_program(sample='random', limit=10, seed=1)), pass "
+                    "ids=[...] of examples to reflect on, or run_id= of a run with failures",
                 )
             if len(failed) > MAX_REFLECTION_EXAMPLES:
                 failed = sorted(random.Random(0).sample(failed, MAX_REFLECTION_EXAMPLES), key=lambda r: r.example_id)
@@ -547,7 +565,7 @@ class Moves:
         missing = [i for i in wanted if i not in by_id]
         if missing:
             raise _refuse(
-                f"example(s) {missing} were not evaluated in run {run.run_id}",
+                f"example(s) {missing} were not evaluated in {source}",
                 f"pick ids from {sorted(by_id)}, or pass run_id= of a run that evaluated them",
             )
         return [by_id[i] for i in wanted]

@@ -188,6 +188,7 @@ class _CompileRun:
             program=self.program, fingerprint=self.fingerprint, runs=self.runs, ledger=self.ledger,
             on_prompt_version=self.journal.write_prompt_version,
             on_run_start=self.display.evaluation_started, on_run_end=self.display.run_finished,
+            proposal_lm=self.sub_lm,
         )
 
     def _manifest(self) -> dict[str, Any]:

@@ -10,7 +10,10 @@ import re
 import string
 from collections.abc import Mapping
 
-TOOL_NAMES: tuple[str, ...] = ("evaluate_program", "run_data", "update_prompt", "optimization_status")
+TOOL_NAMES: tuple[str, ...] = (
+    "evaluate_program", "run_data", "update_prompt", "optimization_status",
+    "propose_instructions", "compare", "diff_runs", "hard_examples", "candidates",
+)
 
 AGENT_INSTRUCTIONS = """\
 You are a prompt optimizer for a DSPy program. The program is made of steps (predictors); each step has
@@ -27,26 +30,62 @@ The REPL already holds the evaluation data of the unchanged program:
 - `step_names`: the list of step names; `current_prompts`: {step name: current instructions}.
 
 Tools (call them from your code; they return plain dicts and lists):
-- `evaluate_program(split='train', limit=None, sample=None, ids=None, failed_from_run=None, seed=0)`: run the
-  program with the current instructions. On 'train' it returns a run like `baseline_train` (with "examples").
+- `evaluate_program(split='train', limit=None, sample=None, ids=None, failed_from_run=None, seed=0, rollouts=1)`:
+  run the program with the current instructions. On 'train' it returns a run like `baseline_train` (with "examples").
   Select examples with `limit=N` (first N), `sample='random'` (shuffled with `seed`, combine with `limit`),
   `ids=[3, 7]` or `ids='3,7'`, `failed_from_run='run-0001'` (the examples that did not pass in that run).
   On 'val' it always runs the whole validation split and returns aggregates only: you never see validation
   examples. Every evaluated example costs 1 budget unit; an example already evaluated with identical
   instructions is reused for free. When the budget cannot cover the request, what fits is evaluated and
-  "note" says so.
+  "note" says so. `rollouts=3` runs each train example 3 times (3 units each): every example gets
+  "pass_rate" and "rollout_scores", and the run "flaky_ids" and "always_failing_ids".
 - `run_data(run_id)`: any earlier run (baseline runs included), free.
 - `update_prompt(step, text)`: set the instructions of one step, free. It refuses unknown step names and empty
   text. Returns {"step", "previous", "version"}.
 - `optimization_status()`: free. Budget spent/left, current instructions per step, step names, and every run
   so far with its split, label and score.
 - `llm_query(prompt)` / `llm_query_batched(prompts)`: ask a sub-LM; each prompt costs 1 budget unit.
+
+Moves (the steps proven optimizers make, one call each):
+- `propose_instructions(step, run_id=None, ids=None, n=1, guidance='')`: the sub-LM writes new instructions for
+  one step from that step's inputs and outputs on failing examples, their expected answers, scores and metric
+  feedback (by default the failures of the current instructions; or of `run_id`, or the examples `ids`).
+  `guidance='...'` adds your own requirements. Changes nothing. 1 unit per proposal (`n` proposals). Returns
+  {"texts": [...], "candidates": [{step: text}, ...], "example_ids": the failures used, "check_ids": those
+  failures plus a random sample of other examples}.
+- `compare(candidates, split='train', ids=None, limit=None, sample=None, seed=0, rollouts=1)`: evaluate several
+  instruction sets on the same examples WITHOUT changing the current prompts. A candidate is 'current', a run id
+  (that run's instructions) or a dict {step: text} (other steps keep their current text). Returns "candidates":
+  [{"score", "passed_count", "wins", "losses", "ties" (per example, against the first candidate), "run_ids"}],
+  "examples": [{"example_id", "scores": [one per candidate]}], "best" (index; a tie keeps the earlier one) and
+  "best_instructions". 1 unit per new example per candidate per rollout, stored records free; refused (nothing
+  spent) when the budget cannot cover it all. On 'val' (whole split) it returns aggregates only.
+- `diff_runs(run_a, run_b)`: on the train examples both runs evaluated: "fixed" and "broken" (each with
+  "first_changed_step", the first step whose outputs differ, and both outputs), "still_failing",
+  "still_passing". Free.
+- `hard_examples()`: "failing_under_best" (train ids the best candidate so far fails) and "examples": every train
+  example that failed in any evaluation, with "failed" and "evaluated" counts, most often failed first. Free.
+- `candidates()`: every instruction set evaluated so far with "instructions", "train_scores" {example id as a
+  string: score}, "val_score", "on_pareto_front" (best on at least one example); "best" is the index of the best
+  (by validation once checked). Free.
 A tool refusing a call raises `AgentToolError` (a ValueError) whose message says what was wrong -> what to do.
 
 Budget: $budget units in all ($budget_note). Your own turns are free. When the budget is spent you can
 still analyse data, update prompts and SUBMIT.
 
-A good way to work:
+The default loop (one line of code per turn is enough; STEP is the step at fault, the last step if unsure):
+1. `p = propose_instructions(STEP); print(p['texts'])`
+2. `r = compare(['current'] + p['candidates'], ids=p['check_ids']); print(r['best'], [(c['score'], c['wins'], c['losses']) for c in r['candidates']])`
+3. `if r['best'] > 0: print(update_prompt(STEP, r['best_instructions'][STEP]))`   (keep the winner)
+4. `v = evaluate_program(split='val'); print(v['score'], baseline_val['score'])`   (the checkpoint, if there is a
+   validation split)
+5. Repeat from 1 (for the same or another step) while the budget lasts, then SUBMIT the best instructions.
+Leave the loop when you can do better: analyse failures with code, ask `llm_query_batched` about groups of
+failures, pass what you learned as `guidance=`, write instructions yourself, use `diff_runs` after a change to
+see what it fixed and broke, `hard_examples()` to replay what keeps failing, `candidates()` to combine the
+strengths of the Pareto front, and `rollouts=3` when scores look noisy.
+
+A good way to work by hand:
 1. Read the baseline failures first. Group them with code by step and by cause (wrong format, missing rule,
    misread input, ...): print counts and a few short examples, not everything.
 2. Use `llm_query_batched` on small groups of failures to understand what they have in common when code alone

@@ -14,7 +14,7 @@ from typing import Any
 
 import dspy
 
-from rlmoptimizer.budget import BudgetLedger
+from rlmoptimizer.budget import BudgetLedger, Reservation
 from rlmoptimizer.errors import (
     AgentToolError,
     ConfigurationError,
@@ -24,6 +24,7 @@ from rlmoptimizer.errors import (
 )
 from rlmoptimizer.evaluation import RunService, select_ids
 from rlmoptimizer.fingerprint import apply_instructions, check_structure, get_instructions
+from rlmoptimizer.moves import Moves
 from rlmoptimizer.records import EvalRun
 
 
@@ -49,6 +50,7 @@ class OptimizationSession:
         on_prompt_version: Callable[[dict[str, Any]], None] | None = None,
         on_run_start: Callable[[str, str, int], None] | None = None,
         on_run_end: Callable[[dict[str, Any]], None] | None = None,
+        proposal_lm: dspy.BaseLM | None = None,
     ) -> None:
         self.program = program
         self.fingerprint = fingerprint
@@ -61,6 +63,11 @@ class OptimizationSession:
         self._on_run_start = on_run_start
         self._on_run_end = on_run_end
         self._lock = threading.Lock()
+        self.moves = Moves(
+            runs=runs, evaluate=self._evaluate_instructions, ledger=ledger, step_names=self.step_names,
+            current=self.instructions, check_map=lambda mapping: self.validate_prompt_map(mapping, what="a candidate"),
+            proposal_lm=proposal_lm,
+        )
 
     # -- helpers used by the optimizer ------------------------------------------------------------
     def instructions(self) -> dict[str, str]:
@@ -134,14 +141,22 @@ class OptimizationSession:
                 self.prompt_versions.append(dict(version))
             check_structure(self.fingerprint, self.program)
 
-    def evaluate(self, split: str, ids: list[int] | None, label: str, charged: bool = True) -> EvalRun:
-        """Evaluate the working program. A systemic failure (the evaluation LM is unusable, the metric is
-        broken) is also kept in ``self.fatal`` so the optimizer stops after the agent's current turn."""
+    def evaluate(self, split: str, ids: list[int] | None, label: str, charged: bool = True, *,
+                 instructions: dict[str, str] | None = None, rollout: int = 0,
+                 reservation: Reservation | None = None) -> EvalRun:
+        """Evaluate the working program, or a copy of it with ``instructions`` (the working program's prompts
+        do not change). A systemic failure (the evaluation LM is unusable, the metric is broken) is also kept
+        in ``self.fatal`` so the optimizer stops after the agent's current turn."""
         with self._lock:
+            program = self.program
+            if instructions is not None:
+                program = copy.deepcopy(self.program)
+                apply_instructions(program, instructions)
             if self._on_run_start is not None:
                 self._on_run_start(split, label, len(self.runs.splits[split]) if ids is None else len(ids))
             try:
-                run = self.runs.evaluate(self.program, split, label=label, charged=charged, ids=ids)
+                run = self.runs.evaluate(program, split, label=label, charged=charged, ids=ids, rollout=rollout,
+                                         reservation=reservation)
             except (EvaluationLMError, MetricError) as exc:
                 self.fatal = exc
                 raise
@@ -149,10 +164,17 @@ class OptimizationSession:
                 self._on_run_end(run.summary())
             return run
 
+    def _evaluate_instructions(self, instructions: dict[str, str], split: str, ids: list[int], *, rollout: int = 0,
+                               label: str = "agent", reservation: Reservation | None = None) -> EvalRun:
+        return self.evaluate(split, ids, label, instructions=instructions, rollout=rollout, reservation=reservation)
+
     # -- the tools ----------------------------------------------------------------------------------
     def tool_functions(self) -> list[Callable]:
         """The agent's tools, in the order the instructions describe them."""
-        return [self.evaluate_program, self.run_data, self.update_prompt, self.optimization_status]
+        return [
+            self.evaluate_program, self.run_data, self.update_prompt, self.optimization_status,
+            self.propose_instructions, self.compare, self.diff_runs, self.hard_examples, self.candidates,
+        ]
 
     def evaluate_program(
         self,
@@ -162,8 +184,9 @@ class OptimizationSession:
         ids: Any = None,
         failed_from_run: str | None = None,
         seed: int = 0,
+        rollouts: int = 1,
     ) -> dict:
-        """Run the program with the current instructions on 'train' (selected examples, full records) or 'val' (whole split, aggregates only). Costs 1 budget unit per newly evaluated example."""
+        """Run the program with the current instructions on 'train' (selected examples, full records) or 'val' (whole split, aggregates only). Costs 1 budget unit per newly evaluated example per rollout; rollouts=k samples each example k times (per-example pass_rate, flaky_ids, always_failing_ids)."""
         if split not in self.runs.splits:
             raise agent_error(f"unknown split {split!r}", f"use one of {sorted(self.runs.splits)}")
         if split == "val":
@@ -172,6 +195,8 @@ class OptimizationSession:
                     "validation always runs on the whole split and takes no selection",
                     "call evaluate_program(split='val') with no other arguments",
                 )
+            if rollouts != 1:
+                return self.moves.evaluate_rollouts(self.instructions(), "val", [], rollouts)  # refuses, saying why
             run = self.evaluate("val", None, label="agent")
             return run.agent_view()
         failed: list[int] | None = None
@@ -190,8 +215,35 @@ class OptimizationSession:
             )
         except ValueError as exc:
             raise agent_error(str(exc), "fix the selection arguments and call evaluate_program again") from None
+        if rollouts != 1:
+            if not selected:
+                raise agent_error("the selection is empty", "select at least one example (ids=..., limit=N)")
+            return self.moves.evaluate_rollouts(self.instructions(), "train", selected, rollouts)
         run = self.evaluate("train", selected, label="agent")
         return run.agent_view()
+
+    def propose_instructions(self, step: str, run_id: str | None = None, ids: Any = None, n: int = 1,
+                             guidance: str = "") -> dict:
+        """GEPA's reflective proposal: new instructions for `step`, written by the sub-LM from that step's inputs/outputs, the expected fields, scores and metric feedback of the failures of run_id (default: the latest train run), or of ids=[...]. guidance= adds your own requirements. Changes nothing; 1 budget unit per proposal (n proposals). Returns {'texts', 'candidates': [{step: text}], 'example_ids', ...}."""
+        return self.moves.propose_instructions(step, run_id=run_id, ids=ids, n=n, guidance=guidance)
+
+    def compare(self, candidates: list, split: str = "train", ids: Any = None, limit: int | None = None,
+                sample: str | None = None, seed: int = 0, rollouts: int = 1) -> dict:
+        """Evaluate several instruction sets on the same examples without changing the current prompts. Each candidate: 'current', a run id (that run's instructions) or a {step: text} dict (other steps keep their current text). Returns per candidate score, passed_count, wins/losses/ties vs the first, per example scores (train), and 'best' (index; ties keep the earlier). 1 unit per new example per candidate per rollout; stored records are free; refused if the budget cannot cover it all."""
+        return self.moves.compare(candidates, split=split, ids=ids, limit=limit, sample=sample, seed=seed,
+                                  rollouts=rollouts)
+
+    def diff_runs(self, run_a: str, run_b: str) -> dict:
+        """Contrast two train runs on the examples both evaluated: fixed, broken (each with the first step whose outputs differ, and both outputs), still_failing, still_passing. Free."""
+        return self.moves.diff_runs(run_a, run_b)
+
+    def hard_examples(self) -> dict:
+        """The failure replay set: train ids failing under the best candidate so far, and every train example that failed in any evaluation with how often (most often first). Free."""
+        return self.moves.hard_examples()
+
+    def candidates(self) -> dict:
+        """Every instruction set evaluated so far: its instructions, train scores by example id, validation score, and whether it is on the Pareto front (best on at least one example). 'best' is the index of the best (by validation when checked). Free."""
+        return self.moves.candidates()
 
     def run_data(self, run_id: str) -> dict:
         """Return an earlier run (baseline runs included) by id: full records for train runs, aggregates for validation runs. Free."""

@@ -123,7 +123,8 @@ def test_propose_reflects_on_the_failures_of_the_latest_train_run_and_charges_on
     proposer = proposal_reply()
     world = World(tmp_path, proposal_lm=proposer)
     result = world.moves.propose_instructions("generate.predict", n=2, guidance="Keep it under 20 words.")
-    assert result["from_run"] == world.baseline.run_id and result["example_ids"] == [1, 3, 5]
+    assert result["from"] == "the current instructions' train records" and result["example_ids"] == [1, 3, 5]
+    assert result["check_ids"] == [1, 3, 5, 0, 2, 4]  # the failures, then a random sample of the others
     assert result["texts"] == ["Answer with a<i>. PASS:0,1,2,3,4,5"]  # the fake answers the same twice
     assert result["candidates"] == [{"generate.predict": "Answer with a<i>. PASS:0,1,2,3,4,5"}]
     assert "repeated" in result["note"]
@@ -136,6 +137,11 @@ def test_propose_reflects_on_the_failures_of_the_latest_train_run_and_charges_on
         assert failing in asked
     assert "q2" not in asked and "expected a3, not wrong" in asked
     assert get_instructions(world.program) == world.initial  # nothing changed
+    # by default a proposal learns from the current instructions' records, wherever they were evaluated
+    world.program.generate.predict.signature = world.program.generate.predict.signature.with_instructions("PASS:0,1")
+    world.moves.compare(["current"], ids=[0, 1, 2, 3])
+    assert world.moves.propose_instructions("generate.predict")["example_ids"] == [2, 3]
+    assert world.ledger.spent == 2 + 4 + 1
 
 
 def test_propose_on_chosen_ids_and_runs(tmp_path):
@@ -155,11 +161,12 @@ def test_propose_refusals_say_what_to_do_and_charge_nothing(tmp_path):
         world.moves.propose_instructions("generate.predict", n=0)
     with pytest.raises(AgentToolError, match=r"no run with id 'run-9' -> use one of \['run-0001'\]"):
         world.moves.propose_instructions("generate.predict", run_id="run-9")
+    world.runs.evaluate(world.program, "train", label="agent", ids=[0, 1])
     with pytest.raises(AgentToolError, match=r"example\(s\) \[4\] were not evaluated in run run-0002 -> pick ids"):
-        world.runs.evaluate(world.program, "train", label="agent", ids=[0, 1])
-        world.moves.propose_instructions("generate.predict", ids=[4])
+        world.moves.propose_instructions("generate.predict", run_id="run-0002", ids=[4])
+    world.program.generate.predict.signature = world.program.generate.predict.signature.with_instructions("PASS:0,2")
     world.runs.evaluate(world.program, "train", label="agent", ids=[0, 2])
-    with pytest.raises(AgentToolError, match=r"run run-0003 has no failures to learn from -> pass ids"):
+    with pytest.raises(AgentToolError, match=r"records show no failures to learn from -> evaluate new examples first"):
         world.moves.propose_instructions("generate.predict")
     world.runs.evaluate(world.program, "val", label="agent")
     with pytest.raises(AgentToolError, match="is a val run -> pass a train run id"):
@@ -201,6 +208,7 @@ def test_compare_is_paired_charges_only_new_records_and_changes_no_prompt(tmp_pa
     assert [(c["wins"], c["losses"], c["ties"]) for c in result["candidates"]] == [(0, 0, 4), (2, 0, 2), (1, 2, 1)]
     assert result["examples"][3] == {"example_id": 3, "scores": [0.0, 1.0, 1.0]}
     assert result["best"] == 1 and [c["source"] for c in result["candidates"]] == ["current", "map", "map"]
+    assert result["best_instructions"] == {**world.initial, **better}
     assert get_instructions(world.program) == world.initial
     # the same comparison again reuses every record: free
     again = world.moves.compare([better, "current"], ids=[3, 1, 0, 2])
