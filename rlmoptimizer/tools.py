@@ -227,7 +227,7 @@ class OptimizationSession:
         """GEPA's reflective proposal: new instructions for `step`, written by the sub-LM from that step's inputs/outputs, the expected fields, scores and metric feedback of the failures of run_id (default: the latest train run), or of ids=[...]. guidance= adds your own requirements. Changes nothing; 1 budget unit per proposal (n proposals). Returns {'texts', 'candidates': [{step: text}], 'example_ids', ...}."""
         return self.moves.propose_instructions(step, run_id=run_id, ids=ids, n=n, guidance=guidance)
 
-    def compare(self, candidates: list, split: str = "train", ids: Any = None, limit: int | None = None,
+    def compare(self, candidates: Any, split: str = "train", ids: Any = None, limit: int | None = None,
                 sample: str | None = None, seed: int = 0, rollouts: int = 1) -> dict:
         """Evaluate several instruction sets on the same examples without changing the current prompts. Each candidate: 'current', a run id (that run's instructions) or a {step: text} dict (other steps keep their current text). Returns per candidate score, passed_count, wins/losses/ties vs the first, per example scores (train), and 'best' (index; ties keep the earlier). 1 unit per new example per candidate per rollout; stored records are free; refused if the budget cannot cover it all."""
         return self.moves.compare(candidates, split=split, ids=ids, limit=limit, sample=sample, seed=seed,
