@@ -318,7 +318,8 @@ class _CompileRun:
         candidates; the unchanged instructions win every tie."""
         split = "val" if self.valset else "train"
         size = len(self.valset) if self.valset else len(self.trainset)
-        complete = [r for r in self.runs.runs() if r.split == split and r.evaluated_count == size]
+        # the first sample of each candidate only: a lucky extra rollout must not pick the program
+        complete = [r for r in self.runs.runs() if r.split == split and r.evaluated_count == size and r.rollout == 0]
         submitted_run = next((r for r in reversed(complete) if r.instructions == submission), None)
         if submitted_run is None:
             charged = self.ledger.left >= size

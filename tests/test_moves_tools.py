@@ -207,3 +207,34 @@ def test_budget_is_exact_with_sixteen_threads_and_every_new_tool():
     assert out["kinds"] == {"train_example": 68, "val_example": 8, "sub_lm_call": 5 + 0}
     # the submission was checked on validation by the compare already: nothing more was spent
     assert result.budget["spent"] == out["total"] <= out["limit"]
+
+
+def test_a_lucky_extra_rollout_never_picks_the_returned_program():
+    """Without a valset the program is chosen on train; only each candidate's first sample counts."""
+
+    def reply(messages, settings):
+        system = next((m["content"] for m in messages if m.get("role") == "system"), "")
+        if "LUCKY" in system and "[[ ## summary ## ]]" in str(messages[-1]["content"]):
+            if settings.get("rollout_id") == 1:  # the extra sample follows the policy, the first never does
+                messages = [{**m, "content": m["content"] + POLICY_PROMPT} if m.get("role") == "system" else m
+                            for m in messages]
+            else:
+                return {"queue": "nowhere"}
+        return task_lm_reply(messages)
+
+    trainset, _ = make_splits()
+    optimizer = RLMDocstringOptimizer(
+        max_iterations=3, num_threads=4, eval_lm=FunctionLM(reply, with_settings=True), sub_lm=proposer(),
+        root_lm=scripted_agent([
+            {"reasoning": "try", "code": (
+                "update_prompt('route', 'LUCKY')\n"
+                "e = evaluate_program(rollouts=2)\n"
+                "print([x['score'] for x in e['examples']].count(0), e['score'], [run_data(i)['score'] for i in e['run_ids']])"
+            )},
+            {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program={'route': 'LUCKY'})"},
+        ]),
+    )
+    result = optimizer.compile(student=RouteTicket(), trainset=trainset, metric=metric)
+    assert result.agent_trajectory[0]["output"].strip() == "12 0.5 [0, 1]"
+    assert result.selection["chosen_label"] == "baseline" and result.optimized_dspy_program["route"] == ORIGINAL_ROUTE
+    assert result.selection["submission_score"] == 0.0
