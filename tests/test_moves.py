@@ -362,3 +362,44 @@ def test_budget_is_exact_when_sixteen_threads_compare_and_propose_at_once(tmp_pa
     assert world.ledger.spent == sum(spent) <= 40
     assert all("budget" in message for message in refused)
     assert len(spent) + len(refused) == 16
+
+
+# -- rollouts in the evaluator, the run service and the records ------------------------------------------------
+
+
+def test_rollout_lms_count_from_the_lms_own_rollout_id_and_are_made_once(tmp_path):
+    lm = task_lm().copy(rollout_id=5, temperature=1.0)
+    evaluator = Evaluator(metric=Metric(metric), lm=lm)
+    assert evaluator.lm_for(0) is lm
+    assert evaluator.lm_for(2).kwargs["rollout_id"] == 7 and evaluator.lm_for(2) is evaluator.lm_for(2)
+    assert evaluator.lm_for(2).kwargs["temperature"] == 1.0  # the LM's own temperature is kept
+    with pytest.raises(ValueError, match="rollout must be an int >= 0"):
+        evaluator.lm_for(-1)
+
+
+def test_a_run_keeps_its_rollout_through_json_and_a_recovered_evaluation(tmp_path):
+    world = World(tmp_path, train=4)
+    run = world.runs.evaluate(world.program, "train", label="agent", ids=[0, 1], rollout=2)
+    assert run.rollout == 2 and run.summary()["rollout"] == 2 and "rollout" not in world.baseline.summary()
+    assert type(run).from_dict(json.loads(json.dumps(run.to_dict()))) == run
+    # an evaluation the process never finished comes back as a run of the same rollout, reused per rollout
+    pending = world.runs.store.open_pending({"label": "agent", "split": "train", "instructions": world.initial,
+                                             "requested": 2, "charged": True, "rollout": 3})
+    pending.append(run.records[0])
+    service = RunService(evaluator=world.runs.evaluator, store=RunStore(tmp_path / "runs"), ledger=world.ledger,
+                         splits=world.runs.splits)
+    recovered = service.runs()[-1]
+    assert recovered.label == "agent:recovered" and recovered.rollout == 3
+    assert set(service.stored(world.initial, "train", [0, 1], rollout=3)) == {0}
+    assert set(service.stored(world.initial, "train", [0, 1], rollout=2)) == {0, 1}
+
+
+def test_an_evaluation_spends_from_a_callers_reservation_and_leaves_the_rest_reserved(tmp_path):
+    world = World(tmp_path, limit=10, train=4)
+    with world.ledger.reserve_exactly(6, TRAIN_EXAMPLE) as reservation:
+        assert world.ledger.left == 4
+        run = world.runs.evaluate(world.program, "train", label="agent", ids=[0, 1, 2], rollout=1,
+                                  reservation=reservation)
+        assert run.budget_spent == 3 and reservation.spent == 3 and reservation.remaining == 3
+        assert world.ledger.left == 4  # the rest stays set aside for the caller
+    assert world.ledger.left == 7 and world.ledger.spent == 3
