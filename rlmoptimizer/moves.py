@@ -103,7 +103,8 @@ def reflective_example(step: str, record: ExampleResult) -> dict[str, Any] | Non
 
 
 class _Candidate:
-    """Every stored run of one instruction set, merged."""
+    """Every stored run of one instruction set, merged. Records of LM calls that failed without an answer are
+    left out of its scores: they say nothing about the instructions (and are tried again when asked)."""
 
     def __init__(self, index: int, instructions: dict[str, str]) -> None:
         self.index = index
@@ -116,7 +117,8 @@ class _Candidate:
         self.runs.append(run)
         if run.split == "train":
             for record in run.records:
-                self.train.setdefault(record.example_id, {})[run.rollout] = record
+                if is_reusable(record):
+                    self.train.setdefault(record.example_id, {})[run.rollout] = record
         elif run.split == "val" and run.evaluated_count == val_size and run.rollout == 0:
             self.val_run = run
 
@@ -535,7 +537,7 @@ class Moves:
         digest = instructions_digest(self._current())
         mine = [run for run in train if run.rollout == 0 and instructions_digest(run.instructions) == digest]
         if mine:
-            merged = {r.example_id: r for run in mine for r in run.records}
+            merged = {r.example_id: r for run in mine for r in run.records if is_reusable(r)}
             return "the current instructions' train records", dict(sorted(merged.items()))
         return f"run {train[-1].run_id}", {r.example_id: r for r in train[-1].records}
 

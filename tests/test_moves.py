@@ -75,12 +75,13 @@ def data(n: int, prefix: str = "q") -> list[dspy.Example]:
 class World:
     """One optimization's worth of state: program, runs, ledger and the moves over them."""
 
-    def __init__(self, tmp_path, *, limit: int = 100, train: int = 6, val: int = 4, proposal_lm=None, lm=None):
+    def __init__(self, tmp_path, *, limit: int = 100, train: int = 6, val: int = 4, proposal_lm=None, lm=None,
+                 **evaluator_kwargs):
         self.program = TwoSteps()
         self.lm = lm or task_lm()
         self.ledger = BudgetLedger(limit)
         self.runs = RunService(
-            evaluator=Evaluator(metric=Metric(metric), lm=self.lm, num_threads=4),
+            evaluator=Evaluator(metric=Metric(metric), lm=self.lm, num_threads=4, **evaluator_kwargs),
             store=RunStore(tmp_path / "runs"), ledger=self.ledger,
             splits={"train": data(train), "val": data(val)},
         )
@@ -403,3 +404,25 @@ def test_an_evaluation_spends_from_a_callers_reservation_and_leaves_the_rest_res
         assert run.budget_spent == 3 and reservation.spent == 3 and reservation.remaining == 3
         assert world.ledger.left == 4  # the rest stays set aside for the caller
     assert world.ledger.left == 7 and world.ledger.spent == 3
+
+
+def test_an_lm_call_that_failed_without_an_answer_is_not_held_against_the_instructions(tmp_path):
+    base = task_lm()
+
+    def reply(messages, settings):
+        if field(messages, "question") == "q1":
+            return dspy.LMRateLimitError("slow down", model="task", provider="fake")
+        return base.fn(messages, settings)
+
+    def failing_lm() -> FunctionLM:
+        lm = FunctionLM(reply, with_settings=True)
+        lm.num_retries = 0  # no provider-level retries: the failure is immediate
+        return lm
+
+    world = World(tmp_path, train=4, lm=failing_lm(), transient_retries=0)
+    assert world.baseline.records[1].error.startswith("LMRateLimitError")
+    assert world.moves.hard_examples()["examples"] == [{"example_id": 3, "failed": 1, "evaluated": 1, "fail_rate": 1.0}]
+    assert world.moves.candidates()["candidates"][0]["train_scores"] == {"0": 1.0, "2": 1.0, "3": 0.0}
+    proposal = World(tmp_path / "b", train=4, lm=failing_lm(), transient_retries=0,
+                     proposal_lm=proposal_reply())
+    assert proposal.moves.propose_instructions("generate.predict")["example_ids"] == [3]
