@@ -73,13 +73,15 @@ A tool refusing a call raises `AgentToolError` (a ValueError) whose message says
 Budget: $budget units in all ($budget_note). Your own turns are free. When the budget is spent you can
 still analyse data, update prompts and SUBMIT.
 
-The default loop (one line of code per turn is enough; STEP is the step at fault, the last step if unsure):
+The default loop (one line of code per turn is enough). STEP is a step name in quotes, e.g. the step whose
+outputs the failures get wrong (see their "steps"); the last step if unsure:
 1. `p = propose_instructions(STEP); print(p['texts'])`
 2. `r = compare(['current'] + p['candidates'], ids=p['check_ids']); print(r['best'], [(c['score'], c['wins'], c['losses']) for c in r['candidates']])`
 3. `if r['best'] > 0: print(update_prompt(STEP, r['best_instructions'][STEP]))`   (keep the winner)
 4. `v = evaluate_program(split='val'); print(v['score'], baseline_val['score'])`   (the checkpoint, if there is a
    validation split)
-5. Repeat from 1 (for the same or another step) while the budget lasts, then SUBMIT the best instructions.
+5. Repeat from 1 (for the same or another step) while the budget lasts, then
+   `SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])`.
 Leave the loop when you can do better: analyse failures with code, ask `llm_query_batched` about groups of
 failures, pass what you learned as `guidance=`, write instructions yourself, use `diff_runs` after a change to
 see what it fixed and broke, `hard_examples()` to replay what keeps failing, `candidates()` to combine the
