@@ -276,7 +276,7 @@ class Moves:
         result: dict[str, Any] = {"split": split, "rollouts": rollouts, "evaluated_count": len(paired)}
         notes = self._notes(runs_of, paired, example_ids)
         if split == "train":
-            per_example = {c: self._per_example(runs, rollouts) for c, runs in enumerate(runs_of)}
+            per_example = {c: self._per_example(runs) for c, runs in enumerate(runs_of)}
             examples = []
             for i in paired:
                 entry = {"example_id": i, "scores": [per_example[c][i][0] for c in range(len(rows))]}
@@ -315,7 +315,7 @@ class Moves:
         notes = self._notes([runs], _complete_ids(example_ids, runs), example_ids)
         view["note"] = "; ".join(notes) or None
         if split == "train":
-            per_example = self._per_example(runs, rollouts)
+            per_example = self._per_example(runs)
             scores = {i: [rec.score for rec in by] for i, by in self._records_by_example(runs).items()}
             for example in view["examples"]:
                 i = example["example_id"]
@@ -361,14 +361,14 @@ class Moves:
                 out.setdefault(record.example_id, []).append(record)
         return out
 
-    def _per_example(self, runs: list[EvalRun], rollouts: int) -> dict[int, tuple[float, float]]:
+    def _per_example(self, runs: list[EvalRun]) -> dict[int, tuple[float, float]]:
         """example id -> (mean score, pass rate) over the rollouts."""
         return {i: (_mean([r.score for r in recs]), _mean([1.0 if r.passed else 0.0 for r in recs]))
                 for i, recs in sorted(self._records_by_example(runs).items())}
 
     def _aggregate(self, runs: list[EvalRun], ids: list[int], rollouts: int) -> dict[str, Any]:
         wanted = set(ids)
-        per_example = {i: v for i, v in self._per_example(runs, rollouts).items() if i in wanted}
+        per_example = {i: v for i, v in self._per_example(runs).items() if i in wanted}
         out = {
             "score": _mean([score for score, _ in per_example.values()]),
             "passed_count": sum(1 for _, rate in per_example.values() if rate == 1.0),
