@@ -7,6 +7,7 @@ from rlmoptimizer.errors import (
     MetricError,
     OptimizationInterrupted,
     RLMOptimizerError,
+    RunDirectoryInUseError,
     RunDirectoryMismatchError,
     SandboxError,
     StructureChangedError,
@@ -23,6 +24,7 @@ __all__ = [
     "EvaluationLMError",
     "SandboxError",
     "RunDirectoryMismatchError",
+    "RunDirectoryInUseError",
     "OptimizationInterrupted",
 ]
 
