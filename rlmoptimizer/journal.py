@@ -145,7 +145,7 @@ class RunDirectoryLock:
     second compile() gets. The OS releases the lock when the holder exits or is killed.
 
     ``read_only=True`` is for reading back a finished run: nothing is created or written (an existing lock
-    file is opened read-only; a directory that cannot be written is used without a lock)."""
+    file is opened read-only; without one, the finished run is read without a lock)."""
 
     def __init__(self, directory: str | Path, *, read_only: bool = False) -> None:
         self.directory = Path(directory)
@@ -156,7 +156,7 @@ class RunDirectoryLock:
 
     def _open(self) -> int | None:
         path = self.directory / LOCK_FILE
-        if self.read_only and path.exists():
+        if self.read_only:  # open what is there, create nothing
             try:
                 return os.open(path, os.O_RDONLY)
             except OSError as exc:
@@ -165,9 +165,6 @@ class RunDirectoryLock:
         try:
             return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
-            if self.read_only and exc.errno in _READ_ONLY_ERRNOS:
-                logger.debug("cannot create %s (%s); reading the finished run without a lock", path, exc)
-                return None
             raise ConfigurationError(
                 f"run_storage_dir {str(self.directory)!r} cannot be written ({exc}); a run that is not finished "
                 "must be written to as it goes. Pass a writable run_storage_dir."
