@@ -455,3 +455,26 @@ def test_sandbox_timeouts_in_range_are_kept(good):
 def test_pass_threshold_must_be_a_number_in_0_1(bad):
     with pytest.raises(ConfigurationError, match=r"pass_threshold must be a number in \[0, 1\]"):
         RLMDocstringOptimizer(root_lm=FunctionLM(task_lm_reply), pass_threshold=bad)
+
+
+@pytest.mark.slow
+def test_a_directory_written_before_the_lm_and_example_digests_were_recorded_still_resumes(finished_copy, caplog):
+    from rlmoptimizer.fingerprint import legacy_examples_digest
+
+    trainset, valset = make_splits()
+    manifest = json.loads((finished_copy / "manifest.json").read_text())
+    for key in ("eval_lm", "examples_digest_version"):
+        del manifest[key]
+    manifest.update(trainset=legacy_examples_digest(trainset), valset=legacy_examples_digest(valset))
+    (finished_copy / "manifest.json").write_text(json.dumps(manifest))
+
+    task = FunctionLM(task_lm_reply)
+    with caplog.at_level(logging.WARNING, logger="rlmoptimizer"):
+        result = compile_in(finished_copy, scripted_agent(TURNS), task, metric_fn=partial_metric)
+    assert task.calls == [] and result.optimized_dspy_program["route"] == POLICY_PROMPT
+    assert "written before the evaluation LM was recorded" in caplog.text
+    upgraded = json.loads((finished_copy / "manifest.json").read_text())
+    assert upgraded["eval_lm"]["lm"]["model"] == "fake"
+    assert upgraded["trainset"] == examples_digest(trainset) and upgraded["examples_digest_version"] == 2
+    with pytest.raises(RunDirectoryMismatchError, match="different evaluation LM"):
+        compile_in(finished_copy, scripted_agent(TURNS), FunctionLM(task_lm_reply, name="x"), metric_fn=partial_metric)
