@@ -61,6 +61,7 @@ class ProtocolReader:
         self._executing = False
         self._notifications = 0
         self.violations: list[str] = []  # protocol violations seen during the request in flight
+        self._oversize_bytes = 0  # the longest line cut during the request in flight
         self.dropped_lines = 0
 
     # ------------------------------------------------------------------ the interpreter's side
@@ -69,6 +70,7 @@ class ProtocolReader:
         self._expected, self._executing = request_id, executing
         self._notifications = 0
         self.violations = []
+        self._oversize_bytes = 0
 
     def readline(self) -> str:
         """The next line PythonInterpreter may see (with its newline), or ``""`` at the end of the stream."""
@@ -127,6 +129,8 @@ class ProtocolReader:
 
     def _answer(self, message: dict, line: str) -> str:
         """The answer to the request in flight; an error instead if the sandbox broke the protocol meanwhile."""
+        if self._executing and self._oversize_bytes:
+            return self._error_line(message.get("id"), "OutputTooLarge", self._too_large_text())
         if not (self._executing and self.violations):
             return line
         count = len(self.violations)
@@ -149,19 +153,27 @@ class ProtocolReader:
         return None
 
     def _oversize(self, raw: _Oversize) -> str | None:
+        """An oversize line: whatever message ends it (dspy's runner writes its messages after whatever the
+        sandboxed code left without a newline) is read as a line of its own; an answer to the request in flight
+        that is itself too long becomes an error."""
+        self._oversize_bytes = max(self._oversize_bytes, raw.size)
+        start = raw.tail.rfind(b'{"jsonrpc"')
+        if start >= 0:
+            line = self._check(raw.tail[start:].decode("utf-8", errors="replace").strip())
+            if line is not None:
+                return line
         match = _TAIL_ID.search(raw.tail)
         found = match.group(1).decode("utf-8", errors="replace") if match else None
-        if found is not None and found == self._expected and self._executing:
-            text = (
-                f"this code's output ({raw.size / 2**20:.0f} MiB on one line) is more than the "
-                f"{self._max / 2**20:.0f} MiB the sandbox passes back; it was discarded. Print less (a summary, "
-                "a slice) and keep large data in variables."
-            )
-            return self._error_line(found, "OutputTooLarge", text)
         if found is not None and found == self._expected:
-            return self._error_line(found, "OutputTooLarge", f"an answer of {raw.size} bytes was discarded")
-        self._violation(f"a line of {raw.size} bytes")
+            return self._error_line(found, "OutputTooLarge", self._too_large_text())
         return None
+
+    def _too_large_text(self) -> str:
+        return (
+            f"this code wrote {self._oversize_bytes / 2**20:.0f} MiB on one line of output, more than the "
+            f"{self._max / 2**20:.0f} MiB the sandbox passes back; it was discarded and this execution counts as "
+            "failed. Print less (a summary, a slice) and keep large data in variables."
+        )
 
     @staticmethod
     def _error_line(request_id: Any, kind: str, text: str) -> str:
