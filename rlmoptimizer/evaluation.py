@@ -34,7 +34,7 @@ from dspy.utils import exceptions as dspy_errors
 
 from rlmoptimizer.budget import TRAIN_EXAMPLE, VAL_EXAMPLE, BudgetLedger, Reservation
 from rlmoptimizer.errors import ConfigurationError, EvaluationLMError, MetricError
-from rlmoptimizer.fingerprint import get_instructions, instructions_digest
+from rlmoptimizer.fingerprint import canonical_json, get_instructions, instructions_digest, signature_description
 from rlmoptimizer.metric import Metric
 from rlmoptimizer.records import EvalRun, ExampleResult, StepTrace, jsonable
 from rlmoptimizer.run_store import RunStore
@@ -246,6 +246,62 @@ class _Batch:
         self.on_record: Callable[[ExampleResult], None] | None = None
 
 
+_STEP_TAG = "_rlmoptimizer_step"
+
+
+class StepNames:
+    """Which step of the program a traced predictor call belongs to, wherever dspy copied the predictor.
+
+    ``dspy.Refine`` and ``dspy.BestOfN`` run a deep copy of their module (and a user's code may build a
+    predictor from a step's signature), so the predictor object in the trace is often not the program's.
+    A call is matched, in order: by a tag set on each program predictor (deep copies carry it), by identity,
+    and by what it is, its signature (fields and instructions), when exactly one step has that signature.
+    Calls matching no step (e.g. Refine's feedback predictor) are not steps.
+    """
+
+    def __init__(self, program: Any) -> None:
+        self._by_id: dict[int, str] = {}
+        by_signature: dict[str, list[str]] = {}
+        for name, predictor in program.named_predictors():
+            self._by_id[id(predictor)] = name
+            try:
+                predictor.__dict__[_STEP_TAG] = name
+            except Exception:  # a predictor without an instance dict: identity and signature still work
+                pass
+            by_signature.setdefault(self._key(predictor), []).append(name)
+        self._by_signature = {key: names[0] for key, names in by_signature.items() if len(names) == 1}
+        self._keys: dict[Any, str | None] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(predictor: Any) -> str | None:
+        signature = getattr(predictor, "signature", None)
+        if signature is None:
+            return None
+        try:
+            return canonical_json(signature_description(signature))
+        except Exception:
+            return None
+
+    def name(self, predictor: Any) -> str | None:
+        tag = getattr(predictor, "__dict__", {}).get(_STEP_TAG)
+        if isinstance(tag, str):
+            return tag
+        name = self._by_id.get(id(predictor))
+        if name is not None:
+            return name
+        signature = getattr(predictor, "signature", None)
+        with self._lock:
+            try:
+                if signature in self._keys:
+                    key = self._keys[signature]
+                else:
+                    key = self._keys[signature] = self._key(predictor)
+            except TypeError:  # an unhashable signature
+                key = self._key(predictor)
+        return self._by_signature.get(key) if key is not None else None
+
+
 class Evaluator:
     """Runs a program on examples in threads, with its LM pinned, and scores each with the metric.
 
@@ -302,7 +358,7 @@ class Evaluator:
             items = items[: reservation.granted]
         if not items:
             return []
-        names = {id(predictor): name for name, predictor in program.named_predictors()}
+        names = StepNames(program)
         batch = _Batch(len(items), reservation)
         batch.on_record = on_record
         pool = ThreadPoolExecutor(max_workers=min(self.num_threads, len(items)), thread_name_prefix="rlmoptimizer-eval")
@@ -350,7 +406,7 @@ class Evaluator:
         return records
 
     # -- one example, in a worker thread ---------------------------------------------------------
-    def _task(self, program: Any, names: dict[int, str], example_id: int, example: Any, batch: _Batch) -> None:
+    def _task(self, program: Any, names: StepNames, example_id: int, example: Any, batch: _Batch) -> None:
         try:
             self._run_one(program, names, example_id, example, batch)
         except BaseException as exc:  # a bug outside the program and metric (or an interrupt): stop everything
@@ -364,7 +420,7 @@ class Evaluator:
                 if batch.finished == batch.total or batch.stop.is_set():
                     batch.wake.set()
 
-    def _run_one(self, program: Any, names: dict[int, str], example_id: int, example: Any, batch: _Batch) -> None:
+    def _run_one(self, program: Any, names: StepNames, example_id: int, example: Any, batch: _Batch) -> None:
         if batch.stop.is_set():
             return
         inputs, labels = _inputs_and_labels(example)
@@ -423,10 +479,10 @@ class Evaluator:
         self._finish(batch, record, None)
 
     @staticmethod
-    def _steps(trace: list, names: dict[int, str]) -> tuple[StepTrace, ...]:
+    def _steps(trace: list, names: StepNames) -> tuple[StepTrace, ...]:
         steps = []
         for predictor, step_inputs, outputs in list(trace):
-            name = names.get(id(predictor))
+            name = names.name(predictor)
             if name is None:  # a predictor outside named_predictors() (e.g. a compiled sub-module): not a step
                 continue
             steps.append(StepTrace(step_name=name, inputs=_json_dict(dict(step_inputs)), outputs=_fields(outputs)))

@@ -33,6 +33,7 @@ from rlmoptimizer.evaluation import Evaluator, RunService, check_examples, check
 from rlmoptimizer.fingerprint import (
     apply_instructions,
     check_structure,
+    copy_program,
     fingerprint_digest,
     get_instructions,
     sha256_json,
@@ -158,7 +159,9 @@ class _CompileRun:
         self.display = Display(config.verbose, config.console)
 
         self.student = student
-        self.program = student.deepcopy()
+        # Every copy is made the same way; a program that cannot be copied apart is refused here, before any
+        # LM call, not after the agent has run.
+        self.program = copy_program(student)
         self.fingerprint = structural_fingerprint(self.program)
         self.initial_instructions = get_instructions(self.program)
         self.budget_limit = budget_for(config.max_iterations, len(self.trainset), len(self.valset))
@@ -189,6 +192,9 @@ class _CompileRun:
             on_prompt_version=self.journal.write_prompt_version,
             on_run_start=self.display.evaluation_started, on_run_end=self.display.run_finished,
         )
+        # Dry runs before any LM call: the copy has the student's structure, and a submission can be checked.
+        check_structure(self.fingerprint, student)
+        self.session.validate_prompt_map(self.initial_instructions)
 
     def _manifest(self) -> dict[str, Any]:
         return {
@@ -246,7 +252,7 @@ class _CompileRun:
                 return run
         size = len(self.trainset) if split == "train" else len(self.valset)
         self.display.evaluation_started(split, "baseline", size)
-        run = self.runs.evaluate(self.student.deepcopy(), split, label="baseline", charged=False)
+        run = self.runs.evaluate(copy_program(self.student), split, label="baseline", charged=False)
         self.display.run_finished(run.summary())
         return run
 
@@ -366,7 +372,7 @@ class _CompileRun:
         return dict(chosen_run.instructions), selection
 
     def _build_result(self, instructions: dict[str, str], selection: dict, agent_result: dict) -> dspy.Module:
-        program = self.student.deepcopy()
+        program = copy_program(self.student)
         apply_instructions(program, instructions)
         check_structure(self.fingerprint, program)
         runs = self.runs.runs()
