@@ -107,6 +107,16 @@ def resolve_eval_lm(eval_lm: Any) -> dspy.BaseLM:
     return lm
 
 
+def check_pass_threshold(value: Any) -> float:
+    """``value`` as a float if it is a finite number, else :class:`ConfigurationError`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigurationError(
+            f"pass_threshold must be a finite number (the score at which an example counts as passed, on your "
+            f"metric's scale, e.g. 1.0 for a 0-1 metric or 5 for a 0-5 one), got {value!r}"
+        )
+    return float(value)
+
+
 # -- classifying LM failures ---------------------------------------------------------------------
 
 # Errors that retrying cannot fix and that would fail every example the same way.
@@ -328,8 +338,7 @@ class Evaluator:
             raise ConfigurationError(f"metric must be an rlmoptimizer Metric (wrap it: Metric(fn)), got {type(metric).__name__}")
         if not isinstance(num_threads, int) or isinstance(num_threads, bool) or num_threads < 1:
             raise ConfigurationError(f"num_threads must be an int >= 1, got {num_threads!r}")
-        if isinstance(pass_threshold, bool) or not isinstance(pass_threshold, (int, float)) or not 0.0 <= pass_threshold <= 1.0:
-            raise ConfigurationError(f"pass_threshold must be a number in [0, 1], got {pass_threshold!r}")
+        check_pass_threshold(pass_threshold)
         if not isinstance(max_consecutive_lm_failures, int) or max_consecutive_lm_failures < 1:
             raise ConfigurationError(f"max_consecutive_lm_failures must be an int >= 1, got {max_consecutive_lm_failures!r}")
         self.metric = metric
@@ -342,6 +351,7 @@ class Evaluator:
         self.transient_retries = transient_retries
         self.retry_backoff_s = float(retry_backoff_s)
         self.on_result = on_result
+        self._scale_noted = False
 
     def evaluate(
         self,
@@ -465,6 +475,13 @@ class Evaluator:
                 return
             except Exception as exc:
                 score, feedback, error = 0.0, None, _format_error(exc)
+        if error is None and not 0.0 <= score <= 1.0 and not self._scale_noted:
+            self._scale_noted = True
+            logger.info(
+                "The metric %s returned %r, outside [0, 1]: scores are used as returned (a run's score is their "
+                "mean) and an example passes when its score is at least pass_threshold=%r; set pass_threshold= "
+                "to the score that means correct on this scale.", self.metric.name, score, self.pass_threshold,
+            )
         record = ExampleResult(
             example_id=example_id,
             inputs=_json_dict(inputs),

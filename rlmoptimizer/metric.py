@@ -1,13 +1,14 @@
-"""The user's metric, called the way it was written and held to one contract: a score in [0, 1].
+"""The user's metric, called the way it was written and held to one contract: a finite number per example.
 
 Two calling styles are accepted, told apart by the function's signature:
 
 * DSPy style, ``metric(example, prediction)`` or ``metric(example, prediction, trace=None)``;
 * GEPA style, ``metric(gold, pred, trace, pred_name, pred_trace)``: called with ``None`` for the last three.
 
-A metric may return a bool (True is 1.0), an int or float in [0, 1], or anything with a ``score`` and an
-optional ``feedback`` (``dspy.Prediction(score=0.5, feedback="...")``, a dict, an object). Anything else
-(None, NaN, text, 3.0) is a bug in the metric: :meth:`Metric.score` raises :class:`MetricError`, which the
+A metric may return a bool (True is 1.0), any finite int or float (on any scale: 0-1, 0-5, negative
+rewards, as dspy.Evaluate, MIPROv2 and GEPA accept them; scores are used as returned, never rescaled), or
+anything with a ``score`` and an optional ``feedback`` (``dspy.Prediction(score=0.5, feedback="...")``, a
+dict, an object). Anything else (None, NaN, infinity, text) is a bug in the metric: :meth:`Metric.score` raises :class:`MetricError`, which the
 evaluation lets propagate the first time it happens. An exception raised *inside* the metric is not
 converted: it propagates as is and the evaluation records it on that one example.
 """
@@ -23,7 +24,7 @@ from typing import Any
 from rlmoptimizer.errors import ConfigurationError, MetricError
 
 _ACCEPTED = (
-    "a bool, a number in [0, 1], or dspy.Prediction(score=<number in [0, 1]>, feedback=<str>) "
+    "a bool, a finite number, or dspy.Prediction(score=<finite number>, feedback=<str>) "
     "(a dict or object with `score` and optional `feedback` also works)"
 )
 _STYLES = "(example, prediction), (example, prediction, trace=None) or GEPA's (gold, pred, trace, pred_name, pred_trace)"
@@ -120,11 +121,6 @@ class Metric:
         score = _to_float(value)
         if not math.isfinite(score):
             raise self._error(value, "is not a finite number", where="its `score`" if container is not value else "")
-        if not 0.0 <= score <= 1.0:
-            raise MetricError(
-                f"metric {self.name!r} returned a score of {score!r}, outside [0, 1]. Scores must lie between 0 and 1 "
-                "(1 = fully correct); rescale it, e.g. divide by the highest possible score."
-            )
         return score, feedback
 
     def _error(self, value: Any, problem: str, where: str = "") -> MetricError:

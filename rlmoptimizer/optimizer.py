@@ -29,7 +29,14 @@ from rlmoptimizer.agent import OptimizerAgent
 from rlmoptimizer.budget import BudgetLedger, budget_for
 from rlmoptimizer.display import Display
 from rlmoptimizer.errors import ConfigurationError, OptimizationInterrupted, RLMOptimizerError
-from rlmoptimizer.evaluation import Evaluator, RunService, check_examples, check_program, resolve_eval_lm
+from rlmoptimizer.evaluation import (
+    Evaluator,
+    RunService,
+    check_examples,
+    check_pass_threshold,
+    check_program,
+    resolve_eval_lm,
+)
 from rlmoptimizer.fingerprint import (
     apply_instructions,
     check_structure,
@@ -115,9 +122,7 @@ class RLMDocstringOptimizer(Teleprompter):
         if metric is not None and not callable(metric):
             raise ConfigurationError(f"metric must be callable, got {type(metric).__name__}")
         self.metric = metric
-        if isinstance(pass_threshold, bool) or not isinstance(pass_threshold, (int, float)) or not 0 <= pass_threshold <= 1:
-            raise ConfigurationError(f"pass_threshold must be a number in [0, 1], got {pass_threshold!r}")
-        self.pass_threshold = float(pass_threshold)
+        self.pass_threshold = check_pass_threshold(pass_threshold)
         self.num_threads = _check_positive_int("num_threads", num_threads)
         self.rlm_max_iterations = _check_positive_int("rlm_max_iterations", rlm_max_iterations)
         self.rlm_max_llm_calls = _check_positive_int("rlm_max_llm_calls", rlm_max_llm_calls, minimum=0)
@@ -305,6 +310,7 @@ class _CompileRun:
         brief = render_task_brief(
             {name: str(p.signature.signature) for name, p in self.program.named_predictors()},
             len(self.trainset), len(self.valset), self.ledger.left, resumed=bool(prior_turns),
+            pass_threshold=self.config.pass_threshold,
         )
         with dspy.context(lm=self.root_lm):
             prediction = agent(task_brief=brief)
