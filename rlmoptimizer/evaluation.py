@@ -90,13 +90,22 @@ def check_examples(examples: Any, split: str, allow_empty: bool = False) -> list
     return examples
 
 
-def resolve_eval_lm(eval_lm: Any) -> dspy.BaseLM:
-    """``eval_lm`` if given, else ``dspy.settings.lm``; :class:`ConfigurationError` if neither is an LM."""
+def resolve_eval_lm(eval_lm: Any, program: Any = None) -> dspy.BaseLM | None:
+    """The LM the program runs with: ``eval_lm`` if given, else ``dspy.settings.lm``.
+
+    ``None`` only when neither is set and every predictor of ``program`` has its own LM (``set_lm``), which is
+    how ``dspy.Evaluate`` runs such a program; otherwise :class:`ConfigurationError` saying what to set.
+    """
     lm = eval_lm if eval_lm is not None else dspy.settings.lm
     if lm is None:
+        without = [name for name, p in program.named_predictors() if getattr(p, "lm", None) is None] if program else None
+        if without == []:
+            return None
+        steps = f" (step(s) {without} have no LM of their own)" if without else ""
         raise ConfigurationError(
-            "no LM to run the program with: pass eval_lm=dspy.LM('provider/model') or call "
-            "dspy.configure(lm=dspy.LM('provider/model')) before compile()"
+            f"no LM to run the program with{steps}: pass eval_lm=dspy.LM('provider/model'), call "
+            "dspy.configure(lm=dspy.LM('provider/model')) before compile(), or give every predictor its own LM "
+            "with predictor.set_lm(...)"
         )
     if not isinstance(lm, dspy.BaseLM):
         source = "eval_lm" if eval_lm is not None else "dspy.settings.lm"
@@ -105,6 +114,25 @@ def resolve_eval_lm(eval_lm: Any) -> dspy.BaseLM:
             "wrap a model name like this: eval_lm=dspy.LM('openai/gpt-4o-mini')"
         )
     return lm
+
+
+def lm_name(lm: Any) -> str:
+    """A short, stable name for an LM: its model string, or its class name."""
+    model = getattr(lm, "model", None)
+    return model if isinstance(model, str) and model else type(lm).__name__
+
+
+def step_lms(program: Any, eval_lm: Any, eval_lm_source: str) -> dict[str, dict[str, str]]:
+    """Which LM runs each step, as dspy decides it: a predictor's own LM (``set_lm``) wins over the LM of
+    the context (``eval_lm`` or ``dspy.settings.lm``, pinned during evaluation). ``{step: {"lm", "source"}}``."""
+    result = {}
+    for name, predictor in program.named_predictors():
+        own = getattr(predictor, "lm", None)
+        if own is not None:
+            result[name] = {"lm": lm_name(own), "source": "predictor.lm"}
+        else:
+            result[name] = {"lm": lm_name(eval_lm) if eval_lm is not None else "", "source": eval_lm_source}
+    return result
 
 
 def check_pass_threshold(value: Any) -> float:
@@ -318,7 +346,8 @@ class Evaluator:
     Each example runs in a copy of the caller's context inside ``dspy.context(lm=self.lm, trace=[])``: an LM
     the caller set (the optimizer agent's, for one) never reaches the program. The metric runs in the same
     pinned context, so an LLM-judge metric that relies on ``dspy.settings.lm`` also gets the evaluation LM.
-    The program object is shared by the threads, not copied. ``on_result(record)`` is called under a lock,
+    A predictor with its own LM (``set_lm``) keeps it, as in dspy; ``lm=None`` (every predictor has its own LM)
+    pins no LM at all. The program object is shared by the threads, not copied. ``on_result(record)`` is called under a lock,
     from the worker threads, as each record completes.
     """
 
@@ -326,7 +355,7 @@ class Evaluator:
         self,
         *,
         metric: Metric,
-        lm: dspy.BaseLM,
+        lm: dspy.BaseLM | None,
         num_threads: int = 8,
         pass_threshold: float = 1.0,
         max_consecutive_lm_failures: int = 3,

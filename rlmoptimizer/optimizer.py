@@ -16,6 +16,7 @@ the optimizer, so one optimizer can compile twice.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -28,14 +29,21 @@ from rich.console import Console
 from rlmoptimizer.agent import OptimizerAgent
 from rlmoptimizer.budget import BudgetLedger, budget_for
 from rlmoptimizer.display import Display
-from rlmoptimizer.errors import ConfigurationError, OptimizationInterrupted, RLMOptimizerError
+from rlmoptimizer.errors import (
+    ConfigurationError,
+    OptimizationInterrupted,
+    RLMOptimizerError,
+    RunDirectoryMismatchError,
+)
 from rlmoptimizer.evaluation import (
     Evaluator,
     RunService,
     check_examples,
     check_pass_threshold,
     check_program,
+    lm_name,
     resolve_eval_lm,
+    step_lms,
 )
 from rlmoptimizer.fingerprint import (
     apply_instructions,
@@ -82,6 +90,18 @@ def _check_lm(name: str, lm: Any, required: bool) -> Any:
     return lm
 
 
+def _for_attempt(lm: dspy.BaseLM, attempt: int) -> dspy.BaseLM:
+    """``lm`` itself for attempt 0, else a copy whose requests carry dspy's ``rollout_id=attempt``."""
+    return lm if attempt == 0 else lm.copy(rollout_id=attempt)
+
+
+def _stored_manifest_value(directory: Path, key: str) -> Any:
+    try:
+        return json.loads((directory / "manifest.json").read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 class RLMDocstringOptimizer(Teleprompter):
     """Optimize the instructions of every predictor of a DSPy program with an RLM agent.
 
@@ -100,6 +120,7 @@ class RLMDocstringOptimizer(Teleprompter):
         eval_lm: dspy.BaseLM | None = None,
         # scoring
         metric: Any = None,
+        metric_id: str | None = None,
         pass_threshold: float = 1.0,
         num_threads: int = 8,
         # the agent
@@ -109,6 +130,7 @@ class RLMDocstringOptimizer(Teleprompter):
         root_stateful_session: bool = True,
         rlm_multiturn_history: bool = False,
         sandbox_timeout_s: float = 120.0,
+        attempt: int = 0,
         # output and storage
         verbose: bool = False,
         run_storage_dir: str | Path | None = None,
@@ -122,6 +144,7 @@ class RLMDocstringOptimizer(Teleprompter):
         if metric is not None and not callable(metric):
             raise ConfigurationError(f"metric must be callable, got {type(metric).__name__}")
         self.metric = metric
+        self.metric_id = metric_id
         self.pass_threshold = check_pass_threshold(pass_threshold)
         self.num_threads = _check_positive_int("num_threads", num_threads)
         self.rlm_max_iterations = _check_positive_int("rlm_max_iterations", rlm_max_iterations)
@@ -132,12 +155,13 @@ class RLMDocstringOptimizer(Teleprompter):
         if isinstance(sandbox_timeout_s, bool) or not isinstance(sandbox_timeout_s, (int, float)) or sandbox_timeout_s <= 0:
             raise ConfigurationError(f"sandbox_timeout_s must be a number > 0, got {sandbox_timeout_s!r}")
         self.sandbox_timeout_s = float(sandbox_timeout_s)
+        self.attempt = _check_positive_int("attempt", attempt, minimum=0)
         self.verbose = bool(verbose)
         self.run_storage_dir = Path(run_storage_dir) if run_storage_dir is not None else None
         self.console = console
 
     def compile(self, student: dspy.Module, *, trainset: list, teacher: Any = None, valset: list | None = None,
-                metric: Any = None, **kwargs: Any) -> dspy.Module:
+                metric: Any = None, metric_id: str | None = None, **kwargs: Any) -> dspy.Module:
         """Return a copy of ``student`` with optimized instructions and the result attributes attached."""
         if kwargs:
             raise ConfigurationError(f"unexpected compile() arguments: {sorted(kwargs)}")
@@ -146,7 +170,8 @@ class RLMDocstringOptimizer(Teleprompter):
         metric = metric if metric is not None else self.metric
         if metric is None:
             raise ConfigurationError("no metric: pass metric= to compile() or to RLMDocstringOptimizer(...)")
-        return _CompileRun(self, student, trainset, valset, Metric(metric)).run()
+        metric_id = metric_id if metric_id is not None else self.metric_id
+        return _CompileRun(self, student, trainset, valset, Metric(metric, metric_id=metric_id)).run()
 
 
 class _CompileRun:
@@ -158,9 +183,20 @@ class _CompileRun:
         self.trainset = check_examples(trainset, "trainset")
         self.valset = check_examples(valset, "valset", allow_empty=True) if valset is not None else []
         self.metric = metric
-        self.eval_lm = resolve_eval_lm(config.eval_lm)
-        self.root_lm = config.root_lm
-        self.sub_lm = config.sub_lm or config.root_lm
+        self.eval_lm = resolve_eval_lm(config.eval_lm, student)
+        # Which LM runs what, decided as dspy decides it: a predictor's own LM wins over eval_lm.
+        source = "eval_lm" if config.eval_lm is not None else "dspy.settings.lm" if self.eval_lm is not None else "none"
+        self.step_lms = step_lms(student, self.eval_lm, source)
+        own = [name for name, info in self.step_lms.items() if info["source"] == "predictor.lm"]
+        if own and self.eval_lm is not None:
+            logger.warning(
+                "Step(s) %s run with their own LM (set with set_lm), as dspy runs them; %s (%s) runs the other steps "
+                "and an LLM-judge metric.", own, source, lm_name(self.eval_lm),
+            )
+        # attempt=N sends the agent's requests with dspy's rollout_id=N: they miss the cache entries of every
+        # other attempt (an identical compile() otherwise replays the whole agent from dspy's cache).
+        self.root_lm = _for_attempt(config.root_lm, config.attempt)
+        self.sub_lm = _for_attempt(config.sub_lm or config.root_lm, config.attempt)
         self.display = Display(config.verbose, config.console)
 
         self.student = student
@@ -174,7 +210,14 @@ class _CompileRun:
         self.store = RunStore(config.run_storage_dir)
         self.directory = Path(self.store.directory)
         self.journal = RunJournal(self.directory)
-        self.resumed = self.journal.open_manifest(self._manifest())
+        manifest = self._manifest()
+        try:
+            self.resumed = self.journal.open_manifest(manifest)
+        except RunDirectoryMismatchError as exc:
+            stored = _stored_manifest_value(self.directory, "metric")
+            if stored is not None and stored != manifest["metric"]:
+                raise RunDirectoryMismatchError(f"{exc} {self.metric.mismatch_hint(stored)}") from None
+            raise
         stored_ledger = self.journal.read_ledger() if self.resumed else None
         on_change = lambda ledger: self.journal.write_ledger(ledger.snapshot())  # noqa: E731
         self.ledger = (
@@ -206,7 +249,7 @@ class _CompileRun:
             "program": fingerprint_digest(self.fingerprint),
             "trainset": sha256_json([dict(ex) for ex in self.trainset]),
             "valset": sha256_json([dict(ex) for ex in self.valset]),
-            "metric": f"{getattr(self.metric.fn, '__module__', '')}.{getattr(self.metric.fn, '__qualname__', repr(self.metric.fn))}",
+            "metric": self.metric.identity,
             "budget_limit": self.budget_limit,
             "pass_threshold": self.config.pass_threshold,
             "created_at": time.time(),
@@ -392,10 +435,12 @@ class _CompileRun:
         program.selection = selection
         program.budget = self.ledger.snapshot()
         program.run_storage_dir = str(self.directory)
+        program.step_lms = {step: dict(info) for step, info in self.step_lms.items()}
         self.journal.write_result({
             "optimized_dspy_program": program.optimized_dspy_program,
             "selection": selection,
             "budget": program.budget,
+            "step_lms": program.step_lms,
         })
         self.display.message(f"Done: {selection['reason']}. Runs are in {self.directory}.", style="bold")
         return program
