@@ -182,7 +182,7 @@ def metric_identity(fn: Callable[..., Any]) -> str:
     elif isinstance(fn, (types.FunctionType, types.MethodType, types.BuiltinFunctionType)):
         label = _qualified(fn)
     else:
-        label = f"{_qualified(type(fn))} instance"
+        label = f"{_qualified(type(fn))}()"
     try:
         description = _describe(fn)
         digest = hashlib.sha256(json.dumps(description, sort_keys=True, default=str).encode()).hexdigest()[:16]
