@@ -39,11 +39,11 @@ FIX_AND_SUBMIT = {
 
 
 def route_prompts(lm) -> list[str]:
-    return [last_user_text(m) for m in lm.calls if "[[ ## summary ## ]]" in last_user_text(m)]
+    return [last_user_text(m) for m in lm.calls if last_user_text(m).startswith("[[ ## summary ## ]]")]
 
 
 def ticket_prompts(lm) -> list[str]:
-    return [last_user_text(m) for m in lm.calls if "[[ ## ticket ## ]]" in last_user_text(m)]
+    return [last_user_text(m) for m in lm.calls if last_user_text(m).startswith("[[ ## ticket ## ]]")]
 
 
 # -- programs holding what cannot be deep-copied ---------------------------------------------------------
