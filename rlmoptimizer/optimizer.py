@@ -204,6 +204,7 @@ class _CompileRun:
         # LM call, not after the agent has run.
         self.program = copy_program(student)
         self.fingerprint = structural_fingerprint(self.program)
+        check_structure(self.fingerprint, student)  # the copy is faithful: same fields, demos and modules
         self.initial_instructions = get_instructions(self.program)
         self.budget_limit = budget_for(config.max_iterations, len(self.trainset), len(self.valset))
 
@@ -240,9 +241,6 @@ class _CompileRun:
             on_prompt_version=self.journal.write_prompt_version,
             on_run_start=self.display.evaluation_started, on_run_end=self.display.run_finished,
         )
-        # Dry runs before any LM call: the copy has the student's structure, and a submission can be checked.
-        check_structure(self.fingerprint, student)
-        self.session.validate_prompt_map(self.initial_instructions)
 
     def _manifest(self) -> dict[str, Any]:
         return {
