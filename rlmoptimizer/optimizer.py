@@ -3,7 +3,8 @@
 The flow of one ``compile()``:
 
 1. check the inputs and fail fast (before any LM call) with a message that says what to fix;
-2. deep-copy the student and take its structural fingerprint;
+2. copy the student (as leniently as dspy's Module.deepcopy, refused here if it cannot be copied apart) and take
+   its structural fingerprint;
 3. start the sandbox in the background while the baseline runs (its cold start is hidden);
 4. evaluate the unchanged program on train and validation (free);
 5. run the agent (a ``dspy.RLM``) with the tools until it SUBMITs or runs out of turns;
