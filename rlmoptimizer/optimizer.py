@@ -3,7 +3,8 @@
 The flow of one ``compile()``:
 
 1. check the inputs and fail fast (before any LM call) with a message that says what to fix;
-2. deep-copy the student and take its structural fingerprint;
+2. copy the student (as leniently as dspy's Module.deepcopy, refused here if it cannot be copied apart) and take
+   its structural fingerprint;
 3. start the sandbox in the background while the baseline runs (its cold start is hidden);
 4. evaluate the unchanged program on train and validation (free);
 5. run the agent (a ``dspy.RLM``) with the tools until it SUBMITs or runs out of turns;
@@ -16,7 +17,9 @@ the optimizer, so one optimizer can compile twice.
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -28,17 +31,34 @@ from rich.console import Console
 from rlmoptimizer.agent import OptimizerAgent
 from rlmoptimizer.budget import BudgetLedger, budget_for
 from rlmoptimizer.display import Display
-from rlmoptimizer.errors import ConfigurationError, OptimizationInterrupted, RLMOptimizerError
-from rlmoptimizer.evaluation import Evaluator, RunService, check_examples, check_program, resolve_eval_lm
+from rlmoptimizer.errors import (
+    ConfigurationError,
+    OptimizationInterrupted,
+    RLMOptimizerError,
+    RunDirectoryMismatchError,
+)
+from rlmoptimizer.evaluation import (
+    Evaluator,
+    RunService,
+    check_examples,
+    check_pass_threshold,
+    check_program,
+    lm_name,
+    resolve_eval_lm,
+    step_lms,
+)
 from rlmoptimizer.fingerprint import (
+    EXAMPLES_DIGEST_VERSION,
     apply_instructions,
     check_structure,
+    copy_program,
+    examples_digest,
     fingerprint_digest,
     get_instructions,
-    sha256_json,
+    legacy_examples_digest,
     structural_fingerprint,
 )
-from rlmoptimizer.journal import RunJournal
+from rlmoptimizer.journal import RunDirectoryLock, RunJournal, eval_lm_identity
 from rlmoptimizer.metric import Metric
 from rlmoptimizer.prompts import render_instructions, render_task_brief
 from rlmoptimizer.records import EvalRun
@@ -54,6 +74,8 @@ baseline_val = run_data({val_run!r}) if {val_run!r} else None
 step_names = {step_names!r}
 current_prompts = optimization_status()["current_prompts"]
 """
+
+MAX_SANDBOX_TIMEOUT_S = 86_400.0  # one day: a cell that runs longer is stuck, not slow
 
 
 def _check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
@@ -74,6 +96,18 @@ def _check_lm(name: str, lm: Any, required: bool) -> Any:
     return lm
 
 
+def _for_attempt(lm: dspy.BaseLM, attempt: int) -> dspy.BaseLM:
+    """``lm`` itself for attempt 0, else a copy whose requests carry dspy's ``rollout_id=attempt``."""
+    return lm if attempt == 0 else lm.copy(rollout_id=attempt)
+
+
+def _stored_manifest_value(directory: Path, key: str) -> Any:
+    try:
+        return json.loads((directory / "manifest.json").read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 class RLMDocstringOptimizer(Teleprompter):
     """Optimize the instructions of every predictor of a DSPy program with an RLM agent.
 
@@ -92,6 +126,7 @@ class RLMDocstringOptimizer(Teleprompter):
         eval_lm: dspy.BaseLM | None = None,
         # scoring
         metric: Any = None,
+        metric_id: str | None = None,
         pass_threshold: float = 1.0,
         num_threads: int = 8,
         # the agent
@@ -101,9 +136,11 @@ class RLMDocstringOptimizer(Teleprompter):
         root_stateful_session: bool = True,
         rlm_multiturn_history: bool = False,
         sandbox_timeout_s: float = 120.0,
+        attempt: int = 0,
         # output and storage
         verbose: bool = False,
         run_storage_dir: str | Path | None = None,
+        allow_eval_lm_change: bool = False,
         console: Console | None = None,
     ) -> None:
         super().__init__()
@@ -114,24 +151,33 @@ class RLMDocstringOptimizer(Teleprompter):
         if metric is not None and not callable(metric):
             raise ConfigurationError(f"metric must be callable, got {type(metric).__name__}")
         self.metric = metric
-        if isinstance(pass_threshold, bool) or not isinstance(pass_threshold, (int, float)) or not 0 <= pass_threshold <= 1:
-            raise ConfigurationError(f"pass_threshold must be a number in [0, 1], got {pass_threshold!r}")
-        self.pass_threshold = float(pass_threshold)
+        self.metric_id = metric_id
+        self.pass_threshold = check_pass_threshold(pass_threshold)
         self.num_threads = _check_positive_int("num_threads", num_threads)
         self.rlm_max_iterations = _check_positive_int("rlm_max_iterations", rlm_max_iterations)
         self.rlm_max_llm_calls = _check_positive_int("rlm_max_llm_calls", rlm_max_llm_calls, minimum=0)
         self.rlm_max_output_chars = _check_positive_int("rlm_max_output_chars", rlm_max_output_chars, minimum=100)
         self.root_stateful_session = bool(root_stateful_session)
         self.rlm_multiturn_history = bool(rlm_multiturn_history)
-        if isinstance(sandbox_timeout_s, bool) or not isinstance(sandbox_timeout_s, (int, float)) or sandbox_timeout_s <= 0:
-            raise ConfigurationError(f"sandbox_timeout_s must be a number > 0, got {sandbox_timeout_s!r}")
+        if (
+            isinstance(sandbox_timeout_s, bool)
+            or not isinstance(sandbox_timeout_s, (int, float))
+            or not math.isfinite(sandbox_timeout_s)
+            or not 0 < sandbox_timeout_s <= MAX_SANDBOX_TIMEOUT_S
+        ):
+            raise ConfigurationError(
+                f"sandbox_timeout_s must be a number of seconds greater than 0 and at most {MAX_SANDBOX_TIMEOUT_S:g} "
+                f"(one day), got {sandbox_timeout_s!r}"
+            )
         self.sandbox_timeout_s = float(sandbox_timeout_s)
+        self.attempt = _check_positive_int("attempt", attempt, minimum=0)
         self.verbose = bool(verbose)
         self.run_storage_dir = Path(run_storage_dir) if run_storage_dir is not None else None
+        self.allow_eval_lm_change = bool(allow_eval_lm_change)
         self.console = console
 
     def compile(self, student: dspy.Module, *, trainset: list, teacher: Any = None, valset: list | None = None,
-                metric: Any = None, **kwargs: Any) -> dspy.Module:
+                metric: Any = None, metric_id: str | None = None, **kwargs: Any) -> dspy.Module:
         """Return a copy of ``student`` with optimized instructions and the result attributes attached."""
         if kwargs:
             raise ConfigurationError(f"unexpected compile() arguments: {sorted(kwargs)}")
@@ -140,7 +186,8 @@ class RLMDocstringOptimizer(Teleprompter):
         metric = metric if metric is not None else self.metric
         if metric is None:
             raise ConfigurationError("no metric: pass metric= to compile() or to RLMDocstringOptimizer(...)")
-        return _CompileRun(self, student, trainset, valset, Metric(metric)).run()
+        metric_id = metric_id if metric_id is not None else self.metric_id
+        return _CompileRun(self, student, trainset, valset, Metric(metric, metric_id=metric_id)).run()
 
 
 class _CompileRun:
@@ -152,21 +199,63 @@ class _CompileRun:
         self.trainset = check_examples(trainset, "trainset")
         self.valset = check_examples(valset, "valset", allow_empty=True) if valset is not None else []
         self.metric = metric
-        self.eval_lm = resolve_eval_lm(config.eval_lm)
-        self.root_lm = config.root_lm
-        self.sub_lm = config.sub_lm or config.root_lm
+        self.eval_lm = resolve_eval_lm(config.eval_lm, student)
+        # Which LM runs what, decided as dspy decides it: a predictor's own LM wins over eval_lm.
+        source = "eval_lm" if config.eval_lm is not None else "dspy.settings.lm" if self.eval_lm is not None else "none"
+        self.step_lms = step_lms(student, self.eval_lm, source)
+        own = [name for name, info in self.step_lms.items() if info["source"] == "predictor.lm"]
+        if own and self.eval_lm is not None:
+            logger.warning(
+                "Step(s) %s run with their own LM (set with set_lm), as dspy runs them; %s (%s) runs the other steps "
+                "and an LLM-judge metric.", own, source, lm_name(self.eval_lm),
+            )
+        # attempt=N sends the agent's requests with dspy's rollout_id=N: they miss the cache entries of every
+        # other attempt (an identical compile() otherwise replays the whole agent from dspy's cache).
+        self.root_lm = _for_attempt(config.root_lm, config.attempt)
+        self.sub_lm = _for_attempt(config.sub_lm or config.root_lm, config.attempt)
         self.display = Display(config.verbose, config.console)
 
         self.student = student
-        self.program = student.deepcopy()
+        # Every copy is made the same way; a program that cannot be copied apart is refused here, before any
+        # LM call, not after the agent has run.
+        self.program = copy_program(student)
         self.fingerprint = structural_fingerprint(self.program)
+        check_structure(self.fingerprint, student)  # the copy is faithful: same fields, demos and modules
         self.initial_instructions = get_instructions(self.program)
         self.budget_limit = budget_for(config.max_iterations, len(self.trainset), len(self.valset))
 
-        self.store = RunStore(config.run_storage_dir)
+        # One live compile per directory: take it before reading anything from it, give it up when run() ends
+        # (or here, if the directory is refused). Reading back a finished run takes it without writing.
+        self.lock: RunDirectoryLock | None = None
+        if config.run_storage_dir is not None:
+            directory = Path(config.run_storage_dir)
+            if not directory.is_dir():
+                directory.mkdir(parents=True, exist_ok=True)
+            self.lock = RunDirectoryLock(directory, read_only=(directory / "result.json").exists())
+        try:
+            self._open_directory(config)
+        except BaseException:
+            self.release()
+            raise
+
+    def _open_directory(self, config: RLMDocstringOptimizer) -> None:
+        self.store = RunStore(config.run_storage_dir, pass_threshold=config.pass_threshold)
         self.directory = Path(self.store.directory)
         self.journal = RunJournal(self.directory)
-        self.resumed = self.journal.open_manifest(self._manifest())
+        manifest = self._manifest()
+        try:
+            self.resumed = self.journal.open_manifest(
+                manifest,
+                legacy_examples=lambda: {
+                    "trainset": legacy_examples_digest(self.trainset), "valset": legacy_examples_digest(self.valset)
+                },
+                allow_eval_lm_change=config.allow_eval_lm_change,
+            )
+        except RunDirectoryMismatchError as exc:
+            stored = _stored_manifest_value(self.directory, "metric")
+            if stored is not None and stored != manifest["metric"]:
+                raise RunDirectoryMismatchError(f"{exc} {self.metric.mismatch_hint(stored)}") from None
+            raise
         stored_ledger = self.journal.read_ledger() if self.resumed else None
         on_change = lambda ledger: self.journal.write_ledger(ledger.snapshot())  # noqa: E731
         self.ledger = (
@@ -174,10 +263,10 @@ class _CompileRun:
             if stored_ledger
             else BudgetLedger(self.budget_limit, on_change=on_change)
         )
-        self.journal.write_ledger(self.ledger.snapshot())
+        self.journal.write_ledger_if_changed(self.ledger.snapshot())
 
         evaluator = Evaluator(
-            metric=metric, lm=self.eval_lm, num_threads=config.num_threads, pass_threshold=config.pass_threshold,
+            metric=self.metric, lm=self.eval_lm, num_threads=config.num_threads, pass_threshold=config.pass_threshold,
             on_result=lambda record: self.display.example_done(record.passed),
         )
         splits = {"train": self.trainset}
@@ -191,12 +280,19 @@ class _CompileRun:
             proposal_lm=self.sub_lm,
         )
 
+    def release(self) -> None:
+        """Give the run directory up for the next compile()."""
+        if self.lock is not None:
+            self.lock.release()
+
     def _manifest(self) -> dict[str, Any]:
         return {
             "program": fingerprint_digest(self.fingerprint),
-            "trainset": sha256_json([dict(ex) for ex in self.trainset]),
-            "valset": sha256_json([dict(ex) for ex in self.valset]),
-            "metric": f"{getattr(self.metric.fn, '__module__', '')}.{getattr(self.metric.fn, '__qualname__', repr(self.metric.fn))}",
+            "trainset": examples_digest(self.trainset),
+            "valset": examples_digest(self.valset),
+            "examples_digest_version": EXAMPLES_DIGEST_VERSION,
+            "eval_lm": eval_lm_identity(self.eval_lm, self.program),
+            "metric": self.metric.identity,
             "budget_limit": self.budget_limit,
             "pass_threshold": self.config.pass_threshold,
             "created_at": time.time(),
@@ -204,8 +300,24 @@ class _CompileRun:
 
     # -- the flow -----------------------------------------------------------------------------------
     def run(self) -> dspy.Module:
-        sandbox = Sandbox(timeout_s=self.config.sandbox_timeout_s)
-        sandbox.start_in_background()
+        try:
+            return self._run_with_sandbox()
+        finally:
+            self.release()
+
+    def _finished(self) -> bool:
+        """Whether this directory holds a finished run: its result is returned without the agent, so the
+        sandbox is not started (and nothing is written)."""
+        if not self.resumed or not (self.directory / "result.json").exists():
+            return False
+        turns = self.journal.turns()
+        return bool(turns) and bool(turns[-1].get("final"))
+
+    def _run_with_sandbox(self) -> dspy.Module:
+        # Reading back a finished run: no agent, so no sandbox (and nothing written).
+        sandbox = None if self._finished() else Sandbox(timeout_s=self.config.sandbox_timeout_s)
+        if sandbox is not None:
+            sandbox.start_in_background()
         try:
             return self._run(sandbox)
         except KeyboardInterrupt as exc:
@@ -215,7 +327,8 @@ class _CompileRun:
         except Exception as exc:
             raise OptimizationInterrupted(self._where(f"stopped by {type(exc).__name__}: {exc}")) from exc
         finally:
-            sandbox.shutdown()
+            if sandbox is not None:
+                sandbox.shutdown()
 
     def _where(self, what: str) -> str:
         if self.store.is_temporary:
@@ -228,7 +341,7 @@ class _CompileRun:
             "the same run_storage_dir to resume where it stopped."
         )
 
-    def _run(self, sandbox: Sandbox) -> dspy.Module:
+    def _run(self, sandbox: Sandbox | None) -> dspy.Module:
         if self.resumed:
             self.session.restore_versions(self.journal.prompt_versions())
         baseline_train = self._baseline("train")
@@ -247,16 +360,17 @@ class _CompileRun:
                 return run
         size = len(self.trainset) if split == "train" else len(self.valset)
         self.display.evaluation_started(split, "baseline", size)
-        run = self.runs.evaluate(self.student.deepcopy(), split, label="baseline", charged=False)
+        run = self.runs.evaluate(copy_program(self.student), split, label="baseline", charged=False)
         self.display.run_finished(run.summary())
         return run
 
-    def _run_agent(self, sandbox: Sandbox, baseline_train: EvalRun, baseline_val: EvalRun | None) -> dict | None:
+    def _run_agent(self, sandbox: Sandbox | None, baseline_train: EvalRun, baseline_val: EvalRun | None) -> dict | None:
         prior_turns = self.journal.turns() if self.resumed else []
         if prior_turns and prior_turns[-1].get("final"):
             stored = prior_turns[-1]
             return {"submitted": stored.get("outputs", {}).get("optimized_dspy_program", {}),
                     "trajectory": prior_turns, "final_reasoning": stored.get("reasoning", "")}
+        assert sandbox is not None, "a run that is not finished needs its sandbox"
 
         signature = dspy.Signature(
             "task_brief: str -> optimized_dspy_program: dict[str, str]",
@@ -300,6 +414,7 @@ class _CompileRun:
         brief = render_task_brief(
             {name: str(p.signature.signature) for name, p in self.program.named_predictors()},
             len(self.trainset), len(self.valset), self.ledger.left, resumed=bool(prior_turns),
+            pass_threshold=self.config.pass_threshold,
         )
         with dspy.context(lm=self.root_lm):
             prediction = agent(task_brief=brief)
@@ -368,7 +483,7 @@ class _CompileRun:
         return dict(chosen_run.instructions), selection
 
     def _build_result(self, instructions: dict[str, str], selection: dict, agent_result: dict) -> dspy.Module:
-        program = self.student.deepcopy()
+        program = copy_program(self.student)
         apply_instructions(program, instructions)
         check_structure(self.fingerprint, program)
         runs = self.runs.runs()
@@ -382,10 +497,12 @@ class _CompileRun:
         program.selection = selection
         program.budget = self.ledger.snapshot()
         program.run_storage_dir = str(self.directory)
+        program.step_lms = {step: dict(info) for step, info in self.step_lms.items()}
         self.journal.write_result({
             "optimized_dspy_program": program.optimized_dspy_program,
             "selection": selection,
             "budget": program.budget,
+            "step_lms": program.step_lms,
         })
         self.display.message(f"Done: {selection['reason']}. Runs are in {self.directory}.", style="bold")
         return program

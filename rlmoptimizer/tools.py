@@ -7,7 +7,6 @@ what to do next (the agent sees it as the error of its code cell); nothing a too
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -84,12 +83,18 @@ class OptimizationSession:
         for step, text in mapping.items():
             self._check_step(step)
             clean[step] = self._check_text(step, text)
-        probe = copy.deepcopy(self.program)
-        apply_instructions(probe, clean)
-        try:
-            check_structure(self.fingerprint, probe)
-        except StructureChangedError as exc:
-            raise agent_error(f"{what} refused: {exc}", "only change the instructions text of existing steps") from None
+        # A dry run on the working program itself (no copy: a program may hold things that cannot be copied),
+        # its signatures restored afterwards.
+        with self._lock:
+            signatures = {name: predictor.signature for name, predictor in self.program.named_predictors()}
+            try:
+                apply_instructions(self.program, clean)
+                check_structure(self.fingerprint, self.program)
+            except (StructureChangedError, ConfigurationError) as exc:
+                raise agent_error(f"{what} refused: {exc}", "only change the instructions text of existing steps") from None
+            finally:
+                for name, predictor in self.program.named_predictors():
+                    predictor.signature = signatures[name]
         return clean
 
     def _check_step(self, step: Any) -> None:
@@ -144,22 +149,28 @@ class OptimizationSession:
     def evaluate(self, split: str, ids: list[int] | None, label: str, charged: bool = True, *,
                  instructions: dict[str, str] | None = None, rollout: int = 0,
                  reservation: Reservation | None = None) -> EvalRun:
-        """Evaluate the working program, or a copy of it with ``instructions`` (the working program's prompts
-        do not change). A systemic failure (the evaluation LM is unusable, the metric is broken) is also kept
-        in ``self.fatal`` so the optimizer stops after the agent's current turn."""
+        """Evaluate the working program, or the working program with ``instructions`` applied for this evaluation
+        only (no copy: a program may hold things that cannot be copied; its signatures are restored afterwards,
+        so the current prompts do not change). A systemic failure (the evaluation LM is unusable, the metric is
+        broken) is also kept in ``self.fatal`` so the optimizer stops after the agent's current turn."""
         with self._lock:
-            program = self.program
+            saved = None
             if instructions is not None:
-                program = copy.deepcopy(self.program)
-                apply_instructions(program, instructions)
-            if self._on_run_start is not None:
-                self._on_run_start(split, label, len(self.runs.splits[split]) if ids is None else len(ids))
+                saved = {name: predictor.signature for name, predictor in self.program.named_predictors()}
+                apply_instructions(self.program, instructions)
             try:
-                run = self.runs.evaluate(program, split, label=label, charged=charged, ids=ids, rollout=rollout,
-                                         reservation=reservation)
-            except (EvaluationLMError, MetricError) as exc:
-                self.fatal = exc
-                raise
+                if self._on_run_start is not None:
+                    self._on_run_start(split, label, len(self.runs.splits[split]) if ids is None else len(ids))
+                try:
+                    run = self.runs.evaluate(self.program, split, label=label, charged=charged, ids=ids,
+                                             rollout=rollout, reservation=reservation)
+                except (EvaluationLMError, MetricError) as exc:
+                    self.fatal = exc
+                    raise
+            finally:
+                if saved is not None:
+                    for name, predictor in self.program.named_predictors():
+                        predictor.signature = saved[name]
             if self._on_run_end is not None:
                 self._on_run_end(run.summary())
             return run

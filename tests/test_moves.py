@@ -426,3 +426,16 @@ def test_an_lm_call_that_failed_without_an_answer_is_not_held_against_the_instru
     proposal = World(tmp_path / "b", train=4, lm=failing_lm(), transient_retries=0,
                      proposal_lm=proposal_reply())
     assert proposal.moves.propose_instructions("generate.predict")["example_ids"] == [3]
+
+
+def test_rollouts_reach_steps_that_have_their_own_lm(tmp_path):
+    own = task_lm()
+    world = World(tmp_path, train=4, lm=task_lm())
+    world.runs.evaluator.lm = None  # no pinned LM: every step runs its own (set_lm), as dspy.Evaluate does
+    world.program.set_lm(own)
+    world.program.generate.predict.signature = world.program.generate.predict.signature.with_instructions("FLAKY")
+    view = world.moves.evaluate_rollouts(get_instructions(world.program), "train", [0, 1], 2)
+    assert view["budget_spent"] == 4 and len(own.calls) == 8  # 2 rollouts x 2 examples x 2 steps, all real calls
+    assert [e["rollout_scores"] for e in view["examples"]] == [[1.0, 1.0], [0.0, 1.0]]
+    assert all(p.lm is own for _, p in world.program.named_predictors())  # the program keeps its own LMs
+    assert get_instructions(world.program)["generate.predict"] == "FLAKY"

@@ -6,7 +6,7 @@ May import: dspy, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.fing
 
 from __future__ import annotations
 
-import copy
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -146,18 +146,24 @@ class MoveContext:
 
 
 def program_evaluator(program: dspy.Module, runs: Any, on_run: Callable[[EvalRun], None] | None = None) -> EvaluateFn:
-    """An ``evaluate`` for :class:`Moves` that runs ``instructions`` on a fresh copy of ``program`` through the
-    run service ``runs`` (so the program itself, and its current prompts, never change)."""
+    """An ``evaluate`` for :class:`Moves` that runs ``instructions`` on ``program`` through the run service
+    ``runs``, one evaluation at a time: the instructions are applied for that evaluation only and the
+    program's signatures restored afterwards (no copy: a program may hold things that cannot be copied), so
+    its current prompts never change."""
+    lock = threading.Lock()
 
     def evaluate(instructions: dict[str, str], split: str, ids: list[int], *, rollout: int = 0, label: str = "agent",
                  reservation: Reservation | None = None) -> EvalRun:
-        candidate = copy.deepcopy(program)
-        apply_instructions(candidate, instructions)
-        run = runs.evaluate(candidate, split, label=label, ids=ids, rollout=rollout, reservation=reservation)
+        with lock:
+            saved = {name: predictor.signature for name, predictor in program.named_predictors()}
+            apply_instructions(program, instructions)
+            try:
+                run = runs.evaluate(program, split, label=label, ids=ids, rollout=rollout, reservation=reservation)
+            finally:
+                for name, predictor in program.named_predictors():
+                    predictor.signature = saved[name]
         if on_run is not None:
             on_run(run)
         return run
 
     return evaluate
-
-
