@@ -266,6 +266,7 @@ def test_rollouts_are_real_independent_calls_kept_apart_and_charged_per_sample(t
     assert by_id[1]["rollout_scores"] == [0.0, 1.0, 0.0] and by_id[1]["pass_rate"] == pytest.approx(1 / 3)
     assert view["flaky_ids"] == [1] and view["always_failing_ids"] == [3]
     assert view["passed_count"] == 2 and view["score"] == pytest.approx((1 + 1 / 3 + 1 + 0) / 4)
+    assert view["note"] is None  # the rollouts differ
     # stored per rollout: the same request again is free and calls nothing
     again = world.moves.evaluate_rollouts(get_instructions(world.program), "train", [0, 1, 2, 3], 3)
     assert again["budget_spent"] == 0 and len(world.lm.calls) - calls_before == 24
@@ -284,6 +285,8 @@ def test_compare_with_rollouts_reports_pass_rates_per_candidate_and_example(tmp_
     assert result["examples"][0] == {"example_id": 1, "scores": [0.0, 0.5], "pass_rates": [0.0, 0.5]}
     assert [c["pass_rate"] for c in result["candidates"]] == [0.0, 0.25]
     assert result["candidates"][1]["wins"] == 1 and result["best"] == 1
+    steady = world.moves.compare(["current", {"generate.predict": "PASS:1"}], ids=[1, 3], rollouts=2)
+    assert "every rollout scored every example the same" in steady["note"]
 
 
 # -- diff_runs -------------------------------------------------------------------------------------------------

@@ -163,7 +163,15 @@ class PairedMoves(MoveContext):
         if failed_calls:
             notes.append(f"{failed_calls} evaluation(s) failed in the LM call itself (score 0, not charged); "
                          "they are tried again next time")
+        if any(len(runs) > 1 for runs in runs_of) and all(_same_scores(runs) for runs in runs_of):
+            notes.append("every rollout scored every example the same: at the evaluation LM's temperature, more "
+                         "rollouts may add little")
         return notes
+
+
+def _same_scores(runs: list[EvalRun]) -> bool:
+    by_run = [{r.example_id: r.score for r in run.records} for run in runs]
+    return all(scores == by_run[0] for scores in by_run[1:])
 
 
 def _complete_ids(example_ids: list[int], runs: list[EvalRun]) -> list[int]:
