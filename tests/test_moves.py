@@ -148,7 +148,7 @@ def test_propose_reflects_on_the_failures_of_the_latest_train_run_and_charges_on
 def test_propose_on_chosen_ids_and_runs(tmp_path):
     proposer = proposal_reply("Be exact.")
     world = World(tmp_path, proposal_lm=proposer)
-    result = world.moves.propose_instructions("draft", run_id=world.baseline.run_id, ids="0, 2")
+    result = world.moves.propose_instructions("draft", run_id=world.baseline.run_id, ids=[0, 2])
     assert result["example_ids"] == [0, 2] and result["texts"] == ["Be exact."] and world.ledger.spent == 1
     asked = "\n".join(str(m["content"]) for m in proposer.calls[0])
     assert "q0" in asked and "q2" in asked and "q1" not in asked
@@ -158,6 +158,8 @@ def test_propose_refusals_say_what_to_do_and_charge_nothing(tmp_path):
     world = World(tmp_path, proposal_lm=proposal_reply())
     with pytest.raises(AgentToolError, match=r"unknown step name 'generate' -> use one of \['draft', 'generate.predict'\]"):
         world.moves.propose_instructions("generate")
+    with pytest.raises(AgentToolError, match=r"\[99\] are not example ids of train -> use ids from 0 to 5"):
+        world.moves.propose_instructions("generate.predict", ids=[99])
     with pytest.raises(AgentToolError, match=r"n must be an int from 1 to 8"):
         world.moves.propose_instructions("generate.predict", n=0)
     with pytest.raises(AgentToolError, match=r"no run with id 'run-9' -> use one of \['run-0001'\]"):
@@ -230,7 +232,7 @@ def test_compare_on_validation_returns_aggregates_only(tmp_path):
     assert "q1" not in json.dumps(result)
     assert [c["score"] for c in result["candidates"]] == [0.5, 0.5] and result["best"] == 0  # a tie keeps the first
     with pytest.raises(AgentToolError, match="takes no selection"):
-        world.moves.compare(["current", {"generate.predict": "x"}], split="val", limit=2)
+        world.moves.compare(["current", {"generate.predict": "x"}], split="val", ids=[0])
 
 
 def test_compare_refuses_what_the_budget_cannot_cover_in_full_and_bad_candidates(tmp_path):
@@ -247,7 +249,7 @@ def test_compare_refuses_what_the_budget_cannot_cover_in_full_and_bad_candidates
     with pytest.raises(AgentToolError, match="rollouts must be an int from 1 to 10"):
         world.moves.compare(["current"], rollouts=0)
     with pytest.raises(AgentToolError, match="the selection is empty"):
-        world.moves.compare(["current"], limit=0)
+        world.moves.compare(["current"], ids=[])
 
 
 # -- rollouts ------------------------------------------------------------------------------------------------

@@ -153,6 +153,7 @@ def test_refusals_are_messages_the_agent_can_act_on_and_cost_nothing():
             "show(lambda: evaluate_program(split='val', rollouts=2))\n"
             "show(lambda: diff_runs(baseline_train['run_id'], baseline_val['run_id']))\n"
             "show(lambda: propose_instructions('route', ids=[99]))\n"
+            "show(lambda: compare(['current', {'route': 'A'}], limit=0))\n"
             "print(optimization_status()['budget_spent'], optimization_status()['current_prompts']['route'] == "
             f"{ORIGINAL_ROUTE!r})"
         )},
@@ -160,7 +161,7 @@ def test_refusals_are_messages_the_agent_can_act_on_and_cost_nothing():
     ], max_iterations=1)
     lines = result.agent_trajectory[0]["output"].strip().splitlines()
     refused = [line for line in lines if line.startswith("REFUSED")]
-    assert len(refused) == 8
+    assert len(refused) == 9
     expected = [
         r"unknown step name 'routing' -> use one of \['summarize.predict', 'route'\]",
         r"candidates must be a non-empty list.* -> pass a list like \['current', \{'step': 'new text'\}\]",
@@ -171,6 +172,7 @@ def test_refusals_are_messages_the_agent_can_act_on_and_cost_nothing():
         r"validation takes one sample per example .* -> use rollouts on split='train'",
         r"run run-0002 is a val run -> pass a train run id",
         r"ids must be example ids of the split, got out-of-range \[99\]",
+        r"compare: the selection is empty -> select at least one example",
     ]
     for line, pattern in zip(refused, expected, strict=True):
         assert re.search(pattern, line), (pattern, line)

@@ -14,7 +14,6 @@ import dspy
 
 from rlmoptimizer.budget import BudgetLedger, Reservation
 from rlmoptimizer.errors import AgentToolError
-from rlmoptimizer.evaluation import select_ids
 from rlmoptimizer.fingerprint import apply_instructions
 from rlmoptimizer.records import EvalRun, ExampleResult
 
@@ -113,21 +112,23 @@ class MoveContext:
             "each candidate is 'current', a run id like 'run-0003', or a {step: text} dict",
         )
 
-    def _selection(self, split: str, ids: Any, limit: Any, sample: Any, seed: Any, tool: str) -> list[int]:
+    def _example_ids(self, split: str, ids: list[int] | None, tool: str) -> list[int]:
+        """The examples of ``split`` a move runs on: ``ids`` (already parsed by the caller), all when None.
+        Validation always runs whole."""
         if split not in self.runs.splits:
             raise refuse(f"{tool}: unknown split {split!r}", f"use one of {sorted(self.runs.splits)}")
         size = len(self.runs.splits[split])
         if split == "val":
-            if any(v is not None for v in (ids, limit, sample)):
+            if ids is not None:
                 raise refuse(
                     f"{tool}: validation always runs on the whole split and takes no selection",
                     f"call {tool}(..., split='val') without ids, limit or sample",
                 )
             return list(range(size))
-        try:
-            selected = select_ids(size, limit=limit, sample=sample, seed=seed, ids=ids)
-        except ValueError as exc:
-            raise refuse(str(exc), f"fix the selection arguments and call {tool} again") from None
+        selected = list(range(size)) if ids is None else list(dict.fromkeys(ids))
+        bad = [i for i in selected if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < size]
+        if bad:
+            raise refuse(f"{tool}: {bad} are not example ids of {split}", f"use ids from 0 to {size - 1}")
         if not selected:
             raise refuse(f"{tool}: the selection is empty", "select at least one example (ids=..., limit=N)")
         return selected

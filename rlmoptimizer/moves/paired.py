@@ -19,16 +19,7 @@ from rlmoptimizer.records import EvalRun, ExampleResult
 
 class PairedMoves(MoveContext):
     # -- compare ----------------------------------------------------------------------------------------
-    def compare(
-        self,
-        candidates: Any,
-        split: str = "train",
-        ids: Any = None,
-        limit: int | None = None,
-        sample: str | None = None,
-        seed: int = 0,
-        rollouts: int = 1,
-    ) -> dict[str, Any]:
+    def compare(self, candidates: Any, split: str = "train", ids: list[int] | None = None, rollouts: int = 1) -> dict[str, Any]:
         """Evaluate several instruction sets on the same examples without changing the current prompts.
         Each candidate is 'current', a run id (that run's instructions) or a {step: text} map (steps left out
         keep their current text). Paired: every candidate sees the same examples, ``rollouts`` times each."""
@@ -38,7 +29,7 @@ class PairedMoves(MoveContext):
                 "pass a list like ['current', {'step': 'new text'}] or ['current', 'run-0003']",
             )
         resolved = [self._resolve(c, i) for i, c in enumerate(candidates)]
-        example_ids = self._selection(split, ids, limit, sample, seed, "compare")
+        example_ids = self._example_ids(split, ids, "compare")
         rollouts = self._check_rollouts(rollouts, split)
         by_digest, spent = self._run_all([instr for _, instr in resolved], split, example_ids, rollouts, "compare")
         runs_of = [by_digest[instructions_digest(instr)] for _, instr in resolved]

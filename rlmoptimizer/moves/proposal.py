@@ -18,7 +18,7 @@ import dspy
 from dspy.teleprompt.gepa import InstructionProposer
 
 from rlmoptimizer.budget import SUB_LM_CALL, Reservation
-from rlmoptimizer.evaluation import classify_lm_failure, is_reusable, select_ids
+from rlmoptimizer.evaluation import classify_lm_failure, is_reusable
 from rlmoptimizer.fingerprint import instructions_digest
 from rlmoptimizer.moves.context import MAX_PROPOSALS, MAX_REFLECTION_EXAMPLES, MoveContext, refuse
 from rlmoptimizer.records import ExampleResult, StepTrace
@@ -57,7 +57,7 @@ def reflective_example(step: str, record: ExampleResult) -> dict[str, Any] | Non
 class ProposalMoves(MoveContext):
     # -- propose --------------------------------------------------------------------------------------
     def propose_instructions(
-        self, step: str, run_id: str | None = None, ids: Any = None, n: int = 1, guidance: str = ""
+        self, step: str, run_id: str | None = None, ids: list[int] | None = None, n: int = 1, guidance: str = ""
     ) -> dict[str, Any]:
         """GEPA's reflective proposal for ``step``: new instructions written by dspy's InstructionProposer
         from the step's inputs and outputs on the selected examples of a train run, their expected fields,
@@ -166,7 +166,7 @@ class ProposalMoves(MoveContext):
         rng = random.Random(len(self.runs.runs()))
         return sorted(rng.sample(rest, min(len(rest), max(5, len(used)))))
 
-    def _select_records(self, source: str, by_id: dict[int, ExampleResult], ids: Any) -> list[ExampleResult]:
+    def _select_records(self, source: str, by_id: dict[int, ExampleResult], ids: list[int] | None) -> list[ExampleResult]:
         if ids is None:
             failed = [r for r in by_id.values() if not r.passed]
             if not failed:
@@ -178,10 +178,7 @@ class ProposalMoves(MoveContext):
             if len(failed) > MAX_REFLECTION_EXAMPLES:
                 failed = sorted(random.Random(0).sample(failed, MAX_REFLECTION_EXAMPLES), key=lambda r: r.example_id)
             return failed
-        try:
-            wanted = select_ids(len(self.runs.splits["train"]), ids=ids)
-        except ValueError as exc:
-            raise refuse(str(exc), "pass ids like [3, 7] or '3,7'") from None
+        wanted = self._example_ids("train", ids, "propose_instructions")
         missing = [i for i in wanted if i not in by_id]
         if missing:
             raise refuse(
