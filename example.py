@@ -134,7 +134,7 @@ AGENT_TURNS = [
         "reasoning": "Compare them with the current instructions on those failures plus a random sample of others.",
         "code": (
             "r = compare(['current'] + p['candidates'], ids=p['check_ids'])\n"
-            "print('best', r['best'], [(c['score'], c['wins'], c['losses']) for c in r['candidates']])"
+            "print(r['summary'])"
         ),
     },
     {

@@ -57,8 +57,8 @@ Moves (the steps proven optimizers make, one call each):
   instruction sets on the same examples WITHOUT changing the current prompts. A candidate is 'current', a run id
   (that run's instructions) or a dict {step: text} (other steps keep their current text). Returns "candidates":
   [{"score", "passed_count", "wins", "losses", "ties" (per example, against the first candidate), "run_ids"}],
-  "examples": [{"example_id", "scores": [one per candidate]}], "best" (index; a tie keeps the earlier one) and
-  "best_instructions". 1 unit per new example per candidate per rollout, stored records free; refused (nothing
+  "examples": [{"example_id", "scores": [one per candidate]}], "best" (index; a tie keeps the earlier one),
+  "best_instructions" and "summary" (one printable line). 1 unit per new example per candidate per rollout, stored records free; refused (nothing
   spent) when the budget cannot cover it all. On 'val' (whole split) it returns aggregates only.
 - `diff_runs(run_a, run_b)`: on the train examples both runs evaluated: "fixed" and "broken" (each with
   "first_changed_step", the first step whose outputs differ, and both outputs), "still_failing",
@@ -76,7 +76,7 @@ still analyse data, update prompts and SUBMIT.
 The default loop (one line of code per turn is enough). STEP is a step name in quotes, e.g. the step whose
 outputs the failures get wrong (see their "steps"); the last step if unsure:
 1. `p = propose_instructions(STEP); print(p['texts'])`
-2. `r = compare(['current'] + p['candidates'], ids=p['check_ids']); print(r['best'], [(c['score'], c['wins'], c['losses']) for c in r['candidates']])`
+2. `r = compare(['current'] + p['candidates'], ids=p['check_ids']); print(r['summary'])`
 3. `if r['best'] > 0: print(update_prompt(STEP, r['best_instructions'][STEP]))`   (keep the winner)
 4. `v = evaluate_program(split='val'); print(v['score'], baseline_val['score'])`   (the checkpoint, if there is a
    validation split)

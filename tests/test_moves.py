@@ -212,6 +212,10 @@ def test_compare_is_paired_charges_only_new_records_and_changes_no_prompt(tmp_pa
     assert result["examples"][3] == {"example_id": 3, "scores": [0.0, 1.0, 1.0]}
     assert result["best"] == 1 and [c["source"] for c in result["candidates"]] == ["current", "map", "map"]
     assert result["best_instructions"] == {**world.initial, **better}
+    assert result["summary"] == (
+        "best: candidate 1 | 0 (current): 0.500, 2/4 passed; 1 (map): 1.000, 4/4 passed, 2 wins 0 losses vs 0; "
+        "2 (map): 0.250, 1/4 passed, 1 wins 2 losses vs 0"
+    )
     assert get_instructions(world.program) == world.initial
     # the same comparison again reuses every record: free
     again = world.moves.compare([better, "current"], ids=[3, 1, 0, 2])

@@ -57,7 +57,8 @@ class PairedMoves(MoveContext):
                 row["ties"] = sum(1 for a, b in zip(mine, first, strict=True) if a == b)
             result["example_ids"] = paired
             result["examples"] = examples
-        result.update({"candidates": rows, "best": best, "best_instructions": dict(resolved[best][1]),
+        result.update({"summary": _summary(rows, best, split), "candidates": rows, "best": best,
+                       "best_instructions": dict(resolved[best][1]),
                        "budget_spent": spent, "budget_left": self.ledger.left,
                        "note": "; ".join(notes) or None})
         return result
@@ -158,6 +159,18 @@ class PairedMoves(MoveContext):
             notes.append("every rollout scored every example the same: at the evaluation LM's temperature, more "
                          "rollouts may add little")
         return notes
+
+
+def _summary(rows: list[dict[str, Any]], best: int, split: str) -> str:
+    """One line a small model can print: the best candidate, then each candidate's score (and its wins and
+    losses against the first, on train)."""
+    parts = []
+    for row in rows:
+        part = f"{row['candidate']} ({row['source']}): {row['score']:.3f}, {row['passed_count']}/{row['evaluated_count']} passed"
+        if split == "train" and row["candidate"] > 0:
+            part += f", {row['wins']} wins {row['losses']} losses vs 0"
+        parts.append(part)
+    return f"best: candidate {best}" + (" (the first: nothing beat it)" if best == 0 else "") + " | " + "; ".join(parts)
 
 
 def _same_scores(runs: list[EvalRun]) -> bool:
