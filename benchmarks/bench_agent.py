@@ -56,8 +56,8 @@ from example import POLICY_PROMPT, RouteTicket, metric, task_lm_reply  # noqa: E
 from rlmoptimizer import RLMDocstringOptimizer  # noqa: E402
 from rlmoptimizer import sandbox as sandbox_module  # noqa: E402
 from rlmoptimizer.agent import OptimizerAgent  # noqa: E402
-from rlmoptimizer.journal import RunJournal  # noqa: E402
 from rlmoptimizer.sandbox import Sandbox  # noqa: E402
+from rlmoptimizer.storage.journal import RunJournal  # noqa: E402
 from rlmoptimizer.testing import FunctionLM  # noqa: E402
 
 TARGET_MS = 15.0

@@ -37,7 +37,7 @@ from rlmoptimizer.errors import ConfigurationError, EvaluationLMError, MetricErr
 from rlmoptimizer.fingerprint import get_instructions, instructions_digest
 from rlmoptimizer.metric import Metric
 from rlmoptimizer.records import EvalRun, ExampleResult, StepTrace, jsonable
-from rlmoptimizer.run_store import RunStore
+from rlmoptimizer.storage.run_store import PendingLog, RunStore
 
 logger = logging.getLogger(__name__)
 
@@ -624,8 +624,9 @@ class RunService:
                     f"stopped early after {len(completed)} of {len(todo)} new examples: "
                     f"{type(exc).__name__}: {first_line}"
                 )
-                self._save(f"{label}:partial", split, instructions, reused + completed, len(ids), spent, notes)
-            if pending is not None:
+                self._save(f"{label}:partial", split, instructions, reused + completed, len(ids), spent, notes,
+                           settles=pending)
+            elif pending is not None:
                 pending.discard()
             raise
         if reused:
@@ -633,10 +634,7 @@ class RunService:
         uncharged = [r for r in new if not is_reusable(r)]
         if uncharged and charged:
             notes.append(f"{len(uncharged)} example(s) failed in the LM call itself and were not charged")
-        run = self._save(label, split, instructions, reused + new, len(ids), spent, notes)
-        if pending is not None:
-            pending.discard()
-        return run
+        return self._save(label, split, instructions, reused + new, len(ids), spent, notes, settles=pending)
 
     def _save(
         self,
@@ -647,6 +645,7 @@ class RunService:
         requested: int,
         spent: int,
         notes: list[str],
+        settles: PendingLog | None = None,
     ) -> EvalRun:
         run = EvalRun(
             run_id=self.store.next_run_id(),
@@ -660,6 +659,6 @@ class RunService:
             note="; ".join(notes) if notes else None,
             created_at=time.time(),
         )
-        self.store.save(run)
+        self.store.save(run, settles=settles)
         self._index(run)
         return run

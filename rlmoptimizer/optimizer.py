@@ -38,12 +38,13 @@ from rlmoptimizer.fingerprint import (
     sha256_json,
     structural_fingerprint,
 )
-from rlmoptimizer.journal import RunJournal
 from rlmoptimizer.metric import Metric
 from rlmoptimizer.prompts import render_instructions, render_task_brief
 from rlmoptimizer.records import EvalRun
-from rlmoptimizer.run_store import RunStore
 from rlmoptimizer.sandbox import Sandbox
+from rlmoptimizer.storage.journal import RunJournal
+from rlmoptimizer.storage.resume import open_run_directory
+from rlmoptimizer.storage.run_store import RunStore
 from rlmoptimizer.tools import AgentToolError, OptimizationSession
 
 logger = logging.getLogger(__name__)
@@ -166,8 +167,8 @@ class _CompileRun:
         self.store = RunStore(config.run_storage_dir)
         self.directory = Path(self.store.directory)
         self.journal = RunJournal(self.directory)
-        self.resumed = self.journal.open_manifest(self._manifest())
-        stored_ledger = self.journal.read_ledger() if self.resumed else None
+        self.resume = open_run_directory(self.journal, self._manifest())
+        stored_ledger = self.resume.ledger
         on_change = lambda ledger: self.journal.write_ledger(ledger.snapshot())  # noqa: E731
         self.ledger = (
             BudgetLedger.from_snapshot(stored_ledger, on_change=on_change)
@@ -215,6 +216,7 @@ class _CompileRun:
             raise OptimizationInterrupted(self._where(f"stopped by {type(exc).__name__}: {exc}")) from exc
         finally:
             sandbox.shutdown()
+            self.store.flush()
 
     def _where(self, what: str) -> str:
         if self.store.is_temporary:
@@ -228,8 +230,8 @@ class _CompileRun:
         )
 
     def _run(self, sandbox: Sandbox) -> dspy.Module:
-        if self.resumed:
-            self.session.restore_versions(self.journal.prompt_versions())
+        if self.resume.prompt_versions:
+            self.session.restore_versions(list(self.resume.prompt_versions))
         baseline_train = self._baseline("train")
         baseline_val = self._baseline("val") if self.valset else None
 
@@ -251,9 +253,9 @@ class _CompileRun:
         return run
 
     def _run_agent(self, sandbox: Sandbox, baseline_train: EvalRun, baseline_val: EvalRun | None) -> dict | None:
-        prior_turns = self.journal.turns() if self.resumed else []
-        if prior_turns and prior_turns[-1].get("final"):
-            stored = prior_turns[-1]
+        prior_turns = list(self.resume.turns)
+        if self.resume.final_turn is not None:
+            stored = self.resume.final_turn
             return {"submitted": stored.get("outputs", {}).get("optimized_dspy_program", {}),
                     "trajectory": prior_turns, "final_reasoning": stored.get("reasoning", "")}
 
@@ -380,6 +382,7 @@ class _CompileRun:
         program.selection = selection
         program.budget = self.ledger.snapshot()
         program.run_storage_dir = str(self.directory)
+        self.store.flush()
         self.journal.write_result({
             "optimized_dspy_program": program.optimized_dspy_program,
             "selection": selection,

@@ -27,7 +27,7 @@ from rlmoptimizer.evaluation import (
 from rlmoptimizer.fingerprint import apply_instructions
 from rlmoptimizer.metric import Metric
 from rlmoptimizer.records import ExampleResult
-from rlmoptimizer.run_store import RunStore
+from rlmoptimizer.storage.run_store import RunStore
 
 # -- helpers ---------------------------------------------------------------------------------------
 

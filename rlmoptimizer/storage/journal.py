@@ -19,25 +19,14 @@ rather than mixed in.
 from __future__ import annotations
 
 import json
-import logging
-import os
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from rlmoptimizer.errors import RunDirectoryMismatchError
-from rlmoptimizer.run_store import atomic_write_json, fsync_path
-
-logger = logging.getLogger(__name__)
+from rlmoptimizer.storage.files import BackgroundSync, atomic_write_json
 
 MANIFEST_KEYS_THAT_MUST_MATCH = ("program", "trainset", "valset", "metric", "budget_limit")
-
-
-def _fsync(path: Path) -> None:
-    """Flush ``path`` and its directory entry to disk (best effort where the platform refuses)."""
-    fsync_path(path, os.O_RDWR)
-    fsync_path(path.parent)
 
 
 class RunJournal:
@@ -54,8 +43,7 @@ class RunJournal:
             (self.directory / sub).mkdir(exist_ok=True)
         self._lock = threading.Lock()
         self._last_number: dict[str, int] = {}  # per subdirectory, read from disk once
-        self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlmoptimizer-journal-sync")
-        self._syncs: list[Future] = []
+        self._sync = BackgroundSync("journal")
 
     # -- manifest ---------------------------------------------------------------------------------
     def open_manifest(self, manifest: dict[str, Any]) -> bool:
@@ -101,21 +89,11 @@ class RunJournal:
         with self._lock:
             path = self._next_path(sub, prefix)
             atomic_write_json(path, data, durable=False)
-            self._syncs = [future for future in self._syncs if not future.done()]
-            try:
-                self._syncs.append(self._syncer.submit(_fsync, path))
-            except RuntimeError:  # the interpreter is shutting down: no new threads, sync here
-                _fsync(path)
+            self._sync.submit(path)
 
     def flush(self) -> None:
         """Wait until every turn and prompt version written so far is on disk."""
-        with self._lock:
-            syncs, self._syncs = self._syncs, []
-        for future in syncs:
-            try:
-                future.result()
-            except Exception as exc:  # _fsync is best effort; nothing to undo
-                logger.warning("Could not sync a journal file to disk: %s", exc)
+        self._sync.flush()
 
     def write_turn(self, turn: dict[str, Any]) -> None:
         self._write_numbered("turns", "turn", turn)

@@ -8,9 +8,10 @@ import threading
 
 import pytest
 
-from rlmoptimizer import run_store
 from rlmoptimizer.records import EvalRun, ExampleResult, StepTrace
-from rlmoptimizer.run_store import RunStore, atomic_write_json, atomic_write_text
+from rlmoptimizer.storage import files as run_store
+from rlmoptimizer.storage.files import atomic_write_json, atomic_write_text
+from rlmoptimizer.storage.run_store import RunStore
 
 
 def make_run(run_id: str = "run-0001", split: str = "train") -> EvalRun:
