@@ -48,14 +48,16 @@ os.environ.setdefault("DSPY_CACHEDIR", tempfile.mkdtemp(prefix="rlmopt-bench-cac
 _ROOT = Path(__file__).resolve().parents[1]
 if (_ROOT / "rlmoptimizer" / "__init__.py").is_file():
     sys.path.insert(0, str(_ROOT))
+sys.path.insert(0, str(_ROOT / "tests"))  # the shared test fixtures (tests/support)
 
 import dspy  # noqa: E402
 
-# the offline demo's task: a two-step program, its metric and a fake task LM that follows the policy when told
-from example import POLICY_PROMPT, RouteTicket, metric, task_lm_reply  # noqa: E402
+# the ticket-routing task: a two-step program, its metric and a fake task LM that follows the policy when told
+from support.tickets import POLICY_PROMPT, RouteTicket, metric, task_lm_reply  # noqa: E402
+
 from rlmoptimizer import RLMDocstringOptimizer  # noqa: E402
 from rlmoptimizer import sandbox as sandbox_module  # noqa: E402
-from rlmoptimizer.agent import OptimizerAgent  # noqa: E402
+from rlmoptimizer.agent.agent import OptimizerAgent  # noqa: E402
 from rlmoptimizer.sandbox import Sandbox  # noqa: E402
 from rlmoptimizer.storage.journal import RunJournal  # noqa: E402
 from rlmoptimizer.testing import FunctionLM  # noqa: E402

@@ -33,7 +33,7 @@ if (_ROOT / "rlmoptimizer" / "__init__.py").is_file():
 
 import dspy  # noqa: E402
 
-from rlmoptimizer.evaluation import Evaluator  # noqa: E402
+from rlmoptimizer.evaluation.evaluator import Evaluator  # noqa: E402
 from rlmoptimizer.metric import Metric  # noqa: E402
 from rlmoptimizer.testing import FunctionLM  # noqa: E402
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import io
 
-from fakes import FunctionLM, scripted_agent
 from rich.console import Console
+from support.fakes import FunctionLM, scripted_agent
+from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 
-from example import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 from rlmoptimizer import RLMDocstringOptimizer
 
 TURNS = [

@@ -6,11 +6,11 @@ import json
 
 import dspy
 import pytest
-from fakes import FunctionLM, scripted_agent
+from support.fakes import FunctionLM, scripted_agent
+from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 
-from example import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 from rlmoptimizer import ConfigurationError, RLMDocstringOptimizer
-from rlmoptimizer.prompts import AGENT_INSTRUCTIONS, TOOL_NAMES
+from rlmoptimizer.agent.prompts import AGENT_INSTRUCTIONS, TOOL_NAMES
 
 SUBMIT_POLICY = {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"}
 

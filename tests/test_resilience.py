@@ -7,9 +7,9 @@ import json
 
 import dspy
 import pytest
-from fakes import FunctionLM, scripted_agent
+from support.fakes import FunctionLM, scripted_agent
+from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 
-from example import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 from rlmoptimizer import (
     EvaluationLMError,
     OptimizationInterrupted,
@@ -202,10 +202,10 @@ import os, sys, tempfile
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path[:0] = [{tests!r}, {root!r}]
 import test_resilience as t
-from example import task_lm_reply
+from support.tickets import task_lm_reply
 from rlmoptimizer.testing import FunctionLM, scripted_agent
 from rlmoptimizer import RLMDocstringOptimizer
-from example import RouteTicket, make_splits, metric
+from support.tickets import RouteTicket, make_splits, metric
 trainset, valset = make_splits()
 opt = RLMDocstringOptimizer(max_iterations=2, root_lm=scripted_agent(t.TURNS),
                             eval_lm=FunctionLM(task_lm_reply, latency=0.2), num_threads=1,

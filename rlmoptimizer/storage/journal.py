@@ -6,7 +6,7 @@ power loss a few milliseconds later, on a background thread, and all of them bef
 returns)::
 
     manifest.json            what this directory belongs to (program structure, data, metric, budget)
-    ledger.json              the budget ledger after its latest change
+    ledger.json              the budget ledger, written after every evaluation and every agent turn
     runs/run-0001.json       every evaluation run (written by RunStore)
     prompts/v-0001.json      every prompt version the agent made
     turns/turn-0001.json     every agent turn (reasoning, code, output)
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rlmoptimizer.errors import RunDirectoryMismatchError
+from rlmoptimizer.events import AgentTurn, EvaluationFinished, Event, PromptUpdated
 from rlmoptimizer.storage.files import BackgroundSync, atomic_write_json
 
 MANIFEST_KEYS_THAT_MUST_MATCH = ("program", "trainset", "valset", "metric", "budget_limit")
@@ -34,7 +35,8 @@ class RunJournal:
 
     Turns and prompt versions are written on the caller's thread without waiting for the disk (the agent's
     turn goes on), then fsynced on one background thread; :meth:`flush` (called by :meth:`write_result`)
-    waits for those syncs."""
+    waits for those syncs. As an observer (:meth:`on_event`) it writes each turn, each prompt version, and
+    the ledger once per evaluation and once per turn."""
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
@@ -44,6 +46,15 @@ class RunJournal:
         self._lock = threading.Lock()
         self._last_number: dict[str, int] = {}  # per subdirectory, read from disk once
         self._sync = BackgroundSync("journal")
+
+    def on_event(self, event: Event) -> None:
+        if isinstance(event, AgentTurn):
+            self.write_turn(event.turn)
+            self.write_ledger(event.budget)
+        elif isinstance(event, PromptUpdated):
+            self.write_prompt_version(event.version)
+        elif isinstance(event, EvaluationFinished):
+            self.write_ledger(event.budget)
 
     # -- manifest ---------------------------------------------------------------------------------
     def open_manifest(self, manifest: dict[str, Any]) -> bool:

@@ -13,12 +13,12 @@ import pytest
 from dspy.adapters.json_adapter import JSONAdapter
 from dspy.lm15 import Config, Message, Request
 from dspy.primitives.repl_types import REPLHistory
-from fakes import FunctionLM, scripted_agent
-from responses_server import ResponsesServer
+from support.fakes import FunctionLM, scripted_agent
+from support.responses_server import ResponsesServer
+from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 
-from example import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 from rlmoptimizer import OptimizationInterrupted, RLMDocstringOptimizer
-from rlmoptimizer.sessions import RootSession, is_chain_rejection
+from rlmoptimizer.agent.root_lm import TurnSender, is_chain_rejection
 
 SUBMIT_POLICY = {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"}
 
@@ -47,7 +47,7 @@ def resent_turns(text: str, marker: str) -> list[int]:
 
 
 def session_warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "rlmoptimizer.sessions" and r.levelno == logging.WARNING]
+    return [r.getMessage() for r in caplog.records if r.name == "rlmoptimizer.agent.root_lm" and r.levelno == logging.WARNING]
 
 
 def assert_completed(result, explored: int = 3) -> None:
@@ -150,13 +150,13 @@ def test_a_reply_that_does_not_parse_is_retried_on_the_same_link_then_resent_as_
 
 
 def test_a_chat_root_lm_runs_statelessly_and_the_log_says_so_once(caplog):
-    caplog.set_level(logging.INFO, logger="rlmoptimizer.sessions")
+    caplog.set_level(logging.INFO, logger="rlmoptimizer.agent.root_lm")
     root = scripted_agent(TURNS)
     result = compile_with(root, root_stateful_session=True)
     assert_completed(result)
     assert [[m["role"] for m in call] for call in root.calls] == [["system", "user"]] * 4
     assert session_warnings(caplog) == []  # the default setting with a chat model is not worth a warning
-    notes = [r.getMessage() for r in caplog.records if r.name == "rlmoptimizer.sessions"]
+    notes = [r.getMessage() for r in caplog.records if r.name == "rlmoptimizer.agent.root_lm"]
     assert len(notes) == 1
     assert "root_stateful_session" in notes[0] and "model_type='responses'" in notes[0]
 
@@ -221,7 +221,7 @@ def test_multiturn_history_speaks_the_configured_adapter():
         return f'{{"reasoning": "r{len(sent)}", "code": "print({len(sent)})"}}'
 
     lm = FunctionLM(reply)
-    session = RootSession(stateful=False, multiturn=True, max_iters=5)
+    session = TurnSender(stateful=False, multiturn=True, max_iters=5)
     signature = dspy.Signature(
         "variables_info: str, repl_history: str, iteration: str -> reasoning: str, code: str", "Work in the REPL."
     )
