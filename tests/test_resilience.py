@@ -17,6 +17,8 @@ from rlmoptimizer import (
     RunDirectoryMismatchError,
 )
 
+pytestmark = pytest.mark.slow  # every test here runs compile() with a real sandbox
+
 TURNS = [
     {"reasoning": "look", "code": "print(baseline_train['score'])"},
     {"reasoning": "fix", "code": f"update_prompt('route', {POLICY_PROMPT!r})\n"
