@@ -3,7 +3,8 @@
 :func:`atomic_write_text` writes through a temporary file in the same directory and ``os.replace``. With
 ``durable=True`` it fsyncs the file and its directory before returning; with ``durable=False`` a
 :class:`BackgroundSync` can make the file durable a few milliseconds later on its own thread, so the caller
-does not wait for the disk, and :meth:`BackgroundSync.flush` waits for every sync queued so far.
+does not wait for the disk (it can also write the file there), and :meth:`BackgroundSync.flush` waits for
+every sync queued so far.
 """
 
 from __future__ import annotations
@@ -70,7 +71,12 @@ def fsync_file_and_directory(path: Path) -> None:
     fsync_path(path.parent)
 
 
-def _sync_then_remove(path: Path, then_remove: Path | None) -> None:
+_UNSET: Any = object()
+
+
+def _write_sync_remove(path: Path, then_remove: Path | None, data: Any) -> None:
+    if data is not _UNSET:
+        atomic_write_json(path, data, durable=False)
     fsync_file_and_directory(path)
     if then_remove is not None:
         then_remove.unlink(missing_ok=True)
@@ -84,15 +90,16 @@ class BackgroundSync:
         self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rlmoptimizer-{name}-sync")
         self._syncs: list[Future] = []
 
-    def submit(self, path: Path, then_remove: Path | None = None) -> None:
-        """Make ``path`` (already written with ``durable=False``) durable soon; then delete ``then_remove``
-        (a file whose content ``path`` now holds durably)."""
+    def submit(self, path: Path, then_remove: Path | None = None, data: Any = _UNSET) -> None:
+        """Make ``path`` durable soon, then delete ``then_remove`` (a file whose content ``path`` now holds
+        durably). ``path`` is already written with ``durable=False``, or, with ``data``, is written here first
+        (:func:`atomic_write_json`), off the caller's thread. If the write fails, ``then_remove`` stays."""
         with self._lock:
             self._syncs = [future for future in self._syncs if not future.done()]
             try:
-                self._syncs.append(self._syncer.submit(_sync_then_remove, path, then_remove))
-            except RuntimeError:  # the interpreter is shutting down: no new threads, sync here
-                _sync_then_remove(path, then_remove)
+                self._syncs.append(self._syncer.submit(_write_sync_remove, path, then_remove, data))
+            except RuntimeError:  # the interpreter is shutting down: no new threads, do it here
+                _write_sync_remove(path, then_remove, data)
 
     def flush(self) -> None:
         """Wait until every file submitted so far is on disk."""

@@ -61,9 +61,9 @@ class RunStore:
     """Append-only store of :class:`EvalRun` by id. ``directory=None`` uses a fresh temporary directory.
 
     Thread safe. Runs are kept in memory as well as on disk; the disk is read once, at construction.
-    A run saved with the pending log of its evaluation is written without waiting for the disk and fsynced on
-    a background thread, which deletes the log only then: until the run file is durable, the log still holds
-    its records. :meth:`flush` waits for those syncs.
+    A run saved with the pending log of its evaluation is written and fsynced on a background thread, which
+    deletes the log only then: until the run file is durable, the log still holds its records. :meth:`flush`
+    waits for those writes.
     """
 
     def __init__(self, directory: str | Path | None = None) -> None:
@@ -100,16 +100,18 @@ class RunStore:
     def save(self, run: EvalRun, settles: PendingLog | None = None) -> None:
         """Write ``run`` to ``runs/<run_id>.json`` (atomically) and keep it in memory.
 
-        With ``settles`` (the pending log of the evaluation that made ``run``), the file is made durable on a
-        background thread, which then deletes the log; without it, before this returns."""
+        With ``settles`` (the pending log of the evaluation that made ``run``), the file is written and made
+        durable on a background thread, which then deletes the log (until then the log holds the records, so
+        a crash loses nothing; :meth:`flush` waits for it); without it, before this returns."""
         number = _run_number(run.run_id)
         if number is None:
             raise ValueError(f"run_id must look like 'run-0001', got {run.run_id!r}")
         path = self.runs_dir / f"{run.run_id}.json"
-        atomic_write_json(path, run.to_dict(), durable=settles is None)
-        if settles is not None:
+        if settles is None:
+            atomic_write_json(path, run.to_dict())
+        else:
             settles.close()
-            self._sync.submit(path, then_remove=settles.path)
+            self._sync.submit(path, then_remove=settles.path, data=run.to_dict())
         with self._lock:
             self._runs[run.run_id] = run
             self._last_number = max(self._last_number, number)

@@ -62,6 +62,7 @@ def test_a_resumed_run_directory_reuses_records_and_charges_nothing(tmp_path):
     lm = echo_lm()
     service, _, _ = make_service(tmp_path, lm)
     first = service.evaluate(dspy.ChainOfThought("question -> answer"), "train", label="agent")
+    service.store.flush()  # what compile() does before it returns: the run is on disk, its pending log gone
 
     lm_after = echo_lm()
     resumed, ledger, store = make_service(tmp_path, lm_after)
@@ -132,7 +133,9 @@ def test_a_systemic_failure_saves_a_partial_run_then_raises(tmp_path):
     assert partial.label == "agent:partial" and "EvaluationLMError" in partial.note
     assert [r.example_id for r in partial.records] == [0, 1, 2, 3, 4]
     assert partial.budget_spent == 2 == ledger.spent and partial.requested_count == 10
+    store.flush()
     assert RunStore(tmp_path).get(partial.run_id) == partial
+    assert not list((tmp_path / "runs").glob("pending-*"))
 
 
 def test_a_metric_error_saves_a_partial_run_then_raises(tmp_path):
