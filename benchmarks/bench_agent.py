@@ -56,9 +56,9 @@ import dspy  # noqa: E402
 from support.tickets import POLICY_PROMPT, RouteTicket, metric, task_lm_reply  # noqa: E402
 
 from rlmoptimizer import RLMDocstringOptimizer  # noqa: E402
-from rlmoptimizer import sandbox as sandbox_module  # noqa: E402
 from rlmoptimizer.agent.agent import OptimizerAgent  # noqa: E402
 from rlmoptimizer.sandbox import Sandbox  # noqa: E402
+from rlmoptimizer.sandbox.deno import DenoInterpreter  # noqa: E402
 from rlmoptimizer.storage.journal import RunJournal  # noqa: E402
 from rlmoptimizer.testing import FunctionLM  # noqa: E402
 
@@ -300,7 +300,7 @@ class Probes:
         self._patch(Sandbox, "_join_background", join_background)
         self._patch(Sandbox, "_start_quietly", functools.partial(self._span, "background_starts"))
         self._patch(OptimizerAgent, "_prepare_repl", functools.partial(self._span, "setups"))
-        self._patch(sandbox_module._Interpreter, "_handle_tool_call", functools.partial(self._span, "tool_calls"))
+        self._patch(DenoInterpreter, "_handle_tool_call", functools.partial(self._span, "tool_calls"))
         self._patch(RunJournal, "write_turn", functools.partial(self._span, "journal_writes"))
 
     def uninstall(self) -> None:
