@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import dspy
 import pytest
 from support.fakes import FunctionLM
@@ -10,8 +12,10 @@ from support.qa import echo_lm, exact, examples, field, make_evaluator
 from rlmoptimizer.budget import TRAIN_EXAMPLE, VAL_EXAMPLE, BudgetLedger
 from rlmoptimizer.errors import EvaluationLMError, MetricError
 from rlmoptimizer.evaluation.runs import Runs
+from rlmoptimizer.events import EvaluationStarted, Observers
 from rlmoptimizer.fingerprint import apply_instructions
-from rlmoptimizer.records import LM_CALL_ERROR, METRIC_ERROR, PROGRAM_ERROR, ExampleResult
+from rlmoptimizer.records import LM_CALL_ERROR, METRIC_ERROR, PROGRAM_ERROR, EvalRun, ExampleResult
+from rlmoptimizer.storage.journal import RunJournal
 from rlmoptimizer.storage.run_store import RunStore
 
 
@@ -163,3 +167,64 @@ def test_a_records_error_kind_decides_whether_it_is_reused_and_survives_a_round_
     assert not record("LMRateLimitError: slow down", LM_CALL_ERROR).reusable
     failed = record("LMAuthError: [m] bad key", LM_CALL_ERROR)
     assert ExampleResult.from_dict(failed.to_dict()) == failed and not ExampleResult.from_dict(failed.to_dict()).reusable
+
+
+class Recorder:
+    def __init__(self):
+        self.events = []
+
+    def on_event(self, event):
+        self.events.append(event)
+
+
+class CountingJournal(RunJournal):
+    ledger_writes = 0
+
+    def write_ledger(self, snapshot):
+        self.ledger_writes += 1
+        super().write_ledger(snapshot)
+
+
+def test_runs_send_each_evaluation_event_once_and_the_ledger_is_written_once_per_evaluation(tmp_path):
+    recorder, journal = Recorder(), CountingJournal(tmp_path)
+    ledger, store = BudgetLedger(100), RunStore(tmp_path)
+    service = Runs(evaluator=make_evaluator(echo_lm(), num_threads=4), store=store, ledger=ledger,
+                   splits={"train": examples(10)}, observer=Observers([recorder, journal]))
+    program = dspy.Predict("question -> answer")
+    run = service.evaluate(program, "train", label="agent", ids=[0, 1, 2, 3, 4, 5])
+    kinds = [type(e).__name__ for e in recorder.events]
+    assert kinds == ["EvaluationStarted"] + ["ExampleEvaluated"] * 6 + ["EvaluationFinished"]
+    assert recorder.events[0] == EvaluationStarted("train", "agent", 6)
+    assert recorder.events[-1].run == run and recorder.events[-1].budget["spent"] == 6
+    assert journal.ledger_writes == 1  # not once per example
+    assert json.loads((tmp_path / "ledger.json").read_text())["spent"] == 6
+
+    service.evaluate(program, "train", label="agent", ids=[0, 1])  # all reused: no example events
+    assert [type(e).__name__ for e in recorder.events[8:]] == ["EvaluationStarted", "EvaluationFinished"]
+    assert journal.ledger_writes == 2
+
+
+def test_a_pending_log_left_by_a_killed_process_becomes_a_recovered_run_and_is_charged_once(tmp_path):
+    """The ledger on disk is written once per evaluation, so records of an evaluation that never finished
+    are charged when they are recovered; a log whose records a saved run holds is only deleted."""
+    store = RunStore(tmp_path)
+    header = {"label": "agent", "split": "train", "instructions": {"predict": "x"}, "requested": 5, "charged": True}
+    ok = ExampleResult(0, {"question": "q0"}, {"answer": "a0"}, {"answer": "a0"}, 1.0, True)
+    no_answer = ExampleResult(1, {"question": "q1"}, {"answer": "a1"}, {}, 0.0, False,
+                              error="LMRateLimitError: slow", error_kind=LM_CALL_ERROR)
+    killed = store.open_pending(header)
+    killed.append(ok)
+    killed.append(no_answer)
+    killed.close()
+    saved_log = store.open_pending(header)
+    saved_log.append(ok)
+    saved_log.close()
+    store.save(EvalRun("run-0001", "train", "agent", {"predict": "x"}, (ok,), 1, 1, 99))
+
+    ledger = BudgetLedger(100)
+    Runs(evaluator=make_evaluator(echo_lm()), store=RunStore(tmp_path), ledger=ledger,
+         splits={"train": examples(10)})
+    recovered = [run for run in RunStore(tmp_path).all() if run.label == "agent:recovered"]
+    assert len(recovered) == 1 and recovered[0].records == (ok, no_answer)
+    assert recovered[0].budget_spent == 1 == ledger.spent  # the LM-call failure is not charged
+    assert not list((tmp_path / "runs").glob("pending-*"))
