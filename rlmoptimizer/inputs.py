@@ -9,12 +9,16 @@ May import: dspy, ``rlmoptimizer.errors``.
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import dspy
 
 from rlmoptimizer.errors import ConfigurationError
+
+logger = logging.getLogger(__name__)
 
 _EXAMPLE_FIX = 'dspy.Example(question=..., answer=...).with_inputs("question")'
 
@@ -63,13 +67,22 @@ def check_examples(examples: Any, split: str, allow_empty: bool = False) -> list
     return examples
 
 
-def resolve_eval_lm(eval_lm: Any) -> dspy.BaseLM:
-    """``eval_lm`` if given, else ``dspy.settings.lm``; :class:`ConfigurationError` if neither is an LM."""
+def resolve_eval_lm(eval_lm: Any, program: Any = None) -> dspy.BaseLM | None:
+    """The LM the program runs with: ``eval_lm`` if given, else ``dspy.settings.lm``.
+
+    ``None`` only when neither is set and every predictor of ``program`` has its own LM (``set_lm``), which is
+    how ``dspy.Evaluate`` runs such a program; otherwise :class:`ConfigurationError` saying what to set.
+    """
     lm = eval_lm if eval_lm is not None else dspy.settings.lm
     if lm is None:
+        without = [name for name, p in program.named_predictors() if getattr(p, "lm", None) is None] if program else None
+        if without == []:
+            return None
+        steps = f" (step(s) {without} have no LM of their own)" if without else ""
         raise ConfigurationError(
-            "no LM to run the program with: pass eval_lm=dspy.LM('provider/model') or call "
-            "dspy.configure(lm=dspy.LM('provider/model')) before compile()"
+            f"no LM to run the program with{steps}: pass eval_lm=dspy.LM('provider/model'), call "
+            "dspy.configure(lm=dspy.LM('provider/model')) before compile(), or give every predictor its own LM "
+            "with predictor.set_lm(...)"
         )
     if not isinstance(lm, dspy.BaseLM):
         source = "eval_lm" if eval_lm is not None else "dspy.settings.lm"
@@ -78,6 +91,34 @@ def resolve_eval_lm(eval_lm: Any) -> dspy.BaseLM:
             "wrap a model name like this: eval_lm=dspy.LM('openai/gpt-4o-mini')"
         )
     return lm
+
+
+def lm_name(lm: Any) -> str:
+    """A short, stable name for an LM: its model string, or its class name."""
+    model = getattr(lm, "model", None)
+    return model if isinstance(model, str) and model else type(lm).__name__
+
+
+def step_lms(program: Any, eval_lm: Any, eval_lm_source: str) -> dict[str, dict[str, str]]:
+    """Which LM runs each step, as dspy decides it: a predictor's own LM (``set_lm``) wins over the LM of
+    the context (``eval_lm`` or ``dspy.settings.lm``, pinned during evaluation). ``{step: {"lm", "source"}}``.
+    When some steps have their own LM and others run on ``eval_lm``, a warning says which run on which."""
+    if eval_lm is None:
+        eval_lm_source = "none"
+    result = {}
+    for name, predictor in program.named_predictors():
+        own = getattr(predictor, "lm", None)
+        if own is not None:
+            result[name] = {"lm": lm_name(own), "source": "predictor.lm"}
+        else:
+            result[name] = {"lm": lm_name(eval_lm) if eval_lm is not None else "", "source": eval_lm_source}
+    own = [name for name, info in result.items() if info["source"] == "predictor.lm"]
+    if own and eval_lm is not None:
+        logger.warning(
+            "Step(s) %s run with their own LM (set with set_lm), as dspy runs them; %s (%s) runs the other steps "
+            "and an LLM-judge metric.", own, eval_lm_source, lm_name(eval_lm),
+        )
+    return result
 
 
 def check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
@@ -104,15 +145,31 @@ def check_metric(metric: Any) -> Any:
     return metric
 
 
-def check_pass_threshold(pass_threshold: Any) -> float:
-    if isinstance(pass_threshold, bool) or not isinstance(pass_threshold, (int, float)) or not 0 <= pass_threshold <= 1:
-        raise ConfigurationError(f"pass_threshold must be a number in [0, 1], got {pass_threshold!r}")
-    return float(pass_threshold)
+def check_pass_threshold(value: Any) -> float:
+    """``value`` as a float if it is a finite number, else :class:`ConfigurationError`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigurationError(
+            f"pass_threshold must be a finite number (the score at which an example counts as passed, on your "
+            f"metric's scale, e.g. 1.0 for a 0-1 metric or 5 for a 0-5 one), got {value!r}"
+        )
+    return float(value)
+
+
+MAX_SANDBOX_TIMEOUT_S = 86_400.0
+"""The longest a code cell may be given (one day): a limit the watchdog can still count down."""
 
 
 def check_timeout(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ConfigurationError(f"{name} must be a number > 0, got {value!r}")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not 0 < value <= MAX_SANDBOX_TIMEOUT_S
+    ):
+        raise ConfigurationError(
+            f"{name} must be a number of seconds greater than 0 and at most {MAX_SANDBOX_TIMEOUT_S:g} "
+            f"(one day), got {value!r}"
+        )
     return float(value)
 
 

@@ -3,7 +3,8 @@
 The flow of one ``compile()``:
 
 1. check the inputs and fail fast (before any LM call) with a message that says what to fix;
-2. deep-copy the student and take its structural fingerprint;
+2. copy the student (as leniently as dspy's Module.deepcopy, refused here if it cannot be copied apart) and take
+   its structural fingerprint;
 3. start the sandbox in the background while the baseline runs (its cold start is hidden);
 4. evaluate the unchanged program on train and validation (free);
 5. run the agent (a ``dspy.RLM``) with the tools until it SUBMITs or runs out of turns;
@@ -33,21 +34,25 @@ from rich.console import Console
 
 from rlmoptimizer.agent.agent import OptimizerAgent
 from rlmoptimizer.agent.prompts import render_instructions, render_setup_code, render_task_brief
+from rlmoptimizer.agent.root_lm import for_attempt
 from rlmoptimizer.agent.stop import StopRequest
 from rlmoptimizer.agent.tools import AgentTools
 from rlmoptimizer.agent.working_program import WorkingProgram
 from rlmoptimizer.budget import BudgetLedger, budget_for
 from rlmoptimizer.display import Display
-from rlmoptimizer.errors import AgentToolError, OptimizationInterrupted, RLMOptimizerError
+from rlmoptimizer.errors import AgentToolError, OptimizationInterrupted, RLMOptimizerError, RunDirectoryMismatchError
 from rlmoptimizer.evaluation.evaluator import Evaluator
 from rlmoptimizer.evaluation.runs import Runs
 from rlmoptimizer.events import Observers
 from rlmoptimizer.fingerprint import (
+    EXAMPLES_DIGEST_VERSION,
     apply_instructions,
     check_structure,
+    copy_program,
+    examples_digest,
     fingerprint_digest,
     get_instructions,
-    sha256_json,
+    legacy_examples_digest,
     structural_fingerprint,
 )
 from rlmoptimizer.inputs import (
@@ -60,12 +65,15 @@ from rlmoptimizer.inputs import (
     check_program,
     check_timeout,
     resolve_eval_lm,
+    step_lms,
 )
 from rlmoptimizer.metric import Metric
 from rlmoptimizer.records import AgentOutcome, CompileResult, EvalRun, Selection
 from rlmoptimizer.sandbox import Sandbox
 from rlmoptimizer.selection import never_worse
+from rlmoptimizer.storage.identity import eval_lm_identity
 from rlmoptimizer.storage.journal import RunJournal
+from rlmoptimizer.storage.lock import RunDirectoryLock
 from rlmoptimizer.storage.resume import open_run_directory
 from rlmoptimizer.storage.run_store import RunStore
 
@@ -90,6 +98,7 @@ class RLMDocstringOptimizer(Teleprompter):
         eval_lm: dspy.BaseLM | None = None,
         # scoring
         metric: Any = None,
+        metric_id: str | None = None,
         pass_threshold: float = 1.0,
         num_threads: int = 8,
         # the agent
@@ -99,9 +108,11 @@ class RLMDocstringOptimizer(Teleprompter):
         root_stateful_session: bool = True,
         rlm_multiturn_history: bool = False,
         sandbox_timeout_s: float = 120.0,
+        attempt: int = 0,
         # output and storage
         verbose: bool = False,
         run_storage_dir: str | Path | None = None,
+        allow_eval_lm_change: bool = False,
         console: Console | None = None,
     ) -> None:
         super().__init__()
@@ -110,6 +121,7 @@ class RLMDocstringOptimizer(Teleprompter):
         self.sub_lm = check_lm("sub_lm", sub_lm, required=False)
         self.eval_lm = check_lm("eval_lm", eval_lm, required=False)
         self.metric = check_metric(metric)
+        self.metric_id = metric_id
         self.pass_threshold = check_pass_threshold(pass_threshold)
         self.num_threads = check_positive_int("num_threads", num_threads)
         self.rlm_max_iterations = check_positive_int("rlm_max_iterations", rlm_max_iterations)
@@ -118,20 +130,22 @@ class RLMDocstringOptimizer(Teleprompter):
         self.root_stateful_session = bool(root_stateful_session)
         self.rlm_multiturn_history = bool(rlm_multiturn_history)
         self.sandbox_timeout_s = check_timeout("sandbox_timeout_s", sandbox_timeout_s)
+        self.attempt = check_positive_int("attempt", attempt, minimum=0)
         self.verbose = bool(verbose)
         self.run_storage_dir = Path(run_storage_dir) if run_storage_dir is not None else None
+        self.allow_eval_lm_change = bool(allow_eval_lm_change)
         self.console = console
 
     def compile(self, student: dspy.Module, *, trainset: list, teacher: Any = None, valset: list | None = None,
-                metric: Any = None, **kwargs: Any) -> dspy.Module:
+                metric: Any = None, metric_id: str | None = None, **kwargs: Any) -> dspy.Module:
         """Return a copy of ``student`` with optimized instructions and the result attributes attached."""
         metric = metric if metric is not None else self.metric
         check_compile_args(teacher, kwargs, metric)
-        metric = Metric(metric)
+        metric = Metric(metric, metric_id=metric_id if metric_id is not None else self.metric_id)
         check_program(student)
         trainset = check_examples(trainset, "trainset")
         valset = check_examples(valset, "valset", allow_empty=True) if valset is not None else []
-        eval_lm = resolve_eval_lm(self.eval_lm)
+        eval_lm = resolve_eval_lm(self.eval_lm, student)
         return _Compile(self, student, trainset, valset, metric, eval_lm).run()
 
 
@@ -139,51 +153,94 @@ class _Compile:
     """The state of one compile(); see the module docstring for the flow."""
 
     def __init__(self, config: RLMDocstringOptimizer, student: dspy.Module, trainset: list[dspy.Example],
-                 valset: list[dspy.Example], metric: Metric, eval_lm: dspy.BaseLM) -> None:
+                 valset: list[dspy.Example], metric: Metric, eval_lm: dspy.BaseLM | None) -> None:
         self.config = config
         self.trainset = trainset
         self.valset = valset
         self.metric = metric
-        self.root_lm = config.root_lm
-        self.sub_lm = config.sub_lm or config.root_lm
+        self.eval_lm = eval_lm
+        self.step_lms = step_lms(student, eval_lm, "eval_lm" if config.eval_lm is not None else "dspy.settings.lm")
+        # attempt=N sends the agent's requests with dspy's rollout_id=N: they miss the cache entries of every
+        # other attempt (an identical compile() otherwise replays the whole agent from dspy's cache).
+        self.root_lm = for_attempt(config.root_lm, config.attempt)
+        self.sub_lm = for_attempt(config.sub_lm or config.root_lm, config.attempt)
         self.display = Display(config.verbose, config.console)
 
         self.student = student
-        self.program = student.deepcopy()
+        # Every copy is made the same way; a program that cannot be copied apart is refused here, before any
+        # LM call, not after the agent has run.
+        self.program = copy_program(student)
         self.fingerprint = structural_fingerprint(self.program)
+        check_structure(self.fingerprint, student)  # the copy is faithful: same fields, demos and modules
         self.initial_instructions = get_instructions(self.program)
         self.budget_limit = budget_for(config.max_iterations, len(self.trainset), len(self.valset))
 
-        self.store = RunStore(config.run_storage_dir)
+        # One live compile per directory: take it before reading anything from it, give it up when run() ends
+        # (or here, if the directory is refused). Reading back a finished run takes it without writing.
+        self.lock: RunDirectoryLock | None = None
+        if config.run_storage_dir is not None:
+            directory = Path(config.run_storage_dir)
+            if not directory.is_dir():
+                directory.mkdir(parents=True, exist_ok=True)
+            self.lock = RunDirectoryLock(directory, read_only=(directory / "result.json").exists())
+        try:
+            self._open_directory(config)
+        except BaseException:
+            self.release()
+            raise
+
+    def _open_directory(self, config: RLMDocstringOptimizer) -> None:
+        self.store = RunStore(config.run_storage_dir, pass_threshold=config.pass_threshold)
         self.directory = Path(self.store.directory)
         self.journal = RunJournal(self.directory)
-        self.resume = open_run_directory(self.journal, self._manifest())
+        manifest = self._manifest()
+        try:
+            self.resume = open_run_directory(
+                self.journal,
+                manifest,
+                legacy_examples=lambda: {
+                    "trainset": legacy_examples_digest(self.trainset), "valset": legacy_examples_digest(self.valset)
+                },
+                allow_eval_lm_change=config.allow_eval_lm_change,
+            )
+        except RunDirectoryMismatchError as exc:
+            stored = self.journal.stored_manifest_value("metric")
+            if stored is not None and stored != manifest["metric"]:
+                raise RunDirectoryMismatchError(f"{exc} {self.metric.mismatch_hint(stored)}") from None
+            raise
         self.ledger = (
             BudgetLedger.from_snapshot(self.resume.ledger) if self.resume.ledger else BudgetLedger(self.budget_limit)
         )
         self.observer = Observers([self.journal, self.display])
 
         evaluator = Evaluator(
-            metric=metric, lm=eval_lm, num_threads=config.num_threads, pass_threshold=config.pass_threshold,
+            metric=self.metric, lm=self.eval_lm, num_threads=config.num_threads, pass_threshold=config.pass_threshold,
         )
         splits = {"train": self.trainset}
         if self.valset:
             splits["val"] = self.valset
         self.runs = Runs(evaluator=evaluator, store=self.store, ledger=self.ledger, splits=splits,
                          observer=self.observer)
-        self.journal.write_ledger(self.ledger.snapshot())
+        self.journal.write_ledger_if_changed(self.ledger.snapshot())
         self.stop = StopRequest()
         self.working = WorkingProgram(
             program=self.program, fingerprint=self.fingerprint, runs=self.runs, stop=self.stop, observer=self.observer,
         )
         self.tools = AgentTools(working=self.working, runs=self.runs, ledger=self.ledger)
 
+    def release(self) -> None:
+        """Give the run directory up for the next compile()."""
+        if self.lock is not None:
+            self.lock.release()
+
     def _manifest(self) -> dict[str, Any]:
         return {
             "program": fingerprint_digest(self.fingerprint),
-            "trainset": sha256_json([dict(ex) for ex in self.trainset]),
-            "valset": sha256_json([dict(ex) for ex in self.valset]),
-            "metric": f"{getattr(self.metric.fn, '__module__', '')}.{getattr(self.metric.fn, '__qualname__', repr(self.metric.fn))}",
+            "trainset": examples_digest(self.trainset),
+            "valset": examples_digest(self.valset),
+            "examples_digest_version": EXAMPLES_DIGEST_VERSION,
+            "eval_lm": eval_lm_identity(self.eval_lm, self.program),
+            "metric": self.metric.identity,
             "budget_limit": self.budget_limit,
             "pass_threshold": self.config.pass_threshold,
             "created_at": time.time(),
@@ -191,8 +248,24 @@ class _Compile:
 
     # -- the flow -----------------------------------------------------------------------------------
     def run(self) -> dspy.Module:
-        sandbox = Sandbox(timeout_s=self.config.sandbox_timeout_s)
-        sandbox.start_in_background()
+        try:
+            return self._run_with_sandbox()
+        finally:
+            self.release()
+
+    def _finished(self) -> bool:
+        """Whether this directory holds a finished run: its result is returned without the agent, so the
+        sandbox is not started (and nothing is written)."""
+        if not self.resume.resumed or not (self.directory / "result.json").exists():
+            return False
+        turns = self.journal.turns()
+        return bool(turns) and bool(turns[-1].get("final"))
+
+    def _run_with_sandbox(self) -> dspy.Module:
+        # Reading back a finished run: no agent, so no sandbox (and nothing written).
+        sandbox = None if self._finished() else Sandbox(timeout_s=self.config.sandbox_timeout_s)
+        if sandbox is not None:
+            sandbox.start_in_background()
         try:
             return self._run(sandbox)
         except KeyboardInterrupt as exc:
@@ -202,7 +275,8 @@ class _Compile:
         except Exception as exc:
             raise OptimizationInterrupted(self._where(f"stopped by {type(exc).__name__}: {exc}")) from exc
         finally:
-            sandbox.shutdown()
+            if sandbox is not None:
+                sandbox.shutdown()
             self.store.flush()
 
     def _where(self, what: str) -> str:
@@ -216,7 +290,7 @@ class _Compile:
             "the same run_storage_dir to resume where it stopped."
         )
 
-    def _run(self, sandbox: Sandbox) -> dspy.Module:
+    def _run(self, sandbox: Sandbox | None) -> dspy.Module:
         if self.resume.prompt_versions:
             self.working.restore_versions(list(self.resume.prompt_versions))
         baseline_train = self._baseline("train")
@@ -231,13 +305,15 @@ class _Compile:
         for run in self.runs.all():
             if run.split == split and run.label == "baseline" and run.instructions == self.initial_instructions:
                 return run
-        return self.runs.evaluate(self.student.deepcopy(), split, label="baseline", charged=False)
+        return self.runs.evaluate(copy_program(self.student), split, label="baseline", charged=False)
 
-    def _run_agent(self, sandbox: Sandbox, baseline_train: EvalRun, baseline_val: EvalRun | None) -> AgentOutcome:
+    def _run_agent(self, sandbox: Sandbox | None, baseline_train: EvalRun, baseline_val: EvalRun | None) -> AgentOutcome:
         final = self.resume.final_turn
         if final is not None:  # the earlier compile got as far as the agent's submission
             return AgentOutcome(submitted=final.get("outputs", {}).get("optimized_dspy_program", {}),
                                 trajectory=self.resume.turns, final_reasoning=final.get("reasoning", ""))
+        if sandbox is None:
+            raise RuntimeError("a run that is not finished needs its sandbox")
 
         signature = dspy.Signature(
             "task_brief: str -> optimized_dspy_program: dict[str, str]",
@@ -269,6 +345,7 @@ class _Compile:
         brief = render_task_brief(
             {name: str(p.signature.signature) for name, p in self.program.named_predictors()},
             len(self.trainset), len(self.valset), self.ledger.left, resumed=bool(self.resume.turns),
+            pass_threshold=self.config.pass_threshold,
         )
         with dspy.context(lm=self.root_lm):
             prediction = agent(task_brief=brief)
@@ -296,7 +373,7 @@ class _Compile:
                            initial=self.initial_instructions)
 
     def _build_result(self, selection: Selection, outcome: AgentOutcome) -> dspy.Module:
-        program = self.student.deepcopy()
+        program = copy_program(self.student)
         apply_instructions(program, selection.instructions)
         check_structure(self.fingerprint, program)
         runs = self.runs.all()
@@ -309,6 +386,7 @@ class _Compile:
             selection=selection,
             budget=self.ledger.snapshot(),
             run_storage_dir=str(self.directory),
+            step_lms={step: dict(info) for step, info in self.step_lms.items()},
         )
         self.store.flush()
         self.journal.write_result(result.result_file())

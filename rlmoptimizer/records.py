@@ -84,9 +84,10 @@ class StepTrace:
 class ExampleResult:
     """The outcome of running the program and the metric on one example.
 
-    Invariants: ``0.0 <= score <= 1.0``; ``passed == (score >= pass_threshold)`` of the run that made it;
-    when ``error`` is set (the program or the metric raised) ``score == 0.0``, ``passed is False`` and
-    ``error_kind`` (one of :data:`ERROR_KINDS`) says what failed; ``error_kind is None`` when ``error`` is.
+    Invariants: ``score`` is a finite number on the metric's own scale; ``passed == (score >= pass_threshold)``
+    of the run that made it; when ``error`` is set (the program or the metric raised) ``score == 0.0``,
+    ``passed is False`` and ``error_kind`` (one of :data:`ERROR_KINDS`) says what failed; ``error_kind is None``
+    when ``error`` is.
     ``example_id`` is the example's position in its split, stable across runs.
     """
 
@@ -288,6 +289,8 @@ class CompileResult:
     selection: Selection
     budget: dict[str, Any]
     run_storage_dir: str
+    step_lms: dict[str, dict[str, str]]
+    """Which LM ran each step: ``{step: {"lm": name, "source": "eval_lm" | "dspy.settings.lm" | "predictor.lm"}}``."""
 
     def attach_to(self, program: Any) -> Any:
         """Set the attributes on ``program`` (plain dicts and lists, as users read them) and return it."""
@@ -299,6 +302,7 @@ class CompileResult:
         program.selection = self.selection.to_dict()
         program.budget = dict(self.budget)
         program.run_storage_dir = self.run_storage_dir
+        program.step_lms = {step: dict(info) for step, info in self.step_lms.items()}
         return program
 
     def result_file(self) -> dict[str, Any]:
@@ -307,4 +311,5 @@ class CompileResult:
             "optimized_dspy_program": dict(self.optimized_dspy_program),
             "selection": self.selection.to_dict(),
             "budget": dict(self.budget),
+            "step_lms": {step: dict(info) for step, info in self.step_lms.items()},
         }

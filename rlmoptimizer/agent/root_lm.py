@@ -332,3 +332,10 @@ def _context_dropped(response: Response, previous_input_tokens: int | None) -> b
     chained turn is never smaller than its predecessor's. When it is, the server dropped the context."""
     current = _input_tokens(response)
     return previous_input_tokens is not None and current is not None and current < previous_input_tokens
+
+
+def for_attempt(lm: dspy.BaseLM, attempt: int) -> dspy.BaseLM:
+    """``lm`` itself for attempt 0, else a copy whose requests carry dspy's ``rollout_id=attempt``: they miss the
+    cache entries of every other attempt (an identical compile() otherwise replays the whole agent from dspy's
+    cache)."""
+    return lm if attempt == 0 else lm.copy(rollout_id=attempt)

@@ -6,14 +6,19 @@ agent wing's own ``stop``.
 
 from __future__ import annotations
 
-import copy
 import threading
 from typing import Any
 
 import dspy
 
 from rlmoptimizer.agent.stop import StopRequest
-from rlmoptimizer.errors import AgentToolError, EvaluationLMError, MetricError, StructureChangedError
+from rlmoptimizer.errors import (
+    AgentToolError,
+    ConfigurationError,
+    EvaluationLMError,
+    MetricError,
+    StructureChangedError,
+)
 from rlmoptimizer.evaluation.runs import Runs
 from rlmoptimizer.events import NO_OBSERVER, Observer, PromptUpdated
 from rlmoptimizer.fingerprint import apply_instructions, check_structure, get_instructions
@@ -65,12 +70,18 @@ class WorkingProgram:
         for step, text in mapping.items():
             self.check_step(step)
             clean[step] = self.check_text(step, text)
-        probe = copy.deepcopy(self.program)
-        apply_instructions(probe, clean)
-        try:
-            check_structure(self.fingerprint, probe)
-        except StructureChangedError as exc:
-            raise agent_error(f"{what} refused: {exc}", "only change the instructions text of existing steps") from None
+        # A dry run on the working program itself (no copy: a program may hold things that cannot be copied),
+        # its signatures restored afterwards.
+        with self._lock:
+            signatures = {name: predictor.signature for name, predictor in self.program.named_predictors()}
+            try:
+                apply_instructions(self.program, clean)
+                check_structure(self.fingerprint, self.program)
+            except (StructureChangedError, ConfigurationError) as exc:
+                raise agent_error(f"{what} refused: {exc}", "only change the instructions text of existing steps") from None
+            finally:
+                for name, predictor in self.program.named_predictors():
+                    predictor.signature = signatures[name]
         return clean
 
     def check_step(self, step: Any) -> None:

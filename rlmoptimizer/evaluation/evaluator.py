@@ -33,6 +33,7 @@ import dspy
 from rlmoptimizer.budget import Reservation
 from rlmoptimizer.errors import EvaluationLMError, MetricError
 from rlmoptimizer.evaluation.lm_failures import SYSTEMIC, TRANSIENT, classify_lm_failure, format_error
+from rlmoptimizer.evaluation.steps import StepNames
 from rlmoptimizer.metric import Metric
 from rlmoptimizer.records import LM_CALL_ERROR, METRIC_ERROR, PROGRAM_ERROR, ExampleResult, StepTrace, jsonable
 
@@ -114,7 +115,8 @@ class Evaluator:
     Each example runs in a copy of the caller's context inside ``dspy.context(lm=self.lm, trace=[])``: an LM
     the caller set (the optimizer agent's, for one) never reaches the program. The metric runs in the same
     pinned context, so an LLM-judge metric that relies on ``dspy.settings.lm`` also gets the evaluation LM.
-    The program object is shared by the threads, not copied. The settings are trusted: the optimizer's
+    A predictor with its own LM (``set_lm``) keeps it, as in dspy; ``lm=None`` (every predictor has its own LM)
+    pins no LM at all. The program object is shared by the threads, not copied. The settings are trusted: the optimizer's
     constructor checked them (:mod:`rlmoptimizer.inputs`).
     """
 
@@ -122,7 +124,7 @@ class Evaluator:
         self,
         *,
         metric: Metric,
-        lm: dspy.BaseLM,
+        lm: dspy.BaseLM | None,
         num_threads: int = 8,
         pass_threshold: float = 1.0,
         max_consecutive_lm_failures: int = 3,
@@ -136,6 +138,7 @@ class Evaluator:
         self.max_consecutive_lm_failures = max_consecutive_lm_failures
         self.transient_retries = transient_retries
         self.retry_backoff_s = float(retry_backoff_s)
+        self._scale_noted = False
 
     def evaluate(
         self,
@@ -153,7 +156,7 @@ class Evaluator:
             items = items[: reservation.granted]
         if not items:
             return []
-        names = {id(predictor): name for name, predictor in program.named_predictors()}
+        names = StepNames(program)
         batch = _Batch(len(items), reservation)
         batch.on_record = on_record
         pool = ThreadPoolExecutor(max_workers=min(self.num_threads, len(items)), thread_name_prefix="rlmoptimizer-eval")
@@ -199,7 +202,7 @@ class Evaluator:
         return records
 
     # -- one example, in a worker thread ---------------------------------------------------------
-    def _task(self, program: Any, names: dict[int, str], example_id: int, example: Any, batch: _Batch) -> None:
+    def _task(self, program: Any, names: StepNames, example_id: int, example: Any, batch: _Batch) -> None:
         try:
             self._run_one(program, names, example_id, example, batch)
         except BaseException as exc:  # a bug outside the program and metric (or an interrupt): stop everything
@@ -213,7 +216,7 @@ class Evaluator:
                 if batch.finished == batch.total or batch.stop.is_set():
                     batch.wake.set()
 
-    def _run_one(self, program: Any, names: dict[int, str], example_id: int, example: Any, batch: _Batch) -> None:
+    def _run_one(self, program: Any, names: StepNames, example_id: int, example: Any, batch: _Batch) -> None:
         if batch.stop.is_set():
             return
         inputs, labels = _inputs_and_labels(example)
@@ -260,6 +263,13 @@ class Evaluator:
             except Exception as exc:
                 score, feedback, error = 0.0, None, format_error(exc)
                 error_kind = METRIC_ERROR
+        if error is None and not 0.0 <= score <= 1.0 and not self._scale_noted:
+            self._scale_noted = True
+            logger.info(
+                "The metric %s returned %r, outside [0, 1]: scores are used as returned (a run's score is their "
+                "mean) and an example passes when its score is at least pass_threshold=%r; set pass_threshold= "
+                "to the score that means correct on this scale.", self.metric.name, score, self.pass_threshold,
+            )
         record = ExampleResult(
             example_id=example_id,
             inputs=_json_dict(inputs),
@@ -275,10 +285,10 @@ class Evaluator:
         self._finish(batch, record, None)
 
     @staticmethod
-    def _steps(trace: list, names: dict[int, str]) -> tuple[StepTrace, ...]:
+    def _steps(trace: list, names: StepNames) -> tuple[StepTrace, ...]:
         steps = []
         for predictor, step_inputs, outputs in list(trace):
-            name = names.get(id(predictor))
+            name = names.name(predictor)
             if name is None:  # a predictor outside named_predictors() (e.g. a compiled sub-module): not a step
                 continue
             steps.append(StepTrace(step_name=name, inputs=_json_dict(dict(step_inputs)), outputs=_fields(outputs)))
