@@ -58,7 +58,7 @@ from support.tickets import POLICY_PROMPT, RouteTicket, metric, task_lm_reply  #
 from rlmoptimizer import RLMDocstringOptimizer  # noqa: E402
 from rlmoptimizer.agent.agent import OptimizerAgent  # noqa: E402
 from rlmoptimizer.sandbox import Sandbox  # noqa: E402
-from rlmoptimizer.sandbox.deno import DenoInterpreter  # noqa: E402
+from rlmoptimizer.sandbox.process import DenoInterpreter  # noqa: E402
 from rlmoptimizer.storage.journal import RunJournal  # noqa: E402
 from rlmoptimizer.testing import FunctionLM  # noqa: E402
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import dspy
 import pytest
 from fakes import FunctionLM, ScriptedLM, last_user_text, scripted_agent
-
 from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
+
 from rlmoptimizer import ConfigurationError, RLMDocstringOptimizer, RunDirectoryMismatchError
 from rlmoptimizer.evaluation.evaluator import Evaluator
 from rlmoptimizer.evaluation.steps import StepNames
