@@ -16,7 +16,7 @@ from pathlib import Path
 
 import dspy
 import pytest
-from fakes import FunctionLM, ScriptedLM, last_user_text, scripted_agent
+from support.fakes import FunctionLM, ScriptedLM, last_user_text, scripted_agent
 from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 
 from rlmoptimizer import ConfigurationError, RLMDocstringOptimizer, RunDirectoryMismatchError
@@ -468,7 +468,7 @@ def test_two_different_lambdas_are_refused_and_metric_id_overrides(tmp_path):
 # -- dspy's cache and a fresh attempt ----------------------------------------------------------------------------
 @pytest.mark.slow
 def test_an_identical_compile_replays_from_dspys_cache_and_attempt_asks_again(tmp_path):
-    from responses_server import ResponsesServer
+    from support.responses_server import ResponsesServer
 
     trainset, valset = make_splits()
     turns = [{"reasoning": "look", "code": "print(baseline_train['score'])"}, FIX_AND_SUBMIT]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import dspy
 import pytest
-from fakes import FunctionLM, scripted_agent
+from support.fakes import FunctionLM, scripted_agent
 from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, task_lm_reply
 from test_resilience import TURNS, compile_in, dies_after
 
