@@ -1,0 +1,355 @@
+"""The optimizer agent: a ``dspy.RLM`` whose sub-LM calls draw on the optimization budget.
+
+Differences from a plain ``dspy.RLM``:
+
+- ``llm_query`` / ``llm_query_batched`` and the sandbox's ``dspy`` sub-agents charge one budget unit per
+  prompt to the :class:`~rlmoptimizer.budget.BudgetLedger` (reserve first, so nothing is overspent). With no
+  budget left they answer with an error the agent can read, and the agent goes on working.
+- A root-LM reply that does not parse is retried, then shown to the agent as an error turn; it does not end
+  the run.
+- Each turn is sent to the observer as :class:`~rlmoptimizer.events.AgentTurn` as soon as it exists (for
+  checkpoints and display) and kept in :attr:`OptimizerAgent.turns`; a run can start from an earlier
+  trajectory (resume).
+- After each turn the loop checks its :class:`~rlmoptimizer.agent.stop.StopRequest`: a tool that met a
+  systemic failure asked it to stop, and the loop raises that failure.
+- Setup code (loading the evaluation data) runs once per sandbox process, after dspy's own setup, and is
+  replayed by the sandbox after a restart.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import dspy
+from dspy import AdapterParseError, ChatAdapter, CodeInterpreter, Prediction
+
+from rlmoptimizer.agent._dspy import (
+    SUB_AGENT_INSTRUCTIONS,
+    REPLHistory,
+    _LLMCallBudget,
+    _strip_code_fences,
+    format_error_for_lm,
+    resolve_interpreter_factory,
+)
+from rlmoptimizer.agent.root_lm import TurnSender
+from rlmoptimizer.agent.stop import StopRequest
+from rlmoptimizer.budget import SUB_LM_CALL, BudgetLedger, Reservation
+from rlmoptimizer.errors import BudgetExhaustedError
+from rlmoptimizer.events import NO_OBSERVER, AgentTurn, Observer
+
+logger = logging.getLogger(__name__)
+
+
+class _ChargedBudget:
+    """dspy.RLM's per-run call ceiling plus our ledger: a reservation is taken from both or from neither."""
+
+    def __init__(self, rlm_budget: _LLMCallBudget, ledger: BudgetLedger) -> None:
+        self._rlm_budget = rlm_budget
+        self._ledger = ledger
+
+    def take(self, n: int) -> Reservation:
+        """Reserve ``n`` sub-LM calls; spend each one that produced an answer, release the rest."""
+        try:
+            reservation = self._ledger.reserve_exactly(n, SUB_LM_CALL)
+        except BudgetExhaustedError as exc:
+            raise RuntimeError(_budget_message(exc)) from None
+        try:
+            self._rlm_budget.reserve(n)
+        except Exception:
+            reservation.release()
+            raise
+        return reservation
+
+    def reserve(self, n: int = 1) -> None:
+        """dspy's facade protocol (sandbox sub-agents): charge ``n`` calls up front."""
+        self.take(n).spend(n)
+
+
+def _root_adapter(*, last_attempt: bool):
+    """The adapter for one root-LM attempt. Unless the user configured one, dspy's ChatAdapter, whose fallback
+    to JSONAdapter after a reply that does not parse is kept for the last attempt only: the fallback's prompt
+    differs from the first ~150 tokens on, so every prompt-prefix cache (a local server's, a provider's
+    prompt caching) misses and the whole history is paid for again, while a plain retry reuses it."""
+    return dspy.settings.adapter or ChatAdapter(use_json_adapter_fallback=last_attempt)
+
+
+_NOTICE = "\n[Notice] "
+
+
+def _same_code(code: str) -> str:
+    return " ".join(code.split())
+
+
+def _note_repeat(history: REPLHistory, new: REPLHistory) -> REPLHistory:
+    """``new`` with a notice appended to its last output when that turn ran the code of an earlier turn again
+    and got the same output: a stuck agent (small root LMs loop like this) learns it changed nothing instead of
+    spending its turns on it. The notice goes at the end, which the history's head+tail truncation keeps."""
+    last = new.entries[-1]
+    code = _same_code(last.code)
+    if not code:
+        return new
+    earlier = [i + 1 for i, entry in enumerate(history.entries)
+               if _same_code(entry.code) == code and entry.output.split(_NOTICE)[0] == last.output]
+    if not earlier:
+        return new
+    where = f"step {earlier[0]}" if len(earlier) == 1 else f"steps {', '.join(map(str, earlier))}"
+    times = "once" if len(earlier) == 1 else f"{len(earlier)} times"
+    notice = (
+        f"{_NOTICE}This code already ran {times} ({where}) with this same output: "
+        "running it again changes nothing. Do something different: analyse `baseline_train['examples']` or a "
+        "run from `run_data(...)`, write new instructions with `update_prompt`, check them with "
+        "`evaluate_program`, or SUBMIT."
+    )
+    return history.append(reasoning=last.reasoning, code=last.code, output=last.output + notice)
+
+
+def _budget_message(exc: BaseException) -> str:
+    return (
+        f"{exc}. Sub-LM calls cost 1 unit each and the optimization budget cannot cover this. "
+        "Analyse with Python code instead, update prompts, and SUBMIT when ready."
+    )
+
+
+class OptimizerAgent(dspy.RLM):
+    """``dspy.RLM`` with budgeted sub-LM calls, tolerant turns, per-turn events, a stop request and resume.
+
+    Built for one compile(): :attr:`turns` holds the trajectory (earlier turns first, on a resume)."""
+
+    def __init__(
+        self,
+        signature,
+        *,
+        ledger: BudgetLedger,
+        setup_code: str = "",
+        observer: Observer = NO_OBSERVER,
+        stop: StopRequest | None = None,
+        prior_turns: Sequence[dict[str, Any]] = (),
+        parse_retries: int = 2,
+        validate_submission: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        stateful_session: bool = False,
+        multiturn_history: bool = False,
+        **rlm_kwargs: Any,
+    ) -> None:
+        super().__init__(signature, **rlm_kwargs)
+        # What the root LM is sent per turn (rlmoptimizer.agent.root_lm); None keeps dspy's rendering unchanged.
+        self._turn_sender = (
+            TurnSender(stateful=stateful_session, multiturn=multiturn_history, max_iters=self.max_iters)
+            if stateful_session or multiturn_history
+            else None
+        )
+        self._ledger = ledger
+        self._setup_code = setup_code
+        self._observer = observer
+        self._stop = stop if stop is not None else StopRequest()
+        self._prior_turns = [dict(t) for t in prior_turns]
+        self.turns: list[dict[str, Any]] = [dict(t) for t in prior_turns]
+        self._parse_retries = parse_retries
+        self._validate_submission = validate_submission
+
+    # -- budgeted sub-LM tools ------------------------------------------------------------------------
+    def _make_llm_tools(self, budget: _LLMCallBudget | None = None, max_workers: int = 8) -> dict[str, Callable]:
+        charged = _ChargedBudget(budget if budget is not None else _LLMCallBudget(self.max_llm_calls), self._ledger)
+        sub_lm = self.sub_lm
+
+        def query(prompt: str) -> str:
+            lm = sub_lm if sub_lm is not None else dspy.settings.lm
+            if lm is None:
+                raise dspy.LMNotConfiguredError("No sub-LM configured for llm_query.")
+            response = lm(prompt)
+            text = response.text if isinstance(response, dspy.lm15.Response) else None
+            if text is None and isinstance(response, list) and response:
+                first = response[0]
+                text = first.get("text") if isinstance(first, dict) else first
+            if not isinstance(text, str):
+                raise TypeError(f"Sub-LM returned no text (got {type(response).__name__}).")
+            return text
+
+        def llm_query(prompt: str) -> str:
+            """Query the sub-LM with a prompt string (costs 1 budget unit)."""
+            if not prompt:
+                raise ValueError("prompt cannot be empty")
+            with charged.take(1) as reservation:
+                text = query(prompt)
+                reservation.spend(1)
+            return text
+
+        def llm_query_batched(prompts: list[str]) -> list[str]:
+            """Query the sub-LM with several prompts concurrently (1 budget unit per prompt)."""
+            if not prompts:
+                return []
+            if any(not p for p in prompts):
+                raise ValueError("prompts cannot contain empty strings")
+            results: dict[int, str] = {}
+            with charged.take(len(prompts)) as reservation, ThreadPoolExecutor(max_workers=max_workers) as pool:
+                futures = {
+                    pool.submit(contextvars.copy_context().run, query, prompt): index
+                    for index, prompt in enumerate(prompts)
+                }
+                for future, index in futures.items():
+                    try:
+                        results[index] = future.result()
+                        reservation.spend(1)
+                    except dspy.LMError as exc:
+                        results[index] = f"[ERROR] {format_error_for_lm(exc)}"
+            return [results[i] for i in range(len(prompts))]
+
+        return {"llm_query": llm_query, "llm_query_batched": llm_query_batched}
+
+    def _setup_facade(self, repl, budget, interpreter_factory) -> str:
+        return super()._setup_facade(repl, _ChargedBudget(budget, self._ledger), interpreter_factory)
+
+    # -- the loop ---------------------------------------------------------------------------------------
+    def forward(self, *, interpreter_factory: Callable[[], CodeInterpreter] | None = None, **input_args) -> Prediction:
+        self._validate_inputs(input_args)
+        if interpreter_factory is None:
+            interpreter_factory = resolve_interpreter_factory(self._interpreter_factory)
+        output_field_names = list(self.signature.output_fields.keys())
+        budget = _LLMCallBudget(self.max_llm_calls)
+        execution_tools = self._prepare_execution_tools(budget)
+        variables = self._build_variables(**input_args)
+
+        with self._interpreter_context(execution_tools, interpreter_factory) as repl, \
+                ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlmoptimizer-setup") as pool:
+            # The REPL's setup waits for the sandbox's start; the first root-LM call does not need it, so the two
+            # overlap and the start is hidden behind the LM (the sandbox serializes calls from any thread).
+            setup = pool.submit(
+                contextvars.copy_context().run, self._prepare_repl, repl, budget, interpreter_factory, input_args
+            )
+            sub_agent_rules, regular_args = SUB_AGENT_INSTRUCTIONS, None
+
+            history = REPLHistory(max_output_chars=self.max_output_chars)
+            for turn in self._prior_turns:
+                history = history.append(reasoning=turn.get("reasoning", ""), code=turn["code"], output=turn["output"])
+
+            for iteration in range(len(history), self.max_iters):
+                action = self._next_action(variables, history, iteration, interpreter_factory, sub_agent_rules)
+                if regular_args is None:
+                    sub_agent_rules, regular_args = setup.result()
+                if isinstance(action, REPLHistory):  # a reply that never parsed, recorded as an error turn
+                    result = action
+                else:
+                    result = self._run_action(repl, action, history, regular_args, output_field_names)
+                if isinstance(result, Prediction):
+                    outputs = {name: result[name] for name in output_field_names}
+                    self._report(result.trajectory[-1], iteration, final=True, outputs=outputs)
+                    self._stop.raise_if_requested()
+                    return result
+                self._report(result.entries[-1].model_dump(), iteration, final=False)
+                self._stop.raise_if_requested()
+                history = result
+
+            setup.result()
+            return self._extract_fallback(variables, history, output_field_names)
+
+    def _prepare_repl(self, repl, budget, interpreter_factory, input_args) -> tuple[str, dict[str, Any]]:
+        """dspy's facade, our data-loading setup code, then mark both for replay after a restart."""
+        sub_agent_rules = self._setup_facade(repl, budget, interpreter_factory)
+        regular_args = self._prepare_serializable_vars(input_args, repl)
+        if self._setup_code:
+            repl.execute(self._setup_code)
+        mark = getattr(repl, "mark_setup_complete", None)
+        if callable(mark):
+            mark()
+        return sub_agent_rules, regular_args
+
+    def _next_action(self, variables, history, iteration, interpreter_factory, sub_agent_rules):
+        """The root LM's next action; a reply that does not parse is retried, then recorded as an error turn
+        (returned as the new REPLHistory)."""
+        variables_info = [variable.format() for variable in variables]
+        signature = self._action_signature_for_current_factory(interpreter_factory, sub_agent_rules)
+        last_error: AdapterParseError | None = None
+        root_lm = self.generate_action.lm or dspy.settings.lm
+        sender = self._turn_sender if self._turn_sender is not None and self._turn_sender.takes_turn(root_lm) else None
+        for attempt in range(1 + self._parse_retries):
+            try:
+                if sender is not None:
+                    action = sender.act(
+                        root_lm, signature, variables_info=variables_info, history=history,
+                        iteration=f"{iteration + 1}/{self.max_iters}", options=self.generate_action.config,
+                        fresh=bool(attempt),
+                    )
+                else:
+                    with dspy.context(adapter=_root_adapter(last_attempt=attempt == self._parse_retries)):
+                        action = self.generate_action(
+                            signature=signature,
+                            variables_info=variables_info,
+                            repl_history=history,
+                            iteration=f"{iteration + 1}/{self.max_iters}",
+                            **({"config": {"cache": False}} if attempt else {}),
+                        )
+                break
+            except AdapterParseError as exc:
+                last_error = exc
+                logger.warning("Root LM reply did not parse (attempt %d): %s", attempt + 1, exc)
+        else:
+            raw = (last_error.lm_response or "")[:2000] if last_error else ""
+            return history.append(
+                reasoning="(the reply could not be parsed)",
+                code=raw,
+                output=(
+                    f"[Error] Your last reply could not be parsed after {1 + self._parse_retries} attempts: "
+                    f"{format_error_for_lm(last_error)}. Reply with the output fields exactly as specified "
+                    "(reasoning, then code in a ```python block)."
+                ),
+            )
+        return action
+
+    def _run_action(self, repl, action, history, input_args, output_field_names):
+        """Execute the action's code; the new history, or the final Prediction on a valid SUBMIT."""
+        try:
+            code = _strip_code_fences(action.code)
+        except SyntaxError as exc:
+            code = action.code
+            result = f"[Error] {format_error_for_lm(exc)}"
+            return self._process_execution_result(action, code, result, history, output_field_names)
+        result = self._execute_code(repl, code, input_args)
+        result = self._process_execution_result(action, code, result, history, output_field_names)
+        return _note_repeat(history, result) if isinstance(result, REPLHistory) else result
+
+    def _extract_fallback(self, variables, history, output_field_names) -> Prediction:
+        """Out of turns without a SUBMIT: dspy asks the root LM to extract the outputs from the history. When that
+        reply is unusable (a small model's often is), the run does not fail: the outputs are left empty, so the
+        current instructions (the agent's ``update_prompt`` edits) are what was submitted."""
+        try:
+            with dspy.context(adapter=_root_adapter(last_attempt=True)):
+                return super()._extract_fallback(variables, history, output_field_names)
+        except Exception as exc:
+            logger.warning("The agent ran out of turns and its final output could not be extracted (%s: %s); "
+                           "submitting the current instructions.", type(exc).__name__, exc)
+            return Prediction(
+                trajectory=[entry.model_dump() for entry in history],
+                final_reasoning=f"Out of turns; the extraction failed ({type(exc).__name__}), so the current "
+                "instructions were submitted.",
+                **{name: {} for name in output_field_names},
+            )
+
+    def _process_final_output(self, result, output_field_names):
+        """dspy's checks of a SUBMIT, then ours: a refused submission is an error the agent sees and fixes."""
+        parsed, error = super()._process_final_output(result, output_field_names)
+        if error is None and self._validate_submission is not None:
+            try:
+                parsed = self._validate_submission(parsed)
+            except ValueError as exc:
+                return None, f"[Error] Submission refused: {exc}"
+        return parsed, error
+
+    def _report(
+        self, entry: dict[str, Any], iteration: int, *, final: bool, outputs: dict[str, Any] | None = None
+    ) -> None:
+        turn = {
+            "iteration": iteration + 1,
+            "reasoning": entry.get("reasoning", ""),
+            "code": entry.get("code", ""),
+            "output": entry.get("output", ""),
+            "final": final,
+        }
+        if outputs is not None:
+            turn["outputs"] = outputs
+        turn["created_at"] = time.time()
+        self.turns.append(turn)
+        self._observer.on_event(AgentTurn(turn, self._ledger.snapshot()))

@@ -1,0 +1,55 @@
+"""The optimizer agent's moves: the steps fixed-algorithm optimizers make, each one call away.
+
+GEPA's reflective proposal from traces and metric feedback (:meth:`Moves.propose_instructions`, built on
+dspy's own ``dspy.teleprompt.gepa.InstructionProposer``), its paired comparison of candidates on the same
+examples (:meth:`Moves.compare`) and its Pareto set of candidates (:meth:`Moves.candidates`); the failure
+replay set (:meth:`Moves.hard_examples`), repeated rollouts for noisy scores (:meth:`Moves.evaluate_rollouts`)
+and the contrast of two runs' traces for credit assignment (:meth:`Moves.diff_runs`).
+
+The moves work over stored :class:`~rlmoptimizer.records.EvalRun` records and three small interfaces, so
+they do not depend on where the agent's tools live:
+
+* ``runs``: the run service (``get(run_id)``, ``runs()``, ``splits``, ``stored(instructions, split, ids,
+  rollout)``);
+* ``evaluate(instructions, split, ids, *, rollout, label, reservation)``: evaluate a full ``{step: text}``
+  map on a copy of the program (the current prompts never change), store and return the run;
+* ``ledger``: the :class:`~rlmoptimizer.budget.BudgetLedger`.
+
+Budget, as everywhere: 1 unit per newly evaluated example per rollout, 1 unit per proposal LM call that
+answered; stored records are reused free. A move that evaluates first works out what it will cost and
+refuses, spending nothing, when the budget cannot cover all of it (a paired comparison on half its examples
+would compare nothing). Refusals raise :class:`~rlmoptimizer.errors.AgentToolError` saying what was wrong
+-> what to do.
+
+Rooms:
+    context.py   what the moves share: the interfaces, the checks, ``program_evaluator``
+    proposal.py  ``propose_instructions`` and the reflective dataset it is built from
+    paired.py    ``compare`` and ``evaluate_rollouts``
+    history.py   ``candidates`` (the Pareto front), ``hard_examples``, ``diff_runs``
+
+May import: dspy, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.fingerprint``, ``.records``. Nothing
+above it (the agent's tools, the optimizer).
+"""
+
+from __future__ import annotations
+
+from rlmoptimizer.agent.moves.context import (
+    MAX_PROPOSALS,
+    MAX_REFLECTION_EXAMPLES,
+    MAX_ROLLOUTS,
+    EvaluateFn,
+    RunAccess,
+    program_evaluator,
+)
+from rlmoptimizer.agent.moves.history import HistoryMoves
+from rlmoptimizer.agent.moves.paired import PairedMoves
+from rlmoptimizer.agent.moves.proposal import ProposalMoves, reflective_example
+
+__all__ = [
+    "MAX_PROPOSALS", "MAX_REFLECTION_EXAMPLES", "MAX_ROLLOUTS", "EvaluateFn", "Moves", "RunAccess",
+    "program_evaluator", "reflective_example",
+]
+
+
+class Moves(ProposalMoves, PairedMoves, HistoryMoves):
+    """The moves of one optimization, over its runs, its ledger and an evaluate function."""

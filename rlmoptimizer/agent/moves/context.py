@@ -1,0 +1,170 @@
+"""What every move works over: the runs, an evaluate function, the ledger and the current instructions; the
+checks and refusals the moves share.
+
+May import: dspy, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.fingerprint``, ``.records``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import dspy
+
+from rlmoptimizer.budget import BudgetLedger, Reservation
+from rlmoptimizer.errors import AgentToolError
+from rlmoptimizer.fingerprint import apply_instructions
+from rlmoptimizer.records import EvalRun, ExampleResult
+
+MAX_ROLLOUTS = 10
+"""The most samples per example one call may ask for."""
+MAX_PROPOSALS = 8
+"""The most candidate instructions one ``propose_instructions`` call may ask for."""
+MAX_REFLECTION_EXAMPLES = 10
+"""How many failures a proposal reflects on when no ids are given (GEPA reflects on a minibatch of 3)."""
+
+
+class RunAccess(Protocol):
+    splits: dict[str, list]
+
+    def get(self, run_id: str) -> EvalRun: ...
+
+    def all(self) -> list[EvalRun]: ...
+
+    def stored(self, instructions: dict[str, str], split: str, ids: Sequence[int], rollout: int = 0) -> dict[int, ExampleResult]: ...
+
+
+EvaluateFn = Callable[..., EvalRun]
+"""``evaluate(instructions, split, ids, *, rollout, label, reservation) -> EvalRun``."""
+
+
+def refuse(problem: str, fix: str) -> AgentToolError:
+    return AgentToolError(f"{problem} -> {fix}")
+
+
+def mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+class MoveContext:
+    """The state the moves share: the runs, an evaluate function, the ledger, the current instructions."""
+
+    def __init__(
+        self,
+        *,
+        runs: RunAccess,
+        evaluate: EvaluateFn,
+        ledger: BudgetLedger,
+        step_names: Sequence[str],
+        current: Callable[[], dict[str, str]],
+        check_map: Callable[[Any], dict[str, str]] | None = None,
+        proposal_lm: dspy.BaseLM | Callable[[], dspy.BaseLM | None] | None = None,
+    ) -> None:
+        self.runs = runs
+        self._evaluate = evaluate
+        self.ledger = ledger
+        self.step_names = list(step_names)
+        self._current = current
+        self._check_map = check_map
+        self._proposal_lm = proposal_lm
+
+    def _lm(self) -> dspy.BaseLM:
+        lm = self._proposal_lm() if callable(self._proposal_lm) and not isinstance(self._proposal_lm, dspy.BaseLM) else self._proposal_lm
+        lm = lm or dspy.settings.lm
+        if lm is None:
+            raise refuse("no LM to write proposals with", "pass sub_lm=dspy.LM(...) to the optimizer")
+        return lm
+
+    # -- helpers --------------------------------------------------------------------------------------
+    def _check_step(self, step: Any, tool: str) -> None:
+        if not isinstance(step, str) or step not in self.step_names:
+            raise refuse(f"{tool}: unknown step name {step!r}", f"use one of {self.step_names}")
+
+    def _get_run(self, run_id: Any) -> EvalRun:
+        try:
+            return self.runs.get(str(run_id))
+        except KeyError:
+            known = [run.run_id for run in self.runs.all()]
+            raise refuse(f"no run with id {run_id!r}", f"use one of {known}") from None
+
+    def _train_run(self, run_id: Any, tool: str) -> EvalRun:
+        run = self._get_run(run_id)
+        if run.split != "train":
+            raise refuse(f"{tool}: run {run.run_id} is a {run.split} run", "pass a train run id (validation examples are not shown)")
+        return run
+
+    def _resolve(self, candidate: Any, index: int) -> tuple[str, dict[str, str]]:
+        current = self._current()
+        if isinstance(candidate, str):
+            if candidate == "current":
+                return "current", current
+            if candidate.startswith("run-"):
+                run = self._get_run(candidate)
+                return candidate, dict(run.instructions)
+        if isinstance(candidate, dict):
+            if not candidate:
+                raise refuse(f"candidate {index} is an empty dict", "give at least one {step: text} entry, or 'current'")
+            checked = self._check_map(candidate) if self._check_map is not None else dict(candidate)
+            return "map", {**current, **checked}
+        raise refuse(
+            f"candidate {index} is {type(candidate).__name__} {candidate!r:.80}",
+            "each candidate is 'current', a run id like 'run-0003', or a {step: text} dict",
+        )
+
+    def _example_ids(self, split: str, ids: list[int] | None, tool: str) -> list[int]:
+        """The examples of ``split`` a move runs on: ``ids`` (already parsed by the caller), all when None.
+        Validation always runs whole."""
+        if split not in self.runs.splits:
+            raise refuse(f"{tool}: unknown split {split!r}", f"use one of {sorted(self.runs.splits)}")
+        size = len(self.runs.splits[split])
+        if split == "val":
+            if ids is not None:
+                raise refuse(
+                    f"{tool}: validation always runs on the whole split and takes no selection",
+                    f"call {tool}(..., split='val') without ids, limit or sample",
+                )
+            return list(range(size))
+        selected = list(range(size)) if ids is None else list(dict.fromkeys(ids))
+        bad = [i for i in selected if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < size]
+        if bad:
+            raise refuse(f"{tool}: {bad} are not example ids of {split}", f"use ids from 0 to {size - 1}")
+        if not selected:
+            raise refuse(f"{tool}: the selection is empty", "select at least one example (ids=..., limit=N)")
+        return selected
+
+    @staticmethod
+    def _check_rollouts(rollouts: Any, split: str) -> int:
+        if isinstance(rollouts, bool) or not isinstance(rollouts, int) or not 1 <= rollouts <= MAX_ROLLOUTS:
+            raise refuse(f"rollouts must be an int from 1 to {MAX_ROLLOUTS}, got {rollouts!r}", "pass rollouts=3 for example")
+        if split == "val" and rollouts != 1:
+            raise refuse(
+                "validation takes one sample per example (it is the checkpoint the final program is chosen by)",
+                "use rollouts on split='train'; call validation with rollouts=1",
+            )
+        return rollouts
+
+
+
+def program_evaluator(program: dspy.Module, runs: Any, on_run: Callable[[EvalRun], None] | None = None) -> EvaluateFn:
+    """An ``evaluate`` for :class:`Moves` that runs ``instructions`` on ``program`` through the run service
+    ``runs``, one evaluation at a time: the instructions are applied for that evaluation only and the
+    program's signatures restored afterwards (no copy: a program may hold things that cannot be copied), so
+    its current prompts never change."""
+    lock = threading.Lock()
+
+    def evaluate(instructions: dict[str, str], split: str, ids: list[int], *, rollout: int = 0, label: str = "agent",
+                 reservation: Reservation | None = None) -> EvalRun:
+        with lock:
+            saved = {name: predictor.signature for name, predictor in program.named_predictors()}
+            apply_instructions(program, instructions)
+            try:
+                run = runs.evaluate(program, split, label=label, ids=ids, rollout=rollout, reservation=reservation)
+            finally:
+                for name, predictor in program.named_predictors():
+                    predictor.signature = saved[name]
+        if on_run is not None:
+            on_run(run)
+        return run
+
+    return evaluate

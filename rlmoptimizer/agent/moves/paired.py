@@ -1,0 +1,185 @@
+"""Paired comparison of instruction sets on the same examples (GEPA's minibatch acceptance, with every
+candidate on the same examples) and repeated rollouts of one set; all or nothing on budget.
+
+May import: ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.fingerprint``, ``.records`` and
+``rlmoptimizer.agent.moves.context``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlmoptimizer.agent.moves.context import MoveContext, mean, refuse
+from rlmoptimizer.budget import TRAIN_EXAMPLE, VAL_EXAMPLE
+from rlmoptimizer.errors import BudgetExhaustedError
+from rlmoptimizer.fingerprint import instructions_digest
+from rlmoptimizer.records import EvalRun, ExampleResult
+
+
+class PairedMoves(MoveContext):
+    # -- compare ----------------------------------------------------------------------------------------
+    def compare(self, candidates: Any, split: str = "train", ids: list[int] | None = None, rollouts: int = 1) -> dict[str, Any]:
+        """Evaluate several instruction sets on the same examples without changing the current prompts.
+        Each candidate is 'current', a run id (that run's instructions) or a {step: text} map (steps left out
+        keep their current text). Paired: every candidate sees the same examples, ``rollouts`` times each."""
+        if isinstance(candidates, (str, dict)) or not isinstance(candidates, (list, tuple)) or not candidates:
+            raise refuse(
+                f"candidates must be a non-empty list, got {type(candidates).__name__} {candidates!r:.80}",
+                "pass a list like ['current', {'step': 'new text'}] or ['current', 'run-0003']",
+            )
+        resolved = [self._resolve(c, i) for i, c in enumerate(candidates)]
+        example_ids = self._example_ids(split, ids, "compare")
+        rollouts = self._check_rollouts(rollouts, split)
+        by_digest, spent = self._run_all([instr for _, instr in resolved], split, example_ids, rollouts, "compare")
+        runs_of = [by_digest[instructions_digest(instr)] for _, instr in resolved]
+        paired = _complete_ids(example_ids, [run for runs in runs_of for run in runs])
+        rows = []
+        for index, ((source, _), runs) in enumerate(zip(resolved, runs_of, strict=True)):
+            rows.append({"candidate": index, "source": source, **self._aggregate(runs, paired, rollouts),
+                         "run_ids": [run.run_id for run in runs]})
+        best = max(range(len(rows)), key=lambda i: (rows[i]["score"], -i))
+        result: dict[str, Any] = {"split": split, "rollouts": rollouts, "evaluated_count": len(paired)}
+        notes = self._notes(runs_of, paired, example_ids)
+        if split == "train":
+            per_example = {c: self._per_example(runs) for c, runs in enumerate(runs_of)}
+            examples = []
+            for i in paired:
+                entry = {"example_id": i, "scores": [per_example[c][i][0] for c in range(len(rows))]}
+                if rollouts > 1:
+                    entry["pass_rates"] = [per_example[c][i][1] for c in range(len(rows))]
+                examples.append(entry)
+            for c, row in enumerate(rows):
+                mine = [e["scores"][c] for e in examples]
+                first = [e["scores"][0] for e in examples]
+                row["wins"] = sum(1 for a, b in zip(mine, first, strict=True) if a > b)
+                row["losses"] = sum(1 for a, b in zip(mine, first, strict=True) if a < b)
+                row["ties"] = sum(1 for a, b in zip(mine, first, strict=True) if a == b)
+            result["example_ids"] = paired
+            result["examples"] = examples
+        result.update({"summary": _summary(rows, best, split), "candidates": rows, "best": best,
+                       "best_instructions": dict(resolved[best][1]),
+                       "budget_spent": spent, "budget_left": self.ledger.left,
+                       "note": "; ".join(notes) or None})
+        return result
+
+    def evaluate_rollouts(self, instructions: dict[str, str], split: str, example_ids: list[int], rollouts: int,
+                          label: str = "agent") -> dict[str, Any]:
+        """``rollouts`` independent samples of ``instructions`` on ``example_ids``: the first rollout's run view
+        (records of train examples) plus every rollout's scores, per-example pass rate, the examples that
+        failed in every rollout and those that passed only sometimes. Charged in full or refused."""
+        rollouts = self._check_rollouts(rollouts, split)
+        by_digest, spent = self._run_all([instructions], split, example_ids, rollouts, label)
+        runs = by_digest[instructions_digest(instructions)]
+        view = runs[0].agent_view()
+        view.update({
+            **self._aggregate(runs, example_ids, rollouts),
+            "rollouts": rollouts,
+            "run_ids": [run.run_id for run in runs],
+            "budget_spent": spent,
+            "budget_left": self.ledger.left,
+        })
+        notes = self._notes([runs], _complete_ids(example_ids, runs), example_ids)
+        view["note"] = "; ".join(notes) or None
+        if split == "train":
+            per_example = self._per_example(runs)
+            scores = {i: [rec.score for rec in by] for i, by in self._records_by_example(runs).items()}
+            for example in view["examples"]:
+                i = example["example_id"]
+                example["rollout_scores"] = scores.get(i, [])
+                example["pass_rate"] = per_example.get(i, (0.0, 0.0))[1]
+            view["always_failing_ids"] = [i for i, (_, rate) in per_example.items() if rate == 0.0]
+            view["flaky_ids"] = [i for i, (_, rate) in per_example.items() if 0.0 < rate < 1.0]
+        return view
+
+    def _run_all(self, instruction_sets: list[dict[str, str]], split: str, example_ids: list[int], rollouts: int,
+                 label: str) -> tuple[dict[str, list[EvalRun]], int]:
+        """Evaluate each distinct instruction set ``rollouts`` times on ``example_ids``; all or nothing on budget.
+        Returns ({digest: [run of each rollout]}, units spent)."""
+        distinct: dict[str, dict[str, str]] = {}
+        for instructions in instruction_sets:
+            distinct.setdefault(instructions_digest(instructions), instructions)
+        cost = sum(len(example_ids) - len(self.runs.stored(instr, split, example_ids, r))
+                   for instr in distinct.values() for r in range(rollouts))
+        kind = TRAIN_EXAMPLE if split == "train" else VAL_EXAMPLE
+        try:
+            reservation = self.ledger.reserve_exactly(cost, kind)
+        except BudgetExhaustedError:
+            stored = len(distinct) * rollouts * len(example_ids) - cost
+            raise refuse(
+                f"this needs {cost} budget unit(s) ({len(distinct)} instruction set(s) x {len(example_ids)} example(s) x "
+                f"{rollouts} rollout(s), {stored} already stored and free) but {self.ledger.left} are left",
+                "select fewer examples (ids=..., limit=...), fewer candidates or rollouts",
+            ) from None
+        done: dict[str, list[EvalRun]] = {}
+        with reservation:
+            for digest, instructions in distinct.items():
+                done[digest] = [
+                    self._evaluate(instructions, split, list(example_ids), rollout=r, label=label, reservation=reservation)
+                    for r in range(rollouts)
+                ]
+        return done, reservation.spent
+
+    @staticmethod
+    def _records_by_example(runs: list[EvalRun]) -> dict[int, list[ExampleResult]]:
+        out: dict[int, list[ExampleResult]] = {}
+        for run in runs:
+            for record in run.records:
+                out.setdefault(record.example_id, []).append(record)
+        return out
+
+    def _per_example(self, runs: list[EvalRun]) -> dict[int, tuple[float, float]]:
+        """example id -> (mean score, pass rate) over the rollouts."""
+        return {i: (mean([r.score for r in recs]), mean([1.0 if r.passed else 0.0 for r in recs]))
+                for i, recs in sorted(self._records_by_example(runs).items())}
+
+    def _aggregate(self, runs: list[EvalRun], ids: list[int], rollouts: int) -> dict[str, Any]:
+        wanted = set(ids)
+        per_example = {i: v for i, v in self._per_example(runs).items() if i in wanted}
+        out = {
+            "score": mean([score for score, _ in per_example.values()]),
+            "passed_count": sum(1 for _, rate in per_example.values() if rate == 1.0),
+            "evaluated_count": len(per_example),
+        }
+        if rollouts > 1:
+            out["pass_rate"] = mean([rate for _, rate in per_example.values()])
+        return out
+
+    @staticmethod
+    def _notes(runs_of: list[list[EvalRun]], paired: list[int], example_ids: list[int]) -> list[str]:
+        notes = []
+        if len(paired) < len(example_ids):
+            notes.append(f"{len(example_ids) - len(paired)} example(s) lack a record for some candidate or rollout "
+                         "(see each run's note); results are over the examples every one has")
+        failed_calls = sum(1 for runs in runs_of for run in runs for r in run.records if not r.reusable)
+        if failed_calls:
+            notes.append(f"{failed_calls} evaluation(s) failed in the LM call itself (score 0, not charged); "
+                         "they are tried again next time")
+        if any(len(runs) > 1 for runs in runs_of) and all(_same_scores(runs) for runs in runs_of):
+            notes.append("every rollout scored every example the same: at the evaluation LM's temperature, more "
+                         "rollouts may add little")
+        return notes
+
+
+def _summary(rows: list[dict[str, Any]], best: int, split: str) -> str:
+    """One line a small model can print: the best candidate, then each candidate's score (and its wins and
+    losses against the first, on train)."""
+    parts = []
+    for row in rows:
+        part = f"{row['candidate']} ({row['source']}): {row['score']:.3f}, {row['passed_count']}/{row['evaluated_count']} passed"
+        if split == "train" and row["candidate"] > 0:
+            part += f", {row['wins']} wins {row['losses']} losses vs 0"
+        parts.append(part)
+    return f"best: candidate {best}" + (" (the first: nothing beat it)" if best == 0 else "") + " | " + "; ".join(parts)
+
+
+def _same_scores(runs: list[EvalRun]) -> bool:
+    by_run = [{r.example_id: r.score for r in run.records} for run in runs]
+    return all(scores == by_run[0] for scores in by_run[1:])
+
+
+def _complete_ids(example_ids: list[int], runs: list[EvalRun]) -> list[int]:
+    """The ids that every run has a record for."""
+    have = [{r.example_id for r in run.records} for run in runs]
+    return [i for i in example_ids if all(i in ids for ids in have)]
+
+

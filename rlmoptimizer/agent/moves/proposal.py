@@ -1,0 +1,189 @@
+"""GEPA's reflective proposal, built on dspy's own ``dspy.teleprompt.gepa.InstructionProposer``: new
+instructions for one step from that step's inputs and outputs on selected examples, their expected fields,
+scores and metric feedback.
+
+May import: dspy, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.fingerprint``, ``.records`` and
+``rlmoptimizer.agent.moves.context``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import random
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import dspy
+from dspy.teleprompt.gepa import InstructionProposer
+
+from rlmoptimizer.agent.moves.context import MAX_PROPOSALS, MAX_REFLECTION_EXAMPLES, MoveContext, refuse
+from rlmoptimizer.budget import SUB_LM_CALL, Reservation
+from rlmoptimizer.evaluation.lm_failures import classify_lm_failure
+from rlmoptimizer.fingerprint import instructions_digest
+from rlmoptimizer.records import ExampleResult, StepTrace
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def reflective_example(step: str, record: ExampleResult) -> dict[str, Any] | None:
+    """One entry of GEPA's reflective dataset for ``step`` from a stored record, or None when the step did
+    not run on that example.
+
+    As ``dspy.GEPA`` builds it: the step's own inputs and generated outputs (its last call, when the program
+    called it more than once) and a feedback text. Ours carries what GEPA's default feedback ("This
+    trajectory got a score of ...") leaves out: the expected fields, the program's final output when it is
+    not this step's, the error, and the metric's own feedback.
+    """
+    calls: list[StepTrace] = [s for s in record.steps if s.step_name == step]
+    if not calls:
+        return None
+    call = calls[-1]
+    lines = [f"Score: {record.score:g} ({'passed' if record.passed else 'did not pass'})."]
+    if record.expected:
+        lines.append(f"Expected (the example's labels): {_json(record.expected)}")
+    if record.predicted and record.predicted != call.outputs:
+        lines.append(f"The program's final output: {_json(record.predicted)}")
+    if record.error:
+        lines.append(f"Error: {record.error}")
+    if record.feedback:
+        lines.append(f"Metric feedback: {record.feedback}")
+    return {"Inputs": dict(call.inputs), "Generated Outputs": dict(call.outputs), "Feedback": "\n".join(lines)}
+
+
+
+class ProposalMoves(MoveContext):
+    # -- propose --------------------------------------------------------------------------------------
+    def propose_instructions(
+        self, step: str, run_id: str | None = None, ids: list[int] | None = None, n: int = 1, guidance: str = ""
+    ) -> dict[str, Any]:
+        """GEPA's reflective proposal for ``step``: new instructions written by dspy's InstructionProposer
+        from the step's inputs and outputs on the selected examples of a train run, their expected fields,
+        scores and metric feedback. Changes nothing; 1 budget unit per proposal LM call that answered."""
+        self._check_step(step, "propose_instructions")
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_PROPOSALS:
+            raise refuse(f"n must be an int from 1 to {MAX_PROPOSALS}, got {n!r}", "pass n=1 (or a few more for alternatives)")
+        if guidance is None:
+            guidance = ""
+        if not isinstance(guidance, str):
+            raise refuse(f"guidance must be a string, got {type(guidance).__name__}", "pass guidance='...' as text or leave it out")
+        source, by_id = self._source(run_id, "propose_instructions")
+        records = self._select_records(source, by_id, ids)
+        dataset, skipped = [], []
+        for record in records:
+            entry = reflective_example(step, record)
+            (dataset.append(entry) if entry is not None else skipped.append(record.example_id))
+        if not dataset:
+            raise refuse(
+                f"step {step!r} did not run on the selected examples of {source} (ids {[r.example_id for r in records]})",
+                "pick examples where the step ran (see their 'steps'), or another step",
+            )
+        lm = self._lm()
+        current = self._current()[step]
+        proposer = InstructionProposer(additional_instructions=guidance.strip() or None)
+        with self.ledger.reserve(n, SUB_LM_CALL) as reservation:
+            if reservation.granted == 0:
+                raise refuse(
+                    f"budget exhausted: a proposal costs 1 unit, {self.ledger.left} left",
+                    "write instructions yourself with update_prompt, or SUBMIT",
+                )
+            lms = [lm if i == 0 else lm.copy(rollout_id=((lm.kwargs or {}).get("rollout_id") or 0) + i)
+                   for i in range(reservation.granted)]
+            outcomes = self._propose_all(proposer, lms, step, current, dataset, reservation)
+            spent = reservation.spent
+        texts = [text for text, _ in outcomes if text is not None]
+        errors = [error for _, error in outcomes if error is not None]
+        if not texts:
+            raise refuse(
+                f"the proposal LM gave no usable instructions: {errors[0] if errors else 'no answer'}",
+                "try again, pass guidance or other ids, or write the instructions yourself with update_prompt",
+            )
+        unique = list(dict.fromkeys(texts))
+        notes = []
+        if reservation.granted < n:
+            notes.append(f"budget allowed {reservation.granted} of {n} proposals")
+        if len(unique) < len(texts):
+            notes.append(f"{len(texts) - len(unique)} proposal(s) repeated another (the proposal LM samples little)")
+        if errors:
+            notes.append(f"{len(errors)} proposal(s) failed: {errors[0]}")
+        if skipped:
+            notes.append(f"step {step!r} did not run on example(s) {skipped}; they were left out")
+        used = [r.example_id for r in records if r.example_id not in skipped]
+        return {
+            "step": step,
+            "from": source,
+            "example_ids": used,
+            "check_ids": used + self._others(used),
+            "texts": unique,
+            "candidates": [{step: text} for text in unique],
+            "budget_spent": spent,
+            "budget_left": self.ledger.left,
+            "note": "; ".join(notes) or None,
+        }
+
+    def _propose_all(self, proposer, lms, step, current, dataset, reservation: Reservation) -> list[tuple[str | None, str | None]]:
+        def one(lm) -> tuple[str | None, str | None]:
+            try:
+                with dspy.context(lm=lm):
+                    text = proposer({step: current}, {step: dataset}, [step])[step]
+            except Exception as exc:
+                failure = classify_lm_failure(exc)
+                if failure is None:  # the LM answered (e.g. a reply that does not parse): it was a call
+                    reservation.spend(1)
+                cause = failure[1] if failure else exc
+                return None, f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+            reservation.spend(1)
+            return text, None
+
+        if len(lms) == 1:
+            return [one(lms[0])]
+        with ThreadPoolExecutor(max_workers=len(lms), thread_name_prefix="rlmoptimizer-propose") as pool:
+            futures = [pool.submit(contextvars.copy_context().run, one, lm) for lm in lms]
+            return [f.result() for f in futures]
+
+    def _source(self, run_id: Any, tool: str) -> tuple[str, dict[int, ExampleResult]]:
+        """Where a proposal's examples come from: the given train run; by default every first-rollout train
+        record of the current instructions (the latest per example), else the latest train run."""
+        if run_id is not None:
+            run = self._train_run(run_id, tool)
+            return f"run {run.run_id}", {r.example_id: r for r in run.records}
+        train = [run for run in self.runs.all() if run.split == "train" and run.records]
+        if not train:
+            raise refuse(f"{tool}: no train run yet", "call evaluate_program() first")
+        digest = instructions_digest(self._current())
+        mine = [run for run in train if run.rollout == 0 and instructions_digest(run.instructions) == digest]
+        if mine:
+            merged = {r.example_id: r for run in mine for r in run.records if r.reusable}
+            return "the current instructions' train records", dict(sorted(merged.items()))
+        return f"run {train[-1].run_id}", {r.example_id: r for r in train[-1].records}
+
+    def _others(self, used: list[int]) -> list[int]:
+        """A random sample of other train ids, as many as ``used`` (at least 5): the check that a proposal
+        fixing these failures breaks nothing else. Reproducible for a given number of stored runs."""
+        rest = [i for i in range(len(self.runs.splits["train"])) if i not in set(used)]
+        rng = random.Random(len(self.runs.all()))
+        return sorted(rng.sample(rest, min(len(rest), max(5, len(used)))))
+
+    def _select_records(self, source: str, by_id: dict[int, ExampleResult], ids: list[int] | None) -> list[ExampleResult]:
+        if ids is None:
+            failed = [r for r in by_id.values() if not r.passed]
+            if not failed:
+                raise refuse(
+                    f"{source} show no failures to learn from",
+                    "evaluate new examples first (evaluate_program(sample='random', limit=10, seed=1)), pass "
+                    "ids=[...] of examples to reflect on, or run_id= of a run with failures",
+                )
+            if len(failed) > MAX_REFLECTION_EXAMPLES:
+                failed = sorted(random.Random(0).sample(failed, MAX_REFLECTION_EXAMPLES), key=lambda r: r.example_id)
+            return failed
+        wanted = self._example_ids("train", ids, "propose_instructions")
+        missing = [i for i in wanted if i not in by_id]
+        if missing:
+            raise refuse(
+                f"example(s) {missing} were not evaluated in {source}",
+                f"pick ids from {sorted(by_id)}, or pass run_id= of a run that evaluated them",
+            )
+        return [by_id[i] for i in wanted]
+

@@ -1,0 +1,190 @@
+"""Evaluation runs on disk: one JSON file per run, ``<directory>/runs/<run_id>.json``, written atomically.
+
+Runs are append-only snapshots: ids are handed out in order (``run-0001``, ``run-0002``, ...), continuing
+after the highest id already on disk, so a resumed run directory keeps its history. A crash while
+writing leaves the old file or the new one, never half of one; stray temporary files are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import tempfile
+import threading
+import uuid
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from rlmoptimizer.records import EvalRun, ExampleResult
+from rlmoptimizer.storage.files import BackgroundSync, atomic_write_json
+
+logger = logging.getLogger(__name__)
+
+_RUN_ID = re.compile(r"^run-(\d+)$")
+
+
+class PendingLog:
+    """Append-only JSON lines: a header, then one completed record per line (flushed as written)."""
+
+    def __init__(self, path: Path, header: dict[str, Any]) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._handle = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in discard()
+        self._write(header)
+
+    def _write(self, data: dict[str, Any]) -> None:
+        self._handle.write(json.dumps(data, ensure_ascii=False) + "\n")
+        self._handle.flush()
+
+    def append(self, record: ExampleResult) -> None:
+        with self._lock:
+            if not self._handle.closed:
+                self._write(record.to_dict())
+
+    def close(self) -> None:
+        with self._lock:
+            self._handle.close()
+
+    def discard(self) -> None:
+        """Close and delete the log (the records now live in a saved run)."""
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+
+def _run_number(run_id: str) -> int | None:
+    match = _RUN_ID.match(run_id)
+    return int(match.group(1)) if match else None
+
+
+class RunStore:
+    """Append-only store of :class:`EvalRun` by id. ``directory=None`` uses a fresh temporary directory.
+
+    Thread safe. Runs are kept in memory as well as on disk; the disk is read once, at construction.
+    A run saved with the pending log of its evaluation is written and fsynced on a background thread, which
+    deletes the log only then: until the run file is durable, the log still holds its records. :meth:`flush`
+    waits for those writes.
+
+    With ``pass_threshold`` given, ``passed`` of every record read from disk (stored runs and in-flight logs)
+    is recomputed from its stored score at that threshold, so runs written under another threshold count
+    the same way as new ones.
+    """
+
+    def __init__(self, directory: str | Path | None = None, *, pass_threshold: float | None = None) -> None:
+        self.is_temporary = directory is None
+        self.directory = Path(tempfile.mkdtemp(prefix="rlmoptimizer-")) if directory is None else Path(directory)
+        self.runs_dir = self.directory / "runs"
+        self.pass_threshold = pass_threshold
+        if not self.runs_dir.is_dir():  # only when missing: reading back a finished run writes nothing
+            self.runs_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._runs: dict[str, EvalRun] = {}
+        self._sync = BackgroundSync("runs")
+        self._load()
+        self._last_number = max((_run_number(r) or 0 for r in self._runs), default=0)
+
+    def __repr__(self) -> str:
+        return f"RunStore({str(self.directory)!r}, runs={len(self)})"
+
+    def _load(self) -> None:
+        for path in self.runs_dir.glob("run-*.json"):
+            if _run_number(path.stem) is None:
+                continue
+            try:
+                run = EvalRun.from_dict(json.loads(path.read_text(encoding="utf-8")))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                logger.warning("skipping unreadable run file %s: %s", path, exc)
+                continue
+            self._runs[run.run_id] = replace(run, records=self._rescored(run.records))
+
+    def _rescored(self, records: Any) -> tuple[ExampleResult, ...]:
+        """``records`` with ``passed`` recomputed at :attr:`pass_threshold` (unchanged when it is None)."""
+        if self.pass_threshold is None:
+            return tuple(records)
+        threshold = self.pass_threshold
+        return tuple(
+            record if record.passed == (record.error is None and record.score >= threshold)
+            else replace(record, passed=record.error is None and record.score >= threshold)
+            for record in records
+        )
+
+    def next_run_id(self) -> str:
+        """A new id, one above the highest id handed out or found on disk."""
+        with self._lock:
+            self._last_number += 1
+            return f"run-{self._last_number:04d}"
+
+    def save(self, run: EvalRun, settles: PendingLog | None = None) -> None:
+        """Write ``run`` to ``runs/<run_id>.json`` (atomically) and keep it in memory.
+
+        With ``settles`` (the pending log of the evaluation that made ``run``), the file is written and made
+        durable on a background thread, which then deletes the log (until then the log holds the records, so
+        a crash loses nothing; :meth:`flush` waits for it); without it, before this returns."""
+        number = _run_number(run.run_id)
+        if number is None:
+            raise ValueError(f"run_id must look like 'run-0001', got {run.run_id!r}")
+        path = self.runs_dir / f"{run.run_id}.json"
+        if settles is None:
+            atomic_write_json(path, run.to_dict())
+        else:
+            settles.close()
+            self._sync.submit(path, then_remove=settles.path, data=run.to_dict())
+        with self._lock:
+            self._runs[run.run_id] = run
+            self._last_number = max(self._last_number, number)
+
+    def flush(self) -> None:
+        """Wait until every run saved so far is on disk (and the pending logs it settles are gone)."""
+        self._sync.flush()
+
+    def get(self, run_id: str) -> EvalRun:
+        """The run with this id; :class:`KeyError` naming the known ids if there is none."""
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is None:
+                known = sorted(self._runs, key=lambda r: _run_number(r) or 0)
+                shown = ", ".join(known) if known else "none yet"
+                raise KeyError(f"unknown run_id {run_id!r}; known run ids: {shown}")
+            return run
+
+    def all(self) -> list[EvalRun]:
+        """Every run, in id order."""
+        with self._lock:
+            return sorted(self._runs.values(), key=lambda r: _run_number(r.run_id) or 0)
+
+    def __contains__(self, run_id: object) -> bool:
+        with self._lock:
+            return run_id in self._runs
+
+    # -- records of an evaluation in flight --------------------------------------------------------
+    def open_pending(self, header: dict[str, Any]) -> PendingLog:
+        """A log of the records of one evaluation as they complete, so that a process killed mid-evaluation
+        (SIGKILL, OOM, power cut) loses none of what it paid for. Discard it once the run is saved."""
+        return PendingLog(self.runs_dir / f"pending-{uuid.uuid4().hex}.jsonl", header)
+
+    def pending(self) -> list[tuple[Path, dict[str, Any], list[ExampleResult]]]:
+        """Logs left by evaluations that never finished: ``(path, header, records)``; a torn last line is ignored."""
+        found = []
+        for path in sorted(self.runs_dir.glob("pending-*.jsonl")):
+            lines = path.read_text(encoding="utf-8").splitlines()
+            if not lines:
+                path.unlink(missing_ok=True)
+                continue
+            try:
+                header = json.loads(lines[0])
+            except ValueError:
+                path.unlink(missing_ok=True)
+                continue
+            records = []
+            for line in lines[1:]:
+                try:
+                    records.append(ExampleResult.from_dict(json.loads(line)))
+                except (ValueError, KeyError, TypeError):
+                    break
+            found.append((path, header, list(self._rescored(records))))
+        return found
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._runs)

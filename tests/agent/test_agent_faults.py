@@ -1,0 +1,156 @@
+"""compile() keeps going through what goes wrong inside the agent loop: a cell that runs forever, a sandbox
+that dies, a budget that runs out, a root-LM reply that does not parse."""
+
+from __future__ import annotations
+
+import pytest
+from support.fakes import FunctionLM, scripted_agent
+from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
+
+from rlmoptimizer import RLMDocstringOptimizer
+
+pytestmark = pytest.mark.slow  # every test here runs compile() with a real sandbox
+
+SUBMIT_POLICY = {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"}
+
+
+def run(turns, **kwargs):
+    trainset, valset = make_splits()
+    kwargs.setdefault("max_iterations", 2)
+    task = FunctionLM(task_lm_reply)
+    opt = RLMDocstringOptimizer(root_lm=scripted_agent(turns), eval_lm=task, num_threads=4, **kwargs)
+    return opt.compile(student=RouteTicket(), trainset=trainset, metric=metric, valset=valset)
+
+
+def outputs(result):
+    return [turn["output"] for turn in result.agent_trajectory]
+
+
+def test_a_cell_that_runs_too_long_is_stopped_and_the_run_goes_on():
+    result = run([
+        {"reasoning": "keep something", "code": "notes = ['a', 'b']\nprint('ok')"},
+        {"reasoning": "oops", "code": "while True:\n    pass"},
+        {"reasoning": "still here?", "code": "print(len(baseline_train['examples']), 'notes' in dir())"},
+        SUBMIT_POLICY,
+    ], sandbox_timeout_s=3)
+    timed_out, after = outputs(result)[1:3]
+    assert "notes" in timed_out and "restart" in timed_out.lower()
+    assert after.strip() == "12 False"
+    assert result.optimized_dspy_program["route"] == POLICY_PROMPT
+
+
+def test_a_killed_sandbox_is_restarted_with_the_data_and_the_agent_is_told():
+    result = run([
+        {"reasoning": "keep something", "code": "mine = 42\nprint(mine)"},
+        {"reasoning": "kill it", "code": "import js\njs.Deno.exit(3)"},
+        {"reasoning": "data back?", "code": "print(baseline_train['score'], step_names)"},
+        SUBMIT_POLICY,
+    ])
+    died, after = outputs(result)[1:3]
+    assert "mine" in died
+    assert "['summarize.predict', 'route']" in after
+    assert result.optimized_dspy_program["route"] == POLICY_PROMPT
+
+
+def test_budget_exhaustion_evaluates_what_fits_and_the_agent_can_still_submit():
+    # budget = 1 * 12 + 8 = 20 units
+    result = run([
+        {"reasoning": "spend", "code": f"update_prompt('route', {POLICY_PROMPT!r})\n"
+                                        "a = evaluate_program()\nprint('a', a['evaluated_count'], a['budget_left'])"},
+        {"reasoning": "more", "code": "update_prompt('route', 'Answer with the queue name.')\n"
+                                      "b = evaluate_program()\nprint('b', b['evaluated_count'], b['note'])"},
+        {"reasoning": "sub-lm", "code": "try:\n    llm_query('hi')\nexcept Exception as e:\n    print('refused', e)"},
+        {"reasoning": "status", "code": "s = optimization_status()\nprint('left', s['budget_left'])"},
+        SUBMIT_POLICY,
+    ], max_iterations=1)
+    out = outputs(result)
+    assert out[0].split() == ["a", "12", "8"]
+    assert out[1].startswith("b 8 ") and "budget" in out[1]
+    assert "refused" in out[2] and "budget" in out[2].lower()
+    assert out[3].strip() == "left 0"
+    assert result.budget["spent"] == result.budget["limit"] == 20
+    # the submission could not be paid for: it was evaluated on validation for free, and it won
+    assert result.optimized_dspy_program["route"] == POLICY_PROMPT
+
+
+def test_sub_lm_calls_are_charged_to_the_budget():
+    sub = FunctionLM(lambda messages: "short answer")
+    trainset, valset = make_splits()
+    opt = RLMDocstringOptimizer(
+        max_iterations=1, root_lm=scripted_agent([
+            {"reasoning": "ask", "code": "print(llm_query_batched(['a', 'b', 'c']))\nprint(llm_query('d'))"},
+            SUBMIT_POLICY,
+        ]), sub_lm=sub, eval_lm=FunctionLM(task_lm_reply),
+    )
+    result = opt.compile(student=RouteTicket(), trainset=trainset, metric=metric, valset=valset)
+    assert result.budget["spent_by_kind"]["sub_lm_call"] == 4
+    assert len(sub.calls) == 4
+    assert "short answer" in outputs(result)[0]
+
+
+def test_a_root_reply_that_does_not_parse_is_shown_to_the_agent_and_the_run_goes_on():
+    result = run([
+        "this reply has no fields at all",
+        SUBMIT_POLICY,
+    ])
+    first = outputs(result)[0]
+    assert "could not be parsed" in first
+    assert result.optimized_dspy_program["route"] == POLICY_PROMPT
+    assert len(result.agent_trajectory) == 2
+
+
+def test_an_agent_that_repeats_a_cell_with_the_same_output_is_told_it_changed_nothing():
+    stuck = {"reasoning": "refine", "code": "update_prompt('route', 'Route it.')\nprint('done')"}
+    result = run([
+        {"reasoning": "look", "code": "print(step_names)"},
+        stuck,  # first time: changes the prompt
+        {"reasoning": "again", "code": "  update_prompt('route',   'Route it.')\n\nprint('done')  "},  # same code
+        stuck,
+        {"reasoning": "same code, new output", "code": "print(step_names)\nprint(len(step_names))"},
+        SUBMIT_POLICY,
+    ])
+    out = outputs(result)
+    assert "[Notice]" not in out[0] and "[Notice]" not in out[1]
+    assert out[2].startswith("done") and "already ran once (step 2)" in out[2]
+    assert "already ran 2 times (steps 2, 3)" in out[3]
+    assert "[Notice]" not in out[4]
+    assert result.optimized_dspy_program["route"] == POLICY_PROMPT
+
+
+OUT_OF_TURNS = [
+    {"reasoning": "look", "code": "print(baseline_train['score'])"},
+    {"reasoning": "edit", "code": f"update_prompt('route', {POLICY_PROMPT!r})\nprint('edited')"},
+    {"reasoning": "check", "code": "print(optimization_status()['budget_left'])"},
+]
+
+
+def test_out_of_turns_with_an_unusable_extraction_submits_the_current_instructions():
+    # After the last turn the scripted root LM answers the extraction with a code turn, which does not parse.
+    result = run(OUT_OF_TURNS, rlm_max_iterations=3)
+    assert [turn["iteration"] for turn in result.agent_trajectory] == [1, 2, 3]
+    assert "extraction failed" in result.agent_final_reasoning
+    assert result.optimized_dspy_program["route"] == POLICY_PROMPT  # the agent's edit, kept: it wins on val
+    assert result.selection["chosen_label"] == "submission"
+
+
+def test_out_of_turns_with_a_usable_extraction_submits_what_was_extracted():
+    extracted = {"reasoning": "the policy",
+                 "optimized_dspy_program": {"route": POLICY_PROMPT + " Answer with the queue name only."}}
+    result = run([*OUT_OF_TURNS, extracted], rlm_max_iterations=3)
+    assert result.agent_final_reasoning == "Extract forced final output"
+    assert result.optimized_dspy_program["route"] == POLICY_PROMPT + " Answer with the queue name only."
+
+
+def test_a_reply_only_json_can_parse_is_retried_with_the_same_prompt_before_the_json_fallback():
+    json_turn = '{"reasoning": "look", "code": "print(len(step_names))"}'  # no [[ ## ]] fields: ChatAdapter fails
+    root = scripted_agent([json_turn, SUBMIT_POLICY])
+    trainset, valset = make_splits()
+    opt = RLMDocstringOptimizer(max_iterations=2, root_lm=root, eval_lm=FunctionLM(task_lm_reply), num_threads=4)
+    result = opt.compile(student=RouteTicket(), trainset=trainset, metric=metric, valset=valset)
+    assert outputs(result)[0].strip() == "2"  # parsed in the end, by the JSON fallback
+    first_turn = [call for call in root.calls if "=== Step " not in str(call)]
+    # three attempts with the very same prompt (a prefix cache reuses it), then the last one's JSON fallback
+    assert len(first_turn) == 4
+    assert first_turn[0] == first_turn[1] == first_turn[2]
+    assert "Respond with a JSON object" not in str(first_turn[0])
+    assert "Respond with a JSON object" in str(first_turn[3])

@@ -1,0 +1,451 @@
+"""The agent's moves as a library: proposal, paired comparison, rollouts, run diffs, the failure replay set
+and the candidate pool. Real dspy.Predict / ChainOfThought programs over fake LMs; exact charges."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+
+import dspy
+import pytest
+from support.fakes import FunctionLM, last_user_text, system_text
+
+from rlmoptimizer.agent.moves import Moves, program_evaluator, reflective_example
+from rlmoptimizer.budget import SUB_LM_CALL, TRAIN_EXAMPLE, VAL_EXAMPLE, BudgetLedger
+from rlmoptimizer.errors import AgentToolError
+from rlmoptimizer.evaluation.evaluator import Evaluator
+from rlmoptimizer.evaluation.runs import Runs
+from rlmoptimizer.fingerprint import get_instructions
+from rlmoptimizer.metric import Metric
+from rlmoptimizer.storage.run_store import RunStore
+
+# -- a two-step program whose answers follow its instructions -------------------------------------------
+#
+# The task LM answers question q<i> with a<i> when the `generate` instructions say "PASS:<ids>" and i is
+# listed, or, without "PASS:", when i is even. The `draft` step always drafts "D:<question>".
+
+
+class TwoSteps(dspy.Module):
+    def __init__(self):
+        super().__init__()
+        self.draft = dspy.Predict("question -> draft")
+        self.generate = dspy.ChainOfThought("question, draft -> answer")
+
+    def forward(self, question):
+        draft = self.draft(question=question).draft
+        return self.generate(question=question, draft=draft)
+
+
+def field(messages, name: str) -> str:
+    match = re.search(rf"\[\[ ## {name} ## \]\]\n(.*?)(?:\n\n|$)", last_user_text(messages), re.S)
+    return match.group(1) if match else ""
+
+
+def passes(system: str, i: int, rollout: int | None) -> bool:
+    match = re.search(r"PASS:([\d,]+)", system)
+    if match:
+        return str(i) in match.group(1).split(",")
+    if "FLAKY" in system:  # example 1 passes on odd rollout ids only
+        return i % 2 == 0 or (i == 1 and bool(rollout) and rollout % 2 == 1)
+    return i % 2 == 0
+
+
+def task_lm() -> FunctionLM:
+    def reply(messages, settings):
+        system = system_text(messages)
+        question = field(messages, "question")
+        if "`draft`" in system.split("Your output fields are:")[1].split("All interactions")[0]:
+            return {"draft": "D:" + question}
+        i = int(question[1:])
+        answer = f"a{i}" if passes(system, i, settings.get("rollout_id")) else "wrong"
+        return {"reasoning": "r", "answer": answer}
+
+    return FunctionLM(reply, with_settings=True, name="task")
+
+
+def metric(example, prediction):
+    ok = example.answer == prediction.answer
+    return dspy.Prediction(score=float(ok), feedback="correct" if ok else f"expected {example.answer}, not {prediction.answer}")
+
+
+def data(n: int, prefix: str = "q") -> list[dspy.Example]:
+    return [dspy.Example(question=f"{prefix}{i}", answer=f"a{i}").with_inputs("question") for i in range(n)]
+
+
+class World:
+    """One optimization's worth of state: program, runs, ledger and the moves over them."""
+
+    def __init__(self, tmp_path, *, limit: int = 100, train: int = 6, val: int = 4, proposal_lm=None, lm=None,
+                 **evaluator_kwargs):
+        self.program = TwoSteps()
+        self.lm = lm or task_lm()
+        self.ledger = BudgetLedger(limit)
+        self.runs = Runs(
+            evaluator=Evaluator(metric=Metric(metric), lm=self.lm, num_threads=4, **evaluator_kwargs),
+            store=RunStore(tmp_path / "runs"), ledger=self.ledger,
+            splits={"train": data(train), "val": data(val)},
+        )
+        self.baseline = self.runs.evaluate(self.program, "train", label="baseline", charged=False)
+        self.initial = get_instructions(self.program)
+        self.moves = Moves(
+            runs=self.runs, evaluate=program_evaluator(self.program, self.runs), ledger=self.ledger,
+            step_names=[name for name, _ in self.program.named_predictors()],
+            current=lambda: get_instructions(self.program), proposal_lm=proposal_lm,
+        )
+
+
+def proposal_reply(text: str = "Answer with a<i>. PASS:0,1,2,3,4,5"):
+    """A sub-LM answering dspy's ProposeInstruction (JSONAdapter) with ``text``; records what it was asked."""
+    return FunctionLM(lambda messages, settings: json.dumps({"new_instruction": text}), with_settings=True,
+                      name="proposer")
+
+
+# -- reflective dataset -----------------------------------------------------------------------------------
+
+
+def test_reflective_example_carries_the_steps_io_expected_score_error_and_metric_feedback(tmp_path):
+    world = World(tmp_path)
+    record = world.baseline.records[1]  # q1 fails at baseline
+    entry = reflective_example("generate.predict", record)
+    assert entry["Inputs"] == {"question": "q1", "draft": "D:q1"}
+    assert entry["Generated Outputs"] == {"reasoning": "r", "answer": "wrong"}
+    assert "Score: 0 (did not pass)" in entry["Feedback"]
+    assert '"answer": "a1"' in entry["Feedback"] and "Metric feedback: expected a1, not wrong" in entry["Feedback"]
+    assert "final output" not in entry["Feedback"]  # `generate` is the last step: its outputs are the final ones
+    draft = reflective_example("draft", record)
+    assert draft["Generated Outputs"] == {"draft": "D:q1"}
+    assert "The program's final output" in draft["Feedback"]
+
+
+# -- propose_instructions ----------------------------------------------------------------------------------
+
+
+def test_propose_reflects_on_the_failures_of_the_latest_train_run_and_charges_one_unit_per_call(tmp_path):
+    proposer = proposal_reply()
+    world = World(tmp_path, proposal_lm=proposer)
+    result = world.moves.propose_instructions("generate.predict", n=2, guidance="Keep it under 20 words.")
+    assert result["from"] == "the current instructions' train records" and result["example_ids"] == [1, 3, 5]
+    assert result["check_ids"] == [1, 3, 5, 0, 2, 4]  # the failures, then a random sample of the others
+    assert result["texts"] == ["Answer with a<i>. PASS:0,1,2,3,4,5"]  # the fake answers the same twice
+    assert result["candidates"] == [{"generate.predict": "Answer with a<i>. PASS:0,1,2,3,4,5"}]
+    assert "repeated" in result["note"]
+    assert result["budget_spent"] == 2 == world.ledger.spent_by_kind[SUB_LM_CALL] == world.ledger.spent
+    assert len(proposer.calls) == 2  # two real calls: the second ran with its own rollout_id
+    asked = "\n".join(str(m["content"]) for m in proposer.calls[0])
+    assert "Keep it under 20 words." in asked  # guidance reaches dspy's proposer as additional instructions
+    assert world.initial["generate.predict"] in asked  # the current instruction
+    for failing in ("q1", "q3", "q5"):
+        assert failing in asked
+    assert "q2" not in asked and "expected a3, not wrong" in asked
+    assert get_instructions(world.program) == world.initial  # nothing changed
+    # by default a proposal learns from the current instructions' records, wherever they were evaluated
+    world.program.generate.predict.signature = world.program.generate.predict.signature.with_instructions("PASS:0,1")
+    world.moves.compare(["current"], ids=[0, 1, 2, 3])
+    assert world.moves.propose_instructions("generate.predict")["example_ids"] == [2, 3]
+    assert world.ledger.spent == 2 + 4 + 1
+
+
+def test_propose_on_chosen_ids_and_runs(tmp_path):
+    proposer = proposal_reply("Be exact.")
+    world = World(tmp_path, proposal_lm=proposer)
+    result = world.moves.propose_instructions("draft", run_id=world.baseline.run_id, ids=[0, 2])
+    assert result["example_ids"] == [0, 2] and result["texts"] == ["Be exact."] and world.ledger.spent == 1
+    asked = "\n".join(str(m["content"]) for m in proposer.calls[0])
+    assert "q0" in asked and "q2" in asked and "q1" not in asked
+
+
+def test_propose_refusals_say_what_to_do_and_charge_nothing(tmp_path):
+    world = World(tmp_path, proposal_lm=proposal_reply())
+    with pytest.raises(AgentToolError, match=r"unknown step name 'generate' -> use one of \['draft', 'generate.predict'\]"):
+        world.moves.propose_instructions("generate")
+    with pytest.raises(AgentToolError, match=r"\[99\] are not example ids of train -> use ids from 0 to 5"):
+        world.moves.propose_instructions("generate.predict", ids=[99])
+    with pytest.raises(AgentToolError, match=r"n must be an int from 1 to 8"):
+        world.moves.propose_instructions("generate.predict", n=0)
+    with pytest.raises(AgentToolError, match=r"no run with id 'run-9' -> use one of \['run-0001'\]"):
+        world.moves.propose_instructions("generate.predict", run_id="run-9")
+    world.runs.evaluate(world.program, "train", label="agent", ids=[0, 1])
+    with pytest.raises(AgentToolError, match=r"example\(s\) \[4\] were not evaluated in run run-0002 -> pick ids"):
+        world.moves.propose_instructions("generate.predict", run_id="run-0002", ids=[4])
+    world.program.generate.predict.signature = world.program.generate.predict.signature.with_instructions("PASS:0,2")
+    world.runs.evaluate(world.program, "train", label="agent", ids=[0, 2])
+    with pytest.raises(AgentToolError, match=r"records show no failures to learn from -> evaluate new examples first"):
+        world.moves.propose_instructions("generate.predict")
+    world.runs.evaluate(world.program, "val", label="agent")
+    with pytest.raises(AgentToolError, match="is a val run -> pass a train run id"):
+        world.moves.propose_instructions("generate.predict", run_id="run-0004")
+    assert world.ledger.spent_by_kind[SUB_LM_CALL] == 0
+
+
+def test_propose_with_no_budget_left_refuses_and_a_failed_call_costs_nothing(tmp_path):
+    world = World(tmp_path, limit=0, proposal_lm=proposal_reply())
+    with pytest.raises(AgentToolError, match=r"budget exhausted.*-> write instructions yourself"):
+        world.moves.propose_instructions("generate.predict")
+
+    from dspy.utils.exceptions import LMTransportError
+
+    down = FunctionLM(lambda m: LMTransportError("connection refused", model="proposer", provider="fake"))
+    world = World(tmp_path / "b", proposal_lm=down)
+    with pytest.raises(AgentToolError, match=r"no usable instructions: LMTransportError"):
+        world.moves.propose_instructions("generate.predict")
+    assert world.ledger.spent == 0  # no answer, no charge
+    garbled = FunctionLM(lambda m: "not json at all")
+    world = World(tmp_path / "c", proposal_lm=garbled)
+    with pytest.raises(AgentToolError, match="no usable instructions"):
+        world.moves.propose_instructions("generate.predict")
+    assert world.ledger.spent == 1  # the LM answered: the call is paid for
+
+
+# -- compare -------------------------------------------------------------------------------------------------
+
+
+def test_compare_is_paired_charges_only_new_records_and_changes_no_prompt(tmp_path):
+    world = World(tmp_path)
+    better = {"generate.predict": "PASS:0,1,2,3,4,5"}
+    result = world.moves.compare(["current", better, {"generate.predict": "PASS:3"}], ids=[0, 1, 2, 3])
+    # current is stored from the baseline (free); the two maps cost 4 examples each
+    assert result["budget_spent"] == 8 == world.ledger.spent_by_kind[TRAIN_EXAMPLE] == world.ledger.spent
+    assert result["example_ids"] == [0, 1, 2, 3]
+    assert [c["score"] for c in result["candidates"]] == [0.5, 1.0, 0.25]
+    assert [c["passed_count"] for c in result["candidates"]] == [2, 4, 1]
+    assert [(c["wins"], c["losses"], c["ties"]) for c in result["candidates"]] == [(0, 0, 4), (2, 0, 2), (1, 2, 1)]
+    assert result["examples"][3] == {"example_id": 3, "scores": [0.0, 1.0, 1.0]}
+    assert result["best"] == 1 and [c["source"] for c in result["candidates"]] == ["current", "map", "map"]
+    assert result["best_instructions"] == {**world.initial, **better}
+    assert result["summary"] == (
+        "best: candidate 1 | 0 (current): 0.500, 2/4 passed; 1 (map): 1.000, 4/4 passed, 2 wins 0 losses vs 0; "
+        "2 (map): 0.250, 1/4 passed, 1 wins 2 losses vs 0"
+    )
+    assert get_instructions(world.program) == world.initial
+    # the same comparison again reuses every record: free
+    again = world.moves.compare([better, "current"], ids=[3, 1, 0, 2])
+    assert again["budget_spent"] == 0 and world.ledger.spent == 8
+    assert [c["score"] for c in again["candidates"]] == [1.0, 0.5] and again["best"] == 0
+    # a run id stands for that run's instructions
+    run_id = result["candidates"][1]["run_ids"][0]
+    by_run = world.moves.compare(["current", run_id], ids=[5])
+    assert by_run["candidates"][1]["source"] == run_id and by_run["candidates"][1]["score"] == 1.0
+    assert by_run["budget_spent"] == 1  # example 5 was new for that run's instructions
+
+
+def test_compare_on_validation_returns_aggregates_only(tmp_path):
+    world = World(tmp_path)
+    result = world.moves.compare(["current", {"generate.predict": "PASS:0,1"}], split="val")
+    assert result["budget_spent"] == 8 == world.ledger.spent_by_kind[VAL_EXAMPLE]
+    assert "examples" not in result and "example_ids" not in result
+    assert "q1" not in json.dumps(result)
+    assert [c["score"] for c in result["candidates"]] == [0.5, 0.5] and result["best"] == 0  # a tie keeps the first
+    with pytest.raises(AgentToolError, match="takes no selection"):
+        world.moves.compare(["current", {"generate.predict": "x"}], split="val", ids=[0])
+
+
+def test_compare_refuses_what_the_budget_cannot_cover_in_full_and_bad_candidates(tmp_path):
+    world = World(tmp_path, limit=5)
+    with pytest.raises(AgentToolError, match=r"needs 6 budget unit\(s\).*5 are left -> select fewer examples"):
+        world.moves.compare(["current", {"generate.predict": "A"}, {"generate.predict": "B"}], ids=[0, 1, 2])
+    assert world.ledger.spent == 0 and len(world.runs.all()) == 1  # nothing evaluated, nothing stored
+    with pytest.raises(AgentToolError, match="candidates must be a non-empty list"):
+        world.moves.compare({"generate.predict": "A"})
+    with pytest.raises(AgentToolError, match=r"candidate 1 is str 'best' -> each candidate is 'current', a run id"):
+        world.moves.compare(["current", "best"])
+    with pytest.raises(AgentToolError, match="no run with id 'run-0042'"):
+        world.moves.compare(["current", "run-0042"])
+    with pytest.raises(AgentToolError, match="rollouts must be an int from 1 to 10"):
+        world.moves.compare(["current"], rollouts=0)
+    with pytest.raises(AgentToolError, match="the selection is empty"):
+        world.moves.compare(["current"], ids=[])
+
+
+# -- rollouts ------------------------------------------------------------------------------------------------
+
+
+def test_rollouts_are_real_independent_calls_kept_apart_and_charged_per_sample(tmp_path):
+    world = World(tmp_path, train=4)
+    world.program.generate.predict.signature = world.program.generate.predict.signature.with_instructions("FLAKY")
+    calls_before = len(world.lm.calls)
+    view = world.moves.evaluate_rollouts(get_instructions(world.program), "train", [0, 1, 2, 3], 3)
+    # 3 rollouts x 4 examples, none stored: 12 units, 2 LM calls (draft, generate) per sample
+    assert view["budget_spent"] == 12 == world.ledger.spent
+    assert len(world.lm.calls) - calls_before == 24
+    assert [r.rollout for r in map(world.runs.get, view["run_ids"])] == [0, 1, 2]
+    by_id = {e["example_id"]: e for e in view["examples"]}
+    assert by_id[1]["rollout_scores"] == [0.0, 1.0, 0.0] and by_id[1]["pass_rate"] == pytest.approx(1 / 3)
+    assert view["flaky_ids"] == [1] and view["always_failing_ids"] == [3]
+    assert view["passed_count"] == 2 and view["score"] == pytest.approx((1 + 1 / 3 + 1 + 0) / 4)
+    assert view["note"] is None  # the rollouts differ
+    # stored per rollout: the same request again is free and calls nothing
+    again = world.moves.evaluate_rollouts(get_instructions(world.program), "train", [0, 1, 2, 3], 3)
+    assert again["budget_spent"] == 0 and len(world.lm.calls) - calls_before == 24
+    # a rollout-1 record never stands in for rollout 0 of other instructions, nor the reverse
+    assert set(world.runs.stored(get_instructions(world.program), "train", [1], rollout=1)) == {1}
+    assert world.runs.stored(world.initial, "train", [1], rollout=1) == {}
+    with pytest.raises(AgentToolError, match="validation takes one sample per example"):
+        world.moves.evaluate_rollouts(get_instructions(world.program), "val", [0, 1, 2, 3], 2)
+
+
+def test_compare_with_rollouts_reports_pass_rates_per_candidate_and_example(tmp_path):
+    world = World(tmp_path, train=4)
+    result = world.moves.compare(["current", {"generate.predict": "FLAKY"}], ids=[1, 3], rollouts=2)
+    # current: rollout 0 stored (free), rollout 1 new (2); FLAKY: 2 rollouts x 2 examples new (4)
+    assert result["budget_spent"] == 6 == world.ledger.spent
+    assert result["examples"][0] == {"example_id": 1, "scores": [0.0, 0.5], "pass_rates": [0.0, 0.5]}
+    assert [c["pass_rate"] for c in result["candidates"]] == [0.0, 0.25]
+    assert result["candidates"][1]["wins"] == 1 and result["best"] == 1
+    steady = world.moves.compare(["current", {"generate.predict": "PASS:1"}], ids=[1, 3], rollouts=2)
+    assert "every rollout scored every example the same" in steady["note"]
+
+
+# -- diff_runs -------------------------------------------------------------------------------------------------
+
+
+def test_diff_runs_sorts_shared_examples_and_names_the_first_step_whose_outputs_differ(tmp_path):
+    world = World(tmp_path)
+    result = world.moves.compare(["current", {"generate.predict": "PASS:1,2,3"}], ids=[0, 1, 2, 3])
+    after = result["candidates"][1]["run_ids"][0]
+    diff = world.moves.diff_runs(world.baseline.run_id, after)
+    assert diff["shared_count"] == 4 and diff["instructions_changed"] == ["generate.predict"]
+    assert [f["example_id"] for f in diff["fixed"]] == [1, 3]
+    assert [b["example_id"] for b in diff["broken"]] == [0]
+    assert diff["still_passing"] == [2] and diff["still_failing"] == []
+    fixed = diff["fixed"][0]
+    assert fixed["first_changed_step"] == "generate.predict" and fixed["call"] == 1  # the draft step's output is the same
+    assert fixed["outputs_a"]["answer"] == "wrong" and fixed["outputs_b"]["answer"] == "a1"
+    with pytest.raises(AgentToolError, match="is a val run"):
+        world.moves.diff_runs(world.baseline.run_id, world.runs.evaluate(world.program, "val", label="agent").run_id)
+
+
+# -- candidates and hard examples -------------------------------------------------------------------------------
+
+
+def test_candidates_keep_gepas_pareto_front_and_hard_examples_replay_failures(tmp_path):
+    world = World(tmp_path, train=4)
+    world.moves.compare(["current", {"generate.predict": "PASS:0,1,2"}, {"generate.predict": "PASS:3"}])
+    pool = world.moves.candidates()
+    rows = pool["candidates"]
+    assert len(rows) == 3 and rows[0]["is_current"] and rows[0]["labels"] == ["baseline", "compare"]
+    assert [r["train_score"] for r in rows] == [0.5, 0.75, 0.25]
+    assert rows[1]["train_scores"] == {"0": 1.0, "1": 1.0, "2": 1.0, "3": 0.0}
+    # the baseline is best on 0 and 2 only where candidate 1 is too: dominated, off the front
+    assert pool["pareto_front"] == [1, 2] and [r["on_pareto_front"] for r in rows] == [False, True, True]
+    assert rows[2]["best_on"] == [3] and rows[1]["best_on"] == [0, 1, 2]
+    assert pool["best"] == 1 and pool["best_by"] == "train"
+    hard = world.moves.hard_examples()
+    assert hard["best_candidate"] == 1 and hard["failing_under_best"] == [3]
+    assert hard["examples"][0] == {"example_id": 1, "failed": 2, "evaluated": 3, "fail_rate": 2 / 3}
+    assert {e["example_id"]: e["failed"] for e in hard["examples"]} == {0: 1, 1: 2, 2: 1, 3: 2}
+    # a validation check decides the best candidate once there is one
+    world.moves.compare([rows[2]["instructions"]], split="val")
+    assert world.moves.candidates()["best"] == 2 and world.moves.candidates()["best_by"] == "val"
+    assert world.moves.candidates()["candidates"][2]["val_score"] == 0.25
+    assert world.moves.hard_examples()["failing_under_best"] == [0, 1, 2]
+    assert world.ledger.spent == 8 + 4  # candidates() and hard_examples() are free
+
+
+# -- the budget under threads -------------------------------------------------------------------------------------
+
+
+def test_budget_is_exact_when_sixteen_threads_compare_and_propose_at_once(tmp_path):
+    world = World(tmp_path, limit=40, train=8, proposal_lm=proposal_reply())
+    spent: list[int] = []
+    refused: list[str] = []
+    lock = threading.Lock()
+    start = threading.Barrier(16)
+
+    def work(k: int):
+        start.wait()
+        try:
+            if k % 2:
+                out = world.moves.propose_instructions("generate.predict")
+            else:
+                out = world.moves.compare(["current", {"generate.predict": f"PASS:{k}"}], ids=[0, 1, 2, 3])
+            with lock:
+                spent.append(out["budget_spent"])
+        except AgentToolError as exc:
+            with lock:
+                refused.append(str(exc))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert world.ledger.spent == sum(spent) <= 40
+    assert all("budget" in message for message in refused)
+    assert len(spent) + len(refused) == 16
+
+
+# -- rollouts in the evaluator, the run service and the records ------------------------------------------------
+
+
+def test_rollout_lms_count_from_the_lms_own_rollout_id_and_are_made_once(tmp_path):
+    lm = task_lm().copy(rollout_id=5, temperature=1.0)
+    evaluator = Evaluator(metric=Metric(metric), lm=lm)
+    assert evaluator.lm_for(0) is lm
+    assert evaluator.lm_for(2).kwargs["rollout_id"] == 7 and evaluator.lm_for(2) is evaluator.lm_for(2)
+    assert evaluator.lm_for(2).kwargs["temperature"] == 1.0  # the LM's own temperature is kept
+    with pytest.raises(ValueError, match="rollout must be an int >= 0"):
+        evaluator.lm_for(-1)
+
+
+def test_a_run_keeps_its_rollout_through_json_and_a_recovered_evaluation(tmp_path):
+    world = World(tmp_path, train=4)
+    run = world.runs.evaluate(world.program, "train", label="agent", ids=[0, 1], rollout=2)
+    assert run.rollout == 2 and run.summary()["rollout"] == 2 and "rollout" not in world.baseline.summary()
+    assert type(run).from_dict(json.loads(json.dumps(run.to_dict()))) == run
+    # an evaluation the process never finished comes back as a run of the same rollout, reused per rollout
+    pending = world.runs.store.open_pending({"label": "agent", "split": "train", "instructions": world.initial,
+                                             "requested": 2, "charged": True, "rollout": 3})
+    pending.append(run.records[0])
+    service = Runs(evaluator=world.runs.evaluator, store=RunStore(tmp_path / "runs"), ledger=world.ledger,
+                         splits=world.runs.splits)
+    recovered = service.all()[-1]
+    assert recovered.label == "agent:recovered" and recovered.rollout == 3
+    assert set(service.stored(world.initial, "train", [0, 1], rollout=3)) == {0}
+    assert set(service.stored(world.initial, "train", [0, 1], rollout=2)) == {0, 1}
+
+
+def test_an_evaluation_spends_from_a_callers_reservation_and_leaves_the_rest_reserved(tmp_path):
+    world = World(tmp_path, limit=10, train=4)
+    with world.ledger.reserve_exactly(6, TRAIN_EXAMPLE) as reservation:
+        assert world.ledger.left == 4
+        run = world.runs.evaluate(world.program, "train", label="agent", ids=[0, 1, 2], rollout=1,
+                                  reservation=reservation)
+        assert run.budget_spent == 3 and reservation.spent == 3 and reservation.remaining == 3
+        assert world.ledger.left == 4  # the rest stays set aside for the caller
+    assert world.ledger.left == 7 and world.ledger.spent == 3
+
+
+def test_an_lm_call_that_failed_without_an_answer_is_not_held_against_the_instructions(tmp_path):
+    base = task_lm()
+
+    def reply(messages, settings):
+        if field(messages, "question") == "q1":
+            return dspy.LMRateLimitError("slow down", model="task", provider="fake")
+        return base.fn(messages, settings)
+
+    def failing_lm() -> FunctionLM:
+        lm = FunctionLM(reply, with_settings=True)
+        lm.num_retries = 0  # no provider-level retries: the failure is immediate
+        return lm
+
+    world = World(tmp_path, train=4, lm=failing_lm(), transient_retries=0)
+    assert world.baseline.records[1].error.startswith("LMRateLimitError")
+    assert world.moves.hard_examples()["examples"] == [{"example_id": 3, "failed": 1, "evaluated": 1, "fail_rate": 1.0}]
+    assert world.moves.candidates()["candidates"][0]["train_scores"] == {"0": 1.0, "2": 1.0, "3": 0.0}
+    proposal = World(tmp_path / "b", train=4, lm=failing_lm(), transient_retries=0,
+                     proposal_lm=proposal_reply())
+    assert proposal.moves.propose_instructions("generate.predict")["example_ids"] == [3]
+
+
+def test_rollouts_reach_steps_that_have_their_own_lm(tmp_path):
+    own = task_lm()
+    world = World(tmp_path, train=4, lm=task_lm())
+    world.runs.evaluator.lm = None  # no pinned LM: every step runs its own (set_lm), as dspy.Evaluate does
+    world.program.set_lm(own)
+    world.program.generate.predict.signature = world.program.generate.predict.signature.with_instructions("FLAKY")
+    view = world.moves.evaluate_rollouts(get_instructions(world.program), "train", [0, 1], 2)
+    assert view["budget_spent"] == 4 and len(own.calls) == 8  # 2 rollouts x 2 examples x 2 steps, all real calls
+    assert [e["rollout_scores"] for e in view["examples"]] == [[1.0, 1.0], [0.0, 1.0]]
+    assert all(p.lm is own for _, p in world.program.named_predictors())  # the program keeps its own LMs
+    assert get_instructions(world.program)["generate.predict"] == "FLAKY"

@@ -1,0 +1,173 @@
+"""Runs on disk: atomic writes, ids that continue across restarts, exact round trips."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import pytest
+
+from rlmoptimizer.records import EvalRun, ExampleResult, StepTrace
+from rlmoptimizer.storage import files as run_store
+from rlmoptimizer.storage.files import atomic_write_json, atomic_write_text
+from rlmoptimizer.storage.run_store import RunStore
+
+
+def make_run(run_id: str = "run-0001", split: str = "train") -> EvalRun:
+    records = (
+        ExampleResult(
+            example_id=3,
+            inputs={"question": "Qu'est-ce que c'est ? ✓", "context": ["a", "b"]},
+            expected={"answer": "un test"},
+            predicted={"reasoning": "…", "answer": "un test", "meta": {"n": 1, "f": 0.1}},
+            score=1.0,
+            passed=True,
+            feedback="exact",
+            steps=(
+                StepTrace("generate.predict", {"question": "Qu'est-ce que c'est ? ✓"}, {"answer": "un test"}),
+                StepTrace("polish", {"draft": None}, {"answer": "un test"}),
+            ),
+        ),
+        ExampleResult(
+            example_id=1,
+            inputs={"question": "q1"},
+            expected={"answer": "a1"},
+            predicted={},
+            score=0.0,
+            passed=False,
+            error="ValueError: boom",
+        ),
+    )
+    return EvalRun(
+        run_id=run_id,
+        split=split,
+        label="agent",
+        instructions={"generate.predict": "Answer.", "polish": "Polish."},
+        records=records,
+        requested_count=5,
+        budget_spent=2,
+        budget_left=98,
+        note="budget allowed 2 of 5 requested examples; 98 units left",
+        created_at=1700000000.123456,
+    )
+
+
+def test_atomic_write_json_writes_and_replaces(tmp_path):
+    path = tmp_path / "sub" / "state.json"
+    atomic_write_json(path, {"a": 1, "text": "é"})
+    assert json.loads(path.read_text(encoding="utf-8")) == {"a": 1, "text": "é"}
+    atomic_write_text(path, "replaced")
+    assert path.read_text() == "replaced"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["state.json"]
+
+
+def test_a_crash_while_writing_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
+    path = tmp_path / "state.json"
+    atomic_write_json(path, {"version": 1})
+
+    def crash(src, dst):
+        raise OSError("disk pulled out")
+
+    monkeypatch.setattr(run_store.os, "replace", crash)
+    with pytest.raises(OSError, match="disk pulled out"):
+        atomic_write_json(path, {"version": 2})
+    assert json.loads(path.read_text()) == {"version": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
+
+    with pytest.raises(TypeError):  # unserialisable data fails before the file is touched
+        atomic_write_json(path, {"bad": object()})
+    assert json.loads(path.read_text()) == {"version": 1}
+
+
+def test_runs_round_trip_exactly_through_files(tmp_path):
+    store = RunStore(tmp_path)
+    run = make_run()
+    store.save(run)
+    assert (tmp_path / "runs" / "run-0001.json").exists()
+    reread = RunStore(tmp_path).get("run-0001")
+    assert reread == run
+    assert reread.score == 0.5 and reread.passed_count == 1 and [r.example_id for r in reread.records] == [1, 3]
+
+
+def test_ids_continue_after_the_highest_on_disk_and_order_is_numeric(tmp_path):
+    store = RunStore(tmp_path)
+    assert store.next_run_id() == "run-0001"
+    store.save(make_run("run-0009"))
+    store.save(make_run("run-10000"))
+    store.save(make_run("run-0010"))
+    assert store.next_run_id() == "run-10001"
+    assert [r.run_id for r in store.all()] == ["run-0009", "run-0010", "run-10000"]
+
+    reopened = RunStore(tmp_path)
+    assert len(reopened) == 3 and "run-0010" in reopened and "run-0002" not in reopened
+    assert reopened.next_run_id() == "run-10001"
+
+
+def test_next_run_id_is_unique_across_threads(tmp_path):
+    store = RunStore(tmp_path)
+    ids: list[str] = []
+    lock = threading.Lock()
+
+    def take():
+        mine = [store.next_run_id() for _ in range(50)]
+        with lock:
+            ids.extend(mine)
+
+    threads = [threading.Thread(target=take) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(ids) == len(set(ids)) == 800
+    assert max(ids) == "run-0800"
+
+
+def test_unknown_ids_list_the_known_ones(tmp_path):
+    store = RunStore(tmp_path)
+    with pytest.raises(KeyError, match="unknown run_id 'run-0001'; known run ids: none yet"):
+        store.get("run-0001")
+    store.save(make_run("run-0001"))
+    store.save(make_run("run-0002"))
+    with pytest.raises(KeyError, match="unknown run_id 'run-7'; known run ids: run-0001, run-0002"):
+        store.get("run-7")
+
+
+def test_stray_temporary_and_unreadable_files_are_ignored(tmp_path):
+    store = RunStore(tmp_path)
+    store.save(make_run("run-0001"))
+    runs = tmp_path / "runs"
+    (runs / ".run-0002.json.abc123.tmp").write_text('{"half": ')
+    (runs / "run-0003.json").write_text('{"run_id": "run-0003", "spl')
+    (runs / "notes.json").write_text("{}")
+    reopened = RunStore(tmp_path)
+    assert [r.run_id for r in reopened.all()] == ["run-0001"]
+
+
+def test_bad_run_ids_are_rejected_before_writing(tmp_path):
+    store = RunStore(tmp_path)
+    with pytest.raises(ValueError, match="run_id must look like 'run-0001'"):
+        store.save(make_run("../escape"))
+    assert list((tmp_path / "runs").iterdir()) == []
+
+
+def test_no_directory_means_a_fresh_temporary_one():
+    store = RunStore(None)
+    assert store.is_temporary and store.directory.name.startswith("rlmoptimizer-")
+    assert os.path.isdir(store.directory / "runs") and len(store) == 0
+    assert not RunStore(store.directory).is_temporary
+
+
+def test_a_run_saved_with_its_pending_log_is_written_in_the_background_and_then_the_log_goes(tmp_path):
+    """The run file leaves the agent's path; until it is on disk the pending log still holds the records."""
+    store = RunStore(tmp_path)
+    record = ExampleResult(0, {"q": "x"}, {"a": "y"}, {"a": "y"}, 1.0, True)
+    pending = store.open_pending({"label": "agent", "split": "train", "instructions": {}, "requested": 1,
+                                  "charged": True})
+    pending.append(record)
+    run = EvalRun("run-0001", "train", "agent", {}, (record,), 1, 1, 0)
+    store.save(run, settles=pending)
+    assert store.get("run-0001") == run  # in memory at once
+    store.flush()
+    assert RunStore(tmp_path).get("run-0001") == run
+    assert not pending.path.exists()
