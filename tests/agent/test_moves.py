@@ -393,10 +393,12 @@ def test_a_run_keeps_its_rollout_through_json_and_a_recovered_evaluation(tmp_pat
     run = world.runs.evaluate(world.program, "train", label="agent", ids=[0, 1], rollout=2)
     assert run.rollout == 2 and run.summary()["rollout"] == 2 and "rollout" not in world.baseline.summary()
     assert type(run).from_dict(json.loads(json.dumps(run.to_dict()))) == run
+    world.runs.store.flush()  # the runs so far are on disk and their own pending logs gone
     # an evaluation the process never finished comes back as a run of the same rollout, reused per rollout
     pending = world.runs.store.open_pending({"label": "agent", "split": "train", "instructions": world.initial,
                                              "requested": 2, "charged": True, "rollout": 3})
     pending.append(run.records[0])
+    pending.close()
     service = Runs(evaluator=world.runs.evaluator, store=RunStore(tmp_path / "runs"), ledger=world.ledger,
                          splits=world.runs.splits)
     recovered = service.all()[-1]
