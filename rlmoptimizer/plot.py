@@ -48,7 +48,7 @@ def _points(rundir: RunDirectory) -> list[dict[str, Any]]:
             continue
         x = int(spent) if isinstance(spent, (int, float)) else last_x + len(pending.records)
         points.append({
-            "run_id": f"in flight {number}", "split": pending.split, "label": pending.label, "x": max(x, last_x),
+            "run_id": ("in flight" if rundir.status == "in flight" else "unfinished") + (f" {number}" if number > 1 else ""), "split": pending.split, "label": pending.label, "x": max(x, last_x),
             "y": pending.score, "n": pending.evaluated_count, "partial": True, "instructions": pending.instructions,
             "requested": pending.requested_count,
         })

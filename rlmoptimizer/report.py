@@ -74,7 +74,8 @@ def _runs_table(rundir: RunDirectory) -> Table:
     initial = rundir.initial_instructions
     table = Table(title=f"evaluation runs ({len(rundir.runs)} saved, {len(rundir.pending)} in flight or unfinished)",
                   title_justify="left", show_edge=False)
-    for column, justify in (("run", "left"), ("split", "left"), ("label", "left"), ("score", "right"),
+    table.add_column("run", no_wrap=True, min_width=10)
+    for column, justify in ( ("split", "left"), ("label", "left"), ("score", "right"),
                             ("passed", "right"), ("charged", "right"), ("spent after", "right"), ("", "left")):
         table.add_column(column, justify=justify)
     for run in rundir.runs:
@@ -96,12 +97,26 @@ def _runs_table(rundir: RunDirectory) -> Table:
         )
     for pending in rundir.pending:
         table.add_row(
-            "[italic]unsaved[/]", pending.split, pending.label, f"{pending.score:.3f}",
+            "[italic]unfinished[/]", pending.split, pending.label, f"{pending.score:.3f}",
             f"{sum(r.passed for r in pending.records)}/{pending.evaluated_count} of {pending.requested_count}",
             str(pending.evaluated_count if pending.charged else 0), "",
-            "[yellow]" + ("being evaluated" if rundir.status == "in flight" else "records kept; saved as a run on resume") + "[/]",
+            "[yellow]" + ("being evaluated" if rundir.status == "in flight" else "see below") + "[/]",
         )
     return table
+
+
+def _pending_text(rundir: RunDirectory) -> Text | None:
+    if not rundir.pending or rundir.status == "in flight":
+        return None
+    text = Text(style="yellow")
+    for pending in rundir.pending:
+        text.append(
+            f"unfinished: {pending.label} evaluation on {pending.split} stopped after {pending.evaluated_count} of "
+            f"{pending.requested_count} examples; its records are kept in runs/{Path(pending.path).name} and are "
+            "saved as a run (not paid again) when compile() resumes this directory\n"
+        )
+    text.rstrip()
+    return text
 
 
 def _prompts_table(rundir: RunDirectory) -> Table | Text:
@@ -152,7 +167,11 @@ def render(rundir: RunDirectory, picture: Path | None = None) -> Group:
                       + (f", last at {_when(rundir.turns[-1].get('created_at'))}" if rundir.turns[-1].get("created_at") else ""))
     parts: list[Any] = [Panel(header, title="rlmoptimizer run", title_align="left"), _budget_text(rundir)]
     if rundir.status != "empty":
-        parts += [_usage_table(rundir), _runs_table(rundir), _prompts_table(rundir), _selection_text(rundir)]
+        parts += [_usage_table(rundir), _runs_table(rundir)]
+        pending = _pending_text(rundir)
+        if pending is not None:
+            parts.append(pending)
+        parts += [_prompts_table(rundir), _selection_text(rundir)]
     if rundir.problems:
         parts.append(Text("skipped: " + "; ".join(rundir.problems), style="yellow"))
     if picture is not None:
