@@ -65,7 +65,7 @@ def test_in_jupyter_each_evaluation_is_one_output_updated_in_place():
         evaluate(progress, "run-0004", "val", 8)
     new = [o for o in captured.outputs if not o.update]
     assert len(new) == 2  # one output item per evaluation, however many examples
-    for item, (run_id, split, total) in zip(new, [("run-0003", "train", 25), ("run-0004", "val", 8)]):
+    for item, (run_id, split, total) in zip(new, [("run-0003", "train", 25), ("run-0004", "val", 8)], strict=True):
         display_id = item.transient["display_id"]
         updates = [o for o in captured.outputs if o.update and o.transient.get("display_id") == display_id]
         # updated in place: the last example is always drawn, then the line becomes the run's summary
