@@ -16,6 +16,7 @@ Names a user porting from another optimizer looks for:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,33 @@ from rlmoptimizer.rundir import RunDirectory, read_run_directory
 
 def _key(instructions: dict[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(instructions.items()))
+
+
+class CandidatePrograms(Sequence):
+    """MIPROv2's ``candidate_programs``: ``{"score", "program", "full_eval": True, "instructions",
+    "candidate_idx"}`` per candidate evaluated on the whole selection split, best first. Each program is built
+    when it is read, so the list costs nothing until used, and (not being a ``list``) it is not walked by
+    ``named_sub_modules()`` when attached to the returned program."""
+
+    def __init__(self, results: DetailedResults) -> None:
+        scored = [(s, i) for i, s in enumerate(results.selection_scores) if s is not None]
+        scored.sort(key=lambda pair: (-pair[0], pair[1]))
+        self._results = results
+        self._order = scored
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        score, i = self._order[index]
+        return {"score": score, "program": self._results.build_program(i), "full_eval": True,
+                "instructions": dict(self._results.candidates[i]), "candidate_idx": i}
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"candidate {i}: {s:.3f}" for s, i in self._order)
+        return f"CandidatePrograms([{shown}])"
 
 
 @dataclass(frozen=True)
@@ -153,16 +181,10 @@ class DetailedResults:
         return built
 
     @property
-    def candidate_programs(self) -> list[dict[str, Any]]:
+    def candidate_programs(self) -> CandidatePrograms:
         """As ``MIPROv2``: every candidate evaluated on the whole selection split, best first, as
-        ``{"score", "program", "full_eval": True, "instructions", "candidate_idx"}``."""
-        scored = [(s, i) for i, s in enumerate(self.selection_scores) if s is not None]
-        scored.sort(key=lambda pair: (-pair[0], pair[1]))
-        return [
-            {"score": s, "program": self.build_program(i), "full_eval": True,
-             "instructions": dict(self.candidates[i]), "candidate_idx": i}
-            for s, i in scored
-        ]
+        ``{"score", "program", "full_eval": True, "instructions", "candidate_idx"}`` (see :class:`CandidatePrograms`)."""
+        return CandidatePrograms(self)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON (example ids become string keys only when serialized by ``json``)."""

@@ -118,7 +118,7 @@ def test_detailed_results_give_what_gepa_and_miprov2_users_look_for(finished):
     data = json.loads(json.dumps(results.to_dict()))
     assert data["pareto_front"] == [0, 1] and data["best_idx"] == 1 and data["status"] == "finished"
     with pytest.raises(ConfigurationError, match="program"):
-        _ = DetailedResults.from_run_directory(directory).candidate_programs
+        _ = DetailedResults.from_run_directory(directory).candidate_programs[0]
 
 
 @pytest.mark.slow
