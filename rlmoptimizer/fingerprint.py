@@ -13,8 +13,16 @@ each difference in words.
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import decimal
+import enum
+import fractions
 import hashlib
 import json
+import pathlib
+import re
+import uuid
 from typing import Any
 
 from rlmoptimizer.errors import ConfigurationError, StructureChangedError
@@ -201,3 +209,80 @@ def check_structure(expected_fp: dict[str, Any], program: Any) -> None:
     raise StructureChangedError(
         "the program's structure changed; only instructions may change:\n" + "\n".join(f"  - {line}" for line in lines)
     )
+
+
+# -- examples ------------------------------------------------------------------------------------
+EXAMPLES_DIGEST_VERSION = 2
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _content(value: Any, path: tuple[int, ...] = ()) -> Any:
+    """A JSON-friendly description of ``value`` by content: equal for equal data in any process (no
+    ``id()``, no memory addresses, no hash-seed-dependent order). Tagged by type so that ``1``, ``"1"``
+    and ``b"1"`` differ."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return ["int", str(value)]
+    if isinstance(value, float):
+        return ["float", repr(value)]
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return [type(value).__name__, hashlib.sha256(bytes(value)).hexdigest()]
+    if id(value) in path:
+        return ["cycle"]
+    inner = (*path, id(value))
+    kind = f"{type(value).__module__}.{type(value).__qualname__}"
+    if isinstance(value, dict):
+        items = [[_content(k, inner), _content(v, inner)] for k, v in value.items()]
+        return ["dict", sorted(items, key=canonical_json)]
+    if isinstance(value, (list, tuple)):
+        return [kind, [_content(v, inner) for v in value]]
+    if isinstance(value, (set, frozenset)):
+        return [kind, sorted((_content(v, inner) for v in value), key=canonical_json)]
+    if isinstance(value, enum.Enum):
+        return [kind, value.name]
+    if isinstance(value, (datetime.date, datetime.time)):
+        return [kind, value.isoformat()]
+    if isinstance(value, (decimal.Decimal, uuid.UUID, pathlib.PurePath, complex, fractions.Fraction)):
+        return [kind, str(value)]
+    model_dump = getattr(value, "model_dump", None)
+    if callable(model_dump):  # pydantic models, dspy.Image and other dspy types
+        try:
+            return [kind, _content(model_dump(), inner)]
+        except Exception:
+            pass
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [kind, {f.name: _content(getattr(value, f.name, None), inner) for f in dataclasses.fields(value)}]
+    tobytes = getattr(value, "tobytes", None)  # numpy arrays, PIL images
+    if callable(tobytes):
+        try:
+            shape = getattr(value, "shape", None) or getattr(value, "size", None)
+            extra = [str(getattr(value, "dtype", "")), str(getattr(value, "mode", "")), _content(shape, inner)]
+            return [kind, extra, hashlib.sha256(tobytes()).hexdigest()]
+        except Exception:
+            pass
+    state: Any = getattr(value, "__dict__", None)
+    slots = [s for cls in type(value).__mro__ for s in getattr(cls, "__slots__", ()) if isinstance(s, str)]
+    if slots:
+        state = {**(state or {}), **{s: getattr(value, s) for s in slots if hasattr(value, s)}}
+    if isinstance(state, dict) and (state or type(value).__repr__ is object.__repr__):
+        return [kind, _content({k: v for k, v in state.items() if not callable(v)}, inner)]
+    return [kind, _ADDRESS.sub("", repr(value))]
+
+
+def examples_digest(examples: list[Any]) -> str:
+    """sha256 of a list of ``dspy.Example`` by content (fields and which of them are inputs), stable across
+    processes: an example holding a ``dspy.Image``, bytes, a datetime or an instance of the user's own class
+    gives the same digest in a new process as long as its data is the same."""
+    described = []
+    for example in examples:
+        fields = dict(example.items())  # without dspy_* bookkeeping (e.g. a dataset's random dspy_uuid)
+        inputs = sorted(str(k) for k in (getattr(example, "_input_keys", None) or ()))
+        described.append({"fields": _content(fields), "inputs": inputs})
+    return sha256_json({"version": EXAMPLES_DIGEST_VERSION, "examples": described})
+
+
+def legacy_examples_digest(examples: list[Any]) -> str:
+    """The digest run directories written before :data:`EXAMPLES_DIGEST_VERSION` recorded (addresses of
+    objects included), to recognise those directories on resume."""
+    return sha256_json([dict(ex) for ex in examples])

@@ -17,6 +17,7 @@ the optimizer, so one optimizer can compile twice.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -31,14 +32,16 @@ from rlmoptimizer.display import Display
 from rlmoptimizer.errors import ConfigurationError, OptimizationInterrupted, RLMOptimizerError
 from rlmoptimizer.evaluation import Evaluator, RunService, check_examples, check_program, resolve_eval_lm
 from rlmoptimizer.fingerprint import (
+    EXAMPLES_DIGEST_VERSION,
     apply_instructions,
     check_structure,
+    examples_digest,
     fingerprint_digest,
     get_instructions,
-    sha256_json,
+    legacy_examples_digest,
     structural_fingerprint,
 )
-from rlmoptimizer.journal import RunJournal
+from rlmoptimizer.journal import RunDirectoryLock, RunJournal, eval_lm_identity
 from rlmoptimizer.metric import Metric
 from rlmoptimizer.prompts import render_instructions, render_task_brief
 from rlmoptimizer.records import EvalRun
@@ -54,6 +57,8 @@ baseline_val = run_data({val_run!r}) if {val_run!r} else None
 step_names = {step_names!r}
 current_prompts = optimization_status()["current_prompts"]
 """
+
+MAX_SANDBOX_TIMEOUT_S = 86_400.0  # one day: a cell that runs longer is stuck, not slow
 
 
 def _check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
@@ -104,6 +109,7 @@ class RLMDocstringOptimizer(Teleprompter):
         # output and storage
         verbose: bool = False,
         run_storage_dir: str | Path | None = None,
+        allow_eval_lm_change: bool = False,
         console: Console | None = None,
     ) -> None:
         super().__init__()
@@ -114,7 +120,12 @@ class RLMDocstringOptimizer(Teleprompter):
         if metric is not None and not callable(metric):
             raise ConfigurationError(f"metric must be callable, got {type(metric).__name__}")
         self.metric = metric
-        if isinstance(pass_threshold, bool) or not isinstance(pass_threshold, (int, float)) or not 0 <= pass_threshold <= 1:
+        if (
+            isinstance(pass_threshold, bool)
+            or not isinstance(pass_threshold, (int, float))
+            or not math.isfinite(pass_threshold)
+            or not 0 <= pass_threshold <= 1
+        ):
             raise ConfigurationError(f"pass_threshold must be a number in [0, 1], got {pass_threshold!r}")
         self.pass_threshold = float(pass_threshold)
         self.num_threads = _check_positive_int("num_threads", num_threads)
@@ -123,11 +134,20 @@ class RLMDocstringOptimizer(Teleprompter):
         self.rlm_max_output_chars = _check_positive_int("rlm_max_output_chars", rlm_max_output_chars, minimum=100)
         self.root_stateful_session = bool(root_stateful_session)
         self.rlm_multiturn_history = bool(rlm_multiturn_history)
-        if isinstance(sandbox_timeout_s, bool) or not isinstance(sandbox_timeout_s, (int, float)) or sandbox_timeout_s <= 0:
-            raise ConfigurationError(f"sandbox_timeout_s must be a number > 0, got {sandbox_timeout_s!r}")
+        if (
+            isinstance(sandbox_timeout_s, bool)
+            or not isinstance(sandbox_timeout_s, (int, float))
+            or not math.isfinite(sandbox_timeout_s)
+            or not 0 < sandbox_timeout_s <= MAX_SANDBOX_TIMEOUT_S
+        ):
+            raise ConfigurationError(
+                f"sandbox_timeout_s must be a number of seconds greater than 0 and at most {MAX_SANDBOX_TIMEOUT_S:g} "
+                f"(one day), got {sandbox_timeout_s!r}"
+            )
         self.sandbox_timeout_s = float(sandbox_timeout_s)
         self.verbose = bool(verbose)
         self.run_storage_dir = Path(run_storage_dir) if run_storage_dir is not None else None
+        self.allow_eval_lm_change = bool(allow_eval_lm_change)
         self.console = console
 
     def compile(self, student: dspy.Module, *, trainset: list, teacher: Any = None, valset: list | None = None,
@@ -163,10 +183,31 @@ class _CompileRun:
         self.initial_instructions = get_instructions(self.program)
         self.budget_limit = budget_for(config.max_iterations, len(self.trainset), len(self.valset))
 
-        self.store = RunStore(config.run_storage_dir)
+        # One live compile per directory: take it before reading anything from it, give it up when run() ends
+        # (or here, if the directory is refused). Reading back a finished run takes it without writing.
+        self.lock: RunDirectoryLock | None = None
+        if config.run_storage_dir is not None:
+            directory = Path(config.run_storage_dir)
+            if not directory.is_dir():
+                directory.mkdir(parents=True, exist_ok=True)
+            self.lock = RunDirectoryLock(directory, read_only=(directory / "result.json").exists())
+        try:
+            self._open_directory(config)
+        except BaseException:
+            self.release()
+            raise
+
+    def _open_directory(self, config: RLMDocstringOptimizer) -> None:
+        self.store = RunStore(config.run_storage_dir, pass_threshold=config.pass_threshold)
         self.directory = Path(self.store.directory)
         self.journal = RunJournal(self.directory)
-        self.resumed = self.journal.open_manifest(self._manifest())
+        self.resumed = self.journal.open_manifest(
+            self._manifest(),
+            legacy_examples=lambda: {
+                "trainset": legacy_examples_digest(self.trainset), "valset": legacy_examples_digest(self.valset)
+            },
+            allow_eval_lm_change=config.allow_eval_lm_change,
+        )
         stored_ledger = self.journal.read_ledger() if self.resumed else None
         on_change = lambda ledger: self.journal.write_ledger(ledger.snapshot())  # noqa: E731
         self.ledger = (
@@ -174,10 +215,10 @@ class _CompileRun:
             if stored_ledger
             else BudgetLedger(self.budget_limit, on_change=on_change)
         )
-        self.journal.write_ledger(self.ledger.snapshot())
+        self.journal.write_ledger_if_changed(self.ledger.snapshot())
 
         evaluator = Evaluator(
-            metric=metric, lm=self.eval_lm, num_threads=config.num_threads, pass_threshold=config.pass_threshold,
+            metric=self.metric, lm=self.eval_lm, num_threads=config.num_threads, pass_threshold=config.pass_threshold,
             on_result=lambda record: self.display.example_done(record.passed),
         )
         splits = {"train": self.trainset}
@@ -190,11 +231,18 @@ class _CompileRun:
             on_run_start=self.display.evaluation_started, on_run_end=self.display.run_finished,
         )
 
+    def release(self) -> None:
+        """Give the run directory up for the next compile()."""
+        if self.lock is not None:
+            self.lock.release()
+
     def _manifest(self) -> dict[str, Any]:
         return {
             "program": fingerprint_digest(self.fingerprint),
-            "trainset": sha256_json([dict(ex) for ex in self.trainset]),
-            "valset": sha256_json([dict(ex) for ex in self.valset]),
+            "trainset": examples_digest(self.trainset),
+            "valset": examples_digest(self.valset),
+            "examples_digest_version": EXAMPLES_DIGEST_VERSION,
+            "eval_lm": eval_lm_identity(self.eval_lm, self.program),
             "metric": f"{getattr(self.metric.fn, '__module__', '')}.{getattr(self.metric.fn, '__qualname__', repr(self.metric.fn))}",
             "budget_limit": self.budget_limit,
             "pass_threshold": self.config.pass_threshold,
@@ -203,8 +251,24 @@ class _CompileRun:
 
     # -- the flow -----------------------------------------------------------------------------------
     def run(self) -> dspy.Module:
-        sandbox = Sandbox(timeout_s=self.config.sandbox_timeout_s)
-        sandbox.start_in_background()
+        try:
+            return self._run_with_sandbox()
+        finally:
+            self.release()
+
+    def _finished(self) -> bool:
+        """Whether this directory holds a finished run: its result is returned without the agent, so the
+        sandbox is not started (and nothing is written)."""
+        if not self.resumed or not (self.directory / "result.json").exists():
+            return False
+        turns = self.journal.turns()
+        return bool(turns) and bool(turns[-1].get("final"))
+
+    def _run_with_sandbox(self) -> dspy.Module:
+        # Reading back a finished run: no agent, so no sandbox (and nothing written).
+        sandbox = None if self._finished() else Sandbox(timeout_s=self.config.sandbox_timeout_s)
+        if sandbox is not None:
+            sandbox.start_in_background()
         try:
             return self._run(sandbox)
         except KeyboardInterrupt as exc:
@@ -214,7 +278,8 @@ class _CompileRun:
         except Exception as exc:
             raise OptimizationInterrupted(self._where(f"stopped by {type(exc).__name__}: {exc}")) from exc
         finally:
-            sandbox.shutdown()
+            if sandbox is not None:
+                sandbox.shutdown()
 
     def _where(self, what: str) -> str:
         if self.store.is_temporary:
@@ -227,7 +292,7 @@ class _CompileRun:
             "the same run_storage_dir to resume where it stopped."
         )
 
-    def _run(self, sandbox: Sandbox) -> dspy.Module:
+    def _run(self, sandbox: Sandbox | None) -> dspy.Module:
         if self.resumed:
             self.session.restore_versions(self.journal.prompt_versions())
         baseline_train = self._baseline("train")
@@ -250,12 +315,13 @@ class _CompileRun:
         self.display.run_finished(run.summary())
         return run
 
-    def _run_agent(self, sandbox: Sandbox, baseline_train: EvalRun, baseline_val: EvalRun | None) -> dict | None:
+    def _run_agent(self, sandbox: Sandbox | None, baseline_train: EvalRun, baseline_val: EvalRun | None) -> dict | None:
         prior_turns = self.journal.turns() if self.resumed else []
         if prior_turns and prior_turns[-1].get("final"):
             stored = prior_turns[-1]
             return {"submitted": stored.get("outputs", {}).get("optimized_dspy_program", {}),
                     "trajectory": prior_turns, "final_reasoning": stored.get("reasoning", "")}
+        assert sandbox is not None, "a run that is not finished needs its sandbox"
 
         signature = dspy.Signature(
             "task_brief: str -> optimized_dspy_program: dict[str, str]",

@@ -14,6 +14,7 @@ import re
 import tempfile
 import threading
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -107,13 +108,19 @@ class RunStore:
     """Append-only store of :class:`EvalRun` by id. ``directory=None`` uses a fresh temporary directory.
 
     Thread safe. Runs are kept in memory as well as on disk; the disk is read once, at construction.
+
+    With ``pass_threshold`` given, ``passed`` of every record read from disk (stored runs and in-flight logs)
+    is recomputed from its stored score at that threshold, so runs written under another threshold count
+    the same way as new ones.
     """
 
-    def __init__(self, directory: str | Path | None = None) -> None:
+    def __init__(self, directory: str | Path | None = None, *, pass_threshold: float | None = None) -> None:
         self.is_temporary = directory is None
         self.directory = Path(tempfile.mkdtemp(prefix="rlmoptimizer-")) if directory is None else Path(directory)
         self.runs_dir = self.directory / "runs"
-        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        self.pass_threshold = pass_threshold
+        if not self.runs_dir.is_dir():  # only when missing: reading back a finished run writes nothing
+            self.runs_dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._runs: dict[str, EvalRun] = {}
         self._load()
@@ -131,7 +138,18 @@ class RunStore:
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 logger.warning("skipping unreadable run file %s: %s", path, exc)
                 continue
-            self._runs[run.run_id] = run
+            self._runs[run.run_id] = replace(run, records=self._rescored(run.records))
+
+    def _rescored(self, records: Any) -> tuple[ExampleResult, ...]:
+        """``records`` with ``passed`` recomputed at :attr:`pass_threshold` (unchanged when it is None)."""
+        if self.pass_threshold is None:
+            return tuple(records)
+        threshold = self.pass_threshold
+        return tuple(
+            record if record.passed == (record.error is None and record.score >= threshold)
+            else replace(record, passed=record.error is None and record.score >= threshold)
+            for record in records
+        )
 
     def next_run_id(self) -> str:
         """A new id, one above the highest id handed out or found on disk."""
@@ -193,7 +211,7 @@ class RunStore:
                     records.append(ExampleResult.from_dict(json.loads(line)))
                 except (ValueError, KeyError, TypeError):
                     break
-            found.append((path, header, records))
+            found.append((path, header, list(self._rescored(records))))
         return found
 
     def __len__(self) -> int:
