@@ -158,6 +158,9 @@ def render(rundir: RunDirectory, picture: Path | None = None) -> Group:
     header = Text()
     header.append(f"{rundir.directory}\n", style="bold")
     header.append(f"status: {meaning}", style=color)
+    holder = rundir.holder or {}
+    if rundir.status == "in flight" and holder.get("pid") is not None:
+        header.append(f" (process {holder['pid']} on {holder.get('host')}, since {holder.get('since')})", style=color)
     manifest = rundir.manifest or {}
     if manifest.get("created_at"):
         header.append(f"\nstarted: {_when(manifest['created_at'])}")

@@ -5,18 +5,20 @@ written by a compile() in another process, or empty.
 (half written by a process that is still running, or damaged) is skipped and named in ``RunDirectory.problems``.
 Only a path that is not a directory is an error.
 
-Whether a compile() is still writing a directory is known exactly where the platform allows it: a running
-compile() holds a shared lock on the directory (:func:`hold_run_lock`), which the operating system drops when the
-process ends however it ends (SIGKILL included). Without ``result.json`` and without that lock, the run was
-interrupted.
+Whether a compile() is still writing a directory is told by the lock it holds (``.lock``, see
+:class:`rlmoptimizer.journal.RunDirectoryLock`) and ``holder.json``, which names the holding process while it runs:
+on the same host, the holder is in flight while its process is alive (a process killed with SIGKILL leaves
+``holder.json`` behind but is gone); on another host, the lock itself is tested. Reading never takes the lock
+where it can be avoided, so a report never stands in the way of a compile() that is starting. Without
+``result.json`` and without a live holder, the run was interrupted.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -32,43 +34,50 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 
-@contextmanager
-def hold_run_lock(directory: str | Path) -> Iterator[None]:
-    """Mark ``directory`` as being written by this process for the duration of the block (a shared ``flock`` on
-    the directory itself: no file is added, and the mark vanishes with the process)."""
-    fd = None
-    if fcntl is not None:
-        try:
-            fd = os.open(directory, os.O_RDONLY)
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
-            if fd is not None:
-                os.close(fd)
-            fd = None
-    try:
-        yield
-    finally:
-        if fd is not None:
-            os.close(fd)  # closing drops the lock
-
-
-def is_being_written(directory: str | Path) -> bool:
-    """Whether a live process holds the run lock of ``directory`` (False where the platform cannot tell)."""
-    if fcntl is None:
+def _lock_is_held(lock_file: Path) -> bool:
+    """Test the OS lock on ``lock_file`` by asking for a shared lock and giving it back at once."""
+    if fcntl is None:  # pragma: no cover - Windows
         return False
     try:
-        fd = os.open(directory, os.O_RDONLY)
+        fd = os.open(lock_file, os.O_RDONLY)
     except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return True
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        return exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK)
     else:
         fcntl.flock(fd, fcntl.LOCK_UN)
         return False
     finally:
         os.close(fd)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def holder_of(directory: str | Path) -> dict[str, Any] | None:
+    """``holder.json`` of a compile() writing ``directory`` now (pid, host, since), or None when none is."""
+    path = Path(directory)
+    try:
+        holder = json.loads((path / "holder.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        holder = None
+    if isinstance(holder, dict) and isinstance(holder.get("pid"), int):
+        if holder.get("host") == socket.gethostname():
+            return holder if _process_alive(holder["pid"]) else None
+        return holder if _lock_is_held(path / ".lock") else None
+    # no (readable) holder.json: a compile() in its first instant, or one whose details were lost
+    return {"pid": None, "host": None, "since": None} if _lock_is_held(path / ".lock") else None
 
 
 @dataclass(frozen=True)
@@ -97,12 +106,14 @@ class PendingRun:
 @dataclass(frozen=True)
 class RunDirectory:
     """Everything a run directory holds, read at one moment. ``status`` is one of
-    ``"finished"`` (``result.json`` is there), ``"in flight"`` (a compile() is writing it now),
+    ``"finished"`` (``result.json`` is there), ``"in flight"`` (a compile() is writing it now; ``holder`` names
+    its process),
     ``"interrupted"`` (neither: the process stopped or was killed; compile() with the same
     ``run_storage_dir`` resumes it) and ``"empty"`` (no manifest, no runs)."""
 
     directory: str
     status: Status
+    holder: dict[str, Any] | None
     manifest: dict[str, Any] | None
     ledger: dict[str, Any] | None
     runs: tuple[EvalRun, ...]
@@ -227,7 +238,7 @@ def read_run_directory(directory: str | Path) -> RunDirectory:
     if not path.is_dir():
         raise ConfigurationError(f"{str(path)!r} is not a directory; pass the run_storage_dir of a compile()")
     problems: list[str] = []
-    being_written = is_being_written(path)
+    holder = holder_of(path)
     manifest = _read_json(path / "manifest.json", problems) if (path / "manifest.json").exists() else None
     ledger = _read_json(path / "ledger.json", problems) if (path / "ledger.json").exists() else None
     result = _read_json(path / "result.json", problems) if (path / "result.json").exists() else None
@@ -247,14 +258,14 @@ def read_run_directory(directory: str | Path) -> RunDirectory:
 
     if result is not None:
         status: Status = "finished"
-    elif being_written:
+    elif holder is not None:
         status = "in flight"
     elif manifest is None and not runs and not pending:
         status = "empty"
     else:
         status = "interrupted"
     return RunDirectory(
-        directory=str(path), status=status, manifest=manifest if isinstance(manifest, dict) else None,
+        directory=str(path), status=status, holder=holder if result is None else None, manifest=manifest if isinstance(manifest, dict) else None,
         ledger=ledger if isinstance(ledger, dict) else None, runs=tuple(runs), pending=tuple(pending),
         prompt_versions=tuple(v for v in prompt_versions if isinstance(v, dict)),
         turns=tuple(t for t in turns if isinstance(t, dict)),

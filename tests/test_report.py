@@ -181,6 +181,8 @@ def test_report_of_a_run_killed_mid_evaluation(tmp_path, capsys):
             logs = list((directory / "runs").glob("pending-*.jsonl")) if (directory / "runs").exists() else []
             lines = [p.read_text().splitlines() for p in logs]
             if any(len(ls) >= 4 and '"split": "val"' in ls[0] and '"label": "agent"' in ls[0] for ls in lines):
+                in_flight = read_run_directory(directory)  # while the compile() is writing it
+                assert main(["report", str(directory), "--no-plot"]) == 0
                 process.send_signal(signal.SIGKILL)
                 break
             time.sleep(0.05)
@@ -189,6 +191,9 @@ def test_report_of_a_run_killed_mid_evaluation(tmp_path, capsys):
         if process.poll() is None:
             process.kill()
     assert process.returncode == -signal.SIGKILL
+    assert in_flight.status == "in flight" and in_flight.holder["pid"] == process.pid
+    assert in_flight.pending and in_flight.pending[0].split == "val"
+    assert "status: in flight" in capsys.readouterr().out
 
     # a record being written when the process died: a torn last line is not read
     pending_file = next((directory / "runs").glob("pending-*.jsonl"))
