@@ -34,7 +34,7 @@ from dspy.utils import exceptions as dspy_errors
 
 from rlmoptimizer.budget import TRAIN_EXAMPLE, VAL_EXAMPLE, BudgetLedger, Reservation
 from rlmoptimizer.errors import ConfigurationError, EvaluationLMError, MetricError
-from rlmoptimizer.fingerprint import get_instructions, instructions_digest
+from rlmoptimizer.fingerprint import canonical_json, get_instructions, instructions_digest, signature_description
 from rlmoptimizer.metric import Metric
 from rlmoptimizer.records import EvalRun, ExampleResult, StepTrace, jsonable
 from rlmoptimizer.run_store import RunStore
@@ -90,13 +90,22 @@ def check_examples(examples: Any, split: str, allow_empty: bool = False) -> list
     return examples
 
 
-def resolve_eval_lm(eval_lm: Any) -> dspy.BaseLM:
-    """``eval_lm`` if given, else ``dspy.settings.lm``; :class:`ConfigurationError` if neither is an LM."""
+def resolve_eval_lm(eval_lm: Any, program: Any = None) -> dspy.BaseLM | None:
+    """The LM the program runs with: ``eval_lm`` if given, else ``dspy.settings.lm``.
+
+    ``None`` only when neither is set and every predictor of ``program`` has its own LM (``set_lm``), which is
+    how ``dspy.Evaluate`` runs such a program; otherwise :class:`ConfigurationError` saying what to set.
+    """
     lm = eval_lm if eval_lm is not None else dspy.settings.lm
     if lm is None:
+        without = [name for name, p in program.named_predictors() if getattr(p, "lm", None) is None] if program else None
+        if without == []:
+            return None
+        steps = f" (step(s) {without} have no LM of their own)" if without else ""
         raise ConfigurationError(
-            "no LM to run the program with: pass eval_lm=dspy.LM('provider/model') or call "
-            "dspy.configure(lm=dspy.LM('provider/model')) before compile()"
+            f"no LM to run the program with{steps}: pass eval_lm=dspy.LM('provider/model'), call "
+            "dspy.configure(lm=dspy.LM('provider/model')) before compile(), or give every predictor its own LM "
+            "with predictor.set_lm(...)"
         )
     if not isinstance(lm, dspy.BaseLM):
         source = "eval_lm" if eval_lm is not None else "dspy.settings.lm"
@@ -105,6 +114,35 @@ def resolve_eval_lm(eval_lm: Any) -> dspy.BaseLM:
             "wrap a model name like this: eval_lm=dspy.LM('openai/gpt-4o-mini')"
         )
     return lm
+
+
+def lm_name(lm: Any) -> str:
+    """A short, stable name for an LM: its model string, or its class name."""
+    model = getattr(lm, "model", None)
+    return model if isinstance(model, str) and model else type(lm).__name__
+
+
+def step_lms(program: Any, eval_lm: Any, eval_lm_source: str) -> dict[str, dict[str, str]]:
+    """Which LM runs each step, as dspy decides it: a predictor's own LM (``set_lm``) wins over the LM of
+    the context (``eval_lm`` or ``dspy.settings.lm``, pinned during evaluation). ``{step: {"lm", "source"}}``."""
+    result = {}
+    for name, predictor in program.named_predictors():
+        own = getattr(predictor, "lm", None)
+        if own is not None:
+            result[name] = {"lm": lm_name(own), "source": "predictor.lm"}
+        else:
+            result[name] = {"lm": lm_name(eval_lm) if eval_lm is not None else "", "source": eval_lm_source}
+    return result
+
+
+def check_pass_threshold(value: Any) -> float:
+    """``value`` as a float if it is a finite number, else :class:`ConfigurationError`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigurationError(
+            f"pass_threshold must be a finite number (the score at which an example counts as passed, on your "
+            f"metric's scale, e.g. 1.0 for a 0-1 metric or 5 for a 0-5 one), got {value!r}"
+        )
+    return float(value)
 
 
 # -- classifying LM failures ---------------------------------------------------------------------
@@ -246,13 +284,70 @@ class _Batch:
         self.on_record: Callable[[ExampleResult], None] | None = None
 
 
+_STEP_TAG = "_rlmoptimizer_step"
+
+
+class StepNames:
+    """Which step of the program a traced predictor call belongs to, wherever dspy copied the predictor.
+
+    ``dspy.Refine`` and ``dspy.BestOfN`` run a deep copy of their module (and a user's code may build a
+    predictor from a step's signature), so the predictor object in the trace is often not the program's.
+    A call is matched, in order: by a tag set on each program predictor (deep copies carry it), by identity,
+    and by what it is, its signature (fields and instructions), when exactly one step has that signature.
+    Calls matching no step (e.g. Refine's feedback predictor) are not steps.
+    """
+
+    def __init__(self, program: Any) -> None:
+        self._by_id: dict[int, str] = {}
+        by_signature: dict[str, list[str]] = {}
+        for name, predictor in program.named_predictors():
+            self._by_id[id(predictor)] = name
+            try:
+                predictor.__dict__[_STEP_TAG] = name
+            except Exception:  # a predictor without an instance dict: identity and signature still work
+                pass
+            by_signature.setdefault(self._key(predictor), []).append(name)
+        self._by_signature = {key: names[0] for key, names in by_signature.items() if len(names) == 1}
+        self._keys: dict[Any, str | None] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(predictor: Any) -> str | None:
+        signature = getattr(predictor, "signature", None)
+        if signature is None:
+            return None
+        try:
+            return canonical_json(signature_description(signature))
+        except Exception:
+            return None
+
+    def name(self, predictor: Any) -> str | None:
+        tag = getattr(predictor, "__dict__", {}).get(_STEP_TAG)
+        if isinstance(tag, str):
+            return tag
+        name = self._by_id.get(id(predictor))
+        if name is not None:
+            return name
+        signature = getattr(predictor, "signature", None)
+        with self._lock:
+            try:
+                if signature in self._keys:
+                    key = self._keys[signature]
+                else:
+                    key = self._keys[signature] = self._key(predictor)
+            except TypeError:  # an unhashable signature
+                key = self._key(predictor)
+        return self._by_signature.get(key) if key is not None else None
+
+
 class Evaluator:
     """Runs a program on examples in threads, with its LM pinned, and scores each with the metric.
 
     Each example runs in a copy of the caller's context inside ``dspy.context(lm=self.lm, trace=[])``: an LM
     the caller set (the optimizer agent's, for one) never reaches the program. The metric runs in the same
     pinned context, so an LLM-judge metric that relies on ``dspy.settings.lm`` also gets the evaluation LM.
-    The program object is shared by the threads, not copied. ``on_result(record)`` is called under a lock,
+    A predictor with its own LM (``set_lm``) keeps it, as in dspy; ``lm=None`` (every predictor has its own LM)
+    pins no LM at all. The program object is shared by the threads, not copied. ``on_result(record)`` is called under a lock,
     from the worker threads, as each record completes.
     """
 
@@ -260,7 +355,7 @@ class Evaluator:
         self,
         *,
         metric: Metric,
-        lm: dspy.BaseLM,
+        lm: dspy.BaseLM | None,
         num_threads: int = 8,
         pass_threshold: float = 1.0,
         max_consecutive_lm_failures: int = 3,
@@ -272,8 +367,7 @@ class Evaluator:
             raise ConfigurationError(f"metric must be an rlmoptimizer Metric (wrap it: Metric(fn)), got {type(metric).__name__}")
         if not isinstance(num_threads, int) or isinstance(num_threads, bool) or num_threads < 1:
             raise ConfigurationError(f"num_threads must be an int >= 1, got {num_threads!r}")
-        if isinstance(pass_threshold, bool) or not isinstance(pass_threshold, (int, float)) or not 0.0 <= pass_threshold <= 1.0:
-            raise ConfigurationError(f"pass_threshold must be a number in [0, 1], got {pass_threshold!r}")
+        check_pass_threshold(pass_threshold)
         if not isinstance(max_consecutive_lm_failures, int) or max_consecutive_lm_failures < 1:
             raise ConfigurationError(f"max_consecutive_lm_failures must be an int >= 1, got {max_consecutive_lm_failures!r}")
         self.metric = metric
@@ -286,6 +380,7 @@ class Evaluator:
         self.transient_retries = transient_retries
         self.retry_backoff_s = float(retry_backoff_s)
         self.on_result = on_result
+        self._scale_noted = False
 
     def evaluate(
         self,
@@ -302,7 +397,7 @@ class Evaluator:
             items = items[: reservation.granted]
         if not items:
             return []
-        names = {id(predictor): name for name, predictor in program.named_predictors()}
+        names = StepNames(program)
         batch = _Batch(len(items), reservation)
         batch.on_record = on_record
         pool = ThreadPoolExecutor(max_workers=min(self.num_threads, len(items)), thread_name_prefix="rlmoptimizer-eval")
@@ -350,7 +445,7 @@ class Evaluator:
         return records
 
     # -- one example, in a worker thread ---------------------------------------------------------
-    def _task(self, program: Any, names: dict[int, str], example_id: int, example: Any, batch: _Batch) -> None:
+    def _task(self, program: Any, names: StepNames, example_id: int, example: Any, batch: _Batch) -> None:
         try:
             self._run_one(program, names, example_id, example, batch)
         except BaseException as exc:  # a bug outside the program and metric (or an interrupt): stop everything
@@ -364,7 +459,7 @@ class Evaluator:
                 if batch.finished == batch.total or batch.stop.is_set():
                     batch.wake.set()
 
-    def _run_one(self, program: Any, names: dict[int, str], example_id: int, example: Any, batch: _Batch) -> None:
+    def _run_one(self, program: Any, names: StepNames, example_id: int, example: Any, batch: _Batch) -> None:
         if batch.stop.is_set():
             return
         inputs, labels = _inputs_and_labels(example)
@@ -409,6 +504,13 @@ class Evaluator:
                 return
             except Exception as exc:
                 score, feedback, error = 0.0, None, _format_error(exc)
+        if error is None and not 0.0 <= score <= 1.0 and not self._scale_noted:
+            self._scale_noted = True
+            logger.info(
+                "The metric %s returned %r, outside [0, 1]: scores are used as returned (a run's score is their "
+                "mean) and an example passes when its score is at least pass_threshold=%r; set pass_threshold= "
+                "to the score that means correct on this scale.", self.metric.name, score, self.pass_threshold,
+            )
         record = ExampleResult(
             example_id=example_id,
             inputs=_json_dict(inputs),
@@ -423,10 +525,10 @@ class Evaluator:
         self._finish(batch, record, None)
 
     @staticmethod
-    def _steps(trace: list, names: dict[int, str]) -> tuple[StepTrace, ...]:
+    def _steps(trace: list, names: StepNames) -> tuple[StepTrace, ...]:
         steps = []
         for predictor, step_inputs, outputs in list(trace):
-            name = names.get(id(predictor))
+            name = names.name(predictor)
             if name is None:  # a predictor outside named_predictors() (e.g. a compiled sub-module): not a step
                 continue
             steps.append(StepTrace(step_name=name, inputs=_json_dict(dict(step_inputs)), outputs=_fields(outputs)))

@@ -13,6 +13,7 @@ each difference in words.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime
 import decimal
@@ -20,6 +21,7 @@ import enum
 import fractions
 import hashlib
 import json
+import logging
 import pathlib
 import re
 import uuid
@@ -29,6 +31,8 @@ from rlmoptimizer.errors import ConfigurationError, StructureChangedError
 from rlmoptimizer.records import jsonable
 
 FINGERPRINT_VERSION = 1
+
+logger = logging.getLogger(__name__)
 
 
 # -- canonical JSON ------------------------------------------------------------------------------
@@ -72,6 +76,63 @@ def apply_instructions(program: Any, mapping: dict[str, str]) -> None:
         predictor.signature = predictor.signature.with_instructions(text)
 
 
+# -- copying -------------------------------------------------------------------------------------
+def _lenient_copy(value: Any, memo: dict[int, Any], where: str, shared: list[str]) -> Any:
+    """A deep copy of ``value`` that, like dspy's ``Module.deepcopy()``, shares what cannot be copied, but
+    also walks into modules held in lists, tuples and dicts so that no predictor ends up shared."""
+    import dspy
+
+    if id(value) in memo:
+        return memo[id(value)]
+    trial = dict(memo)  # a failed deep copy leaves half-built objects in its memo: keep them out
+    try:
+        result = copy.deepcopy(value, trial)
+    except Exception:
+        pass
+    else:
+        memo.update(trial)
+        return result
+    if isinstance(value, dspy.BaseModule):
+        new = value.__class__.__new__(value.__class__)
+        memo[id(value)] = new
+        for attr, item in value.__dict__.items():
+            new.__dict__[attr] = _lenient_copy(item, memo, f"{where}.{attr}", shared)
+        return new
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        items = [_lenient_copy(item, memo, f"{where}[{i}]", shared) for i, item in enumerate(value)]
+        return items if type(value) is list else tuple(items)
+    if type(value) is dict:
+        return {key: _lenient_copy(item, memo, f"{where}[{key!r}]", shared) for key, item in value.items()}
+    shared.append(f"{where} ({type(value).__name__})")
+    try:
+        return copy.copy(value)
+    except Exception:
+        return value
+
+
+def copy_program(program: Any) -> Any:
+    """A copy of ``program`` whose predictors are its own, as lenient as dspy's ``Module.deepcopy()``.
+
+    What can be deep-copied is; what cannot (a lock, a client, ``dspy.Parallel``, an LM holding a lock) is
+    shallow-copied or shared by reference, as dspy does (modules inside lists, tuples and dicts are still
+    copied one by one). Raises :class:`ConfigurationError` if a predictor of the copy would still be the
+    original's object: changing its instructions would then change the caller's program.
+    """
+    shared: list[str] = []
+    new = _lenient_copy(program, {}, type(program).__name__, shared)
+    if shared:
+        logger.info("Copying the program shared what cannot be deep-copied (as dspy does): %s", ", ".join(shared))
+    originals = {id(predictor): name for name, predictor in program.named_predictors()}
+    same = [name for name, predictor in new.named_predictors() if id(predictor) in originals]
+    if same:
+        raise ConfigurationError(
+            f"the program cannot be copied without sharing its step(s) {same} with the original (a deep copy "
+            "failed and the object holding them could not be copied apart). Hold predictors as attributes of a "
+            "dspy.Module, or in a list, tuple or dict attribute, or give the object holding them a __deepcopy__."
+        )
+    return new
+
+
 # -- fingerprint ---------------------------------------------------------------------------------
 def _type_name(annotation: Any) -> str:
     if isinstance(annotation, type) and not getattr(annotation, "__args__", None):
@@ -97,6 +158,15 @@ def _demo(demo: Any) -> Any:
         except Exception:
             pass
     return jsonable(demo)
+
+
+def signature_description(signature: Any) -> dict[str, Any]:
+    """A signature's instructions and fields as JSON-friendly data: what a predictor call is."""
+    return {
+        "instructions": signature.instructions,
+        "inputs": [_field(n, f) for n, f in signature.input_fields.items()],
+        "outputs": [_field(n, f) for n, f in signature.output_fields.items()],
+    }
 
 
 def structural_fingerprint(program: Any) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 The flow of one ``compile()``:
 
 1. check the inputs and fail fast (before any LM call) with a message that says what to fix;
-2. deep-copy the student and take its structural fingerprint;
+2. copy the student (as leniently as dspy's Module.deepcopy, refused here if it cannot be copied apart) and take
+   its structural fingerprint;
 3. start the sandbox in the background while the baseline runs (its cold start is hidden);
 4. evaluate the unchanged program on train and validation (free);
 5. run the agent (a ``dspy.RLM``) with the tools until it SUBMITs or runs out of turns;
@@ -16,6 +17,7 @@ the optimizer, so one optimizer can compile twice.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -29,12 +31,27 @@ from rich.console import Console
 from rlmoptimizer.agent import OptimizerAgent
 from rlmoptimizer.budget import BudgetLedger, budget_for
 from rlmoptimizer.display import Display
-from rlmoptimizer.errors import ConfigurationError, OptimizationInterrupted, RLMOptimizerError
-from rlmoptimizer.evaluation import Evaluator, RunService, check_examples, check_program, resolve_eval_lm
+from rlmoptimizer.errors import (
+    ConfigurationError,
+    OptimizationInterrupted,
+    RLMOptimizerError,
+    RunDirectoryMismatchError,
+)
+from rlmoptimizer.evaluation import (
+    Evaluator,
+    RunService,
+    check_examples,
+    check_pass_threshold,
+    check_program,
+    lm_name,
+    resolve_eval_lm,
+    step_lms,
+)
 from rlmoptimizer.fingerprint import (
     EXAMPLES_DIGEST_VERSION,
     apply_instructions,
     check_structure,
+    copy_program,
     examples_digest,
     fingerprint_digest,
     get_instructions,
@@ -79,6 +96,18 @@ def _check_lm(name: str, lm: Any, required: bool) -> Any:
     return lm
 
 
+def _for_attempt(lm: dspy.BaseLM, attempt: int) -> dspy.BaseLM:
+    """``lm`` itself for attempt 0, else a copy whose requests carry dspy's ``rollout_id=attempt``."""
+    return lm if attempt == 0 else lm.copy(rollout_id=attempt)
+
+
+def _stored_manifest_value(directory: Path, key: str) -> Any:
+    try:
+        return json.loads((directory / "manifest.json").read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 class RLMDocstringOptimizer(Teleprompter):
     """Optimize the instructions of every predictor of a DSPy program with an RLM agent.
 
@@ -97,6 +126,7 @@ class RLMDocstringOptimizer(Teleprompter):
         eval_lm: dspy.BaseLM | None = None,
         # scoring
         metric: Any = None,
+        metric_id: str | None = None,
         pass_threshold: float = 1.0,
         num_threads: int = 8,
         # the agent
@@ -106,6 +136,7 @@ class RLMDocstringOptimizer(Teleprompter):
         root_stateful_session: bool = True,
         rlm_multiturn_history: bool = False,
         sandbox_timeout_s: float = 120.0,
+        attempt: int = 0,
         # output and storage
         verbose: bool = False,
         run_storage_dir: str | Path | None = None,
@@ -120,14 +151,8 @@ class RLMDocstringOptimizer(Teleprompter):
         if metric is not None and not callable(metric):
             raise ConfigurationError(f"metric must be callable, got {type(metric).__name__}")
         self.metric = metric
-        if (
-            isinstance(pass_threshold, bool)
-            or not isinstance(pass_threshold, (int, float))
-            or not math.isfinite(pass_threshold)
-            or not 0 <= pass_threshold <= 1
-        ):
-            raise ConfigurationError(f"pass_threshold must be a number in [0, 1], got {pass_threshold!r}")
-        self.pass_threshold = float(pass_threshold)
+        self.metric_id = metric_id
+        self.pass_threshold = check_pass_threshold(pass_threshold)
         self.num_threads = _check_positive_int("num_threads", num_threads)
         self.rlm_max_iterations = _check_positive_int("rlm_max_iterations", rlm_max_iterations)
         self.rlm_max_llm_calls = _check_positive_int("rlm_max_llm_calls", rlm_max_llm_calls, minimum=0)
@@ -145,13 +170,14 @@ class RLMDocstringOptimizer(Teleprompter):
                 f"(one day), got {sandbox_timeout_s!r}"
             )
         self.sandbox_timeout_s = float(sandbox_timeout_s)
+        self.attempt = _check_positive_int("attempt", attempt, minimum=0)
         self.verbose = bool(verbose)
         self.run_storage_dir = Path(run_storage_dir) if run_storage_dir is not None else None
         self.allow_eval_lm_change = bool(allow_eval_lm_change)
         self.console = console
 
     def compile(self, student: dspy.Module, *, trainset: list, teacher: Any = None, valset: list | None = None,
-                metric: Any = None, **kwargs: Any) -> dspy.Module:
+                metric: Any = None, metric_id: str | None = None, **kwargs: Any) -> dspy.Module:
         """Return a copy of ``student`` with optimized instructions and the result attributes attached."""
         if kwargs:
             raise ConfigurationError(f"unexpected compile() arguments: {sorted(kwargs)}")
@@ -160,7 +186,8 @@ class RLMDocstringOptimizer(Teleprompter):
         metric = metric if metric is not None else self.metric
         if metric is None:
             raise ConfigurationError("no metric: pass metric= to compile() or to RLMDocstringOptimizer(...)")
-        return _CompileRun(self, student, trainset, valset, Metric(metric)).run()
+        metric_id = metric_id if metric_id is not None else self.metric_id
+        return _CompileRun(self, student, trainset, valset, Metric(metric, metric_id=metric_id)).run()
 
 
 class _CompileRun:
@@ -172,14 +199,28 @@ class _CompileRun:
         self.trainset = check_examples(trainset, "trainset")
         self.valset = check_examples(valset, "valset", allow_empty=True) if valset is not None else []
         self.metric = metric
-        self.eval_lm = resolve_eval_lm(config.eval_lm)
-        self.root_lm = config.root_lm
-        self.sub_lm = config.sub_lm or config.root_lm
+        self.eval_lm = resolve_eval_lm(config.eval_lm, student)
+        # Which LM runs what, decided as dspy decides it: a predictor's own LM wins over eval_lm.
+        source = "eval_lm" if config.eval_lm is not None else "dspy.settings.lm" if self.eval_lm is not None else "none"
+        self.step_lms = step_lms(student, self.eval_lm, source)
+        own = [name for name, info in self.step_lms.items() if info["source"] == "predictor.lm"]
+        if own and self.eval_lm is not None:
+            logger.warning(
+                "Step(s) %s run with their own LM (set with set_lm), as dspy runs them; %s (%s) runs the other steps "
+                "and an LLM-judge metric.", own, source, lm_name(self.eval_lm),
+            )
+        # attempt=N sends the agent's requests with dspy's rollout_id=N: they miss the cache entries of every
+        # other attempt (an identical compile() otherwise replays the whole agent from dspy's cache).
+        self.root_lm = _for_attempt(config.root_lm, config.attempt)
+        self.sub_lm = _for_attempt(config.sub_lm or config.root_lm, config.attempt)
         self.display = Display(config.verbose, config.console)
 
         self.student = student
-        self.program = student.deepcopy()
+        # Every copy is made the same way; a program that cannot be copied apart is refused here, before any
+        # LM call, not after the agent has run.
+        self.program = copy_program(student)
         self.fingerprint = structural_fingerprint(self.program)
+        check_structure(self.fingerprint, student)  # the copy is faithful: same fields, demos and modules
         self.initial_instructions = get_instructions(self.program)
         self.budget_limit = budget_for(config.max_iterations, len(self.trainset), len(self.valset))
 
@@ -201,13 +242,20 @@ class _CompileRun:
         self.store = RunStore(config.run_storage_dir, pass_threshold=config.pass_threshold)
         self.directory = Path(self.store.directory)
         self.journal = RunJournal(self.directory)
-        self.resumed = self.journal.open_manifest(
-            self._manifest(),
-            legacy_examples=lambda: {
-                "trainset": legacy_examples_digest(self.trainset), "valset": legacy_examples_digest(self.valset)
-            },
-            allow_eval_lm_change=config.allow_eval_lm_change,
-        )
+        manifest = self._manifest()
+        try:
+            self.resumed = self.journal.open_manifest(
+                manifest,
+                legacy_examples=lambda: {
+                    "trainset": legacy_examples_digest(self.trainset), "valset": legacy_examples_digest(self.valset)
+                },
+                allow_eval_lm_change=config.allow_eval_lm_change,
+            )
+        except RunDirectoryMismatchError as exc:
+            stored = _stored_manifest_value(self.directory, "metric")
+            if stored is not None and stored != manifest["metric"]:
+                raise RunDirectoryMismatchError(f"{exc} {self.metric.mismatch_hint(stored)}") from None
+            raise
         stored_ledger = self.journal.read_ledger() if self.resumed else None
         on_change = lambda ledger: self.journal.write_ledger(ledger.snapshot())  # noqa: E731
         self.ledger = (
@@ -243,7 +291,7 @@ class _CompileRun:
             "valset": examples_digest(self.valset),
             "examples_digest_version": EXAMPLES_DIGEST_VERSION,
             "eval_lm": eval_lm_identity(self.eval_lm, self.program),
-            "metric": f"{getattr(self.metric.fn, '__module__', '')}.{getattr(self.metric.fn, '__qualname__', repr(self.metric.fn))}",
+            "metric": self.metric.identity,
             "budget_limit": self.budget_limit,
             "pass_threshold": self.config.pass_threshold,
             "created_at": time.time(),
@@ -311,7 +359,7 @@ class _CompileRun:
                 return run
         size = len(self.trainset) if split == "train" else len(self.valset)
         self.display.evaluation_started(split, "baseline", size)
-        run = self.runs.evaluate(self.student.deepcopy(), split, label="baseline", charged=False)
+        run = self.runs.evaluate(copy_program(self.student), split, label="baseline", charged=False)
         self.display.run_finished(run.summary())
         return run
 
@@ -365,6 +413,7 @@ class _CompileRun:
         brief = render_task_brief(
             {name: str(p.signature.signature) for name, p in self.program.named_predictors()},
             len(self.trainset), len(self.valset), self.ledger.left, resumed=bool(prior_turns),
+            pass_threshold=self.config.pass_threshold,
         )
         with dspy.context(lm=self.root_lm):
             prediction = agent(task_brief=brief)
@@ -432,7 +481,7 @@ class _CompileRun:
         return dict(chosen_run.instructions), selection
 
     def _build_result(self, instructions: dict[str, str], selection: dict, agent_result: dict) -> dspy.Module:
-        program = self.student.deepcopy()
+        program = copy_program(self.student)
         apply_instructions(program, instructions)
         check_structure(self.fingerprint, program)
         runs = self.runs.runs()
@@ -446,10 +495,12 @@ class _CompileRun:
         program.selection = selection
         program.budget = self.ledger.snapshot()
         program.run_storage_dir = str(self.directory)
+        program.step_lms = {step: dict(info) for step, info in self.step_lms.items()}
         self.journal.write_result({
             "optimized_dspy_program": program.optimized_dspy_program,
             "selection": selection,
             "budget": program.budget,
+            "step_lms": program.step_lms,
         })
         self.display.message(f"Done: {selection['reason']}. Runs are in {self.directory}.", style="bold")
         return program

@@ -73,12 +73,19 @@ def render_instructions(budget: int, budget_note: str) -> str:
 
 
 def render_task_brief(
-    step_signatures: Mapping[str, str], train_size: int, val_size: int, budget_left: int, resumed: bool = False
+    step_signatures: Mapping[str, str], train_size: int, val_size: int, budget_left: int, resumed: bool = False,
+    pass_threshold: float | None = None,
 ) -> str:
     """A short description of this program and data, given to the agent as an input on every turn."""
     lines = [f"The program has {len(step_signatures)} step(s):"]
     lines += [f"- {name}: {signature}" for name, signature in step_signatures.items()]
     lines.append(f"Train split: {train_size} examples (ids 0..{max(train_size - 1, 0)}). Validation split: {val_size}.")
+    if pass_threshold is not None:
+        lines.append(
+            "Scores are the user's metric values exactly as it returns them (any scale, not rescaled); a run's score"
+            f" is their mean; an example passes when its score is at least {pass_threshold:g}; an example whose"
+            " program or metric raised scores 0."
+        )
     lines.append(f"Budget left at the start of this session: {budget_left} units.")
     if resumed:
         lines.append(

@@ -74,7 +74,7 @@ class StepTrace:
 class ExampleResult:
     """The outcome of running the program and the metric on one example.
 
-    Invariants: ``0.0 <= score <= 1.0``; ``passed == (score >= pass_threshold)`` of the run that made it;
+    Invariants: ``score`` is a finite number on the metric's own scale; ``passed == (score >= pass_threshold)`` of the run that made it;
     when ``error`` is set (the program or the metric raised) ``score == 0.0`` and ``passed is False``.
     ``example_id`` is the example's position in its split, stable across runs.
     """

@@ -7,7 +7,6 @@ what to do next (the agent sees it as the error of its code cell); nothing a too
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -77,12 +76,18 @@ class OptimizationSession:
         for step, text in mapping.items():
             self._check_step(step)
             clean[step] = self._check_text(step, text)
-        probe = copy.deepcopy(self.program)
-        apply_instructions(probe, clean)
-        try:
-            check_structure(self.fingerprint, probe)
-        except StructureChangedError as exc:
-            raise agent_error(f"{what} refused: {exc}", "only change the instructions text of existing steps") from None
+        # A dry run on the working program itself (no copy: a program may hold things that cannot be copied),
+        # its signatures restored afterwards.
+        with self._lock:
+            signatures = {name: predictor.signature for name, predictor in self.program.named_predictors()}
+            try:
+                apply_instructions(self.program, clean)
+                check_structure(self.fingerprint, self.program)
+            except (StructureChangedError, ConfigurationError) as exc:
+                raise agent_error(f"{what} refused: {exc}", "only change the instructions text of existing steps") from None
+            finally:
+                for name, predictor in self.program.named_predictors():
+                    predictor.signature = signatures[name]
         return clean
 
     def _check_step(self, step: Any) -> None:

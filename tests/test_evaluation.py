@@ -134,7 +134,7 @@ def test_evaluator_rejects_bad_settings():
     with pytest.raises(ConfigurationError, match="num_threads"):
         make_evaluator(echo_lm(), num_threads=0)
     with pytest.raises(ConfigurationError, match="pass_threshold"):
-        make_evaluator(echo_lm(), pass_threshold=1.5)
+        make_evaluator(echo_lm(), pass_threshold=float("inf"))
     with pytest.raises(ConfigurationError, match="Metric"):
         Evaluator(metric=exact, lm=echo_lm())
 

@@ -148,7 +148,8 @@ def test_agent_instructions_name_every_tool():
         ({"max_iterations": 0}, "max_iterations must be an int >= 1"),
         ({"root_lm": None}, "root_lm is required"),
         ({"root_lm": "openai/gpt-4o"}, "root_lm must be a dspy.LM"),
-        ({"pass_threshold": 2}, "pass_threshold must be a number in [0, 1]"),
+        ({"pass_threshold": float("nan")}, "pass_threshold must be a finite number"),
+        ({"pass_threshold": "high"}, "pass_threshold must be a finite number"),
         ({"metric": "accuracy"}, "metric must be callable"),
     ],
 )

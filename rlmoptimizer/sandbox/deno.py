@@ -9,8 +9,11 @@
   could not download Pyodide; :func:`tls_trust` hands Deno the CA bundle the environment names for Python
   (or the system store), unless the user configured Deno's TLS already. This only affects Deno's own
   downloads: sandboxed code has no network at all.
-- **Streams.** Deno's stderr is drained on a thread with a bound (:class:`StreamTail`): a flood costs no
-  host memory.
+- **Streams.** Deno's stderr is drained on a thread with a bound (:class:`StreamTail`) and its stdout is read
+  through :class:`~rlmoptimizer.sandbox.protocol.ProtocolReader` (bounded lines, validated messages): a flood
+  or a forged message costs no host memory and cannot derail the host.
+- **Memory.** On Linux the whole process's writable memory is capped (``RLIMIT_DATA``): what it used once
+  started plus ``memory_limit_mb``, so JavaScript buffers outside the WebAssembly heap are bounded too.
 - **A failed start** is explained by :func:`explain_start_failure`: Deno's own words, the download that
   failed, and what to do.
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import configparser
+import contextlib
 import functools
 import inspect
 import json
@@ -36,6 +40,7 @@ from typing import Any
 
 from rlmoptimizer.errors import SandboxError
 from rlmoptimizer.sandbox._dspy import CodeInterpreterError, PythonInterpreter, _validate_deno_version
+from rlmoptimizer.sandbox.protocol import ProtocolReader
 
 logger = logging.getLogger(__name__)
 
@@ -308,13 +313,19 @@ class StreamTail:
 
 class DenoInterpreter(PythonInterpreter):
     """``PythonInterpreter`` whose Deno process gets :func:`deno_environment` instead of the host's, runs in a
-    neutral working directory, and has its stderr drained with a bound.
+    neutral working directory, has its stderr drained with a bound, its stdout read through a
+    :class:`ProtocolReader`, and (on Linux) its writable memory capped at what it used once started plus
+    ``memory_limit_mb``.
 
     (Passing ``deno_command=`` makes ``PythonInterpreter`` copy the whole host environment and skip its
     version check; the check runs once in :class:`~rlmoptimizer.sandbox.Sandbox`.)"""
 
     stderr: StreamTail | None = None
+    reader: ProtocolReader | None = None
     workdir: str | None = None
+    memory_limit_mb: int | None = None
+    data_limit_bytes: int | None = None
+    _in_send_request = False
 
     def _spawn_process(self) -> None:
         try:
@@ -335,11 +346,86 @@ class DenoInterpreter(PythonInterpreter):
         # pipe would block Deno, so it is drained here.
         stderr, process.stderr = process.stderr, None
         self.stderr = StreamTail(stderr)
+        self.reader = ProtocolReader(process.stdout.detach())  # the binary stream, read in chunks
+        process.stdout = self.reader
         self.deno_process = process
         self._health_check()
+        self.data_limit_bytes = cap_process_memory(process.pid, self.memory_limit_mb)
+
+    def _next_request_id(self) -> str:
+        request_id = super()._next_request_id()
+        if self.reader is not None:
+            self.reader.expect(request_id, executing=not self._in_send_request)
+        return request_id
+
+    def _send_request(self, method: str, params: dict, context: str) -> dict:
+        self._in_send_request = True  # not an execution of the agent's code
+        try:
+            return super()._send_request(method, params, context)
+        finally:
+            self._in_send_request = False
 
     def stderr_text(self, wait_s: float = 0.0) -> str:
         return self.stderr.text(wait_s) if self.stderr is not None else ""
+
+
+# ---------------------------------------------------------------------------------------------- process limits
+
+
+def _proc_status(pid: int) -> dict[str, int]:
+    values = {}
+    with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if len(parts) == 2 and parts[1] == "kB" and parts[0].isdigit():
+                values[key] = int(parts[0]) * 1024
+    return values
+
+
+def cap_process_memory(pid: int, memory_limit_mb: int | None) -> int | None:
+    """Cap the writable memory (``RLIMIT_DATA``) of the running process ``pid`` at what it uses now plus
+    ``memory_limit_mb``; the cap in bytes, or None where the platform has no such limit (only Linux has
+    ``prlimit`` and ``/proc``). Past the cap, an allocation fails: a JavaScript buffer raises ``RangeError``,
+    and an allocation Deno cannot refuse ends the process."""
+    if memory_limit_mb is None or not sys.platform.startswith("linux"):
+        return None
+    try:
+        import resource
+
+        used = _proc_status(pid).get("VmData")
+        if used is None:
+            return None
+        limit = used + memory_limit_mb * 1024 * 1024
+        resource.prlimit(pid, resource.RLIMIT_DATA, (limit, limit))
+        return limit
+    except (ImportError, AttributeError, OSError, ValueError) as e:
+        logger.warning("Could not cap the sandbox process's memory: %s", e)
+        return None
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """The CPU time (user + system, all threads, Workers included) process ``pid`` has used, or None if it
+    cannot be read (not Linux, or the process is gone)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        if fields[0] in ("Z", "X"):
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return None
+
+
+_OUT_OF_MEMORY = re.compile(
+    r"out of memory|\bOOM\b|allocation failed|Cannot allocate memory|memory allocation of \d+ bytes failed|"
+    r"Fatal (?:JavaScript|process) out of memory|Reached heap limit",
+    re.I,
+)
+
+
+def ran_out_of_memory(stderr: str) -> bool:
+    """Whether Deno's last words say it ran out of memory."""
+    return bool(_OUT_OF_MEMORY.search(stderr))
 
 
 # ---------------------------------------------------------------------------------------------- a failed start
