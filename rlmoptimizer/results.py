@@ -156,6 +156,16 @@ class DetailedResults:
         return sorted({i for ids in self.per_train_example_best_candidates.values() for i in ids})
 
     @property
+    def discovery_eval_counts(self) -> tuple[int, ...]:
+        """GEPA's name for :attr:`discovery_budget`: budget spent before each candidate was first evaluated."""
+        return self.discovery_budget
+
+    @property
+    def log_dir(self) -> str:
+        """GEPA's name for :attr:`run_storage_dir`."""
+        return self.run_storage_dir
+
+    @property
     def selection_scores(self) -> tuple[float | None, ...]:
         """Each candidate's score on the whole selection split (validation, or train without a valset)."""
         return self.train_aggregate_scores if self.selection_split == "train" else self.val_aggregate_scores

@@ -114,7 +114,9 @@ def test_detailed_results_give_what_gepa_and_miprov2_users_look_for(finished):
     programs = results.candidate_programs
     assert [p["score"] for p in programs] == sorted(results.val_aggregate_scores, reverse=True)
     assert programs[0]["program"].route.signature.instructions == POLICY_PROMPT and programs[0]["full_eval"] is True
-    assert results.budget == optimized.budget and results.run_storage_dir == str(directory)
+    assert results.budget == optimized.budget and results.run_storage_dir == results.log_dir == str(directory)
+    # budget spent before each candidate was first evaluated: nothing for the unchanged program
+    assert results.discovery_eval_counts == (0, 0)
     data = json.loads(json.dumps(results.to_dict()))
     assert data["pareto_front"] == [0, 1] and data["best_idx"] == 1 and data["status"] == "finished"
     with pytest.raises(ConfigurationError, match="program"):
