@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--no-plot", action="store_true", help="print the summary only, write no picture")
     args = parser.parse_args(argv)
 
-    from rlmoptimizer.report import report as print_report
+    from rlmoptimizer.report.summary import report as print_report
 
     try:
         print_report(args.run_dir, picture=False if args.no_plot else (args.out or True))

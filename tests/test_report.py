@@ -21,9 +21,9 @@ from rich.console import Console
 from example import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 from rlmoptimizer import ConfigurationError, RLMDocstringOptimizer
 from rlmoptimizer.__main__ import main
-from rlmoptimizer.results import DetailedResults
-from rlmoptimizer.rundir import read_run_directory
-from rlmoptimizer.trajectory import Trajectory
+from rlmoptimizer.report.results import DetailedResults
+from rlmoptimizer.report.rundir import read_run_directory
+from rlmoptimizer.report.trajectory import Trajectory
 
 TURNS = [
     {"reasoning": "look", "code": "print(baseline_train['score'])"},

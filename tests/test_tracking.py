@@ -49,7 +49,7 @@ def artifact_paths(client, run_id, path=None):
 
 
 def test_use_mlflow_without_mlflow_names_the_extra(monkeypatch):
-    from rlmoptimizer.tracking import MlflowTracker
+    from rlmoptimizer.report.tracking import MlflowTracker
 
     monkeypatch.setitem(sys.modules, "mlflow", None)  # what an environment without the extra looks like
     with pytest.raises(ConfigurationError, match=r'pip install "rlmoptimizer\[mlflow\]"'):
@@ -57,7 +57,7 @@ def test_use_mlflow_without_mlflow_names_the_extra(monkeypatch):
 
 
 def test_the_tracker_logs_params_steps_turns_versions_and_artifacts_nested_under_the_active_run(store, tmp_path):
-    from rlmoptimizer.tracking import MlflowTracker
+    from rlmoptimizer.report.tracking import MlflowTracker
 
     picture = tmp_path / "run.png"
     picture.write_bytes(b"\x89PNG fake bytes are enough for an artifact")
@@ -97,7 +97,7 @@ def test_the_tracker_logs_params_steps_turns_versions_and_artifacts_nested_under
 
 
 def test_a_tracking_store_that_breaks_mid_run_is_reported_once_and_the_run_goes_on(store, caplog):
-    from rlmoptimizer.tracking import MlflowTracker
+    from rlmoptimizer.report.tracking import MlflowTracker
 
     tracker = MlflowTracker(run_name="breaks")
     tracker.compile_started({"max_iterations": 1})
@@ -105,7 +105,7 @@ def test_a_tracking_store_that_breaks_mid_run_is_reported_once_and_the_run_goes_
     with sqlite3.connect(store["db"]) as db:  # the store breaks: its metric table is gone
         db.execute("DROP TABLE metrics")
         db.execute("DROP TABLE latest_metrics")
-    with caplog.at_level(logging.WARNING, logger="rlmoptimizer.tracking"):
+    with caplog.at_level(logging.WARNING, logger="rlmoptimizer.report.tracking"):
         tracker.evaluation_finished(run(2, "train", [1], 9), {"spent": 1, "left": 9})
         tracker.agent_turn({"iteration": 1, "code": "x", "output": ""})
         tracker.evaluation_finished(run(3, "val", [1, 1], 7), {"spent": 3, "left": 7})

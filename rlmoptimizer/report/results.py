@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from rlmoptimizer.errors import ConfigurationError
-from rlmoptimizer.rundir import RunDirectory, read_run_directory
+from rlmoptimizer.fingerprint import apply_instructions
+from rlmoptimizer.report.rundir import RunDirectory, read_run_directory
 
 
 def _key(instructions: dict[str, str]) -> tuple[tuple[str, str], ...]:
@@ -178,8 +179,6 @@ class DetailedResults:
     def build_program(self, index: int, program: Any = None) -> Any:
         """A copy of ``program`` (default: the one given when these results were built) with candidate
         ``index``'s instructions."""
-        from rlmoptimizer.fingerprint import apply_instructions
-
         base = program if program is not None else self.program
         if base is None:
             raise ConfigurationError(

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rlmoptimizer.errors import ConfigurationError
-from rlmoptimizer.rundir import RunDirectory, read_run_directory
+from rlmoptimizer.report.rundir import RunDirectory, read_run_directory
 
 PICTURE_NAME = "run.png"
 _COLORS = {"train": "#1f77b4", "val": "#d62728"}

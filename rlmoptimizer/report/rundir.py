@@ -6,7 +6,7 @@ written by a compile() in another process, or empty.
 Only a path that is not a directory is an error.
 
 Whether a compile() is still writing a directory is told by the lock it holds (``.lock``, see
-:class:`rlmoptimizer.journal.RunDirectoryLock`) and ``holder.json``, which names the holding process while it runs:
+``RunDirectoryLock`` of the run directory's journal) and ``holder.json``, which names the holding process while it runs:
 on the same host, the holder is in flight while its process is alive (a process killed with SIGKILL leaves
 ``holder.json`` behind but is gone); on another host, the lock itself is tested. Reading never takes the lock
 where it can be avoided, so a report never stands in the way of a compile() that is starting. Without

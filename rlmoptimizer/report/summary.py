@@ -2,7 +2,7 @@
 
 Prints the status (finished, interrupted, in flight, empty), the budget, the cost where it was recorded, every
 evaluation run with its score, the prompt versions and the selection, and writes the picture of the run
-(:mod:`rlmoptimizer.plot`).
+(:mod:`rlmoptimizer.report.plot`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from rlmoptimizer.rundir import RunDirectory, read_run_directory
+from rlmoptimizer.report.rundir import RunDirectory, read_run_directory
 
 _STATUS = {
     "finished": ("green", "finished: result.json holds the returned instructions"),
@@ -187,7 +187,7 @@ def report(directory: str | Path, *, console: Console | None = None, picture: st
 
     ``picture``: True writes ``run.png`` into the run directory, a path writes there, False writes none. An empty
     directory gets no picture. Returns what was read."""
-    from rlmoptimizer.plot import write_run_picture
+    from rlmoptimizer.report.plot import write_run_picture
 
     console = console if console is not None else Console()
     rundir = read_run_directory(directory)
