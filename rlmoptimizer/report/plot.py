@@ -17,6 +17,7 @@ from rlmoptimizer.report.rundir import RunDirectory, read_run_directory
 PICTURE_NAME = "run.png"
 _COLORS = {"train": "#1f77b4", "val": "#d62728"}
 _NAMES = {"train": "train", "val": "validation"}
+_LABEL_ALL_UP_TO = 30
 
 
 def _figure_class() -> Any:
@@ -82,7 +83,11 @@ def draw_run(rundir: RunDirectory | str | Path):
                 facecolors="none" if partial else _COLORS[split], edgecolors=_COLORS[split], linewidths=1.5, zorder=3,
                 label=f"{_NAMES[split]} run" + (" (partial)" if partial else "") + ("" if split == "val" else ", size = examples"),
             )
-    for p in points:
+    # every run is labelled while that stays readable; past that only the candidates and the unfinished runs
+    labelled = points if len(points) <= _LABEL_ALL_UP_TO else [
+        p for p in points if p["run_id"] in candidate_ids or p["run_id"] == chosen_id or not p["run_id"].startswith("run-")
+    ]
+    for p in labelled:
         short = p["run_id"].replace("run-", "#").lstrip("#0") or "0"
         short = f"#{short}" if p["run_id"].startswith("run-") else p["run_id"]
         axes.annotate(f"{short} ({p['n']}/{p['requested']})" if p["partial"] or p["split"] == "train" else short,
@@ -97,7 +102,8 @@ def draw_run(rundir: RunDirectory | str | Path):
                      linewidths=1, zorder=5, label=f"returned ({chosen['run_id']}, {chosen['y']:.2f})")
 
     limit = rundir.budget_limit
-    axes.set_xlim(-0.02 * (limit or 1), (limit or max((p["x"] for p in points), default=1) or 1) * 1.04)
+    right = max([limit or 0, *(p["x"] for p in points)]) or 1
+    axes.set_xlim(-0.02 * right, right * 1.04)
     axes.set_ylim(-0.04, 1.08)
     axes.set_xlabel(f"budget units spent (limit {limit})" if limit is not None else "budget units spent")
     axes.set_ylabel("score")
