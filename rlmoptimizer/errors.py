@@ -16,7 +16,7 @@ The tree::
 
     AgentToolError (a ValueError)               a tool call the agent should correct; raised by a tool, shown to the
                                                 agent inside its REPL as an ``AgentToolError`` of the same name,
-                                                never to the user (formatted by :func:`rlmoptimizer.tools.agent_error`)
+                                                never to the user (formatted by :func:`rlmoptimizer.agent.working_program.agent_error`)
 
 Only systemic failures propagate to the user.
 """

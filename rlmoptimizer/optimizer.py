@@ -11,15 +11,19 @@ The flow of one ``compile()``:
 6. check the submission, evaluate it on validation if needed, and return the best of it and every
    candidate checked on validation (never worse than the student); attach the result attributes.
 
-Per-compile state lives in a :class:`_CompileRun` local to ``compile()``; nothing of a run is kept on
-the optimizer, so one optimizer can compile twice.
+Per-compile state lives in a :class:`_Compile` local to ``compile()``; nothing of it is kept on the
+optimizer, so one optimizer can compile twice. This module only wires the rooms and runs the flow: the
+checks are in :mod:`rlmoptimizer.inputs`, the choice in :mod:`rlmoptimizer.selection`, the agent in
+:mod:`rlmoptimizer.agent`, evaluations in :mod:`rlmoptimizer.evaluation`, the run directory in
+:mod:`rlmoptimizer.storage`; what happens is sent as events (:mod:`rlmoptimizer.events`) to the journal and
+the display.
+
+May import: every room.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -28,25 +32,18 @@ import dspy
 from dspy.teleprompt.teleprompt import Teleprompter
 from rich.console import Console
 
-from rlmoptimizer.agent import OptimizerAgent
+from rlmoptimizer.agent.agent import OptimizerAgent
+from rlmoptimizer.agent.prompts import render_instructions, render_setup_code, render_task_brief
+from rlmoptimizer.agent.root_lm import for_attempt
+from rlmoptimizer.agent.stop import StopRequest
+from rlmoptimizer.agent.tools import AgentTools
+from rlmoptimizer.agent.working_program import WorkingProgram
 from rlmoptimizer.budget import BudgetLedger, budget_for
 from rlmoptimizer.display import Display
-from rlmoptimizer.errors import (
-    ConfigurationError,
-    OptimizationInterrupted,
-    RLMOptimizerError,
-    RunDirectoryMismatchError,
-)
-from rlmoptimizer.evaluation import (
-    Evaluator,
-    RunService,
-    check_examples,
-    check_pass_threshold,
-    check_program,
-    lm_name,
-    resolve_eval_lm,
-    step_lms,
-)
+from rlmoptimizer.errors import AgentToolError, OptimizationInterrupted, RLMOptimizerError, RunDirectoryMismatchError
+from rlmoptimizer.evaluation.evaluator import Evaluator
+from rlmoptimizer.evaluation.runs import Runs
+from rlmoptimizer.events import Observers
 from rlmoptimizer.fingerprint import (
     EXAMPLES_DIGEST_VERSION,
     apply_instructions,
@@ -58,54 +55,29 @@ from rlmoptimizer.fingerprint import (
     legacy_examples_digest,
     structural_fingerprint,
 )
-from rlmoptimizer.journal import RunDirectoryLock, RunJournal, eval_lm_identity
+from rlmoptimizer.inputs import (
+    check_compile_args,
+    check_examples,
+    check_lm,
+    check_metric,
+    check_pass_threshold,
+    check_positive_int,
+    check_program,
+    check_timeout,
+    resolve_eval_lm,
+    step_lms,
+)
 from rlmoptimizer.metric import Metric
-from rlmoptimizer.prompts import render_instructions, render_task_brief
-from rlmoptimizer.records import EvalRun
-from rlmoptimizer.run_store import RunStore
+from rlmoptimizer.records import AgentOutcome, CompileResult, EvalRun, Selection
 from rlmoptimizer.sandbox import Sandbox
-from rlmoptimizer.tools import AgentToolError, OptimizationSession
+from rlmoptimizer.selection import never_worse
+from rlmoptimizer.storage.identity import eval_lm_identity
+from rlmoptimizer.storage.journal import RunJournal
+from rlmoptimizer.storage.lock import RunDirectoryLock
+from rlmoptimizer.storage.resume import open_run_directory
+from rlmoptimizer.storage.run_store import RunStore
 
 logger = logging.getLogger(__name__)
-
-SETUP_CODE = """\
-baseline_train = run_data({train_run!r})
-baseline_val = run_data({val_run!r}) if {val_run!r} else None
-step_names = {step_names!r}
-current_prompts = optimization_status()["current_prompts"]
-"""
-
-MAX_SANDBOX_TIMEOUT_S = 86_400.0  # one day: a cell that runs longer is stuck, not slow
-
-
-def _check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigurationError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
-
-
-def _check_lm(name: str, lm: Any, required: bool) -> Any:
-    if lm is None:
-        if required:
-            raise ConfigurationError(
-                f"{name} is required: pass a dspy.LM, e.g. RLMDocstringOptimizer({name}=dspy.LM('openai/gpt-4o'), ...)"
-            )
-        return None
-    if not isinstance(lm, dspy.BaseLM):
-        raise ConfigurationError(f"{name} must be a dspy.LM (or dspy.BaseLM), got {type(lm).__name__}")
-    return lm
-
-
-def _for_attempt(lm: dspy.BaseLM, attempt: int) -> dspy.BaseLM:
-    """``lm`` itself for attempt 0, else a copy whose requests carry dspy's ``rollout_id=attempt``."""
-    return lm if attempt == 0 else lm.copy(rollout_id=attempt)
-
-
-def _stored_manifest_value(directory: Path, key: str) -> Any:
-    try:
-        return json.loads((directory / "manifest.json").read_text()).get(key)
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 class RLMDocstringOptimizer(Teleprompter):
@@ -144,33 +116,21 @@ class RLMDocstringOptimizer(Teleprompter):
         console: Console | None = None,
     ) -> None:
         super().__init__()
-        self.max_iterations = _check_positive_int("max_iterations", max_iterations)
-        self.root_lm = _check_lm("root_lm", root_lm, required=True)
-        self.sub_lm = _check_lm("sub_lm", sub_lm, required=False)
-        self.eval_lm = _check_lm("eval_lm", eval_lm, required=False)
-        if metric is not None and not callable(metric):
-            raise ConfigurationError(f"metric must be callable, got {type(metric).__name__}")
-        self.metric = metric
+        self.max_iterations = check_positive_int("max_iterations", max_iterations)
+        self.root_lm = check_lm("root_lm", root_lm, required=True)
+        self.sub_lm = check_lm("sub_lm", sub_lm, required=False)
+        self.eval_lm = check_lm("eval_lm", eval_lm, required=False)
+        self.metric = check_metric(metric)
         self.metric_id = metric_id
         self.pass_threshold = check_pass_threshold(pass_threshold)
-        self.num_threads = _check_positive_int("num_threads", num_threads)
-        self.rlm_max_iterations = _check_positive_int("rlm_max_iterations", rlm_max_iterations)
-        self.rlm_max_llm_calls = _check_positive_int("rlm_max_llm_calls", rlm_max_llm_calls, minimum=0)
-        self.rlm_max_output_chars = _check_positive_int("rlm_max_output_chars", rlm_max_output_chars, minimum=100)
+        self.num_threads = check_positive_int("num_threads", num_threads)
+        self.rlm_max_iterations = check_positive_int("rlm_max_iterations", rlm_max_iterations)
+        self.rlm_max_llm_calls = check_positive_int("rlm_max_llm_calls", rlm_max_llm_calls, minimum=0)
+        self.rlm_max_output_chars = check_positive_int("rlm_max_output_chars", rlm_max_output_chars, minimum=100)
         self.root_stateful_session = bool(root_stateful_session)
         self.rlm_multiturn_history = bool(rlm_multiturn_history)
-        if (
-            isinstance(sandbox_timeout_s, bool)
-            or not isinstance(sandbox_timeout_s, (int, float))
-            or not math.isfinite(sandbox_timeout_s)
-            or not 0 < sandbox_timeout_s <= MAX_SANDBOX_TIMEOUT_S
-        ):
-            raise ConfigurationError(
-                f"sandbox_timeout_s must be a number of seconds greater than 0 and at most {MAX_SANDBOX_TIMEOUT_S:g} "
-                f"(one day), got {sandbox_timeout_s!r}"
-            )
-        self.sandbox_timeout_s = float(sandbox_timeout_s)
-        self.attempt = _check_positive_int("attempt", attempt, minimum=0)
+        self.sandbox_timeout_s = check_timeout("sandbox_timeout_s", sandbox_timeout_s)
+        self.attempt = check_positive_int("attempt", attempt, minimum=0)
         self.verbose = bool(verbose)
         self.run_storage_dir = Path(run_storage_dir) if run_storage_dir is not None else None
         self.allow_eval_lm_change = bool(allow_eval_lm_change)
@@ -179,40 +139,31 @@ class RLMDocstringOptimizer(Teleprompter):
     def compile(self, student: dspy.Module, *, trainset: list, teacher: Any = None, valset: list | None = None,
                 metric: Any = None, metric_id: str | None = None, **kwargs: Any) -> dspy.Module:
         """Return a copy of ``student`` with optimized instructions and the result attributes attached."""
-        if kwargs:
-            raise ConfigurationError(f"unexpected compile() arguments: {sorted(kwargs)}")
-        if teacher is not None:
-            raise ConfigurationError("RLMDocstringOptimizer does not use a teacher program; drop teacher=")
         metric = metric if metric is not None else self.metric
-        if metric is None:
-            raise ConfigurationError("no metric: pass metric= to compile() or to RLMDocstringOptimizer(...)")
-        metric_id = metric_id if metric_id is not None else self.metric_id
-        return _CompileRun(self, student, trainset, valset, Metric(metric, metric_id=metric_id)).run()
+        check_compile_args(teacher, kwargs, metric)
+        metric = Metric(metric, metric_id=metric_id if metric_id is not None else self.metric_id)
+        check_program(student)
+        trainset = check_examples(trainset, "trainset")
+        valset = check_examples(valset, "valset", allow_empty=True) if valset is not None else []
+        eval_lm = resolve_eval_lm(self.eval_lm, student)
+        return _Compile(self, student, trainset, valset, metric, eval_lm).run()
 
 
-class _CompileRun:
+class _Compile:
     """The state of one compile(); see the module docstring for the flow."""
 
-    def __init__(self, config: RLMDocstringOptimizer, student, trainset, valset, metric: Metric) -> None:
+    def __init__(self, config: RLMDocstringOptimizer, student: dspy.Module, trainset: list[dspy.Example],
+                 valset: list[dspy.Example], metric: Metric, eval_lm: dspy.BaseLM | None) -> None:
         self.config = config
-        check_program(student)
-        self.trainset = check_examples(trainset, "trainset")
-        self.valset = check_examples(valset, "valset", allow_empty=True) if valset is not None else []
+        self.trainset = trainset
+        self.valset = valset
         self.metric = metric
-        self.eval_lm = resolve_eval_lm(config.eval_lm, student)
-        # Which LM runs what, decided as dspy decides it: a predictor's own LM wins over eval_lm.
-        source = "eval_lm" if config.eval_lm is not None else "dspy.settings.lm" if self.eval_lm is not None else "none"
-        self.step_lms = step_lms(student, self.eval_lm, source)
-        own = [name for name, info in self.step_lms.items() if info["source"] == "predictor.lm"]
-        if own and self.eval_lm is not None:
-            logger.warning(
-                "Step(s) %s run with their own LM (set with set_lm), as dspy runs them; %s (%s) runs the other steps "
-                "and an LLM-judge metric.", own, source, lm_name(self.eval_lm),
-            )
+        self.eval_lm = eval_lm
+        self.step_lms = step_lms(student, eval_lm, "eval_lm" if config.eval_lm is not None else "dspy.settings.lm")
         # attempt=N sends the agent's requests with dspy's rollout_id=N: they miss the cache entries of every
         # other attempt (an identical compile() otherwise replays the whole agent from dspy's cache).
-        self.root_lm = _for_attempt(config.root_lm, config.attempt)
-        self.sub_lm = _for_attempt(config.sub_lm or config.root_lm, config.attempt)
+        self.root_lm = for_attempt(config.root_lm, config.attempt)
+        self.sub_lm = for_attempt(config.sub_lm or config.root_lm, config.attempt)
         self.display = Display(config.verbose, config.console)
 
         self.student = student
@@ -244,7 +195,8 @@ class _CompileRun:
         self.journal = RunJournal(self.directory)
         manifest = self._manifest()
         try:
-            self.resumed = self.journal.open_manifest(
+            self.resume = open_run_directory(
+                self.journal,
                 manifest,
                 legacy_examples=lambda: {
                     "trainset": legacy_examples_digest(self.trainset), "valset": legacy_examples_digest(self.valset)
@@ -252,32 +204,29 @@ class _CompileRun:
                 allow_eval_lm_change=config.allow_eval_lm_change,
             )
         except RunDirectoryMismatchError as exc:
-            stored = _stored_manifest_value(self.directory, "metric")
+            stored = self.journal.stored_manifest_value("metric")
             if stored is not None and stored != manifest["metric"]:
                 raise RunDirectoryMismatchError(f"{exc} {self.metric.mismatch_hint(stored)}") from None
             raise
-        stored_ledger = self.journal.read_ledger() if self.resumed else None
-        on_change = lambda ledger: self.journal.write_ledger(ledger.snapshot())  # noqa: E731
         self.ledger = (
-            BudgetLedger.from_snapshot(stored_ledger, on_change=on_change)
-            if stored_ledger
-            else BudgetLedger(self.budget_limit, on_change=on_change)
+            BudgetLedger.from_snapshot(self.resume.ledger) if self.resume.ledger else BudgetLedger(self.budget_limit)
         )
-        self.journal.write_ledger_if_changed(self.ledger.snapshot())
+        self.observer = Observers([self.journal, self.display])
 
         evaluator = Evaluator(
             metric=self.metric, lm=self.eval_lm, num_threads=config.num_threads, pass_threshold=config.pass_threshold,
-            on_result=lambda record: self.display.example_done(record.passed),
         )
         splits = {"train": self.trainset}
         if self.valset:
             splits["val"] = self.valset
-        self.runs = RunService(evaluator=evaluator, store=self.store, ledger=self.ledger, splits=splits)
-        self.session = OptimizationSession(
-            program=self.program, fingerprint=self.fingerprint, runs=self.runs, ledger=self.ledger,
-            on_prompt_version=self.journal.write_prompt_version,
-            on_run_start=self.display.evaluation_started, on_run_end=self.display.run_finished,
+        self.runs = Runs(evaluator=evaluator, store=self.store, ledger=self.ledger, splits=splits,
+                         observer=self.observer)
+        self.journal.write_ledger_if_changed(self.ledger.snapshot())
+        self.stop = StopRequest()
+        self.working = WorkingProgram(
+            program=self.program, fingerprint=self.fingerprint, runs=self.runs, stop=self.stop, observer=self.observer,
         )
+        self.tools = AgentTools(working=self.working, runs=self.runs, ledger=self.ledger)
 
     def release(self) -> None:
         """Give the run directory up for the next compile()."""
@@ -307,7 +256,7 @@ class _CompileRun:
     def _finished(self) -> bool:
         """Whether this directory holds a finished run: its result is returned without the agent, so the
         sandbox is not started (and nothing is written)."""
-        if not self.resumed or not (self.directory / "result.json").exists():
+        if not self.resume.resumed or not (self.directory / "result.json").exists():
             return False
         turns = self.journal.turns()
         return bool(turns) and bool(turns[-1].get("final"))
@@ -328,6 +277,7 @@ class _CompileRun:
         finally:
             if sandbox is not None:
                 sandbox.shutdown()
+            self.store.flush()
 
     def _where(self, what: str) -> str:
         if self.store.is_temporary:
@@ -341,35 +291,29 @@ class _CompileRun:
         )
 
     def _run(self, sandbox: Sandbox | None) -> dspy.Module:
-        if self.resumed:
-            self.session.restore_versions(self.journal.prompt_versions())
+        if self.resume.prompt_versions:
+            self.working.restore_versions(list(self.resume.prompt_versions))
         baseline_train = self._baseline("train")
         baseline_val = self._baseline("val") if self.valset else None
 
-        agent_result = self._run_agent(sandbox, baseline_train, baseline_val)
-        submission = dict(self.session.instructions())
-        if agent_result is not None:
-            submission.update(agent_result["submitted"])
-        chosen, selection = self._choose(submission)
-        return self._build_result(chosen, selection, agent_result or {})
+        outcome = self._run_agent(sandbox, baseline_train, baseline_val)
+        submission = {**self.working.instructions(), **outcome.submitted}
+        selection = self._choose(submission)
+        return self._build_result(selection, outcome)
 
     def _baseline(self, split: str) -> EvalRun:
-        for run in self.runs.runs():
+        for run in self.runs.all():
             if run.split == split and run.label == "baseline" and run.instructions == self.initial_instructions:
                 return run
-        size = len(self.trainset) if split == "train" else len(self.valset)
-        self.display.evaluation_started(split, "baseline", size)
-        run = self.runs.evaluate(copy_program(self.student), split, label="baseline", charged=False)
-        self.display.run_finished(run.summary())
-        return run
+        return self.runs.evaluate(copy_program(self.student), split, label="baseline", charged=False)
 
-    def _run_agent(self, sandbox: Sandbox | None, baseline_train: EvalRun, baseline_val: EvalRun | None) -> dict | None:
-        prior_turns = self.journal.turns() if self.resumed else []
-        if prior_turns and prior_turns[-1].get("final"):
-            stored = prior_turns[-1]
-            return {"submitted": stored.get("outputs", {}).get("optimized_dspy_program", {}),
-                    "trajectory": prior_turns, "final_reasoning": stored.get("reasoning", "")}
-        assert sandbox is not None, "a run that is not finished needs its sandbox"
+    def _run_agent(self, sandbox: Sandbox | None, baseline_train: EvalRun, baseline_val: EvalRun | None) -> AgentOutcome:
+        final = self.resume.final_turn
+        if final is not None:  # the earlier compile got as far as the agent's submission
+            return AgentOutcome(submitted=final.get("outputs", {}).get("optimized_dspy_program", {}),
+                                trajectory=self.resume.turns, final_reasoning=final.get("reasoning", ""))
+        if sandbox is None:
+            raise RuntimeError("a run that is not finished needs its sandbox")
 
         signature = dspy.Signature(
             "task_brief: str -> optimized_dspy_program: dict[str, str]",
@@ -379,128 +323,72 @@ class _CompileRun:
                 + (f" plus the {len(self.valset)} validation examples once" if self.valset else ""),
             ),
         )
-        trajectory: list[dict[str, Any]] = list(prior_turns)
-
-        def on_turn(turn: dict[str, Any]) -> None:
-            turn = {**turn, "created_at": time.time()}
-            trajectory.append(turn)
-            self.journal.write_turn(turn)
-            self.display.turn(turn)
-            if self.session.fatal is not None:  # e.g. the evaluation LM is unusable: stop, keep what was paid for
-                raise self.session.fatal
-
         agent = OptimizerAgent(
             signature,
             ledger=self.ledger,
-            setup_code=SETUP_CODE.format(
-                train_run=baseline_train.run_id, val_run=baseline_val.run_id if baseline_val else "",
-                step_names=self.session.step_names,
+            setup_code=render_setup_code(
+                baseline_train.run_id, baseline_val.run_id if baseline_val else "", self.working.step_names
             ),
-            on_turn=on_turn,
-            prior_turns=prior_turns,
-            validate_submission=lambda outputs: {
-                **outputs, "optimized_dspy_program": self.session.validate_prompt_map(outputs["optimized_dspy_program"])
-            },
+            observer=self.observer,
+            stop=self.stop,
+            prior_turns=self.resume.turns,
+            validate_submission=self.working.validate_submission,
             max_iters=self.config.rlm_max_iterations,
             max_llm_calls=self.config.rlm_max_llm_calls,
             max_output_chars=self.config.rlm_max_output_chars,
             stateful_session=self.config.root_stateful_session,  # a resumed run starts a fresh chain
             multiturn_history=self.config.rlm_multiturn_history,
-            tools=self.session.tool_functions(),
+            tools=self.tools.tool_functions(),
             sub_lm=self.sub_lm,
             interpreter_factory=sandbox.as_factory(),
         )
         brief = render_task_brief(
             {name: str(p.signature.signature) for name, p in self.program.named_predictors()},
-            len(self.trainset), len(self.valset), self.ledger.left, resumed=bool(prior_turns),
+            len(self.trainset), len(self.valset), self.ledger.left, resumed=bool(self.resume.turns),
             pass_threshold=self.config.pass_threshold,
         )
         with dspy.context(lm=self.root_lm):
             prediction = agent(task_brief=brief)
         try:
-            submitted = self.session.validate_prompt_map(prediction.optimized_dspy_program)
+            submitted = self.working.validate_prompt_map(prediction.optimized_dspy_program)
         except AgentToolError as exc:
             logger.warning("The agent's final output was not a valid submission (%s); keeping its prompt edits.", exc)
             submitted = {}
-        return {"submitted": submitted, "trajectory": trajectory,
-                "final_reasoning": getattr(prediction, "final_reasoning", "")}
+        return AgentOutcome(submitted=submitted, trajectory=tuple(agent.turns),
+                            final_reasoning=getattr(prediction, "final_reasoning", ""))
 
-    # -- never worse ------------------------------------------------------------------------------------
-    def _choose(self, submission: dict[str, str]) -> tuple[dict[str, str], dict[str, Any]]:
-        """The submission if it scores better than the unchanged program and at least as well as every other
-        candidate checked on the selection split (validation, or train without a valset), else the best of those
-        candidates; the unchanged instructions win every tie."""
+    def _choose(self, submission: dict[str, str]) -> Selection:
+        """Evaluate the submission on the selection split unless a complete run of it exists, then apply the
+        never-worse policy (:func:`rlmoptimizer.selection.never_worse`)."""
         split = "val" if self.valset else "train"
         size = len(self.valset) if self.valset else len(self.trainset)
-        complete = [r for r in self.runs.runs() if r.split == split and r.evaluated_count == size]
+        complete = [r for r in self.runs.all() if r.split == split and r.evaluated_count == size]
         submitted_run = next((r for r in reversed(complete) if r.instructions == submission), None)
         if submitted_run is None:
             charged = self.ledger.left >= size
-            self.session.set_instructions(submission, source="submission")
-            submitted_run = self.session.evaluate(split, None, label="submission", charged=charged)
+            self.working.set_instructions(submission, source="submission")
+            submitted_run = self.working.evaluate(split, None, label="submission", charged=charged)
             complete.append(submitted_run)
-        # Highest score wins; on a tie the unchanged instructions win (a change is returned only when the
-        # selection split shows it is better), then the submission, then the latest other candidate.
-        initial = self.initial_instructions
-        order = {id(r): i for i, r in enumerate(complete)}
-        chosen_run = max(complete, key=lambda r: (r.score, r.instructions == initial, r is submitted_run, order[id(r)]))
-        others = [r for r in complete if r.instructions != submission]
-        best = max(others, key=lambda r: r.score, default=None)
-        if chosen_run is submitted_run and submission == initial:
-            reason = f"the agent submitted the unchanged instructions, which score {submitted_run.score:.4f} on {split}"
-        elif chosen_run is submitted_run:
-            reason = f"the agent's submission scored {submitted_run.score:.4f} on {split}" + (
-                f", more than the unchanged program and at least as well as every other candidate (best: "
-                f"{best.run_id} ({best.label}) at {best.score:.4f})" if best is not None else ""
-            )
-        elif chosen_run.instructions == initial and chosen_run.score == submitted_run.score:
-            reason = (
-                f"the agent's submission scored {submitted_run.score:.4f} on {split}, the same as the unchanged "
-                f"program ({chosen_run.run_id}); a change is returned only when it scores better, so the unchanged "
-                "instructions are returned"
-            )
-        else:
-            reason = (
-                f"the agent's submission scored {submitted_run.score:.4f} on {split}, below {chosen_run.run_id} "
-                f"({chosen_run.label}) at {chosen_run.score:.4f}; returning that candidate instead"
-            )
-        candidates = [
-            {"run_id": r.run_id, "label": r.label, "score": r.score, "instructions": r.instructions} for r in complete
-        ]
-        selection = {
-            "split": split,
-            "chosen_run_id": chosen_run.run_id,
-            "chosen_label": chosen_run.label,
-            "chosen_score": chosen_run.score,
-            "submission_run_id": submitted_run.run_id,
-            "submission_score": submitted_run.score,
-            "baseline_score": next((r.score for r in complete if r.label == "baseline"), None),
-            "reason": reason,
-            "candidates": candidates,
-        }
-        return dict(chosen_run.instructions), selection
+        return never_worse(split=split, complete=complete, submitted_run=submitted_run, submission=submission,
+                           initial=self.initial_instructions)
 
-    def _build_result(self, instructions: dict[str, str], selection: dict, agent_result: dict) -> dspy.Module:
+    def _build_result(self, selection: Selection, outcome: AgentOutcome) -> dspy.Module:
         program = copy_program(self.student)
-        apply_instructions(program, instructions)
+        apply_instructions(program, selection.instructions)
         check_structure(self.fingerprint, program)
-        runs = self.runs.runs()
-        program.optimized_dspy_program = dict(instructions)
-        program.latest_run_id = runs[-1].run_id if runs else None
-        program.trial_logs = [
-            {**r.summary(), "instructions": dict(r.instructions)} for r in runs
-        ]
-        program.agent_trajectory = list(agent_result.get("trajectory", []))
-        program.agent_final_reasoning = agent_result.get("final_reasoning", "")
-        program.selection = selection
-        program.budget = self.ledger.snapshot()
-        program.run_storage_dir = str(self.directory)
-        program.step_lms = {step: dict(info) for step, info in self.step_lms.items()}
-        self.journal.write_result({
-            "optimized_dspy_program": program.optimized_dspy_program,
-            "selection": selection,
-            "budget": program.budget,
-            "step_lms": program.step_lms,
-        })
-        self.display.message(f"Done: {selection['reason']}. Runs are in {self.directory}.", style="bold")
-        return program
+        runs = self.runs.all()
+        result = CompileResult(
+            optimized_dspy_program=dict(selection.instructions),
+            latest_run_id=runs[-1].run_id if runs else None,
+            trial_logs=tuple({**r.summary(), "instructions": dict(r.instructions)} for r in runs),
+            agent_trajectory=outcome.trajectory,
+            agent_final_reasoning=outcome.final_reasoning,
+            selection=selection,
+            budget=self.ledger.snapshot(),
+            run_storage_dir=str(self.directory),
+            step_lms={step: dict(info) for step, info in self.step_lms.items()},
+        )
+        self.store.flush()
+        self.journal.write_result(result.result_file())
+        self.display.message(f"Done: {selection.reason}. Runs are in {self.directory}.", style="bold")
+        return result.attach_to(program)

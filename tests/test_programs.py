@@ -16,11 +16,12 @@ from pathlib import Path
 
 import dspy
 import pytest
-from fakes import FunctionLM, ScriptedLM, last_user_text, scripted_agent
+from support.fakes import FunctionLM, ScriptedLM, last_user_text, scripted_agent
+from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 
-from example import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 from rlmoptimizer import ConfigurationError, RLMDocstringOptimizer, RunDirectoryMismatchError
-from rlmoptimizer.evaluation import Evaluator, StepNames
+from rlmoptimizer.evaluation.evaluator import Evaluator
+from rlmoptimizer.evaluation.steps import StepNames
 from rlmoptimizer.fingerprint import copy_program
 from rlmoptimizer.metric import Metric, metric_identity
 
@@ -404,7 +405,7 @@ PARTIAL_RUN = """
 import functools, sys
 sys.path[:0] = [{tests!r}, {root!r}]
 import test_programs as t
-from example import RouteTicket, make_splits, task_lm_reply
+from support.tickets import RouteTicket, make_splits, task_lm_reply
 from rlmoptimizer import RLMDocstringOptimizer
 from rlmoptimizer.testing import FunctionLM, scripted_agent
 trainset, valset = make_splits()
@@ -467,7 +468,7 @@ def test_two_different_lambdas_are_refused_and_metric_id_overrides(tmp_path):
 # -- dspy's cache and a fresh attempt ----------------------------------------------------------------------------
 @pytest.mark.slow
 def test_an_identical_compile_replays_from_dspys_cache_and_attempt_asks_again(tmp_path):
-    from responses_server import ResponsesServer
+    from support.responses_server import ResponsesServer
 
     trainset, valset = make_splits()
     turns = [{"reasoning": "look", "code": "print(baseline_train['score'])"}, FIX_AND_SUBMIT]

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import dspy
 import pytest
-from fakes import FunctionLM, scripted_agent
+from support.fakes import FunctionLM, scripted_agent
+from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, task_lm_reply
 from test_resilience import TURNS, compile_in, dies_after
 
-from example import POLICY_PROMPT, RouteTicket, make_splits, task_lm_reply
 from rlmoptimizer import (
     ConfigurationError,
     OptimizationInterrupted,
@@ -35,7 +35,7 @@ from rlmoptimizer import (
     RunDirectoryMismatchError,
 )
 from rlmoptimizer.fingerprint import examples_digest
-from rlmoptimizer.run_store import RunStore
+from rlmoptimizer.storage.run_store import RunStore
 
 TESTS = Path(__file__).parent
 
@@ -67,7 +67,7 @@ def wait_for(condition, process: subprocess.Popen | None = None, limit_s: float 
 # -- one live compile per directory -----------------------------------------------------------------------
 
 HOLDER = """
-from example import RouteTicket, make_splits, metric, task_lm_reply
+from support.tickets import RouteTicket, make_splits, metric, task_lm_reply
 from rlmoptimizer.testing import FunctionLM, scripted_agent
 from rlmoptimizer import RLMDocstringOptimizer
 import test_resilience as t
@@ -371,7 +371,7 @@ def object_splits(attachment_name: str = "receipt.pdf"):
 
 STOPPED_WITH_OBJECTS = """
 import dspy
-from example import RouteTicket, metric, task_lm_reply
+from support.tickets import RouteTicket, metric, task_lm_reply
 from rlmoptimizer.testing import FunctionLM
 from rlmoptimizer import RLMDocstringOptimizer, OptimizationInterrupted
 import test_resilience as t

@@ -9,22 +9,15 @@
   could not download Pyodide; :func:`tls_trust` hands Deno the CA bundle the environment names for Python
   (or the system store), unless the user configured Deno's TLS already. This only affects Deno's own
   downloads: sandboxed code has no network at all.
-- **Streams.** Deno's stderr is drained on a thread with a bound (:class:`StreamTail`) and its stdout is read
-  through :class:`~rlmoptimizer.sandbox.protocol.ProtocolReader` (bounded lines, validated messages): a flood
-  or a forged message costs no host memory and cannot derail the host.
-- **Memory.** On Linux the whole process's writable memory is capped (``RLIMIT_DATA``): what it used once
-  started plus ``memory_limit_mb``, so JavaScript buffers outside the WebAssembly heap are bounded too.
-- **A failed start** is explained by :func:`explain_start_failure`: Deno's own words, the download that
-  failed, and what to do.
+- The process itself (streams, memory, CPU) is :mod:`.process`; what a failed start means is
+  :mod:`.start_failure`.
 
 May import: the standard library, ``rlmoptimizer.errors`` and ``rlmoptimizer.sandbox._dspy``.
 """
 
 from __future__ import annotations
 
-import collections
 import configparser
-import contextlib
 import functools
 import inspect
 import json
@@ -33,14 +26,11 @@ import os
 import re
 import subprocess
 import sys
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from rlmoptimizer.errors import SandboxError
 from rlmoptimizer.sandbox._dspy import CodeInterpreterError, PythonInterpreter, _validate_deno_version
-from rlmoptimizer.sandbox.protocol import ProtocolReader
 
 logger = logging.getLogger(__name__)
 
@@ -85,10 +75,6 @@ _NODE_CA_VARIABLE = "NODE_EXTRA_CA_CERTS"
 # One 64 KiB WebAssembly page.
 _WASM_PAGE = 64 * 1024
 
-# Bounds on what is kept of Deno's stderr: a few lines, each short.
-STDERR_LINES = 20
-STDERR_LINE_CHARS = 600
-_READ_CHUNK = 64 * 1024
 
 
 # ---------------------------------------------------------------------------------------------- command
@@ -251,232 +237,3 @@ def deno_environment(source: dict[str, str] | None = None) -> dict[str, str]:
     env["DENO_NO_PACKAGE_JSON"] = "1"  # what PythonInterpreter sets for its default command
     env["NO_COLOR"] = "1"  # plain diagnostics in messages
     return env
-
-
-# ---------------------------------------------------------------------------------------------- streams
-
-
-class StreamTail:
-    """Drains a text stream on a daemon thread, keeping only its last :data:`STDERR_LINES` lines, each cut to
-    :data:`STDERR_LINE_CHARS` characters; a line without end costs no more memory than that. ``dropped``
-    counts the characters not kept."""
-
-    def __init__(self, stream: Any, name: str = "rlmoptimizer-deno-stderr") -> None:
-        self.lines: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
-        self.dropped = 0
-        self._partial = ""
-        self._partial_cut = False
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._drain, args=(stream,), name=name, daemon=True)
-        self._thread.start()
-
-    def _drain(self, stream: Any) -> None:
-        try:
-            while chunk := stream.read(_READ_CHUNK):
-                self._feed(chunk)
-        except (OSError, ValueError):
-            pass
-        finally:
-            with self._lock:
-                if self._partial:
-                    self.lines.append(self._partial)
-                    self._partial = ""
-            try:
-                stream.close()
-            except (OSError, ValueError):
-                pass
-
-    def _feed(self, chunk: str) -> None:
-        with self._lock:
-            *complete, rest = chunk.split("\n")
-            for piece in complete:
-                line = self._partial + piece
-                if len(line) > STDERR_LINE_CHARS:
-                    self.dropped += len(line) - STDERR_LINE_CHARS
-                    line = line[:STDERR_LINE_CHARS]
-                if len(self.lines) == self.lines.maxlen:
-                    self.dropped += len(self.lines[0])
-                self.lines.append(line)
-                self._partial = ""
-            room = STDERR_LINE_CHARS - len(self._partial)
-            self.dropped += max(0, len(rest) - room)
-            self._partial += rest[:max(0, room)]
-
-    def text(self, wait_s: float = 0.0) -> str:
-        """What is kept, joined by newlines; waits up to ``wait_s`` for the stream to end first."""
-        if wait_s > 0:
-            self._thread.join(wait_s)
-        with self._lock:
-            lines = list(self.lines) + ([self._partial] if self._partial else [])
-        return "\n".join(lines)
-
-
-class DenoInterpreter(PythonInterpreter):
-    """``PythonInterpreter`` whose Deno process gets :func:`deno_environment` instead of the host's, runs in a
-    neutral working directory, has its stderr drained with a bound, its stdout read through a
-    :class:`ProtocolReader`, and (on Linux) its writable memory capped at what it used once started plus
-    ``memory_limit_mb``.
-
-    (Passing ``deno_command=`` makes ``PythonInterpreter`` copy the whole host environment and skip its
-    version check; the check runs once in :class:`~rlmoptimizer.sandbox.Sandbox`.)"""
-
-    stderr: StreamTail | None = None
-    reader: ProtocolReader | None = None
-    workdir: str | None = None
-    memory_limit_mb: int | None = None
-    data_limit_bytes: int | None = None
-    _in_send_request = False
-
-    def _spawn_process(self) -> None:
-        try:
-            process = subprocess.Popen(
-                self.deno_command,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                encoding="UTF-8",
-                errors="replace",
-                env=deno_environment(),
-                cwd=self.workdir,
-            )
-        except OSError as e:
-            raise CodeInterpreterError(f"Could not start Deno ({self.deno_command[0]}): {e}") from e
-        # PythonInterpreter reads stderr only after the process exits, and skips it when it is None; a full
-        # pipe would block Deno, so it is drained here.
-        stderr, process.stderr = process.stderr, None
-        self.stderr = StreamTail(stderr)
-        self.reader = ProtocolReader(process.stdout.detach())  # the binary stream, read in chunks
-        process.stdout = self.reader
-        self.deno_process = process
-        self._health_check()
-        self.data_limit_bytes = cap_process_memory(process.pid, self.memory_limit_mb)
-
-    def _next_request_id(self) -> str:
-        request_id = super()._next_request_id()
-        if self.reader is not None:
-            self.reader.expect(request_id, executing=not self._in_send_request)
-        return request_id
-
-    def _send_request(self, method: str, params: dict, context: str) -> dict:
-        self._in_send_request = True  # not an execution of the agent's code
-        try:
-            return super()._send_request(method, params, context)
-        finally:
-            self._in_send_request = False
-
-    def stderr_text(self, wait_s: float = 0.0) -> str:
-        return self.stderr.text(wait_s) if self.stderr is not None else ""
-
-
-# ---------------------------------------------------------------------------------------------- process limits
-
-
-def _proc_status(pid: int) -> dict[str, int]:
-    values = {}
-    with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            parts = rest.split()
-            if len(parts) == 2 and parts[1] == "kB" and parts[0].isdigit():
-                values[key] = int(parts[0]) * 1024
-    return values
-
-
-def cap_process_memory(pid: int, memory_limit_mb: int | None) -> int | None:
-    """Cap the writable memory (``RLIMIT_DATA``) of the running process ``pid`` at what it uses now plus
-    ``memory_limit_mb``; the cap in bytes, or None where the platform has no such limit (only Linux has
-    ``prlimit`` and ``/proc``). Past the cap, an allocation fails: a JavaScript buffer raises ``RangeError``,
-    and an allocation Deno cannot refuse ends the process."""
-    if memory_limit_mb is None or not sys.platform.startswith("linux"):
-        return None
-    try:
-        import resource
-
-        used = _proc_status(pid).get("VmData")
-        if used is None:
-            return None
-        limit = used + memory_limit_mb * 1024 * 1024
-        resource.prlimit(pid, resource.RLIMIT_DATA, (limit, limit))
-        return limit
-    except (ImportError, AttributeError, OSError, ValueError) as e:
-        logger.warning("Could not cap the sandbox process's memory: %s", e)
-        return None
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """The CPU time (user + system, all threads, Workers included) process ``pid`` has used, or None if it
-    cannot be read (not Linux, or the process is gone)."""
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        if fields[0] in ("Z", "X"):
-            return None
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return None
-
-
-_OUT_OF_MEMORY = re.compile(
-    r"out of memory|\bOOM\b|allocation failed|Cannot allocate memory|memory allocation of \d+ bytes failed|"
-    r"Fatal (?:JavaScript|process) out of memory|Reached heap limit",
-    re.I,
-)
-
-
-def ran_out_of_memory(stderr: str) -> bool:
-    """Whether Deno's last words say it ran out of memory."""
-    return bool(_OUT_OF_MEMORY.search(stderr))
-
-
-# ---------------------------------------------------------------------------------------------- a failed start
-
-_TLS_ERROR = re.compile(r"certificate|UnknownIssuer|CertNotValid|tls handshake|InvalidCertificate", re.I)
-_NETWORK_ERROR = re.compile(
-    r"tcp connect error|Connection refused|dns error|failed to lookup|Network is unreachable|timed out|"
-    r"connection reset|proxy|No route to host|error sending request",
-    re.I,
-)
-_URL = re.compile(r"https?://[^\s'\"):]+")
-
-
-def offline_help(cache_dir: str | None) -> str:
-    where = f" (here: {cache_dir})" if cache_dir else ""
-    return (
-        "On a machine without the registry: run `python -m rlmoptimizer.sandbox` once where https://registry.npmjs.org "
-        f"is reachable, copy Deno's cache directory{where} to this machine, and point DENO_DIR at the copy."
-    )
-
-
-def explain_start_failure(stderr: str, exit_code: int | None, error: str, cache_dir: str | None,
-                          trust: TlsTrust | None = None) -> str:
-    """The message of a sandbox that did not start: what happened (in Deno's words), which download failed,
-    and what to do."""
-    trust = tls_trust() if trust is None else trust
-    said = "\n".join(line for line in stderr.splitlines() if line.strip())
-    urls = [url for url in _URL.findall(said) if "registry" in url or "npm" in url or "pyodide" in url]
-    download = f" downloading {urls[0]}" if urls else ""
-    version = pyodide_version()
-    what = f"Pyodide {version} (the npm package pyodide)" if version else "Pyodide (the npm package pyodide)"
-    status = f"Deno exited with code {exit_code}" if exit_code is not None else "Deno did not answer"
-    words = "\nDeno said:\n  " + "\n  ".join(said.splitlines()[-8:]) if said else f" ({error})"
-    if _TLS_ERROR.search(said):
-        return (
-            f"The sandbox could not start: Deno could not verify the TLS certificate{download}, so it could not "
-            f"fetch {what} into its cache. {status}.{words}\n"
-            f"Deno was told to trust: {trust.source}. A TLS-inspecting proxy (common on company networks) needs its "
-            "CA bundle: set SSL_CERT_FILE (rlmoptimizer passes it on to Deno) or DENO_CERT to that PEM file, or "
-            "install the CA in the system store and set DENO_TLS_CA_STORE=system. " + offline_help(cache_dir)
-        )
-    if _NETWORK_ERROR.search(said):
-        proxies = ", ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.upper().endswith("_PROXY")) or "none"
-        return (
-            f"The sandbox could not start: Deno could not reach the npm registry{download} to fetch {what} into its "
-            f"cache. {status}.{words}\nProxy settings passed to Deno: {proxies}. Check HTTPS_PROXY/NO_PROXY "
-            "(and NPM_CONFIG_REGISTRY for a registry mirror). " + offline_help(cache_dir)
-        )
-    if "npm" in said or "pyodide" in said.lower():
-        return (
-            f"The sandbox could not start: Deno could not load {what}{download}. {status}.{words}\n"
-            + offline_help(cache_dir)
-        )
-    return f"The sandbox could not start: {status}.{words}"

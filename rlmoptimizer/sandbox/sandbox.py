@@ -52,9 +52,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlmoptimizer.errors import AgentToolError, SandboxError
-from rlmoptimizer.sandbox import deno
+from rlmoptimizer.sandbox import deno, process, start_failure
 from rlmoptimizer.sandbox._dspy import HOST_TOKEN_VAR, SHIM_SETUP, CodeExecutionError, CodeInterpreterError
-from rlmoptimizer.sandbox.deno import DenoInterpreter
+from rlmoptimizer.sandbox.process import DenoInterpreter
 from rlmoptimizer.sandbox.watchdog import Watchdog
 
 __all__ = ["Sandbox"]
@@ -458,7 +458,7 @@ class Sandbox:
             return _ProcessLost(diagnostic, True)
         if idle_cpu is not None:
             return _ProcessLost(f"{idle_cpu:.1f} s of CPU used between executions", False, "background")
-        if deno.ran_out_of_memory(interp.stderr_text(wait_s=0.5)):
+        if process.ran_out_of_memory(interp.stderr_text(wait_s=0.5)):
             return _ProcessLost(diagnostic, False, "memory")
         return _ProcessLost(diagnostic, False)
 
@@ -469,7 +469,7 @@ class Sandbox:
             return
         pid = interp.deno_process.pid
         watchdog.idle(
-            functools.partial(deno.cpu_seconds, pid),
+            functools.partial(process.cpu_seconds, pid),
             functools.partial(self._on_idle_cpu, interp),
             allowance_s=IDLE_CPU_ALLOWANCE_S,
             share=IDLE_CPU_SHARE,
@@ -581,7 +581,7 @@ class Sandbox:
             raise
 
     def _start_failure(self, interp: DenoInterpreter, error: Exception, timed_out: bool) -> str:
-        """Why ``interp`` did not start, in Deno's words, with what to do (:func:`deno.explain_start_failure`)."""
+        """Why ``interp`` did not start, in Deno's words, with what to do (:func:`start_failure.explain_start_failure`)."""
         process, exit_code = interp.deno_process, None
         if process is not None:
             try:
@@ -590,7 +590,7 @@ class Sandbox:
                 pass
         stderr = interp.stderr_text(wait_s=1.0 if exit_code is not None else 0.0)
         cache_dir = deno.deno_cache_dir(self.deno_command[0])
-        message = deno.explain_start_failure(stderr, exit_code, _shorten(str(error)), cache_dir)
+        message = start_failure.explain_start_failure(stderr, exit_code, _shorten(str(error)), cache_dir)
         if timed_out:
             message = f"The sandbox did not start within {self.start_timeout_s:g} s. " + message
         return message

@@ -18,7 +18,7 @@ import pytest
 from dspy.primitives.code_interpreter import CodeExecutionError, FinalOutput
 
 from rlmoptimizer.sandbox import Sandbox
-from rlmoptimizer.sandbox.deno import cpu_seconds
+from rlmoptimizer.sandbox.process import cpu_seconds
 
 pytestmark = pytest.mark.slow
 

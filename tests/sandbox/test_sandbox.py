@@ -28,12 +28,12 @@ from dspy.primitives.code_interpreter import (
     _validate_interpreter,
 )
 from dspy.primitives.python_interpreter import PythonInterpreter
-from fakes import ScriptedLM
+from support.fakes import ScriptedLM
 
+from rlmoptimizer.agent.tools import agent_error
 from rlmoptimizer.errors import SandboxError
 from rlmoptimizer.sandbox import DENO_FLAGS, Sandbox, build_import_map
 from rlmoptimizer.sandbox import deno_environment as _deno_environment
-from rlmoptimizer.tools import agent_error
 
 pytestmark = pytest.mark.slow
 

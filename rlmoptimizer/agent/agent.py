@@ -7,8 +7,11 @@ Differences from a plain ``dspy.RLM``:
   budget left they answer with an error the agent can read, and the agent goes on working.
 - A root-LM reply that does not parse is retried, then shown to the agent as an error turn; it does not end
   the run.
-- Each turn is reported to ``on_turn`` as soon as it exists (for checkpoints and display), and a run can
-  start from an earlier trajectory (resume).
+- Each turn is sent to the observer as :class:`~rlmoptimizer.events.AgentTurn` as soon as it exists (for
+  checkpoints and display) and kept in :attr:`OptimizerAgent.turns`; a run can start from an earlier
+  trajectory (resume).
+- After each turn the loop checks its :class:`~rlmoptimizer.agent.stop.StopRequest`: a tool that met a
+  systemic failure asked it to stop, and the loop raises that failure.
 - Setup code (loading the evaluation data) runs once per sandbox process, after dspy's own setup, and is
   replayed by the sandbox after a restart.
 """
@@ -17,30 +20,29 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import dspy
-from dspy.adapters.chat_adapter import ChatAdapter
-from dspy.primitives.code_interpreter import CodeInterpreter
-from dspy.primitives.prediction import Prediction
-from dspy.primitives.repl_types import REPLHistory
-from dspy.utils.exceptions import AdapterParseError, format_error_for_lm
+from dspy import AdapterParseError, ChatAdapter, CodeInterpreter, Prediction
 
-from rlmoptimizer._dspy_agent import (
+from rlmoptimizer.agent._dspy import (
     SUB_AGENT_INSTRUCTIONS,
+    REPLHistory,
     _LLMCallBudget,
     _strip_code_fences,
+    format_error_for_lm,
     resolve_interpreter_factory,
 )
+from rlmoptimizer.agent.root_lm import TurnSender
+from rlmoptimizer.agent.stop import StopRequest
 from rlmoptimizer.budget import SUB_LM_CALL, BudgetLedger, Reservation
 from rlmoptimizer.errors import BudgetExhaustedError
-from rlmoptimizer.sessions import RootSession
+from rlmoptimizer.events import NO_OBSERVER, AgentTurn, Observer
 
 logger = logging.getLogger(__name__)
-
-TurnCallback = Callable[[dict[str, Any]], None]
 
 
 class _ChargedBudget:
@@ -114,7 +116,9 @@ def _budget_message(exc: BaseException) -> str:
 
 
 class OptimizerAgent(dspy.RLM):
-    """``dspy.RLM`` with budgeted sub-LM calls, tolerant turns, per-turn callbacks and resume."""
+    """``dspy.RLM`` with budgeted sub-LM calls, tolerant turns, per-turn events, a stop request and resume.
+
+    Built for one compile(): :attr:`turns` holds the trajectory (earlier turns first, on a resume)."""
 
     def __init__(
         self,
@@ -122,7 +126,8 @@ class OptimizerAgent(dspy.RLM):
         *,
         ledger: BudgetLedger,
         setup_code: str = "",
-        on_turn: TurnCallback | None = None,
+        observer: Observer = NO_OBSERVER,
+        stop: StopRequest | None = None,
         prior_turns: Sequence[dict[str, Any]] = (),
         parse_retries: int = 2,
         validate_submission: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
@@ -131,16 +136,18 @@ class OptimizerAgent(dspy.RLM):
         **rlm_kwargs: Any,
     ) -> None:
         super().__init__(signature, **rlm_kwargs)
-        # What the root LM is sent per turn (rlmoptimizer.sessions); None keeps dspy's rendering unchanged.
-        self._root_session = (
-            RootSession(stateful=stateful_session, multiturn=multiturn_history, max_iters=self.max_iters)
+        # What the root LM is sent per turn (rlmoptimizer.agent.root_lm); None keeps dspy's rendering unchanged.
+        self._turn_sender = (
+            TurnSender(stateful=stateful_session, multiturn=multiturn_history, max_iters=self.max_iters)
             if stateful_session or multiturn_history
             else None
         )
         self._ledger = ledger
         self._setup_code = setup_code
-        self._on_turn = on_turn
+        self._observer = observer
+        self._stop = stop if stop is not None else StopRequest()
         self._prior_turns = [dict(t) for t in prior_turns]
+        self.turns: list[dict[str, Any]] = [dict(t) for t in prior_turns]
         self._parse_retries = parse_retries
         self._validate_submission = validate_submission
 
@@ -230,8 +237,10 @@ class OptimizerAgent(dspy.RLM):
                 if isinstance(result, Prediction):
                     outputs = {name: result[name] for name in output_field_names}
                     self._report(result.trajectory[-1], iteration, final=True, outputs=outputs)
+                    self._stop.raise_if_requested()
                     return result
                 self._report(result.entries[-1].model_dump(), iteration, final=False)
+                self._stop.raise_if_requested()
                 history = result
 
             setup.result()
@@ -255,11 +264,11 @@ class OptimizerAgent(dspy.RLM):
         signature = self._action_signature_for_current_factory(interpreter_factory, sub_agent_rules)
         last_error: AdapterParseError | None = None
         root_lm = self.generate_action.lm or dspy.settings.lm
-        session = self._root_session if self._root_session is not None and self._root_session.takes_turn(root_lm) else None
+        sender = self._turn_sender if self._turn_sender is not None and self._turn_sender.takes_turn(root_lm) else None
         for attempt in range(1 + self._parse_retries):
             try:
-                if session is not None:
-                    action = session.act(
+                if sender is not None:
+                    action = sender.act(
                         root_lm, signature, variables_info=variables_info, history=history,
                         iteration=f"{iteration + 1}/{self.max_iters}", options=self.generate_action.config,
                         fresh=bool(attempt),
@@ -332,8 +341,6 @@ class OptimizerAgent(dspy.RLM):
     def _report(
         self, entry: dict[str, Any], iteration: int, *, final: bool, outputs: dict[str, Any] | None = None
     ) -> None:
-        if self._on_turn is None:
-            return
         turn = {
             "iteration": iteration + 1,
             "reasoning": entry.get("reasoning", ""),
@@ -343,4 +350,6 @@ class OptimizerAgent(dspy.RLM):
         }
         if outputs is not None:
             turn["outputs"] = outputs
-        self._on_turn(turn)
+        turn["created_at"] = time.time()
+        self.turns.append(turn)
+        self._observer.on_event(AgentTurn(turn, self._ledger.snapshot()))

@@ -9,7 +9,7 @@ returns)::
     holder.json              which process holds the lock (pid, host, since when) while it runs
     manifest.json            what this directory belongs to (program structure, data, metric, budget) and
                              what its stored scores depend on (evaluation LM, pass_threshold)
-    ledger.json              the budget ledger after its latest change
+    ledger.json              the budget ledger, written after every evaluation and every agent turn
     runs/run-0001.json       every evaluation run (written by RunStore)
     prompts/v-0001.json      every prompt version the agent made
     turns/turn-0001.json     every agent turn (reasoning, code, output)
@@ -27,206 +27,23 @@ a dead holder never blocks a resume.
 
 from __future__ import annotations
 
-import datetime
-import errno
 import json
 import logging
-import os
-import re
-import socket
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from rlmoptimizer.errors import ConfigurationError, RunDirectoryInUseError, RunDirectoryMismatchError
+from rlmoptimizer.errors import RunDirectoryMismatchError
+from rlmoptimizer.events import AgentTurn, EvaluationFinished, Event, PromptUpdated
 from rlmoptimizer.records import jsonable
-from rlmoptimizer.run_store import atomic_write_json, fsync_path
-
-try:  # POSIX
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None  # type: ignore[assignment]
-try:  # Windows
-    import msvcrt
-except ImportError:
-    msvcrt = None  # type: ignore[assignment]
+from rlmoptimizer.storage.files import BackgroundSync, atomic_write_json
+from rlmoptimizer.storage.identity import describe_differences
+from rlmoptimizer.storage.lock import READ_ONLY_ERRNOS
 
 logger = logging.getLogger(__name__)
 
 MANIFEST_KEYS_THAT_MUST_MATCH = ("program", "trainset", "valset", "metric", "budget_limit")
-LOCK_FILE = ".lock"
-HOLDER_FILE = "holder.json"
-_READ_ONLY_ERRNOS = {errno.EROFS, errno.EACCES, errno.EPERM}
-
-
-# -- what a stored score depends on -----------------------------------------------------------------
-# Settings of an LM that say where and how to connect, not what it answers: left out of its identity (and
-# never written to disk: some are secrets).
-_CONNECTION_KWARGS = frozenset({
-    "api_key", "api_base", "base_url", "api_version", "organization", "headers", "extra_headers", "timeout",
-    "request_timeout", "num_retries", "max_retries", "azure_ad_token", "vertex_credentials", "vertex_project",
-    "vertex_location", "aws_region_name", "region_name",
-})
-_SECRET_WORDS = ("key", "secret", "password", "credential", "auth")
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
-
-
-def lm_identity(lm: Any) -> dict[str, Any]:
-    """What an LM answers depends on: its class, model name and sampling settings (temperature, max_tokens,
-    ...), without connection settings or secrets."""
-    kwargs = getattr(lm, "kwargs", None)
-    kwargs = kwargs if isinstance(kwargs, dict) else {}
-    kept = {
-        str(k): v for k, v in kwargs.items()
-        if k not in _CONNECTION_KWARGS and not any(word in str(k).lower() for word in _SECRET_WORDS)
-    }
-    identity = {
-        "class": f"{type(lm).__module__}.{type(lm).__qualname__}",
-        "model": getattr(lm, "model", None),
-        "model_type": getattr(lm, "model_type", None),
-        "kwargs": kept,
-    }
-    return json.loads(_ADDRESS.sub("", json.dumps(jsonable(identity), sort_keys=True)))
-
-
-def eval_lm_identity(lm: Any, program: Any) -> dict[str, Any]:
-    """The identity of the LM that runs the program (``lm``), and of every LM pinned to one predictor
-    (``predictor.lm``, which the program uses instead of ``lm`` for that step)."""
-    per_step = {
-        name: lm_identity(predictor.lm)
-        for name, predictor in program.named_predictors()
-        if getattr(predictor, "lm", None) is not None
-    }
-    return {"lm": lm_identity(lm), "per_step": per_step}
-
-
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict) and value:
-        flat: dict[str, Any] = {}
-        for key, item in value.items():
-            flat.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
-        return flat
-    return {prefix: value}
-
-
-def describe_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """``"setting: old -> new"`` for every setting that differs between two nested dicts."""
-    before, after = _flatten(old), _flatten(new)
-    lines = []
-    for key in sorted(set(before) | set(after)):
-        if before.get(key, "<not set>") != after.get(key, "<not set>"):
-            lines.append(
-                f"{key}: {json.dumps(before.get(key, '<not set>'))} (stored) -> {json.dumps(after.get(key, '<not set>'))} (now)"
-            )
-    return lines
-
-
-# -- one live compile per directory -----------------------------------------------------------------
-def _describe_holder(directory: Path) -> str:
-    try:
-        holder = json.loads((directory / HOLDER_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        holder = None
-    if not isinstance(holder, dict):
-        return "another compile() (its process did not record its details)"
-    pid, host, since = holder.get("pid"), holder.get("host"), holder.get("since")
-    if pid == os.getpid() and host == socket.gethostname():
-        who = f"another compile() in this same process (pid {pid}; e.g. an earlier notebook cell or thread still running)"
-    else:
-        who = f"another compile(): process {pid} on host {host!r}"
-    return f"{who}, running since {since}" if since else who
-
-
-class RunDirectoryLock:
-    """An exclusive OS lock on ``<directory>/.lock`` (``fcntl.flock``; ``msvcrt.locking`` on Windows) held for
-    as long as one compile() uses the directory, plus ``holder.json`` naming the holder for the message a
-    second compile() gets. The OS releases the lock when the holder exits or is killed.
-
-    ``read_only=True`` is for reading back a finished run: nothing is created or written (an existing lock
-    file is opened read-only; without one, the finished run is read without a lock)."""
-
-    def __init__(self, directory: str | Path, *, read_only: bool = False) -> None:
-        self.directory = Path(directory)
-        self.read_only = read_only
-        self._fd: int | None = None
-        self._wrote_holder = False
-        self._acquire()
-
-    def _open(self) -> int | None:
-        path = self.directory / LOCK_FILE
-        if self.read_only:  # open what is there, create nothing
-            try:
-                return os.open(path, os.O_RDONLY)
-            except OSError as exc:
-                logger.debug("cannot open %s (%s); reading the finished run without a lock", path, exc)
-                return None
-        try:
-            return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise ConfigurationError(
-                f"run_storage_dir {str(self.directory)!r} cannot be written ({exc}); a run that is not finished "
-                "must be written to as it goes. Pass a writable run_storage_dir."
-            ) from exc
-
-    def _acquire(self) -> None:
-        fd = self._open()
-        if fd is None:
-            return
-        try:
-            if fcntl is not None:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            elif msvcrt is not None:  # pragma: no cover - Windows
-                msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK, errno.EDEADLK):
-                logger.warning("cannot lock %s (%s); going on without a lock", self.directory / LOCK_FILE, exc)
-                return
-            raise RunDirectoryInUseError(
-                f"run_storage_dir {str(self.directory)!r} is in use by {_describe_holder(self.directory)}. "
-                "One run directory belongs to one compile() at a time. Wait for that compile() to finish (or stop "
-                "it) and run this one again to resume from everything it stored, or pass another run_storage_dir "
-                "to start a separate run. A compile() that died leaves no lock behind."
-            ) from None
-        self._fd = fd
-        if not self.read_only:
-            now = datetime.datetime.now(datetime.timezone.utc)
-            atomic_write_json(self.directory / HOLDER_FILE, {
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "since": now.strftime("%Y-%m-%d %H:%M:%S UTC"),
-                "since_epoch": now.timestamp(),
-            }, durable=False)
-            self._wrote_holder = True
-
-    def release(self) -> None:
-        """Give the directory up (idempotent)."""
-        fd, self._fd = self._fd, None
-        if fd is None:
-            return
-        if self._wrote_holder:
-            try:
-                (self.directory / HOLDER_FILE).unlink(missing_ok=True)
-            except OSError:
-                pass
-        try:
-            if fcntl is not None:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            elif msvcrt is not None:  # pragma: no cover - Windows
-                os.lseek(fd, 0, os.SEEK_SET)
-                msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-
-
-def _fsync(path: Path) -> None:
-    """Flush ``path`` and its directory entry to disk (best effort where the platform refuses)."""
-    fsync_path(path, os.O_RDWR)
-    fsync_path(path.parent)
 
 
 class RunJournal:
@@ -234,7 +51,8 @@ class RunJournal:
 
     Turns and prompt versions are written on the caller's thread without waiting for the disk (the agent's
     turn goes on), then fsynced on one background thread; :meth:`flush` (called by :meth:`write_result`)
-    waits for those syncs."""
+    waits for those syncs. As an observer (:meth:`on_event`) it writes each turn, each prompt version, and
+    the ledger once per evaluation and once per turn."""
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
@@ -243,8 +61,16 @@ class RunJournal:
                 (self.directory / sub).mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._last_number: dict[str, int] = {}  # per subdirectory, read from disk once
-        self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlmoptimizer-journal-sync")
-        self._syncs: list[Future] = []
+        self._sync = BackgroundSync("journal")
+
+    def on_event(self, event: Event) -> None:
+        if isinstance(event, AgentTurn):
+            self.write_turn(event.turn)
+            self.write_ledger(event.budget)
+        elif isinstance(event, PromptUpdated):
+            self.write_prompt_version(event.version)
+        elif isinstance(event, EvaluationFinished):
+            self.write_ledger(event.budget)
 
     # -- manifest ---------------------------------------------------------------------------------
     def open_manifest(
@@ -296,7 +122,7 @@ class RunJournal:
             try:
                 atomic_write_json(path, {**stored, **updates})
             except OSError as exc:
-                if exc.errno not in _READ_ONLY_ERRNOS:
+                if exc.errno not in READ_ONLY_ERRNOS:
                     raise
                 logger.warning("Could not record the change in %s (%s); the directory is read-only.", path, exc)
         return True
@@ -352,21 +178,11 @@ class RunJournal:
         with self._lock:
             path = self._next_path(sub, prefix)
             atomic_write_json(path, data, durable=False)
-            self._syncs = [future for future in self._syncs if not future.done()]
-            try:
-                self._syncs.append(self._syncer.submit(_fsync, path))
-            except RuntimeError:  # the interpreter is shutting down: no new threads, sync here
-                _fsync(path)
+            self._sync.submit(path)
 
     def flush(self) -> None:
         """Wait until every turn and prompt version written so far is on disk."""
-        with self._lock:
-            syncs, self._syncs = self._syncs, []
-        for future in syncs:
-            try:
-                future.result()
-            except Exception as exc:  # _fsync is best effort; nothing to undo
-                logger.warning("Could not sync a journal file to disk: %s", exc)
+        self._sync.flush()
 
     def write_turn(self, turn: dict[str, Any]) -> None:
         self._write_numbered("turns", "turn", turn)
@@ -389,6 +205,13 @@ class RunJournal:
         """:meth:`write_ledger` unless ``ledger.json`` already holds ``snapshot``."""
         if self.read_ledger() != snapshot:
             self.write_ledger(snapshot)
+
+    def stored_manifest_value(self, key: str) -> Any:
+        """``key`` of the manifest on disk, or None when there is none (or it cannot be read)."""
+        try:
+            return json.loads((self.directory / "manifest.json").read_text(encoding="utf-8")).get(key)
+        except (OSError, ValueError, AttributeError):
+            return None
 
     def read_ledger(self) -> dict[str, Any] | None:
         path = self.directory / "ledger.json"

@@ -62,6 +62,18 @@ A good way to work:
 
 _REQUIRED_PLACEHOLDERS = frozenset({"budget", "budget_note"})
 
+SETUP_CODE = """\
+baseline_train = run_data({train_run!r})
+baseline_val = run_data({val_run!r}) if {val_run!r} else None
+step_names = {step_names!r}
+current_prompts = optimization_status()["current_prompts"]
+"""
+"""Run once in the REPL before the agent's first turn: loads the names :data:`AGENT_INSTRUCTIONS` promises."""
+
+
+def render_setup_code(train_run: str, val_run: str, step_names: list[str]) -> str:
+    return SETUP_CODE.format(train_run=train_run, val_run=val_run, step_names=step_names)
+
 
 def render_instructions(budget: int, budget_note: str) -> str:
     """Fill the ``$placeholders`` of :data:`AGENT_INSTRUCTIONS`; every placeholder must be given."""
