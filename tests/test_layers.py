@@ -21,11 +21,11 @@ RANKS = {
     # pure data and policies over records
     "fingerprint": 2, "events": 2, "selection": 2,
     # the run directory, the REPL, what the user sees
-    "storage": 3, "sandbox": 3, "display": 3,
+    "storage": 3, "sandbox": 3, "display": 3, "report": 3,
     "evaluation": 4,
     "agent": 5,
     "optimizer": 6,
-    "__init__": 7,
+    "__init__": 7, "__main__": 7,
 }
 MAX_LINES = 400
 # The sandbox is being hardened in its own line of work; its main module is split there.

@@ -9,7 +9,7 @@ import threading
 import pytest
 from rich.console import Console
 
-from rlmoptimizer.progress import EvaluationProgress, summary_line
+from rlmoptimizer.display import EvaluationProgress, summary_line
 
 
 def summary(run_id: str, split: str, passed: int, total: int) -> dict:

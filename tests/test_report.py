@@ -14,11 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fakes import FunctionLM, scripted_agent
 from matplotlib import image
 from rich.console import Console
+from support.fakes import FunctionLM, scripted_agent
+from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 
-from example import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 from rlmoptimizer import ConfigurationError, RLMDocstringOptimizer
 from rlmoptimizer.__main__ import main
 from rlmoptimizer.report.results import DetailedResults
@@ -59,8 +59,30 @@ def has_colour(pixels: np.ndarray, colour: np.ndarray) -> bool:
 
 
 @pytest.mark.slow
+def test_compile_leaves_the_picture_and_attaches_detailed_results(finished, tmp_path):
+    directory, optimized = finished
+    pixels = picture_pixels(directory / "run.png")  # written by compile() itself
+    assert has_colour(pixels, STAR)
+    assert optimized.detailed_results == DetailedResults.from_run_directory(directory)
+    assert optimized.detailed_results.best_candidate == optimized.optimized_dspy_program
+    assert optimized.score == optimized.selection["chosen_score"]
+    [best, baseline] = optimized.candidate_programs
+    assert best["score"] == optimized.score and baseline["score"] == optimized.selection["baseline_score"]
+    assert best["program"].route.signature.instructions == POLICY_PROMPT
+    assert baseline["program"].route.signature.instructions == RouteTicket().route.signature.instructions
+    # the returned program is still the same ordinary module: the candidates are not among its predictors
+    assert [name for name, _ in optimized.named_predictors()] == ["summarize.predict", "route"]
+    assert isinstance(optimized.agent_trajectory, Trajectory)
+    optimized.save(str(tmp_path / "program.json"))
+    loaded = RouteTicket()
+    loaded.load(str(tmp_path / "program.json"))
+    assert loaded.route.signature.instructions == POLICY_PROMPT
+
+
+@pytest.mark.slow
 def test_report_of_a_finished_run(finished, capsys):
     directory, optimized = finished
+    (directory / "run.png").unlink()
     assert main(["report", str(directory)]) == 0
     out = capsys.readouterr().out
     assert "status: finished" in out
@@ -158,7 +180,7 @@ import os, sys
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path[:0] = [{tests!r}, {root!r}]
 import test_report as t
-from example import RouteTicket, make_splits, metric, task_lm_reply
+from support.tickets import RouteTicket, make_splits, metric, task_lm_reply
 from rlmoptimizer.testing import FunctionLM, scripted_agent
 from rlmoptimizer import RLMDocstringOptimizer
 trainset, valset = make_splits()

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
 import sqlite3
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -115,3 +117,70 @@ def test_a_tracking_store_that_breaks_mid_run_is_reported_once_and_the_run_goes_
     assert "goes on" in warnings[0].getMessage()
     assert not tracker.active
     assert mlflow.active_run() is None  # the run was closed (popped) even though the store is broken
+
+
+TURNS = [
+    {"reasoning": "look", "code": "print(baseline_train['score'])"},
+    {"reasoning": "fix", "code": "update_prompt('route', POLICY)\n"
+                                 "r = evaluate_program(failed_from_run=baseline_train['run_id'])\nprint(r['score'])"},
+    {"reasoning": "validate", "code": "print(evaluate_program(split='val')['score'])"},
+    {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program={'route': POLICY})"},
+]
+
+
+@pytest.mark.slow
+def test_compile_with_use_mlflow_is_logged_to_the_users_store(store, tmp_path):
+    from support.fakes import FunctionLM, scripted_agent
+    from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
+
+    from rlmoptimizer import RLMDocstringOptimizer
+
+    turns = [{**t, "code": t["code"].replace("POLICY", repr(POLICY_PROMPT))} for t in TURNS]
+    trainset, valset = make_splits()
+    with mlflow.start_run(run_name="my experiment") as parent:
+        optimized = RLMDocstringOptimizer(
+            max_iterations=2, root_lm=scripted_agent(turns, name="scripted-agent"), eval_lm=FunctionLM(task_lm_reply),
+            run_storage_dir=tmp_path / "run", use_mlflow=True,
+        ).compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
+
+    client = mlflow.MlflowClient(store["uri"])
+    [child] = client.search_runs([store["experiment_id"]], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    run_id = child.info.run_id
+    assert child.info.status == "FINISHED"
+    params = child.data.params
+    assert params["max_iterations"] == "2" and params["budget_limit"] == str(optimized.budget["limit"])
+    assert params["root_lm"] == "scripted-agent" and params["trainset_size"] == "12" and params["valset_size"] == "8"
+    assert params["run_storage_dir"] == str(tmp_path / "run")
+
+    # one metric point per evaluation run, in order (the step is the run number)
+    runs = optimized.trial_logs
+    left = sorted(client.get_metric_history(run_id, "budget_left"), key=lambda m: (m.timestamp, m.step))
+    assert [(m.step, m.value) for m in left] == [(int(r["run_id"][-4:]), r["budget_left"]) for r in runs]
+    for split in ("train", "val"):
+        history = sorted(client.get_metric_history(run_id, f"{split}_score"), key=lambda m: m.step)
+        assert [(m.step, m.value) for m in history] == [
+            (int(r["run_id"][-4:]), r["score"]) for r in runs if r["split"] == split
+        ]
+    assert child.data.metrics["final_score"] == optimized.score
+
+    paths = artifact_paths(client, run_id)
+    assert {"optimized_instructions.json", "selection.json", "trajectory.json", "detailed_results.json",
+            "run.png"} <= set(paths)
+    assert [p for p in paths if p.startswith("turns/")] == [f"turns/turn-{i:04d}.json" for i in range(1, 5)]
+    assert [p for p in paths if p.startswith("prompts/")] == ["prompts/v-0001.json"]
+    downloaded = Path(client.download_artifacts(run_id, "optimized_instructions.json", str(tmp_path / "down")))
+    assert json.loads(downloaded.read_text()) == optimized.optimized_dspy_program
+    picture = Path(client.download_artifacts(run_id, "run.png", str(tmp_path / "down")))
+    assert picture.read_bytes() == (tmp_path / "run" / "run.png").read_bytes()
+
+
+def test_use_mlflow_is_checked_when_the_optimizer_is_built(monkeypatch):
+    from support.fakes import FunctionLM
+
+    from rlmoptimizer import RLMDocstringOptimizer
+
+    with pytest.raises(ConfigurationError, match="use_mlflow must be True or False"):
+        RLMDocstringOptimizer(root_lm=FunctionLM(lambda m: "x"), use_mlflow="yes")
+    monkeypatch.setitem(sys.modules, "mlflow", None)
+    with pytest.raises(ConfigurationError, match=r'rlmoptimizer\[mlflow\]'):
+        RLMDocstringOptimizer(root_lm=FunctionLM(lambda m: "x"), use_mlflow=True)

@@ -6,14 +6,21 @@ the picture, the detailed results, the trajectory display, and MLflow tracking.
 * :mod:`rlmoptimizer.report.summary` prints the summary;
 * :mod:`rlmoptimizer.report.results` builds :class:`DetailedResults` (GEPA's and MIPROv2's names);
 * :mod:`rlmoptimizer.report.trajectory` shows ``optimized.agent_trajectory`` turn by turn;
-* :mod:`rlmoptimizer.report.tracking` logs a compile() to MLflow (the optional extra).
+* :mod:`rlmoptimizer.report.tracking` logs a compile() to MLflow (the optional extra);
+* :mod:`rlmoptimizer.report.finish` attaches these views to the program compile() returns.
 
-May import: ``rlmoptimizer.errors``, ``rlmoptimizer.records``, ``rlmoptimizer.fingerprint``, rich, and, each only
+May import: ``rlmoptimizer.errors``, ``rlmoptimizer.records``, ``rlmoptimizer.fingerprint``,
+``rlmoptimizer.events``, rich, and, each only
 where it is used, matplotlib and mlflow.
 """
 
+from rlmoptimizer.report.finish import present_result
 from rlmoptimizer.report.results import DetailedResults
 from rlmoptimizer.report.rundir import RunDirectory, read_run_directory
+from rlmoptimizer.report.tracking import MlflowTracker, check_use_mlflow, tracked
 from rlmoptimizer.report.trajectory import Trajectory
 
-__all__ = ["DetailedResults", "RunDirectory", "Trajectory", "read_run_directory"]
+__all__ = [
+    "DetailedResults", "MlflowTracker", "RunDirectory", "Trajectory", "check_use_mlflow", "present_result",
+    "read_run_directory", "tracked",
+]

@@ -18,7 +18,9 @@ What it logs:
 Tracking never fails an optimization: the first error from MLflow is reported once as a warning, and tracking
 stops for the rest of that compile() (the run directory still has everything).
 
-Each public method is named after the event it reacts to, so the tracker can observe a compile() directly.
+The tracker is an observer of a compile()'s events (:meth:`MlflowTracker.on_event`); the compile itself calls
+:meth:`~MlflowTracker.compile_started`, :meth:`~MlflowTracker.compile_finished` and
+:meth:`~MlflowTracker.compile_failed`.
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from rlmoptimizer.errors import ConfigurationError
+from rlmoptimizer.events import AgentTurn, EvaluationFinished, Event, PromptUpdated
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +52,55 @@ def require_mlflow() -> Any:
             "or drop use_mlflow=True"
         ) from exc
     return mlflow
+
+
+def check_use_mlflow(value: Any) -> bool:
+    """``use_mlflow`` as given to the optimizer: a bool, and MLflow importable when True."""
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"use_mlflow must be True or False, got {value!r}")
+    if value:
+        require_mlflow()  # fail when the optimizer is built, not after the baseline was paid for
+    return value
+
+
+_SETTINGS = ("max_iterations", "pass_threshold", "num_threads", "rlm_max_iterations", "rlm_max_llm_calls",
+             "rlm_max_output_chars", "root_stateful_session", "rlm_multiturn_history", "sandbox_timeout_s", "attempt")
+
+
+def _lm_name(lm: Any) -> str | None:
+    if lm is None:
+        return None
+    model = getattr(lm, "model", None)
+    return model if isinstance(model, str) and model else type(lm).__name__
+
+
+def compile_params(optimizer: Any, run: Any) -> dict[str, Any]:
+    """The parameters of one compile(): the optimizer's settings and what the compile runs with (``run`` is the
+    compile's state: its LMs, data sizes, budget and run directory)."""
+    params: dict[str, Any] = {"optimizer": type(optimizer).__name__}
+    params.update({name: getattr(optimizer, name) for name in _SETTINGS if hasattr(optimizer, name)})
+    params.update({
+        "budget_limit": run.budget_limit, "trainset_size": len(run.trainset), "valset_size": len(run.valset),
+        "root_lm": _lm_name(run.root_lm), "sub_lm": _lm_name(run.sub_lm), "eval_lm": _lm_name(run.eval_lm),
+        "metric": getattr(run.metric, "identity", None), "run_storage_dir": str(run.directory),
+    })
+    return params
+
+
+@contextmanager
+def tracked(tracker: MlflowTracker | None, optimizer: Any, run: Any) -> Iterator[None]:
+    """Open the MLflow run of a compile() for the duration of the block and close it as failed if the block
+    raises (the block's success is closed by :meth:`MlflowTracker.compile_finished`). Nothing is tracked without
+    a tracker, or for a finished run read back (``run.read_back``)."""
+    if tracker is None or getattr(run, "read_back", False):
+        yield
+        return
+    tracker.compile_started(compile_params(optimizer, run))
+    try:
+        yield
+    except BaseException as exc:
+        tracker.compile_failed(exc)
+        raise
 
 
 def _run_number(run_id: str, fallback: int) -> int:
@@ -92,6 +145,15 @@ class MlflowTracker:
                 )
 
     # -- events ----------------------------------------------------------------------------------------
+    def on_event(self, event: Event) -> None:
+        """The observer protocol (:mod:`rlmoptimizer.events`): a run saved, an agent turn, a prompt version."""
+        if isinstance(event, EvaluationFinished):
+            self.evaluation_finished(event.run, event.budget)
+        elif isinstance(event, AgentTurn):
+            self.agent_turn(event.turn)
+        elif isinstance(event, PromptUpdated):
+            self.prompt_updated(event.version)
+
     def compile_started(self, params: dict[str, Any]) -> None:
         """Open the MLflow run (nested under the active run, if any) and log ``params``."""
 
