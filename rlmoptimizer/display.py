@@ -1,14 +1,20 @@
-"""What ``verbose=True`` shows: each agent turn as rich panels, evaluations as a progress line.
+"""What ``verbose=True`` shows: each agent turn as rich panels, each evaluation as one live progress display.
+
+The progress of an evaluation is one display, updated in place: in Jupyter one output item (an IPython display
+handle; no widgets needed), in a terminal one line redrawn by rich; each ends as the run's one-line summary.
+Where nothing can be redrawn (a log file, CI output) only the summary line of each run is printed.
 
 ``Display(enabled=False)`` prints nothing at all. The console is injectable (tests pass one that
 records into a string). A :class:`Display` is an observer (:mod:`rlmoptimizer.events`): it only shows.
 
-May import: rich, ``rlmoptimizer.events``.
+May import: rich, IPython (in Jupyter only), ``rlmoptimizer.events``.
 """
 
 from __future__ import annotations
 
+import html
 import threading
+import time
 from typing import Any
 
 from rich.console import Console, Group
@@ -21,6 +27,119 @@ from rlmoptimizer.events import AgentTurn, EvaluationFinished, EvaluationStarted
 _MAX_SHOWN = 4000
 
 
+_BAR = 24
+_MIN_INTERVAL_S = 0.1  # redraw at most this often (the last example is always drawn)
+
+
+def _bar(done: int, total: int) -> str:
+    filled = _BAR if total <= 0 else round(_BAR * done / total)
+    return "█" * filled + "░" * (_BAR - filled)
+
+
+def summary_line(summary: dict[str, Any]) -> str:
+    return (
+        f"{summary['run_id']} {summary['label']} on {summary['split']}: score {summary['score']:.3f} "
+        f"({summary['passed_count']}/{summary['evaluated_count']} passed), budget left {summary['budget_left']}"
+    )
+
+
+class _Line:
+    """What a Jupyter display handle shows: HTML for notebooks, text for other frontends."""
+
+    def __init__(self, text: str, bold: bool = False) -> None:
+        self.text, self.bold = text, bold
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def _repr_html_(self) -> str:
+        weight = "bold" if self.bold else "normal"
+        return f'<pre style="margin:0;font-weight:{weight}">{html.escape(self.text)}</pre>'
+
+
+class EvaluationProgress:
+    """The live display of the evaluation in progress (one at a time). Thread safe: examples complete on the
+    evaluator's threads."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self._lock = threading.Lock()
+        self._state: dict[str, Any] | None = None
+        self._live: Any = None
+        self._handle: Any = None
+        self._drawn_at = 0.0
+
+    @property
+    def mode(self) -> str:
+        if self.console.is_jupyter:
+            return "jupyter"
+        if self.console.is_terminal and not self.console.is_dumb_terminal:
+            return "terminal"
+        return "plain"
+
+    def _line(self) -> str:
+        state = self._state or {}
+        return (
+            f"evaluating {state['label']} on {state['split']}: {_bar(state['done'], state['total'])} "
+            f"{state['done']}/{state['total']} ({state['passed']} passed)"
+        )
+
+    def started(self, split: str, label: str, total: int) -> None:
+        with self._lock:
+            self._close(None)
+            self._state = {"split": split, "label": label, "total": total, "done": 0, "passed": 0}
+            mode = self.mode
+            if mode == "jupyter":
+                try:
+                    from IPython.display import display
+
+                    self._handle = display(_Line(self._line()), display_id=True)
+                except ImportError:
+                    self._handle = None
+            elif mode == "terminal":
+                from rich.live import Live
+
+                self._live = Live(Text(self._line(), style="dim"), console=self.console, transient=True,
+                                  auto_refresh=False, redirect_stdout=False, redirect_stderr=False)
+                self._live.start(refresh=True)
+            self._drawn_at = time.monotonic()
+
+    def example_done(self, passed: bool) -> None:
+        with self._lock:
+            state = self._state
+            if state is None:
+                return
+            state["done"] += 1
+            state["passed"] += int(passed)
+            now = time.monotonic()
+            if state["done"] < state["total"] and now - self._drawn_at < _MIN_INTERVAL_S:
+                return
+            self._drawn_at = now
+            if self._handle is not None:
+                self._handle.update(_Line(self._line()))
+            elif self._live is not None:
+                self._live.update(Text(self._line(), style="dim"), refresh=True)
+
+    def finished(self, summary: dict[str, Any]) -> None:
+        """Replace the live display with the run's summary line (printed in every mode)."""
+        with self._lock:
+            self._close(summary)
+
+    def _close(self, summary: dict[str, Any] | None) -> None:
+        line = summary_line(summary) if summary is not None else None
+        if self._handle is not None:
+            if line is not None:
+                self._handle.update(_Line(line, bold=True))
+            self._handle = None
+            line = None  # shown in place of the progress
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+        if line is not None:
+            self.console.print(Text(line))
+        self._state = None
+
+
 def _clip(text: str, limit: int = _MAX_SHOWN) -> str:
     return text if len(text) <= limit else text[:limit] + f"\n... ({len(text) - limit:,} more characters)"
 
@@ -31,8 +150,7 @@ class Display:
     def __init__(self, enabled: bool, console: Console | None = None) -> None:
         self.enabled = enabled
         self.console = console if console is not None else Console(stderr=True)
-        self._lock = threading.Lock()
-        self._progress: dict[str, Any] = {}
+        self._progress = EvaluationProgress(self.console)
 
     def on_event(self, event: Event) -> None:
         if not self.enabled:
@@ -41,9 +159,8 @@ class Display:
             self.example_done(event.record.passed)
         elif isinstance(event, EvaluationStarted):
             self.evaluation_started(event.split, event.label, event.total)
-        elif isinstance(event, EvaluationFinished):
-            if event.complete:
-                self.run_finished(event.run.summary())
+        elif isinstance(event, EvaluationFinished):  # a run cut short ends its progress display too
+            self.run_finished(event.run.summary())
         elif isinstance(event, AgentTurn):
             self.turn(event.turn)
 
@@ -66,30 +183,12 @@ class Display:
 
     def evaluation_started(self, split: str, label: str, total: int) -> None:
         if self.enabled:
-            with self._lock:
-                self._progress = {"split": split, "label": label, "total": total, "done": 0, "passed": 0}
+            self._progress.started(split, label, total)
 
     def example_done(self, passed: bool) -> None:
-        if not self.enabled:
-            return
-        with self._lock:
-            progress = self._progress
-            if not progress:
-                return
-            progress["done"] += 1
-            progress["passed"] += int(passed)
-            done, total = progress["done"], progress["total"]
-            step = max(1, total // 10)
-            if done == total or done % step == 0:
-                self.console.print(
-                    f"[dim]evaluating {progress['label']} on {progress['split']}: {done}/{total} "
-                    f"({progress['passed']} passed)[/dim]"
-                )
+        if self.enabled:
+            self._progress.example_done(passed)
 
     def run_finished(self, summary: dict[str, Any]) -> None:
         if self.enabled:
-            self.console.print(
-                f"[bold]{summary['run_id']}[/bold] {summary['label']} on {summary['split']}: "
-                f"score {summary['score']:.3f} ({summary['passed_count']}/{summary['evaluated_count']} passed), "
-                f"budget left {summary['budget_left']}"
-            )
+            self._progress.finished(summary)

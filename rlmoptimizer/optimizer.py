@@ -69,6 +69,7 @@ from rlmoptimizer.inputs import (
 )
 from rlmoptimizer.metric import Metric
 from rlmoptimizer.records import AgentOutcome, CompileResult, EvalRun, Selection
+from rlmoptimizer.report import MlflowTracker, check_use_mlflow, present_result, tracked
 from rlmoptimizer.sandbox import Sandbox
 from rlmoptimizer.selection import never_worse
 from rlmoptimizer.storage.identity import eval_lm_identity
@@ -114,6 +115,7 @@ class RLMDocstringOptimizer(Teleprompter):
         run_storage_dir: str | Path | None = None,
         allow_eval_lm_change: bool = False,
         console: Console | None = None,
+        use_mlflow: bool = False,
     ) -> None:
         super().__init__()
         self.max_iterations = check_positive_int("max_iterations", max_iterations)
@@ -135,6 +137,7 @@ class RLMDocstringOptimizer(Teleprompter):
         self.run_storage_dir = Path(run_storage_dir) if run_storage_dir is not None else None
         self.allow_eval_lm_change = bool(allow_eval_lm_change)
         self.console = console
+        self.use_mlflow = check_use_mlflow(use_mlflow)
 
     def compile(self, student: dspy.Module, *, trainset: list, teacher: Any = None, valset: list | None = None,
                 metric: Any = None, metric_id: str | None = None, **kwargs: Any) -> dspy.Module:
@@ -165,6 +168,7 @@ class _Compile:
         self.root_lm = for_attempt(config.root_lm, config.attempt)
         self.sub_lm = for_attempt(config.sub_lm or config.root_lm, config.attempt)
         self.display = Display(config.verbose, config.console)
+        self.tracker = MlflowTracker() if config.use_mlflow else None
 
         self.student = student
         # Every copy is made the same way; a program that cannot be copied apart is refused here, before any
@@ -211,7 +215,7 @@ class _Compile:
         self.ledger = (
             BudgetLedger.from_snapshot(self.resume.ledger) if self.resume.ledger else BudgetLedger(self.budget_limit)
         )
-        self.observer = Observers([self.journal, self.display])
+        self.observer = Observers([self.journal, self.display, *([self.tracker] if self.tracker else [])])
 
         evaluator = Evaluator(
             metric=self.metric, lm=self.eval_lm, num_threads=config.num_threads, pass_threshold=config.pass_threshold,
@@ -263,11 +267,13 @@ class _Compile:
 
     def _run_with_sandbox(self) -> dspy.Module:
         # Reading back a finished run: no agent, so no sandbox (and nothing written).
-        sandbox = None if self._finished() else Sandbox(timeout_s=self.config.sandbox_timeout_s)
+        self.read_back = self._finished()
+        sandbox = None if self.read_back else Sandbox(timeout_s=self.config.sandbox_timeout_s)
         if sandbox is not None:
             sandbox.start_in_background()
         try:
-            return self._run(sandbox)
+            with tracked(self.tracker, self.config, self):  # MLflow, when asked for (not for a run read back)
+                return self._run(sandbox)
         except KeyboardInterrupt as exc:
             raise OptimizationInterrupted(self._where("interrupted")) from exc
         except RLMOptimizerError as exc:  # e.g. the evaluation LM is unusable: say where the paid work is
@@ -392,4 +398,4 @@ class _Compile:
         self.store.flush()
         self.journal.write_result(result.result_file())
         self.display.message(f"Done: {selection.reason}. Runs are in {self.directory}.", style="bold")
-        return result.attach_to(program)
+        return present_result(result.attach_to(program), self)

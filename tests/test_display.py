@@ -27,15 +27,26 @@ def compile_once(**kwargs):
     return opt.compile(student=RouteTicket(), trainset=trainset, metric=metric, valset=valset)
 
 
-def test_verbose_shows_turns_and_evaluations():
+def test_verbose_shows_turns_and_one_line_per_evaluation_in_a_log():
     buffer = io.StringIO()
-    compile_once(verbose=True, console=Console(file=buffer, width=120, force_terminal=False))
+    result = compile_once(verbose=True, console=Console(file=buffer, width=200, force_terminal=False))
     shown = buffer.getvalue()
     assert "agent turn 1" in shown and "agent turn 2 (submitted)" in shown
     assert "count the failures" in shown and "failures: 2" in shown
-    assert "evaluating baseline on train: 12/12 (10 passed)" in shown
-    assert "evaluating submission on val: 8/8" in shown
-    assert "run-0001" in shown and "budget left" in shown
+    assert "evaluating" not in shown  # no progress lines where they cannot be redrawn
+    for log in result.trial_logs:  # one summary line per evaluation run
+        line = f"{log['run_id']} {log['label']} on {log['split']}: score {log['score']:.3f}"
+        assert shown.count(line) == 1
+    assert "run-0001 baseline on train: score 0.833 (10/12 passed)" in shown
+
+
+def test_verbose_in_a_terminal_draws_a_live_progress_line_per_evaluation():
+    buffer = io.StringIO()
+    compile_once(verbose=True, console=Console(file=buffer, width=200, force_terminal=True, color_system=None))
+    shown = buffer.getvalue()
+    assert "evaluating baseline on train" in shown and "12/12 (10 passed)" in shown
+    assert "evaluating submission on val" in shown and "8/8" in shown
+    assert shown.count("run-0001 baseline on train: score 0.833 (10/12 passed)") == 1
 
 
 def test_quiet_prints_nothing(capsys):

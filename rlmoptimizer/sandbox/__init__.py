@@ -2,9 +2,13 @@
 time and memory, and able to come back from a dead process.
 
 Rooms:
-    sandbox.py   :class:`Sandbox`, the REPL (dspy's CodeInterpreter protocol): tools, replay, recovery
+    sandbox.py   :class:`Sandbox`, the REPL (dspy's CodeInterpreter protocol): lifecycle, setup replay, restarts
+    limits.py    the limits a caller sets, checked, and what the agent is told about them
+    session.py   one process at a time, one call at a time under the watchdog, and why a process was lost
+    tool_bridge.py  host tools as sandboxed code sees them: wrapped, registered, and the names report
+    recovery.py  what a restart replays and tells the agent: the setup log, lost variables, the message
     deno.py      the Deno command, its environment and TLS trust, versions and cache directory
-    process.py   the running Deno process: bounded stderr, memory cap, CPU between cells
+    process.py   the running Deno process: bounded stderr, memory cap, CPU between cells, ending it
     protocol.py  the bounded, validated reader of Deno's stdout (untrusted: sandboxed code can write to it)
     start_failure.py  what a failed start tells the user: Deno's words, the failed download, the fix
     watchdog.py  the per-cell time limit

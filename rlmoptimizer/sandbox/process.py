@@ -1,5 +1,5 @@
-"""The running Deno process: its bounded stderr, the interpreter that starts it with our environment, and the
-limits on what it may use (memory, CPU between cells) where the platform allows them (Linux).
+"""The running Deno process: its bounded stderr, the interpreter that starts it with our environment, the
+limits on what it may use (memory, CPU between cells) where the platform allows them (Linux), and ending it.
 
 May import: the standard library, ``rlmoptimizer.sandbox._dspy``, ``.deno`` and ``.protocol``.
 """
@@ -201,3 +201,41 @@ _OUT_OF_MEMORY = re.compile(
 def ran_out_of_memory(stderr: str) -> bool:
     """Whether Deno's last words say it ran out of memory."""
     return bool(_OUT_OF_MEMORY.search(stderr))
+
+
+# ---------------------------------------------------------------------------------------------- ending it
+
+
+def alive(interp: DenoInterpreter | None) -> bool:
+    """Whether ``interp`` has a running process whose session has not ended."""
+    if interp is None or interp._session_ended or interp.deno_process is None:
+        return False
+    return interp.deno_process.poll() is None
+
+
+def kill(interp: DenoInterpreter) -> None:
+    process = interp.deno_process
+    if process is not None and process.poll() is None:
+        process.kill()
+
+
+def stop(interp: DenoInterpreter) -> None:
+    """End the process of ``interp`` (politely if it is idle) and close its pipes."""
+    if interp.deno_process is None:
+        return
+    process = interp.deno_process
+    interp._session_ended = True
+    if process.poll() is None:
+        try:
+            process.stdin.write('{"jsonrpc": "2.0", "method": "shutdown"}\n')
+            process.stdin.close()
+            process.wait(timeout=5)
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            process.kill()
+    process.wait()
+    for stream in (process.stdin, process.stdout):
+        try:
+            if stream is not None:
+                stream.close()
+        except (OSError, ValueError):
+            pass

@@ -1,14 +1,16 @@
 """What a sandbox that did not start tells the user: Deno's own words, the download that failed, what to do.
 
-May import: the standard library and ``rlmoptimizer.sandbox.deno``.
+May import: the standard library and ``rlmoptimizer.sandbox.deno`` and ``.process``.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import subprocess
 
-from rlmoptimizer.sandbox.deno import TlsTrust, pyodide_version, tls_trust
+from rlmoptimizer.sandbox.deno import TlsTrust, deno_cache_dir, pyodide_version, tls_trust
+from rlmoptimizer.sandbox.process import DenoInterpreter
 
 # ---------------------------------------------------------------------------------------------- a failed start
 
@@ -62,3 +64,19 @@ def explain_start_failure(stderr: str, exit_code: int | None, error: str, cache_
             + offline_help(cache_dir)
         )
     return f"The sandbox could not start: {status}.{words}"
+
+
+def describe_start_failure(interp: DenoInterpreter, error: str, timed_out: bool, deno_path: str, start_timeout_s: float) -> str:
+    """Why the interpreter ``interp`` did not start (``error``: what its start raised, shortened), in Deno's
+    words, with what to do (:func:`explain_start_failure`); ``timed_out`` if it ran out of ``start_timeout_s``."""
+    process, exit_code = interp.deno_process, None
+    if process is not None:
+        try:
+            exit_code = process.wait(timeout=0.1 if timed_out else 5)  # stdout closes before the exit is seen
+        except subprocess.TimeoutExpired:
+            pass
+    stderr = interp.stderr_text(wait_s=1.0 if exit_code is not None else 0.0)
+    message = explain_start_failure(stderr, exit_code, error, deno_cache_dir(deno_path))
+    if timed_out:
+        message = f"The sandbox did not start within {start_timeout_s:g} s. " + message
+    return message

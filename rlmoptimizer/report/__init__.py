@@ -1,0 +1,26 @@
+"""What a person sees of a run, read from its run directory: the summary (``python -m rlmoptimizer report``),
+the picture, the detailed results, the trajectory display, and MLflow tracking.
+
+* :mod:`rlmoptimizer.report.rundir` reads any run directory (finished, interrupted, in flight, empty);
+* :mod:`rlmoptimizer.report.plot` draws score against budget spent (``run.png``);
+* :mod:`rlmoptimizer.report.summary` prints the summary;
+* :mod:`rlmoptimizer.report.results` builds :class:`DetailedResults` (GEPA's and MIPROv2's names);
+* :mod:`rlmoptimizer.report.trajectory` shows ``optimized.agent_trajectory`` turn by turn;
+* :mod:`rlmoptimizer.report.tracking` logs a compile() to MLflow (the optional extra);
+* :mod:`rlmoptimizer.report.finish` attaches these views to the program compile() returns.
+
+May import: ``rlmoptimizer.errors``, ``rlmoptimizer.records``, ``rlmoptimizer.fingerprint``,
+``rlmoptimizer.events``, rich, and, each only
+where it is used, matplotlib and mlflow.
+"""
+
+from rlmoptimizer.report.finish import present_result
+from rlmoptimizer.report.results import DetailedResults
+from rlmoptimizer.report.rundir import RunDirectory, read_run_directory
+from rlmoptimizer.report.tracking import MlflowTracker, check_use_mlflow, tracked
+from rlmoptimizer.report.trajectory import Trajectory
+
+__all__ = [
+    "DetailedResults", "MlflowTracker", "RunDirectory", "Trajectory", "check_use_mlflow", "present_result",
+    "read_run_directory", "tracked",
+]

@@ -1,0 +1,42 @@
+"""What compile() adds to the program it returns, beyond its result attributes: the trajectory as a list that
+renders turn by turn, the detailed results (and MIPROv2's ``score`` / ``candidate_programs``), the picture of the
+run in the run directory, and the end of the MLflow run."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from rlmoptimizer.fingerprint import copy_program
+from rlmoptimizer.report.plot import write_run_picture
+from rlmoptimizer.report.results import DetailedResults
+from rlmoptimizer.report.trajectory import Trajectory
+
+logger = logging.getLogger(__name__)
+
+
+def present_result(program: Any, run: Any) -> Any:
+    """Attach the views of the finished run to ``program`` and return it. ``run`` is the compile's state: its
+    ``directory``, ``student``, ``tracker`` (or None) and ``read_back`` (a finished run returned again writes
+    nothing, so no picture). The picture never fails a finished run."""
+    directory, student, tracker = Path(run.directory), run.student, run.tracker
+    program.agent_trajectory = Trajectory(program.agent_trajectory)
+    detailed = DetailedResults.from_run_directory(directory, program=copy_program(student))
+    program.detailed_results = detailed
+    program.score = program.selection["chosen_score"]  # MIPROv2's names
+    program.candidate_programs = detailed.candidate_programs
+    picture = None
+    if not getattr(run, "read_back", False):
+        try:
+            picture = write_run_picture(directory)
+        except Exception as exc:  # a view of what is on disk: the run itself is complete
+            logger.warning("Could not draw the picture of the run (%s: %s); the run directory is complete.",
+                           type(exc).__name__, exc)
+    if tracker is not None:
+        tracker.compile_finished(
+            instructions=program.optimized_dspy_program, selection=program.selection,
+            trajectory=list(program.agent_trajectory), picture=picture, detailed_results=detailed.to_dict(),
+            budget=program.budget, usage=detailed.usage,
+        )
+    return program

@@ -1,0 +1,132 @@
+"""The picture of a run: score against budget spent, one mark per evaluation run.
+
+Train runs are circles, validation runs squares; a run that evaluated fewer examples than it asked for (stopped,
+recovered, or still in flight) is drawn hollow. Dashed lines are the unchanged program's scores; the candidates
+checked on the whole selection split are ringed, and the one returned is a star. Drawn on a bare matplotlib
+Figure (Agg canvas, no display needed, pyplot untouched); 8x4.5 inches at 100 dpi, readable in a notebook at its default size.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rlmoptimizer.errors import ConfigurationError
+from rlmoptimizer.report.rundir import RunDirectory, read_run_directory
+
+PICTURE_NAME = "run.png"
+_COLORS = {"train": "#1f77b4", "val": "#d62728"}
+_NAMES = {"train": "train", "val": "validation"}
+_LABEL_ALL_UP_TO = 30
+
+
+def _figure_class() -> Any:
+    """matplotlib's ``Figure`` class. A bare Figure renders PNG with the Agg canvas whatever backend pyplot uses,
+    so nothing here touches pyplot's state or opens a window."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:  # matplotlib is a dependency; an environment may still lack it
+        raise ConfigurationError(
+            'drawing the run needs matplotlib: pip install matplotlib (or reinstall: pip install "rlmoptimizer")'
+        ) from exc
+    return Figure
+
+
+def _points(rundir: RunDirectory) -> list[dict[str, Any]]:
+    """One point per run (saved, then in flight), with its x (budget spent), y (score) and how to draw it."""
+    points = []
+    for run in rundir.runs:
+        partial = run.evaluated_count < run.requested_count or run.label.endswith((":partial", ":recovered"))
+        points.append({
+            "run_id": run.run_id, "split": run.split, "label": run.label, "x": rundir.spent_after(run),
+            "y": run.score, "n": run.evaluated_count, "partial": partial, "instructions": run.instructions,
+            "requested": run.requested_count,
+        })
+    spent = (rundir.budget or {}).get("spent")
+    last_x = max((p["x"] for p in points), default=0)
+    for number, pending in enumerate(rundir.pending, start=1):
+        if not pending.records:
+            continue
+        x = int(spent) if isinstance(spent, (int, float)) else last_x + len(pending.records)
+        points.append({
+            "run_id": ("in flight" if rundir.status == "in flight" else "unfinished") + (f" {number}" if number > 1 else ""), "split": pending.split, "label": pending.label, "x": max(x, last_x),
+            "y": pending.score, "n": pending.evaluated_count, "partial": True, "instructions": pending.instructions,
+            "requested": pending.requested_count,
+        })
+    return points
+
+
+def draw_run(rundir: RunDirectory | str | Path):
+    """A matplotlib ``Figure`` of the run (not attached to pyplot, so nothing pops up and nothing leaks)."""
+    if not isinstance(rundir, RunDirectory):
+        rundir = read_run_directory(rundir)
+    Figure = _figure_class()
+    figure = Figure(figsize=(8, 4.5), dpi=100)
+    axes = figure.add_subplot()
+    points = _points(rundir)
+    selection = rundir.selection or {}
+    candidate_ids = {c.get("run_id") for c in selection.get("candidates", [])}
+    chosen_id = selection.get("chosen_run_id")
+
+    for split in ("train", "val"):
+        baseline = next((p for p in points if p["split"] == split and p["label"] == "baseline"), None)
+        if baseline is not None:
+            axes.axhline(baseline["y"], color=_COLORS[split], linestyle="--", linewidth=1, alpha=0.6,
+                         label=f"unchanged program, {_NAMES[split]} ({baseline['y']:.2f})")
+        for partial in (False, True):
+            chosen = [p for p in points if p["split"] == split and p["partial"] == partial]
+            if not chosen:
+                continue
+            marker = "o" if split == "train" else "s"
+            axes.scatter(
+                [p["x"] for p in chosen], [p["y"] for p in chosen], marker=marker, s=[24 + 4 * min(p["n"], 40) for p in chosen],
+                facecolors="none" if partial else _COLORS[split], edgecolors=_COLORS[split], linewidths=1.5, zorder=3,
+                label=f"{_NAMES[split]} run" + (" (partial)" if partial else "") + ("" if split == "val" else ", size = examples"),
+            )
+    # every run is labelled while that stays readable; past that only the candidates and the unfinished runs
+    labelled = points if len(points) <= _LABEL_ALL_UP_TO else [
+        p for p in points if p["run_id"] in candidate_ids or p["run_id"] == chosen_id or not p["run_id"].startswith("run-")
+    ]
+    for p in labelled:
+        short = p["run_id"].replace("run-", "#").lstrip("#0") or "0"
+        short = f"#{short}" if p["run_id"].startswith("run-") else p["run_id"]
+        axes.annotate(f"{short} ({p['n']}/{p['requested']})" if p["partial"] or p["split"] == "train" else short,
+                      (p["x"], p["y"]), xytext=(6, -11), textcoords="offset points", fontsize=7, color="#444444")
+    candidates = [p for p in points if p["run_id"] in candidate_ids and p["run_id"] != chosen_id]
+    if candidates:
+        axes.scatter([p["x"] for p in candidates], [p["y"] for p in candidates], s=260, facecolors="none",
+                     edgecolors="#555555", linewidths=1.2, zorder=4, label="candidate checked for selection")
+    chosen = next((p for p in points if p["run_id"] == chosen_id), None)
+    if chosen is not None:
+        axes.scatter([chosen["x"]], [chosen["y"]], marker="*", s=420, color="#f2b705", edgecolors="black",
+                     linewidths=1, zorder=5, label=f"returned ({chosen['run_id']}, {chosen['y']:.2f})")
+
+    limit = rundir.budget_limit
+    right = max([limit or 0, *(p["x"] for p in points)]) or 1
+    axes.set_xlim(-0.02 * right, right * 1.04)
+    axes.set_ylim(-0.04, 1.08)
+    axes.set_xlabel(f"budget units spent (limit {limit})" if limit is not None else "budget units spent")
+    axes.set_ylabel("score")
+    title = Path(rundir.directory).name or rundir.directory
+    axes.set_title(f"{title}: {rundir.status}, {len(points)} evaluation run(s)", fontsize=11)
+    axes.grid(True, alpha=0.3)
+    if not points:
+        axes.text(0.5, 0.5, "no evaluation runs yet", transform=axes.transAxes, ha="center", va="center",
+                  fontsize=12, color="#777777")
+    else:
+        axes.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False, markerscale=0.6)
+    figure.tight_layout()
+    return figure
+
+
+def write_run_picture(rundir: RunDirectory | str | Path, path: str | Path | None = None) -> Path:
+    """Draw the run and write it as a PNG (default: ``run.png`` in the run directory). Returns the path."""
+    if not isinstance(rundir, RunDirectory):
+        rundir = read_run_directory(rundir)
+    target = Path(path) if path is not None else Path(rundir.directory) / PICTURE_NAME
+    figure = draw_run(rundir)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp")
+    figure.savefig(tmp, format="png")
+    tmp.replace(target)
+    return target

@@ -1,0 +1,273 @@
+"""Reading a run directory back, whatever state it is in: finished, interrupted (killed mid-run), still being
+written by a compile() in another process, or empty.
+
+:func:`read_run_directory` never writes and never raises on what it finds inside: a file that cannot be read
+(half written by a process that is still running, or damaged) is skipped and named in ``RunDirectory.problems``.
+Only a path that is not a directory is an error.
+
+Whether a compile() is still writing a directory is told by the lock it holds (``.lock``, see
+``RunDirectoryLock`` of the run directory's journal) and ``holder.json``, which names the holding process while it runs:
+on the same host, the holder is in flight while its process is alive (a process killed with SIGKILL leaves
+``holder.json`` behind but is gone); on another host, the lock itself is tested. Reading never takes the lock
+where it can be avoided, so a report never stands in the way of a compile() that is starting. Without
+``result.json`` and without a live holder, the run was interrupted.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from rlmoptimizer.errors import ConfigurationError
+from rlmoptimizer.records import EvalRun, ExampleResult
+
+Status = Literal["finished", "interrupted", "in flight", "empty"]
+
+try:  # POSIX only; elsewhere "in flight" cannot be told from "interrupted"
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+
+def _lock_is_held(lock_file: Path) -> bool:
+    """Test the OS lock on ``lock_file`` by asking for a shared lock and giving it back at once."""
+    if fcntl is None:  # pragma: no cover - Windows
+        return False
+    try:
+        fd = os.open(lock_file, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        return exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK)
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def holder_of(directory: str | Path) -> dict[str, Any] | None:
+    """``holder.json`` of a compile() writing ``directory`` now (pid, host, since), or None when none is."""
+    path = Path(directory)
+    try:
+        holder = json.loads((path / "holder.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        holder = None
+    if isinstance(holder, dict) and isinstance(holder.get("pid"), int):
+        if holder.get("host") == socket.gethostname():
+            return holder if _process_alive(holder["pid"]) else None
+        return holder if _lock_is_held(path / ".lock") else None
+    # no (readable) holder.json: a compile() in its first instant, or one whose details were lost
+    return {"pid": None, "host": None, "since": None} if _lock_is_held(path / ".lock") else None
+
+
+@dataclass(frozen=True)
+class PendingRun:
+    """An evaluation that had started and not finished when the directory was read: the records it had paid for.
+
+    It becomes a saved run (label ``<label>:recovered``) when the run directory is resumed."""
+
+    path: str
+    split: str
+    label: str
+    instructions: dict[str, str]
+    requested_count: int
+    charged: bool
+    records: tuple[ExampleResult, ...]
+
+    @property
+    def evaluated_count(self) -> int:
+        return len(self.records)
+
+    @property
+    def score(self) -> float:
+        return sum(r.score for r in self.records) / len(self.records) if self.records else 0.0
+
+
+@dataclass(frozen=True)
+class RunDirectory:
+    """Everything a run directory holds, read at one moment. ``status`` is one of
+    ``"finished"`` (``result.json`` is there), ``"in flight"`` (a compile() is writing it now; ``holder`` names
+    its process),
+    ``"interrupted"`` (neither: the process stopped or was killed; compile() with the same
+    ``run_storage_dir`` resumes it) and ``"empty"`` (no manifest, no runs)."""
+
+    directory: str
+    status: Status
+    holder: dict[str, Any] | None
+    manifest: dict[str, Any] | None
+    ledger: dict[str, Any] | None
+    runs: tuple[EvalRun, ...]
+    pending: tuple[PendingRun, ...]
+    prompt_versions: tuple[dict[str, Any], ...]
+    turns: tuple[dict[str, Any], ...]
+    result: dict[str, Any] | None
+    problems: tuple[str, ...] = field(default=())
+
+    # -- derived views ---------------------------------------------------------------------------
+    @property
+    def budget(self) -> dict[str, Any] | None:
+        """The final budget when finished, else the latest ledger (``limit``, ``spent``, ``left``, ``spent_by_kind``)."""
+        if self.result and isinstance(self.result.get("budget"), dict):
+            return self.result["budget"]
+        if self.ledger is not None:
+            return self.ledger
+        if self.manifest and "budget_limit" in self.manifest:
+            limit = int(self.manifest["budget_limit"])
+            return {"limit": limit, "spent": 0, "left": limit, "spent_by_kind": {}}
+        return None
+
+    @property
+    def budget_limit(self) -> int | None:
+        budget = self.budget
+        return int(budget["limit"]) if budget else None
+
+    @property
+    def selection(self) -> dict[str, Any] | None:
+        return self.result.get("selection") if self.result else None
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        """Per-role LM usage and cost as compile() recorded it in ``result.json``, when it did."""
+        usage = self.result.get("usage") if self.result else None
+        return usage if isinstance(usage, dict) and usage else None
+
+    @property
+    def cost(self) -> float | None:
+        """Total cost in USD where it is known (from ``usage``), else None."""
+        usage = self.usage
+        if not usage:
+            return None
+        if isinstance(usage.get("total_cost"), (int, float)):
+            return float(usage["total_cost"])
+        costs = [v.get("cost") for v in usage.values() if isinstance(v, dict)]
+        known = [float(c) for c in costs if isinstance(c, (int, float))]
+        return sum(known) if known else None
+
+    @property
+    def optimized_instructions(self) -> dict[str, str] | None:
+        return self.result.get("optimized_dspy_program") if self.result else None
+
+    @property
+    def initial_instructions(self) -> dict[str, str] | None:
+        """The instructions of the unchanged program (those of its baseline run)."""
+        for run in self.runs:
+            if run.label == "baseline":
+                return dict(run.instructions)
+        return None
+
+    def spent_after(self, run: EvalRun) -> int:
+        """Budget spent when ``run`` was saved (the x position of a run in the picture)."""
+        limit = self.budget_limit
+        if limit is None:
+            return 0
+        return max(0, limit - run.budget_left)
+
+
+def _read_json(path: Path, problems: list[str]) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:  # removed between listing and reading (a pending log that became a run)
+        return None
+    except (OSError, ValueError) as exc:
+        problems.append(f"{path.name}: unreadable ({exc})")
+        return None
+
+
+def _numbered(directory: Path, pattern: str) -> list[Path]:
+    found = []
+    for path in directory.glob(pattern):
+        number = path.stem.split("-")[-1]
+        if number.isdigit():
+            found.append((int(number), path))
+    return [path for _, path in sorted(found)]
+
+
+def _read_pending(path: Path, problems: list[str]) -> PendingRun | None:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        problems.append(f"{path.name}: unreadable ({exc})")
+        return None
+    if not lines:
+        return None
+    try:
+        header = json.loads(lines[0])
+        split, instructions = str(header["split"]), dict(header["instructions"])
+    except (ValueError, KeyError, TypeError):
+        return None  # the header itself was being written
+    records = []
+    for line in lines[1:]:
+        try:
+            records.append(ExampleResult.from_dict(json.loads(line)))
+        except (ValueError, KeyError, TypeError):
+            break  # a torn last line: the record was being written
+    return PendingRun(
+        path=str(path), split=split, label=str(header.get("label", "agent")), instructions=instructions,
+        requested_count=int(header.get("requested", len(records))), charged=bool(header.get("charged", True)),
+        records=tuple(sorted(records, key=lambda r: r.example_id)),
+    )
+
+
+def read_run_directory(directory: str | Path) -> RunDirectory:
+    """Read ``directory`` as it is now. :class:`ConfigurationError` if it does not exist or is not a directory."""
+    path = Path(directory)
+    if not path.exists():
+        raise ConfigurationError(f"no such run directory: {str(path)!r}; pass the run_storage_dir of a compile()")
+    if not path.is_dir():
+        raise ConfigurationError(f"{str(path)!r} is not a directory; pass the run_storage_dir of a compile()")
+    problems: list[str] = []
+    holder = holder_of(path)
+    manifest = _read_json(path / "manifest.json", problems) if (path / "manifest.json").exists() else None
+    ledger = _read_json(path / "ledger.json", problems) if (path / "ledger.json").exists() else None
+    result = _read_json(path / "result.json", problems) if (path / "result.json").exists() else None
+
+    runs: list[EvalRun] = []
+    for file in _numbered(path / "runs", "run-*.json"):
+        data = _read_json(file, problems)
+        if data is None:
+            continue
+        try:
+            runs.append(EvalRun.from_dict(data))
+        except (ValueError, KeyError, TypeError) as exc:
+            problems.append(f"{file.name}: not a run ({exc})")
+    pending = [p for p in (_read_pending(f, problems) for f in sorted((path / "runs").glob("pending-*.jsonl"))) if p]
+    prompt_versions = [v for v in (_read_json(f, problems) for f in _numbered(path / "prompts", "v-*.json")) if v]
+    turns = [t for t in (_read_json(f, problems) for f in _numbered(path / "turns", "turn-*.json")) if t]
+
+    if result is not None:
+        status: Status = "finished"
+    elif holder is not None:
+        status = "in flight"
+    elif manifest is None and not runs and not pending:
+        status = "empty"
+    else:
+        status = "interrupted"
+    return RunDirectory(
+        directory=str(path), status=status, holder=holder if result is None else None, manifest=manifest if isinstance(manifest, dict) else None,
+        ledger=ledger if isinstance(ledger, dict) else None, runs=tuple(runs), pending=tuple(pending),
+        prompt_versions=tuple(v for v in prompt_versions if isinstance(v, dict)),
+        turns=tuple(t for t in turns if isinstance(t, dict)),
+        result=result if isinstance(result, dict) else None, problems=tuple(problems),
+    )

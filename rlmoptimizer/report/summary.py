@@ -1,0 +1,198 @@
+"""A person's summary of a run directory: ``python -m rlmoptimizer report RUN_DIR``.
+
+Prints the status (finished, interrupted, in flight, empty), the budget, the cost where it was recorded, every
+evaluation run with its score, the prompt versions and the selection, and writes the picture of the run
+(:mod:`rlmoptimizer.report.plot`).
+"""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from rlmoptimizer.report.rundir import RunDirectory, read_run_directory
+
+_STATUS = {
+    "finished": ("green", "finished: result.json holds the returned instructions"),
+    "interrupted": ("yellow", "interrupted: the process stopped before it finished; run compile() again with this "
+                              "run_storage_dir to resume where it stopped (nothing paid for is evaluated again)"),
+    "in flight": ("cyan", "in flight: a compile() is writing this directory now"),
+    "empty": ("dim", "empty: no run has been written here yet"),
+}
+
+
+def _clip(text: Any, limit: int = 100) -> str:
+    text = " ".join(str(text or "").split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _when(timestamp: Any) -> str:
+    if not isinstance(timestamp, (int, float)) or timestamp <= 0:
+        return ""
+    return datetime.datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _budget_text(rundir: RunDirectory) -> Text:
+    budget = rundir.budget
+    if not budget:
+        return Text("budget: unknown (no ledger yet)")
+    text = Text(f"budget: {budget.get('spent', 0)} of {budget['limit']} units spent, {budget.get('left', '?')} left")
+    kinds = {k: v for k, v in (budget.get("spent_by_kind") or {}).items() if v}
+    if kinds:
+        text.append(" (" + ", ".join(f"{k} {v}" for k, v in kinds.items()) + ")")
+    return text
+
+
+def _usage_table(rundir: RunDirectory) -> Table | Text:
+    usage = rundir.usage
+    if not usage:
+        return Text("cost: not recorded in this run directory", style="dim")
+    table = Table(title="LM usage and cost", title_justify="left", show_edge=False)
+    rows = {role: data for role, data in usage.items() if isinstance(data, dict)}
+    columns = sorted({key for data in rows.values() for key in data if isinstance(data[key], (int, float))})
+    table.add_column("role")
+    for column in columns:
+        table.add_column(column, justify="right")
+    for role, data in rows.items():
+        table.add_row(role, *[f"{data[c]:.4f}" if isinstance(data.get(c), float) else str(data.get(c, "")) for c in columns])
+    cost = rundir.cost
+    if cost is not None:
+        table.caption = f"total cost: ${cost:.4f}"
+    return table
+
+
+def _runs_table(rundir: RunDirectory) -> Table:
+    selection = rundir.selection or {}
+    candidates = {c.get("run_id") for c in selection.get("candidates", [])}
+    chosen = selection.get("chosen_run_id")
+    initial = rundir.initial_instructions
+    table = Table(title=f"evaluation runs ({len(rundir.runs)} saved, {len(rundir.pending)} in flight or unfinished)",
+                  title_justify="left", show_edge=False)
+    table.add_column("run", no_wrap=True, min_width=10)
+    for column, justify in ( ("split", "left"), ("label", "left"), ("score", "right"),
+                            ("passed", "right"), ("charged", "right"), ("spent after", "right"), ("", "left")):
+        table.add_column(column, justify=justify)
+    for run in rundir.runs:
+        marks = []
+        if run.run_id == chosen:
+            marks.append("[bold green]returned[/]")
+        elif run.run_id in candidates:
+            marks.append("candidate")
+        if initial is not None and run.instructions != initial and run.label != "baseline":
+            changed = sorted(step for step, text in run.instructions.items() if initial.get(step) != text)
+            if changed:
+                marks.append("changed: " + ", ".join(changed))
+        if run.note:
+            marks.append(f"[dim]{_clip(run.note, 60)}[/]")
+        table.add_row(
+            run.run_id, run.split, run.label, f"{run.score:.3f}",
+            f"{run.passed_count}/{run.evaluated_count}" + ("" if run.evaluated_count == run.requested_count else f" of {run.requested_count}"),
+            str(run.budget_spent), str(rundir.spent_after(run)), "; ".join(marks),
+        )
+    for pending in rundir.pending:
+        table.add_row(
+            "[italic]unfinished[/]", pending.split, pending.label, f"{pending.score:.3f}",
+            f"{sum(r.passed for r in pending.records)}/{pending.evaluated_count} of {pending.requested_count}",
+            str(pending.evaluated_count if pending.charged else 0), "",
+            "[yellow]" + ("being evaluated" if rundir.status == "in flight" else "see below") + "[/]",
+        )
+    return table
+
+
+def _pending_text(rundir: RunDirectory) -> Text | None:
+    if not rundir.pending or rundir.status == "in flight":
+        return None
+    text = Text(style="yellow")
+    for pending in rundir.pending:
+        text.append(
+            f"unfinished: {pending.label} evaluation on {pending.split} stopped after {pending.evaluated_count} of "
+            f"{pending.requested_count} examples; its records are kept in runs/{Path(pending.path).name} and are "
+            "saved as a run (not paid again) when compile() resumes this directory\n"
+        )
+    text.rstrip()
+    return text
+
+
+def _prompts_table(rundir: RunDirectory) -> Table | Text:
+    if not rundir.prompt_versions:
+        return Text("prompt versions: none (the instructions were never changed)", style="dim")
+    table = Table(title=f"prompt versions ({len(rundir.prompt_versions)})", title_justify="left", show_edge=False)
+    table.add_column("v", justify="right")
+    table.add_column("step")
+    table.add_column("source")
+    table.add_column("text")
+    for version in rundir.prompt_versions:
+        table.add_row(str(version.get("version", "")), str(version.get("step", "")), str(version.get("source", "")),
+                      _clip(version.get("text", ""), 110))
+    return table
+
+
+def _selection_text(rundir: RunDirectory) -> Panel | Text:
+    selection = rundir.selection
+    if not selection:
+        return Text("selection: none yet (made when compile() finishes)", style="dim")
+    lines = Text()
+    lines.append(f"returned {selection.get('chosen_run_id')} ({selection.get('chosen_label')}) with "
+                 f"{selection.get('split')} score {selection.get('chosen_score', 0):.3f}", style="bold")
+    if selection.get("baseline_score") is not None:
+        lines.append(f"; the unchanged program scored {selection['baseline_score']:.3f}")
+    lines.append(f"\nwhy: {selection.get('reason', '')}")
+    instructions = rundir.optimized_instructions or {}
+    initial = rundir.initial_instructions or {}
+    for step, text in instructions.items():
+        if initial.get(step) != text:
+            lines.append(f"\n{step}: ", style="bold")
+            lines.append(_clip(text, 400))
+    return Panel(lines, title="selection", title_align="left", border_style="green")
+
+
+def render(rundir: RunDirectory, picture: Path | None = None) -> Group:
+    """The summary of ``rundir`` as one rich renderable."""
+    color, meaning = _STATUS[rundir.status]
+    header = Text()
+    header.append(f"{rundir.directory}\n", style="bold")
+    header.append(f"status: {meaning}", style=color)
+    holder = rundir.holder or {}
+    if rundir.status == "in flight" and holder.get("pid") is not None:
+        header.append(f" (process {holder['pid']} on {holder.get('host')}, since {holder.get('since')})", style=color)
+    manifest = rundir.manifest or {}
+    if manifest.get("created_at"):
+        header.append(f"\nstarted: {_when(manifest['created_at'])}")
+    if rundir.turns:
+        header.append(f"\nagent turns: {len(rundir.turns)}"
+                      + (" (the last one submitted)" if rundir.turns[-1].get("final") else "")
+                      + (f", last at {_when(rundir.turns[-1].get('created_at'))}" if rundir.turns[-1].get("created_at") else ""))
+    parts: list[Any] = [Panel(header, title="rlmoptimizer run", title_align="left"), _budget_text(rundir)]
+    if rundir.status != "empty":
+        parts += [_usage_table(rundir), _runs_table(rundir)]
+        pending = _pending_text(rundir)
+        if pending is not None:
+            parts.append(pending)
+        parts += [_prompts_table(rundir), _selection_text(rundir)]
+    if rundir.problems:
+        parts.append(Text("skipped: " + "; ".join(rundir.problems), style="yellow"))
+    if picture is not None:
+        parts.append(Text(f"picture: {picture}"))
+    return Group(*parts)
+
+
+def report(directory: str | Path, *, console: Console | None = None, picture: str | Path | None | bool = True) -> RunDirectory:
+    """Print the summary of ``directory`` and write its picture.
+
+    ``picture``: True writes ``run.png`` into the run directory, a path writes there, False writes none. An empty
+    directory gets no picture. Returns what was read."""
+    from rlmoptimizer.report.plot import write_run_picture
+
+    console = console if console is not None else Console()
+    rundir = read_run_directory(directory)
+    written = None
+    if picture is not False and rundir.status != "empty":
+        written = write_run_picture(rundir, None if picture is True or picture is None else picture)
+    console.print(render(rundir, written))
+    return rundir

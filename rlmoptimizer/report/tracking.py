@@ -1,0 +1,289 @@
+"""MLflow tracking of a compile(), as ``dspy.GEPA(use_mlflow=True)`` offers it.
+
+Needs the optional extra: ``pip install "rlmoptimizer[mlflow]"``. The tracker uses the tracking URI and the
+experiment set the usual MLflow way (``mlflow.set_tracking_uri`` / ``mlflow.set_experiment``, or the
+``MLFLOW_TRACKING_URI`` / ``MLFLOW_EXPERIMENT_NAME`` environment variables) and nests its run under the active
+MLflow run when there is one.
+
+What it logs:
+
+* at the start, the optimizer's parameters;
+* for every evaluation run, one metric step (the step is the run number): ``train_score`` or ``val_score``,
+  ``train_passed`` or ``val_passed``, ``evaluated_count``, ``budget_spent``, ``budget_left``, and ``cost_usd`` when
+  the cost is known;
+* every agent turn (``turns/turn-NNNN.json``) and every prompt version (``prompts/v-NNNN.json``) as it happens;
+* at the end, ``optimized_instructions.json``, ``selection.json``, ``trajectory.json``, ``detailed_results.json``
+  and the picture of the run (``run.png``), plus ``final_score`` and ``baseline_score``.
+
+Tracking never fails an optimization: the first error from MLflow is reported once as a warning, and tracking
+stops for the rest of that compile() (the run directory still has everything).
+
+The tracker is an observer of a compile()'s events (:meth:`MlflowTracker.on_event`); the compile itself calls
+:meth:`~MlflowTracker.compile_started`, :meth:`~MlflowTracker.compile_finished` and
+:meth:`~MlflowTracker.compile_failed`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rlmoptimizer.errors import ConfigurationError
+from rlmoptimizer.events import AgentTurn, EvaluationFinished, Event, PromptUpdated
+
+logger = logging.getLogger(__name__)
+
+MLFLOW_EXTRA = 'pip install "rlmoptimizer[mlflow]"'
+_PARAM_LIMIT = 500  # the smallest value length MLflow stores have accepted for a parameter
+
+
+def require_mlflow() -> Any:
+    """The ``mlflow`` module, or :class:`ConfigurationError` naming the extra to install."""
+    try:
+        import mlflow
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"use_mlflow=True needs MLflow, which is not installed: {MLFLOW_EXTRA} (or pip install mlflow), "
+            "or drop use_mlflow=True"
+        ) from exc
+    return mlflow
+
+
+def check_use_mlflow(value: Any) -> bool:
+    """``use_mlflow`` as given to the optimizer: a bool, and MLflow importable when True."""
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"use_mlflow must be True or False, got {value!r}")
+    if value:
+        require_mlflow()  # fail when the optimizer is built, not after the baseline was paid for
+    return value
+
+
+_SETTINGS = ("max_iterations", "pass_threshold", "num_threads", "rlm_max_iterations", "rlm_max_llm_calls",
+             "rlm_max_output_chars", "root_stateful_session", "rlm_multiturn_history", "sandbox_timeout_s", "attempt")
+
+
+def _lm_name(lm: Any) -> str | None:
+    if lm is None:
+        return None
+    model = getattr(lm, "model", None)
+    return model if isinstance(model, str) and model else type(lm).__name__
+
+
+def compile_params(optimizer: Any, run: Any) -> dict[str, Any]:
+    """The parameters of one compile(): the optimizer's settings and what the compile runs with (``run`` is the
+    compile's state: its LMs, data sizes, budget and run directory)."""
+    params: dict[str, Any] = {"optimizer": type(optimizer).__name__}
+    params.update({name: getattr(optimizer, name) for name in _SETTINGS if hasattr(optimizer, name)})
+    params.update({
+        "budget_limit": run.budget_limit, "trainset_size": len(run.trainset), "valset_size": len(run.valset),
+        "root_lm": _lm_name(run.root_lm), "sub_lm": _lm_name(run.sub_lm), "eval_lm": _lm_name(run.eval_lm),
+        "metric": getattr(run.metric, "identity", None), "run_storage_dir": str(run.directory),
+    })
+    return params
+
+
+@contextmanager
+def tracked(tracker: MlflowTracker | None, optimizer: Any, run: Any) -> Iterator[None]:
+    """Open the MLflow run of a compile() for the duration of the block and close it as failed if the block
+    raises (the block's success is closed by :meth:`MlflowTracker.compile_finished`). Nothing is tracked without
+    a tracker, or for a finished run read back (``run.read_back``)."""
+    if tracker is None or getattr(run, "read_back", False):
+        yield
+        return
+    tracker.compile_started(compile_params(optimizer, run))
+    try:
+        yield
+    except BaseException as exc:
+        tracker.compile_failed(exc)
+        raise
+
+
+def _run_number(run_id: str, fallback: int) -> int:
+    tail = str(run_id).rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else fallback
+
+
+def _get(obj: Any, name: str, default: Any = None) -> Any:
+    return obj.get(name, default) if isinstance(obj, dict) else getattr(obj, name, default)
+
+
+class MlflowTracker:
+    """Logs one compile() to MLflow. Thread safe; every method is a no-op once tracking has failed once."""
+
+    def __init__(self, run_name: str | None = None) -> None:
+        self._mlflow = require_mlflow()
+        self.run_name = run_name
+        self.run_id: str | None = None
+        self._client: Any = None
+        self._started_here = False
+        self._lock = threading.Lock()
+        self._failed = False
+        self._evaluations = 0
+        self._turns = 0
+        self._versions = 0
+
+    @property
+    def active(self) -> bool:
+        return self.run_id is not None and not self._failed
+
+    def _guard(self, what: str, action: Callable[[], Any]) -> None:
+        with self._lock:
+            if self._failed:
+                return
+            try:
+                action()
+            except Exception as exc:  # a broken store must not break the optimization
+                self._failed = True
+                logger.warning(
+                    "MLflow tracking stopped (%s failed: %s: %s). The optimization goes on; everything is still "
+                    "in its run directory.", what, type(exc).__name__, exc,
+                )
+
+    # -- events ----------------------------------------------------------------------------------------
+    def on_event(self, event: Event) -> None:
+        """The observer protocol (:mod:`rlmoptimizer.events`): a run saved, an agent turn, a prompt version."""
+        if isinstance(event, EvaluationFinished):
+            self.evaluation_finished(event.run, event.budget)
+        elif isinstance(event, AgentTurn):
+            self.agent_turn(event.turn)
+        elif isinstance(event, PromptUpdated):
+            self.prompt_updated(event.version)
+
+    def compile_started(self, params: dict[str, Any]) -> None:
+        """Open the MLflow run (nested under the active run, if any) and log ``params``."""
+
+        def start() -> None:
+            mlflow = self._mlflow
+            from mlflow.entities import Param
+
+            parent = mlflow.active_run()
+            run = mlflow.start_run(run_name=self.run_name, nested=parent is not None)
+            self._started_here = True
+            self.run_id = run.info.run_id
+            self._client = mlflow.MlflowClient()
+            values = [Param(str(k), str(v)[:_PARAM_LIMIT]) for k, v in params.items() if v is not None]
+            self._client.log_batch(self.run_id, params=values, tags=[])
+            self._client.set_tag(self.run_id, "optimizer", "rlmoptimizer.RLMDocstringOptimizer")
+
+        self._guard("starting the MLflow run", start)
+
+    def evaluation_finished(self, run: Any, budget: dict[str, Any] | None = None, cost: float | None = None) -> None:
+        """One metric step for an evaluation run (an ``EvalRun`` or its ``summary()``); ``budget`` is the ledger
+        snapshot after it, ``cost`` the USD spent so far when known."""
+        if self.run_id is None:
+            return
+
+        def log() -> None:
+            from mlflow.entities import Metric
+
+            self._evaluations += 1
+            step = _run_number(_get(run, "run_id", ""), self._evaluations)
+            split = _get(run, "split", "train")
+            now = int(time.time() * 1000)
+            values = {
+                f"{split}_score": float(_get(run, "score", 0.0)),
+                f"{split}_passed": float(_get(run, "passed_count", 0)),
+                "evaluated_count": float(_get(run, "evaluated_count", 0)),
+            }
+            if budget:
+                values["budget_spent"] = float(budget.get("spent", 0))
+                values["budget_left"] = float(budget.get("left", 0))
+            else:
+                values["budget_left"] = float(_get(run, "budget_left", 0))
+            if cost is not None:
+                values["cost_usd"] = float(cost)
+            self._client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in values.items()])
+
+        self._guard("logging an evaluation run", log)
+
+    def agent_turn(self, turn: dict[str, Any]) -> None:
+        if self.run_id is None:
+            return
+
+        def log() -> None:
+            self._turns += 1
+            number = int(turn.get("iteration", self._turns)) if str(turn.get("iteration", "")).isdigit() else self._turns
+            self._client.log_dict(self.run_id, dict(turn), f"turns/turn-{number:04d}.json")
+            self._client.log_metric(self.run_id, "agent_turns", self._turns, step=self._turns)
+
+        self._guard("logging an agent turn", log)
+
+    def prompt_updated(self, version: dict[str, Any]) -> None:
+        if self.run_id is None:
+            return
+
+        def log() -> None:
+            self._versions += 1
+            number = version.get("version", self._versions)
+            self._client.log_dict(self.run_id, dict(version), f"prompts/v-{int(number):04d}.json")
+
+        self._guard("logging a prompt version", log)
+
+    def compile_finished(
+        self,
+        *,
+        instructions: dict[str, str],
+        selection: dict[str, Any],
+        trajectory: list[dict[str, Any]],
+        picture: str | Path | None = None,
+        detailed_results: dict[str, Any] | None = None,
+        budget: dict[str, Any] | None = None,
+        usage: dict[str, Any] | None = None,
+    ) -> None:
+        """Log the outcome as artifacts and close the run."""
+        if self.run_id is None:
+            return
+
+        def log() -> None:
+            client, run_id = self._client, self.run_id
+            client.log_dict(run_id, dict(instructions), "optimized_instructions.json")
+            client.log_dict(run_id, dict(selection), "selection.json")
+            client.log_dict(run_id, {"turns": list(trajectory)}, "trajectory.json")
+            if detailed_results is not None:
+                client.log_dict(run_id, detailed_results, "detailed_results.json")
+            if usage:
+                client.log_dict(run_id, usage, "usage.json")
+            if picture is not None and Path(picture).exists():
+                client.log_artifact(run_id, str(picture))
+            now = int(time.time() * 1000)
+            from mlflow.entities import Metric
+
+            finals = {"final_score": selection.get("chosen_score"), "baseline_score": selection.get("baseline_score")}
+            if budget:
+                finals["final_budget_spent"] = budget.get("spent")
+            metrics = [Metric(k, float(v), now, 0) for k, v in finals.items() if isinstance(v, (int, float))]
+            if metrics:
+                client.log_batch(run_id, metrics=metrics)
+            client.set_tag(run_id, "selection_reason", str(selection.get("reason", ""))[:5000])
+
+        self._guard("logging the result", log)
+        self._end("FINISHED")
+
+    def compile_failed(self, error: BaseException) -> None:
+        """Close the run as failed (KILLED for Ctrl-C), with the error as a tag."""
+        if self.run_id is None:
+            return
+        self._guard("logging the error", lambda: self._client.set_tag(self.run_id, "error", f"{type(error).__name__}: {error}"[:5000]))
+        self._end("KILLED" if isinstance(error, KeyboardInterrupt) or "interrupted" in str(error) else "FAILED")
+
+    # -- closing -------------------------------------------------------------------------------------
+    def _end(self, status: str) -> None:
+        if self.run_id is None or not self._started_here:
+            return
+        mlflow = self._mlflow
+        try:
+            active = mlflow.active_run()
+            if active is not None and active.info.run_id == self.run_id:
+                mlflow.end_run(status=status)
+            elif self._client is not None:
+                self._client.set_terminated(self.run_id, status=status)
+        except Exception as exc:  # never fail the optimization for this
+            if not self._failed:
+                logger.warning("Could not close the MLflow run %s: %s", self.run_id, exc)
+            self._failed = True
+        self._started_here = False

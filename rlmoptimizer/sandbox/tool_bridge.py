@@ -1,0 +1,134 @@
+"""The host tools as sandboxed code sees them: wrapped so the watchdog does not count their time, registered
+in the sandbox again when they change (with the Python run inside Pyodide around them), and the internal tool
+through which each execute reports the REPL's global names.
+
+May import: the standard library, ``rlmoptimizer.errors`` and ``rlmoptimizer.sandbox.deno``, ``.process`` and
+``.watchdog``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import inspect
+import json
+from collections.abc import Callable
+from typing import Any
+
+from rlmoptimizer.errors import AgentToolError, SandboxError
+from rlmoptimizer.sandbox import deno
+from rlmoptimizer.sandbox.process import DenoInterpreter
+from rlmoptimizer.sandbox.watchdog import Watchdog
+
+# A cheap expression listing the REPL's global names that are not private and not modules (``js`` is a
+# JsProxy, hence the sys.modules check). It defines nothing and works even if the agent shadowed print.
+GLOBAL_NAMES_EXPR = (
+    "(lambda _modules: __import__('json').dumps([_n for _n, _v in globals().items() "
+    "if not _n.startswith('_') and type(_v).__name__ != 'module' and id(_v) not in _modules]))"
+    "({id(_m) for _m in __import__('sys').modules.values()})"
+)
+
+# Sandbox-side code run with each tool registration (see the docstrings of the asset files): the tools'
+# wrappers, then the runner hooks. The host appends the one call each file's docstring names.
+_TOOL_WRAPPERS = (deno.ASSETS_DIR / "tool_wrappers.py").read_text(encoding="utf-8")
+_RUNNER_HOOKS = (deno.ASSETS_DIR / "runner_hooks.py").read_text(encoding="utf-8")
+
+# The internal host tool through which each execute reports the REPL's global names as it ends (private, so
+# never listed itself, and not in ``Sandbox.tools``): one tool round trip (~0.5 ms) instead of a second
+# execute listing them (dspy's runner sets up every execute: ~5 ms).
+NAMES_TOOL = "_rlmopt_names"
+
+
+def registration_code(names: list[str], removed: list[str]) -> str:
+    """What runs in the sandbox after dspy registered the tools ``names`` (``removed`` are gone since)."""
+    wrap = f"_rlmopt_wrap_tools({json.dumps(names)}, {json.dumps(removed)}, {json.dumps(AgentToolError.__name__)})"
+    hooks = f"_rlmopt_install_hooks(globals().get({json.dumps(NAMES_TOOL)}))"
+    return "\n".join([_TOOL_WRAPPERS, wrap, "del _rlmopt_wrap_tools", _RUNNER_HOOKS, hooks, "del _rlmopt_install_hooks, _HARDEN_JS"])
+
+
+class ToolBridge:
+    """The tool registration state of one sandbox: the wrapped tools, what the running process has
+    registered, and the global names the running execute reported through :data:`NAMES_TOOL`.
+
+    ``watchdog`` returns the sandbox's current watchdog; a tool call pauses it while the tool runs."""
+
+    def __init__(self, watchdog: Callable[[], Watchdog | None]) -> None:
+        self._watchdog = watchdog
+        self.registration_key: str | None = None
+        self.registered_tools: set[str] = set()  # tool functions defined in the current process
+        self.wrapped: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {}
+        self.reported_names: set[str] | None = None  # what the running execute reported (NAMES_TOOL)
+
+    def reset(self) -> None:
+        """A new process: nothing is registered in it yet."""
+        self.registration_key, self.registered_tools = None, set()
+
+    def sync(self, interp: DenoInterpreter, tools: dict[str, Callable[..., Any]], output_fields: list[dict] | None) -> bool:
+        """Hand ``tools`` (wrapped to pause the watchdog) and ``output_fields`` to the interpreter;
+        re-register them in the sandbox when their names, signatures or the outputs changed (True then)."""
+        wrapped = {}
+        for name, fn in tools.items():
+            if not (isinstance(name, str) and name.isidentifier()):
+                raise SandboxError(f"Tool names must be Python identifiers, got {name!r}")
+            cached = self.wrapped.get(name)
+            if cached is None or cached[0] is not fn:
+                cached = (fn, self.pausing(fn))
+                self.wrapped[name] = cached
+            wrapped[name] = cached[1]
+        wrapped[NAMES_TOOL] = self.receive_names
+        interp.tools = wrapped
+        interp.output_fields = output_fields
+        key = json.dumps(
+            [[name, interp._extract_parameters(fn)] for name, fn in wrapped.items()] + [output_fields],
+            default=repr,
+            sort_keys=True,
+        )
+        if key != self.registration_key or not interp._tools_registered:
+            interp._tools_registered = False
+            self.registration_key = key
+        return not interp._tools_registered and bool(wrapped or self.registered_tools)
+
+    def register(self, interp: DenoInterpreter) -> None:
+        """Register the interpreter's tools (dspy's execute does), then wrap them and install the runner hooks."""
+        removed = sorted(self.registered_tools - set(interp.tools))
+        interp.execute(registration_code(sorted(interp.tools), removed))
+        self.registered_tools = set(interp.tools)
+
+    def receive_names(self, names: list) -> None:
+        """NAMES_TOOL: each execute reports the REPL's global names through it as it ends."""
+        if isinstance(names, list) and all(isinstance(name, str) for name in names):
+            self.reported_names = set(names)
+
+    def pausing(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` with the watchdog paused while it runs (awaiting it too if it is async)."""
+
+        @functools.wraps(fn)
+        def tool(**kwargs: Any) -> Any:
+            watchdog = self._watchdog()
+            watchdog.pause()
+            try:
+                result = fn(**kwargs)
+                return run_awaitable(result) if inspect.isawaitable(result) else result
+            finally:
+                watchdog.resume()
+
+        try:
+            tool.__signature__ = inspect.signature(fn)
+        except (TypeError, ValueError):
+            pass  # no introspectable signature: registered as taking no named parameters
+        return tool
+
+
+def run_awaitable(awaitable: Any) -> Any:
+    """Await an async tool's result from sync code, on a helper thread if this one runs an event loop."""
+
+    async def wait() -> Any:
+        return await awaitable
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(wait())
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, wait()).result()

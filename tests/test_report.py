@@ -1,0 +1,240 @@
+"""Reading run directories back for a person: the report command, the picture, the detailed results and the
+trajectory display, on a finished run (a real scripted compile), a run killed mid-evaluation (SIGKILL) and an
+empty directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from matplotlib import image
+from rich.console import Console
+from support.fakes import FunctionLM, scripted_agent
+from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
+
+from rlmoptimizer import ConfigurationError, RLMDocstringOptimizer
+from rlmoptimizer.__main__ import main
+from rlmoptimizer.report.results import DetailedResults
+from rlmoptimizer.report.rundir import read_run_directory
+from rlmoptimizer.report.trajectory import Trajectory
+
+TURNS = [
+    {"reasoning": "look", "code": "print(baseline_train['score'])"},
+    {"reasoning": "fix", "code": f"update_prompt('route', {POLICY_PROMPT!r})\n"
+                                 "r = evaluate_program(failed_from_run=baseline_train['run_id'])\n"
+                                 "print('rerun', r['evaluated_count'])"},
+    {"reasoning": "validate", "code": "v = evaluate_program(split='val')\nprint('val <b>', float(v['score']))"},
+    {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"},
+]
+STAR = np.array([0xF2, 0xB7, 0x05]) / 255  # the colour of the "returned" mark
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A run directory left by a real compile(): baselines, a re-run of the failures, a validation check, submit."""
+    directory = tmp_path_factory.mktemp("finished") / "run"
+    trainset, valset = make_splits()
+    optimized = RLMDocstringOptimizer(
+        max_iterations=2, root_lm=scripted_agent(TURNS), eval_lm=FunctionLM(task_lm_reply), run_storage_dir=directory
+    ).compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
+    return directory, optimized
+
+
+def picture_pixels(path: Path) -> np.ndarray:
+    pixels = image.imread(str(path))
+    assert pixels.shape[:2] == (450, 800)  # 8x4.5 in at 100 dpi: readable at a notebook's default size
+    assert pixels[..., :3].std() > 0.05  # not a blank canvas
+    return pixels[..., :3]
+
+
+def has_colour(pixels: np.ndarray, colour: np.ndarray) -> bool:
+    return bool((np.abs(pixels - colour).max(axis=-1) < 0.03).sum() > 20)
+
+
+@pytest.mark.slow
+def test_compile_leaves_the_picture_and_attaches_detailed_results(finished, tmp_path):
+    directory, optimized = finished
+    pixels = picture_pixels(directory / "run.png")  # written by compile() itself
+    assert has_colour(pixels, STAR)
+    assert optimized.detailed_results == DetailedResults.from_run_directory(directory)
+    assert optimized.detailed_results.best_candidate == optimized.optimized_dspy_program
+    assert optimized.score == optimized.selection["chosen_score"]
+    [best, baseline] = optimized.candidate_programs
+    assert best["score"] == optimized.score and baseline["score"] == optimized.selection["baseline_score"]
+    assert best["program"].route.signature.instructions == POLICY_PROMPT
+    assert baseline["program"].route.signature.instructions == RouteTicket().route.signature.instructions
+    # the returned program is still the same ordinary module: the candidates are not among its predictors
+    assert [name for name, _ in optimized.named_predictors()] == ["summarize.predict", "route"]
+    assert isinstance(optimized.agent_trajectory, Trajectory)
+    optimized.save(str(tmp_path / "program.json"))
+    loaded = RouteTicket()
+    loaded.load(str(tmp_path / "program.json"))
+    assert loaded.route.signature.instructions == POLICY_PROMPT
+
+
+@pytest.mark.slow
+def test_report_of_a_finished_run(finished, capsys):
+    directory, optimized = finished
+    (directory / "run.png").unlink()
+    assert main(["report", str(directory)]) == 0
+    out = capsys.readouterr().out
+    assert "status: finished" in out
+    budget = optimized.budget
+    assert f"budget: {budget['spent']} of {budget['limit']} units spent" in out
+    assert "cost: not recorded" in out
+    for log in optimized.trial_logs:  # every run with its score
+        assert log["run_id"] in out and f"{log['score']:.3f}" in out
+    assert "returned" in out and "prompt versions (1)" in out
+    assert f"returned {optimized.selection['chosen_run_id']}" in out
+    pixels = picture_pixels(directory / "run.png")
+    assert has_colour(pixels, STAR)
+
+
+@pytest.mark.slow
+def test_report_shows_usage_and_cost_when_result_json_has_them(finished, tmp_path, capsys):
+    import shutil
+
+    directory, _ = finished
+    copy = tmp_path / "run"
+    shutil.copytree(directory, copy)
+    (copy / "run.png").unlink(missing_ok=True)
+    result = json.loads((copy / "result.json").read_text())
+    result["usage"] = {"root": {"calls": 4, "cost": 0.125}, "eval": {"calls": 56, "cost": 0.5}}
+    (copy / "result.json").write_text(json.dumps(result))
+    assert main(["report", str(copy), "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    assert "total cost: $0.6250" in out and "root" in out and "eval" in out
+    assert not (copy / "run.png").exists()
+    assert DetailedResults.from_run_directory(copy).cost == 0.625
+
+
+@pytest.mark.slow
+def test_detailed_results_give_what_gepa_and_miprov2_users_look_for(finished):
+    directory, optimized = finished
+    results = DetailedResults.from_run_directory(directory, program=RouteTicket())
+    initial = RouteTicket().route.signature.instructions
+    assert [c["route"] for c in results.candidates] == [initial, POLICY_PROMPT]
+    assert results.val_aggregate_scores == (optimized.selection["baseline_score"], optimized.selection["chosen_score"])
+    assert results.best_idx == 1 and results.best_candidate["route"] == POLICY_PROMPT
+    assert results.score == optimized.selection["chosen_score"]
+    # train scores per example: every example for the unchanged program, the re-run failures for the new prompt
+    baseline_train = optimized.trial_logs[0]
+    assert len(results.train_subscores[0]) == baseline_train["evaluated_count"]
+    failed = sorted(i for i, s in results.train_subscores[0].items() if s < 1)
+    assert sorted(results.train_subscores[1]) == failed and all(s == 1.0 for s in results.train_subscores[1].values())
+    # the new prompt is best on the failures, the unchanged one is the only one seen on the rest: both on the front
+    assert results.pareto_front == [0, 1]
+    assert all(results.per_train_example_best_candidates[i] == {1} for i in failed)
+    # MIPROv2's names: candidates evaluated on the whole selection split, best first, as programs
+    programs = results.candidate_programs
+    assert [p["score"] for p in programs] == sorted(results.val_aggregate_scores, reverse=True)
+    assert programs[0]["program"].route.signature.instructions == POLICY_PROMPT and programs[0]["full_eval"] is True
+    assert results.budget == optimized.budget and results.run_storage_dir == results.log_dir == str(directory)
+    # budget spent before each candidate was first evaluated: nothing for the unchanged program
+    assert results.discovery_eval_counts == (0, 0)
+    data = json.loads(json.dumps(results.to_dict()))
+    assert data["pareto_front"] == [0, 1] and data["best_idx"] == 1 and data["status"] == "finished"
+    with pytest.raises(ConfigurationError, match="program"):
+        _ = DetailedResults.from_run_directory(directory).candidate_programs[0]
+
+
+@pytest.mark.slow
+def test_the_trajectory_reads_turn_by_turn_and_stays_a_plain_list(finished):
+    _, optimized = finished
+    trajectory = Trajectory(optimized.agent_trajectory)
+    assert trajectory == optimized.agent_trajectory and isinstance(trajectory, list)
+    assert json.loads(json.dumps(trajectory)) == json.loads(json.dumps(list(optimized.agent_trajectory)))
+    html = trajectory._repr_html_()
+    assert html.count("<tr>") == len(trajectory) + 1  # a header and one short row per turn
+    assert "val &lt;b&gt;" in html and "val <b>" not in html  # the agent's text is escaped
+    assert "(submitted)" in html
+    long = Trajectory([{"iteration": 1, "reasoning": "r", "code": "x = 1\n" * 500, "output": "y" * 20_000}])
+    assert len(long._repr_html_()) < 2_000  # a short form per turn, not a wall of text
+    assert long.show(0).__repr__().count("x = 1") == 500  # show(i) gives the whole turn
+    console = Console(record=True, width=120)
+    console.print(trajectory)
+    console.print(trajectory.show(-1))
+    text = console.export_text()
+    assert "agent turn 4 (submitted)" in text and "SUBMIT" in text
+
+
+def test_report_of_an_empty_directory_and_of_no_directory(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "status: empty" in out
+    assert not (tmp_path / "run.png").exists()
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    assert "no such run directory" in capsys.readouterr().err
+    assert DetailedResults.from_run_directory(tmp_path).candidates == ()
+
+
+KILLED_RUN = """
+import os, sys
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+sys.path[:0] = [{tests!r}, {root!r}]
+import test_report as t
+from support.tickets import RouteTicket, make_splits, metric, task_lm_reply
+from rlmoptimizer.testing import FunctionLM, scripted_agent
+from rlmoptimizer import RLMDocstringOptimizer
+trainset, valset = make_splits()
+opt = RLMDocstringOptimizer(max_iterations=2, root_lm=scripted_agent(t.TURNS),
+                            eval_lm=FunctionLM(task_lm_reply, latency=0.2), num_threads=1,
+                            run_storage_dir={directory!r})
+opt.compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
+"""
+
+
+@pytest.mark.slow
+def test_report_of_a_run_killed_mid_evaluation(tmp_path, capsys):
+    tests = Path(__file__).parent
+    script = tmp_path / "killed.py"
+    directory = tmp_path / "run"
+    script.write_text(KILLED_RUN.format(tests=str(tests), root=str(tests.parent), directory=str(directory)))
+    env = {**os.environ, "DSPY_CACHEDIR": str(tmp_path / "cache")}
+    process = subprocess.Popen([sys.executable, str(script)], env=env)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and process.poll() is None:
+            logs = list((directory / "runs").glob("pending-*.jsonl")) if (directory / "runs").exists() else []
+            lines = [p.read_text().splitlines() for p in logs]
+            if any(len(ls) >= 4 and '"split": "val"' in ls[0] and '"label": "agent"' in ls[0] for ls in lines):
+                in_flight = read_run_directory(directory)  # while the compile() is writing it
+                assert main(["report", str(directory), "--no-plot"]) == 0
+                process.send_signal(signal.SIGKILL)
+                break
+            time.sleep(0.05)
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == -signal.SIGKILL
+    assert in_flight.status == "in flight" and in_flight.holder["pid"] == process.pid
+    assert in_flight.pending and in_flight.pending[0].split == "val"
+    assert "status: in flight" in capsys.readouterr().out
+
+    # a record being written when the process died: a torn last line is not read
+    pending_file = next((directory / "runs").glob("pending-*.jsonl"))
+    with pending_file.open("a") as handle:
+        handle.write('{"example_id": 7, "inputs": {"ticket": "half wri')
+    rundir = read_run_directory(directory)
+    assert rundir.status == "interrupted" and rundir.result is None and rundir.problems == ()
+    [pending] = rundir.pending
+    assert pending.split == "val" and pending.label == "agent" and 3 <= pending.evaluated_count < 8
+
+    assert main(["report", str(directory)]) == 0
+    out = capsys.readouterr().out
+    assert "status: interrupted" in out and "resume" in out
+    assert "unfinished" in out and f"stopped after {pending.evaluated_count} of 8" in " ".join(out.split())
+    assert "selection: none yet" in out
+    pixels = picture_pixels(directory / "run.png")
+    assert not has_colour(pixels, STAR)  # nothing returned yet
+    results = DetailedResults.from_run_directory(directory)
+    assert results.status == "interrupted" and results.best_idx is None and results.score is None
+    assert len(results.candidates) == 2  # the unchanged program and the re-run with the new prompt

@@ -1,0 +1,186 @@
+"""MLflow tracking against a real local store (SQLite file in a temporary directory), read back with MlflowClient."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import sqlite3
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlmoptimizer import ConfigurationError
+from rlmoptimizer.records import EvalRun, ExampleResult
+
+# CI installs the mlflow extra: there a missing MLflow is a failure, not a skip
+mlflow = importlib.import_module("mlflow") if os.environ.get("CI") else pytest.importorskip("mlflow")
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A fresh SQLite tracking store and experiment, set the usual MLflow way; the global MLflow state is restored."""
+    previous = mlflow.get_tracking_uri()
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    experiment = mlflow.create_experiment("rlmoptimizer-test", artifact_location=(tmp_path / "artifacts").as_uri())
+    mlflow.set_experiment(experiment_id=experiment)
+    yield {"uri": uri, "experiment_id": experiment, "db": tmp_path / "mlflow.db", "artifacts": tmp_path / "artifacts"}
+    while mlflow.active_run() is not None:
+        mlflow.end_run()
+    mlflow.set_tracking_uri(previous)
+
+
+def run(number: int, split: str, scores: list[float], left: int) -> EvalRun:
+    records = tuple(
+        ExampleResult(example_id=i, inputs={"q": str(i)}, expected={"a": "x"}, predicted={"a": "x" if s else "y"},
+                      score=s, passed=s >= 1.0)
+        for i, s in enumerate(scores)
+    )
+    return EvalRun(run_id=f"run-{number:04d}", split=split, label="agent", instructions={"step": f"v{number}"},
+                   records=records, requested_count=len(scores), budget_spent=len(scores), budget_left=left)
+
+
+def artifact_paths(client, run_id, path=None):
+    found = []
+    for item in client.list_artifacts(run_id, path):
+        found += artifact_paths(client, run_id, item.path) if item.is_dir else [item.path]
+    return sorted(found)
+
+
+def test_use_mlflow_without_mlflow_names_the_extra(monkeypatch):
+    from rlmoptimizer.report.tracking import MlflowTracker
+
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # what an environment without the extra looks like
+    with pytest.raises(ConfigurationError, match=r'pip install "rlmoptimizer\[mlflow\]"'):
+        MlflowTracker()
+
+
+def test_the_tracker_logs_params_steps_turns_versions_and_artifacts_nested_under_the_active_run(store, tmp_path):
+    from rlmoptimizer.report.tracking import MlflowTracker
+
+    picture = tmp_path / "run.png"
+    picture.write_bytes(b"\x89PNG fake bytes are enough for an artifact")
+    with mlflow.start_run(run_name="user's run") as parent:
+        tracker = MlflowTracker()
+        tracker.compile_started({"max_iterations": 2, "budget_limit": 32, "root_lm": "openai/gpt-4o", "sub_lm": None})
+        tracker.evaluation_finished(run(1, "train", [1, 0, 1, 1], 32), {"spent": 0, "left": 32})
+        tracker.agent_turn({"iteration": 1, "reasoning": "look", "code": "print(1)", "output": "1", "final": False})
+        tracker.prompt_updated({"version": 1, "step": "step", "text": "new", "previous": "old", "source": "update_prompt"})
+        tracker.evaluation_finished(run(2, "train", [1], 31), {"spent": 1, "left": 31}, cost=0.25)
+        tracker.evaluation_finished(run(3, "val", [1, 1, 0, 1], 27), {"spent": 5, "left": 27}, cost=0.5)
+        tracker.agent_turn({"iteration": 2, "reasoning": "submit", "code": "SUBMIT()", "output": "", "final": True})
+        selection = {"split": "val", "chosen_run_id": "run-0003", "chosen_score": 0.75, "baseline_score": 0.5,
+                     "reason": "better"}
+        tracker.compile_finished(instructions={"step": "v3"}, selection=selection, trajectory=[{"iteration": 1}],
+                                 picture=picture, detailed_results={"best_idx": 1}, budget={"spent": 5})
+        assert mlflow.active_run().info.run_id == parent.info.run_id  # ours closed, the user's still active
+
+    client = mlflow.MlflowClient(store["uri"])
+    logged = client.get_run(tracker.run_id)
+    assert logged.info.status == "FINISHED"
+    assert logged.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    assert logged.info.experiment_id == store["experiment_id"]
+    assert logged.data.params == {"max_iterations": "2", "budget_limit": "32", "root_lm": "openai/gpt-4o"}
+    spent = client.get_metric_history(tracker.run_id, "budget_spent")
+    assert [(m.step, m.value) for m in sorted(spent, key=lambda m: m.step)] == [(1, 0), (2, 1), (3, 5)]
+    assert [(m.step, m.value) for m in client.get_metric_history(tracker.run_id, "train_score")] == [(1, 0.75), (2, 1.0)]
+    assert [(m.step, m.value) for m in client.get_metric_history(tracker.run_id, "val_score")] == [(3, 0.75)]
+    assert [m.value for m in client.get_metric_history(tracker.run_id, "cost_usd")] == [0.25, 0.5]
+    assert logged.data.metrics["final_score"] == 0.75
+    assert artifact_paths(client, tracker.run_id) == [
+        "detailed_results.json", "optimized_instructions.json", "prompts/v-0001.json", "run.png", "selection.json",
+        "trajectory.json", "turns/turn-0001.json", "turns/turn-0002.json",
+    ]
+    local = client.download_artifacts(tracker.run_id, "turns/turn-0002.json", str(tmp_path / "down"))
+    assert '"final": true' in open(local).read()
+
+
+def test_a_tracking_store_that_breaks_mid_run_is_reported_once_and_the_run_goes_on(store, caplog):
+    from rlmoptimizer.report.tracking import MlflowTracker
+
+    tracker = MlflowTracker(run_name="breaks")
+    tracker.compile_started({"max_iterations": 1})
+    tracker.evaluation_finished(run(1, "train", [1, 0], 10), {"spent": 0, "left": 10})
+    with sqlite3.connect(store["db"]) as db:  # the store breaks: its metric table is gone
+        db.execute("DROP TABLE metrics")
+        db.execute("DROP TABLE latest_metrics")
+    with caplog.at_level(logging.WARNING, logger="rlmoptimizer.report.tracking"):
+        tracker.evaluation_finished(run(2, "train", [1], 9), {"spent": 1, "left": 9})
+        tracker.agent_turn({"iteration": 1, "code": "x", "output": ""})
+        tracker.evaluation_finished(run(3, "val", [1, 1], 7), {"spent": 3, "left": 7})
+        tracker.compile_finished(instructions={"step": "v"}, selection={"chosen_score": 1.0}, trajectory=[])
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "MLflow tracking stopped" in warnings[0].getMessage()
+    assert "goes on" in warnings[0].getMessage()
+    assert not tracker.active
+    assert mlflow.active_run() is None  # the run was closed (popped) even though the store is broken
+
+
+TURNS = [
+    {"reasoning": "look", "code": "print(baseline_train['score'])"},
+    {"reasoning": "fix", "code": "update_prompt('route', POLICY)\n"
+                                 "r = evaluate_program(failed_from_run=baseline_train['run_id'])\nprint(r['score'])"},
+    {"reasoning": "validate", "code": "print(evaluate_program(split='val')['score'])"},
+    {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program={'route': POLICY})"},
+]
+
+
+@pytest.mark.slow
+def test_compile_with_use_mlflow_is_logged_to_the_users_store(store, tmp_path):
+    from support.fakes import FunctionLM, scripted_agent
+    from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
+
+    from rlmoptimizer import RLMDocstringOptimizer
+
+    turns = [{**t, "code": t["code"].replace("POLICY", repr(POLICY_PROMPT))} for t in TURNS]
+    trainset, valset = make_splits()
+    with mlflow.start_run(run_name="my experiment") as parent:
+        optimized = RLMDocstringOptimizer(
+            max_iterations=2, root_lm=scripted_agent(turns, name="scripted-agent"), eval_lm=FunctionLM(task_lm_reply),
+            run_storage_dir=tmp_path / "run", use_mlflow=True,
+        ).compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
+
+    client = mlflow.MlflowClient(store["uri"])
+    [child] = client.search_runs([store["experiment_id"]], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    run_id = child.info.run_id
+    assert child.info.status == "FINISHED"
+    params = child.data.params
+    assert params["max_iterations"] == "2" and params["budget_limit"] == str(optimized.budget["limit"])
+    assert params["root_lm"] == "scripted-agent" and params["trainset_size"] == "12" and params["valset_size"] == "8"
+    assert params["run_storage_dir"] == str(tmp_path / "run")
+
+    # one metric point per evaluation run, in order (the step is the run number)
+    runs = optimized.trial_logs
+    left = sorted(client.get_metric_history(run_id, "budget_left"), key=lambda m: (m.timestamp, m.step))
+    assert [(m.step, m.value) for m in left] == [(int(r["run_id"][-4:]), r["budget_left"]) for r in runs]
+    for split in ("train", "val"):
+        history = sorted(client.get_metric_history(run_id, f"{split}_score"), key=lambda m: m.step)
+        assert [(m.step, m.value) for m in history] == [
+            (int(r["run_id"][-4:]), r["score"]) for r in runs if r["split"] == split
+        ]
+    assert child.data.metrics["final_score"] == optimized.score
+
+    paths = artifact_paths(client, run_id)
+    assert {"optimized_instructions.json", "selection.json", "trajectory.json", "detailed_results.json",
+            "run.png"} <= set(paths)
+    assert [p for p in paths if p.startswith("turns/")] == [f"turns/turn-{i:04d}.json" for i in range(1, 5)]
+    assert [p for p in paths if p.startswith("prompts/")] == ["prompts/v-0001.json"]
+    downloaded = Path(client.download_artifacts(run_id, "optimized_instructions.json", str(tmp_path / "down")))
+    assert json.loads(downloaded.read_text()) == optimized.optimized_dspy_program
+    picture = Path(client.download_artifacts(run_id, "run.png", str(tmp_path / "down")))
+    assert picture.read_bytes() == (tmp_path / "run" / "run.png").read_bytes()
+
+
+def test_use_mlflow_is_checked_when_the_optimizer_is_built(monkeypatch):
+    from support.fakes import FunctionLM
+
+    from rlmoptimizer import RLMDocstringOptimizer
+
+    with pytest.raises(ConfigurationError, match="use_mlflow must be True or False"):
+        RLMDocstringOptimizer(root_lm=FunctionLM(lambda m: "x"), use_mlflow="yes")
+    monkeypatch.setitem(sys.modules, "mlflow", None)
+    with pytest.raises(ConfigurationError, match=r'rlmoptimizer\[mlflow\]'):
+        RLMDocstringOptimizer(root_lm=FunctionLM(lambda m: "x"), use_mlflow=True)
