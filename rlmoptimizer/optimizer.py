@@ -365,10 +365,9 @@ class _Compile:
 
     def _choose(self, submission: dict[str, str]) -> Selection:
         """Evaluate the submission on the selection split unless a complete run of it exists, then apply the
-        never-worse policy (:func:`rlmoptimizer.selection.never_worse`)."""
+        never-worse policy (:func:`rlmoptimizer.selection.never_worse`) to first samples (a lucky rollout never wins)."""
         split = "val" if self.valset else "train"
         size = len(self.valset) if self.valset else len(self.trainset)
-        # the first sample of each candidate only: a lucky extra rollout must not pick the program
         complete = [r for r in self.runs.all() if r.split == split and r.evaluated_count == size and r.rollout == 0]
         submitted_run = next((r for r in reversed(complete) if r.instructions == submission), None)
         if submitted_run is None:
