@@ -121,7 +121,7 @@ def test_reflective_example_carries_the_steps_io_expected_score_error_and_metric
 # -- propose_instructions ----------------------------------------------------------------------------------
 
 
-def test_propose_reflects_on_the_failures_of_the_latest_train_run_and_charges_one_unit_per_call(tmp_path):
+def test_propose_reflects_on_the_current_instructions_failures_and_charges_one_unit_per_call(tmp_path):
     proposer = proposal_reply()
     world = World(tmp_path, proposal_lm=proposer)
     result = world.moves.propose_instructions("generate.predict", n=2, guidance="Keep it under 20 words.")
