@@ -11,6 +11,11 @@ Differences from a plain ``dspy.RLM``:
   start from an earlier trajectory (resume).
 - Setup code (loading the evaluation data) runs once per sandbox process, after dspy's own setup, and is
   replayed by the sandbox after a restart.
+- With a :class:`~rlmoptimizer.context.BoundedContext`, each turn sends a view of the history that fits the root
+  LM's window, and a state block at the end of the request; a request the root LM refuses as too long is
+  compacted harder and asked again.
+- With a :class:`~rlmoptimizer.usage.UsageMeter`, sub-LM calls (``llm_query``, sub-agents) are counted for the
+  ``sub`` role; once spending is stopped (``spending_stopped``), the agent gets a few turns to SUBMIT.
 """
 
 from __future__ import annotations
@@ -35,8 +40,10 @@ from rlmoptimizer._dspy_agent import (
     resolve_interpreter_factory,
 )
 from rlmoptimizer.budget import SUB_LM_CALL, BudgetLedger, Reservation
+from rlmoptimizer.context import BoundedContext, is_context_refusal
 from rlmoptimizer.errors import BudgetExhaustedError
 from rlmoptimizer.sessions import RootSession
+from rlmoptimizer.usage import SUB, UsageMeter
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +135,12 @@ class OptimizerAgent(dspy.RLM):
         validate_submission: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         stateful_session: bool = False,
         multiturn_history: bool = False,
+        context: BoundedContext | None = None,
+        state_block: Callable[[], str] | None = None,
+        usage: UsageMeter | None = None,
+        spending_stopped: Callable[[], str | None] | None = None,
+        turns_after_stop: int = 3,
+        context_refusal_retries: int = 4,
         **rlm_kwargs: Any,
     ) -> None:
         super().__init__(signature, **rlm_kwargs)
@@ -143,6 +156,18 @@ class OptimizerAgent(dspy.RLM):
         self._prior_turns = [dict(t) for t in prior_turns]
         self._parse_retries = parse_retries
         self._validate_submission = validate_submission
+        self._context = context
+        self._state_block = state_block
+        self._usage = usage
+        self._spending_stopped = spending_stopped
+        self._turns_after_stop = turns_after_stop
+        self._context_refusal_retries = context_refusal_retries
+
+    def _sub_role(self):
+        """The dspy context that books LM calls to the ``sub`` role (a no-op without a meter)."""
+        if self._usage is None:
+            return dspy.context()
+        return dspy.context(usage_tracker=self._usage.tracker(SUB, forward=dspy.settings.usage_tracker))
 
     # -- budgeted sub-LM tools ------------------------------------------------------------------------
     def _make_llm_tools(self, budget: _LLMCallBudget | None = None, max_workers: int = 8) -> dict[str, Callable]:
@@ -153,7 +178,10 @@ class OptimizerAgent(dspy.RLM):
             lm = sub_lm if sub_lm is not None else dspy.settings.lm
             if lm is None:
                 raise dspy.LMNotConfiguredError("No sub-LM configured for llm_query.")
-            response = lm(prompt)
+            with self._sub_role():
+                response = lm(prompt)
+            if self._usage is not None:
+                self._usage.add_units(SUB, 1)
             text = response.text if isinstance(response, dspy.lm15.Response) else None
             if text is None and isinstance(response, list) and response:
                 first = response[0]
@@ -194,7 +222,23 @@ class OptimizerAgent(dspy.RLM):
         return {"llm_query": llm_query, "llm_query_batched": llm_query_batched}
 
     def _setup_facade(self, repl, budget, interpreter_factory) -> str:
-        return super()._setup_facade(repl, _ChargedBudget(budget, self._ledger), interpreter_factory)
+        before = set(getattr(repl, "tools", {}) or {})
+        rules = super()._setup_facade(repl, _ChargedBudget(budget, self._ledger), interpreter_factory)
+        tools = getattr(repl, "tools", None)
+        if self._usage is not None and isinstance(tools, dict):
+            for name in set(tools) - before:  # the sub-agent tools: their LM calls are sub-LM calls
+                tools[name] = self._in_sub_role(tools[name])
+        return rules
+
+    def _in_sub_role(self, tool: Callable) -> Callable:
+        import functools
+
+        @functools.wraps(tool)
+        def booked(*args, **kwargs):
+            with self._sub_role():
+                return tool(*args, **kwargs)
+
+        return booked
 
     # -- the loop ---------------------------------------------------------------------------------------
     def forward(self, *, interpreter_factory: Callable[[], CodeInterpreter] | None = None, **input_args) -> Prediction:
@@ -219,7 +263,13 @@ class OptimizerAgent(dspy.RLM):
             for turn in self._prior_turns:
                 history = history.append(reasoning=turn.get("reasoning", ""), code=turn["code"], output=turn["output"])
 
+            stopped_turns = 0
             for iteration in range(len(history), self.max_iters):
+                if self._spending_stopped is not None and self._spending_stopped():
+                    stopped_turns += 1
+                    if stopped_turns > self._turns_after_stop:
+                        setup.result()
+                        return self._stop_for_spending(history, output_field_names)
                 action = self._next_action(variables, history, iteration, interpreter_factory, sub_agent_rules)
                 if regular_args is None:
                     sub_agent_rules, regular_args = setup.result()
@@ -236,6 +286,18 @@ class OptimizerAgent(dspy.RLM):
 
             setup.result()
             return self._extract_fallback(variables, history, output_field_names)
+
+    def _stop_for_spending(self, history, output_field_names) -> Prediction:
+        """Spending stopped and the agent did not SUBMIT within its last turns: end without another LM call; the
+        current instructions (the agent's update_prompt edits) are what is submitted."""
+        reason = self._spending_stopped() if self._spending_stopped is not None else ""
+        logger.warning("%s; the agent did not SUBMIT within %d turns, so the current instructions are submitted.",
+                       reason, self._turns_after_stop)
+        return Prediction(
+            trajectory=[entry.model_dump() for entry in history],
+            final_reasoning=f"{reason}; the current instructions were submitted.",
+            **{name: {} for name in output_field_names},
+        )
 
     def _prepare_repl(self, repl, budget, interpreter_factory, input_args) -> tuple[str, dict[str, Any]]:
         """dspy's facade, our data-loading setup code, then mark both for replay after a restart."""
@@ -256,12 +318,15 @@ class OptimizerAgent(dspy.RLM):
         last_error: AdapterParseError | None = None
         root_lm = self.generate_action.lm or dspy.settings.lm
         session = self._root_session if self._root_session is not None and self._root_session.takes_turn(root_lm) else None
-        for attempt in range(1 + self._parse_retries):
+        refusals = 0
+        attempt = 0
+        while attempt < 1 + self._parse_retries:
+            shown, step = self._turn_inputs(signature, variables_info, history, iteration)
             try:
                 if session is not None:
                     action = session.act(
-                        root_lm, signature, variables_info=variables_info, history=history,
-                        iteration=f"{iteration + 1}/{self.max_iters}", options=self.generate_action.config,
+                        root_lm, signature, variables_info=variables_info, history=shown,
+                        iteration=step, options=self.generate_action.config,
                         fresh=bool(attempt),
                     )
                 else:
@@ -269,14 +334,20 @@ class OptimizerAgent(dspy.RLM):
                         action = self.generate_action(
                             signature=signature,
                             variables_info=variables_info,
-                            repl_history=history,
-                            iteration=f"{iteration + 1}/{self.max_iters}",
+                            repl_history=shown,
+                            iteration=step,
                             **({"config": {"cache": False}} if attempt else {}),
                         )
                 break
             except AdapterParseError as exc:
                 last_error = exc
-                logger.warning("Root LM reply did not parse (attempt %d): %s", attempt + 1, exc)
+                attempt += 1
+                logger.warning("Root LM reply did not parse (attempt %d): %s", attempt, exc)
+            except Exception as exc:
+                if self._context is None or not is_context_refusal(exc) or refusals >= self._context_refusal_retries:
+                    raise
+                refusals += 1
+                self._context.refused()
         else:
             raw = (last_error.lm_response or "")[:2000] if last_error else ""
             return history.append(
@@ -289,6 +360,20 @@ class OptimizerAgent(dspy.RLM):
                 ),
             )
         return action
+
+    def _turn_inputs(self, signature, variables_info, history: REPLHistory, iteration: int) -> tuple[REPLHistory, str]:
+        """The history to show and the iteration field of this turn. With a bounded context: the view that fits
+        the window, and the state block after the iteration (the end of the request, where what changes every
+        turn belongs: the history before it is a prefix of the next turn's request)."""
+        step = f"{iteration + 1}/{self.max_iters}"
+        if self._state_block is not None:
+            step = f"{step}\n\n{self._state_block()}"
+        if self._context is None:
+            return history, step
+        adapter = dspy.settings.adapter or ChatAdapter()
+        empty = {"variables_info": variables_info, "repl_history": REPLHistory(), "iteration": step}
+        fixed = sum(len(str(m.get("content", ""))) for m in adapter.format(signature, demos=[], inputs=empty))
+        return self._context.view(history, fixed_chars=fixed), step
 
     def _run_action(self, repl, action, history, input_args, output_field_names):
         """Execute the action's code; the new history, or the final Prediction on a valid SUBMIT."""
@@ -306,9 +391,14 @@ class OptimizerAgent(dspy.RLM):
         """Out of turns without a SUBMIT: dspy asks the root LM to extract the outputs from the history. When that
         reply is unusable (a small model's often is), the run does not fail: the outputs are left empty, so the
         current instructions (the agent's ``update_prompt`` edits) are what was submitted."""
+        shown = history
+        if self._context is not None:  # the extraction sees the bounded view too (the turns are on disk)
+            shown = self._context.view(history, fixed_chars=sum(len(v.format()) for v in variables) + 4_000)
         try:
             with dspy.context(adapter=_root_adapter(last_attempt=True)):
-                return super()._extract_fallback(variables, history, output_field_names)
+                prediction = super()._extract_fallback(variables, shown, output_field_names)
+            prediction.trajectory = [entry.model_dump() for entry in history]
+            return prediction
         except Exception as exc:
             logger.warning("The agent ran out of turns and its final output could not be extracted (%s: %s); "
                            "submitting the current instructions.", type(exc).__name__, exc)

@@ -85,7 +85,11 @@ class BudgetLedger:
         limit: int,
         spent_by_kind: dict[str, int] | None = None,
         on_change: Callable[[BudgetLedger], None] | None = None,
+        gate: Any = None,
     ) -> None:
+        """``gate``: another limit on what may be reserved (the spending cap): an object with
+        ``allow(kind, n) -> int`` (how many of ``n`` units it permits) and ``reason() -> str | None`` (why it
+        refuses, once it does)."""
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
             raise ValueError(f"budget limit must be an int >= 0, got {limit!r}")
         self.limit = limit
@@ -95,6 +99,12 @@ class BudgetLedger:
         for kind, amount in (spent_by_kind or {}).items():
             self._spent_by_kind[kind] = int(amount)
         self._on_change = on_change
+        self.gate = gate
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why no more can be reserved although units are left (the spending cap), or None."""
+        return self.gate.reason() if self.gate is not None else None
 
     # -- reading ---------------------------------------------------------------------------------
     @property
@@ -138,6 +148,8 @@ class BudgetLedger:
         with self._lock:
             available = max(0, self.limit - sum(self._spent_by_kind.values()) - self._reserved)
             granted = min(n, available)
+            if self.gate is not None and granted:
+                granted = max(0, min(granted, self.gate.allow(kind, granted)))
             self._reserved += granted
         return Reservation(self, kind, granted)
 
@@ -150,6 +162,8 @@ class BudgetLedger:
                 raise BudgetExhaustedError(
                     f"budget exhausted: {n} {kind} unit(s) requested, {available} of {self.limit} left"
                 )
+            if self.gate is not None and n and self.gate.allow(kind, n) < n:
+                raise BudgetExhaustedError(self.gate.reason() or f"{n} {kind} unit(s) refused by the spending cap")
             self._reserved += n
         return Reservation(self, kind, n)
 

@@ -610,6 +610,7 @@ class RunService:
                 if len(batch) < len(todo):
                     notes.append(
                         f"budget allowed {len(batch)} of {len(todo)} requested examples; {self.ledger.left} units left"
+                        + (f"; {self.ledger.stop_reason}" if self.ledger.stop_reason else "")
                     )
             else:
                 new = (

@@ -10,6 +10,8 @@ returns)::
     runs/run-0001.json       every evaluation run (written by RunStore)
     prompts/v-0001.json      every prompt version the agent made
     turns/turn-0001.json     every agent turn (reasoning, code, output)
+    usage.json               LM calls, tokens and dollars per role, kept current while the run goes
+    notes.json               the agent's notes (rlmoptimizer.notes)
     result.json              the final choice, once compile() has returned
 
 A directory whose manifest differs from the current compile() is refused (RunDirectoryMismatchError)
@@ -133,6 +135,10 @@ class RunJournal:
     def write_ledger(self, snapshot: dict[str, Any]) -> None:
         with self._lock:
             atomic_write_json(self.directory / "ledger.json", snapshot, durable=False)
+
+    def write_usage(self, snapshot: dict[str, Any]) -> None:
+        """usage.json: LM calls, tokens and dollars per role so far (rlmoptimizer.usage)."""
+        atomic_write_json(self.directory / "usage.json", snapshot, durable=False)
 
     def read_ledger(self) -> dict[str, Any] | None:
         path = self.directory / "ledger.json"

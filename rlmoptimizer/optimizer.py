@@ -17,6 +17,7 @@ the optimizer, so one optimizer can compile twice.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from rich.console import Console
 
 from rlmoptimizer.agent import OptimizerAgent
 from rlmoptimizer.budget import BudgetLedger, budget_for
+from rlmoptimizer.context import BoundedContext, ContextBudget, render_state_block
 from rlmoptimizer.display import Display
 from rlmoptimizer.errors import ConfigurationError, OptimizationInterrupted, RLMOptimizerError
 from rlmoptimizer.evaluation import Evaluator, RunService, check_examples, check_program, resolve_eval_lm
@@ -40,11 +42,13 @@ from rlmoptimizer.fingerprint import (
 )
 from rlmoptimizer.journal import RunJournal
 from rlmoptimizer.metric import Metric
+from rlmoptimizer.notes import NotesStore
 from rlmoptimizer.prompts import render_instructions, render_task_brief
 from rlmoptimizer.records import EvalRun
 from rlmoptimizer.run_store import RunStore
 from rlmoptimizer.sandbox import Sandbox
 from rlmoptimizer.tools import AgentToolError, OptimizationSession
+from rlmoptimizer.usage import EVAL, ROOT, UsageMeter
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +58,15 @@ baseline_val = run_data({val_run!r}) if {val_run!r} else None
 step_names = {step_names!r}
 current_prompts = optimization_status()["current_prompts"]
 """
+
+
+def _read_json(path: Path) -> Any:
+    import json
+
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def _check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
@@ -101,6 +114,9 @@ class RLMDocstringOptimizer(Teleprompter):
         root_stateful_session: bool = True,
         rlm_multiturn_history: bool = False,
         sandbox_timeout_s: float = 120.0,
+        root_context_window: int | None = None,
+        # spending
+        max_cost_usd: float | None = None,
         # output and storage
         verbose: bool = False,
         run_storage_dir: str | Path | None = None,
@@ -126,6 +142,18 @@ class RLMDocstringOptimizer(Teleprompter):
         if isinstance(sandbox_timeout_s, bool) or not isinstance(sandbox_timeout_s, (int, float)) or sandbox_timeout_s <= 0:
             raise ConfigurationError(f"sandbox_timeout_s must be a number > 0, got {sandbox_timeout_s!r}")
         self.sandbox_timeout_s = float(sandbox_timeout_s)
+        self.root_context_window = (
+            None if root_context_window is None
+            else _check_positive_int("root_context_window (the root LM's input window, in tokens)",
+                                     root_context_window, minimum=4_000)
+        )
+        if max_cost_usd is not None and (
+            isinstance(max_cost_usd, bool) or not isinstance(max_cost_usd, (int, float)) or not max_cost_usd > 0
+        ):
+            raise ConfigurationError(
+                f"max_cost_usd must be a number of dollars > 0 (or None for no cap), got {max_cost_usd!r}"
+            )
+        self.max_cost_usd = float(max_cost_usd) if max_cost_usd is not None else None
         self.verbose = bool(verbose)
         self.run_storage_dir = Path(run_storage_dir) if run_storage_dir is not None else None
         self.console = console
@@ -175,11 +203,25 @@ class _CompileRun:
             else BudgetLedger(self.budget_limit, on_change=on_change)
         )
         self.journal.write_ledger(self.ledger.snapshot())
+        # What every LM call of the run costs, per role (rlmoptimizer.usage), on disk as usage.json.
+        self._usage_written = 0.0
+        self._usage_lock = threading.Lock()
+        self.usage = UsageMeter(max_cost_usd=config.max_cost_usd, on_change=lambda meter: self._write_usage(due=True))
+        if self.resumed:
+            self.usage.restore(_read_json(self.directory / "usage.json"))
+        if config.max_cost_usd is not None:
+            self.ledger.gate = self.usage.gate()
+        self.notes = NotesStore(self.directory)
+
+        def on_result(record) -> None:
+            self.usage.add_units(EVAL, 1)
+            self.display.example_done(record.passed)
 
         evaluator = Evaluator(
             metric=metric, lm=self.eval_lm, num_threads=config.num_threads, pass_threshold=config.pass_threshold,
-            on_result=lambda record: self.display.example_done(record.passed),
+            on_result=on_result,
         )
+        evaluator.evaluate = self.usage.in_role(EVAL, evaluator.evaluate)  # the program's and the metric's calls
         splits = {"train": self.trainset}
         if self.valset:
             splits["val"] = self.valset
@@ -187,8 +229,46 @@ class _CompileRun:
         self.session = OptimizationSession(
             program=self.program, fingerprint=self.fingerprint, runs=self.runs, ledger=self.ledger,
             on_prompt_version=self.journal.write_prompt_version,
-            on_run_start=self.display.evaluation_started, on_run_end=self.display.run_finished,
+            on_run_start=self.display.evaluation_started, on_run_end=self._run_finished,
         )
+
+    def _run_finished(self, summary: dict[str, Any]) -> None:
+        self._write_usage()
+        self.display.run_finished(summary)
+
+    def _write_usage(self, due: bool = False) -> None:
+        """usage.json: after each evaluation and agent turn, and at most every few seconds in between."""
+        with self._usage_lock:
+            now = time.monotonic()
+            if due and now - self._usage_written < 5.0:
+                return
+            self._usage_written = now
+            self.journal.write_usage(self.usage.snapshot())
+
+    def _state_block(self) -> str:
+        """What the agent must not lose to the compaction of old turns: runs, instructions, budget, notes."""
+        spending = ""
+        if self.usage.max_cost_usd is not None:
+            spending = (f"Spending: ${self.usage.spent_usd:.4f} of max_cost_usd ${self.usage.max_cost_usd:.4f}"
+                        + (f" -- {self.usage.cap_message()}" if self.usage.cap_reached else "") + ".")
+        return render_state_block(
+            runs=[r.summary() for r in self.runs.runs()], instructions=self.session.instructions(),
+            budget=self.ledger.snapshot(), notes=self.notes.render(max_chars=3_000), spending=spending,
+        )
+
+    def _notes_tools(self) -> list:
+        notes = self.notes
+
+        def note(text: str) -> str:
+            """Keep a short conclusion (what you found, tried, what worked) in your notes: they are shown to you on every turn, also after old turns are compacted or the run resumes. Free."""
+            return notes.add(text)
+
+        def notes_list() -> list[str]:
+            """All your notes, oldest first. Free."""
+            return [f"[{n['id']}] {n['text']}" for n in notes.all()]
+
+        notes_list.__name__ = "notes"
+        return [note, notes_list]
 
     def _manifest(self) -> dict[str, Any]:
         return {
@@ -215,6 +295,7 @@ class _CompileRun:
             raise OptimizationInterrupted(self._where(f"stopped by {type(exc).__name__}: {exc}")) from exc
         finally:
             sandbox.shutdown()
+            self._write_usage()
 
     def _where(self, what: str) -> str:
         if self.store.is_temporary:
@@ -271,6 +352,7 @@ class _CompileRun:
             turn = {**turn, "created_at": time.time()}
             trajectory.append(turn)
             self.journal.write_turn(turn)
+            self._write_usage()
             self.display.turn(turn)
             if self.session.fatal is not None:  # e.g. the evaluation LM is unusable: stop, keep what was paid for
                 raise self.session.fatal
@@ -292,7 +374,12 @@ class _CompileRun:
             max_output_chars=self.config.rlm_max_output_chars,
             stateful_session=self.config.root_stateful_session,  # a resumed run starts a fresh chain
             multiturn_history=self.config.rlm_multiturn_history,
-            tools=self.session.tool_functions(),
+            context=BoundedContext(ContextBudget.for_lm(self.root_lm, self.config.root_context_window),
+                                   max_output_chars=self.config.rlm_max_output_chars),
+            state_block=self._state_block,
+            usage=self.usage,
+            spending_stopped=lambda: self.usage.cap_message() if self.usage.cap_reached else None,
+            tools=self.session.tool_functions() + self._notes_tools(),
             sub_lm=self.sub_lm,
             interpreter_factory=sandbox.as_factory(),
         )
@@ -301,7 +388,7 @@ class _CompileRun:
             len(self.trainset), len(self.valset), self.ledger.left, resumed=bool(prior_turns),
         )
         with dspy.context(lm=self.root_lm):
-            prediction = agent(task_brief=brief)
+            prediction = self.usage.in_role(ROOT, agent)(task_brief=brief)
         try:
             submitted = self.session.validate_prompt_map(prediction.optimized_dspy_program)
         except AgentToolError as exc:
@@ -319,6 +406,8 @@ class _CompileRun:
         size = len(self.valset) if self.valset else len(self.trainset)
         complete = [r for r in self.runs.runs() if r.split == split and r.evaluated_count == size]
         submitted_run = next((r for r in reversed(complete) if r.instructions == submission), None)
+        if submitted_run is None and self.usage.cap_reached:
+            return self._choose_unchecked(submission, split, complete)
         if submitted_run is None:
             charged = self.ledger.left >= size
             self.session.set_instructions(submission, source="submission")
@@ -363,6 +452,30 @@ class _CompileRun:
             "reason": reason,
             "candidates": candidates,
         }
+        if self.usage.max_cost_usd is not None:
+            selection["spending_cap_reached"] = self.usage.cap_reached
+            if self.usage.cap_reached:
+                selection["reason"] += f" ({self.usage.cap_message().split(',')[0]})"
+        return dict(chosen_run.instructions), selection
+
+    def _choose_unchecked(self, submission: dict[str, str], split: str, complete: list[EvalRun]):
+        """The spending cap stopped the run before the submission could be checked on the selection split: the
+        best candidate that was checked is returned (the unchanged program at worst), never an unchecked one."""
+        initial = self.initial_instructions
+        order = {id(r): i for i, r in enumerate(complete)}
+        chosen_run = max(complete, key=lambda r: (r.score, r.instructions == initial, order[id(r)]))
+        reason = (
+            f"{self.usage.cap_message().split(',')[0]} before the agent's submission could be checked on {split}; "
+            f"returning the best checked candidate, {chosen_run.run_id} ({chosen_run.label}) at {chosen_run.score:.4f}"
+        )
+        selection = {
+            "split": split, "chosen_run_id": chosen_run.run_id, "chosen_label": chosen_run.label,
+            "chosen_score": chosen_run.score, "submission_run_id": None, "submission_score": None,
+            "baseline_score": next((r.score for r in complete if r.label == "baseline"), None),
+            "reason": reason, "spending_cap_reached": True,
+            "candidates": [{"run_id": r.run_id, "label": r.label, "score": r.score, "instructions": r.instructions}
+                           for r in complete],
+        }
         return dict(chosen_run.instructions), selection
 
     def _build_result(self, instructions: dict[str, str], selection: dict, agent_result: dict) -> dspy.Module:
@@ -379,11 +492,15 @@ class _CompileRun:
         program.agent_final_reasoning = agent_result.get("final_reasoning", "")
         program.selection = selection
         program.budget = self.ledger.snapshot()
+        program.usage = self.usage.snapshot()
         program.run_storage_dir = str(self.directory)
         self.journal.write_result({
             "optimized_dspy_program": program.optimized_dspy_program,
             "selection": selection,
             "budget": program.budget,
+            "usage": program.usage,
         })
-        self.display.message(f"Done: {selection['reason']}. Runs are in {self.directory}.", style="bold")
+        self._write_usage()
+        self.display.message(f"Done: {selection['reason']}. Runs are in {self.directory}. "
+                             f"LM usage: {self.usage.summary()}.", style="bold")
         return program

@@ -10,7 +10,9 @@ import re
 import string
 from collections.abc import Mapping
 
-TOOL_NAMES: tuple[str, ...] = ("evaluate_program", "run_data", "update_prompt", "optimization_status")
+TOOL_NAMES: tuple[str, ...] = (
+    "evaluate_program", "run_data", "update_prompt", "optimization_status", "note", "notes",
+)
 
 AGENT_INSTRUCTIONS = """\
 You are a prompt optimizer for a DSPy program. The program is made of steps (predictors); each step has
@@ -40,8 +42,14 @@ Tools (call them from your code; they return plain dicts and lists):
   text. Returns {"step", "previous", "version"}.
 - `optimization_status()`: free. Budget spent/left, current instructions per step, step names, and every run
   so far with its split, label and score.
+- `note(text)`: keep a short conclusion (what you found, what you tried, what worked or did not), free. Your
+  notes are shown to you on every turn in the optimizer state, also after old steps are compacted out of your
+  history or the run resumes: write down what you must not forget. `notes()` returns them all.
 - `llm_query(prompt)` / `llm_query_batched(prompts)`: ask a sub-LM; each prompt costs 1 budget unit.
 A tool refusing a call raises `AgentToolError` (a ValueError) whose message says what was wrong -> what to do.
+
+Each turn ends with the optimizer state (runs with scores, current instructions, budget, your notes). In a long
+run older steps of your history are shown shortened; their full output is no longer visible, so note what matters.
 
 Budget: $budget units in all ($budget_note). Your own turns are free. When the budget is spent you can
 still analyse data, update prompts and SUBMIT.

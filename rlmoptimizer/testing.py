@@ -30,24 +30,36 @@ class _FunctionEngine(DummyEngine):
             raise reply
         text = reply if isinstance(reply, str) else owner._format_answer_fields(reply)
         words = sum(len(str(m.get("content", "")).split()) for m in messages)
+        usage = Usage(input_tokens=words, output_tokens=len(text.split()), total_tokens=words + len(text.split()))
+        if owner.usage is not None:
+            usage = owner.usage(messages, text)
+        with owner._lock:
+            owner.reported_usage.append(usage)
         return Response(
             id=None,
             model=owner.model,
             message=Message.assistant([TextPart(text)]),
             finish_reason="stop",
-            usage=Usage(input_tokens=words, output_tokens=len(text.split()), total_tokens=words + len(text.split())),
+            usage=usage,
         )
 
 
 class FunctionLM(DummyLM):
     """An LM whose reply is ``fn(messages)``: a dict of output fields (formatted for the adapter),
-    a raw string (sent as is), or an exception instance (raised). Thread safe; records every call."""
+    a raw string (sent as is), or an exception instance (raised). Thread safe; records every call.
 
-    def __init__(self, fn: Callable[[list[dict]], Reply], *, latency: float = 0.0, adapter=None, name="fake"):
+    Each reply reports a ``dspy.lm15.Usage``: by default the words of the messages as input tokens and the
+    words of the reply as output tokens, or ``usage(messages, text)`` when given (e.g. to report cached input
+    tokens). ``reported_usage`` lists every usage reported, in order."""
+
+    def __init__(self, fn: Callable[[list[dict]], Reply], *, latency: float = 0.0, adapter=None, name="fake",
+                 usage: Callable[[list[dict], str], Usage] | None = None):
         super().__init__([], adapter=adapter)
         self.model = name
         self.fn = fn
         self.latency = latency
+        self.usage = usage
+        self.reported_usage: list[Usage] = []
         self.calls: list[list[dict]] = []
         self._lock = threading.Lock()
         self._engine_spec = _FunctionEngine(self)
