@@ -190,6 +190,7 @@ class BoundedContext:
         self._folded_upto = 0  # steps [0, folded_upto) are one line each in the header
         self._verbatim_from = 0  # steps [folded_upto, verbatim_from) compacted, the rest verbatim
         self._sizes: list[tuple[REPLEntry, int, int, REPLEntry, str]] = []
+        self._last_shown = self._last_fixed = 0
 
     # -- the plan ----------------------------------------------------------------------------------------
     def limit(self, fixed_chars: int) -> int:
@@ -208,11 +209,14 @@ class BoundedContext:
         limit = self.limit(fixed_chars)
         if self._size(n, self._folded_upto, self._verbatim_from) > limit:
             self._compact(n, limit)
-        return self._render(n)
+        view = self._render(n)
+        self._last_shown, self._last_fixed = self._size(n, self._folded_upto, self._verbatim_from), fixed_chars
+        return view
 
     def refused(self) -> None:
         """The root LM refused the last request as too long: the next view compacts to a smaller limit."""
-        self.scale *= 0.6
+        last_request = self._last_shown + self._last_fixed
+        self.scale = min(self.scale * 0.6, 0.7 * last_request / max(1, self.budget.request_chars))
         logger.warning("The root LM refused a request as longer than its context window; the history is "
                        "compacted harder (to %.0f%% of the estimated limit) and the turn is asked again.",
                        self.scale * 100)
@@ -317,7 +321,7 @@ def render_state_block(*, runs: Iterable[Mapping[str, Any]] = (), instructions: 
         for r in runs
     ]
     if len(run_lines) > 20:
-        run_lines = [f"({len(run_lines) - 20} earlier runs: list_runs() has them all)"] + run_lines[-20:]
+        run_lines = [f"({len(run_lines) - 20} earlier runs: optimization_status() has them all)"] + run_lines[-20:]
     if run_lines:
         sections.append("Runs so far:\n" + "\n".join(run_lines))
     if budget:

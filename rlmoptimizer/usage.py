@@ -259,8 +259,8 @@ class UsageMeter:
         """How many of ``n`` further units of ``role``'s work fit under ``max_cost_usd``.
 
         A unit is priced at what the role's units cost so far on average (0 before the first priced one: the
-        first unit is always allowed, the free baseline evaluation calibrates the eval role). Once nothing fits,
-        the cap counts as reached (and stays so)."""
+        first unit is always allowed, the free baseline evaluation calibrates the eval role). Once a request does
+        not fit whole, the cap counts as reached (and stays so): the part granted is the last work it allows."""
         if self.max_cost_usd is None or n <= 0:
             return n
         with self._lock:
@@ -276,7 +276,7 @@ class UsageMeter:
                 fits = n
             else:
                 fits = min(n, int(room / per_unit))
-            if fits == 0:
+            if fits < n:  # what is granted now is the last the cap allows
                 self._cap_reached_at = {"role": role, "spent_usd": float(spent)}
             return fits
 

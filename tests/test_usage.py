@@ -124,18 +124,27 @@ def test_the_spending_cap_grants_what_the_average_unit_cost_allows_then_stops_th
         meter.record(EVAL, "openai/gpt-4o-mini", {"prompt_tokens": 10_000, "completion_tokens": 100})
         meter.add_units(EVAL, 1)
     # 4 spent at `per_call` each: 6 more fit under 10.5 calls' worth
-    with ledger.reserve(100, TRAIN_EXAMPLE) as reservation:
-        assert reservation.granted == 6
+    assert ledger.reserve(6, TRAIN_EXAMPLE).granted == 6 and not meter.cap_reached
     for _ in range(6):
         meter.record(EVAL, "openai/gpt-4o-mini", {"prompt_tokens": 10_000, "completion_tokens": 100})
         meter.add_units(EVAL, 1)
-    assert not meter.cap_reached
     assert ledger.reserve(5, TRAIN_EXAMPLE).granted == 0
     assert meter.cap_reached and "spending cap reached" in ledger.stop_reason
     with pytest.raises(BudgetExhaustedError, match="spending cap reached"):
         ledger.reserve_exactly(1, SUB_LM_CALL)
     assert meter.snapshot()["cap_reached"] is True
-    assert ledger.left == 1_000 - 4  # the budget itself is untouched: the cap is what stops
+    assert ledger.left == 1_000 - 10  # reserved, not spent: the budget itself is untouched, the cap is what stops
+
+
+def test_a_request_the_cap_covers_only_in_part_is_its_last_grant():
+    per_call = float(price_of_call("openai/gpt-4o-mini", 10_000, 100))
+    meter = UsageMeter(max_cost_usd=per_call * 10.5)
+    for _ in range(4):
+        meter.record(EVAL, "openai/gpt-4o-mini", {"prompt_tokens": 10_000, "completion_tokens": 100})
+        meter.add_units(EVAL, 1)
+    ledger = BudgetLedger(1_000, gate=meter.gate())
+    assert ledger.reserve(100, TRAIN_EXAMPLE).granted == 6
+    assert meter.cap_reached and ledger.reserve(1, TRAIN_EXAMPLE).granted == 0
 
 
 def test_meter_rejects_unknown_roles():
