@@ -6,6 +6,7 @@ test a DSPy program, a metric or an optimization run without an API key.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -16,6 +17,7 @@ from dspy.lm15 import Message, Response, TextPart, Usage
 from dspy.utils.dummies import DummyLM
 
 Reply = dict[str, Any] | str | BaseException
+_ITERATION = re.compile(r"\[\[ ## iteration ## \]\]\s*(\d+)/")
 
 
 class _FunctionEngine(DummyEngine):
@@ -113,7 +115,9 @@ def scripted_agent(turns: list[dict[str, Any] | str], *, name: str = "scripted-a
     """
 
     def reply(messages: list[dict]) -> Reply:
-        seen = sum(str(m.get("content", "")).count("=== Step ") for m in messages if m.get("role") == "user")
+        users = "\n".join(str(m.get("content", "")) for m in messages if m.get("role") == "user")
+        iteration = _ITERATION.findall(users)  # the turn number, also when old steps are compacted out of view
+        seen = int(iteration[-1]) - 1 if iteration else users.count("=== Step ")
         return turns[min(seen, len(turns) - 1)]
 
     return FunctionLM(reply, name=name)

@@ -105,7 +105,7 @@ def test_sixty_long_turns_fit_the_window_and_count_every_call_per_role(tmp_path)
     assert "=== Step 1 ===" not in last and "=== Step 59 ===" in last
     # most turns append to the previous request (a prefix cache reuses it): the history part is a prefix
     histories = [r[: r.index("[[ ## iteration ## ]]")] for r in root.requests]
-    appends = sum(1 for a, b in zip(histories, histories[1:]) if b.startswith(a))
+    appends = sum(1 for a, b in zip(histories, histories[1:], strict=False) if b.startswith(a))
     assert appends >= (TURNS - 1) // 2
     # nothing lost: the full outputs are in the trajectory and on disk
     assert all(len(t["output"]) >= OUTPUT_CHARS - 60 for t in result.agent_trajectory[:-1])
