@@ -333,6 +333,6 @@ def render_state_block(*, runs: Iterable[Mapping[str, Any]] = (), instructions: 
         per = max(200, (max_chars - notes_share) // (2 * max(1, len(instructions))))
         sections.append("Current instructions:\n" + "\n".join(
             f"- {name}: {_clip(text, per)}" for name, text in instructions.items()))
-    sections.append("Your notes (note(text) adds one):\n" + (notes or "(none yet)"))
+    sections.append("Your notes (add_note(text) adds one):\n" + (notes or "(none yet)"))
     block = "=== Optimizer state (always current) ===\n" + "\n\n".join(sections)
     return _clip(block, max_chars)

@@ -1,6 +1,7 @@
 """The agent's notes: its running conclusions, kept in the run directory and shown on every turn.
 
-The agent calls ``note(text)`` to record what it found, tried and concluded, and ``notes()`` to read them back.
+The agent calls ``add_note(text)`` to record what it found, tried and concluded, and ``read_notes()`` to read them
+back.
 Notes are the optimizer's state: they are shown in the state block of every root-LM request, so they survive the
 compaction of older turns, a sandbox restart (they live on the host, not in the sandbox) and a resume (they are
 in ``notes.json`` in the run directory, written atomically after every change). They cost no budget.
@@ -43,7 +44,7 @@ class NotesStore:
     def add(self, text: str) -> str:
         """Keep ``text`` as a note; the reply says its number. Too long a note is refused (say it shorter)."""
         if not isinstance(text, str) or not text.strip():
-            raise ValueError("note(text) needs a non-empty string")
+            raise ValueError("add_note(text) needs a non-empty string")
         text = text.strip()
         if len(text) > self.max_note_chars:
             raise ValueError(
@@ -77,7 +78,7 @@ class NotesStore:
             kept.append(line[:max_chars])
             size += len(line) + 1
         hidden = len(lines) - len(kept)
-        head = [f"({hidden} older note(s) not shown here; notes() returns them all)"] if hidden else []
+        head = [f"({hidden} older note(s) not shown here; read_notes() returns them all)"] if hidden else []
         return "\n".join(head + kept[::-1])
 
     def __len__(self) -> int:

@@ -259,16 +259,15 @@ class _CompileRun:
     def _notes_tools(self) -> list:
         notes = self.notes
 
-        def note(text: str) -> str:
+        def add_note(text: str) -> str:
             """Keep a short conclusion (what you found, tried, what worked) in your notes: they are shown to you on every turn, also after old turns are compacted or the run resumes. Free."""
             return notes.add(text)
 
-        def notes_list() -> list[str]:
+        def read_notes() -> list[str]:
             """All your notes, oldest first. Free."""
             return [f"[{n['id']}] {n['text']}" for n in notes.all()]
 
-        notes_list.__name__ = "notes"
-        return [note, notes_list]
+        return [add_note, read_notes]
 
     def _manifest(self) -> dict[str, Any]:
         return {

@@ -11,7 +11,7 @@ import string
 from collections.abc import Mapping
 
 TOOL_NAMES: tuple[str, ...] = (
-    "evaluate_program", "run_data", "update_prompt", "optimization_status", "note", "notes",
+    "evaluate_program", "run_data", "update_prompt", "optimization_status", "add_note", "read_notes",
 )
 
 AGENT_INSTRUCTIONS = """\
@@ -42,9 +42,9 @@ Tools (call them from your code; they return plain dicts and lists):
   text. Returns {"step", "previous", "version"}.
 - `optimization_status()`: free. Budget spent/left, current instructions per step, step names, and every run
   so far with its split, label and score.
-- `note(text)`: keep a short conclusion (what you found, what you tried, what worked or did not), free. Your
+- `add_note(text)`: keep a short conclusion (what you found, what you tried, what worked or did not), free. Your
   notes are shown to you on every turn in the optimizer state, also after old steps are compacted out of your
-  history or the run resumes: write down what you must not forget. `notes()` returns them all.
+  history or the run resumes: write down what you must not forget. `read_notes()` returns them all.
 - `llm_query(prompt)` / `llm_query_batched(prompts)`: ask a sub-LM; each prompt costs 1 budget unit.
 A tool refusing a call raises `AgentToolError` (a ValueError) whose message says what was wrong -> what to do.
 

@@ -29,13 +29,13 @@ def turn_code(turn: int) -> dict[str, str]:
     about OUTPUT_CHARS characters every turn, and a SUBMIT at the end."""
     body = f"print(('turn {turn} analysis ' * 200)[:{OUTPUT_CHARS - 50}])\n"
     if turn == 1:
-        body += "print(note('the disputes policy is the main failure'))\n"
+        body += "print(add_note('the disputes policy is the main failure'))\n"
     if turn == 2:
         body += f"update_prompt('route', {POLICY_PROMPT!r})\nprint(llm_query_batched(['why?', 'how?']))\n"
     if turn == 3:
         body += "v = evaluate_program(split='val')\nprint('val', v['score'], v.get('note'))\n"
     if turn == 40:
-        body += "print(note('turn 40: still good'))\n"
+        body += "print(add_note('turn 40: still good'))\n"
     if turn == TURNS:
         body = f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"
     return {"reasoning": f"Turn {turn}: keep going with the analysis. " * 4, "code": body}

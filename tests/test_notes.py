@@ -45,7 +45,7 @@ def test_render_keeps_the_newest_notes_within_its_size():
     text = store.render(max_chars=500)
     assert len(text) <= 600
     assert "[30] finding number 29" in text and "[1] finding" not in text
-    assert "older note(s) not shown here; notes() returns them all" in text
+    assert "older note(s) not shown here; read_notes() returns them all" in text
     assert store.render().count("\n") == 29
 
 
