@@ -141,3 +141,20 @@ def test_state_block_holds_runs_instructions_budget_and_notes_within_its_size():
     assert "30 of 100 units spent, 70 left" in block
     assert "[1] shorter is better" in block
     assert "- qa: Answer briefly." in block
+
+
+def test_a_multiturn_rendering_of_the_view_keeps_the_header_and_the_real_step_numbers():
+    from rlmoptimizer.sessions import TurnRenderer
+
+    context = BoundedContext(ContextBudget(window_tokens=16_000), max_output_chars=10_000)
+    view = context.view(_history(40), fixed_chars=3_000)
+    signature = dspy.Signature({"variables_info": (str, dspy.InputField()),
+                                "repl_history": (REPLHistory, dspy.InputField()),
+                                "iteration": (str, dspy.InputField()), "code": (str, dspy.OutputField())})
+    renderer = TurnRenderer(multiturn=True, max_iters=100)
+    messages = renderer.messages(ChatAdapter(), renderer.signature(signature), variables_info="vars",
+                                 history=view, iteration="41/100")
+    users = [m["content"] for m in messages if m["role"] == "user"]
+    assert "Earlier steps (compacted" in users[0]
+    assert f"=== Step {view.first_step} ===" in users[1] and "=== Step 40 ===" in users[-1]
+    assert "41/100" in users[-1] and f"{view.first_step + 1}/100" in users[1]

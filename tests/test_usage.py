@@ -150,3 +150,16 @@ def test_a_request_the_cap_covers_only_in_part_is_its_last_grant():
 def test_meter_rejects_unknown_roles():
     with pytest.raises(ValueError, match="unknown role"):
         UsageMeter().tracker("judge")
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"max_cost_usd": 0}, "max_cost_usd must be a number of dollars > 0"),
+    ({"max_cost_usd": "5"}, "max_cost_usd must be a number of dollars > 0"),
+    ({"root_context_window": 1_000}, "root_context_window .* must be an int >= 4000"),
+    ({"root_context_window": 32_000.5}, "root_context_window"),
+])
+def test_spending_cap_and_context_window_are_checked_at_construction(kwargs, match):
+    from rlmoptimizer import ConfigurationError, RLMDocstringOptimizer
+
+    with pytest.raises(ConfigurationError, match=match):
+        RLMDocstringOptimizer(root_lm=FunctionLM(lambda m: ""), **kwargs)
