@@ -31,7 +31,8 @@ def turn_code(turn: int) -> dict[str, str]:
     if turn == 1:
         body += "print(add_note('the disputes policy is the main failure'))\n"
     if turn == 2:
-        body += f"update_prompt('route', {POLICY_PROMPT!r})\nprint(llm_query_batched(['why?', 'how?']))\n"
+        body += (f"update_prompt('route', {POLICY_PROMPT!r})\nprint(llm_query_batched(['why?', 'how?']))\n"
+                 "import dspy\nprint(dspy.Predict('question -> answer')(question='a sub-agent?').answer)\n")
     if turn == 3:
         body += "v = evaluate_program(split='val')\nprint('val', v['score'], v.get('note'))\n"
     if turn == 40:
@@ -77,7 +78,8 @@ class RefusingRoot:
 def compile_long(directory, root: RefusingRoot, *, task=None, sub=None, stated_window: int | None = None, **kw):
     train, val = make_splits()
     optimizer = RLMDocstringOptimizer(
-        max_iterations=2, root_lm=root.lm, sub_lm=sub or FunctionLM(lambda m: "an answer", name="openai/gpt-4o"),
+        max_iterations=2, root_lm=root.lm,
+        sub_lm=sub or FunctionLM(lambda m: {"answer": "an answer"}, name="openai/gpt-4o"),
         eval_lm=task or FunctionLM(task_lm_reply), run_storage_dir=directory, rlm_max_iterations=TURNS + 5,
         rlm_max_output_chars=OUTPUT_CHARS, root_context_window=stated_window or root.window_tokens,
         num_threads=16, **kw,
@@ -88,7 +90,7 @@ def compile_long(directory, root: RefusingRoot, *, task=None, sub=None, stated_w
 def test_sixty_long_turns_fit_the_window_and_count_every_call_per_role(tmp_path):
     root = RefusingRoot(window_tokens=12_000)
     task = FunctionLM(task_lm_reply, name="openai/gpt-4o-mini")
-    sub = FunctionLM(lambda m: "an answer", name="no-price/sub-model")
+    sub = FunctionLM(lambda m: {"answer": "an answer"}, name="no-price/sub-model")
     result = compile_long(tmp_path, root, task=task, sub=sub)
 
     # finished: all turns played, the submission applied and chosen
@@ -118,7 +120,9 @@ def test_sixty_long_turns_fit_the_window_and_count_every_call_per_role(tmp_path)
         assert usage[role]["calls"] == len(reported), role
         assert usage[role]["input_tokens"] == sum(u.input_tokens for u in reported), role
         assert usage[role]["output_tokens"] == sum(u.output_tokens for u in reported), role
-    assert usage["sub"]["calls"] == 2 and usage["sub"]["cost_usd"] is None
+    # two llm_query_batched prompts and one sandbox sub-agent (dspy.Predict in the REPL) are sub-LM calls
+    assert usage["sub"]["calls"] == 3 and usage["sub"]["cost_usd"] is None
+    assert "an answer" in result.agent_trajectory[1]["output"]
     assert usage["root"]["cost_usd"] > 0 and usage["eval"]["cost_usd"] > 0
     assert usage["total"]["calls"] == sum(usage[r]["calls"] for r in ("root", "sub", "eval"))
     on_disk = json.loads((tmp_path / "result.json").read_text())
