@@ -147,6 +147,7 @@ class UsageMeter:
     def __init__(self, *, max_cost_usd: float | None = None,
                  on_change: Callable[[UsageMeter], None] | None = None) -> None:
         self.max_cost_usd = max_cost_usd
+        _priced_name.cache_clear()  # prices registered with litellm.register_model since the last run count
         self._lock = threading.Lock()
         self._roles = {role: _RoleTotals() for role in ROLES}
         self._on_change = on_change

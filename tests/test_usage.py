@@ -163,3 +163,17 @@ def test_spending_cap_and_context_window_are_checked_at_construction(kwargs, mat
 
     with pytest.raises(ConfigurationError, match=match):
         RLMDocstringOptimizer(root_lm=FunctionLM(lambda m: ""), **kwargs)
+
+
+def test_a_price_registered_with_litellm_prices_a_local_model():
+    meter = UsageMeter()
+    meter.record(ROOT, "local-server/my-model-x1", {"prompt_tokens": 1_000, "completion_tokens": 100})
+    assert meter.snapshot()[ROOT]["cost_usd"] is None
+    litellm.register_model({"local-server/my-model-x1": {
+        "input_cost_per_token": 1e-6, "output_cost_per_token": 2e-6, "litellm_provider": "openai", "mode": "chat"}})
+    try:
+        fresh = UsageMeter()
+        fresh.record(ROOT, "local-server/my-model-x1", {"prompt_tokens": 1_000, "completion_tokens": 100})
+        assert fresh.snapshot()[ROOT]["cost_usd"] == pytest.approx(1_000 * 1e-6 + 100 * 2e-6)
+    finally:
+        litellm.model_cost.pop("local-server/my-model-x1", None)
