@@ -48,16 +48,18 @@ os.environ.setdefault("DSPY_CACHEDIR", tempfile.mkdtemp(prefix="rlmopt-bench-cac
 _ROOT = Path(__file__).resolve().parents[1]
 if (_ROOT / "rlmoptimizer" / "__init__.py").is_file():
     sys.path.insert(0, str(_ROOT))
+sys.path.insert(0, str(_ROOT / "tests"))  # the shared test fixtures (tests/support)
 
 import dspy  # noqa: E402
 
-# the offline demo's task: a two-step program, its metric and a fake task LM that follows the policy when told
-from example import POLICY_PROMPT, RouteTicket, metric, task_lm_reply  # noqa: E402
+# the ticket-routing task: a two-step program, its metric and a fake task LM that follows the policy when told
+from support.tickets import POLICY_PROMPT, RouteTicket, metric, task_lm_reply  # noqa: E402
+
 from rlmoptimizer import RLMDocstringOptimizer  # noqa: E402
-from rlmoptimizer import sandbox as sandbox_module  # noqa: E402
-from rlmoptimizer.agent import OptimizerAgent  # noqa: E402
-from rlmoptimizer.journal import RunJournal  # noqa: E402
+from rlmoptimizer.agent.agent import OptimizerAgent  # noqa: E402
 from rlmoptimizer.sandbox import Sandbox  # noqa: E402
+from rlmoptimizer.sandbox.process import DenoInterpreter  # noqa: E402
+from rlmoptimizer.storage.journal import RunJournal  # noqa: E402
 from rlmoptimizer.testing import FunctionLM  # noqa: E402
 
 TARGET_MS = 15.0
@@ -298,7 +300,7 @@ class Probes:
         self._patch(Sandbox, "_join_background", join_background)
         self._patch(Sandbox, "_start_quietly", functools.partial(self._span, "background_starts"))
         self._patch(OptimizerAgent, "_prepare_repl", functools.partial(self._span, "setups"))
-        self._patch(sandbox_module._Interpreter, "_handle_tool_call", functools.partial(self._span, "tool_calls"))
+        self._patch(DenoInterpreter, "_handle_tool_call", functools.partial(self._span, "tool_calls"))
         self._patch(RunJournal, "write_turn", functools.partial(self._span, "journal_writes"))
 
     def uninstall(self) -> None:

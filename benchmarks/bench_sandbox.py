@@ -1,5 +1,5 @@
 """Sandbox costs, measured in one run: cold start, tool-call round trip, per-execute overhead, and handing
-1 MB of JSON in as a ``variables=`` literal versus as a mounted file read with ``json.load``.
+1 MB of JSON in as a ``variables=`` literal versus as a JSON string returned by a tool and read with ``json.loads``.
 
     PYTHONPATH=. /work/venv/bin/python benchmarks/bench_sandbox.py
 """
@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 from rlmoptimizer.sandbox import Sandbox
 
@@ -36,13 +34,14 @@ def payload() -> list[dict]:
 
 def main() -> None:
     data = payload()
-    workdir = Path(tempfile.mkdtemp(prefix="bench-sandbox-"))
-    data_file = workdir / "payload.json"
-    data_file.write_text(json.dumps(data))
-    size_mb = data_file.stat().st_size / 1e6
+    text = json.dumps(data)
+    size_mb = len(text.encode()) / 1e6
+
+    def fetch_payload() -> str:
+        return text
 
     started = time.perf_counter()
-    box = Sandbox(tools={"noop": noop}, files={"payload": data_file}, timeout_s=600)
+    box = Sandbox(tools={"noop": noop, "fetch_payload": fetch_payload}, timeout_s=600)
     box.start()
     cold_start = time.perf_counter() - started
     try:
@@ -74,27 +73,20 @@ def main() -> None:
         box.execute("print(len(rows))", variables={"rows": data})
         literal_s = time.perf_counter() - t
 
-        # The same file mounted (as a restart would: copy into Pyodide's file system) and read with json.load.
+        # The same as a JSON string returned by a tool, parsed inside the sandbox.
         t = time.perf_counter()
-        box._interp._send_request(
-            "mount_file", {"host_path": str(data_file.resolve()), "virtual_path": "/sandbox/again.json"}, "bench"
-        )
-        mount_s = time.perf_counter() - t
-        t = time.perf_counter()
-        box.execute("import json\nloaded = json.load(open('/sandbox/again.json'))\nprint(len(loaded))")
-        load_s = time.perf_counter() - t
+        box.execute("import json\nloaded = json.loads(fetch_payload())\nprint(len(loaded))")
+        tool_s = time.perf_counter() - t
     finally:
         box.shutdown()
 
-    file_s = mount_s + load_s
-    print(f"cold start (Deno + Pyodide + mount + setup):  {cold_start:8.2f} s")
+    print(f"cold start (Deno + Pyodide):                  {cold_start:8.2f} s")
     print(f"tool-call round trip (mean of {TOOL_CALLS}):      {round_trip_ms:8.3f} ms")
     print(f"execute() of a one-liner (median of {EXECUTES}):    {execute_ms:8.2f} ms "
           f"(PythonInterpreter alone: {raw_ms:.2f} ms)")
     print(f"{size_mb:.2f} MB JSON as variables= literal:         {literal_s:8.3f} s")
-    print(f"{size_mb:.2f} MB JSON mounted + json.load:           {file_s:8.3f} s "
-          f"(mount {mount_s * 1e3:.1f} ms, load {load_s * 1e3:.1f} ms)")
-    print(f"literal / mounted file:                       {literal_s / file_s:8.1f} x")
+    print(f"{size_mb:.2f} MB JSON from a tool + json.loads:      {tool_s:8.3f} s")
+    print(f"literal / tool:                               {literal_s / tool_s:8.1f} x")
 
 
 if __name__ == "__main__":

@@ -31,9 +31,9 @@ os.environ.setdefault("DSPY_CACHEDIR", tempfile.mkdtemp(prefix="rlmopt-bench-cac
 _ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(_ROOT), str(_ROOT / "tests")]
 
-from responses_server import Recorded, ResponsesServer  # noqa: E402
+from support.responses_server import Recorded, ResponsesServer  # noqa: E402
+from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply  # noqa: E402
 
-from example import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply  # noqa: E402
 from rlmoptimizer import RLMDocstringOptimizer  # noqa: E402
 from rlmoptimizer.testing import FunctionLM  # noqa: E402
 

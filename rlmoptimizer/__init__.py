@@ -8,6 +8,7 @@ from rlmoptimizer.errors import (
     MetricError,
     OptimizationInterrupted,
     RLMOptimizerError,
+    RunDirectoryInUseError,
     RunDirectoryMismatchError,
     SandboxError,
     StructureChangedError,
@@ -24,6 +25,7 @@ __all__ = [
     "EvaluationLMError",
     "SandboxError",
     "RunDirectoryMismatchError",
+    "RunDirectoryInUseError",
     "OptimizationInterrupted",
     "DspyVersionError",
 ]

@@ -13,7 +13,6 @@ never charged, and nothing is overspent however many threads share the ledger.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Any
 
 from rlmoptimizer.errors import BudgetExhaustedError
@@ -62,7 +61,6 @@ class Reservation:
             self.spent += n
             self._ledger._reserved -= n
             self._ledger._spent_by_kind[self.kind] = self._ledger._spent_by_kind.get(self.kind, 0) + n
-        self._ledger._changed()
 
     def release(self) -> None:
         """Give back every unit not spent. Idempotent."""
@@ -84,7 +82,6 @@ class BudgetLedger:
         self,
         limit: int,
         spent_by_kind: dict[str, int] | None = None,
-        on_change: Callable[[BudgetLedger], None] | None = None,
         gate: Any = None,
     ) -> None:
         """``gate``: another limit on what may be reserved (the spending cap): an object with
@@ -98,7 +95,6 @@ class BudgetLedger:
         self._spent_by_kind: dict[str, int] = {kind: 0 for kind in KINDS}
         for kind, amount in (spent_by_kind or {}).items():
             self._spent_by_kind[kind] = int(amount)
-        self._on_change = on_change
         self.gate = gate
 
     @property
@@ -135,10 +131,8 @@ class BudgetLedger:
             }
 
     @classmethod
-    def from_snapshot(
-        cls, snapshot: dict[str, Any], on_change: Callable[[BudgetLedger], None] | None = None
-    ) -> BudgetLedger:
-        return cls(int(snapshot["limit"]), spent_by_kind=snapshot.get("spent_by_kind"), on_change=on_change)
+    def from_snapshot(cls, snapshot: dict[str, Any]) -> BudgetLedger:
+        return cls(int(snapshot["limit"]), spent_by_kind=snapshot.get("spent_by_kind"))
 
     # -- reserving -------------------------------------------------------------------------------
     def reserve(self, n: int, kind: str) -> Reservation:
@@ -172,7 +166,3 @@ class BudgetLedger:
             raise ValueError(f"unknown budget kind {kind!r}; expected one of {KINDS}")
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"can only reserve an int >= 0 of units, got {n!r}")
-
-    def _changed(self) -> None:
-        if self._on_change is not None:
-            self._on_change(self)

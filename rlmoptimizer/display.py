@@ -1,7 +1,9 @@
 """What ``verbose=True`` shows: each agent turn as rich panels, evaluations as a progress line.
 
 ``Display(enabled=False)`` prints nothing at all. The console is injectable (tests pass one that
-records into a string).
+records into a string). A :class:`Display` is an observer (:mod:`rlmoptimizer.events`): it only shows.
+
+May import: rich, ``rlmoptimizer.events``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.syntax import Syntax
 from rich.text import Text
+
+from rlmoptimizer.events import AgentTurn, EvaluationFinished, EvaluationStarted, Event, ExampleEvaluated
 
 _MAX_SHOWN = 4000
 
@@ -29,6 +33,19 @@ class Display:
         self.console = console if console is not None else Console(stderr=True)
         self._lock = threading.Lock()
         self._progress: dict[str, Any] = {}
+
+    def on_event(self, event: Event) -> None:
+        if not self.enabled:
+            return
+        if isinstance(event, ExampleEvaluated):
+            self.example_done(event.record.passed)
+        elif isinstance(event, EvaluationStarted):
+            self.evaluation_started(event.split, event.label, event.total)
+        elif isinstance(event, EvaluationFinished):
+            if event.complete:
+                self.run_finished(event.run.summary())
+        elif isinstance(event, AgentTurn):
+            self.turn(event.turn)
 
     def message(self, text: str, style: str = "") -> None:
         if self.enabled:

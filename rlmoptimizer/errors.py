@@ -9,13 +9,14 @@ The tree::
      +-- StructureChangedError                  something other than instructions changed
      +-- EvaluationLMError                      the evaluation LM fails in a way retrying cannot fix
      +-- SandboxError                           the sandbox could not be started or restarted
-     +-- RunDirectoryMismatchError              run_storage_dir holds a run of another program/data/metric
+     +-- RunDirectoryMismatchError              run_storage_dir holds a run of another program/data/metric/LM
+     +-- RunDirectoryInUseError                 another live compile() holds run_storage_dir
      +-- OptimizationInterrupted                Ctrl-C or an error mid-run; says where the state is
      +-- DspyVersionError (also ImportError)    the installed dspy lacks a private member we rely on (at import)
 
     AgentToolError (a ValueError)               a tool call the agent should correct; raised by a tool, shown to the
                                                 agent inside its REPL as an ``AgentToolError`` of the same name,
-                                                never to the user (formatted by :func:`rlmoptimizer.tools.agent_error`)
+                                                never to the user (formatted by :func:`rlmoptimizer.agent.working_program.agent_error`)
 
 Only systemic failures propagate to the user.
 """
@@ -52,7 +53,11 @@ class SandboxError(RLMOptimizerError):
 
 
 class RunDirectoryMismatchError(RLMOptimizerError):
-    """``run_storage_dir`` already holds a run of a different program, trainset, valset or metric."""
+    """``run_storage_dir`` already holds a run of a different program, trainset, valset, metric or evaluation LM."""
+
+
+class RunDirectoryInUseError(RLMOptimizerError):
+    """``run_storage_dir`` belongs to another compile() that is still running (this process or another)."""
 
 
 class OptimizationInterrupted(RLMOptimizerError):

@@ -13,14 +13,26 @@ each difference in words.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import datetime
+import decimal
+import enum
+import fractions
 import hashlib
 import json
+import logging
+import pathlib
+import re
+import uuid
 from typing import Any
 
 from rlmoptimizer.errors import ConfigurationError, StructureChangedError
 from rlmoptimizer.records import jsonable
 
 FINGERPRINT_VERSION = 1
+
+logger = logging.getLogger(__name__)
 
 
 # -- canonical JSON ------------------------------------------------------------------------------
@@ -64,6 +76,63 @@ def apply_instructions(program: Any, mapping: dict[str, str]) -> None:
         predictor.signature = predictor.signature.with_instructions(text)
 
 
+# -- copying -------------------------------------------------------------------------------------
+def _lenient_copy(value: Any, memo: dict[int, Any], where: str, shared: list[str]) -> Any:
+    """A deep copy of ``value`` that, like dspy's ``Module.deepcopy()``, shares what cannot be copied, but
+    also walks into modules held in lists, tuples and dicts so that no predictor ends up shared."""
+    import dspy
+
+    if id(value) in memo:
+        return memo[id(value)]
+    trial = dict(memo)  # a failed deep copy leaves half-built objects in its memo: keep them out
+    try:
+        result = copy.deepcopy(value, trial)
+    except Exception:
+        pass
+    else:
+        memo.update(trial)
+        return result
+    if isinstance(value, dspy.BaseModule):
+        new = value.__class__.__new__(value.__class__)
+        memo[id(value)] = new
+        for attr, item in value.__dict__.items():
+            new.__dict__[attr] = _lenient_copy(item, memo, f"{where}.{attr}", shared)
+        return new
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        items = [_lenient_copy(item, memo, f"{where}[{i}]", shared) for i, item in enumerate(value)]
+        return items if type(value) is list else tuple(items)
+    if type(value) is dict:
+        return {key: _lenient_copy(item, memo, f"{where}[{key!r}]", shared) for key, item in value.items()}
+    shared.append(f"{where} ({type(value).__name__})")
+    try:
+        return copy.copy(value)
+    except Exception:
+        return value
+
+
+def copy_program(program: Any) -> Any:
+    """A copy of ``program`` whose predictors are its own, as lenient as dspy's ``Module.deepcopy()``.
+
+    What can be deep-copied is; what cannot (a lock, a client, ``dspy.Parallel``, an LM holding a lock) is
+    shallow-copied or shared by reference, as dspy does (modules inside lists, tuples and dicts are still
+    copied one by one). Raises :class:`ConfigurationError` if a predictor of the copy would still be the
+    original's object: changing its instructions would then change the caller's program.
+    """
+    shared: list[str] = []
+    new = _lenient_copy(program, {}, type(program).__name__, shared)
+    if shared:
+        logger.info("Copying the program shared what cannot be deep-copied (as dspy does): %s", ", ".join(shared))
+    originals = {id(predictor): name for name, predictor in program.named_predictors()}
+    same = [name for name, predictor in new.named_predictors() if id(predictor) in originals]
+    if same:
+        raise ConfigurationError(
+            f"the program cannot be copied without sharing its step(s) {same} with the original (a deep copy "
+            "failed and the object holding them could not be copied apart). Hold predictors as attributes of a "
+            "dspy.Module, or in a list, tuple or dict attribute, or give the object holding them a __deepcopy__."
+        )
+    return new
+
+
 # -- fingerprint ---------------------------------------------------------------------------------
 def _type_name(annotation: Any) -> str:
     if isinstance(annotation, type) and not getattr(annotation, "__args__", None):
@@ -89,6 +158,15 @@ def _demo(demo: Any) -> Any:
         except Exception:
             pass
     return jsonable(demo)
+
+
+def signature_description(signature: Any) -> dict[str, Any]:
+    """A signature's instructions and fields as JSON-friendly data: what a predictor call is."""
+    return {
+        "instructions": signature.instructions,
+        "inputs": [_field(n, f) for n, f in signature.input_fields.items()],
+        "outputs": [_field(n, f) for n, f in signature.output_fields.items()],
+    }
 
 
 def structural_fingerprint(program: Any) -> dict[str, Any]:
@@ -201,3 +279,80 @@ def check_structure(expected_fp: dict[str, Any], program: Any) -> None:
     raise StructureChangedError(
         "the program's structure changed; only instructions may change:\n" + "\n".join(f"  - {line}" for line in lines)
     )
+
+
+# -- examples ------------------------------------------------------------------------------------
+EXAMPLES_DIGEST_VERSION = 2
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _content(value: Any, path: tuple[int, ...] = ()) -> Any:
+    """A JSON-friendly description of ``value`` by content: equal for equal data in any process (no
+    ``id()``, no memory addresses, no hash-seed-dependent order). Tagged by type so that ``1``, ``"1"``
+    and ``b"1"`` differ."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return ["int", str(value)]
+    if isinstance(value, float):
+        return ["float", repr(value)]
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return [type(value).__name__, hashlib.sha256(bytes(value)).hexdigest()]
+    if id(value) in path:
+        return ["cycle"]
+    inner = (*path, id(value))
+    kind = f"{type(value).__module__}.{type(value).__qualname__}"
+    if isinstance(value, dict):
+        items = [[_content(k, inner), _content(v, inner)] for k, v in value.items()]
+        return ["dict", sorted(items, key=canonical_json)]
+    if isinstance(value, (list, tuple)):
+        return [kind, [_content(v, inner) for v in value]]
+    if isinstance(value, (set, frozenset)):
+        return [kind, sorted((_content(v, inner) for v in value), key=canonical_json)]
+    if isinstance(value, enum.Enum):
+        return [kind, value.name]
+    if isinstance(value, (datetime.date, datetime.time)):
+        return [kind, value.isoformat()]
+    if isinstance(value, (decimal.Decimal, uuid.UUID, pathlib.PurePath, complex, fractions.Fraction)):
+        return [kind, str(value)]
+    model_dump = getattr(value, "model_dump", None)
+    if callable(model_dump):  # pydantic models, dspy.Image and other dspy types
+        try:
+            return [kind, _content(model_dump(), inner)]
+        except Exception:
+            pass
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [kind, {f.name: _content(getattr(value, f.name, None), inner) for f in dataclasses.fields(value)}]
+    tobytes = getattr(value, "tobytes", None)  # numpy arrays, PIL images
+    if callable(tobytes):
+        try:
+            shape = getattr(value, "shape", None) or getattr(value, "size", None)
+            extra = [str(getattr(value, "dtype", "")), str(getattr(value, "mode", "")), _content(shape, inner)]
+            return [kind, extra, hashlib.sha256(tobytes()).hexdigest()]
+        except Exception:
+            pass
+    state: Any = getattr(value, "__dict__", None)
+    slots = [s for cls in type(value).__mro__ for s in getattr(cls, "__slots__", ()) if isinstance(s, str)]
+    if slots:
+        state = {**(state or {}), **{s: getattr(value, s) for s in slots if hasattr(value, s)}}
+    if isinstance(state, dict) and (state or type(value).__repr__ is object.__repr__):
+        return [kind, _content({k: v for k, v in state.items() if not callable(v)}, inner)]
+    return [kind, _ADDRESS.sub("", repr(value))]
+
+
+def examples_digest(examples: list[Any]) -> str:
+    """sha256 of a list of ``dspy.Example`` by content (fields and which of them are inputs), stable across
+    processes: an example holding a ``dspy.Image``, bytes, a datetime or an instance of the user's own class
+    gives the same digest in a new process as long as its data is the same."""
+    described = []
+    for example in examples:
+        fields = dict(example.items())  # without dspy_* bookkeeping (e.g. a dataset's random dspy_uuid)
+        inputs = sorted(str(k) for k in (getattr(example, "_input_keys", None) or ()))
+        described.append({"fields": _content(fields), "inputs": inputs})
+    return sha256_json({"version": EXAMPLES_DIGEST_VERSION, "examples": described})
+
+
+def legacy_examples_digest(examples: list[Any]) -> str:
+    """The digest run directories written before :data:`EXAMPLES_DIGEST_VERSION` recorded (addresses of
+    objects included), to recognise those directories on resume."""
+    return sha256_json([dict(ex) for ex in examples])

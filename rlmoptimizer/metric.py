@@ -1,29 +1,34 @@
-"""The user's metric, called the way it was written and held to one contract: a score in [0, 1].
+"""The user's metric, called the way it was written and held to one contract: a finite number per example.
 
 Two calling styles are accepted, told apart by the function's signature:
 
 * DSPy style, ``metric(example, prediction)`` or ``metric(example, prediction, trace=None)``;
 * GEPA style, ``metric(gold, pred, trace, pred_name, pred_trace)``: called with ``None`` for the last three.
 
-A metric may return a bool (True is 1.0), an int or float in [0, 1], or anything with a ``score`` and an
-optional ``feedback`` (``dspy.Prediction(score=0.5, feedback="...")``, a dict, an object). Anything else
-(None, NaN, text, 3.0) is a bug in the metric: :meth:`Metric.score` raises :class:`MetricError`, which the
+A metric may return a bool (True is 1.0), any finite int or float (on any scale: 0-1, 0-5, negative
+rewards, as dspy.Evaluate, MIPROv2 and GEPA accept them; scores are used as returned, never rescaled), or
+anything with a ``score`` and an optional ``feedback`` (``dspy.Prediction(score=0.5, feedback="...")``, a
+dict, an object). Anything else (None, NaN, infinity, text) is a bug in the metric: :meth:`Metric.score` raises :class:`MetricError`, which the
 evaluation lets propagate the first time it happens. An exception raised *inside* the metric is not
 converted: it propagates as is and the evaluation records it on that one example.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import inspect
+import json
 import math
 import numbers
+import types
 from collections.abc import Callable
 from typing import Any
 
 from rlmoptimizer.errors import ConfigurationError, MetricError
 
 _ACCEPTED = (
-    "a bool, a number in [0, 1], or dspy.Prediction(score=<number in [0, 1]>, feedback=<str>) "
+    "a bool, a finite number, or dspy.Prediction(score=<finite number>, feedback=<str>) "
     "(a dict or object with `score` and optional `feedback` also works)"
 )
 _STYLES = "(example, prediction), (example, prediction, trace=None) or GEPA's (gold, pred, trace, pred_name, pred_trace)"
@@ -70,10 +75,130 @@ def _arity(fn: Callable, name: str) -> int:
     )
 
 
-class Metric:
-    """A user metric with its calling convention worked out once; ``fn`` is the original callable."""
+# -- identity -------------------------------------------------------------------------------------
+_MAX_DEPTH = 6
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
+
+def _qualified(obj: Any) -> str:
+    module = getattr(obj, "__module__", None) or ""
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or type(obj).__qualname__
+    return f"{module}.{name}" if module else str(name)
+
+
+def _code(code: types.CodeType, depth: int, seen: set[int]) -> dict[str, Any]:
+    """What a code object does: its bytecode, constants and names (not its line numbers or file)."""
+    return {
+        "bytecode": hashlib.sha256(code.co_code).hexdigest(),
+        "consts": [_code(c, depth + 1, seen) if isinstance(c, types.CodeType) else _describe(c, depth + 1, seen)
+                   for c in code.co_consts],
+        "names": list(code.co_names),
+        "varnames": list(code.co_varnames),
+    }
+
+
+def _describe(value: Any, depth: int = 0, seen: set[int] | None = None) -> Any:
+    """A JSON-friendly description of ``value`` that is the same in every process for the same metric: code,
+    qualified names and plain state, never a memory address."""
+    import dspy
+
+    seen = set() if seen is None else seen
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, bytes):
+        return {"bytes": hashlib.sha256(value).hexdigest()}
+    if depth > _MAX_DEPTH or id(value) in seen:
+        return {"ref": _qualified(type(value))}
+    seen = seen | {id(value)}
+    if isinstance(value, (list, tuple)):
+        return [_describe(v, depth + 1, seen) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((_describe(v, depth + 1, seen) for v in value), key=lambda d: json.dumps(d, sort_keys=True))
+    if isinstance(value, dict):
+        return {str(k): _describe(v, depth + 1, seen) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, functools.partial):
+        return {"partial": _describe(value.func, depth + 1, seen), "args": _describe(value.args, depth + 1, seen),
+                "keywords": _describe(value.keywords, depth + 1, seen)}
+    if isinstance(value, types.FunctionType):
+        cells = [c.cell_contents if _cell_filled(c) else None for c in (value.__closure__ or ())]
+        return {"function": _qualified(value), "code": _code(value.__code__, depth + 1, seen),
+                "defaults": _describe(value.__defaults__, depth + 1, seen),
+                "kwdefaults": _describe(value.__kwdefaults__, depth + 1, seen),
+                "closure": _describe(cells, depth + 1, seen)}
+    if isinstance(value, types.MethodType):
+        return {"method": _describe(value.__func__, depth + 1, seen), "self": _describe(value.__self__, depth + 1, seen)}
+    if isinstance(value, (types.BuiltinFunctionType, types.ModuleType)):
+        return {"builtin": _qualified(value)}
+    if isinstance(value, type):
+        if issubclass(value, dspy.Signature):
+            return {"signature": value.signature, "instructions": value.instructions}
+        return {"class": _qualified(value)}
+    if isinstance(value, dspy.BaseLM):
+        return {"lm": _qualified(type(value)), "model": _describe(getattr(value, "model", None), depth + 1, seen)}
+    if isinstance(value, dspy.BaseModule):
+        # a module-based metric (SemanticF1, an LLM judge): its class, its code, its predictors and plain settings
+        # (a module's history and random ids are not part of what it computes)
+        plain = {k: v for k, v in vars(value).items()
+                 if not k.startswith("_") and (v is None or isinstance(v, (bool, int, float, str)))}
+        return {
+            "module": _qualified(type(value)),
+            "forward": _describe(getattr(type(value), "forward", None), depth + 1, seen),
+            "predictors": {name: {"signature": p.signature.signature, "instructions": p.signature.instructions,
+                                  "demos": len(getattr(p, "demos", None) or [])} for name, p in value.named_predictors()},
+            "settings": _describe(plain, depth + 1, seen),
+        }
+    cls = type(value)
+    call = next((k.__dict__["__call__"] for k in cls.__mro__ if "__call__" in k.__dict__), None)
+    state = getattr(value, "__dict__", None)
+    return {
+        "object": _qualified(cls),
+        "call": _describe(call, depth + 1, seen) if isinstance(call, types.FunctionType) else None,
+        "state": _describe({k: v for k, v in state.items() if not k.startswith("__")}, depth + 1, seen)
+        if isinstance(state, dict) else None,
+    }
+
+
+def _cell_filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018
+    except ValueError:
+        return False
+    return True
+
+
+def metric_identity(fn: Callable[..., Any]) -> str:
+    """What makes two metrics "the same" for resuming a run directory, as ``"<qualified name>#<digest>"``.
+
+    The digest covers what the metric computes, never where it lives in memory: for a function its qualified
+    name, bytecode, constants, defaults and closure values (two different lambdas differ; the same function
+    in a new process is equal); for ``functools.partial`` the function and its bound arguments; for a
+    callable object (``SemanticF1()``, a class with ``__call__``) its class, the code of ``__call__`` /
+    ``forward`` and its plain state (for a dspy module: its predictors' signatures and its plain settings).
+    Module-level values the code reads are not part of it.
+    """
+    if isinstance(fn, functools.partial):
+        label = f"functools.partial({_qualified(fn.func)})"
+    elif isinstance(fn, (types.FunctionType, types.MethodType, types.BuiltinFunctionType)):
+        label = _qualified(fn)
+    else:
+        label = f"{_qualified(type(fn))}()"
+    try:
+        description = _describe(fn)
+        digest = hashlib.sha256(json.dumps(description, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    except Exception:  # an exotic callable: its name alone
+        digest = "unknown"
+    return f"{label}#{digest}"
+
+
+class Metric:
+    """A user metric with its calling convention worked out once; ``fn`` is the original callable.
+
+    ``identity`` is what a run directory records to recognise the metric on resume: ``metric_id`` when given
+    (the explicit override), else :func:`metric_identity` of ``fn``, computed once, before the first call.
+    """
+
+    def __init__(self, fn: Callable[..., Any], metric_id: str | None = None) -> None:
         if not callable(fn):
             raise ConfigurationError(
                 f"metric must be a callable taking {_STYLES}, got {type(fn).__name__} {fn!r:.80}. "
@@ -83,6 +208,19 @@ class Metric:
         self.fn = fn
         self.name = _metric_name(fn)
         self.arity = _arity(fn, self.name)
+        if metric_id is not None and (not isinstance(metric_id, str) or not metric_id.strip()):
+            raise ConfigurationError(f"metric_id must be a non-empty str naming the metric, got {metric_id!r}")
+        self.metric_id = metric_id
+        self.identity = metric_id if metric_id is not None else metric_identity(fn)
+
+    def mismatch_hint(self, stored: Any) -> str:
+        """Why a run directory's metric does not match, and how to resume anyway when it is the same metric."""
+        return (
+            f"Its metric was recorded as {stored!r}; this compile()'s metric is {self.identity!r}. A metric is "
+            "recognised by its code, qualified name, bound arguments and plain state (see README). If it is the "
+            f"same metric, pass metric_id={stored!r} to RLMDocstringOptimizer(...) or compile() to resume; "
+            "otherwise use a new run_storage_dir."
+        )
 
     def __repr__(self) -> str:
         return f"Metric({self.describe()})"
@@ -120,11 +258,6 @@ class Metric:
         score = _to_float(value)
         if not math.isfinite(score):
             raise self._error(value, "is not a finite number", where="its `score`" if container is not value else "")
-        if not 0.0 <= score <= 1.0:
-            raise MetricError(
-                f"metric {self.name!r} returned a score of {score!r}, outside [0, 1]. Scores must lie between 0 and 1 "
-                "(1 = fully correct); rescale it, e.g. divide by the highest possible score."
-            )
         return score, feedback
 
     def _error(self, value: Any, problem: str, where: str = "") -> MetricError:

@@ -14,6 +14,16 @@ from typing import Any, Literal
 Split = Literal["train", "val"]
 SPLITS: tuple[str, ...] = ("train", "val")
 
+# What raised when an example failed; stored on its record when the record is made.
+PROGRAM_ERROR = "program"
+"""The program raised (a reply that did not parse, a request the LM refused, a bug): charged."""
+METRIC_ERROR = "metric"
+"""The metric raised on this example: charged."""
+LM_CALL_ERROR = "lm_call"
+"""The LM call itself failed without an answer (rate limit, timeout, bad key, ...): not charged, tried again
+by a later evaluation instead of being reused."""
+ERROR_KINDS: tuple[str, ...] = (PROGRAM_ERROR, METRIC_ERROR, LM_CALL_ERROR)
+
 
 def jsonable(value: Any) -> Any:
     """Convert ``value`` to plain JSON types (dict/list/str/int/float/bool/None).
@@ -74,8 +84,10 @@ class StepTrace:
 class ExampleResult:
     """The outcome of running the program and the metric on one example.
 
-    Invariants: ``0.0 <= score <= 1.0``; ``passed == (score >= pass_threshold)`` of the run that made it;
-    when ``error`` is set (the program or the metric raised) ``score == 0.0`` and ``passed is False``.
+    Invariants: ``score`` is a finite number on the metric's own scale; ``passed == (score >= pass_threshold)``
+    of the run that made it; when ``error`` is set (the program or the metric raised) ``score == 0.0``,
+    ``passed is False`` and ``error_kind`` (one of :data:`ERROR_KINDS`) says what failed; ``error_kind is None``
+    when ``error`` is.
     ``example_id`` is the example's position in its split, stable across runs.
     """
 
@@ -88,6 +100,13 @@ class ExampleResult:
     feedback: str | None = None
     error: str | None = None
     steps: tuple[StepTrace, ...] = ()
+    error_kind: str | None = None
+
+    @property
+    def reusable(self) -> bool:
+        """Whether this record may stand for a new evaluation of the same instructions: every record except
+        those whose LM call itself failed (those deserve another try, and were not charged)."""
+        return self.error_kind != LM_CALL_ERROR
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -99,6 +118,7 @@ class ExampleResult:
             "passed": self.passed,
             "feedback": self.feedback,
             "error": self.error,
+            "error_kind": self.error_kind,
             "steps": [s.to_dict() for s in self.steps],
         }
 
@@ -114,6 +134,7 @@ class ExampleResult:
             feedback=data.get("feedback"),
             error=data.get("error"),
             steps=tuple(StepTrace.from_dict(s) for s in data.get("steps", ())),
+            error_kind=data.get("error_kind"),
         )
 
 
@@ -174,7 +195,7 @@ class EvalRun:
         """What the optimizer agent is shown: every record for train, aggregates only for validation."""
         view = self.summary()
         if self.split == "train":
-            view["examples"] = [r.to_dict() for r in self.records]
+            view["examples"] = [_agent_record(r) for r in self.records]
         return view
 
     def to_dict(self) -> dict[str, Any]:
@@ -199,3 +220,102 @@ class EvalRun:
             note=data.get("note"),
             created_at=float(data.get("created_at", 0.0)),
         )
+
+
+def _agent_record(record: ExampleResult) -> dict[str, Any]:
+    """A record as the agent sees it: what is stored, without the bookkeeping of ``error_kind``."""
+    data = record.to_dict()
+    del data["error_kind"]
+    return data
+
+
+# -- what crosses rooms at the end of a compile() ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which candidate compile() returns, and why (see :mod:`rlmoptimizer.selection`).
+
+    Invariants: ``chosen_score >= score`` of every candidate; ``instructions`` are the chosen run's;
+    ``candidates`` are the complete runs on ``split``, in id order, as ``{"run_id", "label", "score",
+    "instructions"}``.
+    """
+
+    split: str
+    instructions: dict[str, str]
+    chosen_run_id: str
+    chosen_label: str
+    chosen_score: float
+    submission_run_id: str | None  # None: the spending cap kept the submission from being checked
+    submission_score: float | None
+    baseline_score: float | None
+    reason: str
+    candidates: tuple[dict[str, Any], ...]
+    spending_cap_reached: bool | None = None  # None: no max_cost_usd
+
+    def to_dict(self) -> dict[str, Any]:
+        """What ``result.json`` and ``program.selection`` hold (everything but ``instructions``)."""
+        return {
+            "split": self.split,
+            "chosen_run_id": self.chosen_run_id,
+            "chosen_label": self.chosen_label,
+            "chosen_score": self.chosen_score,
+            "submission_run_id": self.submission_run_id,
+            "submission_score": self.submission_score,
+            "baseline_score": self.baseline_score,
+            "reason": self.reason,
+            "candidates": [dict(c) for c in self.candidates],
+            **({} if self.spending_cap_reached is None else {"spending_cap_reached": self.spending_cap_reached}),
+        }
+
+
+@dataclass(frozen=True)
+class AgentOutcome:
+    """What the agent left: its checked submission (``{}`` when it submitted nothing usable), its turns
+    in order (earlier turns first on a resume) and its final reasoning."""
+
+    submitted: dict[str, str]
+    trajectory: tuple[dict[str, Any], ...] = ()
+    final_reasoning: str = ""
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    """The result attributes compile() attaches to the returned program (one attribute per field)."""
+
+    optimized_dspy_program: dict[str, str]
+    latest_run_id: str | None
+    trial_logs: tuple[dict[str, Any], ...]
+    agent_trajectory: tuple[dict[str, Any], ...]
+    agent_final_reasoning: str
+    selection: Selection
+    budget: dict[str, Any]
+    run_storage_dir: str
+    step_lms: dict[str, dict[str, str]]
+    """Which LM ran each step: ``{step: {"lm": name, "source": "eval_lm" | "dspy.settings.lm" | "predictor.lm"}}``."""
+    usage: dict[str, Any] = field(default_factory=dict)
+    """LM calls, tokens and dollars per role (:meth:`rlmoptimizer.usage.UsageMeter.snapshot`)."""
+
+    def attach_to(self, program: Any) -> Any:
+        """Set the attributes on ``program`` (plain dicts and lists, as users read them) and return it."""
+        program.optimized_dspy_program = dict(self.optimized_dspy_program)
+        program.latest_run_id = self.latest_run_id
+        program.trial_logs = [dict(log) for log in self.trial_logs]
+        program.agent_trajectory = list(self.agent_trajectory)
+        program.agent_final_reasoning = self.agent_final_reasoning
+        program.selection = self.selection.to_dict()
+        program.budget = dict(self.budget)
+        program.run_storage_dir = self.run_storage_dir
+        program.step_lms = {step: dict(info) for step, info in self.step_lms.items()}
+        program.usage = dict(self.usage)
+        return program
+
+    def result_file(self) -> dict[str, Any]:
+        """What ``result.json`` holds."""
+        return {
+            "optimized_dspy_program": dict(self.optimized_dspy_program),
+            "selection": self.selection.to_dict(),
+            "budget": dict(self.budget),
+            "step_lms": {step: dict(info) for step, info in self.step_lms.items()},
+            "usage": dict(self.usage),
+        }

@@ -67,6 +67,28 @@ class FunctionLM(DummyLM):
         self._engine_spec = _FunctionEngine(self)
         self._async_engine_spec = AsyncDummyEngine(self._engine_spec)
 
+    def copy(self, **kwargs):
+        """A copy as ``dspy.LM.copy`` makes it (``lm.copy(rollout_id=1, temperature=1.0)``, what Refine and
+        BestOfN do): its own ``kwargs`` and history, the same ``fn`` (a ScriptedLM's copies share one script
+        and continue it), the same ``calls`` log and lock, so every call of every copy is recorded once."""
+        copied = super().copy(**kwargs)
+        copied._engine_spec = _FunctionEngine(copied)
+        copied._async_engine_spec = AsyncDummyEngine(copied._engine_spec)
+        return copied
+
+    def __deepcopy__(self, memo):
+        # A deep copy (dspy's Module.deepcopy of a predictor holding this LM) is a copy(): the reply function,
+        # the script position and the call log stay shared; a lock cannot be deep-copied anyway.
+        copied = self.copy()
+        memo[id(self)] = copied
+        return copied
+
+    def launch(self, launch_kwargs: dict[str, Any] | None = None) -> None:
+        """Nothing to start (``dspy.LM.launch`` starts local models); present so code calling it works."""
+
+    def kill(self, launch_kwargs: dict[str, Any] | None = None) -> None:
+        """Nothing to stop; see :meth:`launch`."""
+
 
 class ScriptedLM(FunctionLM):
     """Replies from a list, in order; raises AssertionError when the script runs out."""

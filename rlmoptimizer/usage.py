@@ -19,6 +19,8 @@ call. Cache hits cost nothing and are not counted.
 Dollars: ``litellm.cost_per_token`` for the model name the call reports, per call (tiered prices apply per
 request), summed as decimals so the total is the same whatever order threads finish in. A model litellm has no
 price for makes that role's dollars ``None`` (never a guess) while its tokens are still counted.
+
+May import: dspy, litellm, ``rlmoptimizer.events`` and the standard library.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from decimal import Decimal
 from functools import lru_cache
 from typing import Any
 
+from rlmoptimizer.events import AgentTurn, EvaluationFinished, Event, ExampleEvaluated
+
 logger = logging.getLogger(__name__)
 
 ROOT = "root"
@@ -37,7 +41,7 @@ SUB = "sub"
 EVAL = "eval"
 ROLES: tuple[str, ...] = (ROOT, SUB, EVAL)
 
-__all__ = ["EVAL", "ROLES", "ROOT", "SUB", "CostGate", "RoleTracker", "UsageMeter", "price_of_call"]
+__all__ = ["EVAL", "ROLES", "ROOT", "SUB", "CostGate", "RoleTracker", "UsageMeter", "UsageObserver", "price_of_call"]
 
 
 def _int(value: Any) -> int:
@@ -139,18 +143,13 @@ class RoleTracker:
 
 
 class UsageMeter:
-    """Thread-safe per-role totals of LM calls, tokens and dollars, with an optional spending cap.
+    """Thread-safe per-role totals of LM calls, tokens and dollars, with an optional spending cap."""
 
-    ``on_change(meter)`` is called after each recorded call, outside the lock.
-    """
-
-    def __init__(self, *, max_cost_usd: float | None = None,
-                 on_change: Callable[[UsageMeter], None] | None = None) -> None:
+    def __init__(self, *, max_cost_usd: float | None = None) -> None:
         self.max_cost_usd = max_cost_usd
         _priced_name.cache_clear()  # prices registered with litellm.register_model since the last run count
         self._lock = threading.Lock()
         self._roles = {role: _RoleTotals() for role in ROLES}
-        self._on_change = on_change
         self._cap_reached_at: dict[str, Any] | None = None
 
     # -- recording --------------------------------------------------------------------------------------
@@ -194,8 +193,6 @@ class UsageMeter:
                 totals.unpriced_models.add(str(model))
             else:
                 totals.usd += price
-        if self._on_change is not None:
-            self._on_change(self)
 
     def add_units(self, role: str, n: int = 1) -> None:
         """Count ``n`` units of work done by ``role`` (an evaluated example, a sub-LM prompt), for the spending
@@ -307,3 +304,18 @@ class CostGate:
 
     def reason(self) -> str | None:
         return self.meter.cap_message() if self.meter.cap_reached else None
+
+
+class UsageObserver:
+    """Counts each evaluated example as a unit of the eval role (for the spending cap's estimate) and hands
+    the meter's snapshot to ``write`` after every evaluation and agent turn (``usage.json``)."""
+
+    def __init__(self, meter: UsageMeter, write: Callable[[dict[str, Any]], None]) -> None:
+        self.meter = meter
+        self.write = write
+
+    def on_event(self, event: Event) -> None:
+        if isinstance(event, ExampleEvaluated):
+            self.meter.add_units(EVAL, 1)
+        elif isinstance(event, (AgentTurn, EvaluationFinished)):
+            self.write(self.meter.snapshot())

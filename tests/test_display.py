@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import io
 
-from fakes import FunctionLM, scripted_agent
+import pytest
 from rich.console import Console
+from support.fakes import FunctionLM, scripted_agent
+from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 
-from example import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 from rlmoptimizer import RLMDocstringOptimizer
+
+pytestmark = pytest.mark.slow  # every test here runs compile() with a real sandbox
 
 TURNS = [
     {"reasoning": "count the failures", "code": "print('failures:', baseline_train['evaluated_count'] - baseline_train['passed_count'])"},

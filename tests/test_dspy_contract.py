@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from rlmoptimizer import _dspy_agent
+from rlmoptimizer.agent import _dspy as agent_dspy
 from rlmoptimizer.dspy_contract import TESTED_DSPY_VERSIONS, DspyVersionError, Requirement, check
 from rlmoptimizer.sandbox import _dspy as sandbox_dspy
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("requirement", sandbox_dspy.REQUIRED + _dspy_agent.REQUIRED, ids=lambda r: f"{r.owner}.{r.name}")
+@pytest.mark.parametrize("requirement", sandbox_dspy.REQUIRED + agent_dspy.REQUIRED, ids=lambda r: f"{r.owner}.{r.name}")
 def test_every_private_name_we_use_is_in_the_installed_dspy(requirement):
     assert requirement.problem() is None
 

@@ -12,9 +12,9 @@ import dspy
 import litellm
 import pytest
 from dspy.lm15 import Usage
-from fakes import FunctionLM
+from support.fakes import FunctionLM
+from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 
-from example import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 from rlmoptimizer import OptimizationInterrupted, RLMDocstringOptimizer
 
 pytestmark = pytest.mark.slow

@@ -118,8 +118,6 @@ def test_an_object_with_score_and_feedback_attributes_is_accepted():
         ([1.0], ["returned [1.0] (list)"]),
         (dspy.Prediction(score="high"), ["whose `score` 'high' (str)", "not a number"]),
         ({"feedback": "no score key"}, ["not a score"]),
-        (1.5, ["score of 1.5, outside [0, 1]", "rescale"]),
-        (-1, ["score of -1.0, outside [0, 1]"]),
     ],
 )
 def test_non_scores_raise_a_metric_error_that_says_what_is_accepted(value, fragments):
@@ -133,7 +131,14 @@ def test_non_scores_raise_a_metric_error_that_says_what_is_accepted(value, fragm
     for fragment in fragments:
         assert fragment in message
     if not isinstance(value, (int, float)) or value != value or value in (float("inf"),):
-        assert "a bool, a number in [0, 1], or dspy.Prediction(score=" in message
+        assert "a bool, a finite number, or dspy.Prediction(score=" in message
+
+
+@pytest.mark.parametrize("value", [4.5, 0, 5, -3, -0.25, 17])
+def test_any_finite_score_is_kept_as_returned(value):
+    # 0-5 judges and GEPA rewards below zero are scored as dspy.Evaluate and GEPA score them: unchanged
+    assert Metric(lambda e, p: value).score(GOLD, PRED) == (float(value), None)
+    assert Metric(lambda e, p: dspy.Prediction(score=value, feedback="f")).score(GOLD, PRED) == (float(value), "f")
 
 
 def test_an_exception_inside_the_metric_propagates_unchanged():

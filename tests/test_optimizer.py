@@ -6,11 +6,11 @@ import json
 
 import dspy
 import pytest
-from fakes import FunctionLM, scripted_agent
+from support.fakes import FunctionLM, scripted_agent
+from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 
-from example import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 from rlmoptimizer import ConfigurationError, RLMDocstringOptimizer
-from rlmoptimizer.prompts import AGENT_INSTRUCTIONS, TOOL_NAMES
+from rlmoptimizer.agent.prompts import AGENT_INSTRUCTIONS, TOOL_NAMES
 
 SUBMIT_POLICY = {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"}
 
@@ -33,6 +33,7 @@ def outputs(result) -> list[str]:
     return [turn["output"] for turn in result.agent_trajectory]
 
 
+@pytest.mark.slow
 def test_agent_improves_the_program_and_the_result_is_an_ordinary_module(tmp_path):
     result = compile_with([
         {"reasoning": "look", "code": "print(len(baseline_train['examples']), baseline_train['score'])"},
@@ -63,6 +64,7 @@ def test_agent_improves_the_program_and_the_result_is_an_ordinary_module(tmp_pat
     assert json.loads((tmp_path / "run" / "result.json").read_text())["optimized_dspy_program"]["route"] == POLICY_PROMPT
 
 
+@pytest.mark.slow
 def test_root_lm_in_context_never_runs_the_program():
     """The eval LM is pinned: the caller's dspy.context LM (here the root agent) is not used by the program."""
     trainset, valset = make_splits()
@@ -76,6 +78,7 @@ def test_root_lm_in_context_never_runs_the_program():
     assert len(task.calls) >= 2 * (len(trainset) + len(valset))
 
 
+@pytest.mark.slow
 def test_unknown_step_and_bad_submission_are_errors_the_agent_can_fix():
     result = compile_with([
         {"reasoning": "typo", "code": "update_prompt('router', 'x')"},
@@ -88,6 +91,7 @@ def test_unknown_step_and_bad_submission_are_errors_the_agent_can_fix():
     assert result.optimized_dspy_program["route"] == POLICY_PROMPT
 
 
+@pytest.mark.slow
 def test_one_optimizer_compiles_twice_without_sharing_state():
     trainset, valset = make_splits()
     opt = RLMDocstringOptimizer(
@@ -100,6 +104,7 @@ def test_one_optimizer_compiles_twice_without_sharing_state():
     assert not any(key.startswith("_") and "run" in key for key in vars(opt))
 
 
+@pytest.mark.slow
 def test_a_worse_submission_is_not_returned():
     bad = "Always answer billing."
     result = compile_with([
@@ -113,6 +118,7 @@ def test_a_worse_submission_is_not_returned():
     assert "returning that candidate instead" in result.selection["reason"]
 
 
+@pytest.mark.slow
 def test_a_submission_that_only_ties_the_unchanged_program_is_not_returned():
     reworded = "Pick the queue for this summary."  # the fake task LM routes it exactly like the original
     original = RouteTicket().route.signature.instructions
@@ -126,6 +132,7 @@ def test_a_submission_that_only_ties_the_unchanged_program_is_not_returned():
     assert result.route.signature.instructions == original
 
 
+@pytest.mark.slow
 def test_submitting_the_unchanged_instructions_returns_them():
     original = RouteTicket().route.signature.instructions
     result = compile_with([
@@ -148,7 +155,8 @@ def test_agent_instructions_name_every_tool():
         ({"max_iterations": 0}, "max_iterations must be an int >= 1"),
         ({"root_lm": None}, "root_lm is required"),
         ({"root_lm": "openai/gpt-4o"}, "root_lm must be a dspy.LM"),
-        ({"pass_threshold": 2}, "pass_threshold must be a number in [0, 1]"),
+        ({"pass_threshold": float("nan")}, "pass_threshold must be a finite number"),
+        ({"pass_threshold": "high"}, "pass_threshold must be a finite number"),
         ({"metric": "accuracy"}, "metric must be callable"),
     ],
 )
@@ -189,6 +197,7 @@ class RouteWithExtendingStep(RouteTicket):
         self.route = SelfExtendingPredict("summary -> queue")
 
 
+@pytest.mark.slow
 def test_an_update_that_would_change_the_structure_is_refused_and_rolled_back():
     trainset, valset = make_splits()
     opt = optimizer([

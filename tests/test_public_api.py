@@ -15,6 +15,7 @@ def test_public_names():
         "EvaluationLMError",
         "SandboxError",
         "RunDirectoryMismatchError",
+        "RunDirectoryInUseError",
         "OptimizationInterrupted",
         "DspyVersionError",
     ])

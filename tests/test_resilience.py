@@ -7,15 +7,17 @@ import json
 
 import dspy
 import pytest
-from fakes import FunctionLM, scripted_agent
+from support.fakes import FunctionLM, scripted_agent
+from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 
-from example import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 from rlmoptimizer import (
     EvaluationLMError,
     OptimizationInterrupted,
     RLMDocstringOptimizer,
     RunDirectoryMismatchError,
 )
+
+pytestmark = pytest.mark.slow  # every test here runs compile() with a real sandbox
 
 TURNS = [
     {"reasoning": "look", "code": "print(baseline_train['score'])"},
@@ -136,7 +138,7 @@ def test_a_metric_that_raises_on_some_examples_leaves_failing_records():
     result = compile_in(None, scripted_agent(TURNS), FunctionLM(task_lm_reply), metric_fn=flaky_metric)
     baseline = result.trial_logs[0]
     assert baseline["label"] == "baseline"
-    from rlmoptimizer.run_store import RunStore
+    from rlmoptimizer.storage.run_store import RunStore
 
     run = RunStore(result.run_storage_dir).get(baseline["run_id"])
     errors = [r for r in run.records if r.error]
@@ -154,7 +156,7 @@ def test_rate_limits_are_retried_and_charged_once(tmp_path):
         return task_lm_reply(messages)
 
     result = compile_in(tmp_path, scripted_agent(TURNS), FunctionLM(task_reply))
-    from rlmoptimizer.run_store import RunStore
+    from rlmoptimizer.storage.run_store import RunStore
 
     runs = RunStore(tmp_path).all()
     assert all(r.error is None for run in runs for r in run.records)
@@ -202,10 +204,10 @@ import os, sys, tempfile
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path[:0] = [{tests!r}, {root!r}]
 import test_resilience as t
-from example import task_lm_reply
+from support.tickets import task_lm_reply
 from rlmoptimizer.testing import FunctionLM, scripted_agent
 from rlmoptimizer import RLMDocstringOptimizer
-from example import RouteTicket, make_splits, metric
+from support.tickets import RouteTicket, make_splits, metric
 trainset, valset = make_splits()
 opt = RLMDocstringOptimizer(max_iterations=2, root_lm=scripted_agent(t.TURNS),
                             eval_lm=FunctionLM(task_lm_reply, latency=0.2), num_threads=1,
@@ -247,7 +249,7 @@ def test_a_process_killed_mid_evaluation_loses_nothing_it_paid_for(tmp_path):
 
     task = FunctionLM(task_lm_reply)
     result = compile_in(directory, scripted_agent(TURNS), task)
-    from rlmoptimizer.run_store import RunStore
+    from rlmoptimizer.storage.run_store import RunStore
 
     recovered = [run for run in RunStore(directory).all() if run.label == "agent:recovered"]
     assert len(recovered) == 1 and recovered[0].split == "val" and recovered[0].evaluated_count >= 3

@@ -3,7 +3,10 @@ time and memory, and able to come back from a dead process.
 
 Rooms:
     sandbox.py   :class:`Sandbox`, the REPL (dspy's CodeInterpreter protocol): tools, replay, recovery
-    deno.py      the Deno process: command, environment and TLS trust, bounded stderr, failed-start messages
+    deno.py      the Deno command, its environment and TLS trust, versions and cache directory
+    process.py   the running Deno process: bounded stderr, memory cap, CPU between cells
+    protocol.py  the bounded, validated reader of Deno's stdout (untrusted: sandboxed code can write to it)
+    start_failure.py  what a failed start tells the user: Deno's words, the failed download, the fix
     watchdog.py  the per-cell time limit
     check.py     ``python -m rlmoptimizer.sandbox``: prefetch Pyodide, start, isolation self-check, report
     _dspy.py     every private dspy name this wing uses, checked at import

@@ -17,6 +17,8 @@ REQUIRED = (
     Requirement("dspy.primitives.facade", "SHIM_SETUP"),
     Requirement(_PI, "_spawn_process", params=()),  # overridden: our environment, stderr drained
     Requirement(_PI, "_health_check", params=()),
+    Requirement(_PI, "_next_request_id", params=()),  # overridden: the reader learns the id in flight
+    Requirement(_PI, "_send_request", params=("method", "params", "context")),  # overridden: not an execution
     Requirement(_PI, "_get_runner_path", params=()),
     Requirement(_PI, "_extract_parameters", params=("fn",)),
     Requirement(_PI, "_get_deno_dir", params=("deno_executable",)),

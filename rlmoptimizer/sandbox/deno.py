@@ -9,17 +9,14 @@
   could not download Pyodide; :func:`tls_trust` hands Deno the CA bundle the environment names for Python
   (or the system store), unless the user configured Deno's TLS already. This only affects Deno's own
   downloads: sandboxed code has no network at all.
-- **Streams.** Deno's stderr is drained on a thread with a bound (:class:`StreamTail`): a flood costs no
-  host memory.
-- **A failed start** is explained by :func:`explain_start_failure`: Deno's own words, the download that
-  failed, and what to do.
+- The process itself (streams, memory, CPU) is :mod:`.process`; what a failed start means is
+  :mod:`.start_failure`.
 
 May import: the standard library, ``rlmoptimizer.errors`` and ``rlmoptimizer.sandbox._dspy``.
 """
 
 from __future__ import annotations
 
-import collections
 import configparser
 import functools
 import inspect
@@ -29,10 +26,8 @@ import os
 import re
 import subprocess
 import sys
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from rlmoptimizer.errors import SandboxError
 from rlmoptimizer.sandbox._dspy import CodeInterpreterError, PythonInterpreter, _validate_deno_version
@@ -80,10 +75,6 @@ _NODE_CA_VARIABLE = "NODE_EXTRA_CA_CERTS"
 # One 64 KiB WebAssembly page.
 _WASM_PAGE = 64 * 1024
 
-# Bounds on what is kept of Deno's stderr: a few lines, each short.
-STDERR_LINES = 20
-STDERR_LINE_CHARS = 600
-_READ_CHUNK = 64 * 1024
 
 
 # ---------------------------------------------------------------------------------------------- command
@@ -246,151 +237,3 @@ def deno_environment(source: dict[str, str] | None = None) -> dict[str, str]:
     env["DENO_NO_PACKAGE_JSON"] = "1"  # what PythonInterpreter sets for its default command
     env["NO_COLOR"] = "1"  # plain diagnostics in messages
     return env
-
-
-# ---------------------------------------------------------------------------------------------- streams
-
-
-class StreamTail:
-    """Drains a text stream on a daemon thread, keeping only its last :data:`STDERR_LINES` lines, each cut to
-    :data:`STDERR_LINE_CHARS` characters; a line without end costs no more memory than that. ``dropped``
-    counts the characters not kept."""
-
-    def __init__(self, stream: Any, name: str = "rlmoptimizer-deno-stderr") -> None:
-        self.lines: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
-        self.dropped = 0
-        self._partial = ""
-        self._partial_cut = False
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._drain, args=(stream,), name=name, daemon=True)
-        self._thread.start()
-
-    def _drain(self, stream: Any) -> None:
-        try:
-            while chunk := stream.read(_READ_CHUNK):
-                self._feed(chunk)
-        except (OSError, ValueError):
-            pass
-        finally:
-            with self._lock:
-                if self._partial:
-                    self.lines.append(self._partial)
-                    self._partial = ""
-            try:
-                stream.close()
-            except (OSError, ValueError):
-                pass
-
-    def _feed(self, chunk: str) -> None:
-        with self._lock:
-            *complete, rest = chunk.split("\n")
-            for piece in complete:
-                line = self._partial + piece
-                if len(line) > STDERR_LINE_CHARS:
-                    self.dropped += len(line) - STDERR_LINE_CHARS
-                    line = line[:STDERR_LINE_CHARS]
-                if len(self.lines) == self.lines.maxlen:
-                    self.dropped += len(self.lines[0])
-                self.lines.append(line)
-                self._partial = ""
-            room = STDERR_LINE_CHARS - len(self._partial)
-            self.dropped += max(0, len(rest) - room)
-            self._partial += rest[:max(0, room)]
-
-    def text(self, wait_s: float = 0.0) -> str:
-        """What is kept, joined by newlines; waits up to ``wait_s`` for the stream to end first."""
-        if wait_s > 0:
-            self._thread.join(wait_s)
-        with self._lock:
-            lines = list(self.lines) + ([self._partial] if self._partial else [])
-        return "\n".join(lines)
-
-
-class DenoInterpreter(PythonInterpreter):
-    """``PythonInterpreter`` whose Deno process gets :func:`deno_environment` instead of the host's, runs in a
-    neutral working directory, and has its stderr drained with a bound.
-
-    (Passing ``deno_command=`` makes ``PythonInterpreter`` copy the whole host environment and skip its
-    version check; the check runs once in :class:`~rlmoptimizer.sandbox.Sandbox`.)"""
-
-    stderr: StreamTail | None = None
-    workdir: str | None = None
-
-    def _spawn_process(self) -> None:
-        try:
-            process = subprocess.Popen(
-                self.deno_command,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                encoding="UTF-8",
-                errors="replace",
-                env=deno_environment(),
-                cwd=self.workdir,
-            )
-        except OSError as e:
-            raise CodeInterpreterError(f"Could not start Deno ({self.deno_command[0]}): {e}") from e
-        # PythonInterpreter reads stderr only after the process exits, and skips it when it is None; a full
-        # pipe would block Deno, so it is drained here.
-        stderr, process.stderr = process.stderr, None
-        self.stderr = StreamTail(stderr)
-        self.deno_process = process
-        self._health_check()
-
-    def stderr_text(self, wait_s: float = 0.0) -> str:
-        return self.stderr.text(wait_s) if self.stderr is not None else ""
-
-
-# ---------------------------------------------------------------------------------------------- a failed start
-
-_TLS_ERROR = re.compile(r"certificate|UnknownIssuer|CertNotValid|tls handshake|InvalidCertificate", re.I)
-_NETWORK_ERROR = re.compile(
-    r"tcp connect error|Connection refused|dns error|failed to lookup|Network is unreachable|timed out|"
-    r"connection reset|proxy|No route to host|error sending request",
-    re.I,
-)
-_URL = re.compile(r"https?://[^\s'\"):]+")
-
-
-def offline_help(cache_dir: str | None) -> str:
-    where = f" (here: {cache_dir})" if cache_dir else ""
-    return (
-        "On a machine without the registry: run `python -m rlmoptimizer.sandbox` once where https://registry.npmjs.org "
-        f"is reachable, copy Deno's cache directory{where} to this machine, and point DENO_DIR at the copy."
-    )
-
-
-def explain_start_failure(stderr: str, exit_code: int | None, error: str, cache_dir: str | None,
-                          trust: TlsTrust | None = None) -> str:
-    """The message of a sandbox that did not start: what happened (in Deno's words), which download failed,
-    and what to do."""
-    trust = tls_trust() if trust is None else trust
-    said = "\n".join(line for line in stderr.splitlines() if line.strip())
-    urls = [url for url in _URL.findall(said) if "registry" in url or "npm" in url or "pyodide" in url]
-    download = f" downloading {urls[0]}" if urls else ""
-    version = pyodide_version()
-    what = f"Pyodide {version} (the npm package pyodide)" if version else "Pyodide (the npm package pyodide)"
-    status = f"Deno exited with code {exit_code}" if exit_code is not None else "Deno did not answer"
-    words = "\nDeno said:\n  " + "\n  ".join(said.splitlines()[-8:]) if said else f" ({error})"
-    if _TLS_ERROR.search(said):
-        return (
-            f"The sandbox could not start: Deno could not verify the TLS certificate{download}, so it could not "
-            f"fetch {what} into its cache. {status}.{words}\n"
-            f"Deno was told to trust: {trust.source}. A TLS-inspecting proxy (common on company networks) needs its "
-            "CA bundle: set SSL_CERT_FILE (rlmoptimizer passes it on to Deno) or DENO_CERT to that PEM file, or "
-            "install the CA in the system store and set DENO_TLS_CA_STORE=system. " + offline_help(cache_dir)
-        )
-    if _NETWORK_ERROR.search(said):
-        proxies = ", ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.upper().endswith("_PROXY")) or "none"
-        return (
-            f"The sandbox could not start: Deno could not reach the npm registry{download} to fetch {what} into its "
-            f"cache. {status}.{words}\nProxy settings passed to Deno: {proxies}. Check HTTPS_PROXY/NO_PROXY "
-            "(and NPM_CONFIG_REGISTRY for a registry mirror). " + offline_help(cache_dir)
-        )
-    if "npm" in said or "pyodide" in said.lower():
-        return (
-            f"The sandbox could not start: Deno could not load {what}{download}. {status}.{words}\n"
-            + offline_help(cache_dir)
-        )
-    return f"The sandbox could not start: {status}.{words}"

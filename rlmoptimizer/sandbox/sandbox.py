@@ -13,7 +13,13 @@ What :class:`Sandbox` adds to ``PythonInterpreter``:
 - **A time limit per cell.** A watchdog kills the process when one ``execute()`` has spent more than
   ``timeout_s`` seconds inside the sandbox; time spent in host tools (an evaluation that takes minutes)
   does not count.
-- **Recovery.** After a timeout or a crash the sandbox restarts, re-runs ``setup_code`` and the executes
+- **Nothing runs between cells.** Between executes the same watchdog samples the process's CPU time; work a
+  cell left running (a Web Worker, a timer, a pending task) that burns more than a second of CPU gets the
+  process killed, and the next execute restarts it and tells the agent why.
+- **Bounded memory and output.** The whole process's writable memory is capped (see :mod:`.deno`), and what
+  comes out of the process is read as untrusted input (see :mod:`.protocol`): a flood, an oversize line or a
+  forged protocol message is an error of that cell, never a crash or a memory blow-up of the host.
+- **Recovery.** After a timeout, a crash or running out of memory the sandbox restarts, re-runs the executes
   recorded before :meth:`Sandbox.mark_setup_complete`, and raises ``CodeExecutionError`` with a message for
   the agent naming the variables it lost. The run goes on.
 
@@ -34,6 +40,7 @@ import functools
 import inspect
 import json
 import logging
+import math
 import os
 import shutil
 import subprocess
@@ -42,13 +49,12 @@ import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from rlmoptimizer.errors import AgentToolError, SandboxError
-from rlmoptimizer.sandbox import deno
+from rlmoptimizer.sandbox import deno, process, start_failure
 from rlmoptimizer.sandbox._dspy import HOST_TOKEN_VAR, SHIM_SETUP, CodeExecutionError, CodeInterpreterError
-from rlmoptimizer.sandbox.deno import DenoInterpreter
+from rlmoptimizer.sandbox.process import DenoInterpreter
 from rlmoptimizer.sandbox.watchdog import Watchdog
 
 __all__ = ["Sandbox"]
@@ -75,12 +81,21 @@ _NAMES_TOOL = "_rlmopt_names"
 
 _DIAGNOSTIC_CHARS = 600
 
+# The longest limit accepted for one execute and for a start: a day (any longer is a mistake, and an infinite
+# or NaN limit would be no limit).
+MAX_TIMEOUT_S = 86_400.0
+
+# CPU the process may use between executes (GC, a late tier-up compile) before what a cell left running is
+# stopped: this much, plus this share of the idle time.
+IDLE_CPU_ALLOWANCE_S = 1.0
+IDLE_CPU_SHARE = 0.02
+
 
 def _registration_code(names: list[str], removed: list[str]) -> str:
     """What runs in the sandbox after dspy registered the tools ``names`` (``removed`` are gone since)."""
     wrap = f"_rlmopt_wrap_tools({json.dumps(names)}, {json.dumps(removed)}, {json.dumps(AgentToolError.__name__)})"
     hooks = f"_rlmopt_install_hooks(globals().get({json.dumps(_NAMES_TOOL)}))"
-    return "\n".join([_TOOL_WRAPPERS, wrap, "del _rlmopt_wrap_tools", _RUNNER_HOOKS, hooks, "del _rlmopt_install_hooks"])
+    return "\n".join([_TOOL_WRAPPERS, wrap, "del _rlmopt_wrap_tools", _RUNNER_HOOKS, hooks, "del _rlmopt_install_hooks, _HARDEN_JS"])
 
 
 @dataclass(frozen=True)
@@ -96,10 +111,11 @@ class _Replay:
 class _ProcessLost(Exception):
     """The Deno process died (or was killed by the watchdog) during a call."""
 
-    def __init__(self, diagnostic: str, timed_out: bool):
+    def __init__(self, diagnostic: str, timed_out: bool, reason: str = "crash"):
         super().__init__(diagnostic)
         self.diagnostic = diagnostic
         self.timed_out = timed_out
+        self.reason = "timeout" if timed_out else reason  # timeout | memory | background | crash
 
 
 def _exit_diagnostic(interp: DenoInterpreter, error: Exception) -> str:
@@ -129,15 +145,15 @@ def _names_list(names: list[str]) -> str:
 class Sandbox:
     """A persistent sandboxed Python REPL for the optimizer agent (implements dspy's CodeInterpreter protocol).
 
-    Python runs in Pyodide inside a Deno process that may read only the ``files`` given here (mounted
-    read-only at ``/sandbox/<basename of the host path>``), with no network, environment, subprocesses or
-    host writes. State persists across ``execute()`` calls until a restart.
+    Python runs in Pyodide inside a Deno process that reads no host files, with no network, environment,
+    subprocesses or host writes. State persists across ``execute()`` calls until a restart; data comes in
+    with ``variables=`` or through tools.
 
     Lifecycle: ``start()`` (or ``start_in_background()``, or lazily on the first ``execute()``), any number of
     ``execute()``, ``shutdown()``. After ``shutdown()`` the sandbox cannot be used again. Calls are serialized
     by a lock, so the sandbox may be started on one thread and used from another.
 
-    Restarts (after a timeout or a crash) run ``setup_code``, then, in their original order, every execute
+    Restarts (after a timeout, a crash or running out of memory) run, in their original order, every execute
     that succeeded before :meth:`mark_setup_complete` and the ``dspy`` facade installs made by ``dspy.RLM``
     (recognized automatically, replayed even if ``mark_setup_complete`` is never called); tools are
     registered again. Variables handed in with ``variables=`` come back with the
@@ -145,11 +161,11 @@ class Sandbox:
     """
 
     # What RLM shows the agent about this runtime (RLM reads it from the interpreter factory). Instances
-    # override it with their own time limit and file list.
+    # override it with their own time limit.
     execution_instructions: str = (
         "Python runs in Pyodide (WebAssembly) inside a Deno sandbox; variables persist across executions. "
-        "There is no network, no environment variables, no subprocesses, no host files except read-only data "
-        "under /sandbox/, and no packages beyond Pyodide's standard library. Each execution has a time limit "
+        "There is no network, no environment variables, no subprocesses, no host files, and no packages beyond "
+        "Pyodide's standard library. Each execution has a time limit "
         "(time spent inside tool calls does not count); past it the execution is stopped and the REPL restarts "
         "with its data reloaded, but the variables you defined are lost, so keep each step small."
     )
@@ -159,8 +175,6 @@ class Sandbox:
         *,
         tools: dict[str, Callable[..., Any]] | None = None,
         timeout_s: float = 120.0,
-        files: dict[str, str | Path] | None = None,
-        setup_code: str = "",
         replay_limit: int = 100,
         # limits of the process itself
         memory_limit_mb: int = 2048,
@@ -173,35 +187,34 @@ class Sandbox:
             timeout_s: the most seconds one ``execute()`` may spend inside the sandbox; host tool time is
                 not counted. Over it, the process is killed and restarted and the call raises
                 ``CodeExecutionError``.
-            files: ``{name: host_path}`` of files mounted read-only at ``/sandbox/<basename of host_path>``
-                (see :attr:`mounted_paths`). Basenames must be unique.
-            setup_code: Python run after every (re)start, before anything else, e.g.
-                ``import json; baseline = json.load(open('/sandbox/baseline.json'))``.
             replay_limit: the most executes recorded before :meth:`mark_setup_complete` for replay.
-            memory_limit_mb: the most WebAssembly memory Pyodide may use; past it Python raises
-                ``MemoryError`` (the process survives). Bounded by Pyodide's own 4 GiB.
+            memory_limit_mb: the most WebAssembly memory Pyodide may use (past it Python raises
+                ``MemoryError`` and the process survives; bounded by Pyodide's own 4 GiB), and, on Linux, the
+                most writable memory the whole process may add to what it used once started (JavaScript
+                buffers included; past it an allocation fails, or the process is restarted with a message
+                that says memory).
             start_timeout_s: the most seconds starting the process may take (the first start on a machine
-                downloads Pyodide from npm), and the limit for ``setup_code`` and each replayed execute.
+                downloads Pyodide from npm), and the limit for each replayed execute.
         """
         # validation
-        if isinstance(timeout_s, bool) or not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
-            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
-        if not (isinstance(start_timeout_s, (int, float)) and start_timeout_s > 0):
-            raise ValueError(f"start_timeout_s must be a positive number of seconds, got {start_timeout_s!r}")
+        for name, value in (("timeout_s", timeout_s), ("start_timeout_s", start_timeout_s)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S
+            ):
+                raise ValueError(
+                    f"{name} must be a number of seconds greater than 0 and at most {MAX_TIMEOUT_S:g} "
+                    f"(one day), got {value!r}"
+                )
         if isinstance(replay_limit, bool) or not isinstance(replay_limit, int) or replay_limit < 0:
             raise ValueError(f"replay_limit must be an int >= 0, got {replay_limit!r}")
         if not isinstance(memory_limit_mb, int) or not 64 <= memory_limit_mb <= 4096:
             raise ValueError(f"memory_limit_mb must be an int between 64 and 4096, got {memory_limit_mb!r}")
-        if not isinstance(setup_code, str):
-            raise TypeError(f"setup_code must be a str, got {type(setup_code).__name__}")
-        self._files = self._check_files(files or {})
 
         # configuration
         self.tools: dict[str, Callable[..., Any]] = dict(tools or {})
         self.output_fields: list[dict] | None = None
         self.timeout_s = float(timeout_s)
         self.start_timeout_s = float(start_timeout_s)
-        self.setup_code = setup_code
         self.replay_limit = replay_limit
         self.memory_limit_mb = memory_limit_mb
         self.execution_instructions = self._instructions()
@@ -229,6 +242,7 @@ class Sandbox:
         self._notice = ""  # told to the agent with the next result (a restart it did not cause)
         self._replay_failures: list[str] = []  # setup steps that failed on the last restart
         self._reported_names: set[str] | None = None  # what the running execute reported (_NAMES_TOOL)
+        self._idle_cpu_kill: float | None = None  # CPU seconds burnt between executes, when that killed it
 
         # replay and variable bookkeeping
         self._records: list[_Replay] = []  # in execution order
@@ -236,7 +250,7 @@ class Sandbox:
         self._pending_overflow = False
         self._setup_complete = False
         self._pristine_names: set[str] = set()  # globals of a fresh process (runner internals)
-        self._baseline_names: set[str] = set()  # globals after setup_code and replays
+        self._baseline_names: set[str] = set()  # globals after the replays
         self._pending_names: set[str] = set()  # globals made by executes not yet marked as setup
         self._user_names: list[str] = []  # agent-defined globals after the last execute
 
@@ -248,11 +262,6 @@ class Sandbox:
         if self._deno_command is None:
             self._deno_command = self._build_deno_command()
         return list(self._deno_command)
-
-    @property
-    def mounted_paths(self) -> dict[str, str]:
-        """``{name: path inside the sandbox}`` for each file in ``files``."""
-        return {name: f"/sandbox/{os.path.basename(path)}" for name, path in self._files.items()}
 
     @property
     def process_id(self) -> int | None:
@@ -281,7 +290,7 @@ class Sandbox:
         return factory
 
     def start(self) -> None:
-        """Start the process, run ``setup_code``; idempotent and blocking. Raises ``SandboxError``."""
+        """Start the process; idempotent and blocking. Raises ``SandboxError``."""
         self._join_background()
         with self._lock:
             self._check_usable()
@@ -315,6 +324,7 @@ class Sandbox:
                 return self._execute_locked(code, dict(variables or {}))
             finally:
                 self._executing_thread = None
+                self._watch_idle()
 
     def __call__(self, code: str, variables: dict[str, Any] | None = None) -> Any:
         return self.execute(code, variables)
@@ -328,7 +338,7 @@ class Sandbox:
             if self._pending_overflow:
                 raise SandboxError(
                     f"More than replay_limit={self.replay_limit} executes ran before mark_setup_complete(); "
-                    "raise replay_limit, or put the setup in setup_code."
+                    "raise replay_limit, or do the setup in fewer executes."
                 )
             self._confirmed = len(self._records)
             self._baseline_names |= self._pending_names
@@ -362,10 +372,8 @@ class Sandbox:
         if self._interp is None:
             self._boot()
         elif not self._alive():
-            self._notice = self._recover(
-                _ProcessLost(self._interp._last_diagnostic or "the process exited between cells", False),
-                variables,
-            )
+            diagnostic = self._interp._last_diagnostic or "the process exited between cells"
+            self._notice = self._recover(self._lost(self._interp, diagnostic, False), variables)
 
         try:
             result = self._call(code, variables, self.timeout_s)
@@ -432,7 +440,8 @@ class Sandbox:
         except (CodeInterpreterError, OSError, ValueError) as e:
             if self._alive(interp):
                 raise  # a host-side error before anything ran (e.g. a variable that cannot be handed in)
-            raise _ProcessLost(_exit_diagnostic(interp, e), timed_out=self._watchdog.disarm()) from e
+            timed_out = self._watchdog.disarm()
+            raise self._lost(interp, _exit_diagnostic(interp, e), timed_out) from e
         except BaseException:
             # Interrupted mid-protocol (e.g. KeyboardInterrupt inside a tool): the process cannot be trusted.
             self._kill(interp)
@@ -441,6 +450,37 @@ class Sandbox:
             timed_out = self._watchdog.disarm()
             if timed_out and self._alive(interp):
                 self._kill(interp)
+
+    def _lost(self, interp: DenoInterpreter, diagnostic: str, timed_out: bool) -> _ProcessLost:
+        """Why ``interp`` is gone: the time limit, work left running between cells, memory, or a crash."""
+        idle_cpu, self._idle_cpu_kill = self._idle_cpu_kill, None
+        if timed_out:
+            return _ProcessLost(diagnostic, True)
+        if idle_cpu is not None:
+            return _ProcessLost(f"{idle_cpu:.1f} s of CPU used between executions", False, "background")
+        if process.ran_out_of_memory(interp.stderr_text(wait_s=0.5)):
+            return _ProcessLost(diagnostic, False, "memory")
+        return _ProcessLost(diagnostic, False)
+
+    def _watch_idle(self) -> None:
+        """Between executes: stop the process once it burns CPU (what a cell left running), see _on_idle_cpu."""
+        interp, watchdog = self._interp, self._watchdog
+        if interp is None or watchdog is None or not self._alive(interp):
+            return
+        pid = interp.deno_process.pid
+        watchdog.idle(
+            functools.partial(process.cpu_seconds, pid),
+            functools.partial(self._on_idle_cpu, interp),
+            allowance_s=IDLE_CPU_ALLOWANCE_S,
+            share=IDLE_CPU_SHARE,
+        )
+
+    def _on_idle_cpu(self, interp: DenoInterpreter, used_s: float) -> None:
+        """Watchdog thread: the idle process used ``used_s`` s of CPU; kill it (the next execute restarts it)."""
+        logger.warning("Sandbox code kept running between executions (%.1f s of CPU); stopping the process.", used_s)
+        if interp is self._interp:
+            self._idle_cpu_kill = used_s
+        self._kill(interp)
 
     # ------------------------------------------------------------------ tools
 
@@ -501,8 +541,9 @@ class Sandbox:
             self._watchdog = Watchdog()
         command = self.deno_command
         deno.check_deno_version(command[0])
-        interp = DenoInterpreter(deno_command=command, enable_read_paths=list(self._files.values()))
+        interp = DenoInterpreter(deno_command=command)
         interp.workdir = os.path.join(self._tmpdir, "work") if self._tmpdir else None
+        interp.memory_limit_mb = self.memory_limit_mb
         self._interp, self._registration_key, self._registered_tools = interp, None, set()
         self._watchdog.arm(self.start_timeout_s, functools.partial(self._kill, interp))
         try:
@@ -515,9 +556,6 @@ class Sandbox:
         self._watchdog.disarm()
         try:
             self._pristine_names = self._global_names() or set()
-            self._lock_mounted_files()
-            if self.setup_code:
-                self._call(self.setup_code, {}, self.start_timeout_s)
             replay_failures = []
             replays = [r for i, r in enumerate(self._records) if r.facade or i < self._confirmed]
             for step, replay in enumerate(replays, start=1):
@@ -543,7 +581,7 @@ class Sandbox:
             raise
 
     def _start_failure(self, interp: DenoInterpreter, error: Exception, timed_out: bool) -> str:
-        """Why ``interp`` did not start, in Deno's words, with what to do (:func:`deno.explain_start_failure`)."""
+        """Why ``interp`` did not start, in Deno's words, with what to do (:func:`start_failure.explain_start_failure`)."""
         process, exit_code = interp.deno_process, None
         if process is not None:
             try:
@@ -552,7 +590,7 @@ class Sandbox:
                 pass
         stderr = interp.stderr_text(wait_s=1.0 if exit_code is not None else 0.0)
         cache_dir = deno.deno_cache_dir(self.deno_command[0])
-        message = deno.explain_start_failure(stderr, exit_code, _shorten(str(error)), cache_dir)
+        message = start_failure.explain_start_failure(stderr, exit_code, _shorten(str(error)), cache_dir)
         if timed_out:
             message = f"The sandbox did not start within {self.start_timeout_s:g} s. " + message
         return message
@@ -586,6 +624,20 @@ class Sandbox:
         if self._replay_failures:
             restored += " Some setup steps failed on replay: " + "; ".join(self._replay_failures) + "."
         lost_text = f"These of your variables were lost: {_names_list(lost_names)}."
+        if lost.reason == "memory":
+            limit = f"{self.memory_limit_mb} MB"
+            return (
+                f"MemoryError: the sandbox process ran out of memory (its limit is {limit}, JavaScript buffers "
+                f"included) while running this code and was restarted. {restored} {lost_text} Process the data "
+                "in pieces and keep fewer or smaller objects alive."
+            )
+        if lost.reason == "background":
+            return (
+                "BackgroundWork: something an earlier execution started (a Web Worker, a timer, a pending async "
+                f"task) kept running after it ended ({_shorten(lost.diagnostic, 80)}), so the sandbox process was "
+                f"stopped. {restored} {lost_text} Do not leave work running after an execution: await what you "
+                "start within the same execution."
+            )
         if lost.timed_out:
             return (
                 f"TimeoutError: this code ran for more than {self.timeout_s:g} s of sandbox time and was stopped. "
@@ -598,17 +650,6 @@ class Sandbox:
             f"(last diagnostic: {_shorten(lost.diagnostic, 500)}). {restored} {lost_text} Avoid building very "
             "large objects (process the data in pieces) and do not end the process (os._exit, js.Deno.exit)."
         )
-
-    def _lock_mounted_files(self) -> None:
-        """Make the mounted copies read-only inside Pyodide too (the host files are never written)."""
-        if not self._files:
-            return
-        paths = json.dumps(sorted(self.mounted_paths.values()))
-        code = f"[__import__('os').chmod(_p, 0o444) for _p in {paths}]"
-        try:
-            self._call(code, {}, self.start_timeout_s)
-        except (CodeExecutionError, SyntaxError) as e:
-            logger.debug("Could not make the mounted files read-only inside the sandbox: %s", e)
 
     def _start_quietly(self) -> None:
         try:
@@ -681,36 +722,13 @@ class Sandbox:
         self._tmpdir = tempfile.mkdtemp(prefix="rlmoptimizer-sandbox-")
         self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)
         os.mkdir(os.path.join(self._tmpdir, "work"))
-        return deno.build_command([str(path) for path in self._files.values()], self.memory_limit_mb, self._tmpdir)
-
-    @staticmethod
-    def _check_files(files: dict[str, str | Path]) -> dict[str, str]:
-        if not isinstance(files, dict):
-            raise TypeError(f"files must be a dict {{name: host_path}}, got {type(files).__name__}")
-        checked: dict[str, str] = {}
-        by_basename: dict[str, str] = {}
-        for name, path in files.items():
-            path = os.fspath(path)
-            if not os.path.isfile(path):
-                raise ValueError(f"files[{name!r}] = {path!r} is not an existing file")
-            basename = os.path.basename(path)
-            if basename in by_basename:
-                raise ValueError(
-                    f"files[{name!r}] and files[{by_basename[basename]!r}] would both be /sandbox/{basename}; "
-                    "give the files different names"
-                )
-            by_basename[basename] = name
-            checked[name] = path
-        return checked
+        return deno.build_command([], self.memory_limit_mb, self._tmpdir)
 
     def _instructions(self) -> str:
-        files = ""
-        if self._files:
-            files = " Read-only data files: " + ", ".join(sorted(self.mounted_paths.values())) + "."
         return (
             "Python runs in Pyodide (WebAssembly) inside a Deno sandbox; variables persist across executions. "
-            "There is no network, no environment variables, no subprocesses, no host files except the read-only "
-            f"data under /sandbox/, and no packages beyond Pyodide's standard library.{files} Each execution may "
+            "There is no network, no environment variables, no subprocesses, no host files, and no packages "
+            "beyond Pyodide's standard library. Each execution may "
             f"run for at most {self.timeout_s:g} s of sandbox time (time spent inside tool calls does not count); "
             "past that it is stopped and the REPL restarts with its data reloaded, but the variables you defined "
             "are lost, so keep each step small."

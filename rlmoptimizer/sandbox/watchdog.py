@@ -1,4 +1,5 @@
-"""The per-cell time limit: a thread that calls back once an armed call has run too long.
+"""The per-cell time limit, and the watch between cells: a thread that calls back once an armed call has run
+too long, or once the idle process has used too much CPU.
 
 May import: the standard library only.
 """
@@ -16,12 +17,17 @@ logger = logging.getLogger(__name__)
 # (even an infinite one) is safe for ``Condition.wait``.
 _MAX_WAIT_S = 3600.0
 
+# How often the CPU of an idle process is sampled.
+_IDLE_SAMPLE_S = 0.25
+
 
 class Watchdog:
     """Calls ``on_expire`` once the armed call has spent ``limit`` seconds running.
 
     Counts only the time between :meth:`arm`/:meth:`resume` and :meth:`pause`/:meth:`disarm`, so
-    host tool calls (paused) are not charged. One daemon thread per watchdog."""
+    host tool calls (paused) are not charged. Between calls, :meth:`idle` watches a CPU clock instead. Any
+    limit is safe (infinite, NaN or huge: such a limit never expires, and the thread lives on). One daemon
+    thread per watchdog."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -31,6 +37,7 @@ class Watchdog:
         self._on_expire: Callable[[], None] | None = None
         self._fired = False
         self._stopped = False
+        self._idle: tuple[Callable[[], float | None], Callable[[float], None], float, float, float, float] | None = None
         self._thread = threading.Thread(target=self._loop, name="rlmoptimizer-sandbox-watchdog", daemon=True)
         self._thread.start()
 
@@ -40,6 +47,7 @@ class Watchdog:
 
     def arm(self, limit: float, on_expire: Callable[[], None]) -> None:
         with self._cond:
+            self._idle = None
             self._limit, self._on_expire = float(limit), on_expire
             self._spent, self._since, self._fired = 0.0, time.monotonic(), False
             self._cond.notify()
@@ -62,6 +70,19 @@ class Watchdog:
             self._limit, self._since, self._on_expire = None, None, None
             return self._fired
 
+    def idle(self, cpu_seconds: Callable[[], float | None], on_exceed: Callable[[float], None], *,
+             allowance_s: float, share: float) -> None:
+        """Until the next :meth:`arm`: sample ``cpu_seconds()`` and call ``on_exceed(used)`` once the CPU used
+        since now exceeds ``allowance_s`` plus ``share`` of the time passed. Does nothing if the clock cannot be
+        read (``None``)."""
+        start = cpu_seconds()
+        if start is None:
+            return
+        with self._cond:
+            if self._limit is None:
+                self._idle = (cpu_seconds, on_exceed, start, time.monotonic(), allowance_s, share)
+                self._cond.notify()
+
     def stop(self) -> None:
         with self._cond:
             self._stopped = True
@@ -70,6 +91,10 @@ class Watchdog:
     def _loop(self) -> None:
         with self._cond:
             while not self._stopped:
+                if self._limit is None and self._idle is not None:
+                    self._cond.wait(_IDLE_SAMPLE_S)
+                    self._check_idle()
+                    continue
                 if self._limit is None or self._since is None:
                     self._cond.wait()
                     continue
@@ -84,3 +109,23 @@ class Watchdog:
                         on_expire()
                     except Exception:  # a failed kill shows up as a hung read, then as the next timeout
                         logger.exception("The sandbox watchdog could not stop the Deno process.")
+
+    def _check_idle(self) -> None:
+        idle = self._idle
+        if idle is None or self._limit is not None or self._stopped:
+            return
+        cpu_seconds, on_exceed, start, since, allowance_s, share = idle
+        try:
+            now = cpu_seconds()
+        except Exception:
+            now = None
+        if now is None:  # the process is gone
+            self._idle = None
+            return
+        used = now - start
+        if used > allowance_s + share * (time.monotonic() - since):
+            self._idle = None
+            try:
+                on_exceed(used)
+            except Exception:
+                logger.exception("The sandbox watchdog could not stop the Deno process.")

@@ -9,7 +9,13 @@ look up ``pyodide.code.eval_code`` and ``eval_code_async`` on every call:
 - ``eval_code_async`` (the code of each execute) reports, in a ``finally``, the REPL's public non-module
   global names to the host through the tool ``report``: after success, an error or a SUBMIT alike. The
   result and the exception are untouched, and nothing is added to the REPL's namespace. Where a report does
-  not arrive, the host lists the names with a separate execute.
+  not arrive, the host lists the names with a separate execute. An exception whose arguments JSON cannot
+  carry (a JavaScript error, an object, NaN) gets them as text: dspy's runner sends them to the host as JSON
+  and would otherwise die with the process (the agent would lose every variable over one uncaught error).
+
+Once per process, the JavaScript side is hardened (:data:`_HARDEN_JS`): ``Deno.cwd()``, ``Deno.execPath()``,
+``Deno.mainModule`` and ``Deno.args`` reveal no host path, stack traces name files without their directory,
+and an uncaught error in a timer or callback does not end the process.
 
 The host appends one call: ``_rlmopt_install_hooks(globals().get(<report tool name>))`` and deletes the
 function again.
@@ -17,8 +23,10 @@ function again.
 
 
 def _rlmopt_install_hooks(report):
+    import json
     import sys
 
+    import js
     import pyodide.code
     from _pyodide._base import CodeRunner
 
@@ -26,9 +34,48 @@ def _rlmopt_install_hooks(report):
     if getattr(code.eval_code_async, "_rlmopt_hooked", False):
         code.eval_code_async.report = report  # the tool's function was defined again by this registration
         return
+    js.eval(_HARDEN_JS)
     original, original_async = code.eval_code, code.eval_code_async
     compiled = {}
     _id, _type, _list, _isinstance, _len, _str = id, type, list, isinstance, len, str
+    _dumps, _float, _dict, _tuple = json.dumps, float, dict, tuple
+
+    def plain(value, depth=0):
+        """``value`` with whatever JSON cannot carry as text."""
+        if value is None or _isinstance(value, (bool, int, _str)):
+            return value
+        if _isinstance(value, _float):
+            return value if value == value and value not in (_float("inf"), _float("-inf")) else _str(value)
+        if depth < 20 and _isinstance(value, (_list, _tuple)):
+            return [plain(item, depth + 1) for item in value]
+        if depth < 20 and _isinstance(value, _dict):
+            return {_str(key): plain(item, depth + 1) for key, item in value.items()}
+        try:
+            return _str(value)
+        except BaseException:
+            return "<" + _type(value).__name__ + ">"
+
+    substitutes = {}
+
+    def carried(error):
+        """``error``, or a stand-in of the same class name, whose arguments JSON can carry."""
+        try:
+            _dumps(error.args, allow_nan=False)
+            return error
+        except BaseException:
+            pass
+        args = _tuple(plain(_list(error.args)))
+        try:
+            error.args = args
+            _dumps(error.args, allow_nan=False)
+            return error
+        except BaseException:
+            pass  # e.g. a JsException, whose args cannot be replaced
+        name = _type(error).__name__
+        if name not in substitutes:
+            base = Exception if _isinstance(error, Exception) else BaseException
+            substitutes[name] = _type(name, (base,), {"__module__": _type(error).__module__})
+        return substitutes[name](*[_str(arg) for arg in args])
 
     def eval_code(source, globals=None, locals=None, **kwargs):
         if kwargs or not _isinstance(source, _str) or _len(source) > 20_000:
@@ -43,6 +90,11 @@ def _rlmopt_install_hooks(report):
     async def eval_code_async(source, globals=None, locals=None, **kwargs):
         try:
             return await original_async(source, globals, locals, **kwargs)
+        except BaseException as error:
+            substitute = carried(error)
+            if substitute is error:
+                raise
+            raise substitute from error
         finally:
             try:
                 if globals is not None:
@@ -57,3 +109,22 @@ def _rlmopt_install_hooks(report):
     eval_code.__wrapped__, eval_code_async.__wrapped__ = original, original_async
     eval_code_async._rlmopt_hooked, eval_code_async.report = True, report
     code.eval_code, code.eval_code_async = eval_code, eval_code_async
+
+
+_HARDEN_JS = r"""(() => {
+  const fix = (owner, name, descriptor) => {
+    try { Object.defineProperty(owner, name, { ...descriptor, enumerable: true, configurable: false }); } catch (e) {}
+  };
+  fix(Deno, "cwd", { value: () => "/", writable: false });
+  fix(Deno, "execPath", { value: () => "deno", writable: false });
+  fix(Deno, "mainModule", { get: () => "file:///sandbox/main.js" });
+  fix(Deno, "args", { value: Object.freeze([]), writable: false });
+  const noDirectories = /(?:file:\/\/)?(?:\/[^\s\/():'"]*)+\/([^\s\/():'"]+)/g;
+  const prepare = (error, frames) => {
+    let head = "Error";
+    try { head = String(error); } catch (e) {}
+    return [head, ...frames.map((frame) => "    at " + String(frame).replace(noDirectories, "$1"))].join("\n");
+  };
+  Object.defineProperty(Error, "prepareStackTrace", { value: prepare, writable: false, configurable: false });
+  globalThis.addEventListener("error", (event) => event.preventDefault());
+})()"""

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlmoptimizer.run_store import atomic_write_json
+from rlmoptimizer.storage.files import atomic_write_json
 
 FILENAME = "notes.json"
 MAX_NOTE_CHARS = 1_000

@@ -13,12 +13,12 @@ import pytest
 from dspy.adapters.json_adapter import JSONAdapter
 from dspy.lm15 import Config, Message, Request
 from dspy.primitives.repl_types import REPLHistory
-from fakes import FunctionLM, scripted_agent
-from responses_server import ResponsesServer
+from support.fakes import FunctionLM, scripted_agent
+from support.responses_server import ResponsesServer
+from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 
-from example import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 from rlmoptimizer import OptimizationInterrupted, RLMDocstringOptimizer
-from rlmoptimizer.sessions import RootSession, is_chain_rejection
+from rlmoptimizer.agent.root_lm import TurnSender, is_chain_rejection
 
 SUBMIT_POLICY = {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"}
 
@@ -47,7 +47,7 @@ def resent_turns(text: str, marker: str) -> list[int]:
 
 
 def session_warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "rlmoptimizer.sessions" and r.levelno == logging.WARNING]
+    return [r.getMessage() for r in caplog.records if r.name == "rlmoptimizer.agent.root_lm" and r.levelno == logging.WARNING]
 
 
 def assert_completed(result, explored: int = 3) -> None:
@@ -57,6 +57,7 @@ def assert_completed(result, explored: int = 3) -> None:
 
 
 # -- root_stateful_session ----------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_each_turn_chains_from_the_previous_response_and_sends_only_the_new_step(caplog):
     with ResponsesServer(TURNS) as server:
         result = compile_with(server.lm(), root_stateful_session=True)
@@ -77,6 +78,7 @@ def test_each_turn_chains_from_the_previous_response_and_sends_only_the_new_step
     assert session_warnings(caplog) == []
 
 
+@pytest.mark.slow
 def test_a_refused_id_falls_back_to_a_full_request_and_the_chain_restarts(caplog):
     with ResponsesServer(TURNS, reject_ids={"resp_0002"}) as server:
         result = compile_with(server.lm(), root_stateful_session=True)
@@ -108,6 +110,7 @@ def test_errors_that_name_the_previous_response_are_refusals_of_the_chain_and_ot
     assert not is_chain_rejection(unauthorized.value) and unauthorized.value.status == 401
 
 
+@pytest.mark.slow
 def test_a_server_without_chaining_is_used_statelessly_after_a_second_refusal(caplog):
     with ResponsesServer(TURNS, reject_previous=True) as server:
         result = compile_with(server.lm(), root_stateful_session=True)
@@ -123,6 +126,7 @@ def test_a_server_without_chaining_is_used_statelessly_after_a_second_refusal(ca
     assert len(warnings) == 2 and "chaining is off" in warnings[1]
 
 
+@pytest.mark.slow
 def test_a_server_that_ignores_the_id_is_caught_by_its_usage_and_the_turns_stay_in_order(caplog):
     with ResponsesServer(TURNS, ignore_previous=True) as server:
         result = compile_with(server.lm(), root_stateful_session=True)
@@ -133,6 +137,7 @@ def test_a_server_that_ignores_the_id_is_caught_by_its_usage_and_the_turns_stay_
     assert len(session_warnings(caplog)) == 2
 
 
+@pytest.mark.slow
 def test_a_reply_that_does_not_parse_is_retried_on_the_same_link_then_resent_as_an_error_turn():
     turns = [look(1), "no fields in this reply", look(3), SUBMIT_POLICY]
     with ResponsesServer(turns) as server:
@@ -149,18 +154,20 @@ def test_a_reply_that_does_not_parse_is_retried_on_the_same_link_then_resent_as_
     assert submit.previous_response_id == after.response_id
 
 
+@pytest.mark.slow
 def test_a_chat_root_lm_runs_statelessly_and_the_log_says_so_once(caplog):
-    caplog.set_level(logging.INFO, logger="rlmoptimizer.sessions")
+    caplog.set_level(logging.INFO, logger="rlmoptimizer.agent.root_lm")
     root = scripted_agent(TURNS)
     result = compile_with(root, root_stateful_session=True)
     assert_completed(result)
     assert [[m["role"] for m in call] for call in root.calls] == [["system", "user"]] * 4
     assert session_warnings(caplog) == []  # the default setting with a chat model is not worth a warning
-    notes = [r.getMessage() for r in caplog.records if r.name == "rlmoptimizer.sessions"]
+    notes = [r.getMessage() for r in caplog.records if r.name == "rlmoptimizer.agent.root_lm"]
     assert len(notes) == 1
     assert "root_stateful_session" in notes[0] and "model_type='responses'" in notes[0]
 
 
+@pytest.mark.slow
 def test_a_resumed_run_starts_a_fresh_chain(tmp_path):
     with ResponsesServer(TURNS, fail_requests={3: 401}) as server, pytest.raises(OptimizationInterrupted):
         compile_with(server.lm(), root_stateful_session=True, run_storage_dir=tmp_path)
@@ -178,6 +185,7 @@ def test_a_resumed_run_starts_a_fresh_chain(tmp_path):
 
 
 # -- rlm_multiturn_history ------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_multiturn_history_alternates_the_agent_and_the_repl_and_keeps_each_prefix():
     root = scripted_agent(TURNS)
     result = compile_with(root, root_stateful_session=False, rlm_multiturn_history=True)
@@ -199,6 +207,7 @@ def test_multiturn_history_alternates_the_agent_and_the_repl_and_keeps_each_pref
             assert call[len(previous) - 1]["content"].startswith(before_state)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stateful", [False, True])
 def test_multiturn_history_over_the_responses_api(stateful):
     with ResponsesServer(TURNS, reject_ids={"resp_0002"}) as server:
@@ -226,7 +235,7 @@ def test_multiturn_history_speaks_the_configured_adapter():
         return f'{{"reasoning": "r{len(sent)}", "code": "print({len(sent)})"}}'
 
     lm = FunctionLM(reply)
-    session = RootSession(stateful=False, multiturn=True, max_iters=5)
+    session = TurnSender(stateful=False, multiturn=True, max_iters=5)
     signature = dspy.Signature(
         "variables_info: str, repl_history: str, iteration: str -> reasoning: str, code: str", "Work in the REPL."
     )

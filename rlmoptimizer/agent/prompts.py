@@ -70,6 +70,18 @@ A good way to work:
 
 _REQUIRED_PLACEHOLDERS = frozenset({"budget", "budget_note"})
 
+SETUP_CODE = """\
+baseline_train = run_data({train_run!r})
+baseline_val = run_data({val_run!r}) if {val_run!r} else None
+step_names = {step_names!r}
+current_prompts = optimization_status()["current_prompts"]
+"""
+"""Run once in the REPL before the agent's first turn: loads the names :data:`AGENT_INSTRUCTIONS` promises."""
+
+
+def render_setup_code(train_run: str, val_run: str, step_names: list[str]) -> str:
+    return SETUP_CODE.format(train_run=train_run, val_run=val_run, step_names=step_names)
+
 
 def render_instructions(budget: int, budget_note: str) -> str:
     """Fill the ``$placeholders`` of :data:`AGENT_INSTRUCTIONS`; every placeholder must be given."""
@@ -80,13 +92,30 @@ def render_instructions(budget: int, budget_note: str) -> str:
     return template.substitute(budget=budget, budget_note=budget_note)
 
 
+def agent_signature(budget: int, train_size: int, max_iterations: int, val_size: int):
+    """The agent's signature: the task brief in, the submission out, :data:`AGENT_INSTRUCTIONS` filled in."""
+    import dspy
+
+    note = f"enough to evaluate the {train_size} train examples {max_iterations} time(s)" + (
+        f" plus the {val_size} validation examples once" if val_size else "")
+    return dspy.Signature("task_brief: str -> optimized_dspy_program: dict[str, str]",
+                          render_instructions(budget, note))
+
+
 def render_task_brief(
-    step_signatures: Mapping[str, str], train_size: int, val_size: int, budget_left: int, resumed: bool = False
+    step_signatures: Mapping[str, str], train_size: int, val_size: int, budget_left: int, resumed: bool = False,
+    pass_threshold: float | None = None,
 ) -> str:
     """A short description of this program and data, given to the agent as an input on every turn."""
     lines = [f"The program has {len(step_signatures)} step(s):"]
     lines += [f"- {name}: {signature}" for name, signature in step_signatures.items()]
     lines.append(f"Train split: {train_size} examples (ids 0..{max(train_size - 1, 0)}). Validation split: {val_size}.")
+    if pass_threshold is not None:
+        lines.append(
+            "Scores are the user's metric values exactly as it returns them (any scale, not rescaled); a run's score"
+            f" is their mean; an example passes when its score is at least {pass_threshold:g}; an example whose"
+            " program or metric raised scores 0."
+        )
     lines.append(f"Budget left at the start of this session: {budget_left} units.")
     if resumed:
         lines.append(

@@ -8,9 +8,10 @@ import threading
 
 import pytest
 
-from rlmoptimizer import run_store
 from rlmoptimizer.records import EvalRun, ExampleResult, StepTrace
-from rlmoptimizer.run_store import RunStore, atomic_write_json, atomic_write_text
+from rlmoptimizer.storage import files as run_store
+from rlmoptimizer.storage.files import atomic_write_json, atomic_write_text
+from rlmoptimizer.storage.run_store import RunStore
 
 
 def make_run(run_id: str = "run-0001", split: str = "train") -> EvalRun:
@@ -155,3 +156,18 @@ def test_no_directory_means_a_fresh_temporary_one():
     assert store.is_temporary and store.directory.name.startswith("rlmoptimizer-")
     assert os.path.isdir(store.directory / "runs") and len(store) == 0
     assert not RunStore(store.directory).is_temporary
+
+
+def test_a_run_saved_with_its_pending_log_is_written_in_the_background_and_then_the_log_goes(tmp_path):
+    """The run file leaves the agent's path; until it is on disk the pending log still holds the records."""
+    store = RunStore(tmp_path)
+    record = ExampleResult(0, {"q": "x"}, {"a": "y"}, {"a": "y"}, 1.0, True)
+    pending = store.open_pending({"label": "agent", "split": "train", "instructions": {}, "requested": 1,
+                                  "charged": True})
+    pending.append(record)
+    run = EvalRun("run-0001", "train", "agent", {}, (record,), 1, 1, 0)
+    store.save(run, settles=pending)
+    assert store.get("run-0001") == run  # in memory at once
+    store.flush()
+    assert RunStore(tmp_path).get("run-0001") == run
+    assert not pending.path.exists()

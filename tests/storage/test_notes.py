@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from rlmoptimizer.notes import NotesStore
+from rlmoptimizer.storage.notes import NotesStore
 
 
 def test_notes_persist_and_a_new_store_on_the_same_directory_reads_them_back(tmp_path):

@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_CONTEXT_WINDOW",
+    "turn_inputs",
     "BoundedContext",
     "CompactedHistory",
     "ContextBudget",
@@ -336,3 +337,50 @@ def render_state_block(*, runs: Iterable[Mapping[str, Any]] = (), instructions: 
     sections.append("Your notes (add_note(text) adds one):\n" + (notes or "(none yet)"))
     block = "=== Optimizer state (always current) ===\n" + "\n\n".join(sections)
     return _clip(block, max_chars)
+
+
+def turn_inputs(context: BoundedContext | None, state_block: Any, signature: Any, variables_info: Any,
+                history: REPLHistory, step: str) -> tuple[REPLHistory, str]:
+    """The history to show and the iteration field of one agent turn. With a bounded context: the view that fits
+    the window, and the state block after the iteration (the end of the request, where what changes every turn
+    belongs: the history before it is a prefix of the next turn's request)."""
+    if state_block is not None:
+        step = f"{step}\n\n{state_block()}"
+    if context is None:
+        return history, step
+    import dspy
+    from dspy.adapters.chat_adapter import ChatAdapter
+
+    adapter = dspy.settings.adapter or ChatAdapter()
+    empty = {"variables_info": variables_info, "repl_history": REPLHistory(), "iteration": step}
+    fixed = sum(len(str(m.get("content", ""))) for m in adapter.format(signature, demos=[], inputs=empty))
+    return context.view(history, fixed_chars=fixed), step
+
+
+def long_run_options(root_lm: Any, window: int | None, max_output_chars: int, runs: Any, working: Any,
+                     ledger: Any, notes: Any, usage: Any) -> dict[str, Any]:
+    """The :class:`~rlmoptimizer.agent.agent.OptimizerAgent` arguments of a long run: its bounded context, its
+    state block, the usage meter and the stop after the spending cap."""
+    from rlmoptimizer.agent.stop import SpendingStop
+
+    return {
+        "context": BoundedContext(ContextBudget.for_lm(root_lm, window), max_output_chars=max_output_chars),
+        "state_block": state_block_of(runs, working, ledger, notes, usage),
+        "usage": usage,
+        "spending_stop": SpendingStop(lambda: usage.cap_message() if usage.cap_reached else None),
+    }
+
+
+def state_block_of(runs: Any, working: Any, ledger: Any, notes: Any, usage: Any) -> Any:
+    """The state block of a compile(), read fresh on every turn: its runs, the working program's instructions,
+    the budget, the spending against ``max_cost_usd`` (when set) and the agent's notes."""
+
+    def block() -> str:
+        spending = ""
+        if usage is not None and usage.max_cost_usd is not None:
+            spending = (f"Spending: ${usage.spent_usd:.4f} of max_cost_usd ${usage.max_cost_usd:.4f}"
+                        + (f" -- {usage.cap_message()}" if usage.cap_reached else "") + ".")
+        return render_state_block(runs=[r.summary() for r in runs.all()], instructions=working.instructions(),
+                                  budget=ledger.snapshot(), notes=notes.render(max_chars=3_000), spending=spending)
+
+    return block

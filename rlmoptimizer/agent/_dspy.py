@@ -1,8 +1,8 @@
-"""Every dspy name the agent wing uses that dspy does not document as public, checked at import.
+"""Every dspy name the agent wing uses that dspy does not export at its top level, checked at import.
 
-The agent's modules import these names from here only; :data:`REQUIRED` lists each private member of
-``dspy.RLM`` we override or call, with its parameters, and :func:`rlmoptimizer.dspy_contract.check`
-verifies them before the imports below run.
+The agent's modules (``agent.py``, ``root_lm.py``) import these names from here only; :data:`REQUIRED` lists
+each private member of ``dspy.RLM`` we override or call, with its parameters, and the internal helpers the
+root-LM calls use; :func:`rlmoptimizer.dspy_contract.check` verifies them before the imports below run.
 """
 
 from __future__ import annotations
@@ -31,11 +31,30 @@ REQUIRED = (
     Requirement(_RLM, "_execute_code", params=("repl", "code", "input_args")),
     Requirement(_RLM, "_process_execution_result", params=("pred", "code", "result", "history", "output_field_names")),
     Requirement(_RLM, "_interpreter_factory", instance=True),
+    Requirement("dspy.primitives.repl_types", "REPLHistory"),
+    Requirement("dspy.primitives.repl_types:REPLHistory", "append", params=("reasoning", "code", "output")),
+    Requirement("dspy.primitives.repl_types", "REPLEntry"),
+    Requirement("dspy.primitives.repl_types:REPLEntry", "format_output", params=("output", "max_output_chars")),
+    Requirement("dspy.clients.backend_selection", "CLIENT_KEYS"),
+    Requirement("dspy.utils.exceptions", "format_error_for_lm", params=("error", "traceback_frames")),
 )
 
 check("agent", REQUIRED)
 
+from dspy.clients.backend_selection import CLIENT_KEYS  # noqa: E402
 from dspy.predict.rlm import SUB_AGENT_INSTRUCTIONS, _LLMCallBudget, _strip_code_fences  # noqa: E402
 from dspy.primitives.code_interpreter import resolve_interpreter_factory  # noqa: E402
+from dspy.primitives.repl_types import REPLEntry, REPLHistory  # noqa: E402
+from dspy.utils.exceptions import format_error_for_lm  # noqa: E402
 
-__all__ = ["REQUIRED", "SUB_AGENT_INSTRUCTIONS", "_LLMCallBudget", "_strip_code_fences", "resolve_interpreter_factory"]
+__all__ = [
+    "CLIENT_KEYS",
+    "REQUIRED",
+    "REPLEntry",
+    "REPLHistory",
+    "SUB_AGENT_INSTRUCTIONS",
+    "_LLMCallBudget",
+    "_strip_code_fences",
+    "format_error_for_lm",
+    "resolve_interpreter_factory",
+]

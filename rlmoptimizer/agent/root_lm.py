@@ -1,4 +1,5 @@
-"""What the root LM is sent on each agent turn: multi-turn rendering and the stateful Responses chain.
+"""The root-LM calls: what the root LM is sent on each agent turn, multi-turn rendering and the stateful
+Responses chain (:class:`TurnSender` sends a turn; the chain is the server-side conversation).
 
 dspy's ``RLM`` renders every turn as one user message that repeats the whole REPL history, so turn k
 re-sends turns 1..k-1 and a run's input grows with the square of its length. Two options change that:
@@ -43,16 +44,14 @@ from dataclasses import replace
 from typing import Any
 
 import dspy
-from dspy.adapters.chat_adapter import ChatAdapter
-from dspy.clients.backend_selection import CLIENT_KEYS
+from dspy import AdapterParseError, ChatAdapter, LMError, Prediction
 from dspy.lm15 import Message, Request, Response, request_from_openai_chat
-from dspy.primitives.prediction import Prediction
-from dspy.primitives.repl_types import REPLEntry, REPLHistory
-from dspy.utils.exceptions import AdapterParseError, LMError
+
+from rlmoptimizer.agent._dspy import CLIENT_KEYS, REPLEntry, REPLHistory
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ResponsesChain", "RootSession", "TurnRenderer", "chain_unsupported_reason", "is_chain_rejection"]
+__all__ = ["ResponsesChain", "TurnRenderer", "TurnSender", "chain_unsupported_reason", "is_chain_rejection"]
 
 MULTITURN_HISTORY_DESC = (
     "The output of your latest REPL code execution. Your earlier code and its outputs are the previous turns "
@@ -181,7 +180,7 @@ def is_chain_rejection(exc: BaseException) -> bool:
     return names_it and (exc.status is None or exc.status in _REJECTION_STATUSES)
 
 
-class RootSession:
+class TurnSender:
     """Takes the agent's turns when ``rlm_multiturn_history`` or ``root_stateful_session`` is on.
 
     One instance per agent. The chain checks on every turn that the history extends what the server holds,
@@ -336,3 +335,10 @@ def _context_dropped(response: Response, previous_input_tokens: int | None) -> b
     chained turn is never smaller than its predecessor's. When it is, the server dropped the context."""
     current = _input_tokens(response)
     return previous_input_tokens is not None and current is not None and current < previous_input_tokens
+
+
+def for_attempt(lm: dspy.BaseLM, attempt: int) -> dspy.BaseLM:
+    """``lm`` itself for attempt 0, else a copy whose requests carry dspy's ``rollout_id=attempt``: they miss the
+    cache entries of every other attempt (an identical compile() otherwise replays the whole agent from dspy's
+    cache)."""
+    return lm if attempt == 0 else lm.copy(rollout_id=attempt)

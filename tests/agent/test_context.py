@@ -10,7 +10,7 @@ from dspy.adapters.chat_adapter import ChatAdapter
 from dspy.primitives.repl_types import REPLHistory
 from dspy.utils.exceptions import LMInvalidRequestError
 
-from rlmoptimizer.context import (
+from rlmoptimizer.agent.context import (
     DEFAULT_CONTEXT_WINDOW,
     BoundedContext,
     ContextBudget,
@@ -144,7 +144,7 @@ def test_state_block_holds_runs_instructions_budget_and_notes_within_its_size():
 
 
 def test_a_multiturn_rendering_of_the_view_keeps_the_header_and_the_real_step_numbers():
-    from rlmoptimizer.sessions import TurnRenderer
+    from rlmoptimizer.agent.root_lm import TurnRenderer
 
     context = BoundedContext(ContextBudget(window_tokens=16_000), max_output_chars=10_000)
     view = context.view(_history(40), fixed_chars=3_000)

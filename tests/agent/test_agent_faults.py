@@ -3,10 +3,13 @@ that dies, a budget that runs out, a root-LM reply that does not parse."""
 
 from __future__ import annotations
 
-from fakes import FunctionLM, scripted_agent
+import pytest
+from support.fakes import FunctionLM, scripted_agent
+from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 
-from example import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 from rlmoptimizer import RLMDocstringOptimizer
+
+pytestmark = pytest.mark.slow  # every test here runs compile() with a real sandbox
 
 SUBMIT_POLICY = {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"}
 

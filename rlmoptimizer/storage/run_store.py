@@ -9,68 +9,20 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import tempfile
 import threading
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from rlmoptimizer.records import EvalRun, ExampleResult
+from rlmoptimizer.storage.files import BackgroundSync, atomic_write_json
 
 logger = logging.getLogger(__name__)
 
 _RUN_ID = re.compile(r"^run-(\d+)$")
-
-
-def atomic_write_text(path: str | Path, text: str, durable: bool = True) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same directory, fsync, then ``os.replace``.
-
-    With ``durable=False`` the fsyncs are skipped: the file is still complete or absent if the process dies,
-    but a power loss may lose the latest version (for state rewritten very often, like the ledger)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            if durable:
-                os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    if durable:
-        _fsync_directory(path.parent)
-
-
-def atomic_write_json(path: str | Path, data: Any, durable: bool = True) -> None:
-    """:func:`atomic_write_text` of ``data`` as indented JSON (non-ASCII kept as is)."""
-    atomic_write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n", durable=durable)
-
-
-def fsync_path(path: Path, flags: int = os.O_RDONLY) -> None:
-    """fsync a file or directory where the platform allows it; best effort (a refusal is ignored)."""
-    try:
-        fd = os.open(path, flags)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make the rename itself durable where the platform allows it (POSIX); best effort."""
-    fsync_path(directory)
 
 
 class PendingLog:
@@ -91,10 +43,13 @@ class PendingLog:
             if not self._handle.closed:
                 self._write(record.to_dict())
 
-    def discard(self) -> None:
-        """Close and delete the log (the records now live in a saved run)."""
+    def close(self) -> None:
         with self._lock:
             self._handle.close()
+
+    def discard(self) -> None:
+        """Close and delete the log (the records now live in a saved run)."""
+        self.close()
         self.path.unlink(missing_ok=True)
 
 
@@ -107,15 +62,25 @@ class RunStore:
     """Append-only store of :class:`EvalRun` by id. ``directory=None`` uses a fresh temporary directory.
 
     Thread safe. Runs are kept in memory as well as on disk; the disk is read once, at construction.
+    A run saved with the pending log of its evaluation is written and fsynced on a background thread, which
+    deletes the log only then: until the run file is durable, the log still holds its records. :meth:`flush`
+    waits for those writes.
+
+    With ``pass_threshold`` given, ``passed`` of every record read from disk (stored runs and in-flight logs)
+    is recomputed from its stored score at that threshold, so runs written under another threshold count
+    the same way as new ones.
     """
 
-    def __init__(self, directory: str | Path | None = None) -> None:
+    def __init__(self, directory: str | Path | None = None, *, pass_threshold: float | None = None) -> None:
         self.is_temporary = directory is None
         self.directory = Path(tempfile.mkdtemp(prefix="rlmoptimizer-")) if directory is None else Path(directory)
         self.runs_dir = self.directory / "runs"
-        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        self.pass_threshold = pass_threshold
+        if not self.runs_dir.is_dir():  # only when missing: reading back a finished run writes nothing
+            self.runs_dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._runs: dict[str, EvalRun] = {}
+        self._sync = BackgroundSync("runs")
         self._load()
         self._last_number = max((_run_number(r) or 0 for r in self._runs), default=0)
 
@@ -131,7 +96,18 @@ class RunStore:
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 logger.warning("skipping unreadable run file %s: %s", path, exc)
                 continue
-            self._runs[run.run_id] = run
+            self._runs[run.run_id] = replace(run, records=self._rescored(run.records))
+
+    def _rescored(self, records: Any) -> tuple[ExampleResult, ...]:
+        """``records`` with ``passed`` recomputed at :attr:`pass_threshold` (unchanged when it is None)."""
+        if self.pass_threshold is None:
+            return tuple(records)
+        threshold = self.pass_threshold
+        return tuple(
+            record if record.passed == (record.error is None and record.score >= threshold)
+            else replace(record, passed=record.error is None and record.score >= threshold)
+            for record in records
+        )
 
     def next_run_id(self) -> str:
         """A new id, one above the highest id handed out or found on disk."""
@@ -139,15 +115,28 @@ class RunStore:
             self._last_number += 1
             return f"run-{self._last_number:04d}"
 
-    def save(self, run: EvalRun) -> None:
-        """Write ``run`` to ``runs/<run_id>.json`` (atomically) and keep it in memory."""
+    def save(self, run: EvalRun, settles: PendingLog | None = None) -> None:
+        """Write ``run`` to ``runs/<run_id>.json`` (atomically) and keep it in memory.
+
+        With ``settles`` (the pending log of the evaluation that made ``run``), the file is written and made
+        durable on a background thread, which then deletes the log (until then the log holds the records, so
+        a crash loses nothing; :meth:`flush` waits for it); without it, before this returns."""
         number = _run_number(run.run_id)
         if number is None:
             raise ValueError(f"run_id must look like 'run-0001', got {run.run_id!r}")
-        atomic_write_json(self.runs_dir / f"{run.run_id}.json", run.to_dict())
+        path = self.runs_dir / f"{run.run_id}.json"
+        if settles is None:
+            atomic_write_json(path, run.to_dict())
+        else:
+            settles.close()
+            self._sync.submit(path, then_remove=settles.path, data=run.to_dict())
         with self._lock:
             self._runs[run.run_id] = run
             self._last_number = max(self._last_number, number)
+
+    def flush(self) -> None:
+        """Wait until every run saved so far is on disk (and the pending logs it settles are gone)."""
+        self._sync.flush()
 
     def get(self, run_id: str) -> EvalRun:
         """The run with this id; :class:`KeyError` naming the known ids if there is none."""
@@ -193,7 +182,7 @@ class RunStore:
                     records.append(ExampleResult.from_dict(json.loads(line)))
                 except (ValueError, KeyError, TypeError):
                     break
-            found.append((path, header, records))
+            found.append((path, header, list(self._rescored(records))))
         return found
 
     def __len__(self) -> int:

@@ -7,47 +7,46 @@ Differences from a plain ``dspy.RLM``:
   budget left they answer with an error the agent can read, and the agent goes on working.
 - A root-LM reply that does not parse is retried, then shown to the agent as an error turn; it does not end
   the run.
-- Each turn is reported to ``on_turn`` as soon as it exists (for checkpoints and display), and a run can
-  start from an earlier trajectory (resume).
+- Each turn is sent to the observer as :class:`~rlmoptimizer.events.AgentTurn` as soon as it exists (for
+  checkpoints and display) and kept in :attr:`OptimizerAgent.turns`; a run can start from an earlier
+  trajectory (resume).
+- After each turn the loop checks its :class:`~rlmoptimizer.agent.stop.StopRequest`: a tool that met a
+  systemic failure asked it to stop, and the loop raises that failure.
 - Setup code (loading the evaluation data) runs once per sandbox process, after dspy's own setup, and is
   replayed by the sandbox after a restart.
-- With a :class:`~rlmoptimizer.context.BoundedContext`, each turn sends a view of the history that fits the root
-  LM's window, and a state block at the end of the request; a request the root LM refuses as too long is
-  compacted harder and asked again.
-- With a :class:`~rlmoptimizer.usage.UsageMeter`, sub-LM calls (``llm_query``, sub-agents) are counted for the
-  ``sub`` role; once spending is stopped (``spending_stopped``), the agent gets a few turns to SUBMIT.
+- A :class:`~rlmoptimizer.agent.context.BoundedContext` fits each request to the root LM's window (a refusal
+  compacts harder); a :class:`~rlmoptimizer.usage.UsageMeter` books sub-LM calls to the ``sub`` role.
 """
 
 from __future__ import annotations
 
 import contextvars
 import logging
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import dspy
-from dspy.adapters.chat_adapter import ChatAdapter
-from dspy.primitives.code_interpreter import CodeInterpreter
-from dspy.primitives.prediction import Prediction
-from dspy.primitives.repl_types import REPLHistory
-from dspy.utils.exceptions import AdapterParseError, format_error_for_lm
+from dspy import AdapterParseError, ChatAdapter, CodeInterpreter, Prediction
 
-from rlmoptimizer._dspy_agent import (
+from rlmoptimizer.agent._dspy import (
     SUB_AGENT_INSTRUCTIONS,
+    REPLHistory,
     _LLMCallBudget,
     _strip_code_fences,
+    format_error_for_lm,
     resolve_interpreter_factory,
 )
+from rlmoptimizer.agent.context import BoundedContext, is_context_refusal, turn_inputs
+from rlmoptimizer.agent.root_lm import TurnSender
+from rlmoptimizer.agent.stop import SpendingStop, StopRequest
 from rlmoptimizer.budget import SUB_LM_CALL, BudgetLedger, Reservation
-from rlmoptimizer.context import BoundedContext, is_context_refusal
 from rlmoptimizer.errors import BudgetExhaustedError
-from rlmoptimizer.sessions import RootSession
+from rlmoptimizer.events import NO_OBSERVER, AgentTurn, Observer
 from rlmoptimizer.usage import SUB, UsageMeter
 
 logger = logging.getLogger(__name__)
-
-TurnCallback = Callable[[dict[str, Any]], None]
 
 
 class _ChargedBudget:
@@ -121,7 +120,9 @@ def _budget_message(exc: BaseException) -> str:
 
 
 class OptimizerAgent(dspy.RLM):
-    """``dspy.RLM`` with budgeted sub-LM calls, tolerant turns, per-turn callbacks and resume."""
+    """``dspy.RLM`` with budgeted sub-LM calls, tolerant turns, per-turn events, a stop request and resume.
+
+    Built for one compile(): :attr:`turns` holds the trajectory (earlier turns first, on a resume)."""
 
     def __init__(
         self,
@@ -129,7 +130,8 @@ class OptimizerAgent(dspy.RLM):
         *,
         ledger: BudgetLedger,
         setup_code: str = "",
-        on_turn: TurnCallback | None = None,
+        observer: Observer = NO_OBSERVER,
+        stop: StopRequest | None = None,
         prior_turns: Sequence[dict[str, Any]] = (),
         parse_retries: int = 2,
         validate_submission: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
@@ -138,36 +140,31 @@ class OptimizerAgent(dspy.RLM):
         context: BoundedContext | None = None,
         state_block: Callable[[], str] | None = None,
         usage: UsageMeter | None = None,
-        spending_stopped: Callable[[], str | None] | None = None,
-        turns_after_stop: int = 3,
+        spending_stop: SpendingStop | None = None,
         context_refusal_retries: int = 4,
         **rlm_kwargs: Any,
     ) -> None:
         super().__init__(signature, **rlm_kwargs)
-        # What the root LM is sent per turn (rlmoptimizer.sessions); None keeps dspy's rendering unchanged.
-        self._root_session = (
-            RootSession(stateful=stateful_session, multiturn=multiturn_history, max_iters=self.max_iters)
+        # What the root LM is sent per turn (rlmoptimizer.agent.root_lm); None keeps dspy's rendering unchanged.
+        self._turn_sender = (
+            TurnSender(stateful=stateful_session, multiturn=multiturn_history, max_iters=self.max_iters)
             if stateful_session or multiturn_history
             else None
         )
         self._ledger = ledger
         self._setup_code = setup_code
-        self._on_turn = on_turn
+        self._observer = observer
+        self._stop = stop if stop is not None else StopRequest()
         self._prior_turns = [dict(t) for t in prior_turns]
+        self.turns: list[dict[str, Any]] = [dict(t) for t in prior_turns]
         self._parse_retries = parse_retries
         self._validate_submission = validate_submission
         self._context = context
         self._state_block = state_block
         self._usage = usage
-        self._spending_stopped = spending_stopped
-        self._turns_after_stop = turns_after_stop
+        self._spending_stop = spending_stop
         self._context_refusal_retries = context_refusal_retries
-
-    def _sub_role(self):
-        """The dspy context that books LM calls to the ``sub`` role (a no-op without a meter)."""
-        if self._usage is None:
-            return dspy.context()
-        return dspy.context(usage_tracker=self._usage.tracker(SUB, forward=dspy.settings.usage_tracker))
+        self._as_sub = (lambda fn: usage.in_role(SUB, fn)) if usage is not None else (lambda fn: fn)
 
     # -- budgeted sub-LM tools ------------------------------------------------------------------------
     def _make_llm_tools(self, budget: _LLMCallBudget | None = None, max_workers: int = 8) -> dict[str, Callable]:
@@ -178,8 +175,7 @@ class OptimizerAgent(dspy.RLM):
             lm = sub_lm if sub_lm is not None else dspy.settings.lm
             if lm is None:
                 raise dspy.LMNotConfiguredError("No sub-LM configured for llm_query.")
-            with self._sub_role():
-                response = lm(prompt)
+            response = self._as_sub(lm)(prompt)
             if self._usage is not None:
                 self._usage.add_units(SUB, 1)
             text = response.text if isinstance(response, dspy.lm15.Response) else None
@@ -225,20 +221,10 @@ class OptimizerAgent(dspy.RLM):
         before = set(getattr(repl, "tools", {}) or {})
         rules = super()._setup_facade(repl, _ChargedBudget(budget, self._ledger), interpreter_factory)
         tools = getattr(repl, "tools", None)
-        if self._usage is not None and isinstance(tools, dict):
+        if isinstance(tools, dict):
             for name in set(tools) - before:  # the sub-agent tools: their LM calls are sub-LM calls
-                tools[name] = self._in_sub_role(tools[name])
+                tools[name] = self._as_sub(tools[name])
         return rules
-
-    def _in_sub_role(self, tool: Callable) -> Callable:
-        import functools
-
-        @functools.wraps(tool)
-        def booked(*args, **kwargs):
-            with self._sub_role():
-                return tool(*args, **kwargs)
-
-        return booked
 
     # -- the loop ---------------------------------------------------------------------------------------
     def forward(self, *, interpreter_factory: Callable[[], CodeInterpreter] | None = None, **input_args) -> Prediction:
@@ -263,13 +249,10 @@ class OptimizerAgent(dspy.RLM):
             for turn in self._prior_turns:
                 history = history.append(reasoning=turn.get("reasoning", ""), code=turn["code"], output=turn["output"])
 
-            stopped_turns = 0
             for iteration in range(len(history), self.max_iters):
-                if self._spending_stopped is not None and self._spending_stopped():
-                    stopped_turns += 1
-                    if stopped_turns > self._turns_after_stop:
-                        setup.result()
-                        return self._stop_for_spending(history, output_field_names)
+                if self._spending_stop is not None and self._spending_stop.ends_run():
+                    setup.result()
+                    return self._spending_stop.outcome(history, output_field_names)
                 action = self._next_action(variables, history, iteration, interpreter_factory, sub_agent_rules)
                 if regular_args is None:
                     sub_agent_rules, regular_args = setup.result()
@@ -280,24 +263,14 @@ class OptimizerAgent(dspy.RLM):
                 if isinstance(result, Prediction):
                     outputs = {name: result[name] for name in output_field_names}
                     self._report(result.trajectory[-1], iteration, final=True, outputs=outputs)
+                    self._stop.raise_if_requested()
                     return result
                 self._report(result.entries[-1].model_dump(), iteration, final=False)
+                self._stop.raise_if_requested()
                 history = result
 
             setup.result()
             return self._extract_fallback(variables, history, output_field_names)
-
-    def _stop_for_spending(self, history, output_field_names) -> Prediction:
-        """Spending stopped and the agent did not SUBMIT within its last turns: end without another LM call; the
-        current instructions (the agent's update_prompt edits) are what is submitted."""
-        reason = self._spending_stopped() if self._spending_stopped is not None else ""
-        logger.warning("%s; the agent did not SUBMIT within %d turns, so the current instructions are submitted.",
-                       reason, self._turns_after_stop)
-        return Prediction(
-            trajectory=[entry.model_dump() for entry in history],
-            final_reasoning=f"{reason}; the current instructions were submitted.",
-            **{name: {} for name in output_field_names},
-        )
 
     def _prepare_repl(self, repl, budget, interpreter_factory, input_args) -> tuple[str, dict[str, Any]]:
         """dspy's facade, our data-loading setup code, then mark both for replay after a restart."""
@@ -317,14 +290,14 @@ class OptimizerAgent(dspy.RLM):
         signature = self._action_signature_for_current_factory(interpreter_factory, sub_agent_rules)
         last_error: AdapterParseError | None = None
         root_lm = self.generate_action.lm or dspy.settings.lm
-        session = self._root_session if self._root_session is not None and self._root_session.takes_turn(root_lm) else None
+        sender = self._turn_sender if self._turn_sender is not None and self._turn_sender.takes_turn(root_lm) else None
         refusals = 0
         attempt = 0
         while attempt < 1 + self._parse_retries:
             shown, step = self._turn_inputs(signature, variables_info, history, iteration)
             try:
-                if session is not None:
-                    action = session.act(
+                if sender is not None:
+                    action = sender.act(
                         root_lm, signature, variables_info=variables_info, history=shown,
                         iteration=step, options=self.generate_action.config,
                         fresh=bool(attempt),
@@ -362,18 +335,8 @@ class OptimizerAgent(dspy.RLM):
         return action
 
     def _turn_inputs(self, signature, variables_info, history: REPLHistory, iteration: int) -> tuple[REPLHistory, str]:
-        """The history to show and the iteration field of this turn. With a bounded context: the view that fits
-        the window, and the state block after the iteration (the end of the request, where what changes every
-        turn belongs: the history before it is a prefix of the next turn's request)."""
         step = f"{iteration + 1}/{self.max_iters}"
-        if self._state_block is not None:
-            step = f"{step}\n\n{self._state_block()}"
-        if self._context is None:
-            return history, step
-        adapter = dspy.settings.adapter or ChatAdapter()
-        empty = {"variables_info": variables_info, "repl_history": REPLHistory(), "iteration": step}
-        fixed = sum(len(str(m.get("content", ""))) for m in adapter.format(signature, demos=[], inputs=empty))
-        return self._context.view(history, fixed_chars=fixed), step
+        return turn_inputs(self._context, self._state_block, signature, variables_info, history, step)
 
     def _run_action(self, repl, action, history, input_args, output_field_names):
         """Execute the action's code; the new history, or the final Prediction on a valid SUBMIT."""
@@ -422,8 +385,6 @@ class OptimizerAgent(dspy.RLM):
     def _report(
         self, entry: dict[str, Any], iteration: int, *, final: bool, outputs: dict[str, Any] | None = None
     ) -> None:
-        if self._on_turn is None:
-            return
         turn = {
             "iteration": iteration + 1,
             "reasoning": entry.get("reasoning", ""),
@@ -433,4 +394,6 @@ class OptimizerAgent(dspy.RLM):
         }
         if outputs is not None:
             turn["outputs"] = outputs
-        self._on_turn(turn)
+        turn["created_at"] = time.time()
+        self.turns.append(turn)
+        self._observer.on_event(AgentTurn(turn, self._ledger.snapshot()))

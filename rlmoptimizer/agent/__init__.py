@@ -1,0 +1,19 @@
+"""The optimizer agent: a ``dspy.RLM`` in the sandbox, its root-LM calls, its instructions and its tools.
+
+Rooms:
+    agent.py            :class:`OptimizerAgent`, the ``dspy.RLM`` subclass: budgeted sub-LM calls, tolerant
+                        turns, per-turn events, the stop request, resume
+    root_lm.py          what the root LM is sent per turn: multi-turn rendering, the Responses-API chain
+    prompts.py          the agent's instructions and task brief, module constants with checked placeholders
+    tools.py            the functions the agent calls (evaluate_program, run_data, update_prompt, ...)
+    working_program.py  the program the tools edit and its prompt versions
+    stop.py             the stop request the loop checks after each turn, and the stop after the spending cap
+    context.py          the bounded context: the view of the REPL history that fits the root LM's window,
+                        the state block closing every request, context refusals
+    _dspy.py            every private dspy name this wing uses, checked at import
+
+May import: dspy (private names only through ``_dspy``), ``rlmoptimizer.evaluation``, ``.storage`` (the
+agent's notes), and the flat rooms below (``budget``, ``errors``, ``events``, ``fingerprint``, ``records``,
+``dspy_contract``, ``usage``). Nothing above it (optimizer, selection, display, inputs); not the sandbox either: the
+sandbox reaches the agent only as the interpreter factory the optimizer hands over.
+"""

@@ -1,0 +1,189 @@
+"""The functions the optimizer agent calls from its REPL, bound to one compile().
+
+A tool's name, type hints and docstring are its interface: dspy.RLM builds the agent's tool list from
+exactly those. Tools return JSON-friendly values. A bad argument raises an exception whose message says
+what to do next (the agent sees it as the error of its code cell); nothing a tool refuses changes state.
+The selection of example ids is parsed here, once per call; the inner rooms trust the ids they get.
+
+May import: ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.records`` and the agent wing's
+``working_program``.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Callable
+from typing import Any
+
+from rlmoptimizer.agent.working_program import WorkingProgram, agent_error
+from rlmoptimizer.budget import BudgetLedger
+from rlmoptimizer.errors import ConfigurationError, StructureChangedError
+from rlmoptimizer.evaluation.runs import Runs
+from rlmoptimizer.records import EvalRun
+from rlmoptimizer.storage.notes import NotesStore
+
+__all__ = ["AgentTools", "agent_error", "select_ids"]
+
+def _parse_ids(ids: Any, split_size: int) -> list[int]:
+    valid = f"valid ids are 0..{split_size - 1}" if split_size else "the split is empty"
+    if isinstance(ids, str):
+        parts = [p for p in re.split(r"[,\s]+", ids.strip()) if p]
+        if not parts:
+            raise ValueError(f"ids must be comma-separated example ids like '3,7,12', got an empty string; {valid}")
+        try:
+            parsed = [int(p) for p in parts]
+        except ValueError:
+            raise ValueError(f"ids must be comma-separated integers like '3,7,12', got {ids!r}; {valid}") from None
+    elif isinstance(ids, int) and not isinstance(ids, bool):
+        parsed = [ids]
+    elif isinstance(ids, (list, tuple)):
+        parsed = []
+        for item in ids:
+            if isinstance(item, bool) or not isinstance(item, (int, str)):
+                raise ValueError(f"ids must be a list of integers like [3, 7, 12], got {ids!r}; {valid}")
+            try:
+                parsed.append(int(item))
+            except ValueError:
+                raise ValueError(f"ids must be a list of integers like [3, 7, 12], got {ids!r}; {valid}") from None
+        if not parsed:
+            raise ValueError(f"ids is empty; pass ids=None to select every example, or ids like '3,7,12'; {valid}")
+    else:
+        raise ValueError(f"ids must be a string like '3,7,12' or a list of integers, got {type(ids).__name__} {ids!r}")
+    bad = [i for i in parsed if not 0 <= i < split_size]
+    if bad:
+        raise ValueError(f"ids must be example ids of the split, got out-of-range {bad}; {valid}")
+    return list(dict.fromkeys(parsed))
+
+
+def select_ids(
+    split_size: int,
+    *,
+    limit: int | None = None,
+    sample: str | None = None,
+    seed: int = 0,
+    ids: Any = None,
+    failed_ids_from_run: list[int] | None = None,
+) -> list[int]:
+    """The example ids to evaluate: all in order by default, narrowed by ``ids``, by the failed ids of an
+    earlier run, shuffled reproducibly when ``sample='random'``, then cut to the first ``limit``.
+    :class:`ValueError` says what is wrong with an argument."""
+    if sample not in (None, "first", "random"):
+        raise ValueError(f"sample must be 'random' (shuffled with seed) or None (in id order), got {sample!r}")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise ValueError(f"limit must be an integer >= 0 or None (no limit), got {limit!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    selected = list(range(split_size)) if ids is None else _parse_ids(ids, split_size)
+    if failed_ids_from_run is not None:
+        failed = set(_parse_ids(list(failed_ids_from_run), split_size)) if failed_ids_from_run else set()
+        selected = [i for i in selected if i in failed]
+    if sample == "random":
+        random.Random(seed).shuffle(selected)
+    if limit is not None:
+        selected = selected[:limit]
+    return selected
+
+
+class AgentTools:
+    """The agent's tools: evaluate the working program, read runs, edit prompts, read the status."""
+
+    def __init__(self, *, working: WorkingProgram, runs: Runs, ledger: BudgetLedger,
+                 notes: NotesStore | None = None) -> None:
+        self.working = working
+        self.runs = runs
+        self.ledger = ledger
+        self.notes = notes if notes is not None else NotesStore()
+
+    def tool_functions(self) -> list[Callable]:
+        """The agent's tools, in the order the instructions describe them."""
+        return [self.evaluate_program, self.run_data, self.update_prompt, self.optimization_status,
+                self.add_note, self.read_notes]
+
+    def add_note(self, text: str) -> str:
+        """Keep a short conclusion (what you found, tried, what worked) in your notes: they are shown to you on every turn, also after old turns are compacted or the run resumes. Free."""
+        try:
+            return self.notes.add(text)
+        except ValueError as exc:
+            raise agent_error(str(exc), "pass add_note a short non-empty string") from None
+
+    def read_notes(self) -> list[str]:
+        """All your notes, oldest first. Free."""
+        return [f"[{n['id']}] {n['text']}" for n in self.notes.all()]
+
+    def evaluate_program(
+        self,
+        split: str = "train",
+        limit: int | None = None,
+        sample: str | None = None,
+        ids: Any = None,
+        failed_from_run: str | None = None,
+        seed: int = 0,
+    ) -> dict:
+        """Run the program with the current instructions on 'train' (selected examples, full records) or 'val' (whole split, aggregates only). Costs 1 budget unit per newly evaluated example."""
+        if split not in self.runs.splits:
+            raise agent_error(f"unknown split {split!r}", f"use one of {sorted(self.runs.splits)}")
+        if split == "val":
+            if any(v is not None for v in (limit, sample, ids, failed_from_run)):
+                raise agent_error(
+                    "validation always runs on the whole split and takes no selection",
+                    "call evaluate_program(split='val') with no other arguments",
+                )
+            run = self.working.evaluate("val", None, label="agent")
+            return run.agent_view()
+        failed: list[int] | None = None
+        if failed_from_run is not None:
+            source = self._get_run(failed_from_run)
+            if source.split != "train":
+                raise agent_error(
+                    f"run {failed_from_run!r} is a {source.split} run",
+                    "failed_from_run takes a train run id (validation examples are not shown)",
+                )
+            failed = source.failed_ids
+        try:
+            selected = select_ids(
+                len(self.runs.splits["train"]), limit=limit, sample=sample, seed=seed, ids=ids,
+                failed_ids_from_run=failed,
+            )
+        except ValueError as exc:
+            raise agent_error(str(exc), "fix the selection arguments and call evaluate_program again") from None
+        run = self.working.evaluate("train", selected, label="agent")
+        return run.agent_view()
+
+    def run_data(self, run_id: str) -> dict:
+        """Return an earlier run (baseline runs included) by id: full records for train runs, aggregates for validation runs. Free."""
+        return self._get_run(run_id).agent_view()
+
+    def update_prompt(self, step: str, text: str) -> dict:
+        """Set the instructions of one step (a name from step_names). Free. Returns {'step', 'previous', 'version'}."""
+        self.working.check_step(step)
+        text = self.working.check_text(step, text)
+        previous = self.working.instructions()[step]
+        try:
+            self.working.set_instructions({step: text}, source="update_prompt")
+        except (StructureChangedError, ConfigurationError) as exc:
+            raise agent_error(f"update refused: {exc}", "only change the instructions text of an existing step") from None
+        return {"step": step, "previous": previous, "version": len(self.working.prompt_versions)}
+
+    def optimization_status(self) -> dict:
+        """Budget spent and left, current instructions per step, step names, and every run so far with its score. Free."""
+        budget = self.ledger.snapshot()
+        return {
+            "budget_limit": budget["limit"],
+            "budget_spent": budget["spent"],
+            "budget_left": budget["left"],
+            "budget_spent_by_kind": budget["spent_by_kind"],
+            "step_names": list(self.working.step_names),
+            "current_prompts": self.working.instructions(),
+            "runs": [
+                {k: run.summary()[k] for k in ("run_id", "split", "label", "score", "passed_count", "evaluated_count")}
+                for run in self.runs.all()
+            ],
+        }
+
+    def _get_run(self, run_id: Any) -> EvalRun:
+        try:
+            return self.runs.get(str(run_id))
+        except KeyError:
+            known = [run.run_id for run in self.runs.all()]
+            raise agent_error(f"no run with id {run_id!r}", f"use one of {known}") from None

@@ -1,0 +1,147 @@
+"""The working program the agent's tools edit: its instructions, checked, and every prompt version.
+
+May import: ``rlmoptimizer.evaluation``, ``.events``, ``.errors``, ``.fingerprint``, ``.records`` and the
+agent wing's own ``stop``.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import dspy
+
+from rlmoptimizer.agent.stop import StopRequest
+from rlmoptimizer.errors import (
+    AgentToolError,
+    ConfigurationError,
+    EvaluationLMError,
+    MetricError,
+    StructureChangedError,
+)
+from rlmoptimizer.evaluation.runs import Runs
+from rlmoptimizer.events import NO_OBSERVER, Observer, PromptUpdated
+from rlmoptimizer.fingerprint import apply_instructions, check_structure, get_instructions
+from rlmoptimizer.records import EvalRun
+
+
+def agent_error(problem: str, fix: str) -> AgentToolError:
+    """The one place that formats errors shown to the agent: what went wrong, then what to do."""
+    return AgentToolError(f"{problem} -> {fix}")
+
+
+class WorkingProgram:
+    """The program the agent's tools edit, and every prompt version it went through.
+
+    Invariant: ``self.program`` always has the structural fingerprint ``self.fingerprint``; only
+    instructions ever change, and every change is recorded in ``self.prompt_versions`` and sent to the
+    observer as :class:`~rlmoptimizer.events.PromptUpdated`.
+    """
+
+    def __init__(
+        self,
+        *,
+        program: dspy.Module,
+        fingerprint: dict,
+        runs: Runs,
+        stop: StopRequest,
+        observer: Observer = NO_OBSERVER,
+    ) -> None:
+        self.program = program
+        self.fingerprint = fingerprint
+        self.runs = runs
+        self.stop = stop
+        self.observer = observer
+        self.step_names = [name for name, _ in program.named_predictors()]
+        self.prompt_versions: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def instructions(self) -> dict[str, str]:
+        return get_instructions(self.program)
+
+    def validate_prompt_map(self, mapping: Any, what: str = "optimized_dspy_program") -> dict[str, str]:
+        """Check a {step: instructions} map; raise :class:`AgentToolError` saying what to fix."""
+        if not isinstance(mapping, dict):
+            raise agent_error(
+                f"{what} must be a dict {{step name: instructions}}, got {type(mapping).__name__}",
+                f"pass a dict whose keys are among {self.step_names}",
+            )
+        clean: dict[str, str] = {}
+        for step, text in mapping.items():
+            self.check_step(step)
+            clean[step] = self.check_text(step, text)
+        # A dry run on the working program itself (no copy: a program may hold things that cannot be copied),
+        # its signatures restored afterwards.
+        with self._lock:
+            signatures = {name: predictor.signature for name, predictor in self.program.named_predictors()}
+            try:
+                apply_instructions(self.program, clean)
+                check_structure(self.fingerprint, self.program)
+            except (StructureChangedError, ConfigurationError) as exc:
+                raise agent_error(f"{what} refused: {exc}", "only change the instructions text of existing steps") from None
+            finally:
+                for name, predictor in self.program.named_predictors():
+                    predictor.signature = signatures[name]
+        return clean
+
+    def check_step(self, step: Any) -> None:
+        if not isinstance(step, str) or step not in self.step_names:
+            raise agent_error(f"unknown step name {step!r}", f"use one of {self.step_names}")
+
+    @staticmethod
+    def check_text(step: str, text: Any) -> str:
+        if not isinstance(text, str):
+            raise agent_error(
+                f"instructions for step {step!r} must be a string, got {type(text).__name__}",
+                "pass the full instructions text as a str",
+            )
+        if not text.strip():
+            raise agent_error(f"instructions for step {step!r} are empty", "pass non-empty instructions text")
+        return text
+
+    def set_instructions(self, mapping: dict[str, str], source: str) -> None:
+        """Apply instructions to the working program, check the structure, record the version."""
+        with self._lock:
+            before = get_instructions(self.program)
+            signatures = {name: predictor.signature for name, predictor in self.program.named_predictors()}
+            apply_instructions(self.program, mapping)
+            try:
+                check_structure(self.fingerprint, self.program)
+            except StructureChangedError:
+                for name, predictor in self.program.named_predictors():  # restore the very signatures
+                    predictor.signature = signatures[name]
+                raise
+            for step, text in mapping.items():
+                if before.get(step) == text:
+                    continue
+                version = {
+                    "version": len(self.prompt_versions) + 1,
+                    "step": step,
+                    "text": text,
+                    "previous": before.get(step),
+                    "source": source,
+                }
+                self.prompt_versions.append(version)
+                self.observer.on_event(PromptUpdated(version))
+
+    def restore_versions(self, versions: list[dict[str, Any]]) -> None:
+        """Re-apply prompt versions read back from a run directory (a resume), without recording them again."""
+        with self._lock:
+            for version in versions:
+                apply_instructions(self.program, {version["step"]: version["text"]})
+                self.prompt_versions.append(dict(version))
+            check_structure(self.fingerprint, self.program)
+
+    def evaluate(self, split: str, ids: list[int] | None, label: str, charged: bool = True) -> EvalRun:
+        """Evaluate the working program. A systemic failure (the evaluation LM is unusable, the metric is
+        broken) propagates and also requests a stop, so the agent loop ends after its current turn."""
+        with self._lock:
+            try:
+                return self.runs.evaluate(self.program, split, label=label, charged=charged, ids=ids)
+            except (EvaluationLMError, MetricError) as exc:
+                self.stop.request(exc)
+                raise
+
+    def validate_submission(self, outputs: dict[str, Any]) -> dict[str, Any]:
+        """The agent's SUBMIT outputs with ``optimized_dspy_program`` checked (:meth:`validate_prompt_map`)."""
+        return {**outputs, "optimized_dspy_program": self.validate_prompt_map(outputs["optimized_dspy_program"])}

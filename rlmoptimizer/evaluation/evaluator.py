@@ -1,0 +1,315 @@
+"""The threaded :class:`Evaluator`: a program run on examples, each scored by the metric, as records.
+
+Per-example failures are data: an example whose program or metric raised becomes a record with the
+error text, its kind (:data:`~rlmoptimizer.records.ERROR_KINDS`, decided once, here) and score 0. An
+evaluation stops early for two systemic reasons, and for an interrupt; it then raises
+:class:`EvaluationStopped`, which holds the records that did complete and the reason:
+
+* :class:`EvaluationLMError`: the evaluation LM failed with an error retrying cannot fix (bad key, no
+  billing, unknown model, unreachable host) on ``max_consecutive_lm_failures`` consecutive examples;
+* :class:`MetricError`: the metric returned something that is not a score (a bug in the metric);
+* ``KeyboardInterrupt`` (or any other exception in the calling thread) while the examples ran.
+
+Budget: one unit per example that produced an answer, charged as it completes, including examples whose
+program raised on a bad LM reply and examples whose metric raised. An example that got no answer because
+the LM call itself failed (authentication, transport, rate limit after DSPy's own retries, ...) is not
+charged, and neither is an example that never started.
+
+May import: dspy, ``rlmoptimizer.budget``, ``.errors``, ``.metric``, ``.records`` and ``.lm_failures``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import math
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import dspy
+
+from rlmoptimizer.budget import Reservation
+from rlmoptimizer.errors import EvaluationLMError, MetricError
+from rlmoptimizer.evaluation.lm_failures import SYSTEMIC, TRANSIENT, classify_lm_failure, format_error
+from rlmoptimizer.evaluation.steps import StepNames
+from rlmoptimizer.metric import Metric
+from rlmoptimizer.records import LM_CALL_ERROR, METRIC_ERROR, PROGRAM_ERROR, ExampleResult, StepTrace, jsonable
+
+logger = logging.getLogger(__name__)
+
+
+class EvaluationStopped(Exception):  # noqa: N818 - a stop, not an error of its own: ``reason`` is the error
+    """An evaluation stopped before every example ran.
+
+    ``reason`` is why (an :class:`EvaluationLMError`, a :class:`MetricError`, a ``KeyboardInterrupt``, ...);
+    ``records`` are the records that did complete, sorted by id, so that nothing paid for is lost.
+    """
+
+    def __init__(self, reason: BaseException, records: list[ExampleResult]) -> None:
+        super().__init__(f"evaluation stopped after {len(records)} record(s): {type(reason).__name__}: {reason}")
+        self.reason = reason
+        self.records = records
+
+
+
+_PLAIN_TYPES = frozenset({str, int, bool, type(None)})
+
+
+def _json_dict(data: dict[str, Any]) -> dict[str, Any]:
+    """``jsonable(data)``, with a fast path for the common flat dict of plain values."""
+    for key, value in data.items():
+        kind = type(value)
+        if type(key) is not str or (kind not in _PLAIN_TYPES and not (kind is float and math.isfinite(value))):
+            return jsonable(data)
+    return dict(data)
+
+
+def _fields(value: Any) -> dict[str, Any]:
+    """A prediction's fields as a JSON-safe dict."""
+    items = getattr(value, "items", None)
+    if callable(items):
+        try:
+            return _json_dict(dict(items()))
+        except Exception:
+            pass
+    converted = jsonable(value)  # also handles toDict() and pydantic models
+    return converted if isinstance(converted, dict) else {"output": converted}
+
+
+def _inputs_and_labels(example: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(inputs, labels)`` of an example as plain dicts; what ``inputs()`` / ``labels()`` give, without
+    building two intermediate Examples per call."""
+    store, keys = getattr(example, "_store", None), getattr(example, "_input_keys", None)
+    if isinstance(store, dict) and keys:
+        inputs = {k: v for k, v in store.items() if k in keys and not k.startswith("dspy_")}
+        labels = {k: v for k, v in store.items() if k not in keys and not k.startswith("dspy_")}
+        return inputs, labels
+    return dict(example.inputs().items()), dict(example.labels().items())
+
+
+class _Batch:
+    """Mutable state of one ``Evaluator.evaluate`` call, shared by its worker threads."""
+
+    def __init__(self, total: int, reservation: Reservation | None) -> None:
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.total = total
+        self.reservation = reservation
+        self.records: list[ExampleResult] = []
+        self.consecutive_lm_failures = 0
+        self.systemic_failures = 0
+        self.uncharged_lm_failures = 0
+        self.last_lm_error: BaseException | None = None
+        self.fatal: BaseException | None = None
+        self.crash: BaseException | None = None
+        self.finished = 0  # examples finished or skipped
+        self.wake = threading.Event()  # set when all are finished or the evaluation must stop
+        self.on_record: Callable[[ExampleResult], None] | None = None
+
+
+class Evaluator:
+    """Runs a program on examples in threads, with its LM pinned, and scores each with the metric.
+
+    Each example runs in a copy of the caller's context inside ``dspy.context(lm=self.lm, trace=[])``: an LM
+    the caller set (the optimizer agent's, for one) never reaches the program. The metric runs in the same
+    pinned context, so an LLM-judge metric that relies on ``dspy.settings.lm`` also gets the evaluation LM.
+    A predictor with its own LM (``set_lm``) keeps it, as in dspy; ``lm=None`` (every predictor has its own LM)
+    pins no LM at all. The program object is shared by the threads, not copied. The settings are trusted: the optimizer's
+    constructor checked them (:mod:`rlmoptimizer.inputs`).
+    """
+
+    def __init__(
+        self,
+        *,
+        metric: Metric,
+        lm: dspy.BaseLM | None,
+        num_threads: int = 8,
+        pass_threshold: float = 1.0,
+        max_consecutive_lm_failures: int = 3,
+        transient_retries: int = 2,
+        retry_backoff_s: float = 1.0,
+    ) -> None:
+        self.metric = metric
+        self.lm = lm
+        self.num_threads = num_threads
+        self.pass_threshold = float(pass_threshold)
+        self.max_consecutive_lm_failures = max_consecutive_lm_failures
+        self.transient_retries = transient_retries
+        self.retry_backoff_s = float(retry_backoff_s)
+        self._scale_noted = False
+
+    def evaluate(
+        self,
+        program: Any,
+        items: Sequence[tuple[int, dspy.Example]],
+        reservation: Reservation | None = None,
+        on_record: Callable[[ExampleResult], None] | None = None,
+    ) -> list[ExampleResult]:
+        """Evaluate ``items`` (``(example_id, example)`` pairs); at most ``reservation.granted`` of them
+        when a reservation is given, spending one unit per charged example. Records sorted by id.
+        ``on_record(record)`` is called under a lock, from the worker threads, as each record completes, before
+        it is charged; if it raises, the evaluation stops and the error propagates."""
+        items = list(items)
+        if reservation is not None:
+            items = items[: reservation.granted]
+        if not items:
+            return []
+        names = StepNames(program)
+        batch = _Batch(len(items), reservation)
+        batch.on_record = on_record
+        pool = ThreadPoolExecutor(max_workers=min(self.num_threads, len(items)), thread_name_prefix="rlmoptimizer-eval")
+        futures = []
+        try:
+            for example_id, example in items:
+                context = contextvars.copy_context()
+                futures.append(pool.submit(context.run, self._task, program, names, example_id, example, batch))
+            # One wake-up when everything is done or something must stop, not one per example: the main
+            # thread then competes for the GIL with the workers as little as possible.
+            batch.wake.wait()
+        except BaseException as exc:  # e.g. Ctrl-C: start nothing new, keep what the running examples produce
+            batch.stop.set()
+            logger.warning("Evaluation interrupted: waiting for the examples already running so their records are kept.")
+            for future in futures:
+                future.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise EvaluationStopped(exc, sorted(batch.records, key=lambda r: r.example_id)) from exc
+        finally:
+            stopping = batch.stop.is_set()
+            if stopping:
+                for future in futures:
+                    future.cancel()
+            # When everything finished, the idle workers may exit in the background; when stopping, wait
+            # for the examples still running so that their records are kept.
+            pool.shutdown(wait=stopping, cancel_futures=True)
+        if batch.crash is not None:
+            raise batch.crash
+        records = sorted(batch.records, key=lambda r: r.example_id)
+        if batch.fatal is not None:
+            fatal = batch.fatal
+            if isinstance(fatal, EvaluationLMError):
+                answered = len(records) - batch.systemic_failures
+                fatal = EvaluationLMError(
+                    "the evaluation LM appears unusable: "
+                    f"{self.max_consecutive_lm_failures} consecutive examples failed with "
+                    f"{format_error(batch.last_lm_error)}. {answered} of {batch.total} example(s) were evaluated "
+                    "before the evaluation stopped; examples that failed this way were not charged. Check the LM's "
+                    "model name, API key, billing and network access (eval_lm=... or dspy.configure(lm=...))."
+                )
+                fatal.__cause__ = batch.last_lm_error
+            raise EvaluationStopped(fatal, records)
+        return records
+
+    # -- one example, in a worker thread ---------------------------------------------------------
+    def _task(self, program: Any, names: StepNames, example_id: int, example: Any, batch: _Batch) -> None:
+        try:
+            self._run_one(program, names, example_id, example, batch)
+        except BaseException as exc:  # a bug outside the program and metric (or an interrupt): stop everything
+            with batch.lock:
+                if batch.crash is None:
+                    batch.crash = exc
+            batch.stop.set()
+        finally:
+            with batch.lock:
+                batch.finished += 1
+                if batch.finished == batch.total or batch.stop.is_set():
+                    batch.wake.set()
+
+    def _run_one(self, program: Any, names: StepNames, example_id: int, example: Any, batch: _Batch) -> None:
+        if batch.stop.is_set():
+            return
+        inputs, labels = _inputs_and_labels(example)
+        for attempt in range(self.transient_retries + 1):
+            trace: list = []
+            with dspy.context(lm=self.lm, trace=trace):
+                try:
+                    prediction = program(**inputs)
+                    break
+                except Exception as exc:
+                    failure = classify_lm_failure(exc)
+                    transient = failure is not None and failure[0] == TRANSIENT
+                    if transient and attempt < self.transient_retries and not batch.stop.is_set():
+                        # rate limit, timeout, server error: back off and try the example again (charged once)
+                        delay = getattr(failure[1], "retry_after", None) or self.retry_backoff_s * 2**attempt
+                        batch.stop.wait(min(float(delay), 60.0))
+                        continue
+                    record = ExampleResult(
+                        example_id=example_id,
+                        inputs=_json_dict(inputs),
+                        expected=_json_dict(labels),
+                        predicted={},
+                        score=0.0,
+                        passed=False,
+                        error=format_error(failure[1] if failure else exc),
+                        error_kind=LM_CALL_ERROR if failure else PROGRAM_ERROR,
+                        steps=self._steps(trace, names),
+                    )
+                    self._finish(batch, record, failure)
+                    return
+        with dspy.context(lm=self.lm, trace=trace):
+            steps = self._steps(trace, names)
+            try:
+                score, feedback = self.metric.score(example, prediction)
+                error = error_kind = None
+            except MetricError as exc:
+                with batch.lock:
+                    if batch.fatal is None:
+                        fatal = MetricError(f"{exc} (first seen on example {example_id})")
+                        fatal.__cause__ = exc
+                        batch.fatal = fatal
+                    batch.stop.set()
+                return
+            except Exception as exc:
+                score, feedback, error = 0.0, None, format_error(exc)
+                error_kind = METRIC_ERROR
+        if error is None and not 0.0 <= score <= 1.0 and not self._scale_noted:
+            self._scale_noted = True
+            logger.info(
+                "The metric %s returned %r, outside [0, 1]: scores are used as returned (a run's score is their "
+                "mean) and an example passes when its score is at least pass_threshold=%r; set pass_threshold= "
+                "to the score that means correct on this scale.", self.metric.name, score, self.pass_threshold,
+            )
+        record = ExampleResult(
+            example_id=example_id,
+            inputs=_json_dict(inputs),
+            expected=_json_dict(labels),
+            predicted=_fields(prediction),
+            score=score,
+            passed=error is None and score >= self.pass_threshold,
+            feedback=feedback,
+            error=error,
+            error_kind=error_kind,
+            steps=steps,
+        )
+        self._finish(batch, record, None)
+
+    @staticmethod
+    def _steps(trace: list, names: StepNames) -> tuple[StepTrace, ...]:
+        steps = []
+        for predictor, step_inputs, outputs in list(trace):
+            name = names.name(predictor)
+            if name is None:  # a predictor outside named_predictors() (e.g. a compiled sub-module): not a step
+                continue
+            steps.append(StepTrace(step_name=name, inputs=_json_dict(dict(step_inputs)), outputs=_fields(outputs)))
+        return tuple(steps)
+
+    def _finish(self, batch: _Batch, record: ExampleResult, failure: tuple[str, BaseException] | None) -> None:
+        with batch.lock:
+            batch.records.append(record)
+            if batch.on_record is not None:  # logged before it is charged: a kill in between never loses a paid unit
+                batch.on_record(record)
+            if failure is None:
+                if batch.reservation is not None:
+                    batch.reservation.spend(1)
+                batch.consecutive_lm_failures = 0
+            elif failure[0] == SYSTEMIC:
+                batch.systemic_failures += 1
+                batch.consecutive_lm_failures += 1
+                batch.last_lm_error = failure[1]
+                if batch.consecutive_lm_failures >= self.max_consecutive_lm_failures and batch.fatal is None:
+                    batch.fatal = EvaluationLMError("the evaluation LM appears unusable")
+                    batch.stop.set()
+            else:
+                batch.uncharged_lm_failures += 1
+                batch.consecutive_lm_failures = 0

@@ -1,0 +1,83 @@
+"""Classifying a failure of the evaluation LM: unusable (systemic), no answer this time (transient), or not
+an LM failure at all.
+
+* systemic: retrying cannot fix it and every example would fail the same way (bad key, no billing, unknown
+  model, unreachable host after dspy's own retries); enough of them in a row stop the evaluation;
+* transient (``"lm"``): the LM call failed without an answer (rate limit, timeout, server error after
+  retries); the example is tried again, and if it still fails it is recorded but not charged;
+* anything else (a request the LM refused, a reply that does not parse, a bug in the program): charged.
+
+The evaluator classifies each failure once, when it makes the record, and stores the kind on it
+(:attr:`~rlmoptimizer.records.ExampleResult.error_kind`).
+
+May import: dspy's public exceptions and the standard library.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from dspy.utils import exceptions as dspy_errors
+
+SYSTEMIC = "systemic"
+TRANSIENT = "lm"
+
+# Errors that retrying cannot fix and that would fail every example the same way.
+_SYSTEMIC_LM_ERRORS: tuple[type[BaseException], ...] = (
+    dspy_errors.LMAuthError,
+    dspy_errors.LMBillingError,
+    dspy_errors.LMConfigurationError,  # includes LMNotConfiguredError
+    dspy_errors.LMUnsupportedModelError,
+    dspy_errors.LMUnsupportedFeatureError,
+    dspy_errors.LMTransportError,  # already retried num_retries times by dspy.LM
+)
+# LiteLLM's own names for the same failures, in case one reaches us unwrapped (e.g. from a custom LM).
+_SYSTEMIC_LITELLM_NAMES = ("AuthenticationError", "PermissionDeniedError", "NotFoundError", "APIConnectionError", "BudgetExceededError")
+# LM errors that are about this example's request (it was sent and rejected): the example is charged.
+_REQUEST_LM_ERRORS: tuple[type[BaseException], ...] = (
+    dspy_errors.LMInvalidRequestError,  # includes ContextWindowExceededError
+    dspy_errors.LMCollectionLimitError,
+)
+
+
+def _chain(exc: BaseException, limit: int = 16) -> list[BaseException]:
+    seen: list[BaseException] = []
+    queue = [exc]
+    while queue and len(seen) < limit:
+        current = queue.pop(0)
+        if current is None or any(current is s for s in seen):
+            continue
+        seen.append(current)
+        queue += [current.__cause__, current.__context__]
+    return seen
+
+
+def _is_systemic(exc: BaseException) -> bool:
+    if isinstance(exc, _SYSTEMIC_LM_ERRORS):
+        return True
+    litellm = sys.modules.get("litellm")
+    if litellm is None:
+        return False
+    for name in _SYSTEMIC_LITELLM_NAMES:
+        cls = getattr(litellm, name, None)
+        if isinstance(cls, type) and isinstance(exc, cls):
+            return True
+    return False
+
+
+def classify_lm_failure(exc: BaseException) -> tuple[str, BaseException] | None:
+    """``("systemic", e)`` when the LM is unusable, ``("lm", e)`` when the LM call failed without an
+    answer (rate limit, timeout, server error after retries), ``None`` for any other error (charged)."""
+    chain = _chain(exc)
+    for e in chain:
+        if _is_systemic(e):
+            return SYSTEMIC, e
+    for e in chain:
+        if isinstance(e, dspy_errors.LMError) and not isinstance(e, _REQUEST_LM_ERRORS):
+            return TRANSIENT, e
+    return None
+
+
+def format_error(exc: BaseException) -> str:
+    """How an error is stored on a record and shown: ``"TypeName: message"``."""
+    return f"{type(exc).__name__}: {exc}"

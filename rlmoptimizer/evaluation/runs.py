@@ -1,0 +1,209 @@
+"""The runs of one compile(): a program evaluated on a split becomes one stored :class:`EvalRun`.
+
+"Run" means one thing in this package: an :class:`EvalRun`, one evaluation of one set of instructions on
+examples of one split, saved as ``runs/<run_id>.json``. :class:`Runs` makes them: it reuses identical
+earlier records (free), reserves the budget for the rest, evaluates them, saves the run, and sends the
+evaluation's events (the only room that does). Records completed by an evaluation that stops early are
+saved as a ``:partial`` run; records of an evaluation a killed process never finished come back as a
+``:recovered`` run (and are charged then).
+
+May import: ``rlmoptimizer.evaluation.evaluator``, ``rlmoptimizer.storage``, ``.budget``, ``.errors``,
+``.events``, ``.fingerprint``, ``.records``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import dspy
+
+from rlmoptimizer.budget import TRAIN_EXAMPLE, VAL_EXAMPLE, BudgetLedger
+from rlmoptimizer.errors import EvaluationLMError, MetricError
+from rlmoptimizer.evaluation.evaluator import EvaluationStopped, Evaluator
+from rlmoptimizer.events import (
+    NO_OBSERVER,
+    EvaluationFinished,
+    EvaluationStarted,
+    ExampleEvaluated,
+    Observer,
+)
+from rlmoptimizer.fingerprint import get_instructions, instructions_digest
+from rlmoptimizer.records import EvalRun, ExampleResult
+from rlmoptimizer.storage.run_store import PendingLog, RunStore
+
+
+class _RecordSink:
+    """Where each record of one evaluation goes as it completes: the pending log, then the observer."""
+
+    def __init__(self, pending: PendingLog, observer: Observer) -> None:
+        self._pending = pending
+        self._observer = observer
+
+    def __call__(self, record: ExampleResult) -> None:
+        self._pending.append(record)
+        self._observer.on_event(ExampleEvaluated(record))
+
+
+class Runs:
+    """Evaluates a program on a split as one stored :class:`EvalRun`, reusing identical earlier records.
+
+    The cache key is ``(split, example_id, digest of the instructions)``; it is built from the store at
+    construction (so a resumed run directory reuses its records) and updated on every save.
+    """
+
+    def __init__(
+        self,
+        *,
+        evaluator: Evaluator,
+        store: RunStore,
+        ledger: BudgetLedger,
+        splits: dict[str, list[dspy.Example]],
+        observer: Observer = NO_OBSERVER,
+    ) -> None:
+        self.evaluator = evaluator
+        self.store = store
+        self.ledger = ledger
+        self.splits = dict(splits)
+        self.observer = observer
+        self._lock = threading.Lock()
+        self._cache: dict[tuple[str, int, str], ExampleResult] = {}
+        for run in store.all():
+            self._index(run)
+        self._recover_pending()
+
+    def _recover_pending(self) -> None:
+        """Turn the records of evaluations that a killed process never finished into saved runs, and charge
+        them: the ledger on disk is written once per evaluation, so it does not count them yet. A log whose
+        records a saved run already holds (the process died after saving, before deleting the log) is
+        only deleted."""
+        saved = self.store.all()
+        for path, header, records in self.store.pending():
+            settled = any(
+                run.split == header["split"] and run.instructions == header["instructions"]
+                and all(record in run.records for record in records)
+                for run in saved
+            ) if records else True
+            if not settled:
+                charged = sum(1 for r in records if r.reusable) if header.get("charged") else 0
+                kind = TRAIN_EXAMPLE if header["split"] == "train" else VAL_EXAMPLE
+                with self.ledger.reserve(charged, kind) as reservation:
+                    reservation.spend(reservation.granted)
+                self._save(
+                    f"{header.get('label', 'agent')}:recovered", header["split"], header["instructions"], records,
+                    int(header.get("requested", len(records))), reservation.granted,
+                    ["recovered from an evaluation the process did not finish"],
+                )
+            path.unlink(missing_ok=True)
+
+    def _index(self, run: EvalRun) -> None:
+        digest = instructions_digest(run.instructions)
+        with self._lock:
+            for record in run.records:
+                if record.reusable:
+                    self._cache[(run.split, record.example_id, digest)] = record
+
+    def get(self, run_id: str) -> EvalRun:
+        return self.store.get(run_id)
+
+    def all(self) -> list[EvalRun]:
+        """Every run so far, in id order."""
+        return self.store.all()
+
+    def evaluate(
+        self,
+        program: Any,
+        split: str,
+        *,
+        label: str,
+        charged: bool = True,
+        ids: list[int] | None = None,
+    ) -> EvalRun:
+        """Evaluate ``program`` on ``ids`` of ``split`` (all when None), save the run and return it.
+
+        ``split`` and ``ids`` are trusted: the caller (the agent's tools, the optimizer) checked them."""
+        examples = self.splits[split]
+        ids = list(range(len(examples))) if ids is None else list(ids)
+        self.observer.on_event(EvaluationStarted(split, label, len(ids)))
+        instructions = get_instructions(program)
+        digest = instructions_digest(instructions)
+        with self._lock:
+            cached = {i: self._cache.get((split, i, digest)) for i in ids}
+        reused = [record for record in cached.values() if record is not None]
+        todo = [i for i in ids if cached[i] is None]
+        kind = TRAIN_EXAMPLE if split == "train" else VAL_EXAMPLE
+        notes: list[str] = []
+        spent = 0
+        pending = self.store.open_pending(
+            {"label": label, "split": split, "instructions": instructions, "requested": len(ids), "charged": charged}
+        ) if todo else None
+        on_record = _RecordSink(pending, self.observer) if pending is not None else None
+        items = [(i, examples[i]) for i in todo]
+        try:
+            if charged and todo:
+                with self.ledger.reserve(len(todo), kind) as reservation:
+                    try:
+                        new = self.evaluator.evaluate(program, items, reservation, on_record=on_record)
+                    finally:
+                        spent = reservation.spent
+                if reservation.granted < len(todo):
+                    notes.append(
+                        f"budget allowed {reservation.granted} of {len(todo)} requested examples; "
+                        f"{self.ledger.left} units left"
+                        + (f"; {self.ledger.stop_reason}" if self.ledger.stop_reason else "")
+                    )
+            else:
+                new = self.evaluator.evaluate(program, items, on_record=on_record) if todo else []
+        except EvaluationStopped as stopped:  # EvaluationLMError, MetricError, Ctrl-C: keep what was paid for
+            reason, completed = stopped.reason, stopped.records
+            if completed or isinstance(reason, (EvaluationLMError, MetricError)):
+                first_line = str(reason).splitlines()[0] if str(reason) else type(reason).__name__
+                notes.append(
+                    f"stopped early after {len(completed)} of {len(todo)} new examples: "
+                    f"{type(reason).__name__}: {first_line}"
+                )
+                self._save(f"{label}:partial", split, instructions, reused + completed, len(ids), spent, notes,
+                           settles=pending, complete=False)
+            elif pending is not None:
+                pending.discard()
+            raise reason from reason.__cause__
+        except BaseException:
+            if pending is not None:
+                pending.discard()
+            raise
+        if reused:
+            notes.append(f"{len(reused)} record(s) reused from earlier runs with identical instructions (not charged)")
+        uncharged = [r for r in new if not r.reusable]
+        if uncharged and charged:
+            notes.append(f"{len(uncharged)} example(s) failed in the LM call itself and were not charged")
+        return self._save(label, split, instructions, reused + new, len(ids), spent, notes, settles=pending)
+
+    def _save(
+        self,
+        label: str,
+        split: str,
+        instructions: dict[str, str],
+        records: list[ExampleResult],
+        requested: int,
+        spent: int,
+        notes: list[str],
+        settles: PendingLog | None = None,
+        complete: bool = True,
+    ) -> EvalRun:
+        run = EvalRun(
+            run_id=self.store.next_run_id(),
+            split=split,
+            label=label,
+            instructions=dict(instructions),
+            records=tuple(records),
+            requested_count=requested,
+            budget_spent=spent,
+            budget_left=self.ledger.left,
+            note="; ".join(notes) if notes else None,
+            created_at=time.time(),
+        )
+        self.store.save(run, settles=settles)
+        self._index(run)
+        self.observer.on_event(EvaluationFinished(run, self.ledger.snapshot(), complete=complete))
+        return run

@@ -1,0 +1,112 @@
+"""Files written atomically: complete or absent, never half of one; durable now or a moment later.
+
+:func:`atomic_write_text` writes through a temporary file in the same directory and ``os.replace``. With
+``durable=True`` it fsyncs the file and its directory before returning; with ``durable=False`` a
+:class:`BackgroundSync` can make the file durable a few milliseconds later on its own thread, so the caller
+does not wait for the disk (it can also write the file there), and :meth:`BackgroundSync.flush` waits for
+every sync queued so far.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+def atomic_write_text(path: str | Path, text: str, durable: bool = True) -> None:
+    """Write ``text`` to ``path`` via a temporary file in the same directory, fsync, then ``os.replace``.
+
+    With ``durable=False`` the fsyncs are skipped: the file is still complete or absent if the process dies,
+    but a power loss may lose the latest version (for state rewritten very often, like the ledger)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            if durable:
+                os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if durable:
+        fsync_path(path.parent)
+
+
+def atomic_write_json(path: str | Path, data: Any, durable: bool = True) -> None:
+    """:func:`atomic_write_text` of ``data`` as indented JSON (non-ASCII kept as is)."""
+    atomic_write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n", durable=durable)
+
+
+def fsync_path(path: Path, flags: int = os.O_RDONLY) -> None:
+    """fsync a file or directory where the platform allows it; best effort (a refusal is ignored)."""
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def fsync_file_and_directory(path: Path) -> None:
+    """Flush ``path`` and its directory entry to disk (best effort where the platform refuses)."""
+    fsync_path(path, os.O_RDWR)
+    fsync_path(path.parent)
+
+
+_UNSET: Any = object()
+
+
+def _write_sync_remove(path: Path, then_remove: Path | None, data: Any) -> None:
+    if data is not _UNSET:
+        atomic_write_json(path, data, durable=False)
+    fsync_file_and_directory(path)
+    if then_remove is not None:
+        then_remove.unlink(missing_ok=True)
+
+
+class BackgroundSync:
+    """fsyncs files on one background thread, so that the writer does not wait for the disk."""
+
+    def __init__(self, name: str) -> None:
+        self._lock = threading.Lock()
+        self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rlmoptimizer-{name}-sync")
+        self._syncs: list[Future] = []
+
+    def submit(self, path: Path, then_remove: Path | None = None, data: Any = _UNSET) -> None:
+        """Make ``path`` durable soon, then delete ``then_remove`` (a file whose content ``path`` now holds
+        durably). ``path`` is already written with ``durable=False``, or, with ``data``, is written here first
+        (:func:`atomic_write_json`), off the caller's thread. If the write fails, ``then_remove`` stays."""
+        with self._lock:
+            self._syncs = [future for future in self._syncs if not future.done()]
+            try:
+                self._syncs.append(self._syncer.submit(_write_sync_remove, path, then_remove, data))
+            except RuntimeError:  # the interpreter is shutting down: no new threads, do it here
+                _write_sync_remove(path, then_remove, data)
+
+    def flush(self) -> None:
+        """Wait until every file submitted so far is on disk."""
+        with self._lock:
+            syncs, self._syncs = self._syncs, []
+        for future in syncs:
+            try:
+                future.result()
+            except Exception as exc:  # fsync is best effort; nothing to undo
+                logger.warning("Could not sync a file to disk: %s", exc)

@@ -1,0 +1,243 @@
+"""Everything a compile() paid for, on disk as soon as it exists.
+
+Layout of a run directory (each file written atomically: complete or absent, and there as soon as the write
+returns, so a killed process loses nothing written; turns and prompt versions are made durable against a
+power loss a few milliseconds later, on a background thread, and all of them before ``write_result``
+returns)::
+
+    .lock                    locked (an OS file lock) by the one compile() using the directory
+    holder.json              which process holds the lock (pid, host, since when) while it runs
+    manifest.json            what this directory belongs to (program structure, data, metric, budget) and
+                             what its stored scores depend on (evaluation LM, pass_threshold)
+    ledger.json              the budget ledger, written after every evaluation and every agent turn
+    runs/run-0001.json       every evaluation run (written by RunStore)
+    prompts/v-0001.json      every prompt version the agent made
+    turns/turn-0001.json     every agent turn (reasoning, code, output)
+    usage.json               LM calls, tokens and dollars per role, after every evaluation and agent turn
+    notes.json               the agent's notes (rlmoptimizer.storage.notes)
+    result.json              the final choice, once compile() has returned
+
+A directory whose manifest differs from the current compile() is refused (RunDirectoryMismatchError)
+rather than mixed in; so is one whose stored scores came from another evaluation LM, unless the caller
+allows it. A changed ``pass_threshold`` is not a refusal: ``passed`` is recomputed from the stored scores.
+
+One directory belongs to one live compile(): :class:`RunDirectoryLock` holds an OS lock on ``.lock`` for
+as long as the compile runs, so a second compile() on the same directory (another process, or this one) is
+refused at once (RunDirectoryInUseError). The OS drops the lock when its holder dies, even by SIGKILL, so
+a dead holder never blocks a resume.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rlmoptimizer.errors import RunDirectoryMismatchError
+from rlmoptimizer.events import AgentTurn, EvaluationFinished, Event, PromptUpdated
+from rlmoptimizer.records import jsonable
+from rlmoptimizer.storage.files import BackgroundSync, atomic_write_json
+from rlmoptimizer.storage.identity import describe_differences
+from rlmoptimizer.storage.lock import READ_ONLY_ERRNOS
+
+logger = logging.getLogger(__name__)
+
+MANIFEST_KEYS_THAT_MUST_MATCH = ("program", "trainset", "valset", "metric", "budget_limit")
+
+
+class RunJournal:
+    """Numbered JSON files for turns and prompt versions, plus the ledger and the manifest.
+
+    Turns and prompt versions are written on the caller's thread without waiting for the disk (the agent's
+    turn goes on), then fsynced on one background thread; :meth:`flush` (called by :meth:`write_result`)
+    waits for those syncs. As an observer (:meth:`on_event`) it writes each turn, each prompt version, and
+    the ledger once per evaluation and once per turn."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        for sub in ("turns", "prompts"):  # only when missing: reading back a finished run writes nothing
+            if not (self.directory / sub).is_dir():
+                (self.directory / sub).mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._last_number: dict[str, int] = {}  # per subdirectory, read from disk once
+        self._sync = BackgroundSync("journal")
+
+    def on_event(self, event: Event) -> None:
+        if isinstance(event, AgentTurn):
+            self.write_turn(event.turn)
+            self.write_ledger(event.budget)
+        elif isinstance(event, PromptUpdated):
+            self.write_prompt_version(event.version)
+        elif isinstance(event, EvaluationFinished):
+            self.write_ledger(event.budget)
+
+    # -- manifest ---------------------------------------------------------------------------------
+    def open_manifest(
+        self,
+        manifest: dict[str, Any],
+        *,
+        legacy_examples: Callable[[], dict[str, str]] | None = None,
+        allow_eval_lm_change: bool = False,
+    ) -> bool:
+        """Write the manifest of a new directory, or check it against an existing one.
+
+        Returns True when the directory already held this same compile (a resume). ``manifest["eval_lm"]``
+        must equal the stored one (else RunDirectoryMismatchError naming each differing setting, unless
+        ``allow_eval_lm_change``); a changed ``pass_threshold`` is recorded and logged (the caller recomputes
+        ``passed``). ``legacy_examples()`` gives the trainset/valset digests directories written before
+        :data:`EXAMPLES_DIGEST_VERSION` recorded. Nothing is written when nothing changed."""
+        path = self.directory / "manifest.json"
+        if not path.exists():
+            atomic_write_json(path, manifest)
+            return False
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        legacy = stored.get("examples_digest_version") != manifest.get("examples_digest_version")
+        expected = {**manifest, **(legacy_examples() if legacy and legacy_examples is not None else {})}
+        different = [key for key in MANIFEST_KEYS_THAT_MUST_MATCH if stored.get(key) != expected.get(key)]
+        if different:
+            hint = (
+                " (This directory was written by an earlier version of rlmoptimizer, which identified examples "
+                "holding objects by their memory address; such a run cannot be resumed in a new process.)"
+                if legacy and {"trainset", "valset"} & set(different) else ""
+            )
+            raise RunDirectoryMismatchError(
+                f"run_storage_dir {str(self.directory)!r} holds a run of a different "
+                f"{', '.join(different)}; it cannot be resumed with this compile(). Use a new run_storage_dir "
+                f"(or delete this one) to start over.{hint}"
+            )
+        updates: dict[str, Any] = {}
+        if legacy:
+            updates.update({key: manifest[key] for key in ("trainset", "valset", "examples_digest_version")})
+        updates.update(self._check_eval_lm(stored, manifest["eval_lm"], allow_eval_lm_change))
+        old_threshold, new_threshold = stored.get("pass_threshold"), manifest.get("pass_threshold")
+        if old_threshold != new_threshold:
+            logger.warning(
+                "pass_threshold changed from %s to %s since this run directory was written: 'passed' of every "
+                "stored example is recomputed from its stored score (score >= %s); no LM call is needed.",
+                old_threshold, new_threshold, new_threshold,
+            )
+            updates["pass_threshold"] = new_threshold
+        if updates:
+            try:
+                atomic_write_json(path, {**stored, **updates})
+            except OSError as exc:
+                if exc.errno not in READ_ONLY_ERRNOS:
+                    raise
+                logger.warning("Could not record the change in %s (%s); the directory is read-only.", path, exc)
+        return True
+
+    def _check_eval_lm(self, stored: dict[str, Any], identity: dict[str, Any], allow_change: bool) -> dict[str, Any]:
+        if "eval_lm" not in stored:
+            logger.warning(
+                "run_storage_dir %s was written before the evaluation LM was recorded; its stored scores are "
+                "taken to come from the current evaluation LM (%s), which is recorded now.",
+                self.directory, identity["lm"].get("model"),
+            )
+            return {"eval_lm": identity}
+        if stored["eval_lm"] == identity:
+            return {}
+        lines = describe_differences(stored["eval_lm"], identity)
+        listed = "\n".join(f"  - {line}" for line in lines)
+        if not allow_change:
+            raise RunDirectoryMismatchError(
+                f"run_storage_dir {str(self.directory)!r} holds scores from a different evaluation LM than this "
+                f"compile() uses:\n{listed}\nResuming would reuse the old LM's scores as if the new one had "
+                "produced them. To start fresh, pass a new run_storage_dir (or move or delete this one); to resume "
+                "with the stored scores anyway, pass RLMDocstringOptimizer(..., allow_eval_lm_change=True)."
+            )
+        logger.warning(
+            "The evaluation LM differs from the one that produced the stored scores in %s (allowed by "
+            "allow_eval_lm_change=True); the stored scores are reused:\n%s", self.directory, listed,
+        )
+        earlier = list(stored.get("earlier_eval_lms", [])) + [stored["eval_lm"]]
+        return {"eval_lm": identity, "earlier_eval_lms": earlier}
+
+    # -- numbered records -------------------------------------------------------------------------
+    def _numbered(self, sub: str, prefix: str) -> list[tuple[int, Path]]:
+        found = []
+        for path in (self.directory / sub).glob(f"{prefix}-*.json"):
+            number = path.stem.split("-")[-1]
+            if number.isdigit():
+                found.append((int(number), path))
+        return sorted(found)
+
+    def _next_path(self, sub: str, prefix: str) -> Path:
+        """The next numbered path (call with the lock held); the directory is listed only the first time."""
+        last = self._last_number.get(sub)
+        if last is None:
+            existing = self._numbered(sub, prefix)
+            last = existing[-1][0] if existing else 0
+        self._last_number[sub] = last + 1
+        return self.directory / sub / f"{prefix}-{last + 1:04d}.json"
+
+    def _read_all(self, sub: str, prefix: str) -> list[dict[str, Any]]:
+        return [json.loads(path.read_text()) for _, path in self._numbered(sub, prefix)]
+
+    def _write_numbered(self, sub: str, prefix: str, data: dict[str, Any]) -> None:
+        with self._lock:
+            path = self._next_path(sub, prefix)
+            atomic_write_json(path, data, durable=False)
+            self._sync.submit(path)
+
+    def flush(self) -> None:
+        """Wait until every turn and prompt version written so far is on disk."""
+        self._sync.flush()
+
+    def write_turn(self, turn: dict[str, Any]) -> None:
+        self._write_numbered("turns", "turn", turn)
+
+    def turns(self) -> list[dict[str, Any]]:
+        return self._read_all("turns", "turn")
+
+    def write_prompt_version(self, version: dict[str, Any]) -> None:
+        self._write_numbered("prompts", "v", version)
+
+    def prompt_versions(self) -> list[dict[str, Any]]:
+        return self._read_all("prompts", "v")
+
+    # -- ledger and result ------------------------------------------------------------------------
+    def write_ledger(self, snapshot: dict[str, Any]) -> None:
+        with self._lock:
+            atomic_write_json(self.directory / "ledger.json", snapshot, durable=False)
+
+    def write_usage(self, snapshot: dict[str, Any]) -> None:
+        """usage.json: LM calls, tokens and dollars per role so far (rlmoptimizer.usage)."""
+        with self._lock:
+            atomic_write_json(self.directory / "usage.json", snapshot, durable=False)
+
+    def read_usage(self) -> dict[str, Any] | None:
+        try:
+            return json.loads((self.directory / "usage.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    def write_ledger_if_changed(self, snapshot: dict[str, Any]) -> None:
+        """:meth:`write_ledger` unless ``ledger.json`` already holds ``snapshot``."""
+        if self.read_ledger() != snapshot:
+            self.write_ledger(snapshot)
+
+    def stored_manifest_value(self, key: str) -> Any:
+        """``key`` of the manifest on disk, or None when there is none (or it cannot be read)."""
+        try:
+            return json.loads((self.directory / "manifest.json").read_text(encoding="utf-8")).get(key)
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    def read_ledger(self) -> dict[str, Any] | None:
+        path = self.directory / "ledger.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def write_result(self, result: dict[str, Any]) -> None:
+        """Write ``result.json`` (after every turn and prompt version is on disk), unless it already holds
+        ``result``: returning a finished run again writes nothing."""
+        self.flush()
+        path = self.directory / "result.json"
+        try:
+            unchanged = path.exists() and json.loads(path.read_text(encoding="utf-8")) == jsonable(result)
+        except (OSError, ValueError):
+            unchanged = False
+        if not unchanged:
+            atomic_write_json(path, result)

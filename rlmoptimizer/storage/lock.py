@@ -1,0 +1,132 @@
+"""One run directory belongs to one live compile(): an operating-system lock on ``<directory>/.lock``, with
+``holder.json`` naming the holder. The system releases the lock when its process ends, even when it is killed.
+
+May import: the standard library and ``rlmoptimizer.errors``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import json
+import logging
+import os
+import socket
+from pathlib import Path
+
+from rlmoptimizer.errors import ConfigurationError, RunDirectoryInUseError
+from rlmoptimizer.storage.files import atomic_write_json
+
+try:  # POSIX
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+try:  # Windows
+    import msvcrt
+except ImportError:
+    msvcrt = None  # type: ignore[assignment]
+
+logger = logging.getLogger(__name__)
+
+LOCK_FILE = ".lock"
+HOLDER_FILE = "holder.json"
+READ_ONLY_ERRNOS = {errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+def _describe_holder(directory: Path) -> str:
+    try:
+        holder = json.loads((directory / HOLDER_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        holder = None
+    if not isinstance(holder, dict):
+        return "another compile() (its process did not record its details)"
+    pid, host, since = holder.get("pid"), holder.get("host"), holder.get("since")
+    if pid == os.getpid() and host == socket.gethostname():
+        who = f"another compile() in this same process (pid {pid}; e.g. an earlier notebook cell or thread still running)"
+    else:
+        who = f"another compile(): process {pid} on host {host!r}"
+    return f"{who}, running since {since}" if since else who
+
+
+class RunDirectoryLock:
+    """An exclusive OS lock on ``<directory>/.lock`` (``fcntl.flock``; ``msvcrt.locking`` on Windows) held for
+    as long as one compile() uses the directory, plus ``holder.json`` naming the holder for the message a
+    second compile() gets. The OS releases the lock when the holder exits or is killed.
+
+    ``read_only=True`` is for reading back a finished run: nothing is created or written (an existing lock
+    file is opened read-only; without one, the finished run is read without a lock)."""
+
+    def __init__(self, directory: str | Path, *, read_only: bool = False) -> None:
+        self.directory = Path(directory)
+        self.read_only = read_only
+        self._fd: int | None = None
+        self._wrote_holder = False
+        self._acquire()
+
+    def _open(self) -> int | None:
+        path = self.directory / LOCK_FILE
+        if self.read_only:  # open what is there, create nothing
+            try:
+                return os.open(path, os.O_RDONLY)
+            except OSError as exc:
+                logger.debug("cannot open %s (%s); reading the finished run without a lock", path, exc)
+                return None
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise ConfigurationError(
+                f"run_storage_dir {str(self.directory)!r} cannot be written ({exc}); a run that is not finished "
+                "must be written to as it goes. Pass a writable run_storage_dir."
+            ) from exc
+
+    def _acquire(self) -> None:
+        fd = self._open()
+        if fd is None:
+            return
+        try:
+            if fcntl is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            elif msvcrt is not None:  # pragma: no cover - Windows
+                msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK, errno.EDEADLK):
+                logger.warning("cannot lock %s (%s); going on without a lock", self.directory / LOCK_FILE, exc)
+                return
+            raise RunDirectoryInUseError(
+                f"run_storage_dir {str(self.directory)!r} is in use by {_describe_holder(self.directory)}. "
+                "One run directory belongs to one compile() at a time. Wait for that compile() to finish (or stop "
+                "it) and run this one again to resume from everything it stored, or pass another run_storage_dir "
+                "to start a separate run. A compile() that died leaves no lock behind."
+            ) from None
+        self._fd = fd
+        if not self.read_only:
+            now = datetime.datetime.now(datetime.timezone.utc)
+            atomic_write_json(self.directory / HOLDER_FILE, {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "since": now.strftime("%Y-%m-%d %H:%M:%S UTC"),
+                "since_epoch": now.timestamp(),
+            }, durable=False)
+            self._wrote_holder = True
+
+    def release(self) -> None:
+        """Give the directory up (idempotent)."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        if self._wrote_holder:
+            try:
+                (self.directory / HOLDER_FILE).unlink(missing_ok=True)
+            except OSError:
+                pass
+        try:
+            if fcntl is not None:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            elif msvcrt is not None:  # pragma: no cover - Windows
+                os.lseek(fd, 0, os.SEEK_SET)
+                msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)

@@ -1,0 +1,67 @@
+"""What a resume reads back from a run directory, read once, as one frozen record.
+
+A directory that already holds this same compile (its manifest matches) is resumed: the ledger, the prompt
+versions and the agent's turns written so far come back here. The runs themselves and the records of
+evaluations a killed process never finished are read by :class:`~rlmoptimizer.storage.run_store.RunStore`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rlmoptimizer.storage.journal import RunJournal
+
+
+@dataclass(frozen=True)
+class Resume:
+    """The state of a run directory when ``compile()`` opened it.
+
+    Invariant: a fresh directory (``resumed`` False) has no ledger, no prompt versions and no turns.
+    """
+
+    resumed: bool
+    """True when the directory already held this same compile."""
+    ledger: dict[str, Any] | None = None
+    """The ledger snapshot last written, or None (a fresh directory, or none written yet)."""
+    prompt_versions: tuple[dict[str, Any], ...] = ()
+    """Every prompt version the agent made, in order: re-applied to the working program."""
+    turns: tuple[dict[str, Any], ...] = ()
+    """Every agent turn so far, in order: the agent continues after them."""
+
+    @property
+    def final_turn(self) -> dict[str, Any] | None:
+        """The turn in which the agent submitted, when the earlier compile got that far."""
+        return self.turns[-1] if self.turns and self.turns[-1].get("final") else None
+
+
+def open_run_directory(
+    journal: RunJournal,
+    manifest: dict[str, Any],
+    *,
+    legacy_examples: Callable[[], dict[str, str]] | None = None,
+    allow_eval_lm_change: bool = False,
+) -> Resume:
+    """Write or check the manifest (:meth:`RunJournal.open_manifest`), then read back what a resume needs."""
+    if not journal.open_manifest(manifest, legacy_examples=legacy_examples, allow_eval_lm_change=allow_eval_lm_change):
+        return Resume(resumed=False)
+    return Resume(
+        resumed=True,
+        ledger=journal.read_ledger(),
+        prompt_versions=tuple(journal.prompt_versions()),
+        turns=tuple(journal.turns()),
+    )
+
+
+def where_message(what: str, directory: Any, temporary: bool) -> str:
+    """"Optimization <what>." and where everything paid for is, and how to resume from it."""
+    if temporary:
+        return (
+            f"Optimization {what}. Everything paid for so far is in {directory} (a temporary directory; "
+            "pass run_storage_dir= to make runs resumable)."
+        )
+    return (
+        f"Optimization {what}. Everything paid for so far is in {directory}; run compile() again with "
+        "the same run_storage_dir to resume where it stopped."
+    )

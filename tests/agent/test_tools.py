@@ -1,0 +1,98 @@
+"""The agent's tools without a sandbox: id selection parsed once, refusals that say what to do, the stop
+request a systemic failure leaves for the agent loop."""
+
+from __future__ import annotations
+
+import dspy
+import pytest
+from support.fakes import FunctionLM
+from support.qa import echo_lm, examples, make_evaluator
+
+from rlmoptimizer.agent.stop import StopRequest
+from rlmoptimizer.agent.tools import AgentTools, select_ids
+from rlmoptimizer.agent.working_program import WorkingProgram
+from rlmoptimizer.budget import BudgetLedger
+from rlmoptimizer.errors import AgentToolError, EvaluationLMError
+from rlmoptimizer.evaluation.runs import Runs
+from rlmoptimizer.fingerprint import structural_fingerprint
+from rlmoptimizer.storage.run_store import RunStore
+
+
+def test_select_ids_defaults_ids_failed_sample_and_limit():
+    assert select_ids(5) == [0, 1, 2, 3, 4]
+    assert select_ids(50, ids="3, 7,12") == [3, 7, 12]
+    assert select_ids(50, ids=[12, 3, 12]) == [12, 3]
+    assert select_ids(50, ids=[12, 3], failed_ids_from_run=[3, 4]) == [3]
+    assert select_ids(10, failed_ids_from_run=[9, 2]) == [2, 9]
+    assert select_ids(10, failed_ids_from_run=[]) == []
+    assert select_ids(10, limit=3) == [0, 1, 2]
+    assert select_ids(10, limit=0) == []
+    shuffled = select_ids(50, sample="random", seed=7)
+    assert sorted(shuffled) == list(range(50)) and shuffled != list(range(50))
+    assert select_ids(50, sample="random", seed=7, limit=5) == shuffled[:5]
+    assert select_ids(50, sample="random", seed=8) != shuffled
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"ids": "3,x"}, r"comma-separated integers like '3,7,12', got '3,x'; valid ids are 0\.\.49"),
+        ({"ids": [3, 50]}, r"out-of-range \[50\]; valid ids are 0\.\.49"),
+        ({"ids": ""}, "empty string"),
+        ({"ids": []}, "ids is empty"),
+        ({"limit": -1}, r"limit must be an integer >= 0.*got -1"),
+        ({"sample": "top"}, r"sample must be 'random'.*got 'top'"),
+        ({"failed_ids_from_run": [99]}, "out-of-range"),
+    ],
+)
+def test_select_ids_explains_bad_values(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        select_ids(50, **kwargs)
+
+
+# -- the run service -----------------------------------------------------------------------------
+
+
+def make_tools(tmp_path, lm):
+    ledger, store = BudgetLedger(100), RunStore(tmp_path)
+    runs = Runs(evaluator=make_evaluator(lm, num_threads=2), store=store, ledger=ledger,
+                splits={"train": examples(6), "val": examples(3)})
+    program = dspy.Predict("question -> answer")
+    stop = StopRequest()
+    working = WorkingProgram(program=program, fingerprint=structural_fingerprint(program), runs=runs, stop=stop)
+    return AgentTools(working=working, runs=runs, ledger=ledger), stop
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda t: t.evaluate_program(split="test"), r"unknown split 'test' -> use one of \['train', 'val'\]"),
+        (lambda t: t.evaluate_program(split="val", limit=2), "validation always runs on the whole split"),
+        (lambda t: t.evaluate_program(ids="1,x"), "comma-separated integers"),
+        (lambda t: t.evaluate_program(failed_from_run="run-0042"), r"no run with id 'run-0042' -> use one of \[\]"),
+        (lambda t: t.update_prompt("nope", "text"), r"unknown step name 'nope' -> use one of \['self'\]"),
+        (lambda t: t.update_prompt("self", "  "), "are empty -> pass non-empty instructions text"),
+    ],
+)
+def test_a_refused_tool_call_says_what_to_do_and_changes_nothing(tmp_path, call, message):
+    tools, _ = make_tools(tmp_path, echo_lm())
+    with pytest.raises(AgentToolError, match=message):
+        call(tools)
+    assert tools.runs.all() == [] and tools.working.prompt_versions == [] and tools.ledger.spent == 0
+
+
+def test_ids_are_selected_once_and_the_run_holds_exactly_them(tmp_path):
+    tools, _ = make_tools(tmp_path, echo_lm())
+    view = tools.evaluate_program(ids="4, 1,4", limit=1)
+    assert [e["example_id"] for e in view["examples"]] == [4] and view["budget_spent"] == 1
+    assert "error_kind" not in view["examples"][0]  # the agent sees records as before
+
+
+def test_a_systemic_failure_in_a_tool_requests_a_stop_with_that_failure(tmp_path):
+    """The agent loop checks the request after the turn and raises the failure (no error parked elsewhere)."""
+    tools, stop = make_tools(tmp_path, FunctionLM(lambda m: dspy.LMAuthError("revoked", model="fake")))
+    with pytest.raises(EvaluationLMError):
+        tools.evaluate_program()
+    assert stop.requested and isinstance(stop.reason, EvaluationLMError)
+    with pytest.raises(EvaluationLMError, match="revoked"):
+        stop.raise_if_requested()

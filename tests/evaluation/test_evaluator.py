@@ -1,0 +1,425 @@
+"""The evaluator: threads, pinned LM, step traces, budget, systemic failures. Real DSPy modules over fake
+LMs, no network."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import types
+
+import dspy
+import pytest
+from support.fakes import FunctionLM, last_user_text, system_text
+from support.qa import Outer, TwoSteps, echo_lm, examples, field, make_evaluator, two_step_lm
+
+from rlmoptimizer.budget import TRAIN_EXAMPLE, VAL_EXAMPLE, BudgetLedger
+from rlmoptimizer.errors import EvaluationLMError, MetricError
+from rlmoptimizer.evaluation.evaluator import EvaluationStopped
+from rlmoptimizer.records import LM_CALL_ERROR, PROGRAM_ERROR
+
+
+def test_records_carry_ids_inputs_expected_predictions_and_scores_sorted_by_id():
+    data = examples(12)
+    data[5] = dspy.Example(question="q5", answer="wrong").with_inputs("question")
+    seen: list[int] = []
+    evaluator = make_evaluator(echo_lm(), num_threads=4)
+    items = [(i, data[i]) for i in (11, 3, 5, 0, 7, 1, 2, 4, 6, 8, 9, 10)]
+    records = evaluator.evaluate(
+        dspy.ChainOfThought("question -> answer"), items, on_record=lambda r: seen.append(r.example_id)
+    )
+
+    assert [r.example_id for r in records] == list(range(12))
+    assert sorted(seen) == list(range(12))
+    r3 = records[3]
+    assert r3.inputs == {"question": "q3"}
+    assert r3.expected == {"answer": "a3"}
+    assert r3.predicted == {"reasoning": "because", "answer": "a3"}
+    assert (r3.score, r3.passed, r3.error, r3.feedback) == (1.0, True, None, None)
+    assert (records[5].score, records[5].passed) == (0.0, False)
+    assert [s.step_name for s in r3.steps] == ["predict"]
+    assert r3.steps[0].inputs == {"question": "q3"}
+    assert r3.steps[0].outputs == {"reasoning": "because", "answer": "a3"}
+
+
+def test_the_program_runs_with_the_evaluation_lm_never_the_callers():
+    def forbidden(messages):
+        raise AssertionError("the caller's LM must not be used by the program")
+
+    caller_lm, eval_lm = FunctionLM(forbidden), echo_lm()
+    evaluator = make_evaluator(eval_lm, num_threads=4)
+    with dspy.context(lm=caller_lm):
+        records = evaluator.evaluate(dspy.ChainOfThought("question -> answer"), list(enumerate(examples(8))))
+    assert caller_lm.calls == []
+    assert len(eval_lm.calls) == 8
+    assert all(r.passed and r.error is None for r in records)
+
+
+def test_the_metric_sees_the_evaluation_lm_too():
+    eval_lm, caller_lm = echo_lm(), echo_lm()
+    seen = []
+
+    def judge(example, prediction):
+        seen.append(dspy.settings.lm)
+        return 1.0
+
+    with dspy.context(lm=caller_lm):
+        make_evaluator(eval_lm, metric=judge, num_threads=2).evaluate(
+            dspy.Predict("question -> answer"), list(enumerate(examples(4)))
+        )
+    assert len(seen) == 4 and all(lm is eval_lm for lm in seen)
+
+
+def test_the_program_is_shared_across_threads_not_copied_per_example():
+    seen: set[int] = set()
+    lock = threading.Lock()
+
+    class Recorder(dspy.Module):
+        def __init__(self):
+            super().__init__()
+            self.generate = dspy.Predict("question -> answer")
+
+        def forward(self, question):
+            with lock:
+                seen.add(id(self.generate))
+            return self.generate(question=question)
+
+    program = Recorder()
+    make_evaluator(echo_lm(), num_threads=4).evaluate(program, list(enumerate(examples(10))))
+    assert seen == {id(program.generate)}
+
+
+# -- step names ------------------------------------------------------------------------------------
+
+
+def test_steps_of_nested_modules_use_named_predictors_names_in_call_order():
+    program = Outer()
+    names = [name for name, _ in program.named_predictors()]
+    assert names == ["inner.draft", "inner.generate.predict", "polish"]
+
+    (record,) = make_evaluator(two_step_lm()).evaluate(program, [(0, examples(1)[0])])
+    assert [s.step_name for s in record.steps] == names
+    assert record.steps[0].outputs == {"draft": "D:q0"}
+    assert record.steps[1].inputs == {"question": "q0", "draft": "D:q0"}
+    assert record.steps[2].inputs == {"draft_answer": "a0"}
+    assert record.passed
+
+
+def test_a_predictor_called_twice_gives_two_traces_in_order():
+    class Twice(dspy.Module):
+        def __init__(self):
+            super().__init__()
+            self.step = dspy.Predict("question -> answer")
+
+        def forward(self, question):
+            first = self.step(question=question)
+            return self.step(question=first.answer + "!")
+
+    lm = FunctionLM(lambda m: {"answer": field(m, "question") + "?"})
+    (record,) = make_evaluator(lm, metric=lambda e, p: 1.0).evaluate(Twice(), [(4, examples(5)[4])])
+    assert [(s.step_name, s.inputs["question"], s.outputs["answer"]) for s in record.steps] == [
+        ("step", "q4", "q4?"),
+        ("step", "q4?!", "q4?!?"),
+    ]
+
+
+def test_a_bare_predictor_is_the_step_named_self():
+    (record,) = make_evaluator(echo_lm()).evaluate(dspy.Predict("question -> answer"), [(0, examples(1)[0])])
+    assert [s.step_name for s in record.steps] == ["self"] == [n for n, _ in dspy.Predict("q -> a").named_predictors()]
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+def react_lm() -> FunctionLM:
+    def reply(messages):
+        system = system_text(messages)
+        if "next_tool_name" in system:
+            if "observation_0" not in last_user_text(messages):
+                return {"next_thought": "add them", "next_tool_name": "add", "next_tool_args": {"a": 2, "b": 3}}
+            return {"next_thought": "done", "next_tool_name": "finish", "next_tool_args": {}}
+        return {"reasoning": "the tool said 5", "answer": "5"}
+
+    return FunctionLM(reply)
+
+
+def test_react_trace_entries_all_map_to_named_predictors():
+    class Agent(dspy.Module):
+        def __init__(self):
+            super().__init__()
+            self.agent = dspy.ReAct("question -> answer", tools=[add])
+
+        def forward(self, question):
+            return self.agent(question=question)
+
+    program = Agent()
+    names = [name for name, _ in program.named_predictors()]
+    assert names == ["agent.react", "agent.extract.predict"]
+    example = dspy.Example(question="2+3?", answer="5").with_inputs("question")
+
+    (record,) = make_evaluator(react_lm()).evaluate(program, [(0, example)])
+    assert record.error is None and record.passed
+    assert [s.step_name for s in record.steps] == ["agent.react", "agent.react", "agent.extract.predict"]
+    assert "5" in record.steps[1].inputs["trajectory"]  # the tool's observation reached the second step
+    assert record.predicted["trajectory"]["observation_0"] == 5
+
+
+# -- per-example failures are data ---------------------------------------------------------------
+
+
+def test_partial_credit_stays_partial_and_the_threshold_decides_passed():
+    half = lambda e, p: 0.5  # noqa: E731
+    items = list(enumerate(examples(3)))
+    strict = make_evaluator(echo_lm(), metric=half).evaluate(dspy.Predict("question -> answer"), items)
+    lenient = make_evaluator(echo_lm(), metric=half, pass_threshold=0.5).evaluate(
+        dspy.Predict("question -> answer"), items
+    )
+    assert [(r.score, r.passed) for r in strict] == [(0.5, False)] * 3
+    assert [(r.score, r.passed) for r in lenient] == [(0.5, True)] * 3
+
+
+def test_metric_feedback_reaches_the_record():
+    def judged(gold, pred, trace, pred_name, pred_trace):
+        ok = gold.answer == pred.answer
+        return dspy.Prediction(score=float(ok), feedback="right" if ok else f"expected {gold.answer}")
+
+    data = examples(2)
+    data[1] = dspy.Example(question="q1", answer="zzz").with_inputs("question")
+    records = make_evaluator(echo_lm(), metric=judged).evaluate(dspy.Predict("question -> answer"), enumerate(data))
+    assert [(r.score, r.feedback) for r in records] == [(1.0, "right"), (0.0, "expected zzz")]
+
+
+def test_a_program_exception_is_an_error_record_with_score_zero_and_is_charged():
+    class Fragile(dspy.Module):
+        def __init__(self):
+            super().__init__()
+            self.generate = dspy.Predict("question -> answer")
+
+        def forward(self, question):
+            out = self.generate(question=question)
+            if question == "q2":
+                raise ValueError("cannot handle q2")
+            return out
+
+    ledger = BudgetLedger(10)
+    with ledger.reserve(4, TRAIN_EXAMPLE) as reservation:
+        records = make_evaluator(echo_lm(), metric=lambda e, p: 1.0).evaluate(
+            Fragile(), list(enumerate(examples(4))), reservation
+        )
+    bad = records[2]
+    assert (bad.score, bad.passed, bad.feedback, bad.predicted) == (0.0, False, None, {})
+    assert bad.error == "ValueError: cannot handle q2"
+    assert [s.step_name for s in bad.steps] == ["generate"]  # the partial trace is kept
+    assert [r.passed for r in records] == [True, True, False, True]
+    assert ledger.spent == 4
+
+
+def test_an_unparseable_lm_reply_keeps_the_partial_trace_and_is_charged():
+    def reply(messages):
+        if "`draft`" in system_text(messages).split("Your output fields are:")[1].split("All interactions")[0]:
+            return {"draft": "D"}
+        return "I refuse to use your format."
+
+    ledger = BudgetLedger(5)
+    with ledger.reserve(1, TRAIN_EXAMPLE) as reservation:
+        (record,) = make_evaluator(FunctionLM(reply)).evaluate(TwoSteps(), [(0, examples(1)[0])], reservation)
+    assert record.error.startswith("AdapterParseError")
+    assert (record.score, record.passed) == (0.0, False)
+    assert [s.step_name for s in record.steps] == ["draft"]
+    assert ledger.spent == 1
+    assert record.error_kind == PROGRAM_ERROR and record.reusable
+
+
+def test_an_exception_inside_the_metric_is_an_error_record_that_keeps_the_prediction():
+    def picky(example, prediction):
+        if example.question == "q1":
+            raise KeyError("missing label")
+        return 1.0
+
+    ledger = BudgetLedger(10)
+    with ledger.reserve(3, VAL_EXAMPLE) as reservation:
+        records = make_evaluator(echo_lm(), metric=picky).evaluate(
+            dspy.Predict("question -> answer"), list(enumerate(examples(3))), reservation
+        )
+    assert records[1].error == "KeyError: 'missing label'"
+    assert (records[1].score, records[1].passed, records[1].predicted) == (0.0, False, {"answer": "a1"})
+    assert [r.passed for r in records] == [True, False, True]
+    assert ledger.spent_by_kind[VAL_EXAMPLE] == 3
+
+
+@pytest.mark.parametrize(
+    ("bad", "mentions"),
+    [(None, "returned None (NoneType)"), (float("nan"), "not a finite number"), ("correct", "returned 'correct' (str)")],
+)
+def test_a_metric_returning_a_non_score_stops_the_evaluation_at_once(bad, mentions):
+    calls: list[str] = []
+
+    def metric(example, prediction):
+        calls.append(example.question)
+        return bad if example.question == "q3" else 1.0
+
+    seen: list[int] = []
+    ledger = BudgetLedger(100)
+    evaluator = make_evaluator(echo_lm(), metric=metric, num_threads=1)
+    with ledger.reserve(20, TRAIN_EXAMPLE) as reservation:
+        with pytest.raises(EvaluationStopped) as info:
+            evaluator.evaluate(dspy.Predict("question -> answer"), list(enumerate(examples(20))), reservation,
+                               on_record=lambda r: seen.append(r.example_id))
+    assert isinstance(info.value.reason, MetricError)
+    message = str(info.value.reason)
+    assert mentions in message and "metric 'test_a_metric_returning" in message
+    assert "first seen on example 3" in message and "Fix the metric" in message
+    assert calls == ["q0", "q1", "q2", "q3"]  # raised once, nothing evaluated after it
+    assert [r.example_id for r in info.value.records] == seen == [0, 1, 2]
+    assert ledger.spent == 3
+
+
+# -- budget ----------------------------------------------------------------------------------------
+
+
+def test_a_reservation_smaller_than_the_request_evaluates_only_what_was_granted():
+    lm = echo_lm()
+    ledger = BudgetLedger(5)
+    with ledger.reserve(12, TRAIN_EXAMPLE) as reservation:
+        assert reservation.granted == 5
+        records = make_evaluator(lm, num_threads=3).evaluate(
+            dspy.Predict("question -> answer"), [(i, examples(12)[i]) for i in range(11, -1, -1)], reservation
+        )
+    assert [r.example_id for r in records] == [7, 8, 9, 10, 11]  # the first five in the given order
+    assert len(lm.calls) == 5
+    assert (ledger.spent, ledger.left) == (5, 0)
+
+
+def test_retries_inside_the_lm_are_not_charged_twice():
+    lock = threading.Lock()
+    failed: set[str] = set()
+
+    def flaky(messages):
+        question = field(messages, "question")
+        with lock:
+            if question not in failed:
+                failed.add(question)
+                return dspy.LMRateLimitError("slow down", retry_after=0)
+        return {"answer": question.replace("q", "a")}
+
+    lm = FunctionLM(flaky)
+    ledger = BudgetLedger(10)
+    with ledger.reserve(4, TRAIN_EXAMPLE) as reservation:
+        records = make_evaluator(lm, num_threads=2).evaluate(
+            dspy.Predict("question -> answer"), list(enumerate(examples(4))), reservation
+        )
+    assert len(lm.calls) == 8
+    assert all(r.passed for r in records)
+    assert ledger.spent == 4
+
+
+# -- systemic LM failures -----------------------------------------------------------------------
+
+
+def test_an_unusable_lm_stops_within_one_batch_charges_nothing_and_keeps_records():
+    lm = FunctionLM(lambda m: dspy.LMAuthError("invalid api key", model="fake", status=401))
+    ledger = BudgetLedger(100)
+    seen: list[int] = []
+    evaluator = make_evaluator(lm, num_threads=4)
+    with ledger.reserve(40, TRAIN_EXAMPLE) as reservation:
+        with pytest.raises(EvaluationStopped) as info:
+            evaluator.evaluate(dspy.ChainOfThought("question -> answer"), list(enumerate(examples(40))), reservation,
+                               on_record=lambda r: seen.append(r.example_id))
+    assert isinstance(info.value.reason, EvaluationLMError)
+    message = str(info.value.reason)
+    assert "appears unusable" in message and "LMAuthError" in message and "invalid api key" in message
+    assert "0 of 40 example(s) were evaluated" in message
+    assert 3 <= len(lm.calls) <= 3 + 3  # the failures that stopped it plus at most the other running threads
+    assert ledger.spent == 0 and ledger.left == 100
+    completed = info.value.records
+    assert len(completed) == len(lm.calls) and sorted(seen) == [r.example_id for r in completed]
+    assert all(r.error.startswith("LMAuthError") and r.score == 0.0 for r in completed)
+    assert all(r.error_kind == LM_CALL_ERROR and not r.reusable for r in completed)
+
+
+def test_successes_before_a_systemic_failure_are_kept_and_charged():
+    def reply(messages):
+        number = int(field(messages, "question")[1:])
+        if number >= 5:
+            return dspy.LMBillingError("insufficient quota", model="fake")
+        return {"answer": f"a{number}"}
+
+    ledger = BudgetLedger(100)
+    with ledger.reserve(20, TRAIN_EXAMPLE) as reservation:
+        with pytest.raises(EvaluationStopped, match="EvaluationLMError: .*5 of 20 example") as info:
+            make_evaluator(FunctionLM(reply), num_threads=1).evaluate(
+                dspy.Predict("question -> answer"), list(enumerate(examples(20))), reservation
+            )
+    completed = info.value.records
+    assert [r.example_id for r in completed] == list(range(8))
+    assert [r.passed for r in completed] == [True] * 5 + [False] * 3
+    assert ledger.spent == 5
+
+
+def test_an_isolated_lm_error_among_successes_is_a_record_and_is_not_charged():
+    def reply(messages):
+        question = field(messages, "question")
+        if question == "q3":
+            return dspy.LMAuthError("key rotated", model="fake")
+        return {"answer": question.replace("q", "a")}
+
+    ledger = BudgetLedger(100)
+    with ledger.reserve(8, TRAIN_EXAMPLE) as reservation:
+        records = make_evaluator(FunctionLM(reply), num_threads=3).evaluate(
+            dspy.Predict("question -> answer"), list(enumerate(examples(8))), reservation
+        )
+    assert [r.example_id for r in records] == list(range(8))
+    assert records[3].error.startswith("LMAuthError") and not records[3].passed
+    assert ledger.spent == 7
+
+
+def test_failures_must_be_consecutive_in_completion_order():
+    def reply(messages):
+        number = int(field(messages, "question")[1:])
+        if number % 3 != 2:  # fail, fail, succeed, fail, fail, succeed, ...
+            return dspy.LMAuthError("flaky auth", model="fake")
+        return {"answer": f"a{number}"}
+
+    records = make_evaluator(FunctionLM(reply), num_threads=1).evaluate(
+        dspy.Predict("question -> answer"), list(enumerate(examples(12)))
+    )
+    assert [r.passed for r in records] == [False, False, True] * 4
+
+
+def test_connection_refused_is_systemic_after_the_lms_own_retries():
+    lm = FunctionLM(lambda m: dspy.LMTransportError("Connection refused", model="fake", retry_after=0))
+    lm.num_retries = 1
+    with pytest.raises(EvaluationStopped, match="EvaluationLMError: .*LMTransportError: \\[fake\\] Connection refused"):
+        make_evaluator(lm, num_threads=1).evaluate(dspy.Predict("question -> answer"), list(enumerate(examples(10))))
+    assert len(lm.calls) == 3 * 2  # three examples, each tried twice by dspy.LM
+
+
+def test_a_litellm_error_wrapped_by_dspy_is_classified_by_its_cause(monkeypatch):
+    """A custom LM raising LiteLLM's own AuthenticationError reaches us as dspy's LMUnexpectedError whose
+    cause is that error. (A stand-in litellm module keeps the test from importing the real one: 3 s.)"""
+    fake_litellm = types.ModuleType("litellm")
+
+    class AuthenticationError(Exception):
+        pass
+
+    fake_litellm.AuthenticationError = AuthenticationError
+    monkeypatch.setitem(sys.modules, "litellm", fake_litellm)
+    lm = FunctionLM(lambda m: AuthenticationError("bad key"))
+    with pytest.raises(EvaluationStopped, match="EvaluationLMError: .*AuthenticationError: bad key"):
+        make_evaluator(lm, num_threads=1).evaluate(dspy.Predict("question -> answer"), list(enumerate(examples(5))))
+    assert len(lm.calls) == 3
+
+
+def test_a_failing_on_record_callback_stops_the_evaluation_and_propagates():
+    calls: list[int] = []
+
+    def persist(record):
+        calls.append(record.example_id)
+        raise OSError("disk full")
+
+    lm = echo_lm()
+    evaluator = make_evaluator(lm, num_threads=1)
+    with pytest.raises(OSError, match="disk full"):
+        evaluator.evaluate(dspy.Predict("question -> answer"), list(enumerate(examples(10))), on_record=persist)
+    assert calls == [0] and len(lm.calls) == 1

@@ -1,0 +1,297 @@
+"""Code in the REPL is written by an LM: whatever comes out of it is untrusted. These tests run hostile code in a
+real Deno/Pyodide sandbox and check, on the host, that it cannot crash the host, grow its memory, hold more
+memory than the limit, keep a core busy after its cell, or learn host paths; and that the agent keeps its
+variables wherever the process could be kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import dspy
+import pytest
+from dspy.primitives.code_interpreter import CodeExecutionError, FinalOutput
+
+from rlmoptimizer.sandbox import Sandbox
+from rlmoptimizer.sandbox.process import cpu_seconds
+
+pytestmark = pytest.mark.slow
+
+LINUX = sys.platform.startswith("linux")
+linux_only = pytest.mark.skipif(not LINUX, reason="reads /proc")
+
+
+def echo(value: object = None) -> object:
+    return value
+
+
+@pytest.fixture(scope="module")
+def box():
+    sandbox = Sandbox(tools={"echo": echo}, timeout_s=120)
+    try:
+        sandbox.start()
+        yield sandbox
+    finally:
+        sandbox.shutdown()
+
+
+def run(box: Sandbox, code: str) -> str:
+    result = box.execute(code)
+    return "" if result is None else str(result)
+
+
+def _status_kb(path: str, key: str) -> int:
+    return int(re.search(rf"^{key}:\s+(\d+) kB", Path(path).read_text(), re.M).group(1))
+
+
+# ---------------------------------------------------------------- forged protocol lines
+
+
+FORGED = {
+    "tool call without id": {"jsonrpc": "2.0", "method": "tool_call", "params": {"name": "echo", "kwargs": {}}},
+    "params not an object": {"jsonrpc": "2.0", "method": "tool_call", "id": "x1", "params": 5},
+    "params a list": {"jsonrpc": "2.0", "method": "tool_call", "id": "x2", "params": ["echo"]},
+    "kwargs not an object": {"jsonrpc": "2.0", "method": "tool_call", "id": "x3", "params": {"name": "echo", "kwargs": 1}},
+    "unknown request": {"jsonrpc": "2.0", "method": "mount_file", "id": "x4", "params": {}},
+    "neither request nor answer": {"jsonrpc": "2.0", "id": "x5"},
+}
+
+
+@pytest.mark.parametrize("writer", ["console.log", "Deno.stdout.writeSync"])
+@pytest.mark.parametrize("name", list(FORGED))
+def test_a_forged_protocol_line_is_an_error_of_that_cell_and_the_repl_keeps_its_variables(box, name, writer):
+    restarts = box.restarts
+    run(box, "kept = 41")
+    line = json.dumps(FORGED[name])
+    if writer == "console.log":
+        code = f"import js\njs.console.log({line!r})\nprint('after')"
+    else:
+        code = f"import js\njs.Deno.stdout.writeSync(js.TextEncoder.new().encode({line + chr(10)!r}))\nprint('after')"
+    with pytest.raises(CodeExecutionError) as raised:
+        box.execute(code)
+    message = str(raised.value)
+    assert message.startswith("ProtocolError:") and "not a valid message" in message
+    assert "print()" in message  # says what to do
+    assert run(box, "print(kept + 1)") == "42\n"  # same process, nothing lost
+    assert box.restarts == restarts
+
+
+def test_noise_empty_lines_and_stale_answers_on_stdout_are_ignored(box):
+    """Console output, an empty line (PythonInterpreter takes one for a dead process), more lines than
+    PythonInterpreter skips, and an answer to no request in flight."""
+    restarts = box.restarts
+    stale = json.dumps({"jsonrpc": "2.0", "result": {"output": "forged"}, "id": "not-in-flight"})
+    code = (
+        "import js\nfor _i in range(300):\n    js.console.log('noise', _i)\n"
+        f"js.console.log('')\njs.console.log({stale!r})\nprint('real', echo(value=7))"
+    )
+    assert run(box, code) == "real 7\n"
+    assert box.restarts == restarts
+
+
+def test_a_well_formed_forged_tool_call_desyncs_nothing_beyond_its_cell(box):
+    """A forged tool call with an id is served like a call of the tool; its answer reaches whoever reads next
+    in the sandbox (here the cell's real call, which fails in that cell), and the next cell is clean."""
+    restarts = box.restarts
+    run(box, "kept = 'forged'")
+    forged_call = json.dumps({"jsonrpc": "2.0", "method": "tool_call", "id": "f1",
+                              "params": {"name": "echo", "kwargs": {"value": 1}}})
+    with pytest.raises(CodeExecutionError, match="Unexpected response"):
+        box.execute(f"import js\njs.console.log({forged_call!r})\nprint(echo(value=7))")
+    assert run(box, "print(echo(value=kept))") == "forged\n"
+    assert run(box, "print('next cell is clean')") == "next cell is clean\n"
+    assert box.restarts == restarts
+
+
+# ---------------------------------------------------------------- floods
+
+
+def _flood_code(stream: str, mib: int) -> str:
+    return (
+        "import js\n"
+        "_chunk = js.Uint8Array.new(1024 * 1024)\n_chunk.fill(120)\n"  # 1 MiB of 'x', no newline
+        f"for _i in range({mib}):\n    js.Deno.{stream}.writeSync(_chunk)\n"
+        "print('flooded')"
+    )
+
+
+def _host_peak_reset() -> int:
+    """Reset this process's peak resident memory; its current resident memory in KiB."""
+    Path("/proc/self/clear_refs").write_text("5")
+    return _status_kb("/proc/self/status", "VmRSS")
+
+
+@linux_only
+def test_a_gib_to_stderr_without_newline_does_not_grow_the_host(box):
+    run(box, "kept = 'stderr'")
+    before = _host_peak_reset()
+    assert run(box, _flood_code("stderr", 1024)) == "flooded\n"
+    grown_mb = (_status_kb("/proc/self/status", "VmHWM") - before) / 1024
+    assert grown_mb < 150, f"the host grew by {grown_mb:.0f} MB reading 1 GiB of stderr"
+    assert run(box, "print(kept)") == "stderr\n"
+
+
+@linux_only
+def test_a_gib_to_stdout_without_newline_is_an_error_of_that_cell_and_does_not_grow_the_host(box):
+    restarts = box.restarts
+    run(box, "kept = 'stdout'")
+    before = _host_peak_reset()
+    with pytest.raises(CodeExecutionError) as raised:
+        box.execute(_flood_code("stdout", 1024))
+    grown_mb = (_status_kb("/proc/self/status", "VmHWM") - before) / 1024
+    assert grown_mb < 150, f"the host grew by {grown_mb:.0f} MB reading 1 GiB of stdout"
+    message = str(raised.value)
+    assert message.startswith("OutputTooLarge:") and "MiB" in message and "Print less" in message
+    assert run(box, "print(kept)") == "stdout\n"
+    assert box.restarts == restarts
+
+
+def test_printing_more_than_the_host_accepts_is_an_error_of_that_cell(box):
+    with pytest.raises(CodeExecutionError, match="OutputTooLarge"):
+        box.execute("print('y' * (40 * 1024 * 1024))")
+    assert run(box, "print('fine')") == "fine\n"
+
+
+# ---------------------------------------------------------------- uncaught JavaScript errors
+
+
+@pytest.mark.parametrize(
+    "code, shown",
+    [
+        ("import js\njs.Deno.env.get('HOME')", "env access"),
+        ("import js\njs.eval('null.x')", "TypeError"),
+        ("raise ValueError(object(), float('nan'))", "ValueError: ['<object object"),
+    ],
+    ids=["permission", "js-type-error", "unserializable-args"],
+)
+def test_an_uncaught_javascript_error_is_an_ordinary_error_of_that_cell(box, code, shown):
+    restarts = box.restarts
+    run(box, "kept = [1, 2]")
+    with pytest.raises(CodeExecutionError) as raised:
+        box.execute(code)
+    assert shown in str(raised.value)
+    assert run(box, "print(kept)") == "[1, 2]\n"  # the process lived: nothing lost
+    assert box.restarts == restarts
+
+
+def test_submit_of_values_json_cannot_carry_is_an_answer_not_a_crash(box):
+    restarts = box.restarts
+    assert box.execute("SUBMIT({'n': float('nan'), 's': {3}})") == FinalOutput({"output": {"n": "nan", "s": "{3}"}})
+    assert box.restarts == restarts
+
+
+def test_an_error_thrown_later_in_a_timer_does_not_end_the_process(box):
+    run(box, "kept = 'timer'")
+    run(box, "import js\njs.setTimeout(js.eval('() => { throw new Error(\"late\") }'), 0)")
+    time.sleep(0.5)  # let the timer fire between cells
+    assert run(box, "print(kept)") == "timer\n"
+
+
+# ---------------------------------------------------------------- host paths
+
+
+def test_the_sandbox_reveals_no_host_path(box):
+    code = (
+        "import js, json\n"
+        "_seen = {\n"
+        "    'cwd': js.Deno.cwd(), 'execPath': js.Deno.execPath(), 'mainModule': js.Deno.mainModule,\n"
+        "    'args': list(js.Deno.args), 'stack': js.eval('new Error(\"where\").stack'),\n"
+        "    'captured': js.eval('(() => { const o = {}; Error.captureStackTrace(o); return o.stack; })()'),\n"
+        "}\n"
+        "try:\n    js.eval('undefinedFunction()')\nexcept Exception as e:\n    _seen['thrown'] = str(e) + str(getattr(e, 'stack', ''))\n"
+        "try:\n    js.eval('Error.prepareStackTrace = (e, frames) => frames.map(f => f.getFileName()).join()')\n"
+        "    _seen['override'] = js.eval('new Error().stack')\nexcept Exception as e:\n    _seen['override'] = str(e)\n"
+        "print(json.dumps(_seen))"
+    )
+    seen = json.loads(run(box, code))
+    assert seen["cwd"] == "/" and seen["execPath"] == "deno" and seen["args"] == []
+    assert "at " in seen["stack"]  # still a useful trace
+    text = json.dumps(seen)
+    secrets_of_the_host = {
+        "working directory": os.getcwd(),
+        "virtualenv": sys.prefix,
+        "home": os.path.expanduser("~"),
+        "dspy": os.path.dirname(dspy.__file__),
+        "sandbox package": str(Path(__file__).resolve().parents[2]),
+    }
+    for what, path in secrets_of_the_host.items():
+        assert path not in text, f"the sandbox can see the host's {what}: {path}"
+
+
+# ---------------------------------------------------------------- memory
+
+
+@linux_only
+def test_javascript_buffers_are_capped_with_the_rest_of_the_process():
+    """3 GiB of ArrayBuffers (outside the WebAssembly heap) against a 512 MB limit."""
+    box = Sandbox(timeout_s=120, memory_limit_mb=512)
+    try:
+        box.start()
+        pid = box.process_id
+        started_kb = _status_kb(f"/proc/{pid}/status", "VmRSS")
+        box.execute("kept = 'buffers'")
+        bomb = (
+            "import js\njs.eval('''globalThis.held = []; for (let i = 0; i < 30; i++) {"
+            " const b = new Uint8Array(100 * 1024 * 1024); b.fill(1); held.push(b); }''')"
+        )
+        with pytest.raises(CodeExecutionError) as raised:
+            box.execute(bomb)
+        assert re.search(r"allocation failed|MemoryError|out of memory", str(raised.value))
+        if box.process_id == pid:  # refused inside the process: it lived, and its peak stayed near the limit
+            peak_mb = (_status_kb(f"/proc/{pid}/status", "VmHWM") - started_kb) / 1024
+            assert peak_mb < 512 + 200, f"the process grew by {peak_mb:.0f} MB with a 512 MB limit"
+            assert box.execute("print(kept)") == "buffers\n"
+        # A JavaScript heap that cannot be refused gracefully: the process ends and the agent is told it was memory.
+        with pytest.raises(CodeExecutionError) as raised:
+            box.execute("import js\njs.eval('globalThis.held = null; const a = []; for (;;) a.push({i: a.length, s: \"x\" + a.length})')")
+        message = str(raised.value)
+        assert message.startswith("MemoryError:") and "512 MB" in message and "restarted" in message
+        assert box.execute("print(1 + 1)") == "2\n"
+    finally:
+        box.shutdown()
+
+
+# ---------------------------------------------------------------- what a cell leaves running
+
+
+BUSY_WORKER = (
+    "import js\n"
+    "js.eval(\"new Worker(URL.createObjectURL(new Blob(['let n = 0; for (;;) { n++ }'], "
+    "{type: 'application/javascript'})), {type: 'module'})\")\n"
+    "print('started')"
+)
+BUSY_TIMER = "import js\njs.eval('setInterval(() => { const t = Date.now(); while (Date.now() - t < 50) {} }, 0)')\nprint('started')"
+
+
+@linux_only
+@pytest.mark.parametrize("code", [BUSY_WORKER, BUSY_TIMER], ids=["worker", "interval"])
+def test_work_a_cell_leaves_running_is_stopped_and_the_agent_told(code):
+    box = Sandbox(timeout_s=60)
+    try:
+        box.start()
+        box.execute("setup_value = 3")
+        box.mark_setup_complete()
+        assert box.execute(code) == "started\n"
+        process = box._interp.deno_process
+        at_end = cpu_seconds(process.pid)
+        deadline = time.monotonic() + 30
+        last = at_end
+        while time.monotonic() < deadline and process.poll() is None:
+            last = cpu_seconds(process.pid) or last
+            time.sleep(0.1)
+        assert process.poll() is not None, "the busy process was left running"
+        assert last - at_end < 3.0  # stopped after about a second of CPU, not left to burn a core
+        output = box.execute("print(setup_value)")
+        assert "BackgroundWork" in output and "kept running" in output and output.endswith("3\n")
+        # The new process is quiet while idle.
+        pid = box.process_id
+        idle_start = cpu_seconds(pid)
+        time.sleep(2)
+        assert cpu_seconds(pid) - idle_start < 0.3
+    finally:
+        box.shutdown()

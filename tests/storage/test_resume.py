@@ -1,0 +1,41 @@
+"""What a resume reads back from a run directory, once, as one frozen record."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from rlmoptimizer.errors import RunDirectoryMismatchError
+from rlmoptimizer.storage.journal import RunJournal
+from rlmoptimizer.storage.resume import Resume, open_run_directory
+
+MANIFEST = {"program": "p", "trainset": "t", "valset": "v", "metric": "m", "budget_limit": 10,
+            "examples_digest_version": 2, "eval_lm": {"lm": {"model": "task"}, "per_step": {}}, "pass_threshold": 1.0}
+
+
+def test_a_fresh_directory_is_not_a_resume(tmp_path):
+    assert open_run_directory(RunJournal(tmp_path), MANIFEST) == Resume(resumed=False)
+
+
+def test_a_resume_reads_back_the_ledger_versions_and_turns_once(tmp_path):
+    journal = RunJournal(tmp_path)
+    open_run_directory(journal, MANIFEST)
+    journal.write_ledger({"limit": 10, "spent": 3, "left": 7, "spent_by_kind": {}})
+    journal.write_prompt_version({"version": 1, "step": "s", "text": "t", "previous": "o", "source": "update_prompt"})
+    journal.write_turn({"iteration": 1, "code": "x", "output": "", "final": False})
+    journal.write_turn({"iteration": 2, "code": "SUBMIT()", "output": "", "final": True})
+    journal.flush()
+
+    resume = open_run_directory(RunJournal(tmp_path), {**MANIFEST, "created_at": 2.0})
+    assert resume.resumed and resume.ledger["spent"] == 3
+    assert [v["text"] for v in resume.prompt_versions] == ["t"]
+    assert [t["iteration"] for t in resume.turns] == [1, 2] and resume.final_turn["code"] == "SUBMIT()"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        resume.turns = ()
+
+
+def test_a_directory_of_another_compile_is_refused(tmp_path):
+    open_run_directory(RunJournal(tmp_path), MANIFEST)
+    with pytest.raises(RunDirectoryMismatchError, match="metric"):
+        open_run_directory(RunJournal(tmp_path), {**MANIFEST, "metric": "other"})

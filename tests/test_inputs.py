@@ -1,0 +1,64 @@
+"""The checks of what the user passes, at the edge: programs, examples, LMs, settings."""
+
+from __future__ import annotations
+
+import dspy
+import pytest
+from support.qa import echo_lm, examples
+
+from rlmoptimizer.errors import ConfigurationError
+from rlmoptimizer.inputs import (
+    check_examples,
+    check_pass_threshold,
+    check_positive_int,
+    check_program,
+    resolve_eval_lm,
+)
+
+
+def test_check_program_rejects_non_modules_and_modules_without_predictors():
+    check_program(dspy.Predict("question -> answer"))
+    with pytest.raises(ConfigurationError, match="must be a dspy.Module"):
+        check_program(lambda question: question)
+
+    class NoSteps(dspy.Module):
+        def forward(self, question):
+            return dspy.Prediction(answer=question)
+
+    with pytest.raises(ConfigurationError, match="no predictors"):
+        check_program(NoSteps())
+
+
+def test_check_examples_names_the_bad_index_and_shows_the_fix():
+    good = examples(3)
+    assert check_examples(tuple(good), "trainset") == good
+    with pytest.raises(ConfigurationError, match="trainset is empty"):
+        check_examples([], "trainset")
+    assert check_examples([], "valset", allow_empty=True) == []
+    with pytest.raises(ConfigurationError, match="list of dspy.Example"):
+        check_examples("q0,q1", "trainset")
+    with pytest.raises(ConfigurationError, match=r"trainset\[1\] is a dict.*with_inputs\(\"question\"\)"):
+        check_examples([good[0], {"question": "q"}], "trainset")
+    with pytest.raises(ConfigurationError, match=r"valset\[2\] has no input fields marked.*with_inputs"):
+        check_examples([good[0], good[1], dspy.Example(question="q", answer="a")], "valset")
+    with pytest.raises(ConfigurationError, match=r"trainset\[0\] marks \['query'\] as inputs"):
+        check_examples([dspy.Example(question="q", answer="a").with_inputs("query")], "trainset")
+
+
+def test_resolve_eval_lm_prefers_the_argument_then_settings_and_explains_when_neither():
+    mine, configured = echo_lm(), echo_lm()
+    with dspy.context(lm=configured):
+        assert resolve_eval_lm(mine) is mine
+        assert resolve_eval_lm(None) is configured
+    with pytest.raises(ConfigurationError, match=r"eval_lm=.*dspy.configure\(lm="):
+        resolve_eval_lm(None)
+    with pytest.raises(ConfigurationError, match="must be a dspy.LM"):
+        resolve_eval_lm("openai/gpt-4o-mini")
+
+
+def test_settings_are_checked_with_what_was_given():
+    with pytest.raises(ConfigurationError, match="num_threads must be an int >= 1, got 0"):
+        check_positive_int("num_threads", 0)
+    with pytest.raises(ConfigurationError, match=r"pass_threshold must be a finite number .* got inf"):
+        check_pass_threshold(float("inf"))
+    assert check_pass_threshold(1) == 1.0 and check_pass_threshold(5) == 5.0  # any scale: a 0-5 metric

@@ -1,0 +1,496 @@
+"""The program shapes and metric kinds DSPy users bring, each through a full compile() with the real sandbox
+where the agent is involved: programs holding what cannot be deep-copied (dspy.Parallel, locks, clients, an
+LM holding a lock), Refine and BestOfN, per-predictor LMs (and BetterTogether, which needs them), metrics on
+any scale, metric identity on resume (a partial resumed in a new process, two lambdas refused), dspy's cache."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import dspy
+import pytest
+from support.fakes import FunctionLM, ScriptedLM, last_user_text, scripted_agent
+from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
+
+from rlmoptimizer import ConfigurationError, RLMDocstringOptimizer, RunDirectoryMismatchError
+from rlmoptimizer.evaluation.evaluator import Evaluator
+from rlmoptimizer.evaluation.steps import StepNames
+from rlmoptimizer.fingerprint import copy_program
+from rlmoptimizer.metric import Metric, metric_identity
+
+TESTS = Path(__file__).parent
+
+LOOK_AT_STEPS = {
+    "reasoning": "which steps were traced",
+    "code": "print('STEPS', sorted({s['step_name'] for e in baseline_train['examples'] for s in e['steps']}),\n"
+            "      'PER_EXAMPLE', sorted({len(e['steps']) for e in baseline_train['examples']}),\n"
+            "      'SCORE', baseline_train['score'], 'PASSED', baseline_train['passed_count'])",
+}
+FIX_AND_SUBMIT = {
+    "reasoning": "state the policy and submit",
+    "code": f"update_prompt('route', {POLICY_PROMPT!r})\nSUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})",
+}
+
+
+def route_prompts(lm) -> list[str]:
+    return [last_user_text(m) for m in lm.calls if last_user_text(m).startswith("[[ ## summary ## ]]")]
+
+
+def ticket_prompts(lm) -> list[str]:
+    return [last_user_text(m) for m in lm.calls if last_user_text(m).startswith("[[ ## ticket ## ]]")]
+
+
+# -- programs holding what cannot be deep-copied ---------------------------------------------------------
+class Client:
+    """A provider client: holds a lock and a session, as HTTP clients do; cannot be deep-copied."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.requests = 0
+
+
+class LockedLM(FunctionLM):
+    """An LM holding a lock, like a client-backed LM: ``copy.deepcopy`` fails on it."""
+
+    __deepcopy__ = None  # back to the default deep copy, which cannot pickle the lock
+
+    def __init__(self, fn, **kwargs):
+        super().__init__(fn, **kwargs)
+        self.client_lock = threading.Lock()
+
+
+class ParallelRoute(dspy.Module):
+    """Written the way DSPy's GEPA test writes its program: a dspy.Parallel held as an attribute."""
+
+    def __init__(self):
+        super().__init__()
+        self.summarize = dspy.ChainOfThought("ticket -> summary")
+        self.route = dspy.Predict("summary -> queue")
+        self.parallel = dspy.Parallel(num_threads=2)
+        self.lock = threading.Lock()
+        self.client = Client()
+
+    def forward(self, ticket):
+        with self.lock:
+            self.client.requests += 1
+        summary = self.summarize(ticket=ticket).summary
+        [prediction] = self.parallel([(self.route, {"summary": summary})])
+        return prediction
+
+
+def test_the_uncopyable_program_really_defeats_copy_deepcopy():
+    program = ParallelRoute()
+    program.route.set_lm(LockedLM(task_lm_reply))
+    with pytest.raises(TypeError):
+        copy.deepcopy(program)
+    with pytest.raises(TypeError):
+        copy.deepcopy(program.route)
+
+
+def test_copy_program_copies_what_it_can_and_shares_the_rest_like_dspy():
+    program = ParallelRoute()
+    locked = LockedLM(task_lm_reply)
+    program.route.set_lm(locked)
+    program.extra = [dspy.Predict("a -> b"), threading.Lock()]  # a list dspy's own deepcopy would share whole
+
+    copied = copy_program(program)
+
+    originals = {id(p) for _, p in program.named_predictors()}
+    assert [n for n, _ in copied.named_predictors()] == [n for n, _ in program.named_predictors()]
+    assert not any(id(p) in originals for _, p in copied.named_predictors())
+    assert copied.lock is program.lock and copied.parallel is not None
+    assert copied.extra[1] is program.extra[1]
+    assert copied.route.lm.client_lock is locked.client_lock  # shallow copy of the LM, as dspy makes it
+    copied.route.signature = copied.route.signature.with_instructions("changed")
+    copied.extra[0].signature = copied.extra[0].signature.with_instructions("changed too")
+    assert program.route.signature.instructions != "changed"
+    assert program.extra[0].signature.instructions != "changed too"
+
+
+class Steps(list):
+    """A container type copy_program cannot take apart (a list subclass holding a lock)."""
+
+
+class Unsplittable(dspy.Module):
+    def __init__(self):
+        super().__init__()
+        self.steps = Steps([dspy.Predict("question -> answer"), threading.Lock()])
+
+    def forward(self, question):
+        return self.steps[0](question=question)
+
+
+def test_a_program_that_cannot_be_copied_apart_is_refused_before_any_lm_call(tmp_path):
+    root, task = scripted_agent([FIX_AND_SUBMIT]), FunctionLM(lambda m: {"answer": "x"})
+    trainset = [dspy.Example(question="q", answer="x").with_inputs("question")]
+    opt = RLMDocstringOptimizer(root_lm=root, eval_lm=task, run_storage_dir=tmp_path / "run")
+    with pytest.raises(ConfigurationError, match=r"cannot be copied without sharing its step\(s\) \['steps\[0\]'\]"):
+        opt.compile(student=Unsplittable(), trainset=trainset, metric=lambda e, p: 1.0)
+    assert root.calls == [] and task.calls == []
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_program_holding_parallel_a_lock_a_client_and_a_locked_lm_is_optimized_to_the_end():
+    trainset, valset = make_splits()
+    student = ParallelRoute()
+    route_lm = LockedLM(task_lm_reply, name="router")
+    student.route.set_lm(route_lm)
+    task = FunctionLM(task_lm_reply, name="task")
+    opt = RLMDocstringOptimizer(max_iterations=2, root_lm=scripted_agent([LOOK_AT_STEPS, FIX_AND_SUBMIT]),
+                                eval_lm=task, num_threads=2)
+
+    result = opt.compile(student=student, trainset=trainset, valset=valset, metric=metric)
+
+    assert result.selection["chosen_label"] == "submission"
+    assert result.route.signature.instructions == POLICY_PROMPT
+    assert student.route.signature.instructions != POLICY_PROMPT  # the caller's program is untouched
+    assert "STEPS ['route', 'summarize.predict'] PER_EXAMPLE [2]" in result.agent_trajectory[0]["output"]
+    # the route step ran with its own (locked) LM, everything else with eval_lm, as dspy runs it
+    assert route_prompts(route_lm) and not route_prompts(task)
+    assert ticket_prompts(task) and not ticket_prompts(route_lm)
+    assert result.step_lms == {"summarize.predict": {"lm": "task", "source": "eval_lm"},
+                               "route": {"lm": "router", "source": "predictor.lm"}}
+    with dspy.context(lm=task):  # the returned program still runs
+        assert result(ticket="My bank opened a chargeback dispute.").queue == "disputes"
+
+
+# -- Refine and BestOfN -------------------------------------------------------------------------------------
+class Careful(dspy.Module):
+    """BestOfN around the summary (three attempts, every one a copy), Refine around the routing step."""
+
+    def __init__(self):
+        super().__init__()
+        self.summarize = dspy.BestOfN(dspy.ChainOfThought("ticket -> summary"), N=3,
+                                      reward_fn=lambda args, pred: 0.0, threshold=1.0)
+        self.route = dspy.Refine(dspy.Predict("summary -> queue"), N=2,
+                                 reward_fn=lambda args, pred: 1.0, threshold=1.0)
+
+    def forward(self, ticket):
+        return self.route(summary=self.summarize(ticket=ticket).summary)
+
+
+def test_refine_and_bestofn_calls_are_traced_under_their_step_names():
+    program = Careful()
+    assert [n for n, _ in program.named_predictors()] == ["summarize.module.predict", "route.module"]
+    task = FunctionLM(task_lm_reply)
+    evaluator = Evaluator(metric=Metric(metric), lm=task, num_threads=2)
+    trainset, _ = make_splits()
+    records = evaluator.evaluate(program, list(enumerate(trainset[:4])))
+    assert all(r.error is None for r in records)
+    for record in records:
+        assert [s.step_name for s in record.steps] == ["summarize.module.predict", "route.module"]
+        assert record.steps[1].inputs["summary"] == record.inputs["ticket"]
+    assert len(ticket_prompts(task)) == 3 * 4  # BestOfN ran three copies per example
+
+
+def test_a_call_is_matched_by_its_signature_when_the_predictor_was_rebuilt():
+    class Rebuilds(dspy.Module):
+        def __init__(self):
+            super().__init__()
+            self.answer = dspy.Predict("question -> answer")
+            self.check = dspy.Predict("question, answer -> verdict")
+
+        def forward(self, question):
+            fresh = dspy.Predict(self.answer.signature)  # a new object, no tag: matched by what it is
+            answer = fresh(question=question).answer
+            return self.check(question=question, answer=answer)
+
+    program = Rebuilds()
+    names = StepNames(program)
+    assert names.name(dspy.Predict(program.answer.signature)) == "answer"
+    assert names.name(dspy.Predict("question -> answer")) == "answer"  # same fields and default instructions
+    other = dspy.Predict(program.answer.signature.with_instructions("Something else."))
+    assert names.name(other) is None
+    records = Evaluator(metric=Metric(lambda e, p: 1.0), lm=FunctionLM(lambda m: {"answer": "a", "verdict": "ok"}),
+                        num_threads=1).evaluate(program, [(0, dspy.Example(question="q").with_inputs("question"))])
+    assert [s.step_name for s in records[0].steps] == ["answer", "check"]
+
+
+def test_two_steps_with_the_same_signature_are_told_apart_in_copies():
+    class Twice(dspy.Module):
+        def __init__(self):
+            super().__init__()
+            self.first = dspy.Predict("question -> answer")
+            self.second = dspy.Predict("question -> answer")
+
+        def forward(self, question):
+            return self.second(question=self.first(question=question).answer)
+
+    program = dspy.BestOfN(Twice(), N=2, reward_fn=lambda a, p: 0.0, threshold=1.0)
+    records = Evaluator(metric=Metric(lambda e, p: 1.0), lm=FunctionLM(lambda m: {"answer": "a"}),
+                        num_threads=1).evaluate(program, [(0, dspy.Example(question="q").with_inputs("question"))])
+    assert [s.step_name for s in records[0].steps] == ["module.first", "module.second"]
+
+
+@pytest.mark.slow
+def test_refine_and_bestofn_programs_give_the_agent_traces():
+    trainset, valset = make_splits()
+    opt = RLMDocstringOptimizer(max_iterations=2, root_lm=scripted_agent([LOOK_AT_STEPS, {
+        "reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route.module': {POLICY_PROMPT!r}}})"}]),
+        eval_lm=FunctionLM(task_lm_reply), num_threads=2)
+    result = opt.compile(student=Careful(), trainset=trainset, valset=valset, metric=metric)
+    assert "STEPS ['route.module', 'summarize.module.predict'] PER_EXAMPLE [2]" in result.agent_trajectory[0]["output"]
+    assert result.route.module.signature.instructions == POLICY_PROMPT
+    assert result.selection["chosen_label"] == "submission"
+
+
+# -- the offline LMs are full dspy LMs ------------------------------------------------------------------------
+def test_function_lm_copies_share_the_function_and_the_call_log():
+    lm = FunctionLM(lambda m: {"answer": "x"}, name="f")
+    rollout = lm.copy(rollout_id=1, temperature=1.0)
+    assert rollout.kwargs["rollout_id"] == 1 and rollout.kwargs["temperature"] == 1.0
+    assert "rollout_id" not in lm.kwargs and lm.kwargs["temperature"] == 0.0
+    assert rollout("hi") == ["[[ ## answer ## ]]\nx"]
+    deep = copy.deepcopy(lm)
+    assert deep is not lm and deep("hi") == ["[[ ## answer ## ]]\nx"]
+    assert len(lm.calls) == 2  # one log for the LM and its copies
+    lm.launch()
+    lm.kill()
+
+
+def test_scripted_lm_copies_continue_one_script():
+    lm = ScriptedLM([{"answer": "1"}, {"answer": "2"}, {"answer": "3"}])
+    assert lm.copy(rollout_id=7)("a") == ["[[ ## answer ## ]]\n1"]
+    assert copy.deepcopy(lm)("b") == ["[[ ## answer ## ]]\n2"]
+    assert lm("c") == ["[[ ## answer ## ]]\n3"]
+    assert lm.remaining == 0
+
+
+def test_refine_and_bestofn_run_offline_with_the_testing_lms():
+    lm = FunctionLM(lambda messages: {"answer": "4", "reasoning": "r"})
+    with dspy.context(lm=lm, trace=[]):  # as dspy.configure leaves it (Refine/BestOfN extend the trace)
+        best = dspy.BestOfN(dspy.ChainOfThought("question -> answer"), N=3,
+                            reward_fn=lambda args, pred: float(pred.answer == "5"), threshold=1.0)
+        assert best(question="2+2?").answer == "4"
+        refine = dspy.Refine(dspy.Predict("question -> answer"), N=2,
+                             reward_fn=lambda args, pred: float(pred.answer == "4"), threshold=1.0)
+        assert refine(question="2+2?").answer == "4"
+    assert len(lm.calls) == 3 + 1
+
+
+# -- per-predictor LMs ----------------------------------------------------------------------------------------
+def test_without_any_lm_compile_names_the_steps_that_have_none():
+    student = RouteTicket()
+    student.route.set_lm(FunctionLM(task_lm_reply))
+    trainset, _ = make_splits()
+    root = scripted_agent([FIX_AND_SUBMIT])
+    opt = RLMDocstringOptimizer(root_lm=root)
+    with pytest.raises(ConfigurationError, match=r"\['summarize.predict'\] have no LM of their own.*set_lm"):
+        opt.compile(student=student, trainset=trainset, metric=metric)
+    assert root.calls == []
+
+
+@pytest.mark.slow
+def test_every_predictor_with_its_own_lm_needs_no_eval_lm():
+    trainset, valset = make_splits()
+    student = RouteTicket()
+    summarizer, router = FunctionLM(task_lm_reply, name="summarizer"), FunctionLM(task_lm_reply, name="router")
+    student.summarize.set_lm(summarizer)
+    student.route.set_lm(router)
+    opt = RLMDocstringOptimizer(max_iterations=2, root_lm=scripted_agent([FIX_AND_SUBMIT]), num_threads=2)
+
+    result = opt.compile(student=student, trainset=trainset, valset=valset, metric=metric)
+
+    assert result.route.signature.instructions == POLICY_PROMPT
+    assert result.step_lms == {"summarize.predict": {"lm": "summarizer", "source": "predictor.lm"},
+                               "route": {"lm": "router", "source": "predictor.lm"}}
+    assert len(ticket_prompts(summarizer)) >= 20 and not route_prompts(summarizer)
+    assert len(route_prompts(router)) >= 20 and not ticket_prompts(router)
+    stored = json.loads((Path(result.run_storage_dir) / "result.json").read_text())
+    assert stored["step_lms"] == result.step_lms
+
+
+@pytest.mark.slow
+def test_better_together_runs_the_optimizer_on_a_program_with_per_predictor_lms():
+    trainset, valset = make_splits()
+    student = RouteTicket()
+    lm = FunctionLM(task_lm_reply, name="student-lm")
+    student.set_lm(lm)  # BetterTogether requires every predictor to have its LM
+    inner = RLMDocstringOptimizer(max_iterations=1, root_lm=scripted_agent([FIX_AND_SUBMIT]), metric=metric,
+                                  num_threads=2)
+    together = dspy.BetterTogether(metric=metric, p=inner)
+    result = together.compile(student, trainset=trainset, valset=valset, strategy="p")
+    assert result.route.signature.instructions == POLICY_PROMPT
+    assert route_prompts(lm)
+
+
+# -- metrics outside [0, 1] -------------------------------------------------------------------------------------
+def five_point(example, prediction, trace=None):
+    return 5.0 if metric(example, prediction) else 1.0
+
+
+def test_negative_and_large_scores_are_kept_and_passed_by_the_threshold():
+    def reward(gold, pred, trace=None, pred_name=None, pred_trace=None):  # GEPA style, a reward below zero
+        return dspy.Prediction(score=2.0 if metric(gold, pred) else -1.0, feedback="ok")
+
+    trainset, _ = make_splits()
+    records = Evaluator(metric=Metric(reward), lm=FunctionLM(task_lm_reply), num_threads=2,
+                        pass_threshold=2.0).evaluate(RouteTicket(), list(enumerate(trainset)))
+    assert {r.score for r in records} == {2.0, -1.0}
+    assert all(r.passed == (r.score == 2.0) for r in records)
+
+
+@pytest.mark.slow
+def test_a_zero_to_five_metric_is_optimized_on_its_own_scale():
+    trainset, valset = make_splits()
+    root = scripted_agent([LOOK_AT_STEPS, FIX_AND_SUBMIT])
+    opt = RLMDocstringOptimizer(max_iterations=2, root_lm=root, eval_lm=FunctionLM(task_lm_reply), pass_threshold=5)
+    result = opt.compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=five_point)
+
+    baseline = [log for log in result.trial_logs if log["label"] == "baseline" and log["split"] == "train"][0]
+    passed = baseline["passed_count"]
+    assert 0 < passed < len(trainset)
+    assert baseline["score"] == pytest.approx((5.0 * passed + 1.0 * (len(trainset) - passed)) / len(trainset))
+    assert f"SCORE {baseline['score']!r} PASSED {passed}" in result.agent_trajectory[0]["output"].replace("\n", " ")
+    assert result.selection["chosen_score"] == 5.0 > result.selection["baseline_score"] > 1.0
+    assert "passes when its score is at least 5" in str(root.calls[0])
+
+
+# -- metric identity on resume -------------------------------------------------------------------------------
+def weighted(example, prediction, trace=None, weight=1.0):
+    return weight * metric(example, prediction)
+
+
+class Judge:
+    def __init__(self, strict):
+        self.strict = strict
+
+    def __call__(self, example, prediction, trace=None):
+        return metric(example, prediction)
+
+
+IDENTITY = """
+import functools, sys
+sys.path[:0] = [{tests!r}, {root!r}]
+from dspy.evaluate import SemanticF1
+import test_programs as t
+from rlmoptimizer.metric import metric_identity
+print(metric_identity(functools.partial(t.weighted, weight=2.0)))
+print(metric_identity(t.Judge(strict=True)))
+print(metric_identity(SemanticF1(threshold=0.5)))
+print(metric_identity(t.weighted))
+"""
+
+
+def test_metric_identity_is_the_same_in_a_new_process_and_differs_with_what_the_metric_computes(tmp_path):
+    from dspy.evaluate import SemanticF1
+
+    script = tmp_path / "identity.py"
+    script.write_text(IDENTITY.format(tests=str(TESTS), root=str(TESTS.parent)))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONHASHSEED": "123"}).stdout.splitlines()
+    here = [metric_identity(functools.partial(weighted, weight=2.0)), metric_identity(Judge(strict=True)),
+            metric_identity(SemanticF1(threshold=0.5)), metric_identity(weighted)]
+    assert out == here
+    assert here[0].startswith("functools.partial(test_programs.weighted)#")
+    assert metric_identity(functools.partial(weighted, weight=3.0)) != here[0]
+    assert metric_identity(Judge(strict=False)) != here[1]
+    assert metric_identity(SemanticF1(threshold=0.7)) != here[2]
+    first, second = (lambda e, p: 1.0), (lambda e, p: 0.0)  # noqa: E731
+    assert metric_identity(first) != metric_identity(second)
+    assert Metric(first, metric_id="exact-v1").identity == "exact-v1"
+    with pytest.raises(ConfigurationError, match="metric_id"):
+        Metric(first, metric_id="")
+
+
+PARTIAL_RUN = """
+import functools, sys
+sys.path[:0] = [{tests!r}, {root!r}]
+import test_programs as t
+from support.tickets import RouteTicket, make_splits, task_lm_reply
+from rlmoptimizer import RLMDocstringOptimizer
+from rlmoptimizer.testing import FunctionLM, scripted_agent
+trainset, valset = make_splits()
+opt = RLMDocstringOptimizer(max_iterations=2, root_lm=scripted_agent([t.FIX_AND_SUBMIT]),
+                            eval_lm=FunctionLM(task_lm_reply), run_storage_dir={directory!r})
+opt.compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=functools.partial(t.weighted, weight=1.0))
+"""
+
+
+@pytest.mark.slow
+def test_a_partial_metric_is_recognised_when_resumed_in_a_new_process(tmp_path):
+    directory = tmp_path / "run"
+    script = tmp_path / "first.py"
+    script.write_text(PARTIAL_RUN.format(tests=str(TESTS), root=str(TESTS.parent), directory=str(directory)))
+    subprocess.run([sys.executable, str(script)], check=True, timeout=300,
+                   env={**os.environ, "DSPY_CACHEDIR": str(tmp_path / "cache")})
+    assert (directory / "result.json").exists()
+
+    trainset, valset = make_splits()
+    root, task = scripted_agent([FIX_AND_SUBMIT]), FunctionLM(task_lm_reply)
+
+    def again(metric_fn, **kwargs):
+        opt = RLMDocstringOptimizer(max_iterations=2, root_lm=root, eval_lm=task, run_storage_dir=directory, **kwargs)
+        return opt.compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric_fn)
+
+    result = again(functools.partial(weighted, weight=1.0))
+    assert result.route.signature.instructions == POLICY_PROMPT
+    assert root.calls == [] and task.calls == []  # the finished run was recognised: nothing asked again
+
+    with pytest.raises(RunDirectoryMismatchError, match="metric") as info:
+        again(functools.partial(weighted, weight=2.0))
+    assert "metric_id='functools.partial(test_programs.weighted)#" in str(info.value)
+    assert root.calls == [] and task.calls == []
+
+
+@pytest.mark.slow
+def test_two_different_lambdas_are_refused_and_metric_id_overrides(tmp_path):
+    trainset, valset = make_splits()
+    root, task = scripted_agent([FIX_AND_SUBMIT]), FunctionLM(task_lm_reply)
+
+    def run(metric_fn, **kwargs):
+        opt = RLMDocstringOptimizer(max_iterations=2, root_lm=root, eval_lm=task, run_storage_dir=tmp_path / "run")
+        return opt.compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric_fn, **kwargs)
+
+    run(lambda e, p: metric(e, p))
+    calls = len(task.calls), len(root.calls)
+    lenient = lambda e, p: 1.0  # noqa: E731
+    with pytest.raises(RunDirectoryMismatchError) as info:
+        run(lenient)
+    message = str(info.value)
+    stored = json.loads((tmp_path / "run" / "manifest.json").read_text())["metric"]
+    assert f"recorded as {stored!r}" in message and f"pass metric_id={stored!r}" in message
+    assert (len(task.calls), len(root.calls)) == calls  # refused before any LM call
+
+    result = run(lenient, metric_id=stored)  # the user says it is the same metric: the stored result comes back
+    assert result.route.signature.instructions == POLICY_PROMPT
+    assert (len(task.calls), len(root.calls)) == calls
+
+
+# -- dspy's cache and a fresh attempt ----------------------------------------------------------------------------
+@pytest.mark.slow
+def test_an_identical_compile_replays_from_dspys_cache_and_attempt_asks_again(tmp_path):
+    from support.responses_server import ResponsesServer
+
+    trainset, valset = make_splits()
+    turns = [{"reasoning": "look", "code": "print(baseline_train['score'])"}, FIX_AND_SUBMIT]
+    with ResponsesServer(turns) as server:
+        def run(**kwargs):
+            opt = RLMDocstringOptimizer(max_iterations=2, root_lm=server.lm(cache=True),
+                                        eval_lm=FunctionLM(task_lm_reply), root_stateful_session=False, **kwargs)
+            return opt.compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
+
+        first = run()
+        asked = len(server.requests)
+        assert asked >= 2
+        second = run()
+        assert len(server.requests) == asked  # every agent turn came from dspy's cache
+        assert second.optimized_dspy_program == first.optimized_dspy_program
+        third = run(attempt=1)
+        assert len(server.requests) == 2 * asked  # a fresh attempt: every turn asked again
+        assert third.optimized_dspy_program == first.optimized_dspy_program
+        run(attempt=1)
+        assert len(server.requests) == 2 * asked  # and attempt 1 itself is reproducible
+
+
+def test_attempt_must_be_a_whole_number():
+    with pytest.raises(ConfigurationError, match="attempt must be an int >= 0"):
+        RLMDocstringOptimizer(root_lm=scripted_agent([FIX_AND_SUBMIT]), attempt=-1)
