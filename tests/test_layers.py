@@ -19,9 +19,9 @@ RANKS = {
     # the standard library and dspy, plus errors
     "dspy_contract": 1, "records": 1, "budget": 1, "metric": 1, "inputs": 1, "testing": 1,
     # pure data and policies over records
-    "fingerprint": 2, "events": 2, "selection": 2, "usage": 2,
+    "fingerprint": 2, "events": 2, "selection": 2,
     # the run directory, the REPL, what the user sees
-    "storage": 3, "sandbox": 3, "display": 3,
+    "storage": 3, "sandbox": 3, "display": 3, "usage": 3,
     "evaluation": 4,
     "agent": 5,
     "optimizer": 6,
