@@ -133,6 +133,14 @@ class RoleTracker:
         self.role = role
         self.forward = forward
 
+    def __deepcopy__(self, memo: dict) -> RoleTracker:
+        # dspy's ParallelExecutor (dspy.Parallel, dspy.Evaluate inside a program or metric) deep-copies the tracker
+        # into each worker thread; the meter is thread-safe and must see those calls, so the copy is this tracker.
+        return self
+
+    def __copy__(self) -> RoleTracker:
+        return self
+
     def add_usage(self, lm: str, usage_entry: dict[str, Any]) -> None:
         self.meter.record(self.role, lm, usage_entry)
         forward = self.forward

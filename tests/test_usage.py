@@ -177,3 +177,16 @@ def test_a_price_registered_with_litellm_prices_a_local_model():
         assert fresh.snapshot()[ROOT]["cost_usd"] == pytest.approx(1_000 * 1e-6 + 100 * 2e-6)
     finally:
         litellm.model_cost.pop("local-server/my-model-x1", None)
+
+
+def test_calls_a_program_makes_through_dspy_parallel_are_counted_too():
+    # dspy's ParallelExecutor deep-copies the usage tracker into its threads; the meter must still see the calls
+    meter = UsageMeter()
+    lm = _qa_lm("openai/gpt-4o-mini")
+    predict = dspy.Predict("question -> answer")
+    with dspy.context(lm=lm):
+        results = meter.in_role(EVAL, lambda: dspy.Parallel(num_threads=4)(
+            [(predict, {"question": f"q{i}"}) for i in range(12)]))()
+    assert all(r.answer == "x" for r in results)
+    assert meter.snapshot()[EVAL]["calls"] == len(lm.reported_usage) == 12
+    assert meter.snapshot()[EVAL]["input_tokens"] == _totals(lm)[1]

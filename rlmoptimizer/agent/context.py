@@ -20,6 +20,8 @@ the run's total input grows linearly with its length.
 A root LM that still refuses a request as too long (:func:`is_context_refusal`) makes the next view compact
 harder (:meth:`BoundedContext.refused`); a resumed run starts with an empty plan and compacts its restored history
 on the first turn. The full history is never changed: it stays in the trajectory and on disk.
+
+May import what :mod:`rlmoptimizer.agent` may.
 """
 
 from __future__ import annotations
@@ -30,19 +32,25 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import dspy
+from dspy.adapters.chat_adapter import ChatAdapter
 from dspy.primitives.repl_types import REPLEntry, REPLHistory
+
+from rlmoptimizer.agent.stop import SpendingStop
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_CONTEXT_WINDOW",
-    "turn_inputs",
     "BoundedContext",
     "CompactedHistory",
     "ContextBudget",
     "context_window_of",
     "is_context_refusal",
+    "long_run_options",
     "render_state_block",
+    "state_block_of",
+    "turn_inputs",
 ]
 
 DEFAULT_CONTEXT_WINDOW = 32_000
@@ -348,9 +356,6 @@ def turn_inputs(context: BoundedContext | None, state_block: Any, signature: Any
         step = f"{step}\n\n{state_block()}"
     if context is None:
         return history, step
-    import dspy
-    from dspy.adapters.chat_adapter import ChatAdapter
-
     adapter = dspy.settings.adapter or ChatAdapter()
     empty = {"variables_info": variables_info, "repl_history": REPLHistory(), "iteration": step}
     fixed = sum(len(str(m.get("content", ""))) for m in adapter.format(signature, demos=[], inputs=empty))
@@ -361,8 +366,6 @@ def long_run_options(root_lm: Any, window: int | None, max_output_chars: int, ru
                      ledger: Any, notes: Any, usage: Any) -> dict[str, Any]:
     """The :class:`~rlmoptimizer.agent.agent.OptimizerAgent` arguments of a long run: its bounded context, its
     state block, the usage meter and the stop after the spending cap."""
-    from rlmoptimizer.agent.stop import SpendingStop
-
     return {
         "context": BoundedContext(ContextBudget.for_lm(root_lm, window), max_output_chars=max_output_chars),
         "state_block": state_block_of(runs, working, ledger, notes, usage),
