@@ -82,7 +82,11 @@ class BudgetLedger:
         self,
         limit: int,
         spent_by_kind: dict[str, int] | None = None,
+        gate: Any = None,
     ) -> None:
+        """``gate``: another limit on what may be reserved (the spending cap): an object with
+        ``allow(kind, n) -> int`` (how many of ``n`` units it permits) and ``reason() -> str | None`` (why it
+        refuses, once it does)."""
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
             raise ValueError(f"budget limit must be an int >= 0, got {limit!r}")
         self.limit = limit
@@ -91,6 +95,12 @@ class BudgetLedger:
         self._spent_by_kind: dict[str, int] = {kind: 0 for kind in KINDS}
         for kind, amount in (spent_by_kind or {}).items():
             self._spent_by_kind[kind] = int(amount)
+        self.gate = gate
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why no more can be reserved although units are left (the spending cap), or None."""
+        return self.gate.reason() if self.gate is not None else None
 
     # -- reading ---------------------------------------------------------------------------------
     @property
@@ -132,6 +142,8 @@ class BudgetLedger:
         with self._lock:
             available = max(0, self.limit - sum(self._spent_by_kind.values()) - self._reserved)
             granted = min(n, available)
+            if self.gate is not None and granted:
+                granted = max(0, min(granted, self.gate.allow(kind, granted)))
             self._reserved += granted
         return Reservation(self, kind, granted)
 
@@ -144,6 +156,8 @@ class BudgetLedger:
                 raise BudgetExhaustedError(
                     f"budget exhausted: {n} {kind} unit(s) requested, {available} of {self.limit} left"
                 )
+            if self.gate is not None and n and self.gate.allow(kind, n) < n:
+                raise BudgetExhaustedError(self.gate.reason() or f"{n} {kind} unit(s) refused by the spending cap")
             self._reserved += n
         return Reservation(self, kind, n)
 

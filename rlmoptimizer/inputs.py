@@ -181,3 +181,19 @@ def check_compile_args(teacher: Any, kwargs: dict[str, Any], metric: Any) -> Non
         raise ConfigurationError("RLMDocstringOptimizer does not use a teacher program; drop teacher=")
     if metric is None:
         raise ConfigurationError("no metric: pass metric= to compile() or to RLMDocstringOptimizer(...)")
+
+
+def check_context_window(value: Any) -> int | None:
+    """``root_context_window``: None (litellm's figure for the root LM, or a default) or tokens >= 4000."""
+    if value is None:
+        return None
+    return check_positive_int("root_context_window (the root LM's input window, in tokens)", value, minimum=4_000)
+
+
+def check_max_cost(value: Any) -> float | None:
+    """``max_cost_usd``: None (no cap) or a finite number of dollars > 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigurationError(f"max_cost_usd must be a number of dollars > 0 (or None for no cap), got {value!r}")
+    return float(value)

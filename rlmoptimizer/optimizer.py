@@ -33,7 +33,8 @@ from dspy.teleprompt.teleprompt import Teleprompter
 from rich.console import Console
 
 from rlmoptimizer.agent.agent import OptimizerAgent
-from rlmoptimizer.agent.prompts import render_instructions, render_setup_code, render_task_brief
+from rlmoptimizer.agent.context import long_run_options
+from rlmoptimizer.agent.prompts import agent_signature, render_setup_code, render_task_brief
 from rlmoptimizer.agent.root_lm import for_attempt
 from rlmoptimizer.agent.stop import StopRequest
 from rlmoptimizer.agent.tools import AgentTools
@@ -57,8 +58,10 @@ from rlmoptimizer.fingerprint import (
 )
 from rlmoptimizer.inputs import (
     check_compile_args,
+    check_context_window,
     check_examples,
     check_lm,
+    check_max_cost,
     check_metric,
     check_pass_threshold,
     check_positive_int,
@@ -71,12 +74,14 @@ from rlmoptimizer.metric import Metric
 from rlmoptimizer.records import AgentOutcome, CompileResult, EvalRun, Selection
 from rlmoptimizer.report import MlflowTracker, check_use_mlflow, present_result, tracked
 from rlmoptimizer.sandbox import Sandbox
-from rlmoptimizer.selection import never_worse
+from rlmoptimizer.selection import best_checked, never_worse, with_spending_cap
 from rlmoptimizer.storage.identity import eval_lm_identity
 from rlmoptimizer.storage.journal import RunJournal
 from rlmoptimizer.storage.lock import RunDirectoryLock
-from rlmoptimizer.storage.resume import open_run_directory
+from rlmoptimizer.storage.notes import NotesStore
+from rlmoptimizer.storage.resume import open_run_directory, where_message
 from rlmoptimizer.storage.run_store import RunStore
+from rlmoptimizer.usage import EVAL, ROOT, SUB, UsageMeter, UsageObserver
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +114,8 @@ class RLMDocstringOptimizer(Teleprompter):
         root_stateful_session: bool = True,
         rlm_multiturn_history: bool = False,
         sandbox_timeout_s: float = 120.0,
+        root_context_window: int | None = None,
+        max_cost_usd: float | None = None,
         attempt: int = 0,
         # output and storage
         verbose: bool = False,
@@ -132,6 +139,8 @@ class RLMDocstringOptimizer(Teleprompter):
         self.root_stateful_session = bool(root_stateful_session)
         self.rlm_multiturn_history = bool(rlm_multiturn_history)
         self.sandbox_timeout_s = check_timeout("sandbox_timeout_s", sandbox_timeout_s)
+        self.root_context_window = check_context_window(root_context_window)
+        self.max_cost_usd = check_max_cost(max_cost_usd)
         self.attempt = check_positive_int("attempt", attempt, minimum=0)
         self.verbose = bool(verbose)
         self.run_storage_dir = Path(run_storage_dir) if run_storage_dir is not None else None
@@ -215,11 +224,15 @@ class _Compile:
         self.ledger = (
             BudgetLedger.from_snapshot(self.resume.ledger) if self.resume.ledger else BudgetLedger(self.budget_limit)
         )
-        self.observer = Observers([self.journal, self.display, *([self.tracker] if self.tracker else [])])
-
+        self.usage = UsageMeter(max_cost_usd=config.max_cost_usd)
+        self.usage.restore(self.journal.read_usage() if self.resume.resumed else None)
+        self.ledger.gate = self.usage.gate() if config.max_cost_usd is not None else None
+        self.observer = Observers([self.journal, self.display, UsageObserver(self.usage, self.journal.write_usage),
+                                   *([self.tracker] if self.tracker else [])])
         evaluator = Evaluator(
             metric=self.metric, lm=self.eval_lm, num_threads=config.num_threads, pass_threshold=config.pass_threshold,
         )
+        evaluator.evaluate = self.usage.in_role(EVAL, evaluator.evaluate)  # the program's and the metric's calls
         splits = {"train": self.trainset}
         if self.valset:
             splits["val"] = self.valset
@@ -230,7 +243,9 @@ class _Compile:
         self.working = WorkingProgram(
             program=self.program, fingerprint=self.fingerprint, runs=self.runs, stop=self.stop, observer=self.observer,
         )
-        self.tools = AgentTools(working=self.working, runs=self.runs, ledger=self.ledger, proposal_lm=self.sub_lm)
+        self.notes = NotesStore(self.directory)
+        self.tools = AgentTools(working=self.working, runs=self.runs, ledger=self.ledger, proposal_lm=self.sub_lm,
+                                notes=self.notes, as_sub=lambda fn: self.usage.in_role(SUB, fn))
 
     def release(self) -> None:
         """Give the run directory up for the next compile()."""
@@ -257,17 +272,9 @@ class _Compile:
         finally:
             self.release()
 
-    def _finished(self) -> bool:
-        """Whether this directory holds a finished run: its result is returned without the agent, so the
-        sandbox is not started (and nothing is written)."""
-        if not self.resume.resumed or not (self.directory / "result.json").exists():
-            return False
-        turns = self.journal.turns()
-        return bool(turns) and bool(turns[-1].get("final"))
-
     def _run_with_sandbox(self) -> dspy.Module:
         # Reading back a finished run: no agent, so no sandbox (and nothing written).
-        self.read_back = self._finished()
+        self.read_back = self.resume.finished
         sandbox = None if self.read_back else Sandbox(timeout_s=self.config.sandbox_timeout_s)
         if sandbox is not None:
             sandbox.start_in_background()
@@ -283,18 +290,11 @@ class _Compile:
         finally:
             if sandbox is not None:
                 sandbox.shutdown()
+                self.journal.write_usage(self.usage.snapshot())  # an interrupted run says what it spent
             self.store.flush()
 
     def _where(self, what: str) -> str:
-        if self.store.is_temporary:
-            return (
-                f"Optimization {what}. Everything paid for so far is in {self.directory} (a temporary directory; "
-                "pass run_storage_dir= to make runs resumable)."
-            )
-        return (
-            f"Optimization {what}. Everything paid for so far is in {self.directory}; run compile() again with "
-            "the same run_storage_dir to resume where it stopped."
-        )
+        return where_message(what, self.directory, self.store.is_temporary)
 
     def _run(self, sandbox: Sandbox | None) -> dspy.Module:
         if self.resume.prompt_versions:
@@ -321,16 +321,8 @@ class _Compile:
         if sandbox is None:
             raise RuntimeError("a run that is not finished needs its sandbox")
 
-        signature = dspy.Signature(
-            "task_brief: str -> optimized_dspy_program: dict[str, str]",
-            render_instructions(
-                self.budget_limit,
-                f"enough to evaluate the {len(self.trainset)} train examples {self.config.max_iterations} time(s)"
-                + (f" plus the {len(self.valset)} validation examples once" if self.valset else ""),
-            ),
-        )
         agent = OptimizerAgent(
-            signature,
+            agent_signature(self.budget_limit, len(self.trainset), self.config.max_iterations, len(self.valset)),
             ledger=self.ledger,
             setup_code=render_setup_code(
                 baseline_train.run_id, baseline_val.run_id if baseline_val else "", self.working.step_names
@@ -345,6 +337,8 @@ class _Compile:
             stateful_session=self.config.root_stateful_session,  # a resumed run starts a fresh chain
             multiturn_history=self.config.rlm_multiturn_history,
             tools=self.tools.tool_functions(),
+            **long_run_options(self.root_lm, self.config.root_context_window, self.config.rlm_max_output_chars,
+                               self.runs, self.working, self.ledger, self.notes, self.usage),
             sub_lm=self.sub_lm,
             interpreter_factory=sandbox.as_factory(),
         )
@@ -354,7 +348,7 @@ class _Compile:
             pass_threshold=self.config.pass_threshold,
         )
         with dspy.context(lm=self.root_lm):
-            prediction = agent(task_brief=brief)
+            prediction = self.usage.in_role(ROOT, agent)(task_brief=brief)
         try:
             submitted = self.working.validate_prompt_map(prediction.optimized_dspy_program)
         except AgentToolError as exc:
@@ -370,13 +364,17 @@ class _Compile:
         size = len(self.valset) if self.valset else len(self.trainset)
         complete = [r for r in self.runs.all() if r.split == split and r.evaluated_count == size and r.rollout == 0]
         submitted_run = next((r for r in reversed(complete) if r.instructions == submission), None)
+        cap = self.usage.cap_message().split(",")[0] if self.usage.cap_reached else ""
+        if submitted_run is None and cap:  # no more spending: never return an unchecked submission
+            return best_checked(split=split, complete=complete, initial=self.initial_instructions, why=cap)
         if submitted_run is None:
             charged = self.ledger.left >= size
             self.working.set_instructions(submission, source="submission")
             submitted_run = self.working.evaluate(split, None, label="submission", charged=charged)
             complete.append(submitted_run)
-        return never_worse(split=split, complete=complete, submitted_run=submitted_run, submission=submission,
-                           initial=self.initial_instructions)
+        selection = never_worse(split=split, complete=complete, submitted_run=submitted_run, submission=submission,
+                                initial=self.initial_instructions)
+        return with_spending_cap(selection, self.usage.cap_reached if self.usage.max_cost_usd else None, cap)
 
     def _build_result(self, selection: Selection, outcome: AgentOutcome) -> dspy.Module:
         program = copy_program(self.student)
@@ -393,8 +391,10 @@ class _Compile:
             budget=self.ledger.snapshot(),
             run_storage_dir=str(self.directory),
             step_lms={step: dict(info) for step, info in self.step_lms.items()},
+            usage=self.usage.snapshot(),
         )
         self.store.flush()
         self.journal.write_result(result.result_file())
-        self.display.message(f"Done: {selection.reason}. Runs are in {self.directory}.", style="bold")
+        self.display.message(f"Done: {selection.reason}. Runs are in {self.directory}. LM usage: "
+                             f"{self.usage.summary()}.", style="bold")
         return present_result(result.attach_to(program), self)

@@ -254,11 +254,12 @@ class Selection:
     chosen_run_id: str
     chosen_label: str
     chosen_score: float
-    submission_run_id: str
-    submission_score: float
+    submission_run_id: str | None  # None: the spending cap kept the submission from being checked
+    submission_score: float | None
     baseline_score: float | None
     reason: str
     candidates: tuple[dict[str, Any], ...]
+    spending_cap_reached: bool | None = None  # None: no max_cost_usd
 
     def to_dict(self) -> dict[str, Any]:
         """What ``result.json`` and ``program.selection`` hold (everything but ``instructions``)."""
@@ -272,6 +273,7 @@ class Selection:
             "baseline_score": self.baseline_score,
             "reason": self.reason,
             "candidates": [dict(c) for c in self.candidates],
+            **({} if self.spending_cap_reached is None else {"spending_cap_reached": self.spending_cap_reached}),
         }
 
 
@@ -299,6 +301,8 @@ class CompileResult:
     run_storage_dir: str
     step_lms: dict[str, dict[str, str]]
     """Which LM ran each step: ``{step: {"lm": name, "source": "eval_lm" | "dspy.settings.lm" | "predictor.lm"}}``."""
+    usage: dict[str, Any] = field(default_factory=dict)
+    """LM calls, tokens and dollars per role (:meth:`rlmoptimizer.usage.UsageMeter.snapshot`)."""
 
     def attach_to(self, program: Any) -> Any:
         """Set the attributes on ``program`` (plain dicts and lists, as users read them) and return it."""
@@ -311,6 +315,7 @@ class CompileResult:
         program.budget = dict(self.budget)
         program.run_storage_dir = self.run_storage_dir
         program.step_lms = {step: dict(info) for step, info in self.step_lms.items()}
+        program.usage = dict(self.usage)
         return program
 
     def result_file(self) -> dict[str, Any]:
@@ -320,4 +325,5 @@ class CompileResult:
             "selection": self.selection.to_dict(),
             "budget": dict(self.budget),
             "step_lms": {step: dict(info) for step, info in self.step_lms.items()},
+            "usage": dict(self.usage),
         }

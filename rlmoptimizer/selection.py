@@ -11,6 +11,7 @@ May import: ``rlmoptimizer.records``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from rlmoptimizer.records import EvalRun, Selection
 
@@ -56,3 +57,34 @@ def never_worse(
             {"run_id": r.run_id, "label": r.label, "score": r.score, "instructions": r.instructions} for r in complete
         ),
     )
+
+
+def best_checked(*, split: str, complete: Sequence[EvalRun], initial: dict[str, str], why: str) -> Selection:
+    """The submission could not be checked on ``split`` (``why``: the spending cap stopped spending first): the
+    best candidate that was checked, the unchanged instructions on a tie; never an unchecked submission."""
+    order = {id(r): i for i, r in enumerate(complete)}
+    chosen_run = max(complete, key=lambda r: (r.score, r.instructions == initial, order[id(r)]))
+    return Selection(
+        split=split,
+        instructions=dict(chosen_run.instructions),
+        chosen_run_id=chosen_run.run_id,
+        chosen_label=chosen_run.label,
+        chosen_score=chosen_run.score,
+        submission_run_id=None,
+        submission_score=None,
+        baseline_score=next((r.score for r in complete if r.label == "baseline"), None),
+        reason=(f"{why} before the agent's submission could be checked on {split}; returning the best checked "
+                f"candidate, {chosen_run.run_id} ({chosen_run.label}) at {chosen_run.score:.4f}"),
+        candidates=tuple(
+            {"run_id": r.run_id, "label": r.label, "score": r.score, "instructions": r.instructions} for r in complete
+        ),
+        spending_cap_reached=True,
+    )
+
+
+def with_spending_cap(selection: Selection, reached: bool | None, note: str = "") -> Selection:
+    """``selection`` saying whether the spending cap was reached (None: no cap), with ``note`` in its reason."""
+    if reached is None:
+        return selection
+    reason = f"{selection.reason} ({note})" if reached and note and note not in selection.reason else selection.reason
+    return replace(selection, spending_cap_reached=reached, reason=reason)

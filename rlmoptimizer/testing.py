@@ -6,6 +6,7 @@ test a DSPy program, a metric or an optimization run without an API key.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -16,6 +17,7 @@ from dspy.lm15 import Message, Response, TextPart, Usage
 from dspy.utils.dummies import DummyLM
 
 Reply = dict[str, Any] | str | BaseException
+_ITERATION = re.compile(r"\[\[ ## iteration ## \]\]\s*(\d+)/")
 
 
 class _FunctionEngine(DummyEngine):
@@ -30,12 +32,17 @@ class _FunctionEngine(DummyEngine):
             raise reply
         text = reply if isinstance(reply, str) else owner._format_answer_fields(reply)
         words = sum(len(str(m.get("content", "")).split()) for m in messages)
+        usage = Usage(input_tokens=words, output_tokens=len(text.split()), total_tokens=words + len(text.split()))
+        if owner.usage is not None:
+            usage = owner.usage(messages, text)
+        with owner._lock:
+            owner.reported_usage.append(usage)
         return Response(
             id=None,
             model=owner.model,
             message=Message.assistant([TextPart(text)]),
             finish_reason="stop",
-            usage=Usage(input_tokens=words, output_tokens=len(text.split()), total_tokens=words + len(text.split())),
+            usage=usage,
         )
 
 
@@ -45,15 +52,21 @@ class FunctionLM(DummyLM):
 
     With ``with_settings=True`` the reply is ``fn(messages, settings)``, where ``settings`` are the LM's
     request settings (``temperature``, ``rollout_id``, ...). ``lm.copy(...)`` (what dspy does for rollouts)
-    answers with the same ``fn`` and records its calls in the same ``calls`` list."""
+    answers with the same ``fn`` and records its calls in the same ``calls`` list.
+
+    Each reply reports a ``dspy.lm15.Usage``: by default the words of the messages as input tokens and the
+    words of the reply as output tokens, or ``usage(messages, text)`` when given (e.g. to report cached input
+    tokens). ``reported_usage`` lists every usage reported, in order."""
 
     def __init__(self, fn: Callable[..., Reply], *, latency: float = 0.0, adapter=None, name="fake",
-                 with_settings: bool = False):
+                 with_settings: bool = False, usage: Callable[[list[dict], str], Usage] | None = None):
         super().__init__([], adapter=adapter)
         self.model = name
         self.fn = fn
         self.with_settings = with_settings
         self.latency = latency
+        self.usage = usage
+        self.reported_usage: list[Usage] = []
         self.calls: list[list[dict]] = []
         self._lock = threading.Lock()
         self._engine_spec = _FunctionEngine(self)
@@ -129,7 +142,9 @@ def scripted_agent(turns: list[dict[str, Any] | str], *, name: str = "scripted-a
     """
 
     def reply(messages: list[dict]) -> Reply:
-        seen = sum(str(m.get("content", "")).count("=== Step ") for m in messages if m.get("role") == "user")
+        users = "\n".join(str(m.get("content", "")) for m in messages if m.get("role") == "user")
+        iteration = _ITERATION.findall(users)  # the turn number, also when old steps are compacted out of view
+        seen = int(iteration[-1]) - 1 if iteration else users.count("=== Step ")
         return turns[min(seen, len(turns) - 1)]
 
     return FunctionLM(reply, name=name)

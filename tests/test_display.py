@@ -53,3 +53,14 @@ def test_quiet_prints_nothing(capsys):
     compile_once(verbose=False)
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == ""
+
+
+def test_verbose_ends_with_what_each_role_spent():
+    buffer = io.StringIO()
+    result = compile_once(verbose=True, console=Console(file=buffer, width=400, force_terminal=False))
+    last = buffer.getvalue().strip().splitlines()[-1]
+    usage = result.usage
+    assert last.startswith("Done: ") and "LM usage: root 2 calls" in last
+    assert f"eval {usage['eval']['calls']} calls, {usage['eval']['input_tokens']:,} in" in last
+    assert usage["eval"]["calls"] == 2 * (12 + 8 + 8)  # both baselines and the submission's check, 2 steps each
+    assert "sub 0 calls" in last and "$?" in last  # the fakes' model names have no price

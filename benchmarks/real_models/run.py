@@ -90,6 +90,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--task-max-tokens", type=int, default=256)
     g.add_argument("--task-temperature", type=float, default=0.0)
     g.add_argument("--optimizer-max-tokens", type=int, default=1024)
+    g.add_argument("--price-as", default="openai/gpt-4o-mini",
+                   help="the hosted model (litellm name) whose price the table's dollar columns use for the local model")
     g.add_argument("--optimizer-temperature", type=float, default=0.7)
 
     g = p.add_argument_group("local server")
@@ -263,14 +265,27 @@ def fmt_tokens(n: int) -> str:
 
 
 TABLE_HEADER = ("optimizer", "test score", "metric calls", "task-LM calls", "task tokens in/out",
-                "optimizer-LM calls", "optimizer tokens in/out", "wall time")
+                "optimizer-LM calls", "optimizer tokens in/out", "task $", "optimizer $", "wall time")
 
 
-def table_rows(rows: list[dict]) -> list[tuple[str, ...]]:
+def dollars(model: str, price_as: str, usage: dict[str, Any]) -> str:
+    """The dollars of ``usage`` (input/output token totals) at litellm's price for ``model``, or, for the local
+    model (no price), at ``price_as``'s; "?" when neither is priced."""
+    from rlmoptimizer.usage import price_of_call
+
+    cost = price_of_call(model, usage["input_tokens"], usage["output_tokens"]) if model != LOCAL else None
+    if cost is None:
+        cost = price_of_call(price_as, usage["input_tokens"], usage["output_tokens"])
+    return "?" if cost is None else f"{float(cost):.4f}"
+
+
+def table_rows(rows: list[dict], models: dict[str, str] | None = None, price_as: str = "openai/gpt-4o-mini",
+               ) -> list[tuple[str, ...]]:
+    models = models or {"task": LOCAL, "optimizer": LOCAL}
     out = []
     for row in rows:
         if row["status"] != "ok":
-            out.append((row["arm"], f"{row['status']}: {row['error']}"[:120], "", "", "", "", "", ""))
+            out.append((row["arm"], f"{row['status']}: {row['error']}"[:120], *[""] * (len(TABLE_HEADER) - 2)))
             continue
         o, t = row["optimize"], row["test"]
         same = f" (same instructions as {t['same_instructions_as']})" if t.get("same_instructions_as") else ""
@@ -280,14 +295,15 @@ def table_rows(rows: list[dict]) -> list[tuple[str, ...]]:
             f"{fmt_tokens(o['task_lm']['input_tokens'])} / {fmt_tokens(o['task_lm']['output_tokens'])}",
             str(o["optimizer_lm"]["calls"]),
             f"{fmt_tokens(o['optimizer_lm']['input_tokens'])} / {fmt_tokens(o['optimizer_lm']['output_tokens'])}",
+            dollars(models["task"], price_as, o["task_lm"]), dollars(models["optimizer"], price_as, o["optimizer_lm"]),
             f"{o['wall_s'] / 60:.1f} min",
         ))
     return out
 
 
-def markdown_table(rows: list[dict]) -> str:
+def markdown_table(rows: list[dict], models: dict[str, str] | None = None, price_as: str = "openai/gpt-4o-mini") -> str:
     lines = ["| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
-    lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(rows)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(rows, models, price_as)]
     return "\n".join(lines)
 
 
@@ -347,12 +363,14 @@ def main(argv: list[str] | None = None) -> int:
             results["total_wall_s"] = round(time.perf_counter() - started, 1)
             write_json(out_dir / "results.json", results)
 
-    table = markdown_table(rows)
+    table = markdown_table(rows, {"task": args.task_model, "optimizer": args.optimizer_model}, args.price_as)
     (out_dir / "table.md").write_text(table + "\n")
     summary = (f"{stamp:%Y-%m-%d}, task LM {describe_model(args.task_model, args)}, optimizer LM "
                f"{describe_model(args.optimizer_model, args)}, budget {args.budget} metric calls, "
                f"{len(train)}/{len(val)}/{len(test)} train/val/test, {results['machine']['nproc']} cores "
-               f"({results['machine']['cpu']}), total {results['total_wall_s'] / 60:.1f} min")
+               f"({results['machine']['cpu']}), total {results['total_wall_s'] / 60:.1f} min; dollars at litellm's "
+               f"price for each hosted model" + (f", the local model's tokens at {args.price_as}'s"
+                                                 if LOCAL in (args.task_model, args.optimizer_model) else ""))
     results["summary"] = summary
     write_json(out_dir / "results.json", results)
     print("\n" + summary + "\n\n" + table + "\n")

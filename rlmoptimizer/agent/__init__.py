@@ -9,11 +9,13 @@ Rooms:
     moves/              the moves the tools offer: GEPA's reflective proposal, paired comparison, rollouts,
                         the candidate pool and its Pareto front, the failure replay set, run diffs
     working_program.py  the program the tools edit and its prompt versions
-    stop.py             the stop request the loop checks after each turn
+    stop.py             the stop request the loop checks after each turn, and the stop after the spending cap
+    context.py          the bounded context: the view of the REPL history that fits the root LM's window,
+                        the state block closing every request, context refusals
     _dspy.py            every private dspy name this wing uses, checked at import
 
-May import: dspy (private names only through ``_dspy``), ``rlmoptimizer.evaluation``, ``.storage`` (not
-used today), and the flat rooms below (``budget``, ``errors``, ``events``, ``fingerprint``, ``records``,
-``dspy_contract``). Nothing above it (optimizer, selection, display, inputs); not the sandbox either: the
+May import: dspy (private names only through ``_dspy``), ``rlmoptimizer.evaluation``, ``.storage`` (the
+agent's notes), and the flat rooms below (``budget``, ``errors``, ``events``, ``fingerprint``, ``records``,
+``dspy_contract``, ``usage``). Nothing above it (optimizer, selection, display, inputs); not the sandbox either: the
 sandbox reaches the agent only as the interpreter factory the optimizer hands over.
 """

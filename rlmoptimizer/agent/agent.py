@@ -14,6 +14,8 @@ Differences from a plain ``dspy.RLM``:
   systemic failure asked it to stop, and the loop raises that failure.
 - Setup code (loading the evaluation data) runs once per sandbox process, after dspy's own setup, and is
   replayed by the sandbox after a restart.
+- A :class:`~rlmoptimizer.agent.context.BoundedContext` fits each request to the root LM's window (a refusal
+  compacts harder); a :class:`~rlmoptimizer.usage.UsageMeter` books sub-LM calls to the ``sub`` role.
 """
 
 from __future__ import annotations
@@ -36,11 +38,13 @@ from rlmoptimizer.agent._dspy import (
     format_error_for_lm,
     resolve_interpreter_factory,
 )
+from rlmoptimizer.agent.context import BoundedContext, is_context_refusal, turn_inputs
 from rlmoptimizer.agent.root_lm import TurnSender
-from rlmoptimizer.agent.stop import StopRequest
+from rlmoptimizer.agent.stop import SpendingStop, StopRequest
 from rlmoptimizer.budget import SUB_LM_CALL, BudgetLedger, Reservation
 from rlmoptimizer.errors import BudgetExhaustedError
 from rlmoptimizer.events import NO_OBSERVER, AgentTurn, Observer
+from rlmoptimizer.usage import SUB, UsageMeter
 
 logger = logging.getLogger(__name__)
 
@@ -133,6 +137,11 @@ class OptimizerAgent(dspy.RLM):
         validate_submission: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         stateful_session: bool = False,
         multiturn_history: bool = False,
+        context: BoundedContext | None = None,
+        state_block: Callable[[], str] | None = None,
+        usage: UsageMeter | None = None,
+        spending_stop: SpendingStop | None = None,
+        context_refusal_retries: int = 4,
         **rlm_kwargs: Any,
     ) -> None:
         super().__init__(signature, **rlm_kwargs)
@@ -150,6 +159,12 @@ class OptimizerAgent(dspy.RLM):
         self.turns: list[dict[str, Any]] = [dict(t) for t in prior_turns]
         self._parse_retries = parse_retries
         self._validate_submission = validate_submission
+        self._context = context
+        self._state_block = state_block
+        self._usage = usage
+        self._spending_stop = spending_stop
+        self._context_refusal_retries = context_refusal_retries
+        self._as_sub = (lambda fn: usage.in_role(SUB, fn)) if usage is not None else (lambda fn: fn)
 
     # -- budgeted sub-LM tools ------------------------------------------------------------------------
     def _make_llm_tools(self, budget: _LLMCallBudget | None = None, max_workers: int = 8) -> dict[str, Callable]:
@@ -160,7 +175,9 @@ class OptimizerAgent(dspy.RLM):
             lm = sub_lm if sub_lm is not None else dspy.settings.lm
             if lm is None:
                 raise dspy.LMNotConfiguredError("No sub-LM configured for llm_query.")
-            response = lm(prompt)
+            response = self._as_sub(lm)(prompt)
+            if self._usage is not None:
+                self._usage.add_units(SUB, 1)
             text = response.text if isinstance(response, dspy.lm15.Response) else None
             if text is None and isinstance(response, list) and response:
                 first = response[0]
@@ -201,7 +218,13 @@ class OptimizerAgent(dspy.RLM):
         return {"llm_query": llm_query, "llm_query_batched": llm_query_batched}
 
     def _setup_facade(self, repl, budget, interpreter_factory) -> str:
-        return super()._setup_facade(repl, _ChargedBudget(budget, self._ledger), interpreter_factory)
+        before = set(getattr(repl, "tools", {}) or {})
+        rules = super()._setup_facade(repl, _ChargedBudget(budget, self._ledger), interpreter_factory)
+        tools = getattr(repl, "tools", None)
+        if isinstance(tools, dict):
+            for name in set(tools) - before:  # the sub-agent tools: their LM calls are sub-LM calls
+                tools[name] = self._as_sub(tools[name])
+        return rules
 
     # -- the loop ---------------------------------------------------------------------------------------
     def forward(self, *, interpreter_factory: Callable[[], CodeInterpreter] | None = None, **input_args) -> Prediction:
@@ -227,6 +250,9 @@ class OptimizerAgent(dspy.RLM):
                 history = history.append(reasoning=turn.get("reasoning", ""), code=turn["code"], output=turn["output"])
 
             for iteration in range(len(history), self.max_iters):
+                if self._spending_stop is not None and self._spending_stop.ends_run():
+                    setup.result()
+                    return self._spending_stop.outcome(history, output_field_names)
                 action = self._next_action(variables, history, iteration, interpreter_factory, sub_agent_rules)
                 if regular_args is None:
                     sub_agent_rules, regular_args = setup.result()
@@ -265,12 +291,15 @@ class OptimizerAgent(dspy.RLM):
         last_error: AdapterParseError | None = None
         root_lm = self.generate_action.lm or dspy.settings.lm
         sender = self._turn_sender if self._turn_sender is not None and self._turn_sender.takes_turn(root_lm) else None
-        for attempt in range(1 + self._parse_retries):
+        refusals = 0
+        attempt = 0
+        while attempt < 1 + self._parse_retries:
+            shown, step = self._turn_inputs(signature, variables_info, history, iteration)
             try:
                 if sender is not None:
                     action = sender.act(
-                        root_lm, signature, variables_info=variables_info, history=history,
-                        iteration=f"{iteration + 1}/{self.max_iters}", options=self.generate_action.config,
+                        root_lm, signature, variables_info=variables_info, history=shown,
+                        iteration=step, options=self.generate_action.config,
                         fresh=bool(attempt),
                     )
                 else:
@@ -278,14 +307,20 @@ class OptimizerAgent(dspy.RLM):
                         action = self.generate_action(
                             signature=signature,
                             variables_info=variables_info,
-                            repl_history=history,
-                            iteration=f"{iteration + 1}/{self.max_iters}",
+                            repl_history=shown,
+                            iteration=step,
                             **({"config": {"cache": False}} if attempt else {}),
                         )
                 break
             except AdapterParseError as exc:
                 last_error = exc
-                logger.warning("Root LM reply did not parse (attempt %d): %s", attempt + 1, exc)
+                attempt += 1
+                logger.warning("Root LM reply did not parse (attempt %d): %s", attempt, exc)
+            except Exception as exc:
+                if self._context is None or not is_context_refusal(exc) or refusals >= self._context_refusal_retries:
+                    raise
+                refusals += 1
+                self._context.refused()
         else:
             raw = (last_error.lm_response or "")[:2000] if last_error else ""
             return history.append(
@@ -298,6 +333,10 @@ class OptimizerAgent(dspy.RLM):
                 ),
             )
         return action
+
+    def _turn_inputs(self, signature, variables_info, history: REPLHistory, iteration: int) -> tuple[REPLHistory, str]:
+        step = f"{iteration + 1}/{self.max_iters}"
+        return turn_inputs(self._context, self._state_block, signature, variables_info, history, step)
 
     def _run_action(self, repl, action, history, input_args, output_field_names):
         """Execute the action's code; the new history, or the final Prediction on a valid SUBMIT."""
@@ -315,9 +354,14 @@ class OptimizerAgent(dspy.RLM):
         """Out of turns without a SUBMIT: dspy asks the root LM to extract the outputs from the history. When that
         reply is unusable (a small model's often is), the run does not fail: the outputs are left empty, so the
         current instructions (the agent's ``update_prompt`` edits) are what was submitted."""
+        shown = history
+        if self._context is not None:  # the extraction sees the bounded view too (the turns are on disk)
+            shown = self._context.view(history, fixed_chars=sum(len(v.format()) for v in variables) + 4_000)
         try:
             with dspy.context(adapter=_root_adapter(last_attempt=True)):
-                return super()._extract_fallback(variables, history, output_field_names)
+                prediction = super()._extract_fallback(variables, shown, output_field_names)
+            prediction.trajectory = [entry.model_dump() for entry in history]
+            return prediction
         except Exception as exc:
             logger.warning("The agent ran out of turns and its final output could not be extracted (%s: %s); "
                            "submitting the current instructions.", type(exc).__name__, exc)

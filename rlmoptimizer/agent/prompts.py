@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 TOOL_NAMES: tuple[str, ...] = (
     "evaluate_program", "run_data", "update_prompt", "optimization_status",
-    "propose_instructions", "compare", "diff_runs", "hard_examples", "candidates",
+    "propose_instructions", "compare", "diff_runs", "hard_examples", "candidates", "add_note", "read_notes",
 )
 
 AGENT_INSTRUCTIONS = """\
@@ -44,6 +44,9 @@ Tools (call them from your code; they return plain dicts and lists):
   text. Returns {"step", "previous", "version"}.
 - `optimization_status()`: free. Budget spent/left, current instructions per step, step names, and every run
   so far with its split, label and score.
+- `add_note(text)`: keep a short conclusion (what you found, what you tried, what worked or did not), free. Your
+  notes are shown to you on every turn in the optimizer state, also after old steps are compacted out of your
+  history or the run resumes: write down what you must not forget. `read_notes()` returns them all.
 - `llm_query(prompt)` / `llm_query_batched(prompts)`: ask a sub-LM; each prompt costs 1 budget unit.
 
 Moves (the steps proven optimizers make, one call each):
@@ -69,6 +72,9 @@ Moves (the steps proven optimizers make, one call each):
   string: score}, "val_score", "on_pareto_front" (best on at least one example); "best" is the index of the best
   (by validation once checked). Free.
 A tool refusing a call raises `AgentToolError` (a ValueError) whose message says what was wrong -> what to do.
+
+Each turn ends with the optimizer state (runs with scores, current instructions, budget, your notes). In a long
+run older steps of your history are shown shortened; their full output is no longer visible, so note what matters.
 
 Budget: $budget units in all ($budget_note). Your own turns are free. When the budget is spent you can
 still analyse data, update prompts and SUBMIT.
@@ -123,6 +129,16 @@ def render_instructions(budget: int, budget_note: str) -> str:
     if names != _REQUIRED_PLACEHOLDERS:
         raise RuntimeError(f"AGENT_INSTRUCTIONS placeholders changed: {sorted(names)}")
     return template.substitute(budget=budget, budget_note=budget_note)
+
+
+def agent_signature(budget: int, train_size: int, max_iterations: int, val_size: int):
+    """The agent's signature: the task brief in, the submission out, :data:`AGENT_INSTRUCTIONS` filled in."""
+    import dspy
+
+    note = f"enough to evaluate the {train_size} train examples {max_iterations} time(s)" + (
+        f" plus the {val_size} validation examples once" if val_size else "")
+    return dspy.Signature("task_brief: str -> optimized_dspy_program: dict[str, str]",
+                          render_instructions(budget, note))
 
 
 def render_task_brief(

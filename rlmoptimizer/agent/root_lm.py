@@ -94,14 +94,17 @@ class TurnRenderer:
               start: int) -> list[dict]:
         """The multi-turn messages from user turn ``start`` on: ``U(start), A(start), ..., A(n-1), U(n)``."""
         entries = list(history)
+        # a bounded context's view (rlmoptimizer.context) starts at a later step, after a header for the earlier
+        offset = getattr(history, "first_step", 1) - 1
         messages: list[dict] = []
         for k in range(start, len(entries) + 1):
-            step = iteration if k == len(entries) else f"{k + 1}/{self.max_iters}"
+            step = iteration if k == len(entries) else f"{k + offset + 1}/{self.max_iters}"
             if k == 0:
-                inputs = {"variables_info": variables_info, "repl_history": REPLHistory().format(), "iteration": step}
+                shown = getattr(history, "folded", "") or REPLHistory().format()
+                inputs = {"variables_info": variables_info, "repl_history": shown, "iteration": step}
             else:
                 output = REPLEntry.format_output(entries[k - 1].output, history.max_output_chars)
-                inputs = {"repl_history": f"=== Step {k} ===\n{output}", "iteration": step}
+                inputs = {"repl_history": f"=== Step {k + offset} ===\n{output}", "iteration": step}
             messages.append(
                 {"role": "user", "content": adapter.format_user_message_content(signature, inputs, main_request=True)}
             )

@@ -24,6 +24,7 @@ from rlmoptimizer.budget import BudgetLedger, Reservation
 from rlmoptimizer.errors import ConfigurationError, StructureChangedError
 from rlmoptimizer.evaluation.runs import Runs
 from rlmoptimizer.records import EvalRun
+from rlmoptimizer.storage.notes import NotesStore
 
 __all__ = ["AgentTools", "agent_error", "select_ids"]
 
@@ -91,10 +92,13 @@ class AgentTools:
     """The agent's tools: evaluate the working program, read runs, edit prompts, read the status."""
 
     def __init__(self, *, working: WorkingProgram, runs: Runs, ledger: BudgetLedger,
-                 proposal_lm: dspy.BaseLM | None = None) -> None:
+                 proposal_lm: dspy.BaseLM | None = None, notes: NotesStore | None = None,
+                 as_sub: Callable[[Callable], Callable] | None = None) -> None:
         self.working = working
+        self._as_sub = as_sub or (lambda fn: fn)  # books the proposals' LM calls to the sub role
         self.runs = runs
         self.ledger = ledger
+        self.notes = notes if notes is not None else NotesStore()
         self.moves = Moves(
             runs=runs, evaluate=self._evaluate_instructions, ledger=ledger, step_names=working.step_names,
             current=working.instructions,
@@ -112,7 +116,19 @@ class AgentTools:
         return [
             self.evaluate_program, self.run_data, self.update_prompt, self.optimization_status,
             self.propose_instructions, self.compare, self.diff_runs, self.hard_examples, self.candidates,
+            self.add_note, self.read_notes,
         ]
+
+    def add_note(self, text: str) -> str:
+        """Keep a short conclusion (what you found, tried, what worked) in your notes: they are shown to you on every turn, also after old turns are compacted or the run resumes. Free."""
+        try:
+            return self.notes.add(text)
+        except ValueError as exc:
+            raise agent_error(str(exc), "pass add_note a short non-empty string") from None
+
+    def read_notes(self) -> list[str]:
+        """All your notes, oldest first. Free."""
+        return [f"[{n['id']}] {n['text']}" for n in self.notes.all()]
 
     def evaluate_program(
         self,
@@ -164,7 +180,7 @@ class AgentTools:
         """GEPA's reflective proposal: new instructions for `step`, written by the sub-LM from that step's inputs/outputs, the expected fields, scores and metric feedback of the failures of the current instructions (or of run_id, or of the examples ids=[...]). guidance= adds your own requirements. Changes nothing; 1 budget unit per proposal (n proposals). Returns {'texts', 'candidates': [{step: text}], 'example_ids', 'check_ids', ...}."""
         if ids is not None:
             ids = self._select("propose_instructions", ids=ids)
-        return self.moves.propose_instructions(step, run_id=run_id, ids=ids, n=n, guidance=guidance)
+        return self._as_sub(self.moves.propose_instructions)(step, run_id=run_id, ids=ids, n=n, guidance=guidance)
 
     def compare(self, candidates: Any, split: str = "train", ids: Any = None, limit: int | None = None,
                 sample: str | None = None, seed: int = 0, rollouts: int = 1) -> dict:

@@ -170,6 +170,7 @@ class Runs:
                 if granted < len(todo):
                     notes.append(
                         f"budget allowed {granted} of {len(todo)} requested examples; {self.ledger.left} units left"
+                        + (f"; {self.ledger.stop_reason}" if self.ledger.stop_reason else "")
                     )
             else:
                 new = self.evaluator.evaluate(program, items, on_record=on_record, rollout=rollout) if todo else []

@@ -13,6 +13,8 @@ returns)::
     runs/run-0001.json       every evaluation run (written by RunStore)
     prompts/v-0001.json      every prompt version the agent made
     turns/turn-0001.json     every agent turn (reasoning, code, output)
+    usage.json               LM calls, tokens and dollars per role, after every evaluation and agent turn
+    notes.json               the agent's notes (rlmoptimizer.storage.notes)
     result.json              the final choice, once compile() has returned
 
 A directory whose manifest differs from the current compile() is refused (RunDirectoryMismatchError)
@@ -200,6 +202,17 @@ class RunJournal:
     def write_ledger(self, snapshot: dict[str, Any]) -> None:
         with self._lock:
             atomic_write_json(self.directory / "ledger.json", snapshot, durable=False)
+
+    def write_usage(self, snapshot: dict[str, Any]) -> None:
+        """usage.json: LM calls, tokens and dollars per role so far (rlmoptimizer.usage)."""
+        with self._lock:
+            atomic_write_json(self.directory / "usage.json", snapshot, durable=False)
+
+    def read_usage(self) -> dict[str, Any] | None:
+        try:
+            return json.loads((self.directory / "usage.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
 
     def write_ledger_if_changed(self, snapshot: dict[str, Any]) -> None:
         """:meth:`write_ledger` unless ``ledger.json`` already holds ``snapshot``."""

@@ -29,11 +29,18 @@ class Resume:
     """Every prompt version the agent made, in order: re-applied to the working program."""
     turns: tuple[dict[str, Any], ...] = ()
     """Every agent turn so far, in order: the agent continues after them."""
+    has_result: bool = False
+    """``result.json`` exists: with :attr:`final_turn`, the run is finished and is only read back."""
 
     @property
     def final_turn(self) -> dict[str, Any] | None:
         """The turn in which the agent submitted, when the earlier compile got that far."""
         return self.turns[-1] if self.turns and self.turns[-1].get("final") else None
+
+    @property
+    def finished(self) -> bool:
+        """A finished run: its result is returned without the agent, so no sandbox starts and nothing is written."""
+        return self.resumed and self.has_result and self.final_turn is not None
 
 
 def open_run_directory(
@@ -51,4 +58,18 @@ def open_run_directory(
         ledger=journal.read_ledger(),
         prompt_versions=tuple(journal.prompt_versions()),
         turns=tuple(journal.turns()),
+        has_result=(journal.directory / "result.json").exists(),
+    )
+
+
+def where_message(what: str, directory: Any, temporary: bool) -> str:
+    """"Optimization <what>." and where everything paid for is, and how to resume from it."""
+    if temporary:
+        return (
+            f"Optimization {what}. Everything paid for so far is in {directory} (a temporary directory; "
+            "pass run_storage_dir= to make runs resumable)."
+        )
+    return (
+        f"Optimization {what}. Everything paid for so far is in {directory}; run compile() again with "
+        "the same run_storage_dir to resume where it stopped."
     )

@@ -1,0 +1,329 @@
+"""What an optimization run spent on LM calls, per role, in tokens and (where litellm knows the price) dollars.
+
+Roles:
+
+``root``
+    the optimizer agent's own turns and the final extraction;
+``sub``
+    the agent's ``llm_query`` / ``llm_query_batched`` prompts and its sandbox sub-agents;
+``eval``
+    the program under optimization (every predictor, whatever LM it is set to) and the metric's own LM calls.
+
+How calls are counted: dspy reports every completed, non-cached LM call to ``dspy.settings.usage_tracker``
+(``add_usage(model, usage)``), on every engine path (chat, Responses API, explicit requests), from whichever
+thread made the call. :class:`UsageMeter` hands out one tracker per role, and the optimizer installs it with
+``dspy.context(usage_tracker=meter.tracker(role))`` around the work of that role; contextvars carry it into the
+evaluation threads. A tracker that was installed before (a user's ``dspy.track_usage()``) still receives every
+call. Cache hits cost nothing and are not counted.
+
+Dollars: ``litellm.cost_per_token`` for the model name the call reports, per call (tiered prices apply per
+request), summed as decimals so the total is the same whatever order threads finish in. A model litellm has no
+price for makes that role's dollars ``None`` (never a guess) while its tokens are still counted.
+
+May import: dspy, litellm, ``rlmoptimizer.events`` and the standard library.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from decimal import Decimal
+from functools import lru_cache
+from typing import Any
+
+from rlmoptimizer.events import AgentTurn, EvaluationFinished, Event, ExampleEvaluated
+
+logger = logging.getLogger(__name__)
+
+ROOT = "root"
+SUB = "sub"
+EVAL = "eval"
+ROLES: tuple[str, ...] = (ROOT, SUB, EVAL)
+
+__all__ = ["EVAL", "ROLES", "ROOT", "SUB", "CostGate", "RoleTracker", "UsageMeter", "UsageObserver", "price_of_call"]
+
+
+def _int(value: Any) -> int:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+
+
+def _cached_tokens(usage: dict[str, Any]) -> int:
+    details = usage.get("prompt_tokens_details") or {}
+    if not isinstance(details, dict):
+        details = getattr(details, "__dict__", {}) or {}
+    cached = _int(details.get("cached_tokens"))
+    # Anthropic-style counters some providers report at the top level.
+    return cached or _int(usage.get("cache_read_input_tokens"))
+
+
+@lru_cache(maxsize=256)
+def _priced_name(model: str) -> str | None:
+    """The key under which litellm's price table knows ``model`` (with or without its provider prefix)."""
+    try:
+        import litellm
+    except ImportError:  # pragma: no cover - litellm ships with dspy's default extras
+        return None
+    table = getattr(litellm, "model_cost", {}) or {}
+    candidates = [model]
+    if "/" in model:
+        candidates.append(model.split("/", 1)[1])
+    for name in candidates:
+        entry = table.get(name)
+        if isinstance(entry, dict) and (entry.get("input_cost_per_token") is not None
+                                        or entry.get("output_cost_per_token") is not None):
+            return model if name == model else name
+    return None
+
+
+def price_of_call(model: str, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0) -> Decimal | None:
+    """Dollars for one call by litellm's price table, or None when litellm has no price for ``model``."""
+    name = _priced_name(model) if isinstance(model, str) and model else None
+    if name is None:
+        return None
+    import litellm
+
+    try:
+        prompt_cost, completion_cost = litellm.cost_per_token(
+            model=name, prompt_tokens=input_tokens, completion_tokens=output_tokens,
+            cache_read_input_tokens=cached_input_tokens,
+        )
+    except Exception:  # litellm's table has the name but cannot price this shape: unknown, not zero
+        return None
+    return Decimal(repr(float(prompt_cost))) + Decimal(repr(float(completion_cost)))
+
+
+class _RoleTotals:
+    __slots__ = ("calls", "input_tokens", "cached_input_tokens", "output_tokens", "usd", "unpriced_models", "units")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.input_tokens = 0
+        self.cached_input_tokens = 0
+        self.output_tokens = 0
+        self.usd = Decimal(0)
+        self.unpriced_models: set[str] = set()
+        self.units = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "calls": self.calls,
+            "input_tokens": self.input_tokens,
+            "cached_input_tokens": self.cached_input_tokens,
+            "output_tokens": self.output_tokens,
+            "cost_usd": None if self.unpriced_models else float(self.usd),
+            **({"unpriced_models": sorted(self.unpriced_models)} if self.unpriced_models else {}),
+        }
+
+    def load(self, data: dict[str, Any]) -> None:
+        self.calls = _int(data.get("calls"))
+        self.input_tokens = _int(data.get("input_tokens"))
+        self.cached_input_tokens = _int(data.get("cached_input_tokens"))
+        self.output_tokens = _int(data.get("output_tokens"))
+        cost = data.get("cost_usd")
+        self.usd = Decimal(repr(float(cost))) if isinstance(cost, (int, float)) else Decimal(0)
+        self.unpriced_models = set(data.get("unpriced_models") or ())
+
+
+class RoleTracker:
+    """A ``dspy.settings.usage_tracker`` that books every call to one role of a :class:`UsageMeter`."""
+
+    def __init__(self, meter: UsageMeter, role: str, forward: Any = None) -> None:
+        self.meter = meter
+        self.role = role
+        self.forward = forward
+
+    def __deepcopy__(self, memo: dict) -> RoleTracker:
+        # dspy's ParallelExecutor (dspy.Parallel, dspy.Evaluate inside a program or metric) deep-copies the tracker
+        # into each worker thread; the meter is thread-safe and must see those calls, so the copy is this tracker.
+        return self
+
+    def __copy__(self) -> RoleTracker:
+        return self
+
+    def add_usage(self, lm: str, usage_entry: dict[str, Any]) -> None:
+        self.meter.record(self.role, lm, usage_entry)
+        forward = self.forward
+        while isinstance(forward, RoleTracker) and forward.meter is self.meter:
+            forward = forward.forward  # a nested role of the same meter: counted once, by the innermost role
+        if forward is not None:
+            forward.add_usage(lm, usage_entry)
+
+
+class UsageMeter:
+    """Thread-safe per-role totals of LM calls, tokens and dollars, with an optional spending cap."""
+
+    def __init__(self, *, max_cost_usd: float | None = None) -> None:
+        self.max_cost_usd = max_cost_usd
+        _priced_name.cache_clear()  # prices registered with litellm.register_model since the last run count
+        self._lock = threading.Lock()
+        self._roles = {role: _RoleTotals() for role in ROLES}
+        self._cap_reached_at: dict[str, Any] | None = None
+
+    # -- recording --------------------------------------------------------------------------------------
+    def tracker(self, role: str, forward: Any = None) -> RoleTracker:
+        """The usage tracker to install with ``dspy.context(usage_tracker=...)`` for ``role``'s calls;
+        ``forward`` (e.g. the tracker installed before) also receives every call."""
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}; expected one of {ROLES}")
+        return RoleTracker(self, role, forward)
+
+    def in_role(self, role: str, fn: Callable) -> Callable:
+        """``fn`` with every LM call it makes (in its thread and the threads it starts with a copied context)
+        booked to ``role``; a tracker installed when it is called still receives them too."""
+        import functools
+
+        import dspy
+
+        @functools.wraps(fn)
+        def booked(*args: Any, **kwargs: Any) -> Any:
+            with dspy.context(usage_tracker=self.tracker(role, forward=dspy.settings.usage_tracker)):
+                return fn(*args, **kwargs)
+
+        return booked
+
+    def record(self, role: str, model: str, usage: dict[str, Any]) -> None:
+        """Book one call of ``model`` with dspy's usage dict (``prompt_tokens``, ``completion_tokens``, ...)."""
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}; expected one of {ROLES}")
+        usage = dict(usage or {})
+        input_tokens = _int(usage.get("prompt_tokens", usage.get("input_tokens")))
+        output_tokens = _int(usage.get("completion_tokens", usage.get("output_tokens")))
+        cached = _cached_tokens(usage)
+        price = price_of_call(model, input_tokens, output_tokens, cached)
+        with self._lock:
+            totals = self._roles[role]
+            totals.calls += 1
+            totals.input_tokens += input_tokens
+            totals.output_tokens += output_tokens
+            totals.cached_input_tokens += cached
+            if price is None:
+                totals.unpriced_models.add(str(model))
+            else:
+                totals.usd += price
+
+    def add_units(self, role: str, n: int = 1) -> None:
+        """Count ``n`` units of work done by ``role`` (an evaluated example, a sub-LM prompt), for the spending
+        cap's estimate of what the next unit costs."""
+        with self._lock:
+            self._roles[role].units += n
+
+    # -- reading ----------------------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """``{"root": {...}, "sub": {...}, "eval": {...}, "total": {...}}``; each with ``calls``,
+        ``input_tokens``, ``cached_input_tokens``, ``output_tokens`` and ``cost_usd`` (None when a model of that
+        role has no price in litellm's table, listed in ``unpriced_models``)."""
+        with self._lock:
+            out: dict[str, Any] = {role: totals.as_dict() for role, totals in self._roles.items()}
+            total = _RoleTotals()
+            for totals in self._roles.values():
+                total.calls += totals.calls
+                total.input_tokens += totals.input_tokens
+                total.cached_input_tokens += totals.cached_input_tokens
+                total.output_tokens += totals.output_tokens
+                total.usd += totals.usd
+                total.unpriced_models |= totals.unpriced_models
+            out["total"] = total.as_dict()
+            if self.max_cost_usd is not None:
+                out["max_cost_usd"] = self.max_cost_usd
+                out["cap_reached"] = self._cap_reached_at is not None
+        return out
+
+    def restore(self, snapshot: dict[str, Any] | None) -> None:
+        """Continue counting from a stored :meth:`snapshot` (a resumed run)."""
+        if not snapshot:
+            return
+        with self._lock:
+            for role in ROLES:
+                if isinstance(snapshot.get(role), dict):
+                    self._roles[role].load(snapshot[role])
+
+    @property
+    def spent_usd(self) -> float:
+        """Dollars spent on calls with a known price."""
+        with self._lock:
+            return float(sum((t.usd for t in self._roles.values()), Decimal(0)))
+
+    def summary(self) -> str:
+        """One line for people: calls, tokens and dollars per role."""
+        snap = self.snapshot()
+        parts = []
+        for role in (*ROLES, "total"):
+            data = snap[role]
+            cost = "$?" if data["cost_usd"] is None else f"${data['cost_usd']:.4f}"
+            cached = f" ({data['cached_input_tokens']:,} cached)" if data["cached_input_tokens"] else ""
+            parts.append(f"{role} {data['calls']} calls, {data['input_tokens']:,} in{cached} / "
+                         f"{data['output_tokens']:,} out, {cost}")
+        return "; ".join(parts)
+
+    # -- the spending cap -------------------------------------------------------------------------------
+    @property
+    def cap_reached(self) -> bool:
+        return self._cap_reached_at is not None
+
+    def affordable_units(self, role: str, n: int) -> int:
+        """How many of ``n`` further units of ``role``'s work fit under ``max_cost_usd``.
+
+        A unit is priced at what the role's units cost so far on average (0 before the first priced one: the
+        first unit is always allowed, the free baseline evaluation calibrates the eval role). Once a request does
+        not fit whole, the cap counts as reached (and stays so): the part granted is the last work it allows."""
+        if self.max_cost_usd is None or n <= 0:
+            return n
+        with self._lock:
+            if self._cap_reached_at is not None:
+                return 0
+            spent = sum((t.usd for t in self._roles.values()), Decimal(0))
+            room = Decimal(repr(float(self.max_cost_usd))) - spent
+            totals = self._roles[role]
+            per_unit = totals.usd / totals.units if totals.units and totals.usd else Decimal(0)
+            if room <= 0:
+                fits = 0
+            elif per_unit == 0:
+                fits = n
+            else:
+                fits = min(n, int(room / per_unit))
+            if fits < n:  # what is granted now is the last the cap allows
+                self._cap_reached_at = {"role": role, "spent_usd": float(spent)}
+            return fits
+
+    def gate(self) -> CostGate:
+        """The :class:`~rlmoptimizer.budget.BudgetLedger` gate that applies ``max_cost_usd`` to budget units."""
+        return CostGate(self)
+
+    def cap_message(self) -> str:
+        return (
+            f"spending cap reached: ${self.spent_usd:.4f} of max_cost_usd=${self.max_cost_usd:.4f} spent on LM "
+            "calls, so no more evaluations or sub-LM calls; you can still analyse, update prompts and SUBMIT"
+        )
+
+
+_ROLE_OF_KIND = {"train_example": EVAL, "val_example": EVAL, "sub_lm_call": SUB}
+
+
+class CostGate:
+    """Applies a meter's ``max_cost_usd`` to the budget ledger's reservations: evaluated examples are the eval
+    role's units, sub-LM prompts the sub role's."""
+
+    def __init__(self, meter: UsageMeter) -> None:
+        self.meter = meter
+
+    def allow(self, kind: str, n: int) -> int:
+        return self.meter.affordable_units(_ROLE_OF_KIND.get(kind, EVAL), n)
+
+    def reason(self) -> str | None:
+        return self.meter.cap_message() if self.meter.cap_reached else None
+
+
+class UsageObserver:
+    """Counts each evaluated example as a unit of the eval role (for the spending cap's estimate) and hands
+    the meter's snapshot to ``write`` after every evaluation and agent turn (``usage.json``)."""
+
+    def __init__(self, meter: UsageMeter, write: Callable[[dict[str, Any]], None]) -> None:
+        self.meter = meter
+        self.write = write
+
+    def on_event(self, event: Event) -> None:
+        if isinstance(event, ExampleEvaluated):
+            self.meter.add_units(EVAL, 1)
+        elif isinstance(event, (AgentTurn, EvaluationFinished)):
+            self.write(self.meter.snapshot())

@@ -1,0 +1,192 @@
+"""The usage meter: LM calls, tokens and dollars per role, exact under threads; the spending cap's gate."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
+
+import dspy
+import litellm
+import pytest
+from dspy.lm15 import Usage
+
+from rlmoptimizer.budget import SUB_LM_CALL, TRAIN_EXAMPLE, BudgetLedger
+from rlmoptimizer.errors import BudgetExhaustedError
+from rlmoptimizer.testing import FunctionLM
+from rlmoptimizer.usage import EVAL, ROOT, SUB, UsageMeter, price_of_call
+
+
+def _qa_lm(name: str, cached_every: int = 0) -> FunctionLM:
+    counter = {"n": 0}
+    lock = threading.Lock()
+
+    def usage(messages, text):
+        with lock:
+            counter["n"] += 1
+            n = counter["n"]
+        prompt = sum(len(str(m.get("content", ""))) for m in messages) // 4 + n % 7
+        cached = (prompt // 2) if cached_every and n % cached_every == 0 else None
+        return Usage(input_tokens=prompt, output_tokens=3 + n % 5, cache_read_tokens=cached)
+
+    return FunctionLM(lambda messages: {"answer": "x"}, name=name, usage=usage)
+
+
+def _totals(lm: FunctionLM) -> tuple[int, int, int, int]:
+    return (
+        len(lm.reported_usage),
+        sum(u.input_tokens for u in lm.reported_usage),
+        sum(u.cache_read_tokens or 0 for u in lm.reported_usage),
+        sum(u.output_tokens for u in lm.reported_usage),
+    )
+
+
+def _expected_usd(lm: FunctionLM) -> float:
+    total = Decimal(0)
+    for u in lm.reported_usage:
+        prompt, completion = litellm.cost_per_token(
+            model=lm.model, prompt_tokens=u.input_tokens, completion_tokens=u.output_tokens,
+            cache_read_input_tokens=u.cache_read_tokens or 0,
+        )
+        total += Decimal(repr(prompt)) + Decimal(repr(completion))
+    return float(total)
+
+
+def test_each_role_counts_exactly_what_the_fake_lms_reported_with_16_threads():
+    meter = UsageMeter()
+    root, sub, judge = _qa_lm("openai/gpt-4o-mini"), _qa_lm("openai/gpt-4o", cached_every=3), _qa_lm("fake-judge")
+    program = dspy.Predict("question -> answer")
+
+    def work(i: int) -> None:  # one "example": the program (eval role) on its own LM per predictor, a sub call
+        meter.in_role(EVAL, lambda: program(question=f"q{i}"))()
+        meter.in_role(SUB, lambda: sub(f"why {i}?"))()
+        meter.in_role(ROOT, lambda: root(f"turn {i}"))()
+
+    program.set_lm(judge)  # a predictor with its own LM still counts as eval
+    with dspy.context(lm=root), ThreadPoolExecutor(max_workers=16) as pool:
+        list(pool.map(work, range(160)))
+
+    snap = meter.snapshot()
+    for role, lm in ((EVAL, judge), (SUB, sub), (ROOT, root)):
+        calls, inputs, cached, outputs = _totals(lm)
+        assert (snap[role]["calls"], snap[role]["input_tokens"], snap[role]["cached_input_tokens"],
+                snap[role]["output_tokens"]) == (calls, inputs, cached, outputs), role
+    assert snap[SUB]["cached_input_tokens"] > 0
+    assert snap["total"]["calls"] == 480
+    assert snap["total"]["input_tokens"] == sum(_totals(lm)[1] for lm in (root, sub, judge))
+    # dollars from litellm's table for known models, None (never a guess) for an unknown one
+    assert snap[ROOT]["cost_usd"] == pytest.approx(_expected_usd(root), rel=1e-12)
+    assert snap[SUB]["cost_usd"] == pytest.approx(_expected_usd(sub), rel=1e-12)
+    assert snap[ROOT]["cost_usd"] > 0
+    assert snap[EVAL]["cost_usd"] is None and snap[EVAL]["unpriced_models"] == ["fake-judge"]
+    assert snap["total"]["cost_usd"] is None
+    assert meter.spent_usd == pytest.approx(_expected_usd(root) + _expected_usd(sub), rel=1e-12)
+
+
+def test_cached_input_tokens_are_priced_at_the_cached_rate():
+    full = price_of_call("openai/gpt-4o-mini", 1_000, 100)
+    cached = price_of_call("openai/gpt-4o-mini", 1_000, 100, cached_input_tokens=800)
+    assert full is not None and cached is not None and cached < full
+    assert price_of_call("no-such-provider/no-such-model", 1_000, 100) is None
+
+
+def test_a_tracker_installed_before_still_receives_every_call_once():
+    meter = UsageMeter()
+    lm = _qa_lm("openai/gpt-4o-mini")
+    with dspy.track_usage() as users_tracker, dspy.context(lm=lm):
+        meter.in_role(ROOT, lambda: meter.in_role(EVAL, lambda: dspy.Predict("q -> answer")(q="a"))())()
+        meter.in_role(ROOT, lambda: dspy.Predict("q -> answer")(q="b"))()
+    snap = meter.snapshot()
+    assert (snap[EVAL]["calls"], snap[ROOT]["calls"]) == (1, 1)  # the innermost role books a call, once
+    assert users_tracker.get_total_tokens()["openai/gpt-4o-mini"]["prompt_tokens"] == _totals(lm)[1]
+
+
+def test_snapshot_restores_for_a_resumed_run():
+    meter = UsageMeter()
+    meter.record(ROOT, "openai/gpt-4o-mini", {"prompt_tokens": 1_000, "completion_tokens": 10})
+    meter.record(EVAL, "mystery", {"prompt_tokens": 5, "completion_tokens": 1})
+    again = UsageMeter()
+    again.restore(meter.snapshot())
+    again.record(ROOT, "openai/gpt-4o-mini", {"prompt_tokens": 1_000, "completion_tokens": 10})
+    snap = again.snapshot()
+    assert snap[ROOT]["calls"] == 2 and snap[ROOT]["input_tokens"] == 2_000
+    assert snap[ROOT]["cost_usd"] == pytest.approx(2 * float(price_of_call("openai/gpt-4o-mini", 1_000, 10)))
+    assert snap[EVAL]["cost_usd"] is None and snap[EVAL]["unpriced_models"] == ["mystery"]
+
+
+def test_the_spending_cap_grants_what_the_average_unit_cost_allows_then_stops_the_ledger():
+    per_call = float(price_of_call("openai/gpt-4o-mini", 10_000, 100))
+    meter = UsageMeter(max_cost_usd=per_call * 10.5)
+    ledger = BudgetLedger(1_000, gate=meter.gate())
+    # nothing measured yet: the first units are allowed (the free baseline calibrates the eval role)
+    assert ledger.reserve(4, TRAIN_EXAMPLE).granted == 4
+    for _ in range(4):
+        meter.record(EVAL, "openai/gpt-4o-mini", {"prompt_tokens": 10_000, "completion_tokens": 100})
+        meter.add_units(EVAL, 1)
+    # 4 spent at `per_call` each: 6 more fit under 10.5 calls' worth
+    assert ledger.reserve(6, TRAIN_EXAMPLE).granted == 6 and not meter.cap_reached
+    for _ in range(6):
+        meter.record(EVAL, "openai/gpt-4o-mini", {"prompt_tokens": 10_000, "completion_tokens": 100})
+        meter.add_units(EVAL, 1)
+    assert ledger.reserve(5, TRAIN_EXAMPLE).granted == 0
+    assert meter.cap_reached and "spending cap reached" in ledger.stop_reason
+    with pytest.raises(BudgetExhaustedError, match="spending cap reached"):
+        ledger.reserve_exactly(1, SUB_LM_CALL)
+    assert meter.snapshot()["cap_reached"] is True
+    assert ledger.left == 1_000 - 10  # reserved, not spent: the budget itself is untouched, the cap is what stops
+
+
+def test_a_request_the_cap_covers_only_in_part_is_its_last_grant():
+    per_call = float(price_of_call("openai/gpt-4o-mini", 10_000, 100))
+    meter = UsageMeter(max_cost_usd=per_call * 10.5)
+    for _ in range(4):
+        meter.record(EVAL, "openai/gpt-4o-mini", {"prompt_tokens": 10_000, "completion_tokens": 100})
+        meter.add_units(EVAL, 1)
+    ledger = BudgetLedger(1_000, gate=meter.gate())
+    assert ledger.reserve(100, TRAIN_EXAMPLE).granted == 6
+    assert meter.cap_reached and ledger.reserve(1, TRAIN_EXAMPLE).granted == 0
+
+
+def test_meter_rejects_unknown_roles():
+    with pytest.raises(ValueError, match="unknown role"):
+        UsageMeter().tracker("judge")
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"max_cost_usd": 0}, "max_cost_usd must be a number of dollars > 0"),
+    ({"max_cost_usd": "5"}, "max_cost_usd must be a number of dollars > 0"),
+    ({"root_context_window": 1_000}, "root_context_window .* must be an int >= 4000"),
+    ({"root_context_window": 32_000.5}, "root_context_window"),
+])
+def test_spending_cap_and_context_window_are_checked_at_construction(kwargs, match):
+    from rlmoptimizer import ConfigurationError, RLMDocstringOptimizer
+
+    with pytest.raises(ConfigurationError, match=match):
+        RLMDocstringOptimizer(root_lm=FunctionLM(lambda m: ""), **kwargs)
+
+
+def test_a_price_registered_with_litellm_prices_a_local_model():
+    meter = UsageMeter()
+    meter.record(ROOT, "local-server/my-model-x1", {"prompt_tokens": 1_000, "completion_tokens": 100})
+    assert meter.snapshot()[ROOT]["cost_usd"] is None
+    litellm.register_model({"local-server/my-model-x1": {
+        "input_cost_per_token": 1e-6, "output_cost_per_token": 2e-6, "litellm_provider": "openai", "mode": "chat"}})
+    try:
+        fresh = UsageMeter()
+        fresh.record(ROOT, "local-server/my-model-x1", {"prompt_tokens": 1_000, "completion_tokens": 100})
+        assert fresh.snapshot()[ROOT]["cost_usd"] == pytest.approx(1_000 * 1e-6 + 100 * 2e-6)
+    finally:
+        litellm.model_cost.pop("local-server/my-model-x1", None)
+
+
+def test_calls_a_program_makes_through_dspy_parallel_are_counted_too():
+    # dspy's ParallelExecutor deep-copies the usage tracker into its threads; the meter must still see the calls
+    meter = UsageMeter()
+    lm = _qa_lm("openai/gpt-4o-mini")
+    predict = dspy.Predict("question -> answer")
+    with dspy.context(lm=lm):
+        results = meter.in_role(EVAL, lambda: dspy.Parallel(num_threads=4)(
+            [(predict, {"question": f"q{i}"}) for i in range(12)]))()
+    assert all(r.answer == "x" for r in results)
+    assert meter.snapshot()[EVAL]["calls"] == len(lm.reported_usage) == 12
+    assert meter.snapshot()[EVAL]["input_tokens"] == _totals(lm)[1]
