@@ -238,3 +238,27 @@ def test_report_of_a_run_killed_mid_evaluation(tmp_path, capsys):
     results = DetailedResults.from_run_directory(directory)
     assert results.status == "interrupted" and results.best_idx is None and results.score is None
     assert len(results.candidates) == 2  # the unchanged program and the re-run with the new prompt
+
+
+@pytest.mark.slow
+def test_the_report_shows_what_the_run_spent_from_the_usage_meter(tmp_path, capsys):
+    """The report reads the cost the usage meter wrote: result.json's at the end, usage.json's while running or
+    after an interruption (here: result.json removed, as a killed run leaves it)."""
+    directory = tmp_path / "run"
+    trainset, valset = make_splits()
+    optimized = RLMDocstringOptimizer(
+        max_iterations=2, root_lm=scripted_agent(TURNS),
+        eval_lm=FunctionLM(task_lm_reply, name="openai/gpt-4o-mini"),  # a model litellm has a price for
+        run_storage_dir=directory,
+    ).compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
+    spent = optimized.usage["total"]["cost_usd"]
+    assert spent is None  # the scripted root LM has no price, so the total is unknown, never made up
+    eval_cost = optimized.usage["eval"]["cost_usd"]
+    assert eval_cost is not None and eval_cost > 0
+    assert read_run_directory(directory).usage["eval"]["cost_usd"] == pytest.approx(eval_cost)
+    (directory / "result.json").unlink()
+    rundir = read_run_directory(directory)
+    assert rundir.status == "interrupted"
+    assert rundir.usage["eval"]["cost_usd"] == pytest.approx(eval_cost)  # from usage.json
+    assert main(["report", str(directory), "--no-plot"]) == 0
+    assert "LM usage and cost" in capsys.readouterr().out

@@ -122,6 +122,8 @@ class RunDirectory:
     turns: tuple[dict[str, Any], ...]
     result: dict[str, Any] | None
     problems: tuple[str, ...] = field(default=())
+    usage_so_far: dict[str, Any] | None = None
+    """``usage.json``: per-role LM usage written while the run goes (what an interrupted run spent)."""
 
     # -- derived views ---------------------------------------------------------------------------
     @property
@@ -147,8 +149,11 @@ class RunDirectory:
 
     @property
     def usage(self) -> dict[str, Any] | None:
-        """Per-role LM usage and cost as compile() recorded it in ``result.json``, when it did."""
+        """Per-role LM usage and cost as compile() recorded it in ``result.json``, else as ``usage.json`` had it
+        when the run stopped; None when neither was written."""
         usage = self.result.get("usage") if self.result else None
+        if not (isinstance(usage, dict) and usage):
+            usage = self.usage_so_far
         return usage if isinstance(usage, dict) and usage else None
 
     @property
@@ -157,6 +162,9 @@ class RunDirectory:
         usage = self.usage
         if not usage:
             return None
+        total = usage.get("total")
+        if isinstance(total, dict) and "cost_usd" in total:  # rlmoptimizer.usage's shape; None: a model unpriced
+            return float(total["cost_usd"]) if isinstance(total["cost_usd"], (int, float)) else None
         if isinstance(usage.get("total_cost"), (int, float)):
             return float(usage["total_cost"])
         costs = [v.get("cost") for v in usage.values() if isinstance(v, dict)]
@@ -242,6 +250,7 @@ def read_run_directory(directory: str | Path) -> RunDirectory:
     manifest = _read_json(path / "manifest.json", problems) if (path / "manifest.json").exists() else None
     ledger = _read_json(path / "ledger.json", problems) if (path / "ledger.json").exists() else None
     result = _read_json(path / "result.json", problems) if (path / "result.json").exists() else None
+    usage = _read_json(path / "usage.json", problems) if (path / "usage.json").exists() else None
 
     runs: list[EvalRun] = []
     for file in _numbered(path / "runs", "run-*.json"):
@@ -270,4 +279,5 @@ def read_run_directory(directory: str | Path) -> RunDirectory:
         prompt_versions=tuple(v for v in prompt_versions if isinstance(v, dict)),
         turns=tuple(t for t in turns if isinstance(t, dict)),
         result=result if isinstance(result, dict) else None, problems=tuple(problems),
+        usage_so_far=usage if isinstance(usage, dict) else None,
     )

@@ -95,6 +95,9 @@ def tracked(tracker: MlflowTracker | None, optimizer: Any, run: Any) -> Iterator
     if tracker is None or getattr(run, "read_back", False):
         yield
         return
+    meter = getattr(run, "usage", None)  # rlmoptimizer.usage.UsageMeter: each evaluation logs the cost so far
+    if meter is not None and hasattr(meter, "snapshot"):
+        tracker.cost_source = lambda: meter.snapshot().get("total", {}).get("cost_usd")
     tracker.compile_started(compile_params(optimizer, run))
     try:
         yield
@@ -114,6 +117,9 @@ def _get(obj: Any, name: str, default: Any = None) -> Any:
 
 class MlflowTracker:
     """Logs one compile() to MLflow. Thread safe; every method is a no-op once tracking has failed once."""
+
+    cost_source: Callable[[], float | None] | None = None
+    """What the run has spent on LM calls so far in USD (None where unknown), logged with each evaluation."""
 
     def __init__(self, run_name: str | None = None) -> None:
         self._mlflow = require_mlflow()
@@ -148,7 +154,8 @@ class MlflowTracker:
     def on_event(self, event: Event) -> None:
         """The observer protocol (:mod:`rlmoptimizer.events`): a run saved, an agent turn, a prompt version."""
         if isinstance(event, EvaluationFinished):
-            self.evaluation_finished(event.run, event.budget)
+            cost = self.cost_source() if self.cost_source is not None else None
+            self.evaluation_finished(event.run, event.budget, cost if isinstance(cost, (int, float)) else None)
         elif isinstance(event, AgentTurn):
             self.agent_turn(event.turn)
         elif isinstance(event, PromptUpdated):
