@@ -15,6 +15,7 @@ ExampleEvaluated       ``evaluation.runs.Runs``, for each newly evaluated exampl
 EvaluationFinished     ``evaluation.runs.Runs`` once the run is saved (also a run cut short)
 PromptUpdated          ``agent.working_program.WorkingProgram`` for each new prompt version
 AgentTurn              ``agent.agent.OptimizerAgent`` for each turn, as soon as it exists
+SubLMAnswered          ``agent.agent.OptimizerAgent`` after each ``llm_query`` / ``llm_query_batched`` it charged
 =====================  ================================================================================
 
 May import: ``rlmoptimizer.records`` and the standard library.
@@ -72,7 +73,17 @@ class AgentTurn:
     budget: dict[str, Any]
 
 
-Event = EvaluationStarted | ExampleEvaluated | EvaluationFinished | PromptUpdated | AgentTurn
+@dataclass(frozen=True)
+class SubLMAnswered:
+    """Sub-LM prompts of the agent (``llm_query`` / ``llm_query_batched``) were answered and charged in the
+    middle of a turn: ``budget`` is the ledger's snapshot after them, so a process killed before the turn ends
+    still has them on disk."""
+
+    prompts: int
+    budget: dict[str, Any]
+
+
+Event = EvaluationStarted | ExampleEvaluated | EvaluationFinished | PromptUpdated | AgentTurn | SubLMAnswered
 
 
 class Observer(Protocol):

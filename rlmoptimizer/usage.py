@@ -32,7 +32,7 @@ from decimal import Decimal
 from functools import lru_cache
 from typing import Any
 
-from rlmoptimizer.events import AgentTurn, EvaluationFinished, Event, ExampleEvaluated
+from rlmoptimizer.events import AgentTurn, EvaluationFinished, Event, ExampleEvaluated, SubLMAnswered
 
 logger = logging.getLogger(__name__)
 
@@ -325,5 +325,5 @@ class UsageObserver:
     def on_event(self, event: Event) -> None:
         if isinstance(event, ExampleEvaluated):
             self.meter.add_units(EVAL, 1)
-        elif isinstance(event, (AgentTurn, EvaluationFinished)):
+        elif isinstance(event, (AgentTurn, EvaluationFinished, SubLMAnswered)):
             self.write(self.meter.snapshot())

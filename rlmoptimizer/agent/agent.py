@@ -43,7 +43,7 @@ from rlmoptimizer.agent.root_lm import TurnSender
 from rlmoptimizer.agent.stop import SpendingStop, StopRequest
 from rlmoptimizer.budget import SUB_LM_CALL, BudgetLedger, Reservation
 from rlmoptimizer.errors import BudgetExhaustedError
-from rlmoptimizer.events import NO_OBSERVER, AgentTurn, Observer
+from rlmoptimizer.events import NO_OBSERVER, AgentTurn, Observer, SubLMAnswered
 from rlmoptimizer.usage import SUB, UsageMeter
 
 logger = logging.getLogger(__name__)
@@ -176,8 +176,7 @@ class OptimizerAgent(dspy.RLM):
             if lm is None:
                 raise dspy.LMNotConfiguredError("No sub-LM configured for llm_query.")
             response = self._as_sub(lm)(prompt)
-            if self._usage is not None:
-                self._usage.add_units(SUB, 1)
+            self._usage is not None and self._usage.add_units(SUB, 1)
             text = response.text if isinstance(response, dspy.lm15.Response) else None
             if text is None and isinstance(response, list) and response:
                 first = response[0]
@@ -193,6 +192,7 @@ class OptimizerAgent(dspy.RLM):
             with charged.take(1) as reservation:
                 text = query(prompt)
                 reservation.spend(1)
+            self._observer.on_event(SubLMAnswered(1, self._ledger.snapshot()))  # on disk before the turn ends
             return text
 
         def llm_query_batched(prompts: list[str]) -> list[str]:
@@ -213,6 +213,7 @@ class OptimizerAgent(dspy.RLM):
                         reservation.spend(1)
                     except dspy.LMError as exc:
                         results[index] = f"[ERROR] {format_error_for_lm(exc)}"
+            self._observer.on_event(SubLMAnswered(len(prompts), self._ledger.snapshot()))
             return [results[i] for i in range(len(prompts))]
 
         return {"llm_query": llm_query, "llm_query_batched": llm_query_batched}

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from rlmoptimizer.errors import RunDirectoryMismatchError
-from rlmoptimizer.events import AgentTurn, EvaluationFinished, Event, PromptUpdated
+from rlmoptimizer.events import AgentTurn, EvaluationFinished, Event, PromptUpdated, SubLMAnswered
 from rlmoptimizer.records import jsonable
 from rlmoptimizer.storage.files import BackgroundSync, atomic_write_json
 from rlmoptimizer.storage.identity import describe_differences
@@ -71,7 +71,7 @@ class RunJournal:
             self.write_ledger(event.budget)
         elif isinstance(event, PromptUpdated):
             self.write_prompt_version(event.version)
-        elif isinstance(event, EvaluationFinished):
+        elif isinstance(event, (EvaluationFinished, SubLMAnswered)):
             self.write_ledger(event.budget)
 
     # -- manifest ---------------------------------------------------------------------------------

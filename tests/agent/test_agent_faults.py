@@ -3,6 +3,8 @@ that dies, a budget that runs out, a root-LM reply that does not parse."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from support.fakes import FunctionLM, scripted_agent
 from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
@@ -86,6 +88,29 @@ def test_sub_lm_calls_are_charged_to_the_budget():
     assert result.budget["spent_by_kind"]["sub_lm_call"] == 4
     assert len(sub.calls) == 4
     assert "short answer" in outputs(result)[0]
+
+
+def test_sub_lm_calls_are_on_disk_before_the_turn_ends(tmp_path):
+    """A process killed in the middle of a turn must not forget sub-LM calls it already paid for: the ledger and
+    usage.json on disk count each llm_query / llm_query_batched as soon as it is answered, not at the turn's end."""
+    seen_on_disk: list[tuple[int, int]] = []
+
+    def sub_reply(messages):
+        ledger = json.loads((tmp_path / "ledger.json").read_text())
+        usage = json.loads((tmp_path / "usage.json").read_text()) if (tmp_path / "usage.json").exists() else {}
+        seen_on_disk.append((ledger["spent_by_kind"].get("sub_lm_call", 0), usage.get("sub", {}).get("calls", 0)))
+        return "short answer"
+
+    trainset, valset = make_splits()
+    RLMDocstringOptimizer(
+        max_iterations=1, root_lm=scripted_agent([
+            {"reasoning": "ask", "code": "print(llm_query_batched(['a', 'b']))\nprint(llm_query('c'))\nprint(llm_query('d'))"},
+            SUBMIT_POLICY,
+        ]), sub_lm=FunctionLM(sub_reply), eval_lm=FunctionLM(task_lm_reply), run_storage_dir=tmp_path,
+    ).compile(student=RouteTicket(), trainset=trainset, metric=metric, valset=valset)
+    # all in one turn: the batch of 2 is on disk when 'c' is asked, and 'c' when 'd' is
+    assert [spent for spent, _ in seen_on_disk] == [0, 0, 2, 3]
+    assert [calls for _, calls in seen_on_disk][2:] == [2, 3]
 
 
 def test_a_root_reply_that_does_not_parse_is_shown_to_the_agent_and_the_run_goes_on():
