@@ -43,20 +43,7 @@ def never_worse(
             f"the agent's submission scored {submitted_run.score:.4f} on {split}, below {chosen_run.run_id} "
             f"({chosen_run.label}) at {chosen_run.score:.4f}; returning that candidate instead"
         )
-    return Selection(
-        split=split,
-        instructions=dict(chosen_run.instructions),
-        chosen_run_id=chosen_run.run_id,
-        chosen_label=chosen_run.label,
-        chosen_score=chosen_run.score,
-        submission_run_id=submitted_run.run_id,
-        submission_score=submitted_run.score,
-        baseline_score=next((r.score for r in complete if r.label == "baseline"), None),
-        reason=reason,
-        candidates=tuple(
-            {"run_id": r.run_id, "label": r.label, "score": r.score, "instructions": r.instructions} for r in complete
-        ),
-    )
+    return _selection(split, chosen_run, complete, reason, submitted_run)
 
 
 def best_checked(*, split: str, complete: Sequence[EvalRun], initial: dict[str, str], why: str) -> Selection:
@@ -64,21 +51,26 @@ def best_checked(*, split: str, complete: Sequence[EvalRun], initial: dict[str, 
     best candidate that was checked, the unchanged instructions on a tie; never an unchecked submission."""
     order = {id(r): i for i, r in enumerate(complete)}
     chosen_run = max(complete, key=lambda r: (r.score, r.instructions == initial, order[id(r)]))
+    reason = (f"{why} before the agent's submission could be checked on {split}; returning the best checked "
+              f"candidate, {chosen_run.run_id} ({chosen_run.label}) at {chosen_run.score:.4f}")
+    return replace(_selection(split, chosen_run, complete, reason, None), spending_cap_reached=True)
+
+
+def _selection(split: str, chosen_run: EvalRun, complete: Sequence[EvalRun], reason: str,
+               submitted_run: EvalRun | None) -> Selection:
     return Selection(
         split=split,
         instructions=dict(chosen_run.instructions),
         chosen_run_id=chosen_run.run_id,
         chosen_label=chosen_run.label,
         chosen_score=chosen_run.score,
-        submission_run_id=None,
-        submission_score=None,
+        submission_run_id=submitted_run.run_id if submitted_run is not None else None,
+        submission_score=submitted_run.score if submitted_run is not None else None,
         baseline_score=next((r.score for r in complete if r.label == "baseline"), None),
-        reason=(f"{why} before the agent's submission could be checked on {split}; returning the best checked "
-                f"candidate, {chosen_run.run_id} ({chosen_run.label}) at {chosen_run.score:.4f}"),
+        reason=reason,
         candidates=tuple(
             {"run_id": r.run_id, "label": r.label, "score": r.score, "instructions": r.instructions} for r in complete
         ),
-        spending_cap_reached=True,
     )
 
 

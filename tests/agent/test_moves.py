@@ -10,6 +10,7 @@ import threading
 import dspy
 import pytest
 from support.fakes import FunctionLM, last_user_text, system_text
+from support.qa import TwoSteps
 
 from rlmoptimizer.agent.moves import Moves, program_evaluator, reflective_example
 from rlmoptimizer.budget import SUB_LM_CALL, TRAIN_EXAMPLE, VAL_EXAMPLE, BudgetLedger
@@ -24,17 +25,6 @@ from rlmoptimizer.storage.run_store import RunStore
 #
 # The task LM answers question q<i> with a<i> when the `generate` instructions say "PASS:<ids>" and i is
 # listed, or, without "PASS:", when i is even. The `draft` step always drafts "D:<question>".
-
-
-class TwoSteps(dspy.Module):
-    def __init__(self):
-        super().__init__()
-        self.draft = dspy.Predict("question -> draft")
-        self.generate = dspy.ChainOfThought("question, draft -> answer")
-
-    def forward(self, question):
-        draft = self.draft(question=question).draft
-        return self.generate(question=question, draft=draft)
 
 
 def field(messages, name: str) -> str:
