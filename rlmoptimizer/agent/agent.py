@@ -7,9 +7,8 @@ Differences from a plain ``dspy.RLM``:
   budget left they answer with an error the agent can read, and the agent goes on working.
 - A root-LM reply that does not parse is retried, then shown to the agent as an error turn; it does not end
   the run.
-- Each turn is sent to the observer as :class:`~rlmoptimizer.events.AgentTurn` as soon as it exists (for
-  checkpoints and display) and kept in :attr:`OptimizerAgent.turns`; a run can start from an earlier
-  trajectory (resume).
+- Each turn is sent to the observer as :class:`~rlmoptimizer.events.AgentTurn` as soon as it exists (and each
+  charged sub-LM call as ``SubLMAnswered``), kept in :attr:`OptimizerAgent.turns`; a run can resume from them.
 - After each turn the loop checks its :class:`~rlmoptimizer.agent.stop.StopRequest`: a tool that met a
   systemic failure asked it to stop, and the loop raises that failure.
 - Setup code (loading the evaluation data) runs once per sandbox process, after dspy's own setup, and is
@@ -176,7 +175,8 @@ class OptimizerAgent(dspy.RLM):
             if lm is None:
                 raise dspy.LMNotConfiguredError("No sub-LM configured for llm_query.")
             response = self._as_sub(lm)(prompt)
-            self._usage is not None and self._usage.add_units(SUB, 1)
+            if self._usage is not None:
+                self._usage.add_units(SUB, 1)
             text = response.text if isinstance(response, dspy.lm15.Response) else None
             if text is None and isinstance(response, list) and response:
                 first = response[0]
