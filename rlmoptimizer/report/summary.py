@@ -62,8 +62,11 @@ def _usage_table(rundir: RunDirectory) -> Table | Text:
     for role, data in rows.items():
         table.add_row(role, *[f"{data[c]:.4f}" if isinstance(data.get(c), float) else str(data.get(c, "")) for c in columns])
     cost = rundir.cost
+    unpriced = (usage.get("total") or {}).get("unpriced_models") if isinstance(usage.get("total"), dict) else None
     if cost is not None:
         table.caption = f"total cost: ${cost:.4f}"
+    elif unpriced:
+        table.caption = f"total cost: unknown (litellm has no price for {', '.join(map(str, unpriced))})"
     return table
 
 
