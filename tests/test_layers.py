@@ -21,8 +21,9 @@ RANKS = {
     # pure data and policies over records
     "fingerprint": 2, "events": 2, "selection": 2,
     # the run directory, the REPL, what the user sees
-    "storage": 3, "sandbox": 3, "display": 3, "report": 3, "usage": 3,
-    "evaluation": 4,
+    "storage": 3, "sandbox": 3, "display": 3, "usage": 3,
+    # what a person sees, read back from the run directory
+    "evaluation": 4, "report": 4,
     "agent": 5,
     "optimizer": 6,
     "__init__": 7, "__main__": 7,

@@ -5,80 +5,23 @@ written by a compile() in another process, or empty.
 (half written by a process that is still running, or damaged) is skipped and named in ``RunDirectory.problems``.
 Only a path that is not a directory is an error.
 
-Whether a compile() is still writing a directory is told by the lock it holds (``.lock``, see
-``RunDirectoryLock`` of the run directory's journal) and ``holder.json``, which names the holding process while it runs:
-on the same host, the holder is in flight while its process is alive (a process killed with SIGKILL leaves
-``holder.json`` behind but is gone); on another host, the lock itself is tested. Reading never takes the lock
-where it can be avoided, so a report never stands in the way of a compile() that is starting. Without
-``result.json`` and without a live holder, the run was interrupted.
+Whether a compile() is still writing a directory is told by its holder (:func:`rlmoptimizer.storage.lock.holder_of`).
+Without ``result.json`` and without a live holder, the run was interrupted.
 """
 
 from __future__ import annotations
 
-import errno
 import json
-import os
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from rlmoptimizer.errors import ConfigurationError
 from rlmoptimizer.records import EvalRun, ExampleResult
+from rlmoptimizer.storage.lock import holder_of
+from rlmoptimizer.storage.run_store import read_pending_log
 
 Status = Literal["finished", "interrupted", "in flight", "empty"]
-
-try:  # POSIX only; elsewhere "in flight" cannot be told from "interrupted"
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None  # type: ignore[assignment]
-
-
-def _lock_is_held(lock_file: Path) -> bool:
-    """Test the OS lock on ``lock_file`` by asking for a shared lock and giving it back at once."""
-    if fcntl is None:  # pragma: no cover - Windows
-        return False
-    try:
-        fd = os.open(lock_file, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError as exc:
-        return exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK)
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, owned by someone else
-        return True
-    except OSError:
-        return False
-    return True
-
-
-def holder_of(directory: str | Path) -> dict[str, Any] | None:
-    """``holder.json`` of a compile() writing ``directory`` now (pid, host, since), or None when none is."""
-    path = Path(directory)
-    try:
-        holder = json.loads((path / "holder.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        holder = None
-    if isinstance(holder, dict) and isinstance(holder.get("pid"), int):
-        if holder.get("host") == socket.gethostname():
-            return holder if _process_alive(holder["pid"]) else None
-        return holder if _lock_is_held(path / ".lock") else None
-    # no (readable) holder.json: a compile() in its first instant, or one whose details were lost
-    return {"pid": None, "host": None, "since": None} if _lock_is_held(path / ".lock") else None
-
 
 @dataclass(frozen=True)
 class PendingRun:
@@ -212,25 +155,19 @@ def _numbered(directory: Path, pattern: str) -> list[Path]:
 
 def _read_pending(path: Path, problems: list[str]) -> PendingRun | None:
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
+        parsed = read_pending_log(path)
+    except FileNotFoundError:  # settled into a saved run while we read
         return None
     except OSError as exc:
         problems.append(f"{path.name}: unreadable ({exc})")
         return None
-    if not lines:
-        return None
-    try:
-        header = json.loads(lines[0])
-        split, instructions = str(header["split"]), dict(header["instructions"])
-    except (ValueError, KeyError, TypeError):
+    if parsed is None:
         return None  # the header itself was being written
-    records = []
-    for line in lines[1:]:
-        try:
-            records.append(ExampleResult.from_dict(json.loads(line)))
-        except (ValueError, KeyError, TypeError):
-            break  # a torn last line: the record was being written
+    header, records = parsed
+    try:
+        split, instructions = str(header["split"]), dict(header["instructions"])
+    except (KeyError, TypeError, ValueError):
+        return None
     return PendingRun(
         path=str(path), split=split, label=str(header.get("label", "agent")), instructions=instructions,
         requested_count=int(header.get("requested", len(records))), charged=bool(header.get("charged", True)),

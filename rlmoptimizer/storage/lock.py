@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 from pathlib import Path
+from typing import Any
 
 from rlmoptimizer.errors import ConfigurationError, RunDirectoryInUseError
 from rlmoptimizer.storage.files import atomic_write_json
@@ -130,3 +131,51 @@ class RunDirectoryLock:
             pass
         finally:
             os.close(fd)
+
+
+def _lock_is_held(lock_file: Path) -> bool:
+    """Test the OS lock on ``lock_file`` by asking for a shared lock and giving it back at once."""
+    if fcntl is None:  # pragma: no cover - Windows: "in flight" cannot be told from "interrupted"
+        return False
+    try:
+        fd = os.open(lock_file, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        return exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK)
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def holder_of(directory: str | Path) -> dict[str, Any] | None:
+    """``holder.json`` of a compile() using ``directory`` now (pid, host, since), or None when none is. On this
+    host the holder's process must be alive (a SIGKILLed one leaves ``holder.json`` behind); on another host the
+    lock itself is tested, with a shared lock given back at once. Never writes."""
+    path = Path(directory)
+    try:
+        holder = json.loads((path / HOLDER_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        holder = None
+    if isinstance(holder, dict) and isinstance(holder.get("pid"), int):
+        if holder.get("host") == socket.gethostname():
+            return holder if _process_alive(holder["pid"]) else None
+        return holder if _lock_is_held(path / LOCK_FILE) else None
+    # no (readable) holder.json: a compile() in its first instant, or one whose details were lost
+    return {"pid": None, "host": None, "since": None} if _lock_is_held(path / LOCK_FILE) else None

@@ -58,6 +58,25 @@ def _run_number(run_id: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def read_pending_log(path: Path) -> tuple[dict[str, Any], list[ExampleResult]] | None:
+    """``(header, records)`` of the in-flight log at ``path``, reading up to a torn last line (a record being
+    written); None when it has no readable header. Reads only; ``OSError`` (e.g. the file is gone) propagates."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    try:
+        header = json.loads(lines[0]) if lines else None
+    except ValueError:
+        header = None
+    if not isinstance(header, dict):
+        return None
+    records = []
+    for line in lines[1:]:
+        try:
+            records.append(ExampleResult.from_dict(json.loads(line)))
+        except (ValueError, KeyError, TypeError):
+            break
+    return header, records
+
+
 class RunStore:
     """Append-only store of :class:`EvalRun` by id. ``directory=None`` uses a fresh temporary directory.
 
@@ -164,24 +183,15 @@ class RunStore:
         return PendingLog(self.runs_dir / f"pending-{uuid.uuid4().hex}.jsonl", header)
 
     def pending(self) -> list[tuple[Path, dict[str, Any], list[ExampleResult]]]:
-        """Logs left by evaluations that never finished: ``(path, header, records)``; a torn last line is ignored."""
+        """Logs left by evaluations that never finished: ``(path, header, records)``; a torn last line is ignored,
+        and a log without a readable header (nothing was paid for yet) is removed."""
         found = []
         for path in sorted(self.runs_dir.glob("pending-*.jsonl")):
-            lines = path.read_text(encoding="utf-8").splitlines()
-            if not lines:
+            parsed = read_pending_log(path)
+            if parsed is None:
                 path.unlink(missing_ok=True)
                 continue
-            try:
-                header = json.loads(lines[0])
-            except ValueError:
-                path.unlink(missing_ok=True)
-                continue
-            records = []
-            for line in lines[1:]:
-                try:
-                    records.append(ExampleResult.from_dict(json.loads(line)))
-                except (ValueError, KeyError, TypeError):
-                    break
+            header, records = parsed
             found.append((path, header, list(self._rescored(records))))
         return found
 
