@@ -18,6 +18,7 @@ from matplotlib import image
 from rich.console import Console
 from support.fakes import FunctionLM, scripted_agent
 from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
+from test_resilience import KILLED_RUN
 
 from rlmoptimizer import ConfigurationError, RLMDocstringOptimizer
 from rlmoptimizer.__main__ import main
@@ -176,20 +177,6 @@ def test_report_of_an_empty_directory_and_of_no_directory(tmp_path, capsys):
     assert DetailedResults.from_run_directory(tmp_path).candidates == ()
 
 
-KILLED_RUN = """
-import os, sys
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-sys.path[:0] = [{tests!r}, {root!r}]
-import test_report as t
-from support.tickets import RouteTicket, make_splits, metric, task_lm_reply
-from rlmoptimizer.testing import FunctionLM, scripted_agent
-from rlmoptimizer import RLMDocstringOptimizer
-trainset, valset = make_splits()
-opt = RLMDocstringOptimizer(max_iterations=2, root_lm=scripted_agent(t.TURNS),
-                            eval_lm=FunctionLM(task_lm_reply, latency=0.2), num_threads=1,
-                            run_storage_dir={directory!r})
-opt.compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
-"""
 
 
 @pytest.mark.slow
@@ -197,7 +184,8 @@ def test_report_of_a_run_killed_mid_evaluation(tmp_path, capsys):
     tests = Path(__file__).parent
     script = tmp_path / "killed.py"
     directory = tmp_path / "run"
-    script.write_text(KILLED_RUN.format(tests=str(tests), root=str(tests.parent), directory=str(directory)))
+    script.write_text(KILLED_RUN.format(tests=str(tests), root=str(tests.parent), directory=str(directory),
+                                        turns_module="test_report"))
     env = {**os.environ, "DSPY_CACHEDIR": str(tmp_path / "cache")}
     process = subprocess.Popen([sys.executable, str(script)], env=env)
     try:

@@ -199,15 +199,15 @@ def test_ctrl_c_in_the_middle_of_an_evaluation_keeps_what_was_paid_for_and_resum
     assert result.optimized_dspy_program["route"] == POLICY_PROMPT
 
 
+# A compile() in its own process, to be killed mid-evaluation; ``turns_module`` holds the agent's TURNS.
 KILLED_RUN = """
-import os, sys, tempfile
+import os, sys
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path[:0] = [{tests!r}, {root!r}]
-import test_resilience as t
-from support.tickets import task_lm_reply
+import {turns_module} as t
+from support.tickets import RouteTicket, make_splits, metric, task_lm_reply
 from rlmoptimizer.testing import FunctionLM, scripted_agent
 from rlmoptimizer import RLMDocstringOptimizer
-from support.tickets import RouteTicket, make_splits, metric
 trainset, valset = make_splits()
 opt = RLMDocstringOptimizer(max_iterations=2, root_lm=scripted_agent(t.TURNS),
                             eval_lm=FunctionLM(task_lm_reply, latency=0.2), num_threads=1,
@@ -229,7 +229,8 @@ def test_a_process_killed_mid_evaluation_loses_nothing_it_paid_for(tmp_path):
     tests = Path(__file__).parent
     script = tmp_path / "killed.py"
     directory = tmp_path / "run"
-    script.write_text(KILLED_RUN.format(tests=str(tests), root=str(tests.parent), directory=str(directory)))
+    script.write_text(KILLED_RUN.format(tests=str(tests), root=str(tests.parent), directory=str(directory),
+                                        turns_module="test_resilience"))
     env = {**os.environ, "DSPY_CACHEDIR": str(tmp_path / "cache")}
     process = subprocess.Popen([sys.executable, str(script)], env=env)
     try:
