@@ -133,13 +133,13 @@ AGENT_TURNS = [
     {
         "reasoning": "Compare them with the current instructions on those failures plus a random sample of others.",
         "code": (
-            "r = compare(['current'] + p['candidates'], ids=p['check_ids'])\n"
+            "r = compare(['current'] + p['candidate_ids'], ids=p['check_ids'])\n"
             "print(r['summary'])"
         ),
     },
     {
         "reasoning": "The proposal wins: keep it.",
-        "code": "if r['best'] > 0: print(update_prompt('route', r['best_instructions']['route']))",
+        "code": "if r['best'] > 0: print(adopt_candidate(p['candidate_ids'][r['best'] - 1]))",
     },
     {
         "reasoning": "Check on validation before submitting.",

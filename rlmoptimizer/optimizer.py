@@ -338,7 +338,7 @@ class _Compile:
             multiturn_history=self.config.rlm_multiturn_history,
             tools=self.tools.tool_functions(),
             **long_run_options(self.root_lm, self.config.root_context_window, self.config.rlm_max_output_chars,
-                               self.runs, self.working, self.ledger, self.notes, self.usage),
+                               self.runs, self.working, self.ledger, self.notes, self.usage, self.tools.guide),
             sub_lm=self.sub_lm,
             interpreter_factory=sandbox.as_factory(),
         )

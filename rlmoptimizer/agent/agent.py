@@ -38,6 +38,7 @@ from rlmoptimizer.agent._dspy import (
     resolve_interpreter_factory,
 )
 from rlmoptimizer.agent.context import BoundedContext, is_context_refusal, turn_inputs
+from rlmoptimizer.agent.guide import note_repeat
 from rlmoptimizer.agent.root_lm import TurnSender
 from rlmoptimizer.agent.stop import SpendingStop, StopRequest
 from rlmoptimizer.budget import SUB_LM_CALL, BudgetLedger, Reservation
@@ -81,36 +82,6 @@ def _root_adapter(*, last_attempt: bool):
     return dspy.settings.adapter or ChatAdapter(use_json_adapter_fallback=last_attempt)
 
 
-_NOTICE = "\n[Notice] "
-
-
-def _same_code(code: str) -> str:
-    return " ".join(code.split())
-
-
-def _note_repeat(history: REPLHistory, new: REPLHistory) -> REPLHistory:
-    """``new`` with a notice appended to its last output when that turn ran the code of an earlier turn again
-    and got the same output: a stuck agent (small root LMs loop like this) learns it changed nothing instead of
-    spending its turns on it. The notice goes at the end, which the history's head+tail truncation keeps."""
-    last = new.entries[-1]
-    code = _same_code(last.code)
-    if not code:
-        return new
-    earlier = [i + 1 for i, entry in enumerate(history.entries)
-               if _same_code(entry.code) == code and entry.output.split(_NOTICE)[0] == last.output]
-    if not earlier:
-        return new
-    where = f"step {earlier[0]}" if len(earlier) == 1 else f"steps {', '.join(map(str, earlier))}"
-    times = "once" if len(earlier) == 1 else f"{len(earlier)} times"
-    notice = (
-        f"{_NOTICE}This code already ran {times} ({where}) with this same output: "
-        "running it again changes nothing. Do something different: analyse `baseline_train['examples']` or a "
-        "run from `run_data(...)`, write new instructions with `update_prompt`, check them with "
-        "`evaluate_program`, or SUBMIT."
-    )
-    return history.append(reasoning=last.reasoning, code=last.code, output=last.output + notice)
-
-
 def _budget_message(exc: BaseException) -> str:
     return (
         f"{exc}. Sub-LM calls cost 1 unit each and the optimization budget cannot cover this. "
@@ -138,6 +109,7 @@ class OptimizerAgent(dspy.RLM):
         multiturn_history: bool = False,
         context: BoundedContext | None = None,
         state_block: Callable[[], str] | None = None,
+        next_move: Callable[[], str] | None = None,
         usage: UsageMeter | None = None,
         spending_stop: SpendingStop | None = None,
         context_refusal_retries: int = 4,
@@ -160,6 +132,7 @@ class OptimizerAgent(dspy.RLM):
         self._validate_submission = validate_submission
         self._context = context
         self._state_block = state_block
+        self._next_move = next_move  # the default loop's next line, named in a repeat notice
         self._usage = usage
         self._spending_stop = spending_stop
         self._context_refusal_retries = context_refusal_retries
@@ -349,7 +322,9 @@ class OptimizerAgent(dspy.RLM):
             return self._process_execution_result(action, code, result, history, output_field_names)
         result = self._execute_code(repl, code, input_args)
         result = self._process_execution_result(action, code, result, history, output_field_names)
-        return _note_repeat(history, result) if isinstance(result, REPLHistory) else result
+        if not isinstance(result, REPLHistory):
+            return result
+        return note_repeat(history, result, self._next_move() if self._next_move is not None else None)
 
     def _extract_fallback(self, variables, history, output_field_names) -> Prediction:
         """Out of turns without a SUBMIT: dspy asks the root LM to extract the outputs from the history. When that

@@ -320,9 +320,10 @@ class BoundedContext:
 
 def render_state_block(*, runs: Iterable[Mapping[str, Any]] = (), instructions: Mapping[str, str] | None = None,
                        budget: Mapping[str, Any] | None = None, notes: str = "", spending: str = "",
-                       max_chars: int = 8_000) -> str:
+                       next_move: str = "", max_chars: int = 8_000) -> str:
     """The state the agent must not lose to compaction, at most ``max_chars`` characters: the runs so far with
-    their scores (newest last), the current instructions, the budget, the spending and the agent's notes."""
+    their scores (newest last), the current instructions, the budget, the spending and the agent's notes, then
+    ``next_move`` (the default loop's next line), never clipped: it is the last thing the root LM reads."""
     sections: list[str] = []
     run_lines = [
         f"{r.get('run_id')} {r.get('split')} {r.get('label') or ''}: score {float(r.get('score') or 0):.4f} "
@@ -344,7 +345,9 @@ def render_state_block(*, runs: Iterable[Mapping[str, Any]] = (), instructions: 
             f"- {name}: {_clip(text, per)}" for name, text in instructions.items()))
     sections.append("Your notes (add_note(text) adds one):\n" + (notes or "(none yet)"))
     block = "=== Optimizer state (always current) ===\n" + "\n\n".join(sections)
-    return _clip(block, max_chars)
+    if not next_move:
+        return _clip(block, max_chars)
+    return _clip(block, max(0, max_chars - len(next_move) - 2)) + "\n\n" + next_move
 
 
 def turn_inputs(context: BoundedContext | None, state_block: Any, signature: Any, variables_info: Any,
@@ -363,18 +366,20 @@ def turn_inputs(context: BoundedContext | None, state_block: Any, signature: Any
 
 
 def long_run_options(root_lm: Any, window: int | None, max_output_chars: int, runs: Any, working: Any,
-                     ledger: Any, notes: Any, usage: Any) -> dict[str, Any]:
+                     ledger: Any, notes: Any, usage: Any, guide: Any = None) -> dict[str, Any]:
     """The :class:`~rlmoptimizer.agent.agent.OptimizerAgent` arguments of a long run: its bounded context, its
-    state block, the usage meter and the stop after the spending cap."""
+    state block (closed by the ``guide``'s next line of the default loop), the usage meter and the stop after the
+    spending cap."""
     return {
         "context": BoundedContext(ContextBudget.for_lm(root_lm, window), max_output_chars=max_output_chars),
-        "state_block": state_block_of(runs, working, ledger, notes, usage),
+        "state_block": state_block_of(runs, working, ledger, notes, usage, guide),
+        "next_move": guide.next_line if guide is not None else None,
         "usage": usage,
         "spending_stop": SpendingStop(lambda: usage.cap_message() if usage.cap_reached else None),
     }
 
 
-def state_block_of(runs: Any, working: Any, ledger: Any, notes: Any, usage: Any) -> Any:
+def state_block_of(runs: Any, working: Any, ledger: Any, notes: Any, usage: Any, guide: Any = None) -> Any:
     """The state block of a compile(), read fresh on every turn: its runs, the working program's instructions,
     the budget, the spending against ``max_cost_usd`` (when set) and the agent's notes."""
 
@@ -384,6 +389,7 @@ def state_block_of(runs: Any, working: Any, ledger: Any, notes: Any, usage: Any)
             spending = (f"Spending: ${usage.spent_usd:.4f} of max_cost_usd ${usage.max_cost_usd:.4f}"
                         + (f" -- {usage.cap_message()}" if usage.cap_reached else "") + ".")
         return render_state_block(runs=[r.summary() for r in runs.all()], instructions=working.instructions(),
-                                  budget=ledger.snapshot(), notes=notes.render(max_chars=3_000), spending=spending)
+                                  budget=ledger.snapshot(), notes=notes.render(max_chars=3_000), spending=spending,
+                                  next_move=guide.describe() if guide is not None else "")
 
     return block

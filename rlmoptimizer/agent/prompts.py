@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 TOOL_NAMES: tuple[str, ...] = (
     "evaluate_program", "run_data", "update_prompt", "optimization_status",
-    "propose_instructions", "compare", "diff_runs", "hard_examples", "candidates", "add_note", "read_notes",
+    "propose_instructions", "compare", "adopt_candidate", "diff_runs", "hard_examples", "candidates", "add_note", "read_notes",
 )
 
 AGENT_INSTRUCTIONS = """\
@@ -54,15 +54,18 @@ Moves (the steps proven optimizers make, one call each):
   one step from that step's inputs and outputs on failing examples, their expected answers, scores and metric
   feedback (by default the failures of the current instructions; or of `run_id`, or the examples `ids`).
   `guidance='...'` adds your own requirements. Changes nothing. 1 unit per proposal (`n` proposals). Returns
-  {"texts": [...], "candidates": [{step: text}, ...], "example_ids": the failures used, "check_ids": those
-  failures plus a random sample of other examples}.
+  {"texts": [...], "candidate_ids": ['proposal-1', ...] (names for the texts that compare and adopt_candidate
+  take), "candidates": [{step: text}, ...], "example_ids": the failures used, "check_ids": those failures plus a
+  random sample of other examples}.
 - `compare(candidates, split='train', ids=None, limit=None, sample=None, seed=0, rollouts=1)`: evaluate several
   instruction sets on the same examples WITHOUT changing the current prompts. A candidate is 'current', a run id
-  (that run's instructions) or a dict {step: text} (other steps keep their current text). Returns "candidates":
+  (that run's instructions), a proposal id or a dict {step: text} (other steps keep their current text). Returns "candidates":
   [{"score", "passed_count", "wins", "losses", "ties" (per example, against the first candidate), "run_ids"}],
   "examples": [{"example_id", "scores": [one per candidate]}], "best" (index; a tie keeps the earlier one),
   "best_instructions" and "summary" (one printable line). 1 unit per new example per candidate per rollout, stored records free; refused (nothing
   spent) when the budget cannot cover it all. On 'val' (whole split) it returns aggregates only.
+- `adopt_candidate(candidate)`: make a candidate (a proposal id, a run id or a {step: text} dict) the current
+  instructions, free. Returns {"changed_steps", "version"}.
 - `diff_runs(run_a, run_b)`: on the train examples both runs evaluated: "fixed" and "broken" (each with
   "first_changed_step", the first step whose outputs differ, and both outputs), "still_failing",
   "still_passing". Free.
@@ -79,13 +82,14 @@ run older steps of your history are shown shortened; their full output is no lon
 Budget: $budget units in all ($budget_note). Your own turns are free. When the budget is spent you can
 still analyse data, update prompts and SUBMIT.
 
-The default loop (one line of code per turn is enough). STEP is a step name in quotes, e.g. the step whose
-outputs the failures get wrong (see their "steps"); the last step if unsure:
-1. `p = propose_instructions(STEP); print(p['texts'])`
-2. `r = compare(['current'] + p['candidates'], ids=p['check_ids']); print(r['summary'])`
-3. `if r['best'] > 0: print(update_prompt(STEP, r['best_instructions'][STEP]))`   (keep the winner)
-4. `v = evaluate_program(split='val'); print(v['score'], baseline_val['score'])`   (the checkpoint, if there is a
-   validation split)
+The default loop (one line of code per turn is enough). The optimizer state at the end of every turn closes
+with the loop's next line, step names and ids filled in: when you have nothing better, run that line as written.
+1. `p = propose_instructions(STEP); print(p['texts'])` (STEP: a step name in quotes, the step whose outputs the
+   failures get wrong; the last step if unsure)
+2. `r = compare(['current', 'proposal-1'], ids='3,5,8'); print(r['summary'])` (the proposal's candidate_ids and
+   check_ids: the current prompts against the proposal on the same examples)
+3. `print(adopt_candidate('proposal-1'))` when the proposal won (keep the winner)
+4. `print(evaluate_program(split='val'))` (the checkpoint, if there is a validation split)
 5. Repeat from 1 (for the same or another step) while the budget lasts, then
    `SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])`.
 Leave the loop when you can do better: analyse failures with code, ask `llm_query_batched` about groups of

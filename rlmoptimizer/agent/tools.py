@@ -18,6 +18,7 @@ from typing import Any
 
 import dspy
 
+from rlmoptimizer.agent.guide import LoopGuide
 from rlmoptimizer.agent.moves import Moves
 from rlmoptimizer.agent.working_program import WorkingProgram, agent_error
 from rlmoptimizer.budget import BudgetLedger, Reservation
@@ -105,17 +106,25 @@ class AgentTools:
             check_map=lambda mapping: working.validate_prompt_map(mapping, what="a candidate"),
             proposal_lm=proposal_lm,
         )
+        self.guide = LoopGuide(working.step_names, lambda: ledger.left, val_size=len(runs.splits.get("val", ())),
+                               train_status=self._train_status)
 
     def _evaluate_instructions(self, instructions: dict[str, str], split: str, ids: list[int], *, rollout: int = 0,
                                label: str = "agent", reservation: Reservation | None = None) -> EvalRun:
         return self.working.evaluate(split, ids, label, instructions=instructions, rollout=rollout,
                                      reservation=reservation)
 
+    def _train_status(self) -> tuple[list[int], int]:
+        """Train ids the current instructions have not been evaluated on, and how many evaluated ones fail."""
+        ids = range(len(self.runs.splits["train"]))
+        stored = self.runs.stored(self.working.instructions(), "train", ids)
+        return [i for i in ids if i not in stored], sum(1 for record in stored.values() if not record.passed)
+
     def tool_functions(self) -> list[Callable]:
         """The agent's tools, in the order the instructions describe them."""
         return [
             self.evaluate_program, self.run_data, self.update_prompt, self.optimization_status,
-            self.propose_instructions, self.compare, self.diff_runs, self.hard_examples, self.candidates,
+            self.propose_instructions, self.compare, self.adopt_candidate, self.diff_runs, self.hard_examples, self.candidates,
             self.add_note, self.read_notes,
         ]
 
@@ -152,6 +161,7 @@ class AgentTools:
             if rollouts != 1:
                 return self.moves.evaluate_rollouts(self.working.instructions(), "val", [], rollouts)  # refuses
             run = self.working.evaluate("val", None, label="agent")
+            self.guide.validated()
             return run.agent_view()
         failed: list[int] | None = None
         if failed_from_run is not None:
@@ -180,7 +190,9 @@ class AgentTools:
         """GEPA's reflective proposal: new instructions for `step`, written by the sub-LM from that step's inputs/outputs, the expected fields, scores and metric feedback of the failures of the current instructions (or of run_id, or of the examples ids=[...]). guidance= adds your own requirements. Changes nothing; 1 budget unit per proposal (n proposals). Returns {'texts', 'candidates': [{step: text}], 'example_ids', 'check_ids', ...}."""
         if ids is not None:
             ids = self._select("propose_instructions", ids=ids)
-        return self._as_sub(self.moves.propose_instructions)(step, run_id=run_id, ids=ids, n=n, guidance=guidance)
+        result = self._as_sub(self.moves.propose_instructions)(step, run_id=run_id, ids=ids, n=n, guidance=guidance)
+        self.guide.proposed(step, result["candidate_ids"], result["check_ids"])
+        return result
 
     def compare(self, candidates: Any, split: str = "train", ids: Any = None, limit: int | None = None,
                 sample: str | None = None, seed: int = 0, rollouts: int = 1) -> dict:
@@ -192,7 +204,26 @@ class AgentTools:
                 "compare: validation always runs on the whole split and takes no selection",
                 "call compare(candidates, split='val') without ids, limit or sample",
             )
-        return self.moves.compare(candidates, split=split, ids=ids, rollouts=rollouts)
+        result = self.moves.compare(candidates, split=split, ids=ids, rollouts=rollouts)
+        sources = [row["source"] for row in result["candidates"]]
+        if split == "val" and "current" in sources:
+            self.guide.validated()
+        self.guide.compared(sources, result["best"], split)
+        return result
+
+    def adopt_candidate(self, candidate: Any) -> dict:
+        """Make a candidate the current instructions: a proposal id ('proposal-2'), a run id (that run's instructions) or a {step: text} dict (other steps keep their text). Free. Returns {'changed_steps', 'version'}."""
+        if isinstance(candidate, str) and candidate == "current":
+            raise agent_error("'current' is already the current instructions", "pass a proposal id, a run id or a {step: text} dict")
+        instructions = self.moves.instructions_of(candidate)
+        changed = sorted(step for step, text in instructions.items() if self.working.instructions().get(step) != text)
+        if changed:
+            try:
+                self.working.set_instructions({step: instructions[step] for step in changed}, source="adopt_candidate")
+            except (StructureChangedError, ConfigurationError) as exc:
+                raise agent_error(f"adopt refused: {exc}", "only change the instructions text of existing steps") from None
+            self.guide.changed()
+        return {"changed_steps": changed, "version": len(self.working.prompt_versions)}
 
     def _select(self, tool: str, **selection: Any) -> list[int]:
         try:
@@ -226,6 +257,7 @@ class AgentTools:
             self.working.set_instructions({step: text}, source="update_prompt")
         except (StructureChangedError, ConfigurationError) as exc:
             raise agent_error(f"update refused: {exc}", "only change the instructions text of an existing step") from None
+        self.guide.changed()
         return {"step": step, "previous": previous, "version": len(self.working.prompt_versions)}
 
     def optimization_status(self) -> dict:

@@ -165,7 +165,7 @@ def test_refusals_are_messages_the_agent_can_act_on_and_cost_nothing():
     expected = [
         r"unknown step name 'routing' -> use one of \['summarize.predict', 'route'\]",
         r"candidates must be a non-empty list.* -> pass a list like \['current', \{'step': 'new text'\}\]",
-        r"candidate 1 is str 'best one' -> each candidate is 'current', a run id like 'run-0003', or a \{step: text\} dict",
+        r"candidate 1 is str 'best one' -> each candidate is 'current', a run id like 'run-0003', a proposal id like 'proposal-1', or a \{step: text\} dict",
         r"instructions for step 'route' are empty -> pass non-empty instructions text",
         r"needs 168 budget unit\(s\) \(5 instruction set\(s\) x 12 example\(s\) x 3 rollout\(s\), 12 already stored"
         r" and free\) but 20 are left -> select fewer",

@@ -68,6 +68,9 @@ class MoveContext:
         self._current = current
         self._check_map = check_map
         self._proposal_lm = proposal_lm
+        # Every proposal of this compile() by id ('proposal-1', ...): a candidate the other moves accept by name.
+        self.proposals: dict[str, dict[str, str]] = {}
+        self.proposal_calls = 0  # proposal LM calls made, each with its own rollout id
 
     def _lm(self) -> dspy.BaseLM:
         lm = self._proposal_lm() if callable(self._proposal_lm) and not isinstance(self._proposal_lm, dspy.BaseLM) else self._proposal_lm
@@ -94,7 +97,13 @@ class MoveContext:
             raise refuse(f"{tool}: run {run.run_id} is a {run.split} run", "pass a train run id (validation examples are not shown)")
         return run
 
-    def _resolve(self, candidate: Any, index: int) -> tuple[str, dict[str, str]]:
+    def instructions_of(self, candidate: Any) -> dict[str, str]:
+        """The full {step: text} map a candidate names ('current', a run id, a proposal id or a {step: text}
+        dict merged over the current instructions); :class:`AgentToolError` for anything else."""
+        return self._resolve(candidate, None)[1]
+
+    def _resolve(self, candidate: Any, index: int | None) -> tuple[str, dict[str, str]]:
+        what = "the candidate" if index is None else f"candidate {index}"
         current = self._current()
         if isinstance(candidate, str):
             if candidate == "current":
@@ -102,14 +111,20 @@ class MoveContext:
             if candidate.startswith("run-"):
                 run = self._get_run(candidate)
                 return candidate, dict(run.instructions)
+            if candidate in self.proposals:
+                return candidate, {**current, **self.proposals[candidate]}
+            if candidate.startswith("proposal-"):
+                known = list(self.proposals) or "none yet (call propose_instructions first)"
+                raise refuse(f"{what}: no proposal with id {candidate!r}",
+                             f"use a proposal id propose_instructions returned: {known}")
         if isinstance(candidate, dict):
             if not candidate:
-                raise refuse(f"candidate {index} is an empty dict", "give at least one {step: text} entry, or 'current'")
+                raise refuse(f"{what} is an empty dict", "give at least one {step: text} entry, or 'current'")
             checked = self._check_map(candidate) if self._check_map is not None else dict(candidate)
             return "map", {**current, **checked}
         raise refuse(
-            f"candidate {index} is {type(candidate).__name__} {candidate!r:.80}",
-            "each candidate is 'current', a run id like 'run-0003', or a {step: text} dict",
+            f"{what} is {type(candidate).__name__} {candidate!r:.80}",
+            "each candidate is 'current', a run id like 'run-0003', a proposal id like 'proposal-1', or a {step: text} dict",
         )
 
     def _example_ids(self, split: str, ids: list[int] | None, tool: str) -> list[int]:

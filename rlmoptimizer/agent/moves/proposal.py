@@ -89,7 +89,10 @@ class ProposalMoves(MoveContext):
                     f"budget exhausted: a proposal costs 1 unit, {self.ledger.left} left",
                     "write instructions yourself with update_prompt, or SUBMIT",
                 )
-            lms = [lm if i == 0 else lm.copy(rollout_id=((lm.kwargs or {}).get("rollout_id") or 0) + i)
+            # Each proposal of the compile() is its own sample: a second call on the same failures (the current
+            # prompts won the comparison) gets a new text, not dspy's cached answer to the first.
+            first, self.proposal_calls = self.proposal_calls, self.proposal_calls + reservation.granted
+            lms = [lm if first + i == 0 else lm.copy(rollout_id=((lm.kwargs or {}).get("rollout_id") or 0) + first + i)
                    for i in range(reservation.granted)]
             outcomes = self._propose_all(proposer, lms, step, current, dataset, reservation)
             spent = reservation.spent
@@ -111,6 +114,10 @@ class ProposalMoves(MoveContext):
         if skipped:
             notes.append(f"step {step!r} did not run on example(s) {skipped}; they were left out")
         used = [r.example_id for r in records if r.example_id not in skipped]
+        candidate_ids = []
+        for text in unique:
+            candidate_ids.append(f"proposal-{len(self.proposals) + 1}")
+            self.proposals[candidate_ids[-1]] = {step: text}
         return {
             "step": step,
             "from": source,
@@ -118,6 +125,7 @@ class ProposalMoves(MoveContext):
             "check_ids": used + self._others(used),
             "texts": unique,
             "candidates": [{step: text} for text in unique],
+            "candidate_ids": candidate_ids,
             "budget_spent": spent,
             "budget_left": self.ledger.left,
             "note": "; ".join(notes) or None,

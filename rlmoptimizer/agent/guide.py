@@ -1,0 +1,142 @@
+"""The default loop, one concrete line at a time, and the notice for a turn that changed nothing.
+
+A small root LM does not compose tools from a description; it copies code it is shown. :class:`LoopGuide`
+follows the agent's moves (the tools report them) and names the next line of the default loop with real
+step names, proposal ids and example ids filled in, so that it runs as written:
+
+    propose for a step -> compare against the current prompts on its check ids -> adopt the winner ->
+    validation checkpoint -> propose again (the next step, round robin) ... -> SUBMIT when the budget is spent
+
+A proposal learns from failures: when the current instructions fail no train example evaluated with them, the
+next line evaluates the train examples they have not seen yet, and SUBMIT once they pass every one.
+
+The line closes the state block of every turn and every repeat notice. It is a suggestion: an agent that
+does its own analysis is never held to it, and the guide picks up from whatever it did last.
+
+May import: ``rlmoptimizer.agent._dspy`` (the history type); it sees the moves only as the values the tools pass it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rlmoptimizer.agent._dspy import REPLHistory
+
+SUBMIT_LINE = "SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])"
+MIN_USEFUL_BUDGET = 3
+"""Below this many units left, a new proposal and its comparison cannot both be paid: the guide says SUBMIT."""
+
+
+def _ids_text(ids: Sequence[int]) -> str:
+    return ",".join(str(i) for i in ids)
+
+
+class LoopGuide:
+    """The state of the default loop, told by the tools after each move that succeeded."""
+
+    def __init__(self, step_names: Sequence[str], budget_left: Callable[[], int], val_size: int = 0,
+                 train_status: Callable[[], tuple[list[int], int]] | None = None) -> None:
+        self._steps = list(step_names)
+        self._left = budget_left
+        self._val_size = val_size
+        # (train ids not yet evaluated with the current instructions, how many evaluated ones fail)
+        self._train_status = train_status or (lambda: ([], 1))
+        self._lock = threading.Lock()
+        self._proposed: dict[str, int] = dict.fromkeys(self._steps, 0)
+        self._pending: dict[str, Any] | None = None  # a proposal not yet compared
+        self._winner: str | None = None  # a compared candidate that beat the current prompts, not yet adopted
+        self._unchecked = False  # the current prompts changed since the last validation run
+
+    # -- what the tools report ------------------------------------------------------------------------
+    def proposed(self, step: str, candidate_ids: Sequence[str], check_ids: Sequence[int]) -> None:
+        with self._lock:
+            self._proposed[step] = self._proposed.get(step, 0) + 1
+            self._pending = {"step": step, "ids": list(candidate_ids), "check": list(check_ids)}
+            self._winner = None
+
+    def compared(self, sources: Sequence[str], best: int, split: str) -> None:
+        with self._lock:
+            if split == "val":
+                return
+            self._pending = None
+            source = sources[best] if 0 <= best < len(sources) else "current"
+            first = sources[0] if sources else "current"
+            # A winner other than what the comparison measured against, named so that adopt_candidate takes it.
+            self._winner = source if source != first and source.startswith(("proposal-", "run-")) else None
+
+    def changed(self) -> None:
+        with self._lock:
+            self._winner = None
+            self._unchecked = True
+
+    def validated(self) -> None:
+        with self._lock:
+            self._unchecked = False
+
+    # -- what the agent is shown ----------------------------------------------------------------------
+    def next_line(self) -> str:
+        """The next line of the default loop, runnable as written."""
+        left = self._left()
+        with self._lock:
+            if left <= 0:
+                return SUBMIT_LINE
+            if self._winner is not None:
+                return f"print(adopt_candidate({self._winner!r}))"
+            if self._unchecked and self._val_size and left >= self._val_size:
+                return "print(evaluate_program(split='val'))"
+            pending = self._pending
+            if pending is not None:
+                per_candidate = max(1, left // max(1, len(pending["ids"])))
+                check = pending["check"][:per_candidate]
+                if check:
+                    names = ", ".join(repr(i) for i in ["current", *pending["ids"]])
+                    return f"r = compare([{names}], ids='{_ids_text(check)}'); print(r['summary'])"
+            if left < MIN_USEFUL_BUDGET:
+                return SUBMIT_LINE
+            unevaluated, failing = self._train_status()
+            if not failing:  # nothing to reflect on: find failures first, or stop when train has none
+                if not unevaluated:
+                    return SUBMIT_LINE
+                return f"print(evaluate_program(ids='{_ids_text(unevaluated[:left])}')['score'])"
+            step = self._next_step()
+            return f"p = propose_instructions({step!r}); print(p['texts'])"
+
+    def _next_step(self) -> str:
+        """Round robin over the steps, as GEPA selects components: the step proposed for least often; on a
+        tie the later step (the last one writes the program's output, which the metric judges)."""
+        return min(reversed(self._steps), key=lambda s: self._proposed.get(s, 0))
+
+    def describe(self) -> str:
+        return f"Next line of the default loop (or your own move): {self.next_line()}"
+
+
+# -- the notice for a turn that repeated an earlier one ---------------------------------------------------
+NOTICE = "\n[Notice] "
+
+
+def _same_code(code: str) -> str:
+    return " ".join(code.split())
+
+
+def note_repeat(history: REPLHistory, new: REPLHistory, next_line: str | None = None) -> REPLHistory:
+    """``new`` with a notice appended to its last output when that turn ran the code of an earlier turn again
+    and got the same output: a stuck agent (small root LMs loop like this) learns it changed nothing, and which
+    line moves the optimization on, instead of spending its turns on it. The notice goes at the end, which the
+    history's head+tail truncation keeps."""
+    last = new.entries[-1]
+    code = _same_code(last.code)
+    if not code:
+        return new
+    earlier = [i + 1 for i, entry in enumerate(history.entries)
+               if _same_code(entry.code) == code and entry.output.split(NOTICE)[0] == last.output]
+    if not earlier:
+        return new
+    where = f"step {earlier[0]}" if len(earlier) == 1 else f"steps {', '.join(map(str, earlier))}"
+    times = "once" if len(earlier) == 1 else f"{len(earlier)} times"
+    todo = (f"Run this next instead: {next_line}" if next_line else
+            "Do something different: analyse `baseline_train['examples']` or a run from `run_data(...)`, write new "
+            "instructions with `update_prompt`, check them with `evaluate_program`, or SUBMIT.")
+    notice = f"{NOTICE}This code already ran {times} ({where}) with this same output: running it again changes nothing. {todo}"
+    return history.append(reasoning=last.reasoning, code=last.code, output=last.output + notice)

@@ -1,0 +1,127 @@
+"""The default loop as the state block names it, one runnable line per turn: a root LM that does nothing but
+copy that line optimizes a real two-step program through the real sandbox, and a stuck agent's repeat notice
+names the line that moves it on."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from support.fakes import FunctionLM, last_user_text
+from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
+
+from rlmoptimizer import RLMDocstringOptimizer
+from rlmoptimizer.agent.guide import SUBMIT_LINE, LoopGuide
+
+pytestmark = pytest.mark.slow
+
+HINT = re.compile(r"Next line of the default loop \(or your own move\): (.+)")
+
+
+def copier(seen: list[str]) -> FunctionLM:
+    """A root LM that runs, every turn, exactly the line the optimizer state suggests (what a small model that
+    cannot plan does at best), and records the lines it was shown."""
+
+    def reply(messages):
+        lines = HINT.findall(last_user_text(messages))
+        assert lines, "every turn's state block names the next line"
+        seen.append(lines[-1])
+        return {"reasoning": "follow the default loop", "code": lines[-1]}
+
+    return FunctionLM(reply, name="copier")
+
+
+def proposer(texts: list[str]) -> FunctionLM:
+    """The sub-LM answering dspy's InstructionProposer: ``texts`` in order, then the last one again."""
+    calls = []
+
+    def reply(messages):
+        calls.append(1)
+        return json.dumps({"new_instruction": texts[min(len(calls), len(texts)) - 1]})
+
+    return FunctionLM(reply, name="proposer")
+
+
+def compile_with(root_lm, sub_lm, **kwargs):
+    trainset, valset = make_splits()
+    optimizer = RLMDocstringOptimizer(root_lm=root_lm, sub_lm=sub_lm, eval_lm=FunctionLM(task_lm_reply), num_threads=4,
+                                      **kwargs)
+    return optimizer.compile(student=RouteTicket(), trainset=trainset, metric=metric, valset=valset)
+
+
+def test_a_root_lm_that_only_copies_the_suggested_line_optimizes_the_program():
+    seen: list[str] = []
+    sub_lm = proposer(["Answer with the queue.", POLICY_PROMPT])  # a useless first proposal, then the policy
+    result = compile_with(copier(seen), sub_lm, max_iterations=3, rlm_max_iterations=12)
+
+    codes = [turn["code"] for turn in result.agent_trajectory]
+    compare = r"r = compare\(\['current', 'proposal-{}'\], ids='3,8(,\d+){{5}}'\); print\(r\['summary'\]\)"
+    assert codes[0] == "p = propose_instructions('route'); print(p['texts'])"  # round robin: the last step first
+    assert re.fullmatch(compare.format(1), codes[1])  # on the failures 3, 8 and a sample of 5 others
+    # the first proposal did not win: nothing to adopt; propose again, for the other step
+    assert codes[2] == "p = propose_instructions('summarize.predict'); print(p['texts'])"
+    assert re.fullmatch(compare.format(2), codes[3])
+    assert codes[4] == "p = propose_instructions('route'); print(p['texts'])"
+    assert re.fullmatch(compare.format(3), codes[5])
+    checked = {int(i) for i in re.search(r"ids='([\d,]+)'", codes[5]).group(1).split(",")}
+    unseen = ",".join(str(i) for i in range(12) if i not in checked)
+    assert codes[6:9] == [
+        "print(adopt_candidate('proposal-3'))",
+        "print(evaluate_program(split='val'))",
+        # the policy passes every example it was checked on: the rest of train is evaluated before anything else
+        f"print(evaluate_program(ids='{unseen}')['score'])",
+    ]
+    assert codes[9] == SUBMIT_LINE  # train has no failure left under the adopted instructions
+    assert all("Error" not in turn["output"] for turn in result.agent_trajectory), result.agent_trajectory
+
+    assert result.optimized_dspy_program["route"] == POLICY_PROMPT
+    assert result.route.signature.instructions == POLICY_PROMPT
+    # three proposal calls, each a distinct sample: the second one on the same failures was not dspy's cached reply
+    assert len(sub_lm.calls) == 3
+    spent = result.budget["spent_by_kind"]
+    assert spent["sub_lm_call"] == 3
+    # compares: 7 new records per proposal (the baseline's are free); 8 for validation; 5 for the rest of train
+    assert spent["train_example"] == 7 * 3 + 5 and spent["val_example"] == 8
+
+
+def test_a_repeated_cell_is_answered_with_the_next_line():
+    stuck = {"reasoning": "nothing to change", "code": "print(baseline_train['score'])"}
+    turns = iter([stuck, stuck, {"reasoning": "done", "code": SUBMIT_LINE}])
+    result = compile_with(FunctionLM(lambda messages: next(turns)), proposer([POLICY_PROMPT]), max_iterations=2,
+                          rlm_max_iterations=3)
+    repeated = result.agent_trajectory[1]["output"]
+    assert "This code already ran once (step 1)" in repeated
+    assert "Run this next instead: p = propose_instructions('route'); print(p['texts'])" in repeated
+
+
+def test_adopt_candidate_refuses_what_it_cannot_adopt_and_names_what_it_takes():
+    bad = (
+        "for c in ['proposal-9', 'current', 'run-0099', {'routing': 'x'}, 42]:\n"
+        "    try:\n        adopt_candidate(c)\n    except Exception as e:\n        print('REFUSED', e)\n"
+    )
+    turns = iter([{"reasoning": "try", "code": bad}, {"reasoning": "done", "code": SUBMIT_LINE}])
+    result = compile_with(FunctionLM(lambda messages: next(turns)), proposer([POLICY_PROMPT]), max_iterations=2)
+    refused = [line for line in result.agent_trajectory[0]["output"].splitlines() if line.startswith("REFUSED")]
+    assert len(refused) == 5
+    assert "no proposal with id 'proposal-9' -> use a proposal id propose_instructions returned: none yet" in refused[0]
+    assert "'current' is already the current instructions" in refused[1]
+    assert "no run with id 'run-0099' -> use one of ['run-0001', 'run-0002']" in refused[2]
+    assert "routing" in refused[3] and "route" in refused[3]
+    assert "the candidate is int 42" in refused[4]
+    assert result.route.signature.instructions == RouteTicket().route.signature.instructions
+
+
+def test_the_guide_stops_at_submit_when_the_budget_is_gone_and_checks_validation_only_when_it_can():
+    left = [10]
+    guide = LoopGuide(["a", "b"], lambda: left[0], val_size=8, train_status=lambda: ([], 2))
+    guide.proposed("b", ["proposal-1", "proposal-2"], [1, 2, 3, 4, 5, 6, 7])
+    # two candidates, 10 units: the comparison is cut to 5 examples each so that it fits
+    assert guide.next_line() == "r = compare(['current', 'proposal-1', 'proposal-2'], ids='1,2,3,4,5'); print(r['summary'])"
+    guide.compared(["current", "proposal-1", "proposal-2"], 2, "train")
+    assert guide.next_line() == "print(adopt_candidate('proposal-2'))"
+    guide.changed()
+    left[0] = 7  # validation (8 examples) no longer fits: go on with the loop
+    assert guide.next_line() == "p = propose_instructions('a'); print(p['texts'])"
+    left[0] = 2
+    assert guide.next_line() == SUBMIT_LINE
