@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from rlmoptimizer.errors import BudgetExhaustedError
+from rlmoptimizer.errors import BudgetExhaustedError, ConfigurationError
 
 TRAIN_EXAMPLE = "train_example"
 VAL_EXAMPLE = "val_example"
@@ -26,6 +26,20 @@ KINDS: tuple[str, ...] = (TRAIN_EXAMPLE, VAL_EXAMPLE, SUB_LM_CALL)
 def budget_for(max_iterations: int, train_size: int, val_size: int) -> int:
     """``max_iterations * len(trainset) + len(valset)``: the number of units one ``compile()`` may spend."""
     return max_iterations * train_size + val_size
+
+
+def budget_for_metric_calls(max_metric_calls: int, train_size: int, val_size: int) -> int:
+    """The units left of ``max_metric_calls`` (every run of the program on one example counted, as
+    ``dspy.GEPA``'s ``max_metric_calls``) once the baselines on train and validation are paid; at least 1, else
+    :class:`ConfigurationError` saying how many the baselines need."""
+    left = max_metric_calls - train_size - val_size
+    if left < 1:
+        raise ConfigurationError(
+            f"max_metric_calls={max_metric_calls} does not cover the baseline evaluations of the unchanged program "
+            f"({train_size} train + {val_size} validation examples) and one more call: pass max_metric_calls >= "
+            f"{train_size + val_size + 1} (a useful run needs several times the train set more), or use fewer examples"
+        )
+    return left
 
 
 class Reservation:

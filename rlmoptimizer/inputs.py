@@ -121,6 +121,21 @@ def step_lms(program: Any, eval_lm: Any, eval_lm_source: str) -> dict[str, dict[
     return result
 
 
+def check_budget(max_iterations: Any, max_metric_calls: Any) -> tuple[int | None, int | None]:
+    """``(max_iterations, max_metric_calls)``, exactly one of them set: ``max_iterations`` (5 when neither is
+    given) or ``max_metric_calls``."""
+    if max_iterations is not None and max_metric_calls is not None:
+        raise ConfigurationError(
+            f"pass either max_iterations (a budget of max_iterations x len(trainset) + len(valset) units, the "
+            f"baselines free) or max_metric_calls (every run of the program counted, baselines included, as "
+            f"dspy.GEPA counts them), not both: got max_iterations={max_iterations!r}, "
+            f"max_metric_calls={max_metric_calls!r}"
+        )
+    if max_metric_calls is not None:
+        return None, check_positive_int("max_metric_calls", max_metric_calls)
+    return check_positive_int("max_iterations", 5 if max_iterations is None else max_iterations), None
+
+
 def check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigurationError(f"{name} must be an int >= {minimum}, got {value!r}")

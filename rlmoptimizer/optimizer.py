@@ -1,22 +1,17 @@
 """``RLMDocstringOptimizer``: the DSPy teleprompter whose optimizer is an LLM agent in a sandboxed REPL.
 
-The flow of one ``compile()``:
+The flow of one ``compile()``: check the inputs and fail fast (before any LM call) with a message that says what
+to fix; copy the student (as leniently as dspy's Module.deepcopy, refused if it cannot be copied apart) and take
+its structural fingerprint; start the sandbox in the background while the baseline runs on train and validation;
+run the agent (a ``dspy.RLM``) with the tools until it SUBMITs or runs out of turns; check the submission,
+evaluate it on validation if needed, and return the best of it and every candidate checked on validation (never
+worse than the student), with the result attributes attached.
 
-1. check the inputs and fail fast (before any LM call) with a message that says what to fix;
-2. copy the student (as leniently as dspy's Module.deepcopy, refused here if it cannot be copied apart) and take
-   its structural fingerprint;
-3. start the sandbox in the background while the baseline runs (its cold start is hidden);
-4. evaluate the unchanged program on train and validation (free);
-5. run the agent (a ``dspy.RLM``) with the tools until it SUBMITs or runs out of turns;
-6. check the submission, evaluate it on validation if needed, and return the best of it and every
-   candidate checked on validation (never worse than the student); attach the result attributes.
-
-Per-compile state lives in a :class:`_Compile` local to ``compile()``; nothing of it is kept on the
-optimizer, so one optimizer can compile twice. This module only wires the rooms and runs the flow: the
-checks are in :mod:`rlmoptimizer.inputs`, the choice in :mod:`rlmoptimizer.selection`, the agent in
-:mod:`rlmoptimizer.agent`, evaluations in :mod:`rlmoptimizer.evaluation`, the run directory in
-:mod:`rlmoptimizer.storage`; what happens is sent as events (:mod:`rlmoptimizer.events`) to the journal and
-the display.
+Per-compile state lives in a :class:`_Compile` local to ``compile()``, so one optimizer can compile twice. This
+module only wires the rooms and runs the flow: checks in :mod:`rlmoptimizer.inputs`, the choice in
+:mod:`rlmoptimizer.selection`, the agent in :mod:`rlmoptimizer.agent`, evaluations in
+:mod:`rlmoptimizer.evaluation`, the run directory in :mod:`rlmoptimizer.storage`; what happens is sent as events
+(:mod:`rlmoptimizer.events`) to the journal and the display.
 
 May import: every room.
 """
@@ -34,12 +29,12 @@ from rich.console import Console
 
 from rlmoptimizer.agent.agent import OptimizerAgent
 from rlmoptimizer.agent.context import long_run_options
-from rlmoptimizer.agent.prompts import agent_signature, render_setup_code, render_task_brief
+from rlmoptimizer.agent.prompts import agent_signature, budget_note, render_setup_code, render_task_brief
 from rlmoptimizer.agent.root_lm import for_attempt
 from rlmoptimizer.agent.stop import StopRequest
 from rlmoptimizer.agent.tools import AgentTools
 from rlmoptimizer.agent.working_program import WorkingProgram
-from rlmoptimizer.budget import BudgetLedger, budget_for
+from rlmoptimizer.budget import BudgetLedger, budget_for, budget_for_metric_calls
 from rlmoptimizer.display import Display
 from rlmoptimizer.errors import AgentToolError, OptimizationInterrupted, RLMOptimizerError, RunDirectoryMismatchError
 from rlmoptimizer.evaluation.evaluator import Evaluator
@@ -57,6 +52,7 @@ from rlmoptimizer.fingerprint import (
     structural_fingerprint,
 )
 from rlmoptimizer.inputs import (
+    check_budget,
     check_compile_args,
     check_context_window,
     check_examples,
@@ -91,13 +87,16 @@ class RLMDocstringOptimizer(Teleprompter):
 
     The budget is ``max_iterations * len(trainset) + len(valset)`` units: one evaluated example costs 1,
     one sub-LM prompt (the agent's ``llm_query``) costs 1; baseline runs and the agent's own turns are free.
+    With ``max_metric_calls`` instead, every run of the program counts (baselines and the final check too),
+    as ``dspy.GEPA`` counts them: the budget is what the baselines leave of it.
     """
 
     def __init__(
         self,
         *,
         # budget
-        max_iterations: int = 5,
+        max_iterations: int | None = None,
+        max_metric_calls: int | None = None,
         # models
         root_lm: dspy.BaseLM | None = None,
         sub_lm: dspy.BaseLM | None = None,
@@ -125,7 +124,7 @@ class RLMDocstringOptimizer(Teleprompter):
         use_mlflow: bool = False,
     ) -> None:
         super().__init__()
-        self.max_iterations = check_positive_int("max_iterations", max_iterations)
+        self.max_iterations, self.max_metric_calls = check_budget(max_iterations, max_metric_calls)
         self.root_lm = check_lm("root_lm", root_lm, required=True)
         self.sub_lm = check_lm("sub_lm", sub_lm, required=False)
         self.eval_lm = check_lm("eval_lm", eval_lm, required=False)
@@ -186,7 +185,8 @@ class _Compile:
         self.fingerprint = structural_fingerprint(self.program)
         check_structure(self.fingerprint, student)  # the copy is faithful: same fields, demos and modules
         self.initial_instructions = get_instructions(self.program)
-        self.budget_limit = budget_for(config.max_iterations, len(self.trainset), len(self.valset))
+        self.budget_limit = (budget_for_metric_calls if config.max_metric_calls else budget_for)(
+            config.max_metric_calls or config.max_iterations, len(self.trainset), len(self.valset))
 
         # One live compile per directory: take it before reading anything from it, give it up when run() ends
         # (or here, if the directory is refused). Reading back a finished run takes it without writing.
@@ -322,7 +322,8 @@ class _Compile:
             raise RuntimeError("a run that is not finished needs its sandbox")
 
         agent = OptimizerAgent(
-            agent_signature(self.budget_limit, len(self.trainset), self.config.max_iterations, len(self.valset)),
+            agent_signature(self.budget_limit, budget_note(len(self.trainset), len(self.valset),
+                                                           self.config.max_iterations, self.config.max_metric_calls)),
             ledger=self.ledger,
             setup_code=render_setup_code(
                 baseline_train.run_id, baseline_val.run_id if baseline_val else "", self.working.step_names
@@ -331,16 +332,13 @@ class _Compile:
             stop=self.stop,
             prior_turns=self.resume.turns,
             validate_submission=self.working.validate_submission,
-            max_iters=self.config.rlm_max_iterations,
-            max_llm_calls=self.config.rlm_max_llm_calls,
+            max_iters=self.config.rlm_max_iterations, max_llm_calls=self.config.rlm_max_llm_calls,
             max_output_chars=self.config.rlm_max_output_chars,
             stateful_session=self.config.root_stateful_session,  # a resumed run starts a fresh chain
             multiturn_history=self.config.rlm_multiturn_history,
-            tools=self.tools.tool_functions(),
+            tools=self.tools.tool_functions(), sub_lm=self.sub_lm, interpreter_factory=sandbox.as_factory(),
             **long_run_options(self.root_lm, self.config.root_context_window, self.config.rlm_max_output_chars,
                                self.runs, self.working, self.ledger, self.notes, self.usage, self.tools.guide),
-            sub_lm=self.sub_lm,
-            interpreter_factory=sandbox.as_factory(),
         )
         brief = render_task_brief(
             {name: str(p.signature.signature) for name, p in self.program.named_predictors()},
@@ -365,10 +363,12 @@ class _Compile:
         complete = [r for r in self.runs.all() if r.split == split and r.evaluated_count == size and r.rollout == 0]
         submitted_run = next((r for r in reversed(complete) if r.instructions == submission), None)
         cap = self.usage.cap_message().split(",")[0] if self.usage.cap_reached else ""
-        if submitted_run is None and cap:  # no more spending: never return an unchecked submission
-            return best_checked(split=split, complete=complete, initial=self.initial_instructions, why=cap)
+        charged = self.ledger.left >= size  # with max_metric_calls every run counts: no check is free
+        unpaid = "max_metric_calls left too few calls" if self.config.max_metric_calls and not charged else ""
+        if submitted_run is None and (cap or unpaid):  # no more spending: never return an unchecked submission
+            return best_checked(split=split, complete=complete, initial=self.initial_instructions, why=cap or unpaid,
+                                spending_cap=bool(cap))
         if submitted_run is None:
-            charged = self.ledger.left >= size
             self.working.set_instructions(submission, source="submission")
             submitted_run = self.working.evaluate(split, None, label="submission", charged=charged)
             complete.append(submitted_run)

@@ -46,14 +46,16 @@ def never_worse(
     return _selection(split, chosen_run, complete, reason, submitted_run)
 
 
-def best_checked(*, split: str, complete: Sequence[EvalRun], initial: dict[str, str], why: str) -> Selection:
-    """The submission could not be checked on ``split`` (``why``: the spending cap stopped spending first): the
-    best candidate that was checked, the unchanged instructions on a tie; never an unchecked submission."""
+def best_checked(*, split: str, complete: Sequence[EvalRun], initial: dict[str, str], why: str,
+                 spending_cap: bool = True) -> Selection:
+    """The submission could not be checked on ``split`` (``why``: the spending cap stopped spending first, or
+    ``max_metric_calls`` is spent): the best candidate that was checked, the unchanged instructions on a tie;
+    never an unchecked submission."""
     order = {id(r): i for i, r in enumerate(complete)}
     chosen_run = max(complete, key=lambda r: (r.score, r.instructions == initial, order[id(r)]))
     reason = (f"{why} before the agent's submission could be checked on {split}; returning the best checked "
               f"candidate, {chosen_run.run_id} ({chosen_run.label}) at {chosen_run.score:.4f}")
-    return replace(_selection(split, chosen_run, complete, reason, None), spending_cap_reached=True)
+    return replace(_selection(split, chosen_run, complete, reason, None), spending_cap_reached=spending_cap)
 
 
 def _selection(split: str, chosen_run: EvalRun, complete: Sequence[EvalRun], reason: str,

@@ -12,9 +12,11 @@ How each budget setting maps to B metric calls (one metric call = the program ru
   up to 3 successes each; measured, not predicted exactly), then evaluates the default program on the whole
   valset, ``num_trials`` minibatches and a full valset evaluation after every ``minibatch_full_eval_steps``
   trials and at the end. :func:`mipro_trials_for_budget` picks the most trials that fit B.
-* rlmoptimizer: ``max_iterations = round((B - len(valset)) / len(trainset))``, whose budget
-  ``max_iterations * len(trainset) + len(valset)`` units is closest to B (a unit is one evaluated example or
-  one sub-LM prompt; its baseline evaluations are free, so it may make more metric calls than B).
+* rlmoptimizer: ``max_metric_calls=B``, counted as GEPA counts it: its baseline evaluations on train and
+  validation and the final validation check of its submission are in B, and the agent's units are what the
+  baselines leave (a unit is one evaluated example or one sub-LM prompt, so sub-LM calls leave fewer metric
+  calls). ``root_context_window`` is the optimizer server's ``--n-ctx`` when that model is local (litellm
+  knows no window for it).
 """
 
 from __future__ import annotations
@@ -137,36 +139,34 @@ def run_mipro(ctx: ArmContext) -> tuple[dspy.Module, dict]:
     return optimized, {"settings": settings}
 
 
-def rlm_iterations_for_budget(budget: int, train_size: int, val_size: int) -> int:
-    return max(1, round((budget - val_size) / train_size))
-
-
 def run_rlmoptimizer(ctx: ArmContext) -> tuple[dspy.Module, dict]:
     try:
         from rlmoptimizer import RLMDocstringOptimizer
     except Exception as e:  # any import failure makes the arm unavailable, not the benchmark
         raise Unavailable(f"{type(e).__name__}: {e}") from e
-    max_iterations = rlm_iterations_for_budget(ctx.budget, len(ctx.train), len(ctx.val))
+    window = ctx.options.get("root_context_window")
     settings = {
-        "max_iterations": max_iterations,
-        "budget_units": max_iterations * len(ctx.train) + len(ctx.val),
+        "max_metric_calls": ctx.budget,
+        "budget_units": ctx.budget - len(ctx.train) - len(ctx.val),
         "rlm_max_iterations": ctx.options["rlm_max_turns"],
         "rlm_max_llm_calls": ctx.options["rlm_max_llm_calls"],
+        "root_context_window": window,
         "num_threads": ctx.num_threads,
     }
     optimizer = RLMDocstringOptimizer(
-        max_iterations=max_iterations,
+        max_metric_calls=ctx.budget,
         root_lm=ctx.optimizer_lm,
         sub_lm=ctx.optimizer_lm,
         eval_lm=ctx.task_lm,
         num_threads=ctx.num_threads,
         rlm_max_iterations=ctx.options["rlm_max_turns"],
         rlm_max_llm_calls=ctx.options["rlm_max_llm_calls"],
+        root_context_window=window,
         run_storage_dir=ctx.out_dir / "rlmoptimizer",
     )
     optimized = optimizer.compile(student=ctx.program, trainset=ctx.train, metric=ctx.metric, valset=ctx.val)
     details: dict[str, Any] = {"settings": settings}
-    for name in ("optimized_dspy_program", "budget", "selection", "run_storage_dir"):
+    for name in ("optimized_dspy_program", "budget", "selection", "run_storage_dir", "agent_trajectory"):
         if hasattr(optimized, name):
             details[name] = getattr(optimized, name)
     return optimized, details

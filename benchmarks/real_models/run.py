@@ -183,6 +183,13 @@ def make_lm(model: str, meter: Meter, *, server, api_base, api_key, max_tokens: 
                      temperature=temperature, num_retries=2, **extra)
 
 
+def _optimizer_window(args) -> int | None:
+    """The optimizer LM's context window when it is served here (litellm knows none for the local model)."""
+    if args.optimizer_model != LOCAL:
+        return None
+    return max(args.n_ctx, args.task_n_ctx) if args.one_server else args.n_ctx
+
+
 def run_arm(key: str, args, task, data, task_lm, optimizer_lm, meters, out_dir: Path,
             scored: dict[str, tuple[str, dict]]) -> dict[str, Any]:
     """One arm: optimize, then score on test. Failures become the row's status; only Ctrl-C stops the run.
@@ -198,7 +205,7 @@ def run_arm(key: str, args, task, data, task_lm, optimizer_lm, meters, out_dir: 
         metric=metric, budget=args.budget, num_threads=args.num_threads, seed=args.seed, out_dir=out_dir,
         options={"mipro_candidates": args.mipro_candidates, "mipro_minibatch_size": args.mipro_minibatch_size,
                  "mipro_full_eval_steps": args.mipro_full_eval_steps, "rlm_max_turns": args.rlm_max_turns,
-                 "rlm_max_llm_calls": args.rlm_max_llm_calls},
+                 "rlm_max_llm_calls": args.rlm_max_llm_calls, "root_context_window": _optimizer_window(args)},
     )
     row: dict[str, Any] = {"arm": arm.name, "key": key, "status": "ok", "error": None, "details": {}}
     log.info("=== %s: optimizing (budget %d metric calls) ===", arm.name, args.budget)

@@ -135,12 +135,23 @@ def render_instructions(budget: int, budget_note: str) -> str:
     return template.substitute(budget=budget, budget_note=budget_note)
 
 
-def agent_signature(budget: int, train_size: int, max_iterations: int, val_size: int):
+def budget_note(train_size: int, val_size: int, max_iterations: int | None = None,
+                max_metric_calls: int | None = None) -> str:
+    """What the agent's budget is worth, in the words of the setting the user chose."""
+    if max_metric_calls is not None:
+        check = "validation" if val_size else "train"
+        return (f"max_metric_calls={max_metric_calls}: every run of the program counts, and the baselines took "
+                f"{train_size + val_size}; the {check} check of a submission not yet evaluated on {check} is paid from "
+                f"it too, and without the units for it the best checked candidate is returned instead, so check "
+                f"what you submit")
+    return f"enough to evaluate the {train_size} train examples {max_iterations} time(s)" + (
+        f" plus the {val_size} validation examples once" if val_size else "")
+
+
+def agent_signature(budget: int, note: str):
     """The agent's signature: the task brief in, the submission out, :data:`AGENT_INSTRUCTIONS` filled in."""
     import dspy
 
-    note = f"enough to evaluate the {train_size} train examples {max_iterations} time(s)" + (
-        f" plus the {val_size} validation examples once" if val_size else "")
     return dspy.Signature("task_brief: str -> optimized_dspy_program: dict[str, str]",
                           render_instructions(budget, note))
 

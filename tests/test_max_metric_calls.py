@@ -1,0 +1,82 @@
+"""``max_metric_calls``: a budget counted as dspy.GEPA counts it, every run of the program on one example
+(baselines and the final validation check included), never exceeded; a submission the rest cannot check is not
+returned unchecked."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from support.fakes import FunctionLM, scripted_agent
+from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
+
+from rlmoptimizer import RLMDocstringOptimizer
+from rlmoptimizer.errors import ConfigurationError
+
+pytestmark = pytest.mark.slow
+
+ORIGINAL_ROUTE = RouteTicket().route.signature.instructions
+SUBMIT = "SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])"
+
+
+class CountingMetric:
+    def __init__(self):
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, example, prediction, trace=None):
+        with self._lock:
+            self.calls += 1
+        return metric(example, prediction, trace)
+
+
+def compile_with(codes, max_metric_calls, **kwargs):
+    trainset, valset = make_splits()  # 12 train, 8 validation examples
+    counting = CountingMetric()
+    root = scripted_agent([{"reasoning": "step", "code": code} for code in codes])
+    optimizer = RLMDocstringOptimizer(max_metric_calls=max_metric_calls, root_lm=root, eval_lm=FunctionLM(task_lm_reply),
+                                      num_threads=4, **kwargs)
+    result = optimizer.compile(student=RouteTicket(), trainset=trainset, metric=counting, valset=valset)
+    return result, counting.calls, root
+
+
+def test_every_run_counts_and_a_checked_submission_is_returned():
+    result, calls, root = compile_with([
+        f"print(update_prompt('route', {POLICY_PROMPT!r})['version'])",
+        "print(evaluate_program(split='val')['score'])",
+        SUBMIT,
+    ], max_metric_calls=40)
+    assert result.budget["limit"] == 40 - 12 - 8  # what the baselines leave
+    assert calls == 12 + 8 + 8  # the baselines and one validation run; the submission was already checked
+    assert result.route.signature.instructions == POLICY_PROMPT
+    assert "max_metric_calls=40: every run of the program counts" in str(root.calls[0])
+
+
+def test_a_submission_the_rest_cannot_check_is_not_returned_and_the_limit_holds():
+    result, calls, _ = compile_with([
+        f"print(update_prompt('route', {POLICY_PROMPT!r})['version'])",
+        "print(evaluate_program()['score'])",
+        "print(update_prompt('route', 'Route it.')['version'])",
+        "print(evaluate_program(limit=12)['evaluated_count'])",  # only 8 fit
+        SUBMIT,
+    ], max_metric_calls=40)
+    assert calls == 40  # 20 for the baselines, 12 + 8 by the agent; no free check after that
+    assert result.budget["left"] == 0
+    # the submission ('Route it.') was never checked on validation: the best checked candidate is the baseline
+    assert result.route.signature.instructions == ORIGINAL_ROUTE
+    assert "max_metric_calls left too few calls" in result.selection["reason"]
+    assert result.selection["spending_cap_reached"] is False
+
+
+def test_max_metric_calls_is_checked_before_any_lm_call():
+    with pytest.raises(ConfigurationError, match="either max_iterations .* or max_metric_calls"):
+        RLMDocstringOptimizer(max_iterations=3, max_metric_calls=80, root_lm=FunctionLM(lambda m: {}))
+    with pytest.raises(ConfigurationError, match="max_metric_calls must be an int >= 1, got 0"):
+        RLMDocstringOptimizer(max_metric_calls=0, root_lm=FunctionLM(lambda m: {}))
+    root, task = FunctionLM(lambda m: {}), FunctionLM(task_lm_reply)
+    trainset, valset = make_splits()
+    optimizer = RLMDocstringOptimizer(max_metric_calls=20, root_lm=root, eval_lm=task)
+    with pytest.raises(ConfigurationError, match=r"max_metric_calls=20 does not cover .* \(12 train \+ 8 validation"
+                                                 r" examples\) .* pass max_metric_calls >= 21"):
+        optimizer.compile(student=RouteTicket(), trainset=trainset, metric=metric, valset=valset)
+    assert root.calls == [] and task.calls == []
