@@ -7,7 +7,8 @@ step names, proposal ids and example ids filled in, so that it runs as written:
     propose for a step -> compare against the current prompts on its check ids -> adopt the winner ->
     validation checkpoint -> propose again (the next step, round robin) ... -> SUBMIT when the budget is spent
 
-A proposal learns from failures: when the current instructions fail no train example evaluated with them, the
+The moves never spend the units one validation check needs, so what gets adopted can still be checked (with
+``max_metric_calls`` nothing unchecked is returned). A proposal learns from failures: when the current instructions fail no train example evaluated with them, the
 next line evaluates the train examples they have not seen yet, and SUBMIT once they pass every one.
 
 The line closes the state block of every turn and every repeat notice. It is a suggestion: an agent that
@@ -26,7 +27,8 @@ from rlmoptimizer.agent._dspy import REPLHistory
 
 SUBMIT_LINE = "SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])"
 MIN_USEFUL_BUDGET = 3
-"""Below this many units left, a new proposal and its comparison cannot both be paid: the guide says SUBMIT."""
+"""Below this many units to spend (beyond one validation check), a new proposal and its comparison cannot both be
+paid: the guide says SUBMIT."""
 
 
 def _ids_text(ids: Sequence[int]) -> str:
@@ -50,10 +52,17 @@ class LoopGuide:
         self._unchecked = False  # the current prompts changed since the last validation run
 
     # -- what the tools report ------------------------------------------------------------------------
-    def proposed(self, step: str, candidate_ids: Sequence[str], check_ids: Sequence[int]) -> None:
+    def proposed(self, step: str, candidate_ids: Sequence[str], check_ids: Sequence[int],
+                 failure_ids: Sequence[int] = ()) -> None:
+        """A proposal: compare it on ``check_ids``, failures and other examples taken in turn, so that a
+        comparison cut short to fit the budget still checks both what it should fix and what it may break."""
+        failures = [i for i in check_ids if i in set(failure_ids)]
+        others = [i for i in check_ids if i not in set(failure_ids)]
+        order = [i for pair in zip(failures, others) for i in pair]
+        order += failures[len(others):] + others[len(failures):]
         with self._lock:
             self._proposed[step] = self._proposed.get(step, 0) + 1
-            self._pending = {"step": step, "ids": list(candidate_ids), "check": list(check_ids)}
+            self._pending = {"step": step, "ids": list(candidate_ids), "check": order}
             self._winner = None
 
     def compared(self, sources: Sequence[str], best: int, split: str) -> None:
@@ -86,20 +95,21 @@ class LoopGuide:
                 return f"print(adopt_candidate({self._winner!r}))"
             if self._unchecked and self._val_size and left >= self._val_size:
                 return "print(evaluate_program(split='val'))"
+            # What moves may spend: the rest keeps one validation check of what gets submitted paid for.
+            free = left - self._val_size
             pending = self._pending
-            if pending is not None:
-                per_candidate = max(1, left // max(1, len(pending["ids"])))
-                check = pending["check"][:per_candidate]
+            if pending is not None and free > 0:
+                check = pending["check"][: free // max(1, len(pending["ids"]))]
                 if check:
                     names = ", ".join(repr(i) for i in ["current", *pending["ids"]])
                     return f"r = compare([{names}], ids='{_ids_text(check)}'); print(r['summary'])"
-            if left < MIN_USEFUL_BUDGET:
+            if free < MIN_USEFUL_BUDGET:
                 return SUBMIT_LINE
             unevaluated, failing = self._train_status()
             if not failing:  # nothing to reflect on: find failures first, or stop when train has none
                 if not unevaluated:
                     return SUBMIT_LINE
-                return f"print(evaluate_program(ids='{_ids_text(unevaluated[:left])}')['score'])"
+                return f"print(evaluate_program(ids='{_ids_text(unevaluated[:free])}')['score'])"
             step = self._next_step()
             return f"p = propose_instructions({step!r}); print(p['texts'])"
 

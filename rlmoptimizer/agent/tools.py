@@ -191,7 +191,7 @@ class AgentTools:
         if ids is not None:
             ids = self._select("propose_instructions", ids=ids)
         result = self._as_sub(self.moves.propose_instructions)(step, run_id=run_id, ids=ids, n=n, guidance=guidance)
-        self.guide.proposed(step, result["candidate_ids"], result["check_ids"])
+        self.guide.proposed(step, result["candidate_ids"], result["check_ids"], result["example_ids"])
         return result
 
     def compare(self, candidates: Any, split: str = "train", ids: Any = None, limit: int | None = None,
