@@ -58,7 +58,7 @@ class LoopGuide:
         comparison cut short to fit the budget still checks both what it should fix and what it may break."""
         failures = [i for i in check_ids if i in set(failure_ids)]
         others = [i for i in check_ids if i not in set(failure_ids)]
-        order = [i for pair in zip(failures, others) for i in pair]
+        order = [i for pair in zip(failures, others, strict=False) for i in pair]
         order += failures[len(others):] + others[len(failures):]
         with self._lock:
             self._proposed[step] = self._proposed.get(step, 0) + 1
