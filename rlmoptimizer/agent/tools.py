@@ -187,7 +187,7 @@ class AgentTools:
         return run.agent_view()
     def propose_instructions(self, step: str, run_id: str | None = None, ids: Any = None, n: int = 1,
                              guidance: str = "") -> dict:
-        """GEPA's reflective proposal: new instructions for `step`, written by the sub-LM from that step's inputs/outputs, the expected fields, scores and metric feedback of the failures of the current instructions (or of run_id, or of the examples ids=[...]). guidance= adds your own requirements. Changes nothing; 1 budget unit per proposal (n proposals). Returns {'texts', 'candidates': [{step: text}], 'example_ids', 'check_ids', ...}."""
+        """GEPA's reflective proposal: new instructions for `step`, written by the sub-LM from that step's inputs/outputs, the expected fields, scores and metric feedback of the failures of the current instructions (or of run_id, or of the examples ids=[...]). guidance= adds your own requirements. Changes nothing; 1 budget unit per proposal (n proposals). Returns {'texts', 'candidate_ids': ['proposal-1', ...] (names compare and adopt_candidate take), 'candidates': [{step: text}], 'example_ids', 'check_ids', ...}."""
         if ids is not None:
             ids = self._select("propose_instructions", ids=ids)
         result = self._as_sub(self.moves.propose_instructions)(step, run_id=run_id, ids=ids, n=n, guidance=guidance)
@@ -196,7 +196,7 @@ class AgentTools:
 
     def compare(self, candidates: Any, split: str = "train", ids: Any = None, limit: int | None = None,
                 sample: str | None = None, seed: int = 0, rollouts: int = 1) -> dict:
-        """Evaluate several instruction sets on the same examples without changing the current prompts. Each candidate: 'current', a run id (that run's instructions) or a {step: text} dict (other steps keep their current text). Returns per candidate score, passed_count, wins/losses/ties vs the first, per example scores (train), 'best' (index; ties keep the earlier) and 'best_instructions'. 1 unit per new example per candidate per rollout; stored records are free; refused if the budget cannot cover it all."""
+        """Evaluate several instruction sets on the same examples without changing the current prompts. Each candidate: 'current', a run id (that run's instructions), a proposal id or a {step: text} dict (other steps keep their current text). Returns per candidate score, passed_count, wins/losses/ties vs the first, per example scores (train), 'best' (index; ties keep the earlier) and 'best_instructions'. 1 unit per new example per candidate per rollout; stored records are free; refused if the budget cannot cover it all."""
         if split == "train":
             ids = self._select("compare", ids=ids, limit=limit, sample=sample, seed=seed)
         elif any(v is not None for v in (ids, limit, sample)):
