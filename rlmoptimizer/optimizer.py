@@ -363,8 +363,8 @@ class _Compile:
         complete = [r for r in self.runs.all() if r.split == split and r.evaluated_count == size and r.rollout == 0]
         submitted_run = next((r for r in reversed(complete) if r.instructions == submission), None)
         cap = self.usage.cap_message().split(",")[0] if self.usage.cap_reached else ""
-        charged = self.ledger.left >= size  # with max_metric_calls every run counts: no check is free
-        unpaid = "max_metric_calls left too few calls" if self.config.max_metric_calls and not charged else ""
+        charged = self.ledger.left >= size - len(self.runs.stored(submission, split, range(size)))  # stored: free
+        unpaid = "max_metric_calls left too few calls" if self.config.max_metric_calls and not charged else ""  # none free
         if submitted_run is None and (cap or unpaid):  # no more spending: never return an unchecked submission
             return best_checked(split=split, complete=complete, initial=self.initial_instructions, why=cap or unpaid,
                                 spending_cap=bool(cap))

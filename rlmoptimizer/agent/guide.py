@@ -7,8 +7,9 @@ step names, proposal ids and example ids filled in, so that it runs as written:
     propose for a step -> compare against the current prompts on its check ids -> adopt the winner ->
     validation checkpoint -> propose again (the next step, round robin) ... -> SUBMIT when the budget is spent
 
-The moves never spend the units one validation check needs, so what gets adopted can still be checked (with
-``max_metric_calls`` nothing unchecked is returned). A proposal learns from failures: when the current instructions fail no train example evaluated with them, the
+The moves never spend the units one check of the submission needs (on validation, or on train without a
+validation split), so what gets adopted can still be checked (with ``max_metric_calls`` nothing unchecked is
+returned). A proposal learns from failures: when the current instructions fail no train example evaluated with them, the
 next line evaluates the train examples they have not seen yet, and SUBMIT once they pass every one.
 
 The line closes the state block of every turn and every repeat notice. It is a suggestion: an agent that
@@ -39,10 +40,12 @@ class LoopGuide:
     """The state of the default loop, told by the tools after each move that succeeded."""
 
     def __init__(self, step_names: Sequence[str], budget_left: Callable[[], int], val_size: int = 0,
-                 train_status: Callable[[], tuple[list[int], int]] | None = None) -> None:
+                 train_status: Callable[[], tuple[list[int], int]] | None = None, train_size: int = 0) -> None:
         self._steps = list(step_names)
         self._left = budget_left
         self._val_size = val_size
+        # Units the moves leave for one check of what gets submitted: on validation, else on the whole train set.
+        self._reserve = val_size or train_size
         # (train ids not yet evaluated with the current instructions, how many evaluated ones fail)
         self._train_status = train_status or (lambda: ([], 1))
         self._lock = threading.Lock()
@@ -95,8 +98,7 @@ class LoopGuide:
                 return f"print(adopt_candidate({self._winner!r}))"
             if self._unchecked and self._val_size and left >= self._val_size:
                 return "print(evaluate_program(split='val'))"
-            # What moves may spend: the rest keeps one validation check of what gets submitted paid for.
-            free = left - self._val_size
+            free = left - self._reserve  # what moves may spend
             pending = self._pending
             if pending is not None and free > 0:
                 check = pending["check"][: free // max(1, len(pending["ids"]))]

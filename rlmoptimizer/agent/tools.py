@@ -107,7 +107,7 @@ class AgentTools:
             proposal_lm=proposal_lm,
         )
         self.guide = LoopGuide(working.step_names, lambda: ledger.left, val_size=len(runs.splits.get("val", ())),
-                               train_status=self._train_status)
+                               train_status=self._train_status, train_size=len(runs.splits["train"]))
 
     def _evaluate_instructions(self, instructions: dict[str, str], split: str, ids: list[int], *, rollout: int = 0,
                                label: str = "agent", reservation: Reservation | None = None) -> EvalRun:

@@ -134,3 +134,30 @@ def test_the_guide_keeps_a_validation_check_paid_for_and_stops_at_submit():
     guide.changed()
     left[0] = 7  # an unchecked change, and validation no longer fits: nothing else to do
     assert guide.next_line() == SUBMIT_LINE
+
+
+def test_without_a_validation_split_the_copied_loop_stays_inside_max_metric_calls():
+    trainset, _ = make_splits()
+    calls = []
+
+    def counting(example, prediction, trace=None):
+        calls.append(1)
+        return metric(example, prediction, trace)
+
+    seen: list[str] = []
+    optimizer = RLMDocstringOptimizer(max_metric_calls=30, root_lm=copier(seen), sub_lm=proposer([POLICY_PROMPT]),
+                                      eval_lm=FunctionLM(task_lm_reply), num_threads=4, rlm_max_iterations=8)
+    result = optimizer.compile(student=RouteTicket(), trainset=trainset, metric=counting)
+    codes = [turn["code"] for turn in result.agent_trajectory]
+    assert codes[:3] == [
+        "p = propose_instructions('route'); print(p['texts'])",
+        codes[1],  # the comparison on 3, 8 and others (checked in the test above)
+        "print(adopt_candidate('proposal-1'))",
+    ]
+    assert codes[1].startswith("r = compare(['current', 'proposal-1'], ids='3,")
+    # 18 units: 12 kept for one check on train, so the comparison took 5 examples; what is left checks the rest
+    assert len(codes[1].split("ids='")[1].split("'")[0].split(",")) == 5
+    assert result.route.signature.instructions == POLICY_PROMPT
+    assert result.selection["split"] == "train" and result.selection["chosen_label"] == "submission"
+    # the baseline's 12, the comparison's 5, and the check of the submission on the 7 train examples it had not seen
+    assert len(calls) == 12 + 5 + 7 and result.budget["spent"] == 1 + 5 + 7
