@@ -30,8 +30,9 @@ from dspy.adapters.chat_adapter import ChatAdapter  # noqa: E402
 from dspy.primitives.repl_types import REPLHistory  # noqa: E402
 
 from rlmoptimizer.agent.agent import OptimizerAgent  # noqa: E402
-from rlmoptimizer.agent.context import BoundedContext, ContextBudget, render_state_block  # noqa: E402
+from rlmoptimizer.agent.context import BoundedContext, ContextBudget  # noqa: E402
 from rlmoptimizer.agent.prompts import render_instructions, render_task_brief  # noqa: E402
+from rlmoptimizer.agent.state import render_state_block  # noqa: E402
 from rlmoptimizer.budget import BudgetLedger  # noqa: E402
 
 CHECKPOINTS = (10, 50, 200)

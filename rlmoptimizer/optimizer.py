@@ -28,9 +28,9 @@ from dspy.teleprompt.teleprompt import Teleprompter
 from rich.console import Console
 
 from rlmoptimizer.agent.agent import OptimizerAgent
-from rlmoptimizer.agent.context import long_run_options
 from rlmoptimizer.agent.prompts import agent_signature, budget_note, render_setup_code, render_task_brief
 from rlmoptimizer.agent.root_lm import for_attempt
+from rlmoptimizer.agent.state import long_run_options
 from rlmoptimizer.agent.stop import StopRequest
 from rlmoptimizer.agent.tools import AgentTools
 from rlmoptimizer.agent.working_program import WorkingProgram

@@ -47,15 +47,24 @@ class RefusingRoot:
     ``chars / chars_per_token``) gets ``litellm.ContextWindowExceededError``, as providers answer."""
 
     def __init__(self, window_tokens: int, chars_per_token: float = 3.0, die_at: int | None = None,
-                 name: str = "openai/gpt-4o-mini") -> None:
+                 name: str = "openai/gpt-4o-mini", reports_usage: bool = True) -> None:
         self.window_tokens = window_tokens
+        self.reports_usage = reports_usage
         self.chars_per_token = chars_per_token
         self.die_at = die_at
         self.accepted: list[int] = []  # tokens of each answered request
         self.refused: list[int] = []
         self.requests: list[str] = []
         self._lock = threading.Lock()
-        self.lm = FunctionLM(self._reply, name=name)
+        self.lm = FunctionLM(self._reply, name=name, usage=self._usage)
+
+    def _usage(self, messages, reply: str) -> Usage:
+        """The tokens it bills are the tokens it counts against its window (none, when it reports no usage)."""
+        if not self.reports_usage:
+            return Usage(input_tokens=0, output_tokens=0, total_tokens=0)
+        text = "\n".join(str(m.get("content", "")) for m in messages)
+        prompt, out = int(len(text) / self.chars_per_token) + 1, int(len(reply) / self.chars_per_token) + 1
+        return Usage(input_tokens=prompt, output_tokens=out, total_tokens=prompt + out)
 
     def _reply(self, messages):
         text = "\n".join(str(m.get("content", "")) for m in messages)
@@ -131,12 +140,26 @@ def test_sixty_long_turns_fit_the_window_and_count_every_call_per_role(tmp_path)
 
 
 def test_a_root_lm_that_refuses_more_than_estimated_still_finishes(tmp_path):
-    # the user states a 12k window, the model counts 2 chars a token: requests near the estimate are refused
-    root = RefusingRoot(window_tokens=12_000, chars_per_token=2.0)
+    # the user states a 12k window, the model counts 2 chars a token and reports no usage to learn that from:
+    # requests near the estimate are refused
+    root = RefusingRoot(window_tokens=12_000, chars_per_token=2.0, reports_usage=False)
     result = compile_long(tmp_path, root)
     assert root.refused, "the scenario must make the root LM refuse"
     assert max(root.accepted) <= root.window_tokens
     assert len(result.agent_trajectory) == TURNS and result.optimized_dspy_program["route"] == POLICY_PROMPT
+
+
+def test_the_window_follows_the_tokens_the_root_lm_reports(tmp_path):
+    # the same model, reporting its usage: its 2 characters a token are learned from the first turn on, and no
+    # request is refused; a 5-character tokenizer gets more history shown than the default estimate allows
+    dense = RefusingRoot(window_tokens=12_000, chars_per_token=2.0)
+    compile_long(tmp_path / "dense", dense)
+    assert not dense.refused and max(dense.accepted) <= dense.window_tokens
+    sparse, default = RefusingRoot(window_tokens=12_000, chars_per_token=5.0), RefusingRoot(12_000, 5.0, reports_usage=False)
+    compile_long(tmp_path / "sparse", sparse)
+    compile_long(tmp_path / "default", default)
+    assert not sparse.refused and max(sparse.accepted) <= sparse.window_tokens
+    assert sum(sparse.accepted) > 1.3 * sum(default.accepted)  # more of the window used, turn after turn
 
 
 def test_an_interrupted_long_run_resumes_within_the_window(tmp_path):

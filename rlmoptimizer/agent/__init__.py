@@ -10,8 +10,10 @@ Rooms:
                         the candidate pool and its Pareto front, the failure replay set, run diffs
     working_program.py  the program the tools edit and its prompt versions
     stop.py             the stop request the loop checks after each turn, and the stop after the spending cap
-    context.py          the bounded context: the view of the REPL history that fits the root LM's window,
-                        the state block closing every request, context refusals
+    context.py          the bounded context: the view of the REPL history that fits the root LM's window
+                        (learning its tokenizer's characters per token from reported usage), context refusals
+    state.py            the state block closing every request, and the arguments of a long run
+    guide.py            the default loop's next line, runnable as written, and the notice for a repeated cell
     _dspy.py            every private dspy name this wing uses, checked at import
 
 May import: dspy (private names only through ``_dspy``), ``rlmoptimizer.evaluation``, ``.storage`` (the

@@ -7,8 +7,14 @@ into a *view* that fits a character limit derived from the root LM's context win
 - the most recent turns are shown verbatim (as dspy shows them);
 - older turns are *compacted*: their reasoning and code are clipped short, their output cut to its head and tail;
 - the oldest are folded into one line each at the top of the history, and beyond that to a count;
-- a *state block* (the runs so far with their scores, the current instructions, the budget, the agent's notes) is
-  sent on every turn at the end of the request, so nothing the agent needs is lost with the old turns.
+- a *state block* (:mod:`rlmoptimizer.agent.state`: the runs so far with their scores, the current instructions,
+  the budget, the agent's notes) is sent on every turn at the end of the request, so nothing the agent needs is
+  lost with the old turns.
+
+The limit starts from an estimate of 3 characters per token and then follows the root LM's tokenizer: the
+characters sent and the input tokens the LM reported for them give the real ratio (4 for English prose on most
+tokenizers, which the estimate would waste a quarter of the window on; 2 for code-heavy or CJK text, which it
+would overflow).
 
 Prefix caches: compaction happens rarely and in blocks. Between two compactions the view only grows by appending
 the newest turn, so each request starts with the whole previous request's history (a provider's or a local
@@ -28,15 +34,13 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import dspy
 from dspy.adapters.chat_adapter import ChatAdapter
 from dspy.primitives.repl_types import REPLEntry, REPLHistory
-
-from rlmoptimizer.agent.stop import SpendingStop
 
 logger = logging.getLogger(__name__)
 
@@ -46,10 +50,8 @@ __all__ = [
     "CompactedHistory",
     "ContextBudget",
     "context_window_of",
+    "clip",
     "is_context_refusal",
-    "long_run_options",
-    "render_state_block",
-    "state_block_of",
     "turn_inputs",
 ]
 
@@ -154,7 +156,7 @@ class CompactedHistory(REPLHistory):
         return "\n".join(parts)
 
 
-def _clip(text: str, limit: int) -> str:
+def clip(text: str, limit: int) -> str:
     text = text.strip()
     if len(text) <= limit:
         return text
@@ -185,8 +187,14 @@ class BoundedContext:
 
     def __init__(self, budget: ContextBudget, *, max_output_chars: int = 10_000, keep_recent: int = 2,
                  low_water: float = 0.5, compact_reasoning: int = 300, compact_code: int = 500,
-                 compact_output: int = 600, folded_line: int = 160) -> None:
+                 compact_output: int = 600, folded_line: int = 160,
+                 input_tokens: Callable[[], int] | None = None) -> None:
         self.budget = budget
+        # The root LM's reported input tokens so far: the characters per token of its tokenizer are learned from
+        # them (:meth:`_calibrate`), so the limit is neither a guess that overflows nor one that wastes the window.
+        self._input_tokens = input_tokens
+        self._tokens_before: int | None = None
+        self._sent_chars = 0
         self.max_output_chars = max_output_chars
         self.keep_recent = keep_recent
         self.low_water = low_water
@@ -210,6 +218,7 @@ class BoundedContext:
     def view(self, history: REPLHistory, *, fixed_chars: int = 0) -> CompactedHistory:
         """The history to send this turn, within :meth:`limit`. Between compactions, the previous view plus the
         newest turn."""
+        self._calibrate()
         entries = list(history)
         self._measure(entries)
         n = len(entries)
@@ -220,7 +229,25 @@ class BoundedContext:
             self._compact(n, limit)
         view = self._render(n)
         self._last_shown, self._last_fixed = self._size(n, self._folded_upto, self._verbatim_from), fixed_chars
+        self._sent_chars += self._last_shown + fixed_chars
         return view
+
+    def _calibrate(self) -> None:
+        """Set the characters per token from the requests sent so far and the input tokens the root LM reported
+        for them (a retried request or the final extraction adds tokens without characters: the estimate errs
+        safe). Until the first report, :data:`CHARS_PER_TOKEN`."""
+        if self._input_tokens is None:
+            return
+        tokens = self._input_tokens()
+        if self._tokens_before is None:
+            self._tokens_before = tokens  # what earlier sessions (a resumed run) used
+            return
+        reported = tokens - self._tokens_before
+        if reported > 0 and self._sent_chars >= 1_000:
+            ratio = min(8.0, max(1.0, 0.95 * self._sent_chars / reported))
+            if abs(ratio - self.budget.chars_per_token) > 0.05:
+                logger.debug("Root LM: %.2f characters per token measured over %d requests' tokens", ratio, reported)
+                self.budget = replace(self.budget, chars_per_token=ratio)
 
     def refused(self) -> None:
         """The root LM refused the last request as too long: the next view compacts to a smaller limit."""
@@ -259,8 +286,8 @@ class BoundedContext:
         for i in range(len(self._sizes), len(entries)):
             entry = entries[i]
             compact = REPLEntry(
-                reasoning=_clip(entry.reasoning, self.compact_reasoning),
-                code=_clip(entry.code, self.compact_code),
+                reasoning=clip(entry.reasoning, self.compact_reasoning),
+                code=clip(entry.code, self.compact_code),
                 output=_head_tail(REPLEntry.format_output(entry.output, self.max_output_chars)
                                   .split("\n", 1)[-1], self.compact_output),
             )
@@ -318,38 +345,6 @@ class BoundedContext:
         return {"folded": self._folded_upto, "compacted_until": self._verbatim_from, "compactions": self.compactions}
 
 
-def render_state_block(*, runs: Iterable[Mapping[str, Any]] = (), instructions: Mapping[str, str] | None = None,
-                       budget: Mapping[str, Any] | None = None, notes: str = "", spending: str = "",
-                       next_move: str = "", max_chars: int = 8_000) -> str:
-    """The state the agent must not lose to compaction, at most ``max_chars`` characters: the runs so far with
-    their scores (newest last), the current instructions, the budget, the spending and the agent's notes, then
-    ``next_move`` (the default loop's next line), never clipped: it is the last thing the root LM reads."""
-    sections: list[str] = []
-    run_lines = [
-        f"{r.get('run_id')} {r.get('split')} {r.get('label') or ''}: score {float(r.get('score') or 0):.4f} "
-        f"({r.get('evaluated_count', '?')} examples)".replace("  ", " ")
-        for r in runs
-    ]
-    if len(run_lines) > 20:
-        run_lines = [f"({len(run_lines) - 20} earlier runs: optimization_status() has them all)"] + run_lines[-20:]
-    if run_lines:
-        sections.append("Runs so far:\n" + "\n".join(run_lines))
-    if budget:
-        sections.append(f"Budget: {budget.get('spent')} of {budget.get('limit')} units spent, {budget.get('left')} left.")
-    if spending:
-        sections.append(spending)
-    notes_share = max_chars // 3
-    if instructions:
-        per = max(200, (max_chars - notes_share) // (2 * max(1, len(instructions))))
-        sections.append("Current instructions:\n" + "\n".join(
-            f"- {name}: {_clip(text, per)}" for name, text in instructions.items()))
-    sections.append("Your notes (add_note(text) adds one):\n" + (notes or "(none yet)"))
-    block = "=== Optimizer state (always current) ===\n" + "\n\n".join(sections)
-    if not next_move:
-        return _clip(block, max_chars)
-    return _clip(block, max(0, max_chars - len(next_move) - 2)) + "\n\n" + next_move
-
-
 def turn_inputs(context: BoundedContext | None, state_block: Any, signature: Any, variables_info: Any,
                 history: REPLHistory, step: str) -> tuple[REPLHistory, str]:
     """The history to show and the iteration field of one agent turn. With a bounded context: the view that fits
@@ -363,33 +358,3 @@ def turn_inputs(context: BoundedContext | None, state_block: Any, signature: Any
     empty = {"variables_info": variables_info, "repl_history": REPLHistory(), "iteration": step}
     fixed = sum(len(str(m.get("content", ""))) for m in adapter.format(signature, demos=[], inputs=empty))
     return context.view(history, fixed_chars=fixed), step
-
-
-def long_run_options(root_lm: Any, window: int | None, max_output_chars: int, runs: Any, working: Any,
-                     ledger: Any, notes: Any, usage: Any, guide: Any = None) -> dict[str, Any]:
-    """The :class:`~rlmoptimizer.agent.agent.OptimizerAgent` arguments of a long run: its bounded context, its
-    state block (closed by the ``guide``'s next line of the default loop), the usage meter and the stop after the
-    spending cap."""
-    return {
-        "context": BoundedContext(ContextBudget.for_lm(root_lm, window), max_output_chars=max_output_chars),
-        "state_block": state_block_of(runs, working, ledger, notes, usage, guide),
-        "next_move": guide.next_line if guide is not None else None,
-        "usage": usage,
-        "spending_stop": SpendingStop(lambda: usage.cap_message() if usage.cap_reached else None),
-    }
-
-
-def state_block_of(runs: Any, working: Any, ledger: Any, notes: Any, usage: Any, guide: Any = None) -> Any:
-    """The state block of a compile(), read fresh on every turn: its runs, the working program's instructions,
-    the budget, the spending against ``max_cost_usd`` (when set) and the agent's notes."""
-
-    def block() -> str:
-        spending = ""
-        if usage is not None and usage.max_cost_usd is not None:
-            spending = (f"Spending: ${usage.spent_usd:.4f} of max_cost_usd ${usage.max_cost_usd:.4f}"
-                        + (f" -- {usage.cap_message()}" if usage.cap_reached else "") + ".")
-        return render_state_block(runs=[r.summary() for r in runs.all()], instructions=working.instructions(),
-                                  budget=ledger.snapshot(), notes=notes.render(max_chars=3_000), spending=spending,
-                                  next_move=guide.describe() if guide is not None else "")
-
-    return block

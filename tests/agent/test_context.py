@@ -16,8 +16,8 @@ from rlmoptimizer.agent.context import (
     ContextBudget,
     context_window_of,
     is_context_refusal,
-    render_state_block,
 )
+from rlmoptimizer.agent.state import render_state_block
 from rlmoptimizer.testing import FunctionLM
 
 
@@ -81,6 +81,25 @@ def test_a_refusal_compacts_harder():
     context.refused()
     after = len(context.view(history, fixed_chars=5_000).format())
     assert after <= context.limit(5_000) < before
+
+
+def test_the_limit_follows_the_tokenizer_the_root_lm_reports():
+    """A model whose tokens hold 4 characters gets the room its window really has; one whose tokens hold 2 (code,
+    CJK) gets less than the default estimate of 3, before it overflows."""
+    for chars_per_token, grows in ((4.0, True), (2.0, False)):
+        reported = [0]
+        context = BoundedContext(ContextBudget(window_tokens=8_192, output_tokens=1_024), max_output_chars=10_000,
+                                 input_tokens=lambda reported=reported: reported[0])
+        before = context.limit(16_000)
+        history = _history(0)
+        for _ in range(5):
+            history = history.append(reasoning="r", code="print(1)", output="x" * 600)
+            view = context.view(history, fixed_chars=16_000)
+            reported[0] += int((len(view.format()) + 16_000) / chars_per_token)  # what the LM bills for it
+        assert context.budget.chars_per_token == pytest.approx(0.95 * chars_per_token, rel=0.02)
+        assert (context.limit(16_000) > before) is grows
+        context.view(history, fixed_chars=16_000)
+        assert (context.compactions == 0) is grows  # 5 short turns fit a 4-char tokenizer's window, not a 2-char one's
 
 
 def test_a_resumed_long_history_starts_within_the_limit():
