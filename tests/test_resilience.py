@@ -4,6 +4,7 @@ another compile is refused; systemic faults stop the run with an error that says
 from __future__ import annotations
 
 import json
+import threading
 
 import dspy
 import pytest
@@ -108,10 +109,13 @@ def test_a_run_directory_of_another_compile_is_refused(tmp_path):
 
 def test_an_unusable_evaluation_lm_stops_the_run_and_charges_nothing_for_it(tmp_path):
     calls = {"n": 0}
+    lock = threading.Lock()
 
     def task_reply(messages):
-        calls["n"] += 1
-        if calls["n"] > 2 * 20:  # both baselines (20 examples, 2 calls each) work, then the key is revoked
+        with lock:  # the evaluation threads call at once: an unlocked += loses counts under load
+            calls["n"] += 1
+            revoked = calls["n"] > 2 * 20  # both baselines (20 examples, 2 calls each) work, then the key is revoked
+        if revoked:
             return dspy.LMAuthError("key revoked")
         return task_lm_reply(messages)
 
