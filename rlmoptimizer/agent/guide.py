@@ -27,6 +27,12 @@ from typing import Any
 from rlmoptimizer.agent._dspy import REPLHistory
 
 SUBMIT_LINE = "SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])"
+PROPOSALS_PER_BUDGET = 3
+"""A comparison takes at most this share of what the moves may spend (down to :data:`MIN_CHECK` examples), so
+that a small budget still buys several proposals, as GEPA's minibatches do; a large one compares on every
+check id. Validation, checked after an adoption, guards against a lucky win on few examples."""
+MIN_CHECK = 3
+"""The fewest examples a comparison is cut to (GEPA's default minibatch)."""
 MIN_USEFUL_BUDGET = 3
 """Below this many units to spend (beyond one validation check), a new proposal and its comparison cannot both be
 paid: the guide says SUBMIT."""
@@ -101,7 +107,8 @@ class LoopGuide:
             free = left - self._reserve  # what moves may spend
             pending = self._pending
             if pending is not None and free > 0:
-                check = pending["check"][: free // max(1, len(pending["ids"]))]
+                per_candidate = free // max(1, len(pending["ids"]))
+                check = pending["check"][: min(per_candidate, max(MIN_CHECK, per_candidate // PROPOSALS_PER_BUDGET))]
                 if check:
                     names = ", ".join(repr(i) for i in ["current", *pending["ids"]])
                     return f"r = compare([{names}], ids='{_ids_text(check)}'); print(r['summary'])"
@@ -133,22 +140,27 @@ def _same_code(code: str) -> str:
 
 
 def note_repeat(history: REPLHistory, new: REPLHistory, next_line: str | None = None) -> REPLHistory:
-    """``new`` with a notice appended to its last output when that turn ran the code of an earlier turn again
-    and got the same output: a stuck agent (small root LMs loop like this) learns it changed nothing, and which
-    line moves the optimization on, instead of spending its turns on it. The notice goes at the end, which the
-    history's head+tail truncation keeps."""
+    """``new`` with a notice appended to its last output when that turn ran the code of an earlier turn again.
+    With the same output it changed nothing; with another (a proposal samples a new text each time) the loop
+    may have moved on, and the notice names its next line unless that is the very code just run. A stuck agent
+    (small root LMs copy their own last cell) is told which line moves the optimization on instead of spending
+    its turns, and budget, on the same cell. The notice goes at the end, which the history's head+tail
+    truncation keeps."""
     last = new.entries[-1]
     code = _same_code(last.code)
-    if not code:
-        return new
-    earlier = [i + 1 for i, entry in enumerate(history.entries)
-               if _same_code(entry.code) == code and entry.output.split(NOTICE)[0] == last.output]
-    if not earlier:
-        return new
+    same_code = [i + 1 for i, entry in enumerate(history.entries) if code and _same_code(entry.code) == code]
+    same_output = [i for i in same_code if history.entries[i - 1].output.split(NOTICE)[0] == last.output]
+    if not same_output and (not same_code or next_line is None or _same_code(next_line) == code):
+        return new  # new code, or a cell run again on purpose (the loop's own next line): nothing to say
+    earlier = same_output or same_code
     where = f"step {earlier[0]}" if len(earlier) == 1 else f"steps {', '.join(map(str, earlier))}"
-    times = "once" if len(earlier) == 1 else f"{len(earlier)} times"
-    todo = (f"Run this next instead: {next_line}" if next_line else
-            "Do something different: analyse `baseline_train['examples']` or a run from `run_data(...)`, write new "
-            "instructions with `update_prompt`, check them with `evaluate_program`, or SUBMIT.")
-    notice = f"{NOTICE}This code already ran {times} ({where}) with this same output: running it again changes nothing. {todo}"
-    return history.append(reasoning=last.reasoning, code=last.code, output=last.output + notice)
+    if not same_output:
+        notice = f"The same code ran at {where}. The default loop's next line is: {next_line}"
+    else:
+        times = "once" if len(earlier) == 1 else f"{len(earlier)} times"
+        todo = (f"Run this next instead: {next_line}" if next_line else
+                "Do something different: analyse `baseline_train['examples']` or a run from `run_data(...)`, write "
+                "new instructions with `update_prompt`, check them with `evaluate_program`, or SUBMIT.")
+        notice = (f"This code already ran {times} ({where}) with this same output: running it again changes "
+                  f"nothing. {todo}")
+    return history.append(reasoning=last.reasoning, code=last.code, output=f"{last.output}{NOTICE}{notice}")

@@ -64,11 +64,12 @@ def test_a_root_lm_that_only_copies_the_suggested_line_optimizes_the_program():
     assert codes[2] == "p = propose_instructions('summarize.predict'); print(p['texts'])"
     assert re.fullmatch(compare.format(2), codes[3])
     assert codes[4] == "p = propose_instructions('route'); print(p['texts'])"
-    assert re.fullmatch(compare.format(3), codes[5])
+    # 44 units - 3 proposals - 14 compared - 8 kept for validation: 19 to spend, a third of it (6) on this one
+    assert re.fullmatch(compare.format(3).replace("{4}", "{3}"), codes[5])
     checked = {int(i) for i in re.search(r"ids='([\d,]+)'", codes[5]).group(1).split(",")}
     unseen = [str(i) for i in range(12) if i not in checked]
-    # 44 units: 3 proposals, 3 x 7 compared, 8 for validation leave 12, of which 8 stay kept for a validation check
-    unseen = ",".join(unseen[:4])
+    # 44 units: 3 proposals, 7 + 7 + 6 compared, 8 for validation leave 13, of which 8 stay kept for a check
+    unseen = ",".join(unseen[:5])
     assert codes[6:9] == [
         "print(adopt_candidate('proposal-3'))",
         "print(evaluate_program(split='val'))",
@@ -84,8 +85,8 @@ def test_a_root_lm_that_only_copies_the_suggested_line_optimizes_the_program():
     assert len(sub_lm.calls) == 3
     spent = result.budget["spent_by_kind"]
     assert spent["sub_lm_call"] == 3
-    # compares: 7 new records per proposal (the baseline's are free); 8 for validation; 4 more of train
-    assert spent["train_example"] == 7 * 3 + 4 and spent["val_example"] == 8
+    # compares: 7 + 7 + 6 new records (the baseline's are free); 8 for validation; 5 more of train
+    assert spent["train_example"] == 7 + 7 + 6 + 5 and spent["val_example"] == 8
 
 
 def test_a_repeated_cell_is_answered_with_the_next_line():
@@ -119,8 +120,12 @@ def test_the_guide_keeps_a_validation_check_paid_for_and_stops_at_submit():
     left = [20]
     guide = LoopGuide(["a", "b"], lambda: left[0], val_size=8, train_status=lambda: ([], 2))
     guide.proposed("b", ["proposal-1", "proposal-2"], [1, 2, 3, 4, 5, 6, 7], failure_ids=[1, 2])
-    # 20 left, 8 kept for validation: 6 examples per candidate, the failures and the others taken in turn
-    assert guide.next_line() == "r = compare(['current', 'proposal-1', 'proposal-2'], ids='1,3,2,4,5,6'); print(r['summary'])"
+    # 20 left, 8 kept for validation: 6 units per candidate, a third of it (at least 3 examples) for this
+    # comparison; the failures and the others taken in turn
+    assert guide.next_line() == "r = compare(['current', 'proposal-1', 'proposal-2'], ids='1,3,2'); print(r['summary'])"
+    left[0] = 200  # a large budget compares on every check id
+    assert guide.next_line() == "r = compare(['current', 'proposal-1', 'proposal-2'], ids='1,3,2,4,5,6,7'); print(r['summary'])"
+    left[0] = 20
     guide.compared(["current", "proposal-1", "proposal-2"], 2, "train")
     assert guide.next_line() == "print(adopt_candidate('proposal-2'))"
     guide.changed()
@@ -155,9 +160,21 @@ def test_without_a_validation_split_the_copied_loop_stays_inside_max_metric_call
         "print(adopt_candidate('proposal-1'))",
     ]
     assert codes[1].startswith("r = compare(['current', 'proposal-1'], ids='3,")
-    # 18 units: 12 kept for one check on train, so the comparison took 5 examples; what is left checks the rest
-    assert len(codes[1].split("ids='")[1].split("'")[0].split(",")) == 5
+    # 18 units: 12 kept for one check on train, 1 for the proposal; the comparison took 3 (a third, at least 3)
+    assert len(codes[1].split("ids='")[1].split("'")[0].split(",")) == 3
     assert result.route.signature.instructions == POLICY_PROMPT
     assert result.selection["split"] == "train" and result.selection["chosen_label"] == "submission"
-    # the baseline's 12, the comparison's 5, and the check of the submission on the 7 train examples it had not seen
-    assert len(calls) == 12 + 5 + 7 and result.budget["spent"] == 1 + 5 + 7
+    # the baseline's 12, the comparison's 3, and the check of the submission on the 9 train examples it had not seen
+    assert len(calls) == 12 + 3 + 9 and result.budget["spent"] == 1 + 3 + 9
+
+
+def test_a_cell_repeated_with_a_new_output_is_answered_with_the_next_line_when_that_differs():
+    again = {"reasoning": "propose", "code": "p = propose_instructions('route'); print(p['texts'])"}
+    turns = iter([again, again, {"reasoning": "done", "code": SUBMIT_LINE}])
+    result = compile_with(FunctionLM(lambda messages: next(turns)), proposer(["First text.", "Second text."]),
+                          max_iterations=2, rlm_max_iterations=3)
+    first, second = (turn["output"] for turn in result.agent_trajectory[:2])
+    assert "[Notice]" not in first and "Second text." in second
+    # the copied cell sampled a new proposal; what the loop does next is compare it
+    assert re.search(r"\[Notice\] The same code ran at step 1\. The default loop's next line is: "
+                     r"r = compare\(\['current', 'proposal-2'\], ids='3,", second)

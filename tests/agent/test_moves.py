@@ -12,7 +12,7 @@ import pytest
 from support.fakes import FunctionLM, last_user_text, system_text
 from support.qa import TwoSteps
 
-from rlmoptimizer.agent.moves import Moves, program_evaluator, reflective_example
+from rlmoptimizer.agent.moves import MAX_REFLECTION_EXAMPLES, Moves, program_evaluator, reflective_example
 from rlmoptimizer.budget import SUB_LM_CALL, TRAIN_EXAMPLE, VAL_EXAMPLE, BudgetLedger
 from rlmoptimizer.errors import AgentToolError
 from rlmoptimizer.evaluation.evaluator import Evaluator
@@ -134,6 +134,15 @@ def test_propose_reflects_on_the_current_instructions_failures_and_charges_one_u
     world.moves.compare(["current"], ids=[0, 1, 2, 3])
     assert world.moves.propose_instructions("generate.predict")["example_ids"] == [2, 3]
     assert world.ledger.spent == 2 + 4 + 1
+
+
+def test_each_proposal_reflects_on_another_sample_of_the_failures(tmp_path):
+    world = World(tmp_path, train=12, proposal_lm=proposal_reply())
+    assert [r.example_id for r in world.baseline.records if not r.passed] == [1, 3, 5, 7, 9, 11]
+    first = world.moves.propose_instructions("generate.predict")["example_ids"]
+    second = world.moves.propose_instructions("generate.predict")["example_ids"]
+    assert len(first) == len(second) == MAX_REFLECTION_EXAMPLES == 5  # as GEPA, a minibatch, not every failure
+    assert set(first) | set(second) <= {1, 3, 5, 7, 9, 11} and first != second
 
 
 def test_propose_on_chosen_ids_and_runs(tmp_path):

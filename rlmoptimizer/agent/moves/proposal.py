@@ -183,8 +183,9 @@ class ProposalMoves(MoveContext):
                     "evaluate new examples first (evaluate_program(sample='random', limit=10, seed=1)), pass "
                     "ids=[...] of examples to reflect on, or run_id= of a run with failures",
                 )
-            if len(failed) > MAX_REFLECTION_EXAMPLES:
-                failed = sorted(random.Random(0).sample(failed, MAX_REFLECTION_EXAMPLES), key=lambda r: r.example_id)
+            if len(failed) > MAX_REFLECTION_EXAMPLES:  # another sample each call: the next proposal learns from others
+                rng = random.Random(self.proposal_calls)
+                failed = sorted(rng.sample(failed, MAX_REFLECTION_EXAMPLES), key=lambda r: r.example_id)
             return failed
         wanted = self._example_ids("train", ids, "propose_instructions")
         missing = [i for i in wanted if i not in by_id]
