@@ -114,6 +114,7 @@ class RLMDocstringOptimizer(Teleprompter):
         rlm_multiturn_history: bool = False,
         sandbox_timeout_s: float = 120.0,
         root_context_window: int | None = None,
+        rlm_autopilot: bool = True,
         max_cost_usd: float | None = None,
         attempt: int = 0,
         # output and storage
@@ -135,13 +136,12 @@ class RLMDocstringOptimizer(Teleprompter):
         self.rlm_max_iterations = check_positive_int("rlm_max_iterations", rlm_max_iterations)
         self.rlm_max_llm_calls = check_positive_int("rlm_max_llm_calls", rlm_max_llm_calls, minimum=0)
         self.rlm_max_output_chars = check_positive_int("rlm_max_output_chars", rlm_max_output_chars, minimum=100)
-        self.root_stateful_session = bool(root_stateful_session)
-        self.rlm_multiturn_history = bool(rlm_multiturn_history)
+        self.root_stateful_session, self.rlm_multiturn_history = bool(root_stateful_session), bool(rlm_multiturn_history)
         self.sandbox_timeout_s = check_timeout("sandbox_timeout_s", sandbox_timeout_s)
         self.root_context_window = check_context_window(root_context_window)
         self.max_cost_usd = check_max_cost(max_cost_usd)
         self.attempt = check_positive_int("attempt", attempt, minimum=0)
-        self.verbose = bool(verbose)
+        self.verbose, self.rlm_autopilot = bool(verbose), bool(rlm_autopilot)
         self.run_storage_dir = Path(run_storage_dir) if run_storage_dir is not None else None
         self.allow_eval_lm_change = bool(allow_eval_lm_change)
         self.console = console
@@ -334,11 +334,11 @@ class _Compile:
             validate_submission=self.working.validate_submission,
             max_iters=self.config.rlm_max_iterations, max_llm_calls=self.config.rlm_max_llm_calls,
             max_output_chars=self.config.rlm_max_output_chars,
-            stateful_session=self.config.root_stateful_session,  # a resumed run starts a fresh chain
-            multiturn_history=self.config.rlm_multiturn_history,
+            stateful_session=self.config.root_stateful_session, multiturn_history=self.config.rlm_multiturn_history,
             tools=self.tools.tool_functions(), sub_lm=self.sub_lm, interpreter_factory=sandbox.as_factory(),
             **long_run_options(self.root_lm, self.config.root_context_window, self.config.rlm_max_output_chars,
-                               self.runs, self.working, self.ledger, self.notes, self.usage, self.tools.guide),
+                               self.runs, self.working, self.ledger, self.notes, self.usage, self.tools.guide,
+                               self.config.rlm_autopilot),
         )
         brief = render_task_brief(
             {name: str(p.signature.signature) for name, p in self.program.named_predictors()},

@@ -38,7 +38,7 @@ from rlmoptimizer.agent._dspy import (
     resolve_interpreter_factory,
 )
 from rlmoptimizer.agent.context import BoundedContext, is_context_refusal, turn_inputs
-from rlmoptimizer.agent.guide import note_repeat
+from rlmoptimizer.agent.guide import AUTOPILOT, known_no_op, note_repeat
 from rlmoptimizer.agent.root_lm import TurnSender
 from rlmoptimizer.agent.stop import SpendingStop, StopRequest
 from rlmoptimizer.budget import SUB_LM_CALL, BudgetLedger, Reservation
@@ -110,6 +110,7 @@ class OptimizerAgent(dspy.RLM):
         context: BoundedContext | None = None,
         state_block: Callable[[], str] | None = None,
         next_move: Callable[[], str] | None = None,
+        autopilot: bool = True,
         usage: UsageMeter | None = None,
         spending_stop: SpendingStop | None = None,
         context_refusal_retries: int = 4,
@@ -133,6 +134,7 @@ class OptimizerAgent(dspy.RLM):
         self._context = context
         self._state_block = state_block
         self._next_move = next_move  # the default loop's next line, named in a repeat notice
+        self._autopilot = autopilot  # run that line in place of a cell known to change nothing
         self._usage = usage
         self._spending_stop = spending_stop
         self._context_refusal_retries = context_refusal_retries
@@ -320,6 +322,13 @@ class OptimizerAgent(dspy.RLM):
             code = action.code
             result = f"[Error] {format_error_for_lm(exc)}"
             return self._process_execution_result(action, code, result, history, output_field_names)
+        line = self._next_move() if self._next_move is not None else None
+        stuck = known_no_op(history, code) if self._autopilot and line is not None else None
+        if stuck is not None and " ".join(line.split()) != " ".join(code.split()):
+            # The cell already proved to change nothing: the turn runs the default loop's next line instead.
+            action = Prediction(reasoning=f"{action.reasoning}\n{AUTOPILOT} ran the default loop's next line in "
+                                          f"place of a cell that repeated step {stuck} and changed nothing.", code=line)
+            code = line
         result = self._execute_code(repl, code, input_args)
         result = self._process_execution_result(action, code, result, history, output_field_names)
         if not isinstance(result, REPLHistory):

@@ -133,6 +133,17 @@ class LoopGuide:
 
 # -- the notice for a turn that repeated an earlier one ---------------------------------------------------
 NOTICE = "\n[Notice] "
+_NO_OP = "with this same output: running it again changes nothing"
+AUTOPILOT = "[Autopilot]"
+
+
+def known_no_op(history: REPLHistory, code: str) -> int | None:
+    """The step that first ran ``code``, when running it again is known to change nothing (an earlier repeat of it
+    got the same output and the notice said so), else None. The agent has then been told once, with the
+    line to run instead, and did not act on it: the autopilot runs that line in its place."""
+    code = _same_code(code)
+    runs = [i for i, entry in enumerate(history.entries) if code and _same_code(entry.code) == code]
+    return runs[0] + 1 if any(_NO_OP in history.entries[i].output for i in runs) else None
 
 
 def _same_code(code: str) -> str:
@@ -161,6 +172,5 @@ def note_repeat(history: REPLHistory, new: REPLHistory, next_line: str | None = 
         todo = (f"Run this next instead: {next_line}" if next_line else
                 "Do something different: analyse `baseline_train['examples']` or a run from `run_data(...)`, write "
                 "new instructions with `update_prompt`, check them with `evaluate_program`, or SUBMIT.")
-        notice = (f"This code already ran {times} ({where}) with this same output: running it again changes "
-                  f"nothing. {todo}")
+        notice = f"This code already ran {times} ({where}) {_NO_OP}. {todo}"
     return history.append(reasoning=last.reasoning, code=last.code, output=f"{last.output}{NOTICE}{notice}")

@@ -52,7 +52,7 @@ def render_state_block(*, runs: Iterable[Mapping[str, Any]] = (), instructions: 
 
 
 def long_run_options(root_lm: Any, window: int | None, max_output_chars: int, runs: Any, working: Any,
-                     ledger: Any, notes: Any, usage: Any, guide: Any = None) -> dict[str, Any]:
+                     ledger: Any, notes: Any, usage: Any, guide: Any = None, autopilot: bool = True) -> dict[str, Any]:
     """The :class:`~rlmoptimizer.agent.agent.OptimizerAgent` arguments of a long run: its bounded context (which
     learns the root LM's characters per token from the usage meter), its state block (closed by the ``guide``'s next line of the default loop), the usage meter and the stop after the
     spending cap."""
@@ -63,6 +63,7 @@ def long_run_options(root_lm: Any, window: int | None, max_output_chars: int, ru
         ),
         "state_block": state_block_of(runs, working, ledger, notes, usage, guide),
         "next_move": guide.next_line if guide is not None else None,
+        "autopilot": autopilot,
         "usage": usage,
         "spending_stop": SpendingStop(lambda: usage.cap_message() if usage.cap_reached else None),
     }

@@ -178,3 +178,27 @@ def test_a_cell_repeated_with_a_new_output_is_answered_with_the_next_line_when_t
     # the copied cell sampled a new proposal; what the loop does next is compare it
     assert re.search(r"\[Notice\] The same code ran at step 1\. The default loop's next line is: "
                      r"r = compare\(\['current', 'proposal-2'\], ids='3,", second)
+
+
+@pytest.mark.parametrize("autopilot", [True, False])
+def test_an_agent_stuck_on_a_cell_that_changes_nothing_is_driven_by_the_autopilot(autopilot):
+    stuck = {"reasoning": "No modifications needed.", "code": "print(baseline_train['score'])"}
+    result = compile_with(FunctionLM(lambda messages: stuck), proposer([POLICY_PROMPT]), max_iterations=3,
+                          rlm_max_iterations=9, rlm_autopilot=autopilot)
+    turns = result.agent_trajectory
+    assert [t["code"] for t in turns[:2]] == [stuck["code"]] * 2
+    assert "running it again changes nothing" in turns[1]["output"]  # told once, with the line to run
+    if not autopilot:
+        assert all(t["code"] == stuck["code"] for t in turns)
+        assert result.route.signature.instructions == RouteTicket().route.signature.instructions
+        return
+    # from then on each turn runs the default loop's next line in place of the stuck cell, and says so
+    assert turns[2]["code"] == "p = propose_instructions('route'); print(p['texts'])"
+    assert "[Autopilot] ran the default loop's next line in place of a cell that repeated step 1" in turns[2]["reasoning"]
+    assert turns[3]["code"].startswith("r = compare(['current', 'proposal-1'], ids='3,")
+    assert turns[4]["code"] == "print(adopt_candidate('proposal-1'))"
+    assert turns[5]["code"] == "print(evaluate_program(split='val'))"
+    assert turns[6]["code"].startswith("print(evaluate_program(ids=")  # the rest of train, as the loop goes
+    assert turns[7]["final"] and turns[7]["code"] == SUBMIT_LINE and len(turns) == 8
+    assert result.route.signature.instructions == POLICY_PROMPT
+    assert result.selection["chosen_score"] == 1.0
