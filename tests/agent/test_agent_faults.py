@@ -133,7 +133,7 @@ def test_an_agent_that_repeats_a_cell_with_the_same_output_is_told_it_changed_no
         stuck,
         {"reasoning": "same code, new output", "code": "print(step_names)\nprint(len(step_names))"},
         SUBMIT_POLICY,
-    ])
+    ], rlm_autopilot=False)  # the autopilot would run the loop's next line in place of the third repeat
     out = outputs(result)
     assert "[Notice]" not in out[0] and "[Notice]" not in out[1]
     assert out[2].startswith("done") and "already ran once (step 2)" in out[2]
