@@ -324,7 +324,8 @@ class OptimizerAgent(dspy.RLM):
             return self._process_execution_result(action, code, result, history, output_field_names)
         line = self._next_move() if self._next_move is not None else None
         stuck = known_no_op(history, code) if self._autopilot and line is not None else None
-        if stuck is not None and " ".join(line.split()) != " ".join(code.split()):
+        auto = stuck is not None and " ".join(line.split()) != " ".join(code.split())
+        if auto:
             # The cell already proved to change nothing: the turn runs the default loop's next line instead.
             action = Prediction(reasoning=f"{action.reasoning}\n{AUTOPILOT} ran the default loop's next line in "
                                           f"place of a cell that repeated step {stuck} and changed nothing.", code=line)
@@ -333,6 +334,11 @@ class OptimizerAgent(dspy.RLM):
         result = self._process_execution_result(action, code, result, history, output_field_names)
         if not isinstance(result, REPLHistory):
             return result
+        if auto:  # said in the output too: the host writes it, the root LM cannot copy it into a turn
+            last = result.entries[-1]
+            result = history.append(reasoning=last.reasoning, code=last.code,
+                                    output=f"{AUTOPILOT} this line ran in place of step {stuck}'s repeated cell.\n"
+                                           f"{last.output}")
         return note_repeat(history, result, self._next_move() if self._next_move is not None else None)
 
     def _extract_fallback(self, variables, history, output_field_names) -> Prediction:

@@ -195,6 +195,7 @@ def test_an_agent_stuck_on_a_cell_that_changes_nothing_is_driven_by_the_autopilo
     # from then on each turn runs the default loop's next line in place of the stuck cell, and says so
     assert turns[2]["code"] == "p = propose_instructions('route'); print(p['texts'])"
     assert "[Autopilot] ran the default loop's next line in place of a cell that repeated step 1" in turns[2]["reasoning"]
+    assert turns[2]["output"].startswith("[Autopilot] this line ran in place of step 1's repeated cell.\n")
     assert turns[3]["code"].startswith("r = compare(['current', 'proposal-1'], ids='3,")
     assert turns[4]["code"] == "print(adopt_candidate('proposal-1'))"
     assert turns[5]["code"] == "print(evaluate_program(split='val'))"
