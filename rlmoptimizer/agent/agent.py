@@ -38,7 +38,7 @@ from rlmoptimizer.agent._dspy import (
     resolve_interpreter_factory,
 )
 from rlmoptimizer.agent.context import BoundedContext, is_context_refusal, turn_inputs
-from rlmoptimizer.agent.guide import AUTOPILOT, known_no_op, note_repeat
+from rlmoptimizer.agent.guide import AUTOPILOT, autopilot_step, note_repeat
 from rlmoptimizer.agent.root_lm import TurnSender
 from rlmoptimizer.agent.stop import SpendingStop, StopRequest
 from rlmoptimizer.budget import SUB_LM_CALL, BudgetLedger, Reservation
@@ -323,8 +323,8 @@ class OptimizerAgent(dspy.RLM):
             result = f"[Error] {format_error_for_lm(exc)}"
             return self._process_execution_result(action, code, result, history, output_field_names)
         line = self._next_move() if self._next_move is not None else None
-        stuck = known_no_op(history, code) if self._autopilot and line is not None else None
-        auto = stuck is not None and " ".join(line.split()) != " ".join(code.split())
+        stuck = autopilot_step(history, code, line) if self._autopilot else None
+        auto = stuck is not None
         if auto:
             # The cell already proved to change nothing: the turn runs the default loop's next line instead.
             action = Prediction(reasoning=f"{action.reasoning}\n{AUTOPILOT} ran the default loop's next line in "

@@ -76,7 +76,8 @@ class LoopGuide:
 
     def compared(self, sources: Sequence[str], best: int, split: str) -> None:
         with self._lock:
-            if split == "val":
+            if split == "val":  # a comparison on validation checks the current prompts when it includes them
+                self._unchecked = self._unchecked and "current" not in sources
                 return
             self._pending = None
             source = sources[best] if 0 <= best < len(sources) else "current"
@@ -135,6 +136,14 @@ class LoopGuide:
 NOTICE = "\n[Notice] "
 _NO_OP = "with this same output: running it again changes nothing"
 AUTOPILOT = "[Autopilot]"
+
+
+def autopilot_step(history: REPLHistory, code: str, next_line: str | None) -> int | None:
+    """The step whose cell ``code`` repeats when the autopilot should run ``next_line`` in its place: running
+    ``code`` again is known to change nothing and the next line is something else; else None."""
+    if next_line is None or _same_code(next_line) == _same_code(code):
+        return None
+    return known_no_op(history, code)
 
 
 def known_no_op(history: REPLHistory, code: str) -> int | None:

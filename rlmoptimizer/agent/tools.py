@@ -205,10 +205,7 @@ class AgentTools:
                 "call compare(candidates, split='val') without ids, limit or sample",
             )
         result = self.moves.compare(candidates, split=split, ids=ids, rollouts=rollouts)
-        sources = [row["source"] for row in result["candidates"]]
-        if split == "val" and "current" in sources:
-            self.guide.validated()
-        self.guide.compared(sources, result["best"], split)
+        self.guide.compared([row["source"] for row in result["candidates"]], result["best"], split)
         return result
 
     def adopt_candidate(self, candidate: Any) -> dict:
