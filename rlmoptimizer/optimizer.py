@@ -85,10 +85,84 @@ logger = logging.getLogger(__name__)
 class RLMDocstringOptimizer(Teleprompter):
     """Optimize the instructions of every predictor of a DSPy program with an RLM agent.
 
+    The agent is a ``dspy.RLM`` working in a sandboxed Python REPL (Deno + Pyodide) that holds the evaluation
+    data of the program: it analyses the failures with code, asks the sub-LM about them, proposes and compares
+    instructions with GEPA's moves, and submits a ``{step name: instructions}`` map. Only instructions change;
+    fields, demos and the program's structure stay as they are.
+
+    ``compile(student, *, trainset, valset=None, metric=None, metric_id=None)`` returns a copy of ``student``
+    with the best candidate checked on validation (on train without a valset) applied, never one that scores
+    worse than ``student`` there, and with the result attributes attached (``optimized_dspy_program``,
+    ``selection``, ``trial_logs``, ``agent_trajectory``, ``detailed_results``, ``budget``, ``usage``, ...).
+
     The budget is ``max_iterations * len(trainset) + len(valset)`` units: one evaluated example costs 1,
     one sub-LM prompt (the agent's ``llm_query``) costs 1; baseline runs and the agent's own turns are free.
     With ``max_metric_calls`` instead, every run of the program counts (baselines and the final check too),
     as ``dspy.GEPA`` counts them: the budget is what the baselines leave of it.
+
+    Example:
+        ```python
+        optimizer = RLMDocstringOptimizer(
+            max_iterations=5,
+            root_lm=dspy.LM("openai/gpt-4o"),
+            sub_lm=dspy.LM("openai/gpt-4o-mini"),
+            eval_lm=dspy.LM("openai/gpt-4o-mini"),
+            run_storage_dir="runs/route-v1",
+        )
+        optimized = optimizer.compile(program, trainset=trainset, valset=valset, metric=metric)
+        optimized.optimized_dspy_program  # {step name: instructions}
+        ```
+
+    Args:
+        max_iterations: Budget multiplier: the agent may spend ``max_iterations * len(trainset) +
+            len(valset)`` units, the baselines free. 5 when neither this nor ``max_metric_calls`` is given.
+        max_metric_calls: Instead of ``max_iterations``, the budget in metric calls as ``dspy.GEPA`` counts
+            them: every run of the program on one example, the baselines and the submission's validation check
+            included. Refused when it does not cover the baselines.
+        root_lm: Required. The optimizer agent's LM; it writes one code cell per turn, so give it a model that
+            writes working Python over several turns.
+        sub_lm: The LM behind ``llm_query`` / ``llm_query_batched`` in the REPL and the instruction proposals.
+            Defaults to ``root_lm``.
+        eval_lm: The LM the program runs with during optimization, pinned for the whole run (an LLM-judge
+            metric using ``dspy.settings.lm`` gets it too). Defaults to ``dspy.settings.lm``; a predictor with
+            its own LM (``set_lm``) keeps it.
+        metric: ``metric(example, pred, trace=None)``, or GEPA's form with 5 arguments, returning a bool, any
+            finite number, or ``dspy.Prediction(score=..., feedback=...)``. May be given here or to
+            ``compile()``, which wins.
+        metric_id: A name that identifies the metric in a run directory, overriding how it is recognised on
+            resume. Here or to ``compile()``.
+        pass_threshold: An example passes when its score is at least this, on the metric's own scale (e.g. 5
+            for a 0-5 judge); scores are never rescaled.
+        num_threads: Threads for evaluating examples.
+        rlm_max_iterations: Agent turns before the agent must answer.
+        rlm_max_llm_calls: Cap on sub-LM calls in one run, on top of the budget (0: none).
+        rlm_max_output_chars: REPL output shown to the agent per turn, in characters (at least 100).
+        root_stateful_session: With a ``root_lm`` on the OpenAI Responses API, each turn continues the
+            previous response (``previous_response_id``) and sends only the new part; other LMs run statelessly.
+        rlm_multiturn_history: Show the agent its REPL history as alternating assistant (its code) and user
+            (the output) messages instead of one message.
+        sandbox_timeout_s: Seconds of sandbox time one code cell may use (time spent in tools does not count);
+            more than 0 and at most 86400 (one day).
+        root_context_window: The root LM's input window in tokens (at least 4000). None takes it from
+            litellm's model information, or 32,000 for a model litellm does not know.
+        rlm_autopilot: When the agent runs a cell again that is already known to change nothing, run the
+            default loop's next line in its place (marked ``[Autopilot]``). False leaves every turn to the agent.
+        max_cost_usd: A spending cap in dollars on the run's LM calls, priced by litellm; None for no cap.
+        attempt: ``attempt=N`` (N > 0) sends the agent's and the sub-LM's requests with dspy's
+            ``rollout_id=N``, so a run identical to an earlier one asks afresh past dspy's cache; 0 replays it.
+        verbose: Show a panel for each agent turn and one live progress display per evaluation; False prints
+            nothing.
+        run_storage_dir: Where runs, prompt versions, agent turns, the ledger and the result are written as
+            they happen; ``compile()`` again with the same directory resumes (or returns a finished run). A
+            temporary directory when None.
+        allow_eval_lm_change: Resume a ``run_storage_dir`` whose stored scores came from another evaluation
+            LM (other model or sampling settings), reusing those scores as if the new LM had produced them.
+        console: The ``rich.console.Console`` that ``verbose`` output goes to; a new one writing to standard
+            error when None.
+        use_mlflow: Log the run to MLflow (needs ``pip install "rlmoptimizer[mlflow]"``).
+
+    Raises:
+        ConfigurationError: A bad argument here or in ``compile()``, before any LM call, saying what to fix.
     """
 
     def __init__(
