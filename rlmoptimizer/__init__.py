@@ -1,6 +1,12 @@
 """rlmoptimizer: a DSPy teleprompter whose optimizer is an LLM agent in a sandboxed Python REPL."""
 
-from rlmoptimizer.errors import (
+# First, before any module that imports from dspy: the installed dspy must be in the supported range and have
+# every name the package uses, or the import fails with one DspyVersionError listing every problem.
+from rlmoptimizer.dspy_contract import check_installed_dspy as _check_installed_dspy
+
+_check_installed_dspy()
+
+from rlmoptimizer.errors import (  # noqa: E402
     BudgetExhaustedError,
     ConfigurationError,
     DspyVersionError,
@@ -13,7 +19,7 @@ from rlmoptimizer.errors import (
     SandboxError,
     StructureChangedError,
 )
-from rlmoptimizer.optimizer import RLMDocstringOptimizer
+from rlmoptimizer.optimizer import RLMDocstringOptimizer  # noqa: E402
 
 __all__ = [
     "RLMDocstringOptimizer",

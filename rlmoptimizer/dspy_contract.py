@@ -1,64 +1,90 @@
-"""The private dspy names rlmoptimizer leans on, checked when the package is imported.
+"""The dspy rlmoptimizer works with: the supported version range and every dspy name it relies on, checked
+once, when ``rlmoptimizer`` is imported and before anything else in it is.
 
-rlmoptimizer subclasses ``dspy.RLM`` and ``dspy.PythonInterpreter`` and overrides or calls some of their
-private members; a dspy patch release may rename them (3.4.0 -> 3.4.1 did). Each wing lists what it uses in
-its own ``_dspy.py`` module as :class:`Requirement` rows and imports the names only through that module,
-which calls :func:`check` first. A missing name then fails the import with :class:`DspyVersionError`, saying
-which dspy is installed, what is missing and which dspy versions are supported, instead of an
+rlmoptimizer subclasses ``dspy.RLM`` and ``dspy.PythonInterpreter``, overrides or calls some of their private
+members, and imports names from dspy's submodules; a dspy release may rename or remove any of them (3.4.0 ->
+3.4.1 renamed several private members, 3.3.1 -> 3.4.1 removed ``dspy.LMResponse`` and changed
+``RLM.forward``). :data:`REQUIREMENTS` lists, wing by wing, every name imported from dspy (top-level names
+imported with ``from dspy import ...`` included) and every private member used, as :class:`Requirement` rows.
+:func:`check_installed_dspy` (called first thing by ``rlmoptimizer/__init__.py``) checks the installed dspy's
+version against :data:`SUPPORTED_DSPY` and every row of every wing, and raises one
+:class:`DspyVersionError` (an ``ImportError``) listing every problem found, the supported range and the pip
+command that fixes it. So a dspy outside the range never surfaces as a raw ``ImportError`` or an
 ``AttributeError`` in the middle of an optimization.
 
-To move to a new dspy: widen :data:`TESTED_DSPY_VERSIONS` and the ``dspy`` pin in ``pyproject.toml``, run
-``python -m pytest tests/test_dspy_contract.py`` (it pins every row, parameters included), then the whole suite.
+The check costs about a millisecond: it reads signatures and bytecode, never source files.
+
+To move to a new dspy: widen :data:`SUPPORTED_DSPY` (and :data:`LOWEST_DSPY`, :data:`BELOW_DSPY`) together
+with the ``dspy`` requirement in ``pyproject.toml``, run ``python -m pytest tests/test_dspy_versions.py`` (it
+checks every row, parameters included), then the whole suite, on the lowest and the highest release of the range.
 
 May import: the standard library and ``rlmoptimizer.errors`` only.
 """
 
 from __future__ import annotations
 
+import dis
 import importlib
 import importlib.metadata
 import inspect
+import re
+import sys
+import types
 from dataclasses import dataclass
 
 from rlmoptimizer.errors import DspyVersionError
 
-__all__ = ["TESTED_DSPY_VERSIONS", "DspyVersionError", "Requirement", "check"]
+__all__ = [
+    "BELOW_DSPY", "LOWEST_DSPY", "REQUIREMENTS", "SUPPORTED_DSPY", "TESTED_DSPY_VERSIONS", "DspyVersionError",
+    "Requirement", "check", "check_installed_dspy", "dspy_problems", "fix_command", "installed_dspy_version",
+    "version_problem",
+]
 
+LOWEST_DSPY = (3, 4, 1)
+"""The lowest supported dspy release (tested in CI)."""
+BELOW_DSPY = (3, 5)
+"""The first dspy release not supported: the range is the patch releases of the series we test."""
+SUPPORTED_DSPY = ">=3.4.1,<3.5"
+"""The dspy requirement of ``pyproject.toml``, as pip writes it."""
 TESTED_DSPY_VERSIONS = ("3.4.1",)
-"""The dspy releases the test suite ran against; ``pyproject.toml`` pins the same."""
+"""The dspy releases of the range the test suite ran against."""
 
 
 @dataclass(frozen=True)
 class Requirement:
-    """One private dspy member a wing relies on.
+    """One dspy name a wing relies on.
 
     ``owner`` is ``"module"`` or ``"module:Class"``; ``name`` the member. ``params``, when given, are the
     parameter names (after ``self``) the member must accept, for a method we override or call. ``instance``
-    marks an attribute set in ``__init__`` (looked up in the class source, since no instance is built)."""
+    marks an attribute set in the class's methods (``self.name = ...``, found in their bytecode, since no
+    instance is built)."""
 
     owner: str
     name: str
     params: tuple[str, ...] | None = None
     instance: bool = False
 
+    @property
+    def private(self) -> bool:
+        """Whether dspy keeps the name private (a leading underscore)."""
+        return self.name.startswith("_")
+
     def problem(self) -> str | None:
         """What is wrong with this requirement in the installed dspy, or None."""
         module_name, _, class_name = self.owner.partition(":")
-        try:
-            target = importlib.import_module(module_name)
-        except ImportError as exc:
-            return f"module {module_name} cannot be imported ({exc})"
+        target, failure = _import(module_name)
+        if failure is not None:
+            return f"module {module_name} cannot be imported ({failure})"
         if class_name:
             target = getattr(target, class_name, None)
             if target is None:
-                return f"{self.owner} does not exist"
+                return f"{module_name}.{class_name} does not exist"
         if self.instance:
-            try:
-                source = inspect.getsource(target)
-            except (OSError, TypeError):
-                return None  # no source to look in (a compiled install): nothing to check
-            return None if f"self.{self.name} =" in source else f"{self.owner} no longer sets self.{self.name}"
-        member = inspect.getattr_static(target, self.name, None) if class_name else getattr(target, self.name, None)
+            return None if _sets_attribute(target, self.name) else f"{self.owner} no longer sets self.{self.name}"
+        if class_name:
+            member = inspect.getattr_static(target, self.name, None)
+        else:
+            member = getattr(target, self.name, None)
         if member is None:
             return f"{self.owner}.{self.name} does not exist"
         if self.params is not None:
@@ -72,20 +98,266 @@ class Requirement:
         return None
 
 
+def _import(module_name: str) -> tuple[types.ModuleType | None, str | None]:
+    """``(module, None)``, or ``(None, why it cannot be imported)``."""
+    try:
+        return importlib.import_module(module_name), None
+    except ImportError as exc:
+        return None, str(exc)
+    except Exception as exc:  # a dspy module failing in its own import
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def _code_objects(code: types.CodeType):
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _code_objects(const)
+
+
+def _sets_attribute(cls: type, name: str) -> bool:
+    """Whether a method of ``cls`` (or of a base class) stores ``<something>.name``: ``STORE_ATTR`` in its
+    bytecode. Reading the bytecode costs microseconds; ``inspect.getsource`` cost tens of milliseconds."""
+    for klass in getattr(cls, "__mro__", (cls,)):
+        for value in vars(klass).values():
+            function = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+            if isinstance(function, property):
+                function = function.fset
+            code = getattr(function, "__code__", None)
+            if not isinstance(code, types.CodeType):
+                continue
+            if any(_stores_attribute(part, name) for part in _code_objects(code)):
+                return True
+    return False
+
+
+_STORE_ATTR = dis.opmap["STORE_ATTR"]
+
+
+def _stores_attribute(code: types.CodeType, name: str) -> bool:
+    """Whether ``code`` has a ``STORE_ATTR name`` instruction (raw bytecode: two bytes per unit on every
+    supported Python, ``STORE_ATTR``'s argument the index of the name in ``co_names``)."""
+    try:
+        index = code.co_names.index(name)
+    except ValueError:
+        return False
+    raw, extended = code.co_code, 0
+    for at in range(0, len(raw) - 1, 2):
+        opcode, argument = raw[at], raw[at + 1] | extended
+        if opcode == dis.EXTENDED_ARG:
+            extended = argument << 8
+            continue
+        if opcode == _STORE_ATTR and argument == index:
+            return True
+        extended = 0
+    return False
+
+
+# ------------------------------------------------------------------------------------------------ the rows
+
+_RLM = "dspy.predict.rlm:RLM"
+_PI = "dspy.primitives.python_interpreter:PythonInterpreter"
+_EXC = "dspy.utils.exceptions"
+
+REQUIREMENTS: dict[str, tuple[Requirement, ...]] = {
+    # The optimizer agent (rlmoptimizer/agent/): a dspy.RLM subclass, its root-LM calls and its moves.
+    "agent": (
+        Requirement("dspy", "RLM"),
+        Requirement("dspy", "AdapterParseError"),  # from dspy import (agent.py, root_lm.py)
+        Requirement("dspy", "ChatAdapter"),
+        Requirement("dspy", "CodeInterpreter"),
+        Requirement("dspy", "LMError"),
+        Requirement("dspy", "Prediction"),
+        Requirement("dspy.adapters.chat_adapter", "ChatAdapter"),  # context.py
+        Requirement("dspy.teleprompt.gepa", "InstructionProposer"),  # moves/proposal.py
+        Requirement("dspy.lm15", "Message"),  # root_lm.py: the Responses-API chain
+        Requirement("dspy.lm15", "Request"),
+        Requirement("dspy.lm15", "Response"),
+        Requirement("dspy.lm15", "request_from_openai_chat"),
+        Requirement("dspy.predict.rlm", "_LLMCallBudget"),
+        Requirement("dspy.predict.rlm:_LLMCallBudget", "reserve", params=("n",)),
+        Requirement("dspy.predict.rlm", "_strip_code_fences", params=("code",)),
+        Requirement("dspy.predict.rlm", "SUB_AGENT_INSTRUCTIONS"),
+        Requirement("dspy.primitives.code_interpreter", "resolve_interpreter_factory"),
+        Requirement(_RLM, "forward", params=("interpreter_factory", "input_args")),  # overridden
+        Requirement(_RLM, "_make_llm_tools", params=("budget", "max_workers")),  # overridden
+        Requirement(_RLM, "_setup_facade", params=("repl", "budget", "interpreter_factory")),  # overridden
+        Requirement(_RLM, "_extract_fallback", params=("variables", "history", "output_field_names")),  # overridden
+        Requirement(_RLM, "_process_final_output", params=("result", "output_field_names")),  # overridden
+        Requirement(_RLM, "_validate_inputs", params=("input_args",)),
+        Requirement(_RLM, "_prepare_execution_tools", params=("budget",)),
+        Requirement(_RLM, "_build_variables", params=("input_args",)),
+        Requirement(_RLM, "_interpreter_context", params=("execution_tools", "factory")),
+        Requirement(_RLM, "_prepare_serializable_vars", params=("input_args", "repl")),
+        Requirement(_RLM, "_action_signature_for_current_factory", params=("factory", "sub_agent_rules")),
+        Requirement(_RLM, "_execute_code", params=("repl", "code", "input_args")),
+        Requirement(_RLM, "_process_execution_result", params=("pred", "code", "result", "history", "output_field_names")),
+        Requirement(_RLM, "_interpreter_factory", instance=True),
+        Requirement("dspy.primitives.repl_types", "REPLHistory"),
+        Requirement("dspy.primitives.repl_types:REPLHistory", "append", params=("reasoning", "code", "output")),
+        Requirement("dspy.primitives.repl_types", "REPLEntry"),
+        Requirement("dspy.primitives.repl_types:REPLEntry", "format_output", params=("output", "max_output_chars")),
+        Requirement("dspy.clients.backend_selection", "CLIENT_KEYS"),
+        Requirement(_EXC, "format_error_for_lm", params=("error", "traceback_frames")),
+    ),
+    # The REPL (rlmoptimizer/sandbox/): dspy's Deno/Pyodide PythonInterpreter, subclassed.
+    "sandbox": (
+        Requirement("dspy.primitives.code_interpreter", "CodeExecutionError"),
+        Requirement("dspy.primitives.code_interpreter", "CodeInterpreterError"),
+        Requirement("dspy.primitives.python_interpreter", "PythonInterpreter"),
+        Requirement("dspy.primitives.python_interpreter", "_validate_deno_version", params=("deno_executable",)),
+        Requirement("dspy.primitives.facade", "HOST_TOKEN_VAR"),
+        Requirement("dspy.primitives.facade", "SHIM_SETUP"),
+        Requirement(_PI, "_spawn_process", params=()),  # overridden: our environment, stderr drained
+        Requirement(_PI, "_health_check", params=()),
+        Requirement(_PI, "_next_request_id", params=()),  # overridden: the reader learns the id in flight
+        Requirement(_PI, "_send_request", params=("method", "params", "context")),  # overridden: not an execution
+        Requirement(_PI, "_get_runner_path", params=()),
+        Requirement(_PI, "_extract_parameters", params=("fn",)),
+        Requirement(_PI, "_get_deno_dir", params=("deno_executable",)),
+        Requirement(_PI, "_tools_registered", instance=True),
+        Requirement(_PI, "_session_ended", instance=True),
+        Requirement(_PI, "_last_diagnostic", instance=True),
+        Requirement(_PI, "_owner_thread", instance=True),
+    ),
+    # Evaluation (rlmoptimizer/evaluation/lm_failures.py): which LM failures stop a run.
+    "evaluation": (
+        Requirement(_EXC, "LMError"),
+        Requirement(_EXC, "LMAuthError"),
+        Requirement(_EXC, "LMBillingError"),
+        Requirement(_EXC, "LMConfigurationError"),
+        Requirement(_EXC, "LMUnsupportedModelError"),
+        Requirement(_EXC, "LMUnsupportedFeatureError"),
+        Requirement(_EXC, "LMTransportError"),
+        Requirement(_EXC, "LMInvalidRequestError"),
+        Requirement(_EXC, "LMCollectionLimitError"),
+    ),
+    # The teleprompter itself (rlmoptimizer/optimizer.py).
+    "optimizer": (
+        Requirement("dspy.teleprompt.teleprompt", "Teleprompter"),
+    ),
+    # The fakes of rlmoptimizer.testing (the offline demo and the tests).
+    "testing": (
+        Requirement("dspy.clients.engines.dummy_engine", "DummyEngine"),
+        Requirement("dspy.clients.engines.dummy_engine", "AsyncDummyEngine"),
+        Requirement("dspy.lm15", "TextPart"),
+        Requirement("dspy.lm15", "Usage"),
+        Requirement("dspy.utils.dummies", "DummyLM"),
+    ),
+}
+
+
+# ------------------------------------------------------------------------------------------------ the check
+
+
 def installed_dspy_version() -> str:
+    """The installed dspy's version (its ``__version__``, else its distribution metadata), or ``"unknown"``."""
+    module = sys.modules.get("dspy")
+    version = getattr(module, "__version__", None)
+    if isinstance(version, str) and version:
+        return version
     try:
         return importlib.metadata.version("dspy")
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
 
 
-def check(wing: str, requirements: tuple[Requirement, ...]) -> None:
-    """Raise :class:`DspyVersionError` listing every requirement the installed dspy does not meet."""
-    problems = [problem for requirement in requirements if (problem := requirement.problem())]
+def _release(version: str) -> tuple[tuple[int, ...], bool] | None:
+    """``(release numbers, is a pre-release)`` of a PEP 440 version, or None if it cannot be read."""
+    match = re.match(r"\s*v?(\d+(?:\.\d+)*)(.*)$", version)
+    if match is None:
+        return None
+    rest = match.group(2).split("+", 1)[0].lower()
+    prerelease = bool(re.match(r"[-_.]?(a|b|c|rc|alpha|beta|pre|preview|dev)", rest))
+    return tuple(int(part) for part in match.group(1).split(".")), prerelease
+
+
+def _padded(release: tuple[int, ...], width: int = 4) -> tuple[int, ...]:
+    return release + (0,) * (width - len(release))
+
+
+def version_problem(version: str) -> str | None:
+    """Why ``version`` of dspy is outside :data:`SUPPORTED_DSPY`, or None when it is inside."""
+    parsed = _release(version)
+    if parsed is None:
+        return f"dspy {version} is not a version rlmoptimizer can read; it supports dspy{SUPPORTED_DSPY}"
+    release, prerelease = parsed
+    below_lowest = _padded(release) < _padded(LOWEST_DSPY) or (prerelease and _padded(release) == _padded(LOWEST_DSPY))
+    if below_lowest:
+        return f"dspy {version} is older than the supported dspy{SUPPORTED_DSPY}"
+    if _padded(release) >= _padded(BELOW_DSPY):
+        return f"dspy {version} is newer than the supported dspy{SUPPORTED_DSPY} (rlmoptimizer is not tested with it)"
+    return None
+
+
+def fix_command() -> str:
+    """The pip command that installs a supported dspy into this Python's environment."""
+    return f'pip install "dspy{SUPPORTED_DSPY}"'
+
+
+def dspy_problems(requirements: dict[str, tuple[Requirement, ...]] | None = None) -> list[str]:
+    """Every problem of the installed dspy: its version first, then each failing row as ``"wing: problem"``.
+    Empty when the installed dspy is supported."""
+    try:
+        import dspy  # noqa: F401
+    except ImportError as exc:
+        return [f"dspy cannot be imported ({exc})"]
+    problems = []
+    version = installed_dspy_version()
+    if (outside := version_problem(version)) is not None:
+        problems.append(f"version: {outside}")
+    for wing, rows in (REQUIREMENTS if requirements is None else requirements).items():
+        problems += [f"{wing}: {problem}" for problem in _wing_problems(rows)]
+    return problems
+
+
+def _wing_problems(rows: tuple[Requirement, ...]) -> list[str]:
+    """The problems of one wing's rows, each said once: a module that cannot be imported is one problem naming
+    what the wing uses from it."""
+    problems: list[str] = []
+    missing: dict[str, tuple[int, str, list[str]]] = {}  # module -> (position in problems, why, names)
+    for row in rows:
+        module_name, _, class_name = row.owner.partition(":")
+        _, failure = _import(module_name)
+        if failure is not None:
+            name = f"{class_name}.{row.name}" if class_name else row.name
+            if module_name not in missing:
+                missing[module_name] = (len(problems), failure, [])
+                problems.append("")
+            missing[module_name][2].append(name)
+        elif (problem := row.problem()) is not None and problem not in problems:
+            problems.append(problem)
+    for module_name, (at, failure, names) in missing.items():
+        problems[at] = f"module {module_name} cannot be imported ({failure}); rlmoptimizer uses {', '.join(names)} from it"
+    return problems
+
+
+def _error(problems: list[str]) -> DspyVersionError:
+    version = installed_dspy_version()
+    dspy_module = sys.modules.get("dspy")
+    where = getattr(dspy_module, "__file__", None)
+    installed = f"dspy {version}" + (f" ({where})" if where else "") if dspy_module is not None else "no usable dspy"
+    lines = [
+        f"rlmoptimizer supports dspy{SUPPORTED_DSPY}; this environment has {installed}, "
+        f"which rlmoptimizer cannot use ({len(problems)} problem{'s' if len(problems) != 1 else ''}):",
+        *(f"  - {problem}" for problem in problems),
+        f"Fix: {fix_command()}   (into the environment of {sys.executable}),",
+        f"or install a rlmoptimizer release that supports dspy {version}.",
+    ]
+    return DspyVersionError("\n".join(lines))
+
+
+def check_installed_dspy() -> None:
+    """Raise :class:`DspyVersionError` listing every problem of the installed dspy (see :func:`dspy_problems`).
+    ``rlmoptimizer/__init__.py`` calls it before importing anything else of the package."""
+    problems = dspy_problems()
     if problems:
-        raise DspyVersionError(
-            f"rlmoptimizer's {wing} relies on dspy internals that the installed dspy {installed_dspy_version()} "
-            f"does not have: {'; '.join(problems)}. rlmoptimizer is tested with dspy "
-            f"{', '.join(TESTED_DSPY_VERSIONS)}: install it with `pip install \"dspy=={TESTED_DSPY_VERSIONS[-1]}\"`, "
-            "or a rlmoptimizer release that supports your dspy."
-        )
+        raise _error(problems)
+
+
+def check(wing: str, requirements: tuple[Requirement, ...]) -> None:
+    """Raise :class:`DspyVersionError` listing every requirement of ``wing`` the installed dspy does not meet
+    (the version is not checked here: :func:`check_installed_dspy` does)."""
+    problems = [f"{wing}: {problem}" for problem in _wing_problems(requirements)]
+    if problems:
+        raise _error(problems)

@@ -1,60 +1,40 @@
-"""Every dspy name the agent wing uses that dspy does not export at its top level, checked at import.
+"""Every dspy name the agent wing uses that dspy does not export at its top level.
 
-The agent's modules (``agent.py``, ``root_lm.py``) import these names from here only; :data:`REQUIRED` lists
-each private member of ``dspy.RLM`` we override or call, with its parameters, and the internal helpers the
-root-LM calls use; :func:`rlmoptimizer.dspy_contract.check` verifies them before the imports below run.
+The agent's modules import these names from here only. Each is a row of
+``rlmoptimizer.dspy_contract.REQUIREMENTS["agent"]`` (:data:`REQUIRED`), checked, with the parameters of each
+private method we override or call, when ``rlmoptimizer`` is imported: by the time this module runs, every
+import below is known to work.
 """
 
 from __future__ import annotations
 
-from rlmoptimizer.dspy_contract import Requirement, check
+from dspy.adapters.chat_adapter import ChatAdapter
+from dspy.clients.backend_selection import CLIENT_KEYS
+from dspy.lm15 import Message, Request, Response, request_from_openai_chat
+from dspy.predict.rlm import SUB_AGENT_INSTRUCTIONS, _LLMCallBudget, _strip_code_fences
+from dspy.primitives.code_interpreter import resolve_interpreter_factory
+from dspy.primitives.repl_types import REPLEntry, REPLHistory
+from dspy.teleprompt.gepa import InstructionProposer
+from dspy.utils.exceptions import format_error_for_lm
 
-_RLM = "dspy.predict.rlm:RLM"
+from rlmoptimizer.dspy_contract import REQUIREMENTS
 
-REQUIRED = (
-    Requirement("dspy.predict.rlm", "_LLMCallBudget"),
-    Requirement("dspy.predict.rlm:_LLMCallBudget", "reserve", params=("n",)),
-    Requirement("dspy.predict.rlm", "_strip_code_fences", params=("code",)),
-    Requirement("dspy.predict.rlm", "SUB_AGENT_INSTRUCTIONS"),
-    Requirement("dspy.primitives.code_interpreter", "resolve_interpreter_factory"),
-    Requirement(_RLM, "forward", params=("interpreter_factory", "input_args")),  # overridden
-    Requirement(_RLM, "_make_llm_tools", params=("budget", "max_workers")),  # overridden
-    Requirement(_RLM, "_setup_facade", params=("repl", "budget", "interpreter_factory")),  # overridden
-    Requirement(_RLM, "_extract_fallback", params=("variables", "history", "output_field_names")),  # overridden
-    Requirement(_RLM, "_process_final_output", params=("result", "output_field_names")),  # overridden
-    Requirement(_RLM, "_validate_inputs", params=("input_args",)),
-    Requirement(_RLM, "_prepare_execution_tools", params=("budget",)),
-    Requirement(_RLM, "_build_variables", params=("input_args",)),
-    Requirement(_RLM, "_interpreter_context", params=("execution_tools", "factory")),
-    Requirement(_RLM, "_prepare_serializable_vars", params=("input_args", "repl")),
-    Requirement(_RLM, "_action_signature_for_current_factory", params=("factory", "sub_agent_rules")),
-    Requirement(_RLM, "_execute_code", params=("repl", "code", "input_args")),
-    Requirement(_RLM, "_process_execution_result", params=("pred", "code", "result", "history", "output_field_names")),
-    Requirement(_RLM, "_interpreter_factory", instance=True),
-    Requirement("dspy.primitives.repl_types", "REPLHistory"),
-    Requirement("dspy.primitives.repl_types:REPLHistory", "append", params=("reasoning", "code", "output")),
-    Requirement("dspy.primitives.repl_types", "REPLEntry"),
-    Requirement("dspy.primitives.repl_types:REPLEntry", "format_output", params=("output", "max_output_chars")),
-    Requirement("dspy.clients.backend_selection", "CLIENT_KEYS"),
-    Requirement("dspy.utils.exceptions", "format_error_for_lm", params=("error", "traceback_frames")),
-)
-
-check("agent", REQUIRED)
-
-from dspy.clients.backend_selection import CLIENT_KEYS  # noqa: E402
-from dspy.predict.rlm import SUB_AGENT_INSTRUCTIONS, _LLMCallBudget, _strip_code_fences  # noqa: E402
-from dspy.primitives.code_interpreter import resolve_interpreter_factory  # noqa: E402
-from dspy.primitives.repl_types import REPLEntry, REPLHistory  # noqa: E402
-from dspy.utils.exceptions import format_error_for_lm  # noqa: E402
+REQUIRED = REQUIREMENTS["agent"]
 
 __all__ = [
     "CLIENT_KEYS",
     "REQUIRED",
+    "ChatAdapter",
+    "InstructionProposer",
+    "Message",
     "REPLEntry",
     "REPLHistory",
+    "Request",
+    "Response",
     "SUB_AGENT_INSTRUCTIONS",
     "_LLMCallBudget",
     "_strip_code_fences",
     "format_error_for_lm",
+    "request_from_openai_chat",
     "resolve_interpreter_factory",
 ]

@@ -1,38 +1,20 @@
-"""Every dspy name the sandbox wing uses that dspy does not document as public, checked at import.
+"""Every dspy name the sandbox wing uses that dspy does not export at its top level.
 
-The rest of the wing imports these names from here only; :data:`REQUIRED` lists each private member with
-the parameters we call or override, and :func:`rlmoptimizer.dspy_contract.check` verifies them before the
-imports below run.
+The rest of the wing imports these names from here only. Each is a row of
+``rlmoptimizer.dspy_contract.REQUIREMENTS["sandbox"]`` (:data:`REQUIRED`), checked, with the parameters of
+each private method we call or override, when ``rlmoptimizer`` is imported: by the time this module runs,
+every import below is known to work.
 """
 
 from __future__ import annotations
 
-from rlmoptimizer.dspy_contract import Requirement, check
+from dspy.primitives.code_interpreter import CodeExecutionError, CodeInterpreterError
+from dspy.primitives.facade import HOST_TOKEN_VAR, SHIM_SETUP
+from dspy.primitives.python_interpreter import PythonInterpreter, _validate_deno_version
 
-_PI = "dspy.primitives.python_interpreter:PythonInterpreter"
+from rlmoptimizer.dspy_contract import REQUIREMENTS
 
-REQUIRED = (
-    Requirement("dspy.primitives.python_interpreter", "_validate_deno_version", params=("deno_executable",)),
-    Requirement("dspy.primitives.facade", "HOST_TOKEN_VAR"),
-    Requirement("dspy.primitives.facade", "SHIM_SETUP"),
-    Requirement(_PI, "_spawn_process", params=()),  # overridden: our environment, stderr drained
-    Requirement(_PI, "_health_check", params=()),
-    Requirement(_PI, "_next_request_id", params=()),  # overridden: the reader learns the id in flight
-    Requirement(_PI, "_send_request", params=("method", "params", "context")),  # overridden: not an execution
-    Requirement(_PI, "_get_runner_path", params=()),
-    Requirement(_PI, "_extract_parameters", params=("fn",)),
-    Requirement(_PI, "_get_deno_dir", params=("deno_executable",)),
-    Requirement(_PI, "_tools_registered", instance=True),
-    Requirement(_PI, "_session_ended", instance=True),
-    Requirement(_PI, "_last_diagnostic", instance=True),
-    Requirement(_PI, "_owner_thread", instance=True),
-)
-
-check("sandbox", REQUIRED)
-
-from dspy.primitives.code_interpreter import CodeExecutionError, CodeInterpreterError  # noqa: E402
-from dspy.primitives.facade import HOST_TOKEN_VAR, SHIM_SETUP  # noqa: E402
-from dspy.primitives.python_interpreter import PythonInterpreter, _validate_deno_version  # noqa: E402
+REQUIRED = REQUIREMENTS["sandbox"]
 
 __all__ = [
     "REQUIRED",
