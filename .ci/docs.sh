@@ -6,6 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 python -m pip install --quiet -e ".[docs]"
+python -c "import mkdocs, material, mkdocstrings_handlers.python, nbclient, nbformat, ipykernel" 2>/dev/null || {
+    echo "docs: the docs extra did not install mkdocs-material, mkdocstrings[python], nbclient, nbformat and ipykernel" >&2
+    exit 1
+}
+export NO_MKDOCS_2_WARNING=1  # mkdocs-material's notice about its successor, not about this site
 
 SITE_DIR="$(mktemp -d -t rlmoptimizer-site-XXXXXX)"
 trap 'rm -rf "$SITE_DIR"' EXIT

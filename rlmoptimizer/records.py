@@ -289,20 +289,42 @@ class AgentOutcome:
 
 @dataclass(frozen=True)
 class CompileResult:
-    """The result attributes compile() attaches to the returned program (one attribute per field)."""
+    """The result attributes compile() attaches to the returned program (one attribute per field).
+
+    On the program they are plain dicts and lists (``optimized.selection["reason"]``), as ``result.json``
+    holds them. The program also gets ``detailed_results`` (every candidate and its scores, the Pareto front),
+    ``score`` and ``candidate_programs`` (MIPROv2's names), and ``agent_trajectory`` renders as a table in a
+    notebook (see :mod:`rlmoptimizer.report`).
+    """
 
     optimized_dspy_program: dict[str, str]
+    """The returned instructions, ``{step name: instructions}`` for every step (already applied to the program)."""
     latest_run_id: str | None
+    """The id of the last evaluation run (``"run-0007"``), or None when nothing was evaluated."""
     trial_logs: tuple[dict[str, Any], ...]
+    """Every evaluation run in order, baselines included: ``run_id``, ``split``, ``label`` (``baseline``,
+    ``agent``, ``compare``, ``submission``, ...), ``score`` (the mean), ``passed_count``, ``evaluated_count``,
+    ``requested_count``, ``budget_spent``, ``budget_left``, ``note`` and the ``instructions`` evaluated."""
     agent_trajectory: tuple[dict[str, Any], ...]
+    """Every agent turn in order, earlier turns first on a resume: ``{"iteration", "reasoning", "code",
+    "output", "final", "created_at"}``, and ``outputs`` (the submission) on the final turn."""
     agent_final_reasoning: str
+    """The agent's reasoning when it submitted ("" when it gave none)."""
     selection: Selection
+    """Which candidate was returned and why: ``split``, ``chosen_run_id``, ``chosen_label``, ``chosen_score``,
+    ``submission_run_id``, ``submission_score``, ``baseline_score``, ``reason`` and the ``candidates`` compared
+    (a dict on the program; see :class:`Selection`)."""
     budget: dict[str, Any]
+    """The budget in units: ``{"limit", "spent", "left", "spent_by_kind"}``."""
     run_storage_dir: str
+    """The run directory: everything the run paid for, ``result.json`` and ``run.png``
+    (``python -m rlmoptimizer report`` reads it)."""
     step_lms: dict[str, dict[str, str]]
     """Which LM ran each step: ``{step: {"lm": name, "source": "eval_lm" | "dspy.settings.lm" | "predictor.lm"}}``."""
     usage: dict[str, Any] = field(default_factory=dict)
-    """LM calls, tokens and dollars per role (:meth:`rlmoptimizer.usage.UsageMeter.snapshot`)."""
+    """LM calls, tokens and dollars per role: ``{"root", "sub", "eval", "total"}``, each with ``calls``,
+    ``input_tokens``, ``cached_input_tokens``, ``output_tokens`` and ``cost_usd`` (None when litellm has no
+    price for a model, listed in ``unpriced_models``)."""
 
     def attach_to(self, program: Any) -> Any:
         """Set the attributes on ``program`` (plain dicts and lists, as users read them) and return it."""

@@ -7,6 +7,8 @@ code.
 
 from __future__ import annotations
 
+import html
+
 MARKER = "<!-- agent-instructions -->"
 TRAIN, VAL, MAX_ITERATIONS = 20, 10, 5  # the example the page states
 
@@ -18,13 +20,5 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
 
     budget = MAX_ITERATIONS * TRAIN + VAL
     text = render_instructions(budget, budget_note(TRAIN, VAL, MAX_ITERATIONS))
-    fence = "`" * max(3, _longest_backtick_run(text) + 1)
-    return markdown.replace(MARKER, f"{fence}text\n{text.rstrip()}\n{fence}")
-
-
-def _longest_backtick_run(text: str) -> int:
-    longest = run = 0
-    for char in text:
-        run = run + 1 if char == "`" else 0
-        longest = max(longest, run)
-    return longest
+    # Raw HTML, so the long lines wrap (see stylesheets/extra.css) instead of scrolling sideways.
+    return markdown.replace(MARKER, f'<pre class="agent-prompt"><code>{html.escape(text.rstrip())}</code></pre>')
