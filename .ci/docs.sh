@@ -5,9 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-python -m pip install --quiet -e ".[docs]"
-python -c "import mkdocs, material, mkdocstrings_handlers.python, nbclient, nbformat, ipykernel" 2>/dev/null || {
-    echo "docs: the docs extra did not install mkdocs-material, mkdocstrings[python], nbclient, nbformat and ipykernel" >&2
+python -m pip install --quiet -e ".[docs,plot]"  # plot: the notebook shows the picture of its run
+python -c "import mkdocs, material, mkdocstrings_handlers.python, nbclient, nbformat, ipykernel, matplotlib" 2>/dev/null || {
+    echo "docs: the docs and plot extras did not install mkdocs-material, mkdocstrings[python], nbclient, nbformat, ipykernel and matplotlib" >&2
     exit 1
 }
 export NO_MKDOCS_2_WARNING=1  # mkdocs-material's notice about its successor, not about this site
