@@ -2,12 +2,18 @@
 
 Train runs are circles, validation runs squares; a run that evaluated fewer examples than it asked for (stopped,
 recovered, or still in flight) is drawn hollow. Dashed lines are the unchanged program's scores; the candidates
-checked on the whole selection split are ringed, and the one returned is a star. Drawn on a bare matplotlib
-Figure (Agg canvas, no display needed, pyplot untouched); 8x4.5 inches at 100 dpi, readable in a notebook at its default size.
+checked on the whole selection split are ringed, and the one returned is a star. The score axis follows the
+scores (any finite scale; the whole of 0..1 when every score lies in it). Drawn on a bare matplotlib Figure (Agg
+canvas, no display needed, pyplot untouched); 8x4.5 inches at 100 dpi, readable in a notebook at its default size.
+
+matplotlib is the optional extra ``plot`` (``pip install "rlmoptimizer[plot]"``): without it nothing else of
+rlmoptimizer changes, and :func:`picture_unavailable` says how to get the picture.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import math
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +24,19 @@ PICTURE_NAME = "run.png"
 _COLORS = {"train": "#1f77b4", "val": "#d62728"}
 _NAMES = {"train": "train", "val": "validation"}
 _LABEL_ALL_UP_TO = 30
+PLOT_EXTRA = 'pip install "rlmoptimizer[plot]"'
+"""The command that installs what the picture needs (matplotlib)."""
+NO_PICTURE = f"the picture of a run (run.png) needs matplotlib, which is not installed: {PLOT_EXTRA}"
+
+
+def picture_unavailable() -> str | None:
+    """Why no picture can be drawn here, with the command that fixes it; None when matplotlib is installed.
+    Cheap: it looks for matplotlib without importing it."""
+    try:
+        found = importlib.util.find_spec("matplotlib") is not None
+    except (ImportError, ValueError):  # a broken or half-removed install
+        found = False
+    return None if found else NO_PICTURE
 
 
 def _figure_class() -> Any:
@@ -25,11 +44,22 @@ def _figure_class() -> Any:
     so nothing here touches pyplot's state or opens a window."""
     try:
         from matplotlib.figure import Figure
-    except ImportError as exc:  # matplotlib is a dependency; an environment may still lack it
-        raise ConfigurationError(
-            'drawing the run needs matplotlib: pip install matplotlib (or reinstall: pip install "rlmoptimizer")'
-        ) from exc
+    except ImportError as exc:  # the optional extra "plot"
+        raise ConfigurationError(NO_PICTURE) from exc
     return Figure
+
+
+def score_limits(scores: list[Any]) -> tuple[float, float]:
+    """The score axis for ``scores``: all of 0..1 when every finite score lies in it (the usual scale), else
+    from the lowest to the highest score; a margin on both sides for the rings and labels."""
+    finite = [float(y) for y in scores if isinstance(y, (int, float)) and not isinstance(y, bool) and math.isfinite(y)]
+    low, high = (min(finite), max(finite)) if finite else (0.0, 1.0)
+    if low >= 0.0 and high <= 1.0:
+        low, high = 0.0, 1.0
+    span = high - low
+    if not span > 0.0 or not math.isfinite(span):
+        span = max(abs(high), 1.0) if math.isfinite(high) else 1.0
+    return low - 0.08 * span, high + 0.08 * span
 
 
 def _points(rundir: RunDirectory) -> list[dict[str, Any]]:
@@ -104,7 +134,7 @@ def draw_run(rundir: RunDirectory | str | Path):
     limit = rundir.budget_limit
     right = max([limit or 0, *(p["x"] for p in points)]) or 1
     axes.set_xlim(-0.02 * right, right * 1.04)
-    axes.set_ylim(-0.04, 1.08)
+    axes.set_ylim(*score_limits([p["y"] for p in points]))
     axes.set_xlabel(f"budget units spent (limit {limit})" if limit is not None else "budget units spent")
     axes.set_ylabel("score")
     title = Path(rundir.directory).name or rundir.directory
