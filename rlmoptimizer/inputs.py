@@ -142,6 +142,14 @@ def check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
     return value
 
 
+def check_flag(name: str, value: Any) -> bool:
+    """``value`` when it is True or False, else :class:`ConfigurationError`: a string such as ``"false"`` is
+    truthy and would switch the setting on."""
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+    return value
+
+
 def check_lm(name: str, lm: Any, required: bool) -> Any:
     if lm is None:
         if required:

@@ -33,6 +33,7 @@ from rlmoptimizer.agent.root_lm import for_attempt
 from rlmoptimizer.agent.state import long_run_options
 from rlmoptimizer.agent.stop import StopRequest
 from rlmoptimizer.agent.tools import AgentTools
+from rlmoptimizer.agent.window import check_root_window
 from rlmoptimizer.agent.working_program import WorkingProgram
 from rlmoptimizer.budget import BudgetLedger, budget_for, budget_for_metric_calls
 from rlmoptimizer.display import Display
@@ -56,6 +57,7 @@ from rlmoptimizer.inputs import (
     check_compile_args,
     check_context_window,
     check_examples,
+    check_flag,
     check_lm,
     check_max_cost,
     check_metric,
@@ -70,7 +72,8 @@ from rlmoptimizer.metric import Metric
 from rlmoptimizer.records import AgentOutcome, CompileResult, EvalRun, Selection
 from rlmoptimizer.report import MlflowTracker, check_use_mlflow, present_result, tracked
 from rlmoptimizer.sandbox import Sandbox
-from rlmoptimizer.selection import best_checked, never_worse, with_spending_cap
+from rlmoptimizer.sandbox.limits import instructions as sandbox_rules
+from rlmoptimizer.selection import best_checked, first_sample_complete, never_worse, with_spending_cap
 from rlmoptimizer.storage.identity import eval_lm_identity
 from rlmoptimizer.storage.journal import RunJournal
 from rlmoptimizer.storage.lock import RunDirectoryLock
@@ -210,16 +213,18 @@ class RLMDocstringOptimizer(Teleprompter):
         self.rlm_max_iterations = check_positive_int("rlm_max_iterations", rlm_max_iterations)
         self.rlm_max_llm_calls = check_positive_int("rlm_max_llm_calls", rlm_max_llm_calls, minimum=0)
         self.rlm_max_output_chars = check_positive_int("rlm_max_output_chars", rlm_max_output_chars, minimum=100)
-        self.root_stateful_session, self.rlm_multiturn_history = bool(root_stateful_session), bool(rlm_multiturn_history)
+        self.root_stateful_session = check_flag("root_stateful_session", root_stateful_session)
+        self.rlm_multiturn_history = check_flag("rlm_multiturn_history", rlm_multiturn_history)
         self.sandbox_timeout_s = check_timeout("sandbox_timeout_s", sandbox_timeout_s)
         self.root_context_window = check_context_window(root_context_window)
         self.max_cost_usd = check_max_cost(max_cost_usd)
         self.attempt = check_positive_int("attempt", attempt, minimum=0)
-        self.verbose, self.rlm_autopilot = bool(verbose), bool(rlm_autopilot)
+        self.verbose, self.rlm_autopilot = check_flag("verbose", verbose), check_flag("rlm_autopilot", rlm_autopilot)
         self.run_storage_dir = Path(run_storage_dir) if run_storage_dir is not None else None
-        self.allow_eval_lm_change = bool(allow_eval_lm_change)
+        self.allow_eval_lm_change = check_flag("allow_eval_lm_change", allow_eval_lm_change)
         self.console = console
         self.use_mlflow = check_use_mlflow(use_mlflow)
+        check_root_window(self, sandbox_rules(self.sandbox_timeout_s))  # a window too small for any request
 
     def compile(self, student: dspy.Module, *, trainset: list, teacher: Any = None, valset: list | None = None,
                 metric: Any = None, metric_id: str | None = None, **kwargs: Any) -> dspy.Module:
@@ -231,6 +236,7 @@ class RLMDocstringOptimizer(Teleprompter):
         trainset = check_examples(trainset, "trainset")
         valset = check_examples(valset, "valset", allow_empty=True) if valset is not None else []
         eval_lm = resolve_eval_lm(self.eval_lm, student)
+        check_root_window(self, sandbox_rules(self.sandbox_timeout_s), student, len(trainset), len(valset))
         return _Compile(self, student, trainset, valset, metric, eval_lm).run()
 
 
@@ -434,8 +440,9 @@ class _Compile:
         never-worse policy (:func:`rlmoptimizer.selection.never_worse`) to first samples (a lucky rollout never wins)."""
         split = "val" if self.valset else "train"
         size = len(self.valset) if self.valset else len(self.trainset)
-        complete = [r for r in self.runs.all() if r.split == split and r.evaluated_count == size and r.rollout == 0]
+        complete = first_sample_complete(self.runs.all(), split, size)
         submitted_run = next((r for r in reversed(complete) if r.instructions == submission), None)
+        cap_set = self.usage.max_cost_usd is not None
         cap = self.usage.cap_message().split(",")[0] if self.usage.cap_reached else ""
         charged = self.ledger.left >= size - len(self.runs.stored(submission, split, range(size)))  # stored: free
         unpaid = "max_metric_calls left too few calls" if self.config.max_metric_calls and not charged else ""  # none free
@@ -445,10 +452,15 @@ class _Compile:
         if submitted_run is None:
             self.working.set_instructions(submission, source="submission")
             submitted_run = self.working.evaluate(split, None, label="submission", charged=charged)
+            if submitted_run.evaluated_count < size:  # cut short (the spending cap): checked on part of the split
+                cap = self.usage.cap_message().split(",")[0] if self.usage.cap_reached else ""
+                return best_checked(split=split, complete=complete, initial=self.initial_instructions,
+                                    partial=submitted_run, why=cap or submitted_run.note or "",
+                                    spending_cap=self.usage.cap_reached if cap_set else None)
             complete.append(submitted_run)
         selection = never_worse(split=split, complete=complete, submitted_run=submitted_run, submission=submission,
                                 initial=self.initial_instructions)
-        return with_spending_cap(selection, self.usage.cap_reached if self.usage.max_cost_usd else None, cap)
+        return with_spending_cap(selection, self.usage.cap_reached if cap_set else None, cap)
 
     def _build_result(self, selection: Selection, outcome: AgentOutcome) -> dspy.Module:
         program = copy_program(self.student)

@@ -1,19 +1,40 @@
-"""Never worse: which candidate compile() returns, as a small pure policy.
+"""Never worse: which candidate compile() returns, as a small pure policy, and the one rule that ranks candidates.
 
-The submission wins if it scores better than the unchanged program and at least as well as every other
-candidate checked on the selection split (validation, or train without a valset); otherwise the best of
-those candidates. Highest score wins; on a tie the unchanged instructions win (a change is returned only
-when the selection split shows it is better), then the submission, then the latest other candidate.
+The rule (:func:`first_sample_complete`, :func:`ranked`), the same wherever candidates are ranked (the selection,
+``detailed_results``, ``candidate_programs``, the agent's ``candidates()``): a candidate's score on a split is the
+score of a run of it on the whole split at its first sample (rollout 0); an extra rollout (a lucky sample) or a
+run of part of the split never ranks it. Highest score first; on a tie the unchanged instructions, then the
+preferred candidate (the submission), then the latest.
+
+The policy: the submission wins if it scores better than the unchanged program and at least as well as every
+other candidate checked on the selection split (validation, or train without a valset); otherwise the best of
+those candidates (a change is returned only when the selection split shows it is better).
 
 May import: ``rlmoptimizer.records``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from rlmoptimizer.records import EvalRun, Selection
+
+
+def first_sample_complete(runs: Iterable[EvalRun], split: str, size: int) -> list[EvalRun]:
+    """The runs of ``runs`` (in their order) that may rank a candidate on ``split`` of ``size`` examples: its
+    first sample (rollout 0) of every example."""
+    return [r for r in runs if r.split == split and r.rollout == 0 and r.evaluated_count == size and size > 0]
+
+
+def ranked(runs: Sequence[EvalRun], *, initial: dict[str, str],
+           preferred: EvalRun | str | None = None) -> list[EvalRun]:
+    """``runs`` (runs of :func:`first_sample_complete`, in id order) best first: the highest score; on a tie the
+    unchanged instructions (``initial``), then ``preferred`` (a run or its id), then the latest."""
+    preferred_id = preferred.run_id if isinstance(preferred, EvalRun) else preferred
+    order = {id(r): i for i, r in enumerate(runs)}
+    return sorted(runs, reverse=True, key=lambda r: (
+        r.score, r.instructions == initial, preferred_id is not None and r.run_id == preferred_id, order[id(r)]))
 
 
 def never_worse(
@@ -21,8 +42,7 @@ def never_worse(
     initial: dict[str, str],
 ) -> Selection:
     """Choose among ``complete`` (every run that evaluated the whole ``split``, ``submitted_run`` among them)."""
-    order = {id(r): i for i, r in enumerate(complete)}
-    chosen_run = max(complete, key=lambda r: (r.score, r.instructions == initial, r is submitted_run, order[id(r)]))
+    chosen_run = ranked(complete, initial=initial, preferred=submitted_run)[0]
     others = [r for r in complete if r.instructions != submission]
     best = max(others, key=lambda r: r.score, default=None)
     if chosen_run is submitted_run and submission == initial:
@@ -47,14 +67,18 @@ def never_worse(
 
 
 def best_checked(*, split: str, complete: Sequence[EvalRun], initial: dict[str, str], why: str,
-                 spending_cap: bool = True) -> Selection:
-    """The submission could not be checked on ``split`` (``why``: the spending cap stopped spending first, or
-    ``max_metric_calls`` is spent): the best candidate that was checked, the unchanged instructions on a tie;
-    never an unchecked submission."""
-    order = {id(r): i for i, r in enumerate(complete)}
-    chosen_run = max(complete, key=lambda r: (r.score, r.instructions == initial, order[id(r)]))
-    reason = (f"{why} before the agent's submission could be checked on {split}; returning the best checked "
-              f"candidate, {chosen_run.run_id} ({chosen_run.label}) at {chosen_run.score:.4f}")
+                 spending_cap: bool | None = True, partial: EvalRun | None = None) -> Selection:
+    """The submission could not be checked on the whole ``split`` (``why``: the spending cap stopped spending, or
+    ``max_metric_calls`` is spent), before its check or during it (``partial``: the run of it that was cut
+    short): the best candidate that was checked (:func:`ranked`); never a submission checked on part of the split."""
+    chosen_run = ranked(complete, initial=initial)[0]
+    if partial is None:
+        when = f"before the agent's submission could be checked on {split}"
+    else:
+        when = (f"while the agent's submission was being checked on {split} ({partial.run_id}: "
+                f"{partial.evaluated_count} of {partial.requested_count} examples, so it is not returned)")
+    reason = (f"{why} {when}; returning the best checked candidate, {chosen_run.run_id} ({chosen_run.label}) at "
+              f"{chosen_run.score:.4f}")
     return replace(_selection(split, chosen_run, complete, reason, None), spending_cap_reached=spending_cap)
 
 

@@ -26,6 +26,7 @@ May import: dspy, litellm, ``rlmoptimizer.events`` and the standard library.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Callable
 from decimal import Decimal
@@ -41,7 +42,21 @@ SUB = "sub"
 EVAL = "eval"
 ROLES: tuple[str, ...] = (ROOT, SUB, EVAL)
 
-__all__ = ["EVAL", "ROLES", "ROOT", "SUB", "CostGate", "RoleTracker", "UsageMeter", "UsageObserver", "price_of_call"]
+__all__ = ["EVAL", "ROLES", "ROOT", "SUB", "CostGate", "RoleTracker", "UsageMeter", "UsageObserver", "dollars",
+           "price_of_call"]
+
+
+def dollars(amount: float) -> str:
+    """``amount`` as people read dollars: 4 decimals, and as many more as a smaller amount needs to show two
+    significant digits (``$0.000001``, never ``$0.0000``)."""
+    amount = float(amount)
+    decimals = 4
+    if 0 < abs(amount) < 0.001:
+        decimals = min(20, 1 - math.floor(math.log10(abs(amount))))
+    text = f"{amount:.{decimals}f}"
+    if decimals > 4:
+        text = text.rstrip("0")
+    return f"${text}"
 
 
 def _int(value: Any) -> int:
@@ -245,12 +260,13 @@ class UsageMeter:
             return float(sum((t.usd for t in self._roles.values()), Decimal(0)))
 
     def summary(self) -> str:
-        """One line for people: calls, tokens and dollars per role."""
+        """One line for people: calls, tokens and dollars per role (or which models litellm has no price for)."""
         snap = self.snapshot()
         parts = []
         for role in (*ROLES, "total"):
             data = snap[role]
-            cost = "$?" if data["cost_usd"] is None else f"${data['cost_usd']:.4f}"
+            unpriced = ", ".join(data.get("unpriced_models", ()))
+            cost = f"no price for {unpriced}" if data["cost_usd"] is None else dollars(data["cost_usd"])
             cached = f" ({data['cached_input_tokens']:,} cached)" if data["cached_input_tokens"] else ""
             parts.append(f"{role} {data['calls']} calls, {data['input_tokens']:,} in{cached} / "
                          f"{data['output_tokens']:,} out, {cost}")
@@ -292,7 +308,7 @@ class UsageMeter:
 
     def cap_message(self) -> str:
         return (
-            f"spending cap reached: ${self.spent_usd:.4f} of max_cost_usd=${self.max_cost_usd:.4f} spent on LM "
+            f"spending cap reached: {dollars(self.spent_usd)} of max_cost_usd={dollars(self.max_cost_usd)} spent on LM "
             "calls, so no more evaluations or sub-LM calls; you can still analyse, update prompts and SUBMIT"
         )
 

@@ -52,6 +52,7 @@ __all__ = [
     "context_window_of",
     "clip",
     "is_context_refusal",
+    "smallest_window",
     "turn_inputs",
 ]
 
@@ -128,16 +129,38 @@ class ContextBudget:
     @classmethod
     def for_lm(cls, lm: Any, explicit_window: int | None = None) -> ContextBudget:
         window, source = context_window_of(lm, explicit_window)
+        budget = cls.for_window(lm, window)
+        logger.debug("Root LM context window: %d tokens (%s); %d kept for the reply", window, source,
+                     budget.output_tokens)
+        return budget
+
+    @classmethod
+    def for_window(cls, lm: Any, window: int) -> ContextBudget:
+        """The budget of a ``window``-token window for ``lm``: its reply keeps the LM's ``max_tokens`` where set
+        (4,000 otherwise), and never most of the window."""
         kwargs = getattr(lm, "kwargs", None) or {}
         max_tokens = kwargs.get("max_tokens") or kwargs.get("max_completion_tokens") or kwargs.get("max_output_tokens")
         output = int(max_tokens) if isinstance(max_tokens, int) and max_tokens > 0 else 4_000
-        output = min(output, window // 4)  # a reply reservation never takes most of the window
-        logger.debug("Root LM context window: %d tokens (%s); %d kept for the reply", window, source, output)
-        return cls(window_tokens=window, output_tokens=output)
+        return cls(window_tokens=window, output_tokens=min(output, window // 4))
 
     @property
     def request_chars(self) -> int:
         return int((self.window_tokens - self.output_tokens) * self.chars_per_token * self.fill)
+
+
+def smallest_window(lm: Any, request_chars: int) -> int:
+    """The fewest tokens of window in which :class:`ContextBudget` lets a request to ``lm`` take ``request_chars``
+    characters (at the :data:`CHARS_PER_TOKEN` estimate a run starts from)."""
+    low, high = 1, 1
+    while ContextBudget.for_window(lm, high).request_chars < request_chars:
+        low, high = high, high * 2
+    while low < high:  # the room a window leaves grows with the window
+        middle = (low + high) // 2
+        if ContextBudget.for_window(lm, middle).request_chars >= request_chars:
+            high = middle
+        else:
+            low = middle + 1
+    return high
 
 
 class CompactedHistory(REPLHistory):
@@ -338,6 +361,17 @@ class BoundedContext:
         entries = [self._sizes[i][3] for i in range(folded, verbatim)] + [self._sizes[i][0] for i in range(verbatim, n)]
         return CompactedHistory(entries=entries, max_output_chars=self.max_output_chars,
                                 folded=self._folded_header(folded), first_step=folded + 1)
+
+    def least_history_chars(self) -> int:
+        """The history a request needs room for at the least: the newest turn compacted (a turn that printed all
+        it may), so the agent still reads what its last cell did."""
+        entry = REPLEntry(reasoning="r" * self.compact_reasoning * 2, code="c" * self.compact_code * 2,
+                          output="o" * self.max_output_chars)
+        probe = BoundedContext(self.budget, max_output_chars=self.max_output_chars,
+                               compact_reasoning=self.compact_reasoning, compact_code=self.compact_code,
+                               compact_output=self.compact_output, folded_line=self.folded_line)
+        probe._measure([entry])
+        return probe._sizes[0][2]
 
     @property
     def plan(self) -> dict[str, int]:

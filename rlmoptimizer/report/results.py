@@ -2,7 +2,8 @@
 
 A *candidate* is one distinct instruction set that was evaluated (candidate 0 is the unchanged program). For each
 candidate: its score on the whole validation split (when it was checked there), its scores per example on train
-and validation (every record stored, the latest evaluation of an example winning), and the budget spent when it
+and validation (every first-sample record stored, the latest evaluation of an example winning; extra rollouts
+are in ``run_ids``), and the budget spent when it
 was first evaluated. The Pareto front is the set of candidates that score best on at least one train example.
 
 Names a user porting from another optimizer looks for:
@@ -12,6 +13,10 @@ Names a user porting from another optimizer looks for:
 * ``score`` and ``candidate_programs`` as ``MIPROv2`` attaches them: the returned program's score on the selection
   split, and ``[{"score", "program", "full_eval": True, ...}]`` for every candidate evaluated on the whole selection
   split, best first (``program`` is built on the program given as ``program=``).
+
+Scores and ranks follow the selection's one rule (:mod:`rlmoptimizer.selection`): a candidate is scored by its
+first sample (rollout 0), so a lucky extra rollout never raises a candidate's scores, its place on the Pareto front
+or its rank; ``candidate_programs[0]`` is the returned program whenever it was checked on the whole split.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 from rlmoptimizer.errors import ConfigurationError
 from rlmoptimizer.fingerprint import apply_instructions
 from rlmoptimizer.report.rundir import RunDirectory, read_run_directory
+from rlmoptimizer.selection import first_sample_complete, ranked
 
 
 def _key(instructions: dict[str, str]) -> tuple[tuple[str, str], ...]:
@@ -32,15 +38,14 @@ def _key(instructions: dict[str, str]) -> tuple[tuple[str, str], ...]:
 
 class CandidatePrograms(Sequence):
     """MIPROv2's ``candidate_programs``: ``{"score", "program", "full_eval": True, "instructions",
-    "candidate_idx"}`` per candidate evaluated on the whole selection split, best first. Each program is built
-    when it is read, so the list costs nothing until used, and (not being a ``list``) it is not walked by
-    ``named_sub_modules()`` when attached to the returned program."""
+    "candidate_idx"}`` per candidate evaluated on the whole selection split, best first as the selection ranks
+    them (:attr:`DetailedResults.ranking`). Each program is built when it is read, so the list costs nothing until
+    used, and (not being a ``list``) it is not walked by ``named_sub_modules()`` when attached to the returned
+    program."""
 
     def __init__(self, results: DetailedResults) -> None:
-        scored = [(s, i) for i, s in enumerate(results.selection_scores) if s is not None]
-        scored.sort(key=lambda pair: (-pair[0], pair[1]))
         self._results = results
-        self._order = scored
+        self._order = [(results.selection_scores[i], i) for i in results.ranking]
 
     def __len__(self) -> int:
         return len(self._order)
@@ -78,6 +83,8 @@ class DetailedResults:
     cost: float | None
     run_storage_dir: str
     status: str
+    ranking: tuple[int, ...] = ()
+    """The candidates checked on the whole selection split, best first by the selection's rule."""
     program: Any = field(default=None, compare=False, repr=False)
 
     # -- building ----------------------------------------------------------------------------------
@@ -112,12 +119,18 @@ class DetailedResults:
                 discovery.append(max(0, rundir.spent_after(run) - run.budget_spent))
             i = index[key]
             run_ids[i].append(run.run_id)
-            scores = train[i] if run.split == "train" else val[i]
-            for record in run.records:
-                scores[record.example_id] = record.score
-            size = val_size if run.split == "val" else train_size
-            if size is not None and run.evaluated_count == size:
-                (full_val if run.split == "val" else full_train)[i] = run.score
+            if run.rollout == 0:  # an extra rollout's sample never scores a candidate (one rule: selection.ranked)
+                scores = train[i] if run.split == "train" else val[i]
+                for record in run.records:
+                    scores[record.example_id] = record.score
+        selection = rundir.selection or {}
+        rank: dict[str, list[int]] = {}
+        for split, size, full in (("val", val_size, full_val), ("train", train_size, full_train)):
+            order = ranked(first_sample_complete(rundir.runs, split, size or 0),
+                           initial=rundir.initial_instructions or {}, preferred=selection.get("submission_run_id"))
+            for run in order:
+                full.setdefault(index[_key(run.instructions)], run.score)
+            rank[split] = list(dict.fromkeys(index[_key(run.instructions)] for run in order))
 
         best: dict[int, frozenset[int]] = {}
         example_ids = sorted({example for scores in train for example in scores})
@@ -126,7 +139,6 @@ class DetailedResults:
             top = max(scored.values())
             best[example] = frozenset(i for i, s in scored.items() if s == top)
 
-        selection = rundir.selection or {}
         chosen = rundir.optimized_instructions
         best_idx = index.get(_key(chosen)) if chosen else None
         return cls(
@@ -147,6 +159,7 @@ class DetailedResults:
             cost=rundir.cost,
             run_storage_dir=rundir.directory,
             status=rundir.status,
+            ranking=tuple(rank["train" if selection.get("split") == "train" else "val"]),
             program=program,
         )
 
@@ -218,4 +231,5 @@ class DetailedResults:
             "cost": self.cost,
             "run_storage_dir": self.run_storage_dir,
             "status": self.status,
+            "ranking": list(self.ranking),
         }

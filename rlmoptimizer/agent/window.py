@@ -1,0 +1,123 @@
+"""The smallest root context window a run works in, measured on the agent's own first request.
+
+Part of every request to the root LM cannot be compacted away: the agent's instructions and tool list, dspy's
+REPL rules, the task brief and the optimizer state (the *fixed part*). The bounded context
+(:mod:`rlmoptimizer.agent.context`) fits the history into what the window leaves of it, so a window that does not
+hold the fixed part, the reply kept free and the agent's last turn (compacted) cannot work: the root LM would
+refuse the same request turn after turn. :func:`check_root_window` builds that first request as the agent sends it
+(the real signature, tools and runtime rules; the brief and state of the program at hand) and refuses such a
+window with :class:`~rlmoptimizer.errors.ConfigurationError` naming the smallest one that works, before any LM call.
+
+May import what :mod:`rlmoptimizer.agent` may.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import dspy
+from dspy.adapters.chat_adapter import ChatAdapter
+
+from rlmoptimizer.agent._dspy import REPLHistory
+from rlmoptimizer.agent.agent import OptimizerAgent
+from rlmoptimizer.agent.context import (
+    CHARS_PER_TOKEN,
+    BoundedContext,
+    ContextBudget,
+    context_window_of,
+    smallest_window,
+)
+from rlmoptimizer.agent.prompts import TOOL_NAMES, agent_signature, budget_note, render_task_brief
+from rlmoptimizer.agent.state import render_state_block
+from rlmoptimizer.agent.tools import AgentTools
+from rlmoptimizer.budget import BudgetLedger, budget_for, budget_for_metric_calls
+from rlmoptimizer.errors import ConfigurationError
+
+__all__ = ["check_root_window", "first_request_chars"]
+
+# The smallest program there is: what the constructor measures before it knows the user's.
+_ONE_STEP = {"predict": ("question -> answer", "Given the fields `question`, produce the fields `answer`.")}
+
+
+def _tool_functions() -> list[Callable]:
+    """The agent's tools as a request shows them (their names, type hints and docstrings), bound to no compile."""
+    unbound = object.__new__(AgentTools)
+    try:
+        return unbound.tool_functions()
+    except AttributeError:  # a tool list that depends on a compile's state: the tools the instructions name
+        return [getattr(unbound, name) for name in TOOL_NAMES if hasattr(AgentTools, name)]
+
+
+def first_request_chars(config: Any, runtime_rules: str, steps: Mapping[str, tuple[str, str]], train_size: int,
+                        val_size: int, budget: int) -> int:
+    """Characters of the fixed part of the agent's first request: the system message (instructions, tools, REPL
+    rules) and the user message with the task brief, an empty history, the iteration and the optimizer state.
+    ``config``: the optimizer's settings; ``runtime_rules``: what the sandbox tells the agent about itself (its
+    ``execution_instructions``); ``steps``: ``{step name: (signature, instructions)}``."""
+
+    def no_interpreter() -> Any:  # never called: only its runtime rules are read
+        raise RuntimeError("measuring a request needs no interpreter")
+
+    no_interpreter.execution_instructions = runtime_rules
+    note = budget_note(train_size, val_size, config.max_iterations, config.max_metric_calls)
+    agent = OptimizerAgent(
+        agent_signature(budget, note), ledger=BudgetLedger(budget), tools=_tool_functions(),
+        interpreter_factory=no_interpreter, max_iters=config.rlm_max_iterations,
+        max_llm_calls=config.rlm_max_llm_calls, max_output_chars=config.rlm_max_output_chars,
+    )
+    brief = render_task_brief({name: signature for name, (signature, _) in steps.items()}, train_size, val_size,
+                              budget, pass_threshold=config.pass_threshold)
+    variables_info = [variable.format() for variable in agent._build_variables(task_brief=brief)]
+    baselines = [("train", train_size)] + ([("val", val_size)] if val_size else [])
+    spending = (f"Spending: $0.0000 of max_cost_usd ${config.max_cost_usd:.4f}."
+                if config.max_cost_usd is not None else "")
+    state = render_state_block(
+        runs=[{"run_id": f"run-{i:04d}", "split": split, "label": "baseline", "score": 0.0, "evaluated_count": size}
+              for i, (split, size) in enumerate(baselines, start=1)],
+        instructions={name: text for name, (_, text) in steps.items()},
+        budget={"spent": 0, "limit": budget, "left": budget}, spending=spending,
+        next_move=("Next line of the default loop (or your own move): "
+                   f"p = propose_instructions({list(steps)[-1]!r}); print(p['texts'])"),
+    )
+    inputs = {"variables_info": variables_info, "repl_history": REPLHistory(),
+              "iteration": f"{config.rlm_max_iterations}/{config.rlm_max_iterations}\n\n{state}"}
+    adapter = dspy.settings.adapter or ChatAdapter()
+    messages = adapter.format(agent.generate_action.signature, demos=[], inputs=inputs)
+    return sum(len(str(message.get("content", ""))) for message in messages)
+
+
+def check_root_window(config: Any, runtime_rules: str, program: Any = None, train_size: int | None = None,
+                      val_size: int = 0, budget: int | None = None) -> None:
+    """Refuse a root context window that cannot hold the agent's requests (see the module docstring).
+
+    Without ``program`` (the constructor) the smallest program is measured: a window refused then is too small
+    for any; ``compile()`` measures again with its program, data and budget."""
+    if program is not None:
+        steps = {name: (str(p.signature.signature), p.signature.instructions) for name, p in program.named_predictors()}
+    else:
+        steps = _ONE_STEP
+    train_size = train_size if train_size is not None else 1
+    if budget is None:
+        budget = (budget_for_metric_calls(config.max_metric_calls, train_size, val_size) if config.max_metric_calls
+                  else budget_for(config.max_iterations, train_size, val_size))
+    window, source = context_window_of(config.root_lm, config.root_context_window)
+    fixed = first_request_chars(config, runtime_rules, steps, train_size, val_size, max(budget, 0))
+    history = BoundedContext(ContextBudget.for_window(config.root_lm, window),
+                             max_output_chars=config.rlm_max_output_chars).least_history_chars()
+    if ContextBudget.for_window(config.root_lm, window).request_chars >= fixed + history:
+        return
+    smallest = smallest_window(config.root_lm, fixed + history)
+    reply = ContextBudget.for_window(config.root_lm, smallest).output_tokens
+    given = (f"root_context_window={window}" if source == "root_context_window"
+             else f"the root LM's context window ({window:,} tokens, from {source})")
+    scope = (" for this program and data" if program is not None
+             else " (for the smallest program; compile() measures yours again)")
+    raise ConfigurationError(
+        f"{given} is too small for the optimizer agent: the fixed part of each of its requests (its instructions "
+        f"and tools, the task brief and the optimizer state) takes {fixed:,} characters, and its last turn, "
+        f"compacted, {history:,} more. At the {CHARS_PER_TOKEN:g} characters per token a run starts from, with "
+        f"{reply:,} tokens kept for the reply, the smallest window that works is {smallest:,} tokens{scope}. Pass "
+        f"root_context_window={smallest} (or more) with a root LM whose window holds it, or use a root LM with a "
+        "larger window."
+    )

@@ -1,0 +1,83 @@
+"""The spending cap and unknown prices, as the user and the agent read them.
+
+Regressions: a submission whose validation check the cap cut to 2 of 4 examples was returned as checked ("the
+agent's submission scored 1.0 on val, more than the unchanged program", no word of the cap); a cap of $0.000001
+was shown to the agent as ``max_cost_usd=$0.0000``; a model litellm cannot price printed as ``$?``."""
+
+from __future__ import annotations
+
+import re
+
+import litellm
+import pytest
+from dspy.lm15 import Usage
+from rich.console import Console
+from support.fakes import FunctionLM, scripted_agent
+from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
+
+from rlmoptimizer import RLMDocstringOptimizer
+
+pytestmark = pytest.mark.slow
+
+MODEL = "openai/gpt-4o-mini"  # a model litellm prices
+PER_CALL = litellm.cost_per_token(model=MODEL, prompt_tokens=100_000, completion_tokens=0)[0]
+
+
+def priced_task_lm() -> FunctionLM:
+    return FunctionLM(task_lm_reply, name=MODEL, usage=lambda messages, text: Usage(input_tokens=100_000, output_tokens=0))
+
+
+def test_a_submission_the_cap_cut_short_on_validation_is_not_returned_and_the_reason_names_the_cap(tmp_path):
+    trainset, valset = make_splits()
+    valset = valset[:4]  # the unchanged program passes 2 of them; the policy passes all, the first 2 included
+    task = priced_task_lm()
+    baseline_cost = 2 * PER_CALL * (len(trainset) + len(valset))  # two predictor calls per example
+    optimized = RLMDocstringOptimizer(
+        max_iterations=2, eval_lm=task, run_storage_dir=tmp_path, num_threads=1,
+        max_cost_usd=baseline_cost + 2.5 * 2 * PER_CALL,  # room for 2 more examples
+        root_lm=scripted_agent([
+            {"reasoning": "fix", "code": f"print(update_prompt('route', {POLICY_PROMPT!r})['step'])"},
+            {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"},
+        ]),
+    ).compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
+
+    [check] = [log for log in optimized.trial_logs if log["label"] == "submission"]
+    assert (check["split"], check["evaluated_count"], check["requested_count"], check["score"]) == ("val", 2, 4, 1.0)
+    selection = optimized.selection
+    assert selection["chosen_label"] == "baseline" and optimized.optimized_dspy_program["route"] != POLICY_PROMPT
+    assert selection["submission_run_id"] is None and selection["spending_cap_reached"] is True
+    assert "spending cap reached" in selection["reason"] and "max_cost_usd=$" in selection["reason"]
+    assert f"{check['run_id']}: 2 of 4 examples" in selection["reason"]
+    # nothing paid is lost: the two records of the cut check are stored, and the returned program is checked
+    assert optimized.candidate_programs[0]["instructions"] == optimized.optimized_dspy_program
+    assert optimized.usage["eval"]["cost_usd"] <= optimized.usage["max_cost_usd"]  # the agent is unpriced
+
+
+def test_a_tiny_cap_is_shown_to_the_agent_with_its_digits(tmp_path):
+    trainset, valset = make_splits()
+    optimized = RLMDocstringOptimizer(
+        max_iterations=2, eval_lm=priced_task_lm(), run_storage_dir=tmp_path, max_cost_usd=0.000001,
+        root_lm=scripted_agent([
+            {"reasoning": "try", "code": "update_prompt('route', 'Pick a queue.')\nprint(evaluate_program(limit=2)['note'])"},
+            {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program={})"},
+        ]),
+    ).compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
+    output = optimized.agent_trajectory[0]["output"]
+    assert "max_cost_usd=$0.000001" in output and "$0.0000 " not in output
+    spent = re.search(r"spending cap reached: \$([\d.]+) of", output).group(1)
+    assert float(spent) == pytest.approx(optimized.usage["eval"]["cost_usd"], rel=1e-3)  # the agent is unpriced
+
+
+def test_a_model_without_a_price_is_named_not_shown_as_a_question_mark(tmp_path):
+    trainset, valset = make_splits()
+    console = Console(record=True, width=3000, force_terminal=False)
+    RLMDocstringOptimizer(
+        max_iterations=1, eval_lm=FunctionLM(task_lm_reply, name="local/unpriced-task-lm"), verbose=True,
+        console=console, run_storage_dir=tmp_path,
+        root_lm=scripted_agent([{"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program={})"}],
+                               name="local/unpriced-agent"),
+    ).compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
+    last = console.export_text().strip().splitlines()[-1]
+    assert "$?" not in console.export_text()
+    assert last.startswith("Done:") and "no price for local/unpriced-task-lm" in last
+    assert "no price for local/unpriced-agent" in last
