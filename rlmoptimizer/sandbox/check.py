@@ -1,5 +1,6 @@
 """``python -m rlmoptimizer.sandbox``: fetch Pyodide into Deno's cache, start the sandbox, check its isolation,
-and print one screen a person can act on.
+and print one screen a person can act on, including which of the sandbox's protections this platform gives
+(the memory cap of the whole process and the idle-CPU watch need Linux).
 
 Run it once on a new machine (it is the prefetch step for an air-gapped one: run it where the npm registry is
 reachable, then copy Deno's cache directory and point ``DENO_DIR`` at the copy). It exits with 0 when the
@@ -21,11 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rlmoptimizer.errors import SandboxError
-from rlmoptimizer.sandbox import deno
+from rlmoptimizer.sandbox import deno, process
 from rlmoptimizer.sandbox._dspy import CodeExecutionError
 from rlmoptimizer.sandbox.sandbox import Sandbox
 
-__all__ = ["Probe", "CheckReport", "run_check", "isolation_probes", "main"]
+__all__ = ["Probe", "Protection", "CheckReport", "run_check", "isolation_probes", "platform_protections", "main"]
 
 _SECRET = "rlmoptimizer-isolation-probe"
 
@@ -37,6 +38,15 @@ class Probe:
     name: str
     passed: bool
     """True when the sandbox refused it (and, where the host can see it, nothing happened there)."""
+    detail: str
+
+
+@dataclass(frozen=True)
+class Protection:
+    """One limit the sandbox puts on its process, and whether this platform gives it."""
+
+    name: str
+    active: bool
     detail: str
 
 
@@ -54,6 +64,8 @@ class CheckReport:
     cold_start_s: float | None = None
     """A start with Pyodide in Deno's cache: what every optimization pays once."""
     probes: list[Probe] = field(default_factory=list)
+    protections: list[Protection] = field(default_factory=list)
+    """What limits the process on this platform (informative: a protection the platform lacks is not a failure)."""
     error: str | None = None
 
     @property
@@ -78,6 +90,9 @@ class CheckReport:
             return "\n".join(lines)
         lines.append("  isolation (sandboxed code must be refused):")
         lines += [f"    {'passed' if p.passed else 'FAILED'}  {p.name}: {p.detail}" for p in self.probes]
+        if self.protections:
+            lines.append(f"  protections on this platform ({sys.platform}):")
+            lines += [f"    {'on ' if p.active else 'off'}  {p.name}: {p.detail}" for p in self.protections]
         lines.append("")
         lines.append(
             "OK: the sandbox works on this machine. To use it offline, copy the Deno cache above to the other "
@@ -165,6 +180,33 @@ def isolation_probes(sandbox: Sandbox) -> list[Probe]:
     return probes
 
 
+def platform_protections(sandbox: Sandbox) -> list[Protection]:
+    """Which limits the running ``sandbox`` has on this platform, read from its live process."""
+    interp = sandbox._interp
+    pid = sandbox.process_id
+    wasm_cap = any(arg.startswith("--v8-flags=--wasm-max-mem-pages=") for arg in sandbox.deno_command)
+    data_limit = interp.data_limit_bytes if interp is not None else None
+    cpu_readable = pid is not None and process.cpu_seconds(pid) is not None
+    return [
+        Protection("time limit per cell", True,
+                   f"{sandbox.timeout_s:g} s per execute, {sandbox.start_timeout_s:g} s to start (a watchdog thread: "
+                   "every platform)"),
+        Protection("Pyodide memory cap", wasm_cap,
+                   f"{sandbox.memory_limit_mb} MB of WebAssembly memory, then MemoryError (a V8 flag: every platform)"
+                   if wasm_cap else "the Deno command has no --wasm-max-mem-pages flag"),
+        Protection("process memory cap", data_limit is not None,
+                   f"the whole Deno process may add {sandbox.memory_limit_mb} MB (JavaScript buffers included) to "
+                   "what it used once started (RLIMIT_DATA)" if data_limit is not None else
+                   f"off on {sys.platform}: it needs Linux (prlimit and /proc); only the Pyodide memory cap bounds "
+                   "the process, so JavaScript buffers made from Python can grow without bound"),
+        Protection("idle-CPU watch", cpu_readable,
+                   "a process that keeps computing between cells (a thread or timer a cell left running) is stopped"
+                   if cpu_readable else
+                   f"off on {sys.platform}: it needs Linux's /proc; work a cell leaves running keeps using CPU "
+                   "between cells"),
+    ]
+
+
 def run_check(make_sandbox: Callable[[], Sandbox] = Sandbox) -> CheckReport:
     """Start a sandbox twice (the first start fetches Pyodide if needed), probe its isolation, and report."""
     report = CheckReport(trust=deno.tls_trust().source)
@@ -183,6 +225,7 @@ def run_check(make_sandbox: Callable[[], Sandbox] = Sandbox) -> CheckReport:
         started = time.perf_counter()
         probe_sandbox.start()
         report.cold_start_s = time.perf_counter() - started
+        report.protections = platform_protections(probe_sandbox)
         report.probes = isolation_probes(probe_sandbox)
     except SandboxError as exc:
         report.error = str(exc)

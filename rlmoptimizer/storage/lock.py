@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -134,27 +135,77 @@ class RunDirectoryLock:
 
 
 def _lock_is_held(lock_file: Path) -> bool:
-    """Test the OS lock on ``lock_file`` by asking for a shared lock and giving it back at once."""
-    if fcntl is None:  # pragma: no cover - Windows: "in flight" cannot be told from "interrupted"
-        return False
+    """Test the OS lock on ``lock_file`` by asking for it and giving it back at once (a shared ``flock``; on
+    Windows the same one-byte ``msvcrt.locking`` region the holder locks)."""
     try:
         fd = os.open(lock_file, os.O_RDONLY)
     except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        elif msvcrt is not None:  # pragma: no cover - Windows
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+            os.lseek(fd, 0, os.SEEK_SET)
+            msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+        else:  # pragma: no cover - no OS lock at all: "in flight" cannot be told from "interrupted"
+            return False
     except OSError as exc:
-        return exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK)
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
+        return exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK, errno.EDEADLK)
     finally:
         os.close(fd)
+    return False
+
+
+# Windows: OpenProcess access right, GetExitCodeProcess's "still running", and OpenProcess's error for a pid no
+# process has. (There, os.kill(pid, 0) is no probe: signal 0 is CTRL_C_EVENT, sent to the pid's console group.)
+_PROCESS_QUERY_LIMITED_INFORMATION = 0x1000
+_STILL_ACTIVE = 259
+_ERROR_ACCESS_DENIED = 5
+
+
+def _kernel32() -> Any:  # pragma: no cover - Windows
+    import ctypes
+    from ctypes import wintypes
+
+    kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)
+    kernel32.OpenProcess.restype = wintypes.HANDLE
+    kernel32.OpenProcess.argtypes = (wintypes.DWORD, wintypes.BOOL, wintypes.DWORD)
+    kernel32.GetExitCodeProcess.restype = wintypes.BOOL
+    kernel32.GetExitCodeProcess.argtypes = (wintypes.HANDLE, ctypes.POINTER(wintypes.DWORD))
+    kernel32.CloseHandle.argtypes = (wintypes.HANDLE,)
+    return kernel32
+
+
+def _windows_process_alive(pid: int, kernel32: Any = None, last_error: Any = None) -> bool:
+    """Whether process ``pid`` runs, asked of Windows (``OpenProcess`` + ``GetExitCodeProcess``) without
+    signalling it. ``kernel32`` and ``last_error`` default to the real ones (``ctypes.get_last_error``)."""
+    import ctypes
+
+    if kernel32 is None:  # pragma: no cover - Windows
+        kernel32, last_error = _kernel32(), ctypes.get_last_error
+    handle = kernel32.OpenProcess(_PROCESS_QUERY_LIMITED_INFORMATION, False, pid)
+    if not handle:
+        # no such process (invalid parameter), or one we may not query, which exists (access denied)
+        return last_error() == _ERROR_ACCESS_DENIED
+    try:
+        code = ctypes.c_ulong(0)
+        if not kernel32.GetExitCodeProcess(handle, ctypes.byref(code)):
+            return True  # it exists but its state cannot be read: alive, as POSIX counts EPERM
+        return code.value == _STILL_ACTIVE
+    finally:
+        kernel32.CloseHandle(handle)
 
 
 def _process_alive(pid: int) -> bool:
+    """Whether process ``pid`` (on this host) runs, without disturbing it."""
+    if pid <= 0:
+        return False  # 0 and negative pids name process groups to os.kill, not one process
+    if sys.platform == "win32":  # pragma: no cover - Windows
+        return _windows_process_alive(pid)
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # POSIX: signal 0 checks for existence and permission, and sends nothing
     except ProcessLookupError:
         return False
     except PermissionError:  # alive, owned by someone else
