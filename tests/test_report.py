@@ -5,35 +5,28 @@ empty directory."""
 from __future__ import annotations
 
 import json
-import os
+import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from matplotlib import image
 from rich.console import Console
-from support.fakes import FunctionLM, scripted_agent
-from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
-from test_resilience import KILLED_RUN
+from support.fakes import FunctionLM
+from support.optimizing import TURNS, compile_tickets, killed_in_validation_script
+from support.processes import ROOT, kill_group, start_script, wait_for_file
+from support.readonly import read_only_filesystem, tree_bytes
+from support.tickets import POLICY_PROMPT, RouteTicket, task_lm_reply
 
-from rlmoptimizer import ConfigurationError, RLMDocstringOptimizer
+from rlmoptimizer import ConfigurationError
 from rlmoptimizer.__main__ import main
 from rlmoptimizer.report.results import DetailedResults
 from rlmoptimizer.report.rundir import read_run_directory
 from rlmoptimizer.report.trajectory import Trajectory
 
-TURNS = [
-    {"reasoning": "look", "code": "print(baseline_train['score'])"},
-    {"reasoning": "fix", "code": f"update_prompt('route', {POLICY_PROMPT!r})\n"
-                                 "r = evaluate_program(failed_from_run=baseline_train['run_id'])\n"
-                                 "print('rerun', r['evaluated_count'])"},
-    {"reasoning": "validate", "code": "v = evaluate_program(split='val')\nprint('val <b>', float(v['score']))"},
-    {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"},
-]
 STAR = np.array([0xF2, 0xB7, 0x05]) / 255  # the colour of the "returned" mark
 
 
@@ -41,11 +34,7 @@ STAR = np.array([0xF2, 0xB7, 0x05]) / 255  # the colour of the "returned" mark
 def finished(tmp_path_factory):
     """A run directory left by a real compile(): baselines, a re-run of the failures, a validation check, submit."""
     directory = tmp_path_factory.mktemp("finished") / "run"
-    trainset, valset = make_splits()
-    optimized = RLMDocstringOptimizer(
-        max_iterations=2, root_lm=scripted_agent(TURNS), eval_lm=FunctionLM(task_lm_reply), run_storage_dir=directory
-    ).compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
-    return directory, optimized
+    return directory, compile_tickets(TURNS, run_storage_dir=directory)
 
 
 def picture_pixels(path: Path) -> np.ndarray:
@@ -101,8 +90,6 @@ def test_report_of_a_finished_run(finished, capsys):
 
 @pytest.mark.slow
 def test_report_shows_usage_and_cost_when_result_json_has_them(finished, tmp_path, capsys):
-    import shutil
-
     directory, _ = finished
     copy = tmp_path / "run"
     shutil.copytree(directory, copy)
@@ -179,34 +166,50 @@ def test_report_of_an_empty_directory_and_of_no_directory(tmp_path, capsys):
 
 
 
+def assert_report_reads_only(directory: Path, tmp_path: Path) -> str:
+    """Run the report twice on ``directory``: in this process with every write refused (``--no-plot``), and as
+    ``python -m rlmoptimizer report`` in its own process. Neither changes a byte of the run's files; the command
+    adds the picture, run.png, and nothing else. The command's output."""
+    before = tree_bytes(directory)
+    with read_only_filesystem() as attempts:
+        assert main(["report", str(directory), "--no-plot"]) == 0
+    assert attempts == []
+    assert tree_bytes(directory) == before
+    done = subprocess.run([sys.executable, "-m", "rlmoptimizer", "report", str(directory)], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    after = tree_bytes(directory)
+    assert {path: data for path, data in after.items() if path != "run.png"} == {
+        path: data for path, data in before.items() if path != "run.png"}
+    assert "run.png" in after
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_the_report_reads_a_finished_run_and_writes_nothing_but_its_picture(finished, tmp_path):
+    directory, optimized = finished
+    copy = Path(shutil.copytree(directory, tmp_path / "run"))
+    (copy / "run.png").unlink()
+    out = assert_report_reads_only(copy, tmp_path)
+    assert "status: finished" in out and f"returned {optimized.selection['chosen_run_id']}" in out
+
+
 @pytest.mark.slow
 def test_report_of_a_run_killed_mid_evaluation(tmp_path, capsys):
-    tests = Path(__file__).parent
-    script = tmp_path / "killed.py"
-    directory = tmp_path / "run"
-    script.write_text(KILLED_RUN.format(tests=str(tests), root=str(tests.parent), directory=str(directory),
-                                        turns_module="test_report"))
-    env = {**os.environ, "DSPY_CACHEDIR": str(tmp_path / "cache")}
-    process = subprocess.Popen([sys.executable, str(script)], env=env)
+    directory, marker = tmp_path / "run", tmp_path / "in-validation"
+    process = start_script(tmp_path, "killed", killed_in_validation_script(str(directory), str(marker), after=4))
     try:
-        deadline = time.time() + 240
-        while time.time() < deadline and process.poll() is None:
-            logs = list((directory / "runs").glob("pending-*.jsonl")) if (directory / "runs").exists() else []
-            lines = [p.read_text().splitlines() for p in logs]
-            if any(len(ls) >= 4 and '"split": "val"' in ls[0] and '"label": "agent"' in ls[0] for ls in lines):
-                in_flight = read_run_directory(directory)  # while the compile() is writing it
-                assert main(["report", str(directory), "--no-plot"]) == 0
-                process.send_signal(signal.SIGKILL)
-                break
-            time.sleep(0.05)
-        process.wait(timeout=30)
+        wait_for_file(marker, process)  # the agent's validation run has 4 records and waits on the 5th example
+        in_flight = read_run_directory(directory)  # while the compile() holds the directory
+        in_flight_out = assert_report_reads_only(directory, tmp_path)
     finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode == -signal.SIGKILL
+        assert kill_group(process) == -signal.SIGKILL
     assert in_flight.status == "in flight" and in_flight.holder["pid"] == process.pid
-    assert in_flight.pending and in_flight.pending[0].split == "val"
-    assert "status: in flight" in capsys.readouterr().out
+    [pending] = in_flight.pending
+    assert pending.split == "val" and pending.label == "agent" and pending.evaluated_count == 4
+    assert "status: in flight" in in_flight_out
+    assert_report_reads_only(directory, tmp_path)  # and after the kill
+    capsys.readouterr()
 
     # a record being written when the process died: a torn last line is not read
     pending_file = next((directory / "runs").glob("pending-*.jsonl"))
@@ -215,12 +218,12 @@ def test_report_of_a_run_killed_mid_evaluation(tmp_path, capsys):
     rundir = read_run_directory(directory)
     assert rundir.status == "interrupted" and rundir.result is None and rundir.problems == ()
     [pending] = rundir.pending
-    assert pending.split == "val" and pending.label == "agent" and 3 <= pending.evaluated_count < 8
+    assert pending.split == "val" and pending.label == "agent" and pending.evaluated_count == 4
 
     assert main(["report", str(directory)]) == 0
     out = capsys.readouterr().out
     assert "status: interrupted" in out and "resume" in out
-    assert "unfinished" in out and f"stopped after {pending.evaluated_count} of 8" in " ".join(out.split())
+    assert "unfinished" in out and "stopped after 4 of 8" in " ".join(out.split())
     assert "selection: none yet" in out
     pixels = picture_pixels(directory / "run.png")
     assert not has_colour(pixels, STAR)  # nothing returned yet
@@ -234,12 +237,8 @@ def test_the_report_shows_what_the_run_spent_from_the_usage_meter(tmp_path, caps
     """The report reads the cost the usage meter wrote: result.json's at the end, usage.json's while running or
     after an interruption (here: result.json removed, as a killed run leaves it)."""
     directory = tmp_path / "run"
-    trainset, valset = make_splits()
-    optimized = RLMDocstringOptimizer(
-        max_iterations=2, root_lm=scripted_agent(TURNS),
-        eval_lm=FunctionLM(task_lm_reply, name="openai/gpt-4o-mini"),  # a model litellm has a price for
-        run_storage_dir=directory,
-    ).compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
+    optimized = compile_tickets(TURNS, run_storage_dir=directory,
+                                eval_lm=FunctionLM(task_lm_reply, name="openai/gpt-4o-mini"))  # litellm has its price
     spent = optimized.usage["total"]["cost_usd"]
     assert spent is None  # the scripted root LM has no price, so the total is unknown, never made up
     eval_cost = optimized.usage["eval"]["cost_usd"]

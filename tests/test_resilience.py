@@ -4,52 +4,28 @@ another compile is refused; systemic faults stop the run with an error that says
 from __future__ import annotations
 
 import json
+import signal
 import threading
 
 import dspy
 import pytest
 from support.fakes import FunctionLM, scripted_agent
-from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
+from support.optimizing import TURNS, compile_tickets, dies_after, killed_in_validation_script
+from support.processes import kill_group, start_script, wait_for_file
+from support.tickets import POLICY_PROMPT, make_splits, metric, task_lm_reply
 
 from rlmoptimizer import (
     EvaluationLMError,
     OptimizationInterrupted,
-    RLMDocstringOptimizer,
     RunDirectoryMismatchError,
 )
+from rlmoptimizer.storage.run_store import RunStore
 
 pytestmark = pytest.mark.slow  # every test here runs compile() with a real sandbox
 
-TURNS = [
-    {"reasoning": "look", "code": "print(baseline_train['score'])"},
-    {"reasoning": "fix", "code": f"update_prompt('route', {POLICY_PROMPT!r})\n"
-                                 "r = evaluate_program(failed_from_run=baseline_train['run_id'])\n"
-                                 "print('rerun', r['evaluated_count'], r['budget_spent'])"},
-    {"reasoning": "validate", "code": "v = evaluate_program(split='val')\nprint('val', float(v['score']))"},
-    {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"},
-]
 
-
-def steps_seen(messages) -> int:
-    return sum(str(m.get("content", "")).count("=== Step ") for m in messages if m.get("role") == "user")
-
-
-def dies_after(turns_played: int, error: Exception):
-    def reply(messages):
-        seen = steps_seen(messages)
-        if seen >= turns_played:
-            raise error
-        return TURNS[seen]
-
-    return FunctionLM(reply)
-
-
-def compile_in(directory, root_lm, task_lm, trainset=None, valset=None, metric_fn=metric):
-    default_train, default_val = make_splits()
-    opt = RLMDocstringOptimizer(max_iterations=2, root_lm=root_lm, eval_lm=task_lm, run_storage_dir=directory)
-    return opt.compile(
-        student=RouteTicket(), trainset=trainset or default_train, valset=valset or default_val, metric=metric_fn
-    )
+def compile_in(directory, root_lm, task_lm, **kwargs):
+    return compile_tickets(root_lm, eval_lm=task_lm, run_storage_dir=directory, **kwargs)
 
 
 def files(directory, sub):
@@ -86,7 +62,7 @@ def test_a_run_stopped_by_a_dead_root_lm_resumes_without_paying_twice(tmp_path):
 
 
 def test_a_finished_run_directory_returns_its_result_without_new_calls(tmp_path):
-    first = compile_in(tmp_path, scripted_agent(TURNS), FunctionLM(task_lm_reply))
+    first = compile_in(tmp_path, TURNS, FunctionLM(task_lm_reply))
     root, task = scripted_agent(TURNS), FunctionLM(task_lm_reply)
     again = compile_in(tmp_path, root, task)
     assert root.calls == [] and task.calls == []
@@ -95,16 +71,16 @@ def test_a_finished_run_directory_returns_its_result_without_new_calls(tmp_path)
 
 
 def test_a_run_directory_of_another_compile_is_refused(tmp_path):
-    compile_in(tmp_path, scripted_agent(TURNS), FunctionLM(task_lm_reply))
+    compile_in(tmp_path, TURNS, FunctionLM(task_lm_reply))
     trainset, valset = make_splits()
     with pytest.raises(RunDirectoryMismatchError, match="trainset"):
-        compile_in(tmp_path, scripted_agent(TURNS), FunctionLM(task_lm_reply), trainset=trainset[:-1])
+        compile_in(tmp_path, TURNS, FunctionLM(task_lm_reply), trainset=trainset[:-1])
 
     def other_metric(example, prediction, trace=None):
         return 1.0
 
     with pytest.raises(RunDirectoryMismatchError, match="metric"):
-        compile_in(tmp_path, scripted_agent(TURNS), FunctionLM(task_lm_reply), metric_fn=other_metric)
+        compile_in(tmp_path, TURNS, FunctionLM(task_lm_reply), metric=other_metric)
 
 
 def test_an_unusable_evaluation_lm_stops_the_run_and_charges_nothing_for_it(tmp_path):
@@ -120,7 +96,7 @@ def test_an_unusable_evaluation_lm_stops_the_run_and_charges_nothing_for_it(tmp_
         return task_lm_reply(messages)
 
     with pytest.raises(EvaluationLMError, match="unusable") as stopped:
-        compile_in(tmp_path, scripted_agent(TURNS), FunctionLM(task_reply))
+        compile_in(tmp_path, TURNS, FunctionLM(task_reply), num_threads=8)
     assert "key revoked" in str(stopped.value) and str(tmp_path) in str(stopped.value)
     ledger = json.loads((tmp_path / "ledger.json").read_text())
     assert ledger["spent"] == 0
@@ -129,7 +105,7 @@ def test_an_unusable_evaluation_lm_stops_the_run_and_charges_nothing_for_it(tmp_
     # it stopped within one batch: at most num_threads examples past the three failures were attempted
     assert calls["n"] - 40 <= 3 + 8
 
-    resumed = compile_in(tmp_path, scripted_agent(TURNS), FunctionLM(task_lm_reply))
+    resumed = compile_in(tmp_path, TURNS, FunctionLM(task_lm_reply))
     assert resumed.optimized_dspy_program["route"] == POLICY_PROMPT
 
 
@@ -139,11 +115,9 @@ def test_a_metric_that_raises_on_some_examples_leaves_failing_records():
             raise RuntimeError("metric bug on chargebacks")
         return metric(example, prediction)
 
-    result = compile_in(None, scripted_agent(TURNS), FunctionLM(task_lm_reply), metric_fn=flaky_metric)
+    result = compile_in(None, TURNS, FunctionLM(task_lm_reply), metric=flaky_metric)
     baseline = result.trial_logs[0]
     assert baseline["label"] == "baseline"
-    from rlmoptimizer.storage.run_store import RunStore
-
     run = RunStore(result.run_storage_dir).get(baseline["run_id"])
     errors = [r for r in run.records if r.error]
     assert errors and all("metric bug on chargebacks" in r.error and r.score == 0 for r in errors)
@@ -159,9 +133,7 @@ def test_rate_limits_are_retried_and_charged_once(tmp_path):
             return dspy.LMRateLimitError("slow down", retry_after=0.01)
         return task_lm_reply(messages)
 
-    result = compile_in(tmp_path, scripted_agent(TURNS), FunctionLM(task_reply))
-    from rlmoptimizer.storage.run_store import RunStore
-
+    result = compile_in(tmp_path, TURNS, FunctionLM(task_reply))
     runs = RunStore(tmp_path).all()
     assert all(r.error is None for run in runs for r in run.records)
     assert any(count == 2 for count in attempts.values())
@@ -172,7 +144,6 @@ def test_rate_limits_are_retried_and_charged_once(tmp_path):
 
 def test_ctrl_c_in_the_middle_of_an_evaluation_keeps_what_was_paid_for_and_resumes(tmp_path):
     import _thread
-    import threading
 
     calls = {"n": 0}
     lock = threading.Lock()
@@ -186,7 +157,7 @@ def test_ctrl_c_in_the_middle_of_an_evaluation_keeps_what_was_paid_for_and_resum
         return task_lm_reply(messages)
 
     with pytest.raises(OptimizationInterrupted, match="interrupted") as stopped:
-        compile_in(tmp_path, scripted_agent(TURNS), FunctionLM(task_reply))
+        compile_in(tmp_path, TURNS, FunctionLM(task_reply))
     assert str(tmp_path) in str(stopped.value)
     assert not list(tmp_path.rglob("*.tmp"))
     runs = [json.loads(p.read_text()) for p in sorted((tmp_path / "runs").glob("*.json"))]
@@ -196,68 +167,27 @@ def test_ctrl_c_in_the_middle_of_an_evaluation_keeps_what_was_paid_for_and_resum
     assert ledger["spent"] == 2 + partial[0]["budget_spent"]
 
     task = FunctionLM(task_lm_reply)
-    result = compile_in(tmp_path, scripted_agent(TURNS), task)
+    result = compile_in(tmp_path, TURNS, task)
     already = partial[0]["evaluated_count"]
     assert len(task.calls) == 2 * (8 - already)
     assert result.budget["spent"] == 2 + 8
     assert result.optimized_dspy_program["route"] == POLICY_PROMPT
 
 
-# A compile() in its own process, to be killed mid-evaluation; ``turns_module`` holds the agent's TURNS.
-KILLED_RUN = """
-import os, sys
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-sys.path[:0] = [{tests!r}, {root!r}]
-import {turns_module} as t
-from support.tickets import RouteTicket, make_splits, metric, task_lm_reply
-from rlmoptimizer.testing import FunctionLM, scripted_agent
-from rlmoptimizer import RLMDocstringOptimizer
-trainset, valset = make_splits()
-opt = RLMDocstringOptimizer(max_iterations=2, root_lm=scripted_agent(t.TURNS),
-                            eval_lm=FunctionLM(task_lm_reply, latency=0.2), num_threads=1,
-                            run_storage_dir={directory!r})
-opt.compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
-"""
-
-
 def test_a_process_killed_mid_evaluation_loses_nothing_it_paid_for(tmp_path):
     """SIGKILL (OOM killer, power cut) during the agent's validation run: the records already paid for are
     recovered from the in-flight log on resume, and the ledger does not charge them twice."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-    from pathlib import Path
-
-    tests = Path(__file__).parent
-    script = tmp_path / "killed.py"
-    directory = tmp_path / "run"
-    script.write_text(KILLED_RUN.format(tests=str(tests), root=str(tests.parent), directory=str(directory),
-                                        turns_module="test_resilience"))
-    env = {**os.environ, "DSPY_CACHEDIR": str(tmp_path / "cache")}
-    process = subprocess.Popen([sys.executable, str(script)], env=env)
+    directory, marker = tmp_path / "run", tmp_path / "in-validation"
+    process = start_script(tmp_path, "killed", killed_in_validation_script(str(directory), str(marker), after=4))
     try:
-        deadline = time.time() + 240
-        while time.time() < deadline and process.poll() is None:
-            logs = list((directory / "runs").glob("pending-*.jsonl")) if (directory / "runs").exists() else []
-            lines = [p.read_text().splitlines() for p in logs]
-            if any(len(ls) >= 4 and '"split": "val"' in ls[0] and '"label": "agent"' in ls[0] for ls in lines):
-                process.send_signal(signal.SIGKILL)
-                break
-            time.sleep(0.05)
-        process.wait(timeout=30)
+        wait_for_file(marker, process)  # 4 validation records written, the 5th example under way
     finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode == -signal.SIGKILL
+        assert kill_group(process) == -signal.SIGKILL
 
     task = FunctionLM(task_lm_reply)
-    result = compile_in(directory, scripted_agent(TURNS), task)
-    from rlmoptimizer.storage.run_store import RunStore
-
+    result = compile_in(directory, TURNS, task)
     recovered = [run for run in RunStore(directory).all() if run.label == "agent:recovered"]
-    assert len(recovered) == 1 and recovered[0].split == "val" and recovered[0].evaluated_count >= 3
-    assert len(task.calls) == 2 * (8 - recovered[0].evaluated_count)
+    assert len(recovered) == 1 and recovered[0].split == "val" and recovered[0].evaluated_count == 4
+    assert len(task.calls) == 2 * (8 - 4)
     assert result.budget["spent"] == 2 + 8
     assert not list((directory / "runs").glob("pending-*"))

@@ -4,28 +4,25 @@ in a new process, even examples holding objects."""
 
 from __future__ import annotations
 
-import builtins
 import datetime
-import errno
-import io
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
-import subprocess
-import sys
 import tempfile
 import threading
-import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import dspy
 import pytest
 from support.fakes import FunctionLM, scripted_agent
+from support.objects import Attachment, object_splits
+from support.optimizing import TURNS, compile_tickets, dies_after
+from support.processes import kill_group, run_script, start_script, wait_for_file
+from support.readonly import read_only_filesystem
 from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, task_lm_reply
-from test_resilience import TURNS, compile_in, dies_after
 
 from rlmoptimizer import (
     ConfigurationError,
@@ -37,60 +34,29 @@ from rlmoptimizer import (
 from rlmoptimizer.fingerprint import examples_digest
 from rlmoptimizer.storage.run_store import RunStore
 
-TESTS = Path(__file__).parent
 
-
-def run_script(tmp_path: Path, name: str, body: str) -> subprocess.Popen:
-    """Start ``body`` as a Python script in a new process (and a new process group, so that it and the
-    sandbox it starts can be killed together)."""
-    script = tmp_path / f"{name}.py"
-    script.write_text(
-        "import os, sys\n"
-        "os.environ.setdefault('LITELLM_LOCAL_MODEL_COST_MAP', 'True')\n"
-        f"sys.path[:0] = [{str(TESTS)!r}, {str(TESTS.parent)!r}]\n" + body
-    )
-    env = {**os.environ, "DSPY_CACHEDIR": str(tmp_path / f"cache-{name}")}
-    return subprocess.Popen([sys.executable, str(script)], env=env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def wait_for(condition, process: subprocess.Popen | None = None, limit_s: float = 240) -> None:
-    deadline = time.time() + limit_s
-    while not condition():
-        if process is not None and process.poll() is not None:
-            raise AssertionError(f"the process ended early: {process.communicate()}")
-        if time.time() > deadline:
-            raise AssertionError("the condition was not met in time")
-        time.sleep(0.05)
+def compile_in(directory, root_lm, task_lm, **kwargs):
+    return compile_tickets(root_lm, eval_lm=task_lm, run_storage_dir=directory, **kwargs)
 
 
 # -- one live compile per directory -----------------------------------------------------------------------
 
 HOLDER = """
-from support.tickets import RouteTicket, make_splits, metric, task_lm_reply
-from rlmoptimizer.testing import FunctionLM, scripted_agent
-from rlmoptimizer import RLMDocstringOptimizer
-import test_resilience as t
-import time
-marker = {marker!r}
+from support.optimizing import TURNS, compile_tickets
+from support.processes import reached
+from rlmoptimizer.testing import FunctionLM
 
-def stuck(messages):
-    open(marker, "w").close()  # the directory is held and an evaluation is under way
-    time.sleep(3600)
-
-trainset, valset = make_splits()
-opt = RLMDocstringOptimizer(max_iterations=2, root_lm=scripted_agent(t.TURNS), eval_lm=FunctionLM(stuck),
-                            num_threads=1, run_storage_dir={directory!r})
-opt.compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
+compile_tickets(TURNS, eval_lm=FunctionLM(lambda messages: reached({marker!r})), num_threads=1,
+                run_storage_dir={directory!r})  # the directory is held and an evaluation is under way
 """
 
 
 @pytest.mark.slow
 def test_a_second_compile_on_a_directory_another_process_holds_is_refused_and_a_killed_holder_blocks_nothing(tmp_path):
     directory, marker = tmp_path / "run", tmp_path / "holding"
-    holder = run_script(tmp_path, "holder", HOLDER.format(marker=str(marker), directory=str(directory)))
+    holder = start_script(tmp_path, "holder", HOLDER.format(marker=str(marker), directory=str(directory)))
     try:
-        wait_for(marker.exists, holder)
+        wait_for_file(marker, holder)
         root, task = scripted_agent(TURNS), FunctionLM(task_lm_reply)
         with pytest.raises(RunDirectoryInUseError) as refused:
             compile_in(directory, root, task)
@@ -100,13 +66,8 @@ def test_a_second_compile_on_a_directory_another_process_holds_is_refused_and_a_
         assert str(directory) in message and "another run_storage_dir" in message
         assert root.calls == [] and task.calls == []  # refused before any LM call
         assert holder.poll() is None  # and the holder was left alone
-
-        os.killpg(holder.pid, signal.SIGKILL)  # the holder and the sandbox it started
-        holder.wait(timeout=30)
     finally:
-        if holder.poll() is None:
-            os.killpg(holder.pid, signal.SIGKILL)
-            holder.wait(timeout=30)
+        kill_group(holder)  # the holder and the sandbox it started
     assert holder.returncode == -signal.SIGKILL
     assert json.loads((directory / "holder.json").read_text())["pid"] == holder.pid  # left behind by the dead
 
@@ -154,61 +115,30 @@ def test_a_second_compile_in_the_same_process_is_refused_while_the_first_runs(tm
 
 # -- reading back a finished run writes nothing -------------------------------------------------------------
 
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-
-
-@contextmanager
-def read_only_filesystem():
-    """Every way Python writes to the file system fails as on a read-only mount (EROFS) and is recorded.
-    (Tests run as root, which ignores permission bits, so chmod cannot stand in for this.)"""
-    attempts: list[str] = []
-    originals = {name: getattr(os, name) for name in
-                 ("open", "replace", "rename", "unlink", "remove", "mkdir", "rmdir", "truncate", "chmod", "utime")}
-    real_open = builtins.open
-
-    def refuse(what: str):
-        attempts.append(what)
-        raise OSError(errno.EROFS, "Read-only file system", what)
-
-    def guarded_os_open(path, flags, *args, **kwargs):
-        if flags & _WRITE_FLAGS:
-            refuse(f"os.open({path!r}, {flags:#o})")
-        return originals["open"](path, flags, *args, **kwargs)
-
-    def guarded_open(file, mode="r", *args, **kwargs):
-        if isinstance(file, (str, bytes, os.PathLike)) and any(c in mode for c in "wax+"):
-            refuse(f"open({file!r}, {mode!r})")
-        return real_open(file, mode, *args, **kwargs)
-
-    def refusing(name):
-        return lambda *args, **kwargs: refuse(f"os.{name}{args!r}")
-
-    patches = {name: refusing(name) for name in originals if name != "open"}
-    patches["open"] = guarded_os_open
-    try:
-        for name, function in patches.items():
-            setattr(os, name, function)
-        builtins.open = io.open = guarded_open
-        yield attempts
-    finally:
-        for name, function in originals.items():
-            setattr(os, name, function)
-        builtins.open = io.open = real_open
-
-
 def test_the_write_guard_really_refuses_writes(tmp_path):
+    kept = tmp_path / "kept.json"
+    kept.write_text("{}")
     with read_only_filesystem() as attempts:
-        with pytest.raises(OSError, match="Read-only"):
-            (tmp_path / "x.json").write_text("{}")
-        with pytest.raises(OSError, match="Read-only"):
-            tempfile.mkstemp(dir=tmp_path)
-        assert (tmp_path / "nothing").exists() is False
-    assert len(attempts) == 2
+        for write in (
+            lambda: (tmp_path / "x.json").write_text("{}"),
+            lambda: (tmp_path / "made").mkdir(),
+            lambda: (tmp_path / "touched").touch(),
+            lambda: tempfile.mkstemp(dir=tmp_path),
+            lambda: open(kept, "a"),
+            lambda: os.replace(kept, tmp_path / "moved.json"),
+            lambda: kept.unlink(),
+        ):
+            refused_before = len(attempts)
+            with pytest.raises(OSError, match="Read-only"):
+                write()
+            assert len(attempts) > refused_before  # refused by the guard, and recorded
+        assert kept.read_text() == "{}"  # reading still works
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.json"]  # none of the writes happened
 
 
 @pytest.mark.slow
 def test_a_finished_run_on_a_read_only_file_system_returns_its_result_and_writes_nothing(tmp_path):
-    first = compile_in(tmp_path, scripted_agent(TURNS), FunctionLM(task_lm_reply))
+    first = compile_in(tmp_path, TURNS, FunctionLM(task_lm_reply))
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
 
     root, task = scripted_agent(TURNS), FunctionLM(task_lm_reply)
@@ -223,7 +153,7 @@ def test_a_finished_run_on_a_read_only_file_system_returns_its_result_and_writes
     # an archived copy without the lock file (hidden files dropped) reads back too, still writing nothing
     (tmp_path / ".lock").unlink()
     with read_only_filesystem() as attempts:
-        again = compile_in(tmp_path, scripted_agent(TURNS), FunctionLM(task_lm_reply))
+        again = compile_in(tmp_path, TURNS, FunctionLM(task_lm_reply))
     assert attempts == [] and again.optimized_dspy_program == first.optimized_dspy_program
 
 
@@ -233,7 +163,7 @@ def test_a_run_that_is_not_finished_on_a_read_only_file_system_is_refused_clearl
         compile_in(tmp_path, dies_after(1, dspy.LMAuthError("invalid api key")), FunctionLM(task_lm_reply))
     (tmp_path / ".lock").unlink()
     with read_only_filesystem(), pytest.raises(ConfigurationError, match="cannot be written.*writable run_storage_dir"):
-        compile_in(tmp_path, scripted_agent(TURNS), FunctionLM(task_lm_reply))
+        compile_in(tmp_path, TURNS, FunctionLM(task_lm_reply))
 
 
 # -- what the stored scores depend on ---------------------------------------------------------------------
@@ -248,14 +178,12 @@ def partial_metric(example, prediction, trace=None):
 def finished(tmp_path_factory):
     """A finished run directory (compiled once for the module); tests copy it."""
     directory = tmp_path_factory.mktemp("finished")
-    compile_in(directory, scripted_agent(TURNS), FunctionLM(task_lm_reply), metric_fn=partial_metric)
+    compile_in(directory, scripted_agent(TURNS), FunctionLM(task_lm_reply), metric=partial_metric)
     return directory
 
 
 @pytest.fixture
 def finished_copy(finished, tmp_path):
-    import shutil
-
     return Path(shutil.copytree(finished, tmp_path / "run"))
 
 
@@ -265,7 +193,7 @@ def test_an_evaluation_lm_with_other_settings_is_refused_naming_each_difference(
     other.kwargs["temperature"] = 0.7
     root = scripted_agent(TURNS)
     with pytest.raises(RunDirectoryMismatchError) as refused:
-        compile_in(finished_copy, root, other, metric_fn=partial_metric)
+        compile_in(finished_copy, root, other, metric=partial_metric)
     message = str(refused.value)
     assert 'lm.model: "fake" (stored) -> "other-model" (now)' in message
     assert "lm.kwargs.temperature: 0.0 (stored) -> 0.7 (now)" in message
@@ -276,22 +204,16 @@ def test_an_evaluation_lm_with_other_settings_is_refused_naming_each_difference(
     # an LM pinned to one step is part of what the scores depend on too
     pinned = RouteTicket()
     pinned.route.lm = FunctionLM(task_lm_reply, name="route-model")
-    trainset, valset = make_splits()
-    opt = RLMDocstringOptimizer(max_iterations=2, root_lm=scripted_agent(TURNS), eval_lm=FunctionLM(task_lm_reply),
-                                run_storage_dir=finished_copy)
     with pytest.raises(RunDirectoryMismatchError, match='per_step.route.model: "<not set>" \\(stored\\) -> "route-model"'):
-        opt.compile(student=pinned, trainset=trainset, valset=valset, metric=partial_metric)
+        compile_in(finished_copy, TURNS, FunctionLM(task_lm_reply), student=pinned, metric=partial_metric)
 
 
 @pytest.mark.slow
 def test_allow_eval_lm_change_resumes_with_the_stored_scores_and_records_the_new_lm(finished_copy, caplog):
     first = json.loads((finished_copy / "result.json").read_text())
     other = FunctionLM(task_lm_reply, name="other-model")
-    trainset, valset = make_splits()
-    opt = RLMDocstringOptimizer(max_iterations=2, root_lm=scripted_agent(TURNS), eval_lm=other,
-                                run_storage_dir=finished_copy, allow_eval_lm_change=True)
     with caplog.at_level(logging.WARNING, logger="rlmoptimizer"):
-        result = opt.compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=partial_metric)
+        result = compile_in(finished_copy, TURNS, other, allow_eval_lm_change=True, metric=partial_metric)
     assert other.calls == [] and result.optimized_dspy_program == first["optimized_dspy_program"]
     assert "allow_eval_lm_change=True" in caplog.text and "other-model" in caplog.text
     manifest = json.loads((finished_copy / "manifest.json").read_text())
@@ -299,20 +221,17 @@ def test_allow_eval_lm_change_resumes_with_the_stored_scores_and_records_the_new
     assert manifest["earlier_eval_lms"][0]["lm"]["model"] == "fake"
     # the new LM is now the recorded one: resuming with it needs no override
     compile_in(finished_copy, scripted_agent(TURNS), FunctionLM(task_lm_reply, name="other-model"),
-               metric_fn=partial_metric)
+               metric=partial_metric)
 
 
 @pytest.mark.slow
 def test_a_new_pass_threshold_recomputes_passed_from_the_stored_scores_for_free(finished_copy, caplog):
-    trainset, valset = make_splits()
     before = RunStore(finished_copy).all()
     assert any(r.passed_count < r.evaluated_count for r in before)  # at 1.0 the 0.6 answers fail
 
     task = FunctionLM(task_lm_reply)
-    opt = RLMDocstringOptimizer(max_iterations=2, root_lm=scripted_agent(TURNS), eval_lm=task,
-                                run_storage_dir=finished_copy, pass_threshold=0.5)
     with caplog.at_level(logging.WARNING, logger="rlmoptimizer"):
-        result = opt.compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=partial_metric)
+        result = compile_in(finished_copy, TURNS, task, pass_threshold=0.5, metric=partial_metric)
     assert task.calls == []
     assert "pass_threshold changed from 1.0 to 0.5" in caplog.text and "no LM call" in caplog.text
     assert [log["passed_count"] for log in result.trial_logs] == [log["evaluated_count"] for log in result.trial_logs]
@@ -320,7 +239,7 @@ def test_a_new_pass_threshold_recomputes_passed_from_the_stored_scores_for_free(
     assert json.loads((finished_copy / "manifest.json").read_text())["pass_threshold"] == 0.5
 
     # and back: the stored files were not rewritten, passed follows the threshold of the compile reading them
-    result = compile_in(finished_copy, scripted_agent(TURNS), FunctionLM(task_lm_reply), metric_fn=partial_metric)
+    result = compile_in(finished_copy, scripted_agent(TURNS), FunctionLM(task_lm_reply), metric=partial_metric)
     assert [log["passed_count"] for log in result.trial_logs] == [r.passed_count for r in before]
 
 
@@ -345,42 +264,15 @@ def test_records_read_from_disk_count_as_passed_at_the_threshold_of_the_store(tm
 # -- the same examples in a new process ---------------------------------------------------------------------
 
 
-class Attachment:
-    """A user's own class, without __eq__ or a useful repr (its default repr holds a memory address)."""
-
-    def __init__(self, name: str, tags: set[str]):
-        self.name = name
-        self.tags = tags
-
-
-def object_splits(attachment_name: str = "receipt.pdf"):
-    """The demo splits, each example also holding objects (not inputs: the program never sees them)."""
-    trainset, valset = make_splits()
-
-    def enrich(examples, split):
-        return [
-            dspy.Example(
-                **ex, image=dspy.Image("https://example.com/ticket.png"), raw=f"{split}{i}".encode(),
-                received=datetime.datetime(2026, 1, 1 + i), attachment=Attachment(attachment_name, {"a", "b", "c"}),
-            ).with_inputs("ticket")
-            for i, ex in enumerate(examples)
-        ]
-
-    return enrich(trainset, "train"), enrich(valset, "val")
-
-
 STOPPED_WITH_OBJECTS = """
 import dspy
-from support.tickets import RouteTicket, metric, task_lm_reply
-from rlmoptimizer.testing import FunctionLM
-from rlmoptimizer import RLMDocstringOptimizer, OptimizationInterrupted
-import test_resilience as t
-import test_run_directory as r
-trainset, valset = r.object_splits()
-opt = RLMDocstringOptimizer(max_iterations=2, root_lm=t.dies_after(2, dspy.LMAuthError("invalid api key")),
-                            eval_lm=FunctionLM(task_lm_reply), run_storage_dir={directory!r})
+from support.objects import object_splits
+from support.optimizing import compile_tickets, dies_after
+from rlmoptimizer import OptimizationInterrupted
+trainset, valset = object_splits()
 try:
-    opt.compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
+    compile_tickets(dies_after(2, dspy.LMAuthError("invalid api key")), trainset=trainset, valset=valset,
+                    run_storage_dir={directory!r})
 except OptimizationInterrupted:
     print("stopped")
 """
@@ -389,9 +281,7 @@ except OptimizationInterrupted:
 @pytest.mark.slow
 def test_examples_holding_objects_resume_in_a_new_process(tmp_path):
     directory = tmp_path / "run"
-    first = run_script(tmp_path, "first", STOPPED_WITH_OBJECTS.format(directory=str(directory)))
-    out, err = first.communicate(timeout=300)
-    assert first.returncode == 0 and "stopped" in out, err
+    assert "stopped" in run_script(tmp_path, "first", STOPPED_WITH_OBJECTS.format(directory=str(directory)))
 
     # another process, other objects with the same data: a different trainset only when the data differs
     with pytest.raises(RunDirectoryMismatchError, match="trainset, valset"):
@@ -407,20 +297,15 @@ def test_examples_holding_objects_resume_in_a_new_process(tmp_path):
 
 
 DIGEST = """
-import test_run_directory as r
+from support.objects import object_splits
 from rlmoptimizer.fingerprint import examples_digest
-print(examples_digest(r.object_splits()[0]))
+print(examples_digest(object_splits()[0]))
 """
 
 
 def test_the_examples_digest_is_the_same_in_every_process_and_follows_the_data(tmp_path):
-    digests = []
-    for seed in ("1", "2"):
-        script = tmp_path / "digest.py"
-        script.write_text(f"import sys\nsys.path[:0] = [{str(TESTS)!r}, {str(TESTS.parent)!r}]\n" + DIGEST)
-        out = subprocess.run([sys.executable, str(script)], env={**os.environ, "PYTHONHASHSEED": seed},
-                             capture_output=True, text=True, timeout=120, check=True).stdout
-        digests.append(out.strip())
+    digests = [run_script(tmp_path, f"digest-{seed}", DIGEST, timeout=120, PYTHONHASHSEED=seed).strip()
+               for seed in ("1", "2")]
     trainset = object_splits()[0]
     assert digests == [examples_digest(trainset)] * 2  # set order and addresses play no part
 
@@ -446,9 +331,12 @@ def test_sandbox_timeout_must_be_a_finite_number_of_seconds_up_to_a_day(bad):
         RLMDocstringOptimizer(root_lm=FunctionLM(task_lm_reply), sandbox_timeout_s=bad)
 
 
-@pytest.mark.parametrize("good", [0.5, 120, 86_400])
-def test_sandbox_timeouts_in_range_are_kept(good):
-    assert RLMDocstringOptimizer(root_lm=FunctionLM(task_lm_reply), sandbox_timeout_s=good).sandbox_timeout_s == good
+@pytest.mark.slow
+def test_the_longest_sandbox_timeout_reaches_the_sandbox_and_the_agents_instructions():
+    root = scripted_agent([{"reasoning": "look", "code": "print('cell ran')"}, TURNS[-1]])
+    result = compile_tickets(root, sandbox_timeout_s=86_400)
+    assert result.agent_trajectory[0]["output"].strip() == "cell ran"
+    assert "run for at most 86400 s of sandbox time" in str(root.calls[0])
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf"), True, "1"])
@@ -470,11 +358,11 @@ def test_a_directory_written_before_the_lm_and_example_digests_were_recorded_sti
 
     task = FunctionLM(task_lm_reply)
     with caplog.at_level(logging.WARNING, logger="rlmoptimizer"):
-        result = compile_in(finished_copy, scripted_agent(TURNS), task, metric_fn=partial_metric)
+        result = compile_in(finished_copy, scripted_agent(TURNS), task, metric=partial_metric)
     assert task.calls == [] and result.optimized_dspy_program["route"] == POLICY_PROMPT
     assert "written before the evaluation LM was recorded" in caplog.text
     upgraded = json.loads((finished_copy / "manifest.json").read_text())
     assert upgraded["eval_lm"]["lm"]["model"] == "fake"
     assert upgraded["trainset"] == examples_digest(trainset) and upgraded["examples_digest_version"] == 2
     with pytest.raises(RunDirectoryMismatchError, match="different evaluation LM"):
-        compile_in(finished_copy, scripted_agent(TURNS), FunctionLM(task_lm_reply, name="x"), metric_fn=partial_metric)
+        compile_in(finished_copy, scripted_agent(TURNS), FunctionLM(task_lm_reply, name="x"), metric=partial_metric)
