@@ -341,6 +341,8 @@ class _Compile:
             "eval_lm": eval_lm_identity(self.eval_lm, self.program),
             "metric": self.metric.identity,
             "budget_limit": self.budget_limit,
+            "budget_mode": ({"max_metric_calls": self.config.max_metric_calls} if self.config.max_metric_calls
+                            else {"max_iterations": self.config.max_iterations}),
             "pass_threshold": self.config.pass_threshold,
             "created_at": time.time(),
         }

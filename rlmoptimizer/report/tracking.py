@@ -7,7 +7,9 @@ MLflow run when there is one.
 
 What it logs:
 
-* at the start, the optimizer's parameters;
+* at the start, the optimizer's parameters: every constructor setting that shapes a run (``None`` included, so
+  ``max_iterations=None`` with ``max_metric_calls=B`` tells the budget mode; ``budget_mode`` names it), and what the
+  compile runs with (the LMs' names, data sizes, the budget limit, the metric, the run directory);
 * for every evaluation run, one metric step (the step is the run number): ``train_score`` or ``val_score``,
   ``train_passed`` or ``val_passed``, ``evaluated_count``, ``budget_spent``, ``budget_left``, and ``cost_usd`` when
   the cost is known;
@@ -25,6 +27,7 @@ The tracker is an observer of a compile()'s events (:meth:`MlflowTracker.on_even
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import time
@@ -63,8 +66,18 @@ def check_use_mlflow(value: Any) -> bool:
     return value
 
 
-_SETTINGS = ("max_iterations", "pass_threshold", "num_threads", "rlm_max_iterations", "rlm_max_llm_calls",
-             "rlm_max_output_chars", "root_stateful_session", "rlm_multiturn_history", "sandbox_timeout_s", "attempt")
+# Constructor arguments that are not logged as themselves: the LMs, the metric and the run directory are logged as
+# what the compile runs with (their names and identity); the console, verbose output and MLflow itself shape nothing.
+_NOT_SETTINGS = frozenset({"root_lm", "sub_lm", "eval_lm", "metric", "run_storage_dir", "console", "verbose",
+                           "use_mlflow"})
+
+
+def optimizer_settings(optimizer: Any) -> dict[str, Any]:
+    """Every keyword argument of the optimizer's constructor that shapes a run, as the optimizer holds it (None
+    included: ``max_iterations=None`` says the budget is ``max_metric_calls``)."""
+    parameters = inspect.signature(type(optimizer).__init__).parameters.values()
+    return {p.name: getattr(optimizer, p.name) for p in parameters
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in _NOT_SETTINGS and hasattr(optimizer, p.name)}
 
 
 def _lm_name(lm: Any) -> str | None:
@@ -77,8 +90,9 @@ def _lm_name(lm: Any) -> str | None:
 def compile_params(optimizer: Any, run: Any) -> dict[str, Any]:
     """The parameters of one compile(): the optimizer's settings and what the compile runs with (``run`` is the
     compile's state: its LMs, data sizes, budget and run directory)."""
-    params: dict[str, Any] = {"optimizer": type(optimizer).__name__}
-    params.update({name: getattr(optimizer, name) for name in _SETTINGS if hasattr(optimizer, name)})
+    settings = {name: "None" if value is None else value for name, value in optimizer_settings(optimizer).items()}
+    params: dict[str, Any] = {"optimizer": type(optimizer).__name__, **settings}
+    params["budget_mode"] = "max_metric_calls" if getattr(optimizer, "max_metric_calls", None) else "max_iterations"
     params.update({
         "budget_limit": run.budget_limit, "trainset_size": len(run.trainset), "valset_size": len(run.valset),
         "root_lm": _lm_name(run.root_lm), "sub_lm": _lm_name(run.sub_lm), "eval_lm": _lm_name(run.eval_lm),

@@ -45,7 +45,22 @@ from rlmoptimizer.storage.lock import READ_ONLY_ERRNOS
 
 logger = logging.getLogger(__name__)
 
-MANIFEST_KEYS_THAT_MUST_MATCH = ("program", "trainset", "valset", "metric", "budget_limit")
+MANIFEST_KEYS_THAT_MUST_MATCH = ("program", "trainset", "valset", "metric", "budget_limit", "budget_mode")
+"""What a run directory belongs to. ``budget_mode`` (``{"max_iterations": N}`` or ``{"max_metric_calls": B}``) says
+how its budget counts: the same limit means other work under the other mode (baselines free or paid)."""
+_RECORDED_SINCE_LATER = ("budget_mode",)
+"""Keys manifests did not always hold: one written before matches on them, and they are recorded on its resume."""
+
+
+def _budget_hint(stored: dict[str, Any], expected: dict[str, Any]) -> str:
+    """What the stored budget was set with, and the argument that resumes it (empty when it is not known)."""
+    old, new = stored.get("budget_mode"), expected.get("budget_mode")
+    if not isinstance(old, dict) or len(old) != 1 or old == new:
+        return ""
+    (name, value), = old.items()
+    now = ", ".join(f"{k}={v!r}" for k, v in new.items()) if isinstance(new, dict) else "another budget"
+    return (f" It was run with {name}={value!r}, and this compile() asks for {now}: pass {name}={value!r} instead "
+            "to resume it or read it back.")
 
 
 class RunJournal:
@@ -96,7 +111,8 @@ class RunJournal:
         stored = json.loads(path.read_text(encoding="utf-8"))
         legacy = stored.get("examples_digest_version") != manifest.get("examples_digest_version")
         expected = {**manifest, **(legacy_examples() if legacy and legacy_examples is not None else {})}
-        different = [key for key in MANIFEST_KEYS_THAT_MUST_MATCH if stored.get(key) != expected.get(key)]
+        different = [key for key in MANIFEST_KEYS_THAT_MUST_MATCH if stored.get(key) != expected.get(key)
+                     and not (key in _RECORDED_SINCE_LATER and key not in stored)]
         if different:
             hint = (
                 " (This directory was written by an earlier version of rlmoptimizer, which identified examples "
@@ -106,9 +122,9 @@ class RunJournal:
             raise RunDirectoryMismatchError(
                 f"run_storage_dir {str(self.directory)!r} holds a run of a different "
                 f"{', '.join(different)}; it cannot be resumed with this compile(). Use a new run_storage_dir "
-                f"(or delete this one) to start over.{hint}"
+                f"(or delete this one) to start over.{_budget_hint(stored, expected)}{hint}"
             )
-        updates: dict[str, Any] = {}
+        updates: dict[str, Any] = {key: manifest[key] for key in _RECORDED_SINCE_LATER if key not in stored and key in manifest}
         if legacy:
             updates.update({key: manifest[key] for key in ("trainset", "valset", "examples_digest_version")})
         updates.update(self._check_eval_lm(stored, manifest["eval_lm"], allow_eval_lm_change))
