@@ -8,15 +8,15 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import dspy
 import pytest
 from support.fakes import FunctionLM, ScriptedLM, last_user_text, scripted_agent
+from support.metrics import Judge, weighted
+from support.optimizing import FIX_AND_SUBMIT, compile_tickets, optimizer
+from support.processes import run_script
 from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 
 from rlmoptimizer import ConfigurationError, RLMDocstringOptimizer, RunDirectoryMismatchError
@@ -25,17 +25,11 @@ from rlmoptimizer.evaluation.steps import StepNames
 from rlmoptimizer.fingerprint import copy_program
 from rlmoptimizer.metric import Metric, metric_identity
 
-TESTS = Path(__file__).parent
-
 LOOK_AT_STEPS = {
     "reasoning": "which steps were traced",
     "code": "print('STEPS', sorted({s['step_name'] for e in baseline_train['examples'] for s in e['steps']}),\n"
             "      'PER_EXAMPLE', sorted({len(e['steps']) for e in baseline_train['examples']}),\n"
             "      'SCORE', baseline_train['score'], 'PASSED', baseline_train['passed_count'])",
-}
-FIX_AND_SUBMIT = {
-    "reasoning": "state the policy and submit",
-    "code": f"update_prompt('route', {POLICY_PROMPT!r})\nSUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})",
 }
 
 
@@ -130,24 +124,21 @@ class Unsplittable(dspy.Module):
 def test_a_program_that_cannot_be_copied_apart_is_refused_before_any_lm_call(tmp_path):
     root, task = scripted_agent([FIX_AND_SUBMIT]), FunctionLM(lambda m: {"answer": "x"})
     trainset = [dspy.Example(question="q", answer="x").with_inputs("question")]
-    opt = RLMDocstringOptimizer(root_lm=root, eval_lm=task, run_storage_dir=tmp_path / "run")
     with pytest.raises(ConfigurationError, match=r"cannot be copied without sharing its step\(s\) \['steps\[0\]'\]"):
-        opt.compile(student=Unsplittable(), trainset=trainset, metric=lambda e, p: 1.0)
+        compile_tickets(root, eval_lm=task, run_storage_dir=tmp_path / "run", student=Unsplittable(),
+                        trainset=trainset, valset=None, metric=lambda e, p: 1.0)
     assert root.calls == [] and task.calls == []
     assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow
 def test_a_program_holding_parallel_a_lock_a_client_and_a_locked_lm_is_optimized_to_the_end():
-    trainset, valset = make_splits()
     student = ParallelRoute()
     route_lm = LockedLM(task_lm_reply, name="router")
     student.route.set_lm(route_lm)
     task = FunctionLM(task_lm_reply, name="task")
-    opt = RLMDocstringOptimizer(max_iterations=2, root_lm=scripted_agent([LOOK_AT_STEPS, FIX_AND_SUBMIT]),
-                                eval_lm=task, num_threads=2)
 
-    result = opt.compile(student=student, trainset=trainset, valset=valset, metric=metric)
+    result = compile_tickets([LOOK_AT_STEPS, FIX_AND_SUBMIT], student=student, eval_lm=task, num_threads=2)
 
     assert result.selection["chosen_label"] == "submission"
     assert result.route.signature.instructions == POLICY_PROMPT
@@ -232,11 +223,8 @@ def test_two_steps_with_the_same_signature_are_told_apart_in_copies():
 
 @pytest.mark.slow
 def test_refine_and_bestofn_programs_give_the_agent_traces():
-    trainset, valset = make_splits()
-    opt = RLMDocstringOptimizer(max_iterations=2, root_lm=scripted_agent([LOOK_AT_STEPS, {
-        "reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route.module': {POLICY_PROMPT!r}}})"}]),
-        eval_lm=FunctionLM(task_lm_reply), num_threads=2)
-    result = opt.compile(student=Careful(), trainset=trainset, valset=valset, metric=metric)
+    submit = {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route.module': {POLICY_PROMPT!r}}})"}
+    result = compile_tickets([LOOK_AT_STEPS, submit], student=Careful(), num_threads=2)
     assert "STEPS ['route.module', 'summarize.module.predict'] PER_EXAMPLE [2]" in result.agent_trajectory[0]["output"]
     assert result.route.module.signature.instructions == POLICY_PROMPT
     assert result.selection["chosen_label"] == "submission"
@@ -282,22 +270,19 @@ def test_without_any_lm_compile_names_the_steps_that_have_none():
     student.route.set_lm(FunctionLM(task_lm_reply))
     trainset, _ = make_splits()
     root = scripted_agent([FIX_AND_SUBMIT])
-    opt = RLMDocstringOptimizer(root_lm=root)
     with pytest.raises(ConfigurationError, match=r"\['summarize.predict'\] have no LM of their own.*set_lm"):
-        opt.compile(student=student, trainset=trainset, metric=metric)
+        compile_tickets(root, eval_lm=None, student=student, trainset=trainset, valset=None)
     assert root.calls == []
 
 
 @pytest.mark.slow
 def test_every_predictor_with_its_own_lm_needs_no_eval_lm():
-    trainset, valset = make_splits()
     student = RouteTicket()
     summarizer, router = FunctionLM(task_lm_reply, name="summarizer"), FunctionLM(task_lm_reply, name="router")
     student.summarize.set_lm(summarizer)
     student.route.set_lm(router)
-    opt = RLMDocstringOptimizer(max_iterations=2, root_lm=scripted_agent([FIX_AND_SUBMIT]), num_threads=2)
 
-    result = opt.compile(student=student, trainset=trainset, valset=valset, metric=metric)
+    result = compile_tickets([FIX_AND_SUBMIT], eval_lm=None, student=student, num_threads=2)
 
     assert result.route.signature.instructions == POLICY_PROMPT
     assert result.step_lms == {"summarize.predict": {"lm": "summarizer", "source": "predictor.lm"},
@@ -314,8 +299,7 @@ def test_better_together_runs_the_optimizer_on_a_program_with_per_predictor_lms(
     student = RouteTicket()
     lm = FunctionLM(task_lm_reply, name="student-lm")
     student.set_lm(lm)  # BetterTogether requires every predictor to have its LM
-    inner = RLMDocstringOptimizer(max_iterations=1, root_lm=scripted_agent([FIX_AND_SUBMIT]), metric=metric,
-                                  num_threads=2)
+    inner = optimizer([FIX_AND_SUBMIT], eval_lm=None, max_iterations=1, metric=metric, num_threads=2)
     together = dspy.BetterTogether(metric=metric, p=inner)
     result = together.compile(student, trainset=trainset, valset=valset, strategy="p")
     assert result.route.signature.instructions == POLICY_PROMPT
@@ -340,10 +324,9 @@ def test_negative_and_large_scores_are_kept_and_passed_by_the_threshold():
 
 @pytest.mark.slow
 def test_a_zero_to_five_metric_is_optimized_on_its_own_scale():
-    trainset, valset = make_splits()
+    trainset, _ = make_splits()
     root = scripted_agent([LOOK_AT_STEPS, FIX_AND_SUBMIT])
-    opt = RLMDocstringOptimizer(max_iterations=2, root_lm=root, eval_lm=FunctionLM(task_lm_reply), pass_threshold=5)
-    result = opt.compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=five_point)
+    result = compile_tickets(root, pass_threshold=5, metric=five_point)
 
     baseline = [log for log in result.trial_logs if log["label"] == "baseline" and log["split"] == "train"][0]
     passed = baseline["passed_count"]
@@ -355,42 +338,26 @@ def test_a_zero_to_five_metric_is_optimized_on_its_own_scale():
 
 
 # -- metric identity on resume -------------------------------------------------------------------------------
-def weighted(example, prediction, trace=None, weight=1.0):
-    return weight * metric(example, prediction)
-
-
-class Judge:
-    def __init__(self, strict):
-        self.strict = strict
-
-    def __call__(self, example, prediction, trace=None):
-        return metric(example, prediction)
-
-
 IDENTITY = """
-import functools, sys
-sys.path[:0] = [{tests!r}, {root!r}]
+import functools
 from dspy.evaluate import SemanticF1
-import test_programs as t
+from support.metrics import Judge, weighted
 from rlmoptimizer.metric import metric_identity
-print(metric_identity(functools.partial(t.weighted, weight=2.0)))
-print(metric_identity(t.Judge(strict=True)))
+print(metric_identity(functools.partial(weighted, weight=2.0)))
+print(metric_identity(Judge(strict=True)))
 print(metric_identity(SemanticF1(threshold=0.5)))
-print(metric_identity(t.weighted))
+print(metric_identity(weighted))
 """
 
 
 def test_metric_identity_is_the_same_in_a_new_process_and_differs_with_what_the_metric_computes(tmp_path):
     from dspy.evaluate import SemanticF1
 
-    script = tmp_path / "identity.py"
-    script.write_text(IDENTITY.format(tests=str(TESTS), root=str(TESTS.parent)))
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONHASHSEED": "123"}).stdout.splitlines()
+    out = run_script(tmp_path, "identity", IDENTITY, PYTHONHASHSEED="123").splitlines()
     here = [metric_identity(functools.partial(weighted, weight=2.0)), metric_identity(Judge(strict=True)),
             metric_identity(SemanticF1(threshold=0.5)), metric_identity(weighted)]
     assert out == here
-    assert here[0].startswith("functools.partial(test_programs.weighted)#")
+    assert here[0].startswith("functools.partial(support.metrics.weighted)#")
     assert metric_identity(functools.partial(weighted, weight=3.0)) != here[0]
     assert metric_identity(Judge(strict=False)) != here[1]
     assert metric_identity(SemanticF1(threshold=0.7)) != here[2]
@@ -402,34 +369,23 @@ def test_metric_identity_is_the_same_in_a_new_process_and_differs_with_what_the_
 
 
 PARTIAL_RUN = """
-import functools, sys
-sys.path[:0] = [{tests!r}, {root!r}]
-import test_programs as t
-from support.tickets import RouteTicket, make_splits, task_lm_reply
-from rlmoptimizer import RLMDocstringOptimizer
-from rlmoptimizer.testing import FunctionLM, scripted_agent
-trainset, valset = make_splits()
-opt = RLMDocstringOptimizer(max_iterations=2, root_lm=scripted_agent([t.FIX_AND_SUBMIT]),
-                            eval_lm=FunctionLM(task_lm_reply), run_storage_dir={directory!r})
-opt.compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=functools.partial(t.weighted, weight=1.0))
+import functools
+from support.metrics import weighted
+from support.optimizing import FIX_AND_SUBMIT, compile_tickets
+compile_tickets([FIX_AND_SUBMIT], run_storage_dir={directory!r}, metric=functools.partial(weighted, weight=1.0))
 """
 
 
 @pytest.mark.slow
 def test_a_partial_metric_is_recognised_when_resumed_in_a_new_process(tmp_path):
     directory = tmp_path / "run"
-    script = tmp_path / "first.py"
-    script.write_text(PARTIAL_RUN.format(tests=str(TESTS), root=str(TESTS.parent), directory=str(directory)))
-    subprocess.run([sys.executable, str(script)], check=True, timeout=300,
-                   env={**os.environ, "DSPY_CACHEDIR": str(tmp_path / "cache")})
+    run_script(tmp_path, "first", PARTIAL_RUN.format(directory=str(directory)))
     assert (directory / "result.json").exists()
 
-    trainset, valset = make_splits()
     root, task = scripted_agent([FIX_AND_SUBMIT]), FunctionLM(task_lm_reply)
 
-    def again(metric_fn, **kwargs):
-        opt = RLMDocstringOptimizer(max_iterations=2, root_lm=root, eval_lm=task, run_storage_dir=directory, **kwargs)
-        return opt.compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric_fn)
+    def again(metric_fn):
+        return compile_tickets(root, eval_lm=task, run_storage_dir=directory, metric=metric_fn)
 
     result = again(functools.partial(weighted, weight=1.0))
     assert result.route.signature.instructions == POLICY_PROMPT
@@ -437,7 +393,7 @@ def test_a_partial_metric_is_recognised_when_resumed_in_a_new_process(tmp_path):
 
     with pytest.raises(RunDirectoryMismatchError, match="metric") as info:
         again(functools.partial(weighted, weight=2.0))
-    assert "metric_id='functools.partial(test_programs.weighted)#" in str(info.value)
+    assert "metric_id='functools.partial(support.metrics.weighted)#" in str(info.value)
     assert root.calls == [] and task.calls == []
 
 
@@ -447,7 +403,7 @@ def test_two_different_lambdas_are_refused_and_metric_id_overrides(tmp_path):
     root, task = scripted_agent([FIX_AND_SUBMIT]), FunctionLM(task_lm_reply)
 
     def run(metric_fn, **kwargs):
-        opt = RLMDocstringOptimizer(max_iterations=2, root_lm=root, eval_lm=task, run_storage_dir=tmp_path / "run")
+        opt = optimizer(root, eval_lm=task, run_storage_dir=tmp_path / "run")
         return opt.compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric_fn, **kwargs)
 
     run(lambda e, p: metric(e, p))
@@ -470,13 +426,10 @@ def test_two_different_lambdas_are_refused_and_metric_id_overrides(tmp_path):
 def test_an_identical_compile_replays_from_dspys_cache_and_attempt_asks_again(tmp_path):
     from support.responses_server import ResponsesServer
 
-    trainset, valset = make_splits()
     turns = [{"reasoning": "look", "code": "print(baseline_train['score'])"}, FIX_AND_SUBMIT]
     with ResponsesServer(turns) as server:
         def run(**kwargs):
-            opt = RLMDocstringOptimizer(max_iterations=2, root_lm=server.lm(cache=True),
-                                        eval_lm=FunctionLM(task_lm_reply), root_stateful_session=False, **kwargs)
-            return opt.compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
+            return compile_tickets(server.lm(cache=True), root_stateful_session=False, **kwargs)
 
         first = run()
         asked = len(server.requests)
