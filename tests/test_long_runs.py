@@ -5,6 +5,7 @@ mid-way; every LM call is counted per role exactly; the spending cap stops spend
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 
@@ -105,8 +106,10 @@ def test_sixty_long_turns_fit_the_window_and_count_every_call_per_role(tmp_path)
     # finished: all turns played, the submission applied and chosen
     assert len(result.agent_trajectory) == TURNS and result.agent_trajectory[-1]["final"]
     assert result.optimized_dspy_program["route"] == POLICY_PROMPT
-    # every request stayed under the window; none needed a refusal; without compaction they would not fit
-    assert not root.refused and max(root.accepted) < root.window_tokens
+    # no request was refused (over the window); without compaction they would not fit; once the window has
+    # filled, every request still uses more than half of it (compaction keeps what fits, not less)
+    assert not root.refused and len(root.accepted) == TURNS
+    assert min(root.accepted[TURNS // 2:]) > root.window_tokens / 2
     assert sum(len(t["output"]) + len(t["code"]) for t in result.agent_trajectory) > 3 * root.window_tokens * 3
     # the state block closes every request; the note of turn 1 is still shown at the end, its step is not
     last = root.requests[-1]
@@ -144,8 +147,9 @@ def test_a_root_lm_that_refuses_more_than_estimated_still_finishes(tmp_path):
     # requests near the estimate are refused
     root = RefusingRoot(window_tokens=12_000, chars_per_token=2.0, reports_usage=False)
     result = compile_long(tmp_path, root)
-    assert root.refused, "the scenario must make the root LM refuse"
-    assert max(root.accepted) <= root.window_tokens
+    # one refusal, and the next view compacts harder for good: that turn asked again, no other turn refused
+    assert len(root.refused) == 1, "the scenario must make the root LM refuse once"
+    assert len(root.accepted) == TURNS
     assert len(result.agent_trajectory) == TURNS and result.optimized_dspy_program["route"] == POLICY_PROMPT
 
 
@@ -154,11 +158,12 @@ def test_the_window_follows_the_tokens_the_root_lm_reports(tmp_path):
     # request is refused; a 5-character tokenizer gets more history shown than the default estimate allows
     dense = RefusingRoot(window_tokens=12_000, chars_per_token=2.0)
     compile_long(tmp_path / "dense", dense)
-    assert not dense.refused and max(dense.accepted) <= dense.window_tokens
+    assert not dense.refused and len(dense.accepted) == TURNS
+    assert min(dense.accepted[TURNS // 2:]) > dense.window_tokens / 2  # the learned ratio fills the window
     sparse, default = RefusingRoot(window_tokens=12_000, chars_per_token=5.0), RefusingRoot(12_000, 5.0, reports_usage=False)
     compile_long(tmp_path / "sparse", sparse)
     compile_long(tmp_path / "default", default)
-    assert not sparse.refused and max(sparse.accepted) <= sparse.window_tokens
+    assert not sparse.refused and len(sparse.accepted) == TURNS
     assert sum(sparse.accepted) > 1.3 * sum(default.accepted)  # more of the window used, turn after turn
 
 
@@ -172,14 +177,18 @@ def test_an_interrupted_long_run_resumes_within_the_window(tmp_path):
 
     second = RefusingRoot(window_tokens=12_000)
     result = compile_long(tmp_path, second)
-    assert not second.refused and max(second.accepted) < second.window_tokens
-    assert len(second.accepted) == TURNS - 34
+    assert not second.refused and len(second.accepted) == TURNS - 34
+    # the restored history is compacted on the first turn: the last step shown whole, the first one not
+    assert "=== Step 34 ===" in second.requests[0] and "=== Step 1 ===" not in second.requests[0]
     assert "[1] the disputes policy is the main failure" in second.requests[0]  # notes survive the resume
     assert len(result.agent_trajectory) == TURNS and result.optimized_dspy_program["route"] == POLICY_PROMPT
     assert result.usage["root"]["calls"] == len(first.lm.reported_usage) + len(second.lm.reported_usage)
 
 
-def test_the_spending_cap_stops_evaluations_and_the_selection_says_so(tmp_path):
+def capped_compile(directory, turns: list[dict[str, str]]):
+    """A compile whose evaluation LM has a price and a ``max_cost_usd`` that the first turn's train evaluation
+    reaches (after 4 examples); the root LM plays ``turns`` (the last one again after the end), costs next to
+    nothing and records every request."""
     def priced(input_tokens):
         return lambda messages, text: Usage(input_tokens=input_tokens, output_tokens=0)
 
@@ -187,27 +196,54 @@ def test_the_spending_cap_stops_evaluations_and_the_selection_says_so(tmp_path):
     task = FunctionLM(task_lm_reply, name="openai/gpt-4o-mini", usage=priced(100_000))
     train, val = make_splits()
     baseline_cost = 2 * per_call * (len(train) + len(val))  # two predictor calls per example
-    turns = [
-        {"reasoning": "fix", "code": f"update_prompt('route', {POLICY_PROMPT!r})\n"
-                                     "r = evaluate_program()\nprint('train', r['evaluated_count'], r['note'])"},
-        {"reasoning": "check", "code": "v = evaluate_program(split='val')\nprint('val', v['evaluated_count'], v['note'])"},
-        {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"},
-    ]
+    first = {"reasoning": "fix", "code": f"update_prompt('route', {POLICY_PROMPT!r})\n"
+                                         "r = evaluate_program()\nprint('train', r['evaluated_count'], r['note'])"}
+    script = [first, *turns]
+
     def play(messages):
         text = "\n".join(str(m.get("content", "")) for m in messages)
-        return turns[min(int(_ITERATION.findall(text)[-1]) - 1, 2)]
+        return script[min(int(_ITERATION.findall(text)[-1]) - 1, len(script) - 1)]
 
     root = FunctionLM(play, name="openai/gpt-4o-mini", usage=priced(10))
-    optimizer = RLMDocstringOptimizer(max_iterations=2, root_lm=root, eval_lm=task, run_storage_dir=tmp_path,
+    optimizer = RLMDocstringOptimizer(max_iterations=2, root_lm=root, eval_lm=task, run_storage_dir=directory,
                                       max_cost_usd=baseline_cost + 4.5 * 2 * per_call)
     result = optimizer.compile(student=RouteTicket(), trainset=train, valset=val, metric=metric)
+    return result, optimizer, root, task
 
+
+def test_the_spending_cap_stops_evaluations_and_leaves_three_turns_to_submit(tmp_path):
+    """After the cap the agent has 3 more turns: a SUBMIT in the third is the agent's own, not cut short."""
+    result, optimizer, root, task = capped_compile(tmp_path, [
+        {"reasoning": "check", "code": "v = evaluate_program(split='val')\nprint('val', v['evaluated_count'], v['note'])"},
+        {"reasoning": "think", "code": "print(optimization_status()['budget_left'])"},
+        {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"},
+    ])
+    train, val = make_splits()
     outputs = [t["output"] for t in result.agent_trajectory]
     assert outputs[0].startswith("train 4 ") and "spending cap reached" in outputs[0]
     assert outputs[1].startswith("val 0 ") and "spending cap reached" in outputs[1]
+    assert [t["iteration"] for t in result.agent_trajectory] == [1, 2, 3, 4] and result.agent_trajectory[-1]["final"]
+    assert "SUBMIT" in result.agent_trajectory[-1]["code"] and len(root.calls) == 4
+    assert "current instructions were submitted" not in result.agent_final_reasoning
     assert result.selection["spending_cap_reached"] is True
     assert "spending cap reached" in result.selection["reason"]
     assert result.selection["chosen_label"] == "baseline"  # the unchecked submission is not returned
     assert result.usage["cap_reached"] is True
     assert result.usage["eval"]["calls"] == len(task.reported_usage) == 2 * (len(train) + len(val) + 4)
     assert result.usage["total"]["cost_usd"] <= optimizer.max_cost_usd
+
+
+def test_an_agent_that_never_submits_after_the_cap_is_stopped_three_turns_later(tmp_path, caplog):
+    """The turns cost too: 3 turns after the cap the run ends with the current instructions, without another
+    root-LM call."""
+    looks = [{"reasoning": f"keep looking {i}", "code": f"print({i}, optimization_status()['budget_left'])"}
+             for i in range(2, 9)]
+    with caplog.at_level(logging.WARNING, logger="rlmoptimizer"):
+        result, _, root, _ = capped_compile(tmp_path, looks)
+    assert "spending cap reached" in result.agent_trajectory[0]["output"]
+    assert [t["iteration"] for t in result.agent_trajectory] == [1, 2, 3, 4]
+    assert not any(t.get("final") for t in result.agent_trajectory)
+    assert len(root.calls) == 4  # no fifth turn, and no extraction call either
+    assert result.agent_final_reasoning.endswith("the current instructions were submitted.")
+    assert "did not SUBMIT within 3 turns" in caplog.text
+    assert result.selection["spending_cap_reached"] is True and result.selection["chosen_label"] == "baseline"
