@@ -2,8 +2,10 @@
 written by a compile() in another process, or empty.
 
 :func:`read_run_directory` never writes and never raises on what it finds inside: a file that cannot be read
-(half written by a process that is still running, or damaged) is skipped and named in ``RunDirectory.problems``.
-Only a path that is not a directory is an error.
+(half written by a process that is still running, or damaged), or that parses but has the wrong shape (a ledger
+without ``limit``, a ``selection`` that is a string: :mod:`rlmoptimizer.report.shapes`), is skipped, or the part
+of it that is wrong is, and named in ``RunDirectory.problems``; an in-flight log is read up to its torn line, cut at
+any byte. Only a path that is not a directory is an error.
 
 Whether a compile() is still writing a directory is told by its holder (:func:`rlmoptimizer.storage.lock.holder_of`).
 Without ``result.json`` and without a live holder, the run was interrupted.
@@ -18,6 +20,15 @@ from typing import Any, Literal
 
 from rlmoptimizer.errors import ConfigurationError
 from rlmoptimizer.records import EvalRun, ExampleResult
+from rlmoptimizer.report.shapes import (
+    budget_shape,
+    manifest_shape,
+    result_shape,
+    run_problem,
+    turn_shape,
+    usage_shape,
+    version_shape,
+)
 from rlmoptimizer.storage.lock import holder_of
 from rlmoptimizer.storage.run_store import read_pending_log
 
@@ -139,8 +150,8 @@ def _read_json(path: Path, problems: list[str]) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:  # removed between listing and reading (a pending log that became a run)
         return None
-    except (OSError, ValueError) as exc:
-        problems.append(f"{path.name}: unreadable ({exc})")
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: torn JSON or bytes that are not UTF-8
+        problems.append(f"{path.name}: unreadable ({type(exc).__name__}: {str(exc)[:200]})")
         return None
 
 
@@ -161,16 +172,15 @@ def _read_pending(path: Path, problems: list[str]) -> PendingRun | None:
     except OSError as exc:
         problems.append(f"{path.name}: unreadable ({exc})")
         return None
+    except ValueError as exc:  # a header that parses but cannot say what was evaluated
+        problems.append(f"{path.name}: not an in-flight log ({exc})")
+        return None
     if parsed is None:
         return None  # the header itself was being written
     header, records = parsed
-    try:
-        split, instructions = str(header["split"]), dict(header["instructions"])
-    except (KeyError, TypeError, ValueError):
-        return None
     return PendingRun(
-        path=str(path), split=split, label=str(header.get("label", "agent")), instructions=instructions,
-        requested_count=int(header.get("requested", len(records))), charged=bool(header.get("charged", True)),
+        path=str(path), split=header["split"], label=header["label"], instructions=header["instructions"],
+        requested_count=header["requested"], charged=header["charged"],
         records=tuple(sorted(records, key=lambda r: r.example_id)),
     )
 
@@ -184,10 +194,10 @@ def read_run_directory(directory: str | Path) -> RunDirectory:
         raise ConfigurationError(f"{str(path)!r} is not a directory; pass the run_storage_dir of a compile()")
     problems: list[str] = []
     holder = holder_of(path)
-    manifest = _read_json(path / "manifest.json", problems) if (path / "manifest.json").exists() else None
-    ledger = _read_json(path / "ledger.json", problems) if (path / "ledger.json").exists() else None
-    result = _read_json(path / "result.json", problems) if (path / "result.json").exists() else None
-    usage = _read_json(path / "usage.json", problems) if (path / "usage.json").exists() else None
+    manifest = manifest_shape(_read_json(path / "manifest.json", problems), problems)
+    ledger = budget_shape(_read_json(path / "ledger.json", problems), "ledger.json", problems)
+    result = result_shape(_read_json(path / "result.json", problems), problems)
+    usage = usage_shape(_read_json(path / "usage.json", problems), "usage.json", problems)
 
     runs: list[EvalRun] = []
     for file in _numbered(path / "runs", "run-*.json"):
@@ -195,12 +205,18 @@ def read_run_directory(directory: str | Path) -> RunDirectory:
         if data is None:
             continue
         try:
-            runs.append(EvalRun.from_dict(data))
-        except (ValueError, KeyError, TypeError) as exc:
-            problems.append(f"{file.name}: not a run ({exc})")
+            run = EvalRun.from_dict(data)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            problems.append(f"{file.name}: not a run ({type(exc).__name__}: {str(exc)[:200]})")
+            continue
+        problem = run_problem(run)
+        if problem is None:
+            runs.append(run)
+        else:
+            problems.append(f"{file.name}: not a run ({problem})")
     pending = [p for p in (_read_pending(f, problems) for f in sorted((path / "runs").glob("pending-*.jsonl"))) if p]
-    prompt_versions = [v for v in (_read_json(f, problems) for f in _numbered(path / "prompts", "v-*.json")) if v]
-    turns = [t for t in (_read_json(f, problems) for f in _numbered(path / "turns", "turn-*.json")) if t]
+    prompt_versions = _records(path / "prompts", "v-*.json", "a prompt version", version_shape, problems)
+    turns = _records(path / "turns", "turn-*.json", "an agent turn", turn_shape, problems)
 
     if result is not None:
         status: Status = "finished"
@@ -211,10 +227,20 @@ def read_run_directory(directory: str | Path) -> RunDirectory:
     else:
         status = "interrupted"
     return RunDirectory(
-        directory=str(path), status=status, holder=holder if result is None else None, manifest=manifest if isinstance(manifest, dict) else None,
-        ledger=ledger if isinstance(ledger, dict) else None, runs=tuple(runs), pending=tuple(pending),
-        prompt_versions=tuple(v for v in prompt_versions if isinstance(v, dict)),
-        turns=tuple(t for t in turns if isinstance(t, dict)),
-        result=result if isinstance(result, dict) else None, problems=tuple(problems),
-        usage_so_far=usage if isinstance(usage, dict) else None,
+        directory=str(path), status=status, holder=holder if result is None else None, manifest=manifest,
+        ledger=ledger, runs=tuple(runs), pending=tuple(pending), prompt_versions=tuple(prompt_versions),
+        turns=tuple(turns), result=result, problems=tuple(problems), usage_so_far=usage,
     )
+
+
+def _records(directory: Path, pattern: str, what: str, shape: Any, problems: list[str]) -> list[dict[str, Any]]:
+    """The numbered JSON objects of ``directory`` in order, each in its ``shape``; a file holding something else
+    is named in ``problems``."""
+    found = []
+    for file in _numbered(directory, pattern):
+        data = _read_json(file, problems)
+        if isinstance(data, dict):
+            found.append(shape(data, f"{directory.name}/{file.name}", problems))
+        elif data is not None:
+            problems.append(f"{directory.name}/{file.name}: not {what} (a {type(data).__name__})")
+    return found

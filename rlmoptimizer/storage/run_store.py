@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rlmoptimizer.records import EvalRun, ExampleResult
+from rlmoptimizer.records import SPLITS, EvalRun, ExampleResult
 from rlmoptimizer.storage.files import BackgroundSync, atomic_write_json
 
 logger = logging.getLogger(__name__)
@@ -58,22 +58,53 @@ def _run_number(run_id: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def read_pending_log(path: Path) -> tuple[dict[str, Any], list[ExampleResult]] | None:
-    """``(header, records)`` of the in-flight log at ``path``, reading up to a torn last line (a record being
-    written); None when it has no readable header. Reads only; ``OSError`` (e.g. the file is gone) propagates."""
-    lines = path.read_text(encoding="utf-8").splitlines()
+def _json_line(raw: bytes) -> Any:
+    """One line of a pending log as JSON, or None when it is torn: cut anywhere, also inside a multi-byte UTF-8
+    character (the log is written with ``ensure_ascii=False``)."""
     try:
-        header = json.loads(lines[0]) if lines else None
-    except ValueError:
-        header = None
+        return json.loads(raw.decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError is one
+        return None
+
+
+def pending_header(header: dict[str, Any]) -> dict[str, Any]:
+    """The header of a pending log with its fields typed (``split``, ``instructions``, ``label``, ``requested``,
+    ``charged``, ``rollout``); :class:`ValueError` naming what is wrong when it cannot say what was evaluated."""
+    split, instructions = header.get("split"), header.get("instructions")
+    if split not in SPLITS:
+        raise ValueError(f"its header names no split (split={split!r})")
+    if not isinstance(instructions, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in instructions.items()):
+        raise ValueError("its header holds no {step: instructions} map")
+    typed = {"split": split, "instructions": dict(instructions), "label": str(header.get("label", "agent")),
+             "charged": header.get("charged") is True}
+    for key in ("requested", "rollout"):
+        value = header.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"its header's {key} is not a count ({value!r})")
+        typed[key] = value
+    return typed
+
+
+def read_pending_log(path: Path) -> tuple[dict[str, Any], list[ExampleResult]] | None:
+    """``(header, records)`` of the in-flight log at ``path``, reading up to a torn line (a record being written,
+    cut at any byte); None when it has no readable header (it was being written). The header's fields are typed
+    (:func:`pending_header`); one that parses but cannot say what was evaluated is a :class:`ValueError`. Reads
+    only; ``OSError`` (e.g. the file is gone) propagates."""
+    lines = path.read_bytes().split(b"\n")
+    header = _json_line(lines[0])
     if not isinstance(header, dict):
         return None
+    header = pending_header(header)
+    requested = header["requested"]
     records = []
     for line in lines[1:]:
         try:
-            records.append(ExampleResult.from_dict(json.loads(line)))
-        except (ValueError, KeyError, TypeError):
+            records.append(ExampleResult.from_dict(_json_line(line)))
+        except (ValueError, KeyError, TypeError, AttributeError):
             break
+    if not requested:
+        header["requested"] = len(records)
     return header, records
 
 
@@ -187,7 +218,11 @@ class RunStore:
         and a log without a readable header (nothing was paid for yet) is removed."""
         found = []
         for path in sorted(self.runs_dir.glob("pending-*.jsonl")):
-            parsed = read_pending_log(path)
+            try:
+                parsed = read_pending_log(path)
+            except ValueError as exc:  # damaged, not torn: kept for a person to look at, never guessed at
+                logger.warning("skipping the in-flight log %s: %s", path, exc)
+                continue
             if parsed is None:
                 path.unlink(missing_ok=True)
                 continue
