@@ -9,8 +9,9 @@ import threading
 
 import dspy
 import pytest
-from support.fakes import FunctionLM, last_user_text, system_text
-from support.qa import TwoSteps
+from support.fakes import FunctionLM, system_text
+from support.optimizing import proposer
+from support.qa import TwoSteps, field
 
 from rlmoptimizer.agent.moves import MAX_REFLECTION_EXAMPLES, Moves, program_evaluator, reflective_example
 from rlmoptimizer.budget import SUB_LM_CALL, TRAIN_EXAMPLE, VAL_EXAMPLE, BudgetLedger
@@ -25,11 +26,6 @@ from rlmoptimizer.storage.run_store import RunStore
 #
 # The task LM answers question q<i> with a<i> when the `generate` instructions say "PASS:<ids>" and i is
 # listed, or, without "PASS:", when i is even. The `draft` step always drafts "D:<question>".
-
-
-def field(messages, name: str) -> str:
-    match = re.search(rf"\[\[ ## {name} ## \]\]\n(.*?)(?:\n\n|$)", last_user_text(messages), re.S)
-    return match.group(1) if match else ""
 
 
 def passes(system: str, i: int, rollout: int | None) -> bool:
@@ -85,10 +81,9 @@ class World:
         )
 
 
-def proposal_reply(text: str = "Answer with a<i>. PASS:0,1,2,3,4,5"):
-    """A sub-LM answering dspy's ProposeInstruction (JSONAdapter) with ``text``; records what it was asked."""
-    return FunctionLM(lambda messages, settings: json.dumps({"new_instruction": text}), with_settings=True,
-                      name="proposer")
+def proposal_reply(text: str = "Answer with a<i>. PASS:0,1,2,3,4,5") -> FunctionLM:
+    """The sub-LM answering dspy's instruction proposer with ``text``; records what it was asked."""
+    return proposer(text)
 
 
 # -- reflective dataset -----------------------------------------------------------------------------------
@@ -344,34 +339,56 @@ def test_candidates_keep_gepas_pareto_front_and_hard_examples_replay_failures(tm
 # -- the budget under threads -------------------------------------------------------------------------------------
 
 
-def test_budget_is_exact_when_sixteen_threads_compare_and_propose_at_once(tmp_path):
-    world = World(tmp_path, limit=40, train=8, proposal_lm=proposal_reply())
-    spent: list[int] = []
-    refused: list[str] = []
+@pytest.mark.parametrize("limit", [30, 17])
+def test_budget_is_exact_when_sixteen_threads_compare_and_propose_at_once(tmp_path, limit):
+    """8 comparisons (4 new examples each, all or nothing) and 8 proposals (1 unit each) ask for 40 units at once,
+    more than the limit: some are refused, and what was granted is exactly what was spent, counted four ways."""
+    proposer = proposal_reply()
+    world = World(tmp_path, limit=limit, train=8, proposal_lm=proposer)
+    task_calls_before = len(world.lm.calls)
+    done: dict[str, list[int]] = {"compare": [], "propose": []}
+    refused: dict[str, list[str]] = {"compare": [], "propose": []}
     lock = threading.Lock()
     start = threading.Barrier(16)
 
     def work(k: int):
+        kind = "propose" if k % 2 else "compare"
         start.wait()
         try:
-            if k % 2:
+            if kind == "propose":
                 out = world.moves.propose_instructions("generate.predict")
             else:
                 out = world.moves.compare(["current", {"generate.predict": f"PASS:{k}"}], ids=[0, 1, 2, 3])
-            with lock:
-                spent.append(out["budget_spent"])
         except AgentToolError as exc:
             with lock:
-                refused.append(str(exc))
+                refused[kind].append(str(exc))
+        else:
+            with lock:
+                done[kind].append(out["budget_spent"])
 
     threads = [threading.Thread(target=work, args=(k,)) for k in range(16)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert world.ledger.spent == sum(spent) <= 40
-    assert all("budget" in message for message in refused)
-    assert len(spent) + len(refused) == 16
+
+    compared, proposed = len(done["compare"]), len(done["propose"])
+    assert compared + len(refused["compare"]) == 8 and proposed + len(refused["propose"]) == 8
+    assert refused["compare"] or refused["propose"], "demand above the limit must be refused somewhere"
+    assert all("budget" in message for messages in refused.values() for message in messages)
+    # each answer spent what its work costs; the ledger, the LM call logs and the stored runs agree exactly
+    assert done["compare"] == [4] * compared and done["propose"] == [1] * proposed
+    assert world.ledger.spent_by_kind[TRAIN_EXAMPLE] == 4 * compared
+    assert world.ledger.spent_by_kind[SUB_LM_CALL] == proposed == len(proposer.calls)
+    assert world.ledger.spent == 4 * compared + proposed <= limit
+    assert len(world.lm.calls) - task_calls_before == 2 * 4 * compared  # 2 steps per example
+    assert len(world.runs.all()) == 1 + 2 * compared  # the baseline, and a run per candidate of a granted comparison
+    # a refusal means what was left could not pay for it: a refused comparison leaves fewer than 4 units, and a
+    # refused proposal none at all
+    if refused["compare"]:
+        assert world.ledger.left < 4
+    if refused["propose"]:
+        assert world.ledger.left == 0
 
 
 # -- rollouts in the evaluator, the run service and the records ------------------------------------------------
