@@ -2,10 +2,14 @@
 
 A small root LM does not compose tools from a description; it copies code it is shown. :class:`LoopGuide`
 follows the agent's moves (the tools report them) and names the next line of the default loop with real
-step names, proposal ids and example ids filled in, so that it runs as written:
+step names, candidate ids and example ids filled in, so that it runs as written:
 
-    propose for a step -> compare against the current prompts on its check ids -> adopt the winner ->
-    validation checkpoint -> propose again (the next step, round robin) ... -> SUBMIT when the budget is spent
+    run GEPA (the gepa package's engine) with most of the budget -> adopt its best -> validation checkpoint ->
+    targeted work on what it still fails, with what is left: propose for a step -> compare against the current
+    prompts on its check ids -> adopt the winner -> validation checkpoint -> ... -> SUBMIT when the budget is spent
+
+GEPA gets everything unless what is left after it can pay one targeted round (a proposal, a comparison and a
+validation check): a root LM that only copies the line it is shown therefore gets GEPA's result.
 
 The moves never spend the units one check of the submission needs (on validation, or on train without a
 validation split), so what gets adopted can still be checked (with ``max_metric_calls`` nothing unchecked is
@@ -36,6 +40,9 @@ MIN_CHECK = 3
 MIN_USEFUL_BUDGET = 3
 """Below this many units to spend (beyond one validation check), a new proposal and its comparison cannot both be
 paid: the guide says SUBMIT."""
+TARGETED_SHARE = 5
+"""After GEPA, the targeted work gets a fifth of what is left, when that pays a whole round (a proposal, a
+comparison on :data:`MIN_CHECK` examples against the current prompts, and a validation check); else GEPA gets all."""
 
 
 def _ids_text(ids: Sequence[int]) -> str:
@@ -59,6 +66,7 @@ class LoopGuide:
         self._pending: dict[str, Any] | None = None  # a proposal not yet compared
         self._winner: str | None = None  # a compared candidate that beat the current prompts, not yet adopted
         self._unchecked = False  # the current prompts changed since the last validation run
+        self._gepa_ran = False
 
     # -- what the tools report ------------------------------------------------------------------------
     def proposed(self, step: str, candidate_ids: Sequence[str], check_ids: Sequence[int],
@@ -85,6 +93,18 @@ class LoopGuide:
             # A winner other than what the comparison measured against, named so that adopt_candidate takes it.
             self._winner = source if source != first and source.startswith(("proposal-", "run-")) else None
 
+    def gepa_finished(self, best_new: str | None) -> None:
+        """A GEPA run ended; ``best_new`` is its best candidate when that is not where it started."""
+        with self._lock:
+            self._gepa_ran = True
+            self._pending = None
+            self._winner = best_new
+
+    def gepa_budget(self, left: int) -> int:
+        """What the default line gives GEPA of ``left`` units."""
+        tail = left // TARGETED_SHARE
+        return left - tail if tail >= self._reserve + 1 + 2 * MIN_CHECK else left
+
     def changed(self) -> None:
         with self._lock:
             self._winner = None
@@ -105,6 +125,8 @@ class LoopGuide:
                 return f"print(adopt_candidate({self._winner!r}))"
             if self._unchecked and self._val_size and left >= self._val_size:
                 return "print(evaluate_program(split='val'))"
+            if not self._gepa_ran:
+                return f"r = run_gepa(budget={self.gepa_budget(left)}); print(r['summary'])"
             free = left - self._reserve  # what moves may spend
             pending = self._pending
             if pending is not None and free > 0:

@@ -25,6 +25,7 @@ from rlmoptimizer.budget import BudgetLedger, Reservation
 from rlmoptimizer.errors import ConfigurationError, StructureChangedError
 from rlmoptimizer.evaluation.runs import Runs
 from rlmoptimizer.records import EvalRun
+from rlmoptimizer.storage.answers import AnswerStore
 from rlmoptimizer.storage.notes import NotesStore
 
 __all__ = ["AgentTools", "agent_error", "select_ids"]
@@ -104,8 +105,12 @@ class AgentTools:
             runs=runs, evaluate=self._evaluate_instructions, ledger=ledger, step_names=working.step_names,
             current=working.instructions,
             check_map=lambda mapping: working.validate_prompt_map(mapping, what="a candidate"),
-            proposal_lm=proposal_lm,
+            proposal_lm=proposal_lm, pass_threshold=getattr(runs.evaluator, "pass_threshold", 1.0),
         )
+        store = getattr(runs, "store", None)
+        # gepa's reflections, kept in the run directory: a resumed compile replays a run_gepa without paying again
+        self.answers = AnswerStore(None if store is None or store.is_temporary else store.directory,
+                                   name="gepa_reflections.jsonl")
         self.guide = LoopGuide(working.step_names, lambda: ledger.left, val_size=len(runs.splits.get("val", ())),
                                train_status=self._train_status, train_size=len(runs.splits["train"]))
 
@@ -124,7 +129,7 @@ class AgentTools:
         """The agent's tools, in the order the instructions describe them."""
         return [
             self.evaluate_program, self.run_data, self.update_prompt, self.optimization_status,
-            self.propose_instructions, self.compare, self.adopt_candidate, self.diff_runs, self.hard_examples, self.candidates,
+            self.run_gepa, self.propose_instructions, self.compare, self.adopt_candidate, self.diff_runs, self.hard_examples, self.candidates,
             self.add_note, self.read_notes,
         ]
 
@@ -185,6 +190,23 @@ class AgentTools:
             return self.moves.evaluate_rollouts(self.working.instructions(), "train", selected, rollouts)
         run = self.working.evaluate("train", selected, label="agent")
         return run.agent_view()
+    def run_gepa(self, budget: int | None = None, steps: Any = None, start: Any = "current", seed: int = 0,
+                 minibatch_size: int = 3, use_merge: bool = True, proposals_per_iteration: int = 1) -> dict:
+        """Run GEPA (the gepa package's engine: Pareto selection of parents, reflective proposals from minibatches of failures, merge) from `start` ('current' or a candidate id) on `steps` (all by default), for at most `budget` units (default: all that is left). Changes nothing. Returns {'best': a candidate id, 'best_is_new', 'candidate_ids': ['gepa-1', ...], 'candidates': [{'id', 'parents', 'score'}], 'pareto_front', 'best_score' (aggregate on validation, or train without one), 'spent', 'summary'}; then adopt_candidate(r['best'])."""
+        if budget is None:
+            budget = self.ledger.left
+        if steps is not None and not isinstance(steps, str):
+            try:
+                steps = list(steps)
+            except TypeError:
+                raise agent_error(f"steps must be a list of step names, got {type(steps).__name__}",
+                                  f"pass steps=None (all) or a list from {self.working.step_names}") from None
+        result = self.moves.run_gepa(budget, steps, start, seed=seed, minibatch_size=minibatch_size,
+                                     use_merge=use_merge, proposals_per_iteration=proposals_per_iteration,
+                                     answers=self.answers, book=self._as_sub)
+        self.guide.gepa_finished(result["best"] if result["best_is_new"] else None)
+        return result
+
     def propose_instructions(self, step: str, run_id: str | None = None, ids: Any = None, n: int = 1,
                              guidance: str = "") -> dict:
         """GEPA's reflective proposal: new instructions for `step`, written by the sub-LM from that step's inputs/outputs, the expected fields, scores and metric feedback of the failures of the current instructions (or of run_id, or of the examples ids=[...]). guidance= adds your own requirements. Changes nothing; 1 budget unit per proposal (n proposals). Returns {'texts', 'candidate_ids': ['proposal-1', ...] (names compare and adopt_candidate take), 'candidates': [{step: text}], 'example_ids', 'check_ids', ...}."""
@@ -209,7 +231,7 @@ class AgentTools:
         return result
 
     def adopt_candidate(self, candidate: Any) -> dict:
-        """Make a candidate the current instructions: a proposal id ('proposal-2'), a run id (that run's instructions) or a {step: text} dict (other steps keep their text). Free. Returns {'changed_steps', 'version'}."""
+        """Make a candidate the current instructions: a candidate id ('gepa-3', 'proposal-2'), a run id (that run's instructions) or a {step: text} dict (other steps keep their text). Free. Returns {'changed_steps', 'version'}."""
         if isinstance(candidate, str) and candidate == "current":
             raise agent_error("'current' is already the current instructions", "pass a proposal id, a run id or a {step: text} dict")
         instructions = self.moves.instructions_of(candidate)

@@ -26,8 +26,9 @@ Rooms:
     proposal.py  ``propose_instructions`` and the reflective dataset it is built from
     paired.py    ``compare`` and ``evaluate_rollouts``
     history.py   ``candidates`` (the Pareto front), ``hard_examples``, ``diff_runs``
+    gepa.py      ``run_gepa``: the gepa package's engine over these evaluations, exact on budget
 
-May import: dspy, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.fingerprint``, ``.records``. Nothing
+May import: dspy, gepa, ``rlmoptimizer.storage``, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.fingerprint``, ``.records``. Nothing
 above it (the agent's tools, the optimizer).
 """
 
@@ -41,6 +42,7 @@ from rlmoptimizer.agent.moves.context import (
     RunAccess,
     program_evaluator,
 )
+from rlmoptimizer.agent.moves.gepa import GepaMoves
 from rlmoptimizer.agent.moves.history import HistoryMoves
 from rlmoptimizer.agent.moves.paired import PairedMoves
 from rlmoptimizer.agent.moves.proposal import ProposalMoves, reflective_example
@@ -51,5 +53,5 @@ __all__ = [
 ]
 
 
-class Moves(ProposalMoves, PairedMoves, HistoryMoves):
+class Moves(ProposalMoves, PairedMoves, HistoryMoves, GepaMoves):
     """The moves of one optimization, over its runs, its ledger and an evaluate function."""

@@ -62,6 +62,7 @@ class MoveContext:
         current: Callable[[], dict[str, str]],
         check_map: Callable[[Any], dict[str, str]] | None = None,
         proposal_lm: dspy.BaseLM | Callable[[], dspy.BaseLM | None] | None = None,
+        pass_threshold: float = 1.0,
     ) -> None:
         self.runs = runs
         self._evaluate = evaluate
@@ -73,6 +74,11 @@ class MoveContext:
         # Every proposal of this compile() by id ('proposal-1', ...): a candidate the other moves accept by name.
         self.proposals: dict[str, dict[str, str]] = {}
         self.proposal_calls = 0  # proposal LM calls made, each with its own rollout id
+        # How each named candidate came to be: {'parents': [ids], 'move': ..., ...}, for the agent and the report.
+        self.lineage: dict[str, dict[str, Any]] = {}
+        self.gepa_candidates = 0  # 'gepa-N' ids given so far
+        self.gepa_runs = 0
+        self.perfect_score = pass_threshold  # an example passes at this score: gepa skips a minibatch all passed
 
     def _lm(self) -> dspy.BaseLM:
         lm = self._proposal_lm() if callable(self._proposal_lm) and not isinstance(self._proposal_lm, dspy.BaseLM) else self._proposal_lm
@@ -115,10 +121,10 @@ class MoveContext:
                 return candidate, dict(run.instructions)
             if candidate in self.proposals:
                 return candidate, {**current, **self.proposals[candidate]}
-            if candidate.startswith("proposal-"):
-                known = list(self.proposals) or "none yet (call propose_instructions first)"
-                raise refuse(f"{what}: no proposal with id {candidate!r}",
-                             f"use a proposal id propose_instructions returned: {known}")
+            if candidate.startswith(("proposal-", "gepa-")):
+                known = list(self.proposals) or "none yet (call propose_instructions or run_gepa first)"
+                raise refuse(f"{what}: no candidate with id {candidate!r}",
+                             f"use an id propose_instructions or run_gepa returned: {known}")
         if isinstance(candidate, dict):
             if not candidate:
                 raise refuse(f"{what} is an empty dict", "give at least one {step: text} entry, or 'current'")
@@ -126,7 +132,8 @@ class MoveContext:
             return "map", {**current, **checked}
         raise refuse(
             f"{what} is {type(candidate).__name__} {candidate!r:.80}",
-            "each candidate is 'current', a run id like 'run-0003', a proposal id like 'proposal-1', or a {step: text} dict",
+            "each candidate is 'current', a run id like 'run-0003', a candidate id like 'proposal-1' or 'gepa-2', or a "
+            "{step: text} dict",
         )
 
     def _example_ids(self, split: str, ids: list[int] | None, tool: str) -> list[int]:

@@ -1,0 +1,393 @@
+"""GEPA's own engine as a move: :meth:`GepaMoves.run_gepa` runs the gepa package's optimization loop (Pareto
+candidate selection, reflective mutation with gepa's own reflection prompt, merge) over this compile's
+evaluations, through a :class:`gepa.core.adapter.GEPAAdapter`.
+
+What the adapter guarantees, beyond what ``dspy.GEPA`` does:
+
+* every program run is one of our evaluations: stored as a run labelled ``gepa``, reused free when the same
+  instructions meet the same example again (a parent's minibatch, the seed's validation), charged 1 unit per
+  new example, and told to gepa as its metric calls (``EvaluationBatch.num_metric_calls``);
+* every reflection is a sub-LM call charged 1 unit, as a proposal of ``propose_instructions`` is, and its answer is
+  kept in the run directory: a resumed compile replays the same run without paying for it again;
+* the slice is exact: each evaluation and each reflection reserves all it needs before it starts. When the slice,
+  the ledger or the spending cap cannot cover it, gepa's loop is stopped right there (gepa's own stopper looks at
+  the budget only between iterations and overshoots by up to one). Everything paid stays stored, and the
+  candidates found so far come back;
+* a reflection LM that fails (no answer: a bad key, a 5xx after retries) stops the run with that error, instead
+  of being taken as "no proposal" (gepa catches exceptions around reflection);
+* validation stays in the host: with a validation split, gepa tracks its Pareto front on per-example validation
+  scores (as ``dspy.GEPA`` uses ``valset``); the agent sees aggregates only.
+
+May import: gepa, dspy, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.fingerprint``, ``.records``,
+``.storage`` and ``rlmoptimizer.agent.moves``' own modules.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rlmoptimizer.agent.moves.context import MoveContext, refuse
+from rlmoptimizer.agent.moves.proposal import reflective_example
+from rlmoptimizer.budget import SUB_LM_CALL, TRAIN_EXAMPLE, VAL_EXAMPLE, BudgetLedger, Reservation
+from rlmoptimizer.errors import AgentToolError, BudgetExhaustedError
+from rlmoptimizer.evaluation.lm_failures import classify_lm_failure
+from rlmoptimizer.fingerprint import instructions_digest
+from rlmoptimizer.records import ExampleResult
+from rlmoptimizer.storage.answers import AnswerStore
+
+logger = logging.getLogger(__name__)
+
+MINIBATCH_SIZE = 3
+"""Examples per reflection, gepa's and ``dspy.GEPA``'s default."""
+MAX_MERGE_INVOCATIONS = 5
+"""Merges per run, ``dspy.GEPA``'s default."""
+MAX_PROPOSALS_PER_ITERATION = 8
+
+
+class _Stop(BaseException):  # noqa: N818 - a stop of gepa's loop, not an error of its own
+    """Ends gepa's loop mid-iteration. A BaseException, so that gepa's ``except Exception`` around reflection and
+    around each iteration does not take it for a failed proposal and go on."""
+
+    def __init__(self, why: str, error: BaseException | None = None) -> None:
+        super().__init__(why)
+        self.why = why
+        self.error = error
+
+
+class _Slice:
+    """The units one run may spend, taken from the ledger one whole evaluation or reflection at a time."""
+
+    def __init__(self, ledger: BudgetLedger, units: int) -> None:
+        self.ledger = ledger
+        self.units = units
+        self.left = units
+        self.spent = 0
+        self.by_kind = {TRAIN_EXAMPLE: 0, VAL_EXAMPLE: 0, SUB_LM_CALL: 0}
+        self._lock = threading.Lock()
+
+    def reserve(self, n: int, kind: str, what: str) -> Reservation:
+        with self._lock:
+            if n > self.left:
+                raise _Stop(f"its budget of {self.units} unit(s) ran out: {what} needs {n}, {self.left} left")
+            try:
+                reservation = self.ledger.reserve_exactly(n, kind)
+            except BudgetExhaustedError as exc:
+                raise _Stop(f"{what} could not be paid: {exc}") from None
+            self.left -= n
+        return reservation
+
+    def settle(self, reservation: Reservation) -> None:
+        reservation.release()
+        with self._lock:
+            self.left += reservation.granted - reservation.spent
+            self.spent += reservation.spent
+            self.by_kind[reservation.kind] += reservation.spent
+
+
+class _Adapter:
+    """gepa's view of this compile's program: a candidate is a ``{step: text}`` map over the run's steps (the
+    other steps keep the text they had when the run started); a data instance is ``(split, example id)``."""
+
+    propose_new_texts = None  # gepa's own reflection prompt, through the reflection LM below
+
+    def __init__(self, moves: GepaMoves, base: dict[str, str], budget: _Slice) -> None:
+        self._moves = moves
+        self._base = base
+        self._budget = budget
+        self.unevaluated: list[dict[str, str]] = []  # proposals the budget stopped before their evaluation
+
+    def instructions(self, candidate: dict[str, str]) -> dict[str, str]:
+        return {**self._base, **candidate}
+
+    def evaluate(self, batch: list[tuple[str, int]], candidate: dict[str, str], capture_traces: bool = False) -> Any:
+        from gepa.core.adapter import EvaluationBatch
+
+        if not batch:
+            return EvaluationBatch(outputs=[], scores=[], trajectories=[] if capture_traces else None, num_metric_calls=0)
+        split = batch[0][0]
+        ids = [i for _, i in batch]
+        instructions = self.instructions(candidate)
+        cost = len(ids) - len(self._moves.runs.stored(instructions, split, ids))
+        kind = TRAIN_EXAMPLE if split == "train" else VAL_EXAMPLE
+        what = f"an evaluation on {len(ids)} {split} example(s)"
+        try:
+            reservation = self._budget.reserve(cost, kind, what)
+        except _Stop:
+            if not self._moves.is_known(instructions):
+                self.unevaluated.append(dict(instructions))
+            raise
+        try:
+            run = self._moves._evaluate(instructions, split, ids, label="gepa", reservation=reservation)
+        except Exception as exc:  # a systemic failure (the evaluation LM, the metric): stop with it
+            raise _Stop(f"an evaluation failed: {type(exc).__name__}", error=exc) from exc
+        finally:
+            self._budget.settle(reservation)
+        by_id = {record.example_id: record for record in run.records}
+        records: list[ExampleResult | None] = [by_id.get(i) for i in ids]
+        if any(record is None for record in records):
+            raise _Stop(f"an evaluation stopped early ({run.note or 'not every example ran'})")
+        return EvaluationBatch(
+            outputs=[record.predicted for record in records],
+            scores=[float(record.score) for record in records],
+            trajectories=list(records) if capture_traces else None,
+            num_metric_calls=reservation.spent,
+        )
+
+    def make_reflective_dataset(self, candidate: dict[str, str], eval_batch: Any, components_to_update: list[str]) -> dict:
+        records = eval_batch.trajectories or []
+        dataset = {}
+        for step in components_to_update:
+            entries = [entry for entry in (reflective_example(step, record) for record in records) if entry is not None]
+            if entries:
+                dataset[step] = entries
+        return dataset
+
+
+class _Reflection:
+    """gepa's reflection LM: the sub-LM, 1 unit per call that answered, answers kept for a resume. Each asking of
+    a prompt already asked is another sample (its own rollout id), as proposals are."""
+
+    def __init__(self, lm: Any, budget: _Slice, answers: AnswerStore, book: Callable[[Callable], Callable]) -> None:
+        self._lm = lm
+        self._budget = budget
+        self._answers = answers
+        self._book = book
+        self.calls = 0
+        self.replayed = 0
+
+    def __call__(self, prompt: str | list[dict[str, Any]]) -> str:
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        key, seen = self._answers.key_for(repr(messages))
+        stored = self._answers.get(key)
+        if stored is not None:
+            self.replayed += 1
+            return stored
+        reservation = self._budget.reserve(1, SUB_LM_CALL, "a reflection")
+        lm = self._lm
+        if seen:
+            lm = lm.copy(rollout_id=((lm.kwargs or {}).get("rollout_id") or 0) + seen)
+        try:
+            outputs = self._book(lambda: lm(messages=messages))()
+        except Exception as exc:
+            failure = classify_lm_failure(exc)
+            if failure is None:  # it answered (e.g. a reply that does not parse): it was a call
+                reservation.spend(1)
+            cause = failure[1] if failure else exc
+            first = str(cause).splitlines()[0] if str(cause) else ""
+            raise _Stop(f"the reflection LM (sub_lm) failed: {type(cause).__name__}: {first}", error=exc) from exc
+        else:
+            reservation.spend(1)
+        finally:
+            self._budget.settle(reservation)
+        self.calls += 1
+        output = outputs[0] if outputs else ""
+        text = output.get("text", "") if isinstance(output, dict) else str(output or "")
+        self._answers.put(key, text)
+        return text
+
+
+class _Watch:
+    """A gepa callback that keeps the engine's state, so what was found can be read after a stop; and a stopper
+    for a loop that no longer does anything: stored records and skipped minibatches cost nothing, so without it
+    gepa would go round forever once every minibatch it draws already passes."""
+
+    def __init__(self, activity: Callable[[], tuple[int, int]], idle_limit: int) -> None:
+        self.state: Any = None
+        self.merges = 0
+        self._activity = activity  # (units spent, reflections answered or replayed) so far
+        self._idle_limit = idle_limit
+        self._last: tuple[int, int] | None = None
+        self.idle = 0
+
+    def on_iteration_start(self, event: Any) -> None:
+        self.state = event["state"]
+        now = self._activity()
+        self.idle = self.idle + 1 if now == self._last else 0
+        self._last = now
+
+    def on_merge_accepted(self, event: Any) -> None:
+        self.merges += 1
+
+    def __call__(self, state: Any) -> bool:  # gepa's StopperProtocol, asked before each iteration
+        return self.idle >= self._idle_limit
+
+    def on_merge_accepted(self, event: Any) -> None:
+        self.merges += 1
+
+
+class _Log:
+    """gepa's log lines, kept (the last few) instead of printed into the agent's REPL."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def log(self, message: str) -> None:
+        self.lines = [*self.lines[-49:], str(message)]
+
+
+class GepaMoves(MoveContext):
+    """``run_gepa`` and the lineage of the candidates it and the other moves made."""
+
+    def is_known(self, instructions: dict[str, str]) -> bool:
+        digest = instructions_digest(instructions)
+        return any(instructions_digest({**self._current(), **m}) == digest for m in self.proposals.values())
+
+    def _register(self, instructions: dict[str, str], lineage: dict[str, Any]) -> str:
+        """An id for ``instructions`` (a new ``gepa-N`` unless a candidate with the same text has one)."""
+        digest = instructions_digest(instructions)
+        for known, mapping in self.proposals.items():
+            if known.startswith("gepa-") and instructions_digest(mapping) == digest:
+                return known
+        self.gepa_candidates += 1
+        candidate_id = f"gepa-{self.gepa_candidates}"
+        self.proposals[candidate_id] = dict(instructions)
+        self.lineage[candidate_id] = lineage
+        return candidate_id
+
+    def run_gepa(self, budget: int, steps: Sequence[str] | None = None, start: Any = "current", *, seed: int = 0,
+                 minibatch_size: int = MINIBATCH_SIZE, use_merge: bool = True, proposals_per_iteration: int = 1,
+                 answers: AnswerStore | None = None,
+                 book: Callable[[Callable], Callable] | None = None) -> dict[str, Any]:
+        """Run gepa's engine from ``start`` on ``steps`` (all by default) for at most ``budget`` units."""
+        import gepa
+        from gepa.core.result import GEPAResult
+        from gepa.strategies.proposal_sampling import PxNSampling
+
+        budget = _int_arg("budget", budget, 1)
+        seed = _int_arg("seed", seed, 0)
+        minibatch_size = _int_arg("minibatch_size", minibatch_size, 1)
+        proposals_per_iteration = _int_arg("proposals_per_iteration", proposals_per_iteration, 1,
+                                           MAX_PROPOSALS_PER_ITERATION)
+        if not isinstance(use_merge, bool):
+            raise refuse(f"use_merge must be True or False, got {type(use_merge).__name__} {use_merge!r}",
+                         "pass use_merge=True (gepa's merge of two lineages) or False")
+        if steps is None:
+            steps = list(self.step_names)
+        elif isinstance(steps, str):
+            steps = [steps]
+        if not isinstance(steps, (list, tuple)) or not steps:
+            raise refuse(f"steps must be a list of step names, got {type(steps).__name__} {steps!r:.80}",
+                         f"pass steps=None (all) or a list from {self.step_names}")
+        for step in steps:
+            self._check_step(step, "run_gepa")
+        steps = list(dict.fromkeys(steps))
+        source, base = self._resolve(start, None)
+        if budget > self.ledger.left:
+            raise refuse(f"run_gepa: budget={budget} but only {self.ledger.left} unit(s) are left",
+                         f"pass budget={self.ledger.left} or less")
+
+        train_ids = list(range(len(self.runs.splits["train"])))
+        val_ids = list(range(len(self.runs.splits.get("val", ()))))
+        uses_val = bool(val_ids)
+        trainset = [("train", i) for i in train_ids]
+        valset = [("val", i) for i in val_ids] if uses_val else trainset
+        slice_ = _Slice(self.ledger, budget)
+        adapter = _Adapter(self, base, slice_)
+        reflection = _Reflection(self._lm(), slice_, answers if answers is not None else AnswerStore(),
+                                 book or (lambda fn: fn))
+        # Idle: as many iterations in a row without a new payment or reflection as one pass over the train set
+        # takes in minibatches (every minibatch drawn already passes), and at least 3.
+        idle_limit = max(3, -(-len(train_ids) // max(1, minibatch_size)))
+        watch = _Watch(lambda: (slice_.spent, reflection.calls + reflection.replayed), idle_limit)
+        log = _Log()
+        self.gepa_runs += 1
+        run_name = f"gepa run {self.gepa_runs}"
+        stopped: _Stop | None = None
+        result = None
+        try:
+            result = gepa.optimize(
+                seed_candidate={step: base[step] for step in steps},
+                trainset=trainset, valset=valset, adapter=adapter, reflection_lm=reflection,
+                candidate_selection_strategy="pareto", reflection_minibatch_size=min(minibatch_size, len(train_ids)),
+                perfect_score=self.perfect_score, skip_perfect_score=True,
+                module_selector="round_robin", use_merge=use_merge, max_merge_invocations=MAX_MERGE_INVOCATIONS,
+                max_metric_calls=budget, stop_callbacks=[watch], logger=log, callbacks=[watch], seed=seed, raise_on_exception=True,
+                track_best_outputs=False, display_progress_bar=False,
+                sampling_strategy=PxNSampling(1, proposals_per_iteration) if proposals_per_iteration > 1 else None,
+            )
+        except _Stop as stop:
+            stopped = stop
+        if result is None and watch.state is not None:
+            result = GEPAResult.from_state(watch.state, seed=seed)
+        return self._gepa_outcome(result, watch, adapter, reflection, slice_, stopped, source, steps, uses_val,
+                                  run_name)
+
+    def _gepa_outcome(self, result: Any, watch: _Watch, adapter: _Adapter, reflection: _Reflection, slice_: _Slice,
+                      stopped: _Stop | None, source: str, steps: list[str], uses_val: bool, run_name: str) -> dict:
+        trace = list(getattr(watch.state, "full_program_trace", []) or [])
+        reflected_on: dict[int, list[int]] = {}
+        for entry in trace:
+            for index in entry.get("new_program_indices", []) or []:
+                reflected_on[index] = sorted(int(i) for i in entry.get("subsample_ids", []) or [])
+        ids: dict[int, str] = {0: source}
+        rows = []
+        if result is not None:
+            for index in range(1, len(result.candidates)):
+                parents = [p for p in result.parents[index] if p is not None]
+                move = "gepa merge" if len(parents) > 1 else "gepa reflective proposal"
+                lineage = {"parents": [ids.get(p, f"gepa candidate {p}") for p in parents], "move": move,
+                           "run": run_name, "steps": steps}
+                if move != "gepa merge":
+                    lineage["reflected_on"] = reflected_on.get(index, [])
+                ids[index] = self._register(adapter.instructions(result.candidates[index]), lineage)
+            for index in range(len(result.candidates)):
+                rows.append({"id": ids[index], "parents": [ids.get(p, "") for p in result.parents[index] if p is not None],
+                             "score": round(float(result.val_aggregate_scores[index]), 4)})
+        unevaluated = []
+        for instructions in adapter.unevaluated:
+            lineage = {"parents": [], "move": "gepa reflective proposal (not evaluated: the budget ran out)",
+                       "run": run_name, "steps": steps}
+            unevaluated.append(self._register(instructions, lineage))
+        best = ids[result.best_idx] if result is not None else None
+        front = sorted({ids[i] for members in (result.per_val_instance_best_candidates.values() if result else [])
+                        for i in members if i in ids})
+        new = [ids[i] for i in sorted(ids) if i]
+        split = "validation" if uses_val else "train"
+        if stopped is not None:
+            why = stopped.why
+        elif watch.idle >= watch._idle_limit:
+            why = (f"{watch.idle} iterations in a row had nothing to do (the minibatches drawn already pass): "
+                   "nothing more to learn from train failures")
+        else:
+            why = f"its budget of {slice_.units} unit(s) was used"
+        best_score = rows[[r["id"] for r in rows].index(best)]["score"] if best is not None else None
+        summary = (f"{run_name}: best {best}" + (f" ({split} score {best_score:.3f}" if best_score is not None else "")
+                   + (f", the start scored {rows[0]['score']:.3f})" if rows else "") + f"; {len(new)} new candidate(s)"
+                   + f"; spent {slice_.spent} of {slice_.units} unit(s); stopped: {why}")
+        outcome = {
+            "best": best,
+            "best_is_new": best is not None and best != source,
+            "candidate_ids": new + unevaluated,
+            "candidates": rows,
+            "pareto_front": front,
+            "scored_on": split,
+            "best_score": best_score,
+            "spent": slice_.spent,
+            "spent_by_kind": {k: v for k, v in slice_.by_kind.items() if v},
+            "budget_left": self.ledger.left,
+            "reflections": reflection.calls,
+            "reflections_replayed": reflection.replayed,
+            "merges": watch.merges,
+            "stopped": why,
+            "not_evaluated": unevaluated,
+            "summary": summary,
+        }
+        if stopped is not None and stopped.error is not None and not isinstance(stopped.error, AgentToolError):
+            error = stopped.error
+            if "reflection" in stopped.why:
+                logger.warning("run_gepa stopped: %s", stopped.why)
+                raise refuse(f"{summary}", "check sub_lm (its key, model name or provider); the candidates found "
+                             f"so far are kept: {new or 'none'}") from error
+            raise error
+        return outcome
+
+
+def _int_arg(name: str, value: Any, minimum: int, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum is not None and value > maximum):
+        bound = f"from {minimum} to {maximum}" if maximum is not None else f">= {minimum}"
+        raise refuse(f"run_gepa: {name} must be an int {bound}, got {type(value).__name__} {value!r:.40}",
+                     f"pass {name}= an int {bound}")
+    return value

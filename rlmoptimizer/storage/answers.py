@@ -1,0 +1,68 @@
+"""Sub-LM answers kept in the run directory, so that a resumed compile replays them instead of paying again.
+
+One JSON line per answer, ``{"key": ..., "text": ...}``, appended and flushed as soon as the answer arrives. The
+key says what was asked (a digest of the prompt and how many times the same prompt was asked before in this
+compile), so the same sequence of questions after a resume finds the same answers in the same order. A torn last
+line (a process killed mid-write) is ignored.
+
+May import: the standard library.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+class AnswerStore:
+    """Answers by key, in memory and (with a directory) in ``<directory>/<name>``."""
+
+    def __init__(self, directory: str | Path | None = None, name: str = "sub_lm_answers.jsonl") -> None:
+        self.path = Path(directory) / name if directory is not None else None
+        self._lock = threading.Lock()
+        self._answers: dict[str, str] = {}
+        self._asked: dict[str, int] = {}
+        if self.path is not None and self.path.exists():
+            for line in self.path.read_bytes().decode("utf-8", errors="replace").splitlines():
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue  # a torn line
+                if isinstance(entry, dict) and isinstance(entry.get("key"), str) and isinstance(entry.get("text"), str):
+                    self._answers[entry["key"]] = entry["text"]
+
+    def key_for(self, prompt: str) -> tuple[str, int]:
+        """The key of the next asking of ``prompt`` and how many times it was asked before (0 the first time)."""
+        digest = hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:32]
+        with self._lock:
+            seen = self._asked.get(digest, 0)
+            self._asked[digest] = seen + 1
+        return f"{digest}:{seen}", seen
+
+    def get(self, key: str) -> str | None:
+        with self._lock:
+            return self._answers.get(key)
+
+    def put(self, key: str, text: str) -> None:
+        with self._lock:
+            self._answers[key] = text
+            if self.path is None:
+                return
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                with open(self.path, "a", encoding="utf-8") as handle:
+                    handle.write(json.dumps({"key": key, "text": text}, ensure_ascii=True) + "\n")
+                    handle.flush()
+                    os.fsync(handle.fileno())
+            except OSError as exc:  # the answer is still used; only a resume would ask again
+                logger.warning("could not keep a sub-LM answer in %s: %s", self.path, exc)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._answers)
