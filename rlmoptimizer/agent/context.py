@@ -63,6 +63,8 @@ window: safe for larger ones, which then compact earlier than they need to)."""
 CHARS_PER_TOKEN = 3.0
 """Characters per token used to turn a token window into a character limit: English prose runs about 4, code
 and JSON less; 3 keeps a margin."""
+LEARNED_SHARE = 0.95
+"""The share of the characters per token measured from the root LM's reported usage that the limit counts on."""
 
 _REFUSAL_PATTERNS = re.compile(
     r"context[ _-]?(window|length)|maximum context|too many tokens|prompt is too long|input is too long|"
@@ -135,28 +137,28 @@ class ContextBudget:
         return budget
 
     @classmethod
-    def for_window(cls, lm: Any, window: int) -> ContextBudget:
+    def for_window(cls, lm: Any, window: int, chars_per_token: float = CHARS_PER_TOKEN) -> ContextBudget:
         """The budget of a ``window``-token window for ``lm``: its reply keeps the LM's ``max_tokens`` where set
         (4,000 otherwise), and never most of the window."""
         kwargs = getattr(lm, "kwargs", None) or {}
         max_tokens = kwargs.get("max_tokens") or kwargs.get("max_completion_tokens") or kwargs.get("max_output_tokens")
         output = int(max_tokens) if isinstance(max_tokens, int) and max_tokens > 0 else 4_000
-        return cls(window_tokens=window, output_tokens=min(output, window // 4))
+        return cls(window_tokens=window, output_tokens=min(output, window // 4), chars_per_token=chars_per_token)
 
     @property
     def request_chars(self) -> int:
         return int((self.window_tokens - self.output_tokens) * self.chars_per_token * self.fill)
 
 
-def smallest_window(lm: Any, request_chars: int) -> int:
+def smallest_window(lm: Any, request_chars: int, chars_per_token: float = CHARS_PER_TOKEN) -> int:
     """The fewest tokens of window in which :class:`ContextBudget` lets a request to ``lm`` take ``request_chars``
-    characters (at the :data:`CHARS_PER_TOKEN` estimate a run starts from)."""
+    characters at ``chars_per_token``."""
     low, high = 1, 1
-    while ContextBudget.for_window(lm, high).request_chars < request_chars:
+    while ContextBudget.for_window(lm, high, chars_per_token).request_chars < request_chars:
         low, high = high, high * 2
     while low < high:  # the room a window leaves grows with the window
         middle = (low + high) // 2
-        if ContextBudget.for_window(lm, middle).request_chars >= request_chars:
+        if ContextBudget.for_window(lm, middle, chars_per_token).request_chars >= request_chars:
             high = middle
         else:
             low = middle + 1
@@ -267,7 +269,7 @@ class BoundedContext:
             return
         reported = tokens - self._tokens_before
         if reported > 0 and self._sent_chars >= 1_000:
-            ratio = min(8.0, max(1.0, 0.95 * self._sent_chars / reported))
+            ratio = min(8.0, max(1.0, LEARNED_SHARE * self._sent_chars / reported))
             if abs(ratio - self.budget.chars_per_token) > 0.05:
                 logger.debug("Root LM: %.2f characters per token measured over %d requests' tokens", ratio, reported)
                 self.budget = replace(self.budget, chars_per_token=ratio)

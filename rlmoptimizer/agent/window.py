@@ -8,6 +8,11 @@ refuse the same request turn after turn. :func:`check_root_window` builds that f
 (the real signature, tools and runtime rules; the brief and state of the program at hand) and refuses such a
 window with :class:`~rlmoptimizer.errors.ConfigurationError` naming the smallest one that works, before any LM call.
 
+Windows are counted as the bounded context counts them once it has learned a tokenizer of
+:data:`TYPICAL_CHARS_PER_TOKEN` (English prose on common tokenizers): the first turns of a run, before the root LM
+has reported a token count, assume fewer characters per token and compact harder, never refusing a request for
+that. A tokenizer that packs fewer characters in a token needs a larger window than the one named.
+
 May import what :mod:`rlmoptimizer.agent` may.
 """
 
@@ -22,7 +27,7 @@ from dspy.adapters.chat_adapter import ChatAdapter
 from rlmoptimizer.agent._dspy import REPLHistory
 from rlmoptimizer.agent.agent import OptimizerAgent
 from rlmoptimizer.agent.context import (
-    CHARS_PER_TOKEN,
+    LEARNED_SHARE,
     BoundedContext,
     ContextBudget,
     context_window_of,
@@ -34,7 +39,10 @@ from rlmoptimizer.agent.tools import AgentTools
 from rlmoptimizer.budget import BudgetLedger, budget_for, budget_for_metric_calls
 from rlmoptimizer.errors import ConfigurationError
 
-__all__ = ["check_root_window", "first_request_chars"]
+__all__ = ["TYPICAL_CHARS_PER_TOKEN", "check_root_window", "first_request_chars"]
+
+TYPICAL_CHARS_PER_TOKEN = 4.0
+"""Characters per token of English prose on common tokenizers (GPT-4o, Llama 3, Qwen 2.5 run about 4)."""
 
 # The smallest program there is: what the constructor measures before it knows the user's.
 _ONE_STEP = {"predict": ("question -> answer", "Given the fields `question`, produce the fields `answer`.")}
@@ -103,11 +111,12 @@ def check_root_window(config: Any, runtime_rules: str, program: Any = None, trai
                   else budget_for(config.max_iterations, train_size, val_size))
     window, source = context_window_of(config.root_lm, config.root_context_window)
     fixed = first_request_chars(config, runtime_rules, steps, train_size, val_size, max(budget, 0))
-    history = BoundedContext(ContextBudget.for_window(config.root_lm, window),
-                             max_output_chars=config.rlm_max_output_chars).least_history_chars()
-    if ContextBudget.for_window(config.root_lm, window).request_chars >= fixed + history:
+    learned = LEARNED_SHARE * TYPICAL_CHARS_PER_TOKEN  # what the bounded context counts on for such a tokenizer
+    budget_now = ContextBudget.for_window(config.root_lm, window, learned)
+    history = BoundedContext(budget_now, max_output_chars=config.rlm_max_output_chars).least_history_chars()
+    if budget_now.request_chars >= fixed + history:
         return
-    smallest = smallest_window(config.root_lm, fixed + history)
+    smallest = smallest_window(config.root_lm, fixed + history, learned)
     reply = ContextBudget.for_window(config.root_lm, smallest).output_tokens
     given = (f"root_context_window={window}" if source == "root_context_window"
              else f"the root LM's context window ({window:,} tokens, from {source})")
@@ -116,8 +125,8 @@ def check_root_window(config: Any, runtime_rules: str, program: Any = None, trai
     raise ConfigurationError(
         f"{given} is too small for the optimizer agent: the fixed part of each of its requests (its instructions "
         f"and tools, the task brief and the optimizer state) takes {fixed:,} characters, and its last turn, "
-        f"compacted, {history:,} more. At the {CHARS_PER_TOKEN:g} characters per token a run starts from, with "
-        f"{reply:,} tokens kept for the reply, the smallest window that works is {smallest:,} tokens{scope}. Pass "
-        f"root_context_window={smallest} (or more) with a root LM whose window holds it, or use a root LM with a "
-        "larger window."
+        f"compacted, {history:,} more. At {TYPICAL_CHARS_PER_TOKEN:g} characters per token (English prose on common "
+        f"tokenizers), with {reply:,} tokens kept for the reply and the bounded context's margin, the smallest window "
+        f"that works is {smallest:,} tokens{scope}. Pass root_context_window={smallest} (or more) with a root LM whose "
+        "window holds it, or use a root LM with a larger window."
     )
