@@ -8,6 +8,7 @@ Values coming from a program (inputs, outputs) are made JSON-safe when the recor
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -235,6 +236,27 @@ def _agent_record(record: ExampleResult) -> dict[str, Any]:
     data = record.to_dict()
     del data["error_kind"]
     return data
+
+
+# -- the one rule that ranks candidates ------------------------------------------------------------------
+
+
+def first_sample_complete(runs: Iterable[EvalRun], split: str, size: int) -> list[EvalRun]:
+    """The runs of ``runs`` (in their order) that may rank a candidate on ``split`` of ``size`` examples: its
+    first sample (rollout 0) of every example. An extra rollout (a lucky sample) or a run of part of the split
+    never ranks a candidate: the selection, ``detailed_results``, ``candidate_programs`` and the agent's
+    ``candidates()`` all rank by this rule."""
+    return [r for r in runs if r.split == split and r.rollout == 0 and r.evaluated_count == size and size > 0]
+
+
+def ranked(runs: Sequence[EvalRun], *, initial: dict[str, str],
+           preferred: EvalRun | str | None = None) -> list[EvalRun]:
+    """``runs`` (runs of :func:`first_sample_complete`, in id order) best first: the highest score; on a tie the
+    unchanged instructions (``initial``), then ``preferred`` (a run or its id: the submission), then the latest."""
+    preferred_id = preferred.run_id if isinstance(preferred, EvalRun) else preferred
+    order = {id(r): i for i, r in enumerate(runs)}
+    return sorted(runs, reverse=True, key=lambda r: (
+        r.score, r.instructions == initial, preferred_id is not None and r.run_id == preferred_id, order[id(r)]))
 
 
 # -- what crosses rooms at the end of a compile() ------------------------------------------------------

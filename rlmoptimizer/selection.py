@@ -1,10 +1,11 @@
 """Never worse: which candidate compile() returns, as a small pure policy, and the one rule that ranks candidates.
 
-The rule (:func:`first_sample_complete`, :func:`ranked`), the same wherever candidates are ranked (the selection,
-``detailed_results``, ``candidate_programs``, the agent's ``candidates()``): a candidate's score on a split is the
-score of a run of it on the whole split at its first sample (rollout 0); an extra rollout (a lucky sample) or a
-run of part of the split never ranks it. Highest score first; on a tie the unchanged instructions, then the
-preferred candidate (the submission), then the latest.
+The rule (:func:`~rlmoptimizer.records.first_sample_complete`, :func:`~rlmoptimizer.records.ranked`, in
+:mod:`rlmoptimizer.records` so every room that ranks candidates can use it), the same wherever candidates are
+ranked (the selection, ``detailed_results``, ``candidate_programs``, the agent's ``candidates()``): a candidate's
+score on a split is the score of a run of it on the whole split at its first sample (rollout 0); an extra rollout
+(a lucky sample) or a run of part of the split never ranks it. Highest score first; on a tie the unchanged
+instructions, then the preferred candidate (the submission), then the latest.
 
 The policy: the submission wins if it scores better than the unchanged program and at least as well as every
 other candidate checked on the selection split (validation, or train without a valset); otherwise the best of
@@ -15,26 +16,12 @@ May import: ``rlmoptimizer.records``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
-from rlmoptimizer.records import EvalRun, Selection
+from rlmoptimizer.records import EvalRun, Selection, first_sample_complete, ranked
 
-
-def first_sample_complete(runs: Iterable[EvalRun], split: str, size: int) -> list[EvalRun]:
-    """The runs of ``runs`` (in their order) that may rank a candidate on ``split`` of ``size`` examples: its
-    first sample (rollout 0) of every example."""
-    return [r for r in runs if r.split == split and r.rollout == 0 and r.evaluated_count == size and size > 0]
-
-
-def ranked(runs: Sequence[EvalRun], *, initial: dict[str, str],
-           preferred: EvalRun | str | None = None) -> list[EvalRun]:
-    """``runs`` (runs of :func:`first_sample_complete`, in id order) best first: the highest score; on a tie the
-    unchanged instructions (``initial``), then ``preferred`` (a run or its id), then the latest."""
-    preferred_id = preferred.run_id if isinstance(preferred, EvalRun) else preferred
-    order = {id(r): i for i, r in enumerate(runs)}
-    return sorted(runs, reverse=True, key=lambda r: (
-        r.score, r.instructions == initial, preferred_id is not None and r.run_id == preferred_id, order[id(r)]))
+__all__ = ["best_checked", "first_sample_complete", "never_worse", "ranked", "with_spending_cap"]
 
 
 def never_worse(

@@ -10,9 +10,8 @@ from support.fakes import FunctionLM, scripted_agent
 from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 
 from rlmoptimizer import RLMDocstringOptimizer
-from rlmoptimizer.records import EvalRun, ExampleResult
+from rlmoptimizer.records import EvalRun, ExampleResult, first_sample_complete, ranked
 from rlmoptimizer.report import DetailedResults
-from rlmoptimizer.selection import first_sample_complete, ranked
 
 pytestmark = pytest.mark.slow
 

@@ -9,8 +9,8 @@ the picture, the detailed results, the trajectory display, and MLflow tracking.
 * :mod:`rlmoptimizer.report.tracking` logs a compile() to MLflow (the optional extra);
 * :mod:`rlmoptimizer.report.finish` attaches these views to the program compile() returns.
 
-May import: ``rlmoptimizer.errors``, ``rlmoptimizer.records``, ``rlmoptimizer.fingerprint``, ``rlmoptimizer.selection``
-(the one rule that ranks candidates), ``rlmoptimizer.storage`` (the run directory's formats and lock: read only),
+May import: ``rlmoptimizer.errors``, ``rlmoptimizer.records``, ``rlmoptimizer.fingerprint``, ``rlmoptimizer.storage``
+(the run directory's formats and lock: read only),
 ``rlmoptimizer.events``, rich, and, each only
 where it is used, matplotlib and mlflow.
 """

@@ -14,7 +14,7 @@ Names a user porting from another optimizer looks for:
   split, and ``[{"score", "program", "full_eval": True, ...}]`` for every candidate evaluated on the whole selection
   split, best first (``program`` is built on the program given as ``program=``).
 
-Scores and ranks follow the selection's one rule (:mod:`rlmoptimizer.selection`): a candidate is scored by its
+Scores and ranks follow the selection's one rule (:func:`rlmoptimizer.records.ranked`): a candidate is scored by its
 first sample (rollout 0), so a lucky extra rollout never raises a candidate's scores, its place on the Pareto front
 or its rank; ``candidate_programs[0]`` is the returned program whenever it was checked on the whole split.
 """
@@ -28,8 +28,8 @@ from typing import Any
 
 from rlmoptimizer.errors import ConfigurationError
 from rlmoptimizer.fingerprint import apply_instructions
+from rlmoptimizer.records import first_sample_complete, ranked
 from rlmoptimizer.report.rundir import RunDirectory, read_run_directory
-from rlmoptimizer.selection import first_sample_complete, ranked
 
 
 def _key(instructions: dict[str, str]) -> tuple[tuple[str, str], ...]:
