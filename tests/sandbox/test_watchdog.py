@@ -5,24 +5,50 @@ from __future__ import annotations
 
 import threading
 import time
+import types
 
 import pytest
 
+from rlmoptimizer.sandbox import watchdog as watchdog_module
 from rlmoptimizer.sandbox.protocol import ProtocolReader
 from rlmoptimizer.sandbox.watchdog import Watchdog
 
 
+class ThreadClock:
+    """The watchdog module's clock, telling the test each time one watchdog's own thread reads it."""
+
+    def __init__(self) -> None:
+        self.reads = threading.Semaphore(0)
+        self.thread: threading.Thread | None = None
+
+    def monotonic(self) -> float:
+        if threading.current_thread() is self.thread:
+            self.reads.release()
+        return time.monotonic()
+
+    def read_by_the_thread(self) -> None:
+        """Wait until the thread has read the clock: it is computing how long to wait."""
+        assert self.reads.acquire(timeout=30), "the watchdog thread did not look at the clock"
+
+
 @pytest.mark.parametrize("limit", [float("inf"), float("nan"), 1e300, 1e18])
-def test_the_watchdog_survives_any_limit_and_enforces_the_next_finite_one(limit):
+def test_the_watchdog_survives_any_limit_and_enforces_the_next_finite_one(limit, monkeypatch):
+    clock = ThreadClock()
+    monkeypatch.setattr(watchdog_module, "time", types.SimpleNamespace(monotonic=clock.monotonic))
     watchdog = Watchdog()
+    clock.thread = watchdog._thread
     never = threading.Event()
     try:
         watchdog.arm(limit, never.set)
-        time.sleep(0.2)  # the thread computes its wait from the limit
+        clock.read_by_the_thread()  # the thread computes its wait from the limit...
+        with watchdog._cond:  # ...and waits with it (or died trying)
+            pass
         assert watchdog.alive
         watchdog.pause()
         watchdog.resume()
-        time.sleep(0.1)
+        clock.read_by_the_thread()  # woken by resume, it computes its wait again
+        with watchdog._cond:
+            pass
         assert watchdog.alive and not never.is_set()
         assert watchdog.disarm() is False
         expired = threading.Event()
@@ -42,8 +68,16 @@ def test_idle_watch_stops_a_process_whose_cpu_keeps_running_and_spares_a_quiet_o
         watchdog.idle(lambda: time.monotonic() - started, lambda s: (used.append(s), busy.set()),
                       allowance_s=0.3, share=0.02)
         assert busy.wait(30) and used[0] > 0.3  # a clock running like a busy core
-        watchdog.idle(lambda: 5.0, lambda s: quiet.set(), allowance_s=0.3, share=0.02)
-        time.sleep(1.0)
+
+        samples = threading.Semaphore(0)
+
+        def standing_clock() -> float:
+            samples.release()
+            return 5.0
+
+        watchdog.idle(standing_clock, lambda s: quiet.set(), allowance_s=0.3, share=0.02)
+        for _ in range(1 + 6):  # read when the watch starts and at each check: the 7th comes after 5 checks
+            assert samples.acquire(timeout=30), "the idle watch stopped sampling"
         assert not quiet.is_set()  # a clock that stands still
         watchdog.arm(60, lambda: None)  # a call ends the idle watch
         assert watchdog.disarm() is False and watchdog.alive
