@@ -11,16 +11,22 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.fakes import FunctionLM, scripted_agent
+from support.optimizing import TURNS, compile_tickets
 
-from rlmoptimizer import ConfigurationError
+from rlmoptimizer import ConfigurationError, RLMDocstringOptimizer
 from rlmoptimizer.records import EvalRun, ExampleResult
 
-# CI installs the mlflow extra: there a missing MLflow is a failure, not a skip
-mlflow = importlib.import_module("mlflow") if os.environ.get("CI") else pytest.importorskip("mlflow")
+
+@pytest.fixture(scope="module")
+def mlflow():
+    """MLflow, for the tests that need it. CI installs the mlflow extra: there a missing MLflow is a failure, not a
+    skip. The tests of what happens without MLflow need no fixture and always run."""
+    return importlib.import_module("mlflow") if os.environ.get("CI") else pytest.importorskip("mlflow")
 
 
 @pytest.fixture
-def store(tmp_path):
+def store(tmp_path, mlflow):
     """A fresh SQLite tracking store and experiment, set the usual MLflow way; the global MLflow state is restored."""
     previous = mlflow.get_tracking_uri()
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -58,7 +64,8 @@ def test_use_mlflow_without_mlflow_names_the_extra(monkeypatch):
         MlflowTracker()
 
 
-def test_the_tracker_logs_params_steps_turns_versions_and_artifacts_nested_under_the_active_run(store, tmp_path):
+def test_the_tracker_logs_params_steps_turns_versions_and_artifacts_nested_under_the_active_run(store, tmp_path,
+                                                                                                mlflow):
     from rlmoptimizer.report.tracking import MlflowTracker
 
     picture = tmp_path / "run.png"
@@ -98,7 +105,7 @@ def test_the_tracker_logs_params_steps_turns_versions_and_artifacts_nested_under
     assert '"final": true' in open(local).read()
 
 
-def test_a_tracking_store_that_breaks_mid_run_is_reported_once_and_the_run_goes_on(store, caplog):
+def test_a_tracking_store_that_breaks_mid_run_is_reported_once_and_the_run_goes_on(store, caplog, mlflow):
     from rlmoptimizer.report.tracking import MlflowTracker
 
     tracker = MlflowTracker(run_name="breaks")
@@ -119,29 +126,11 @@ def test_a_tracking_store_that_breaks_mid_run_is_reported_once_and_the_run_goes_
     assert mlflow.active_run() is None  # the run was closed (popped) even though the store is broken
 
 
-TURNS = [
-    {"reasoning": "look", "code": "print(baseline_train['score'])"},
-    {"reasoning": "fix", "code": "update_prompt('route', POLICY)\n"
-                                 "r = evaluate_program(failed_from_run=baseline_train['run_id'])\nprint(r['score'])"},
-    {"reasoning": "validate", "code": "print(evaluate_program(split='val')['score'])"},
-    {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program={'route': POLICY})"},
-]
-
-
 @pytest.mark.slow
-def test_compile_with_use_mlflow_is_logged_to_the_users_store(store, tmp_path):
-    from support.fakes import FunctionLM, scripted_agent
-    from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
-
-    from rlmoptimizer import RLMDocstringOptimizer
-
-    turns = [{**t, "code": t["code"].replace("POLICY", repr(POLICY_PROMPT))} for t in TURNS]
-    trainset, valset = make_splits()
+def test_compile_with_use_mlflow_is_logged_to_the_users_store(store, tmp_path, mlflow):
     with mlflow.start_run(run_name="my experiment") as parent:
-        optimized = RLMDocstringOptimizer(
-            max_iterations=2, root_lm=scripted_agent(turns, name="scripted-agent"), eval_lm=FunctionLM(task_lm_reply),
-            run_storage_dir=tmp_path / "run", use_mlflow=True,
-        ).compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
+        optimized = compile_tickets(scripted_agent(TURNS, name="scripted-agent"), run_storage_dir=tmp_path / "run",
+                                    use_mlflow=True)
 
     client = mlflow.MlflowClient(store["uri"])
     [child] = client.search_runs([store["experiment_id"]], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
@@ -175,10 +164,6 @@ def test_compile_with_use_mlflow_is_logged_to_the_users_store(store, tmp_path):
 
 
 def test_use_mlflow_is_checked_when_the_optimizer_is_built(monkeypatch):
-    from support.fakes import FunctionLM
-
-    from rlmoptimizer import RLMDocstringOptimizer
-
     with pytest.raises(ConfigurationError, match="use_mlflow must be True or False"):
         RLMDocstringOptimizer(root_lm=FunctionLM(lambda m: "x"), use_mlflow="yes")
     monkeypatch.setitem(sys.modules, "mlflow", None)
