@@ -457,7 +457,7 @@ class _Compile:
             if submitted_run.evaluated_count < size:  # cut short (the spending cap): checked on part of the split
                 cap = self.usage.cap_message().split(",")[0] if self.usage.cap_reached else ""
                 return best_checked(split=split, complete=complete, initial=self.initial_instructions,
-                                    partial=submitted_run, why=cap or submitted_run.note or "",
+                                    partial=submitted_run, why=cap or submitted_run.note or "the check stopped early",
                                     spending_cap=self.usage.cap_reached if cap_set else None)
             complete.append(submitted_run)
         selection = never_worse(split=split, complete=complete, submitted_run=submitted_run, submission=submission,

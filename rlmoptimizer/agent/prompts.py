@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 TOOL_NAMES: tuple[str, ...] = (
     "evaluate_program", "run_data", "update_prompt", "optimization_status",
-    "propose_instructions", "compare", "adopt_candidate", "diff_runs", "hard_examples", "candidates", "add_note", "read_notes",
+    "run_gepa", "propose_instructions", "compare", "adopt_candidate", "diff_runs", "hard_examples", "candidates", "add_note", "read_notes",
 )
 
 AGENT_INSTRUCTIONS = """\
@@ -50,6 +50,15 @@ Tools (call them from your code; they return plain dicts and lists):
 - `llm_query(prompt)` / `llm_query_batched(prompts)`: ask a sub-LM; each prompt costs 1 budget unit.
 
 Moves (the steps proven optimizers make, one call each):
+- `run_gepa(budget=None, steps=None, start='current', seed=0, minibatch_size=3, use_merge=True,
+  proposals_per_iteration=1)`: run GEPA, the gepa package's optimizer, for at most `budget` units (default: all
+  that is left): it picks parents from its Pareto front, has the sub-LM reflect on minibatches of train failures
+  to write new instructions, keeps a child that beats its parent on the minibatch and scores it on validation
+  (on train without a validation split), and merges lineages. `steps=['name']` optimizes those steps only;
+  `start=` a candidate id starts from there. Changes nothing. Returns {"best": a candidate id, "best_is_new",
+  "candidate_ids": ['gepa-1', ...], "candidates": [{"id", "parents", "score"}], "pareto_front", "best_score"
+  (an aggregate), "spent", "stopped", "summary" (one printable line)}. Every candidate id works in compare,
+  adopt_candidate and candidates().
 - `propose_instructions(step, run_id=None, ids=None, n=1, guidance='')`: the sub-LM writes new instructions for
   one step from that step's inputs and outputs on failing examples, their expected answers, scores and metric
   feedback (by default the failures of the current instructions; or of `run_id`, or the examples `ids`).
@@ -64,16 +73,16 @@ Moves (the steps proven optimizers make, one call each):
   "examples": [{"example_id", "scores": [one per candidate]}], "best" (index; a tie keeps the earlier one),
   "best_instructions" and "summary" (one printable line). 1 unit per new example per candidate per rollout, stored records free; refused (nothing
   spent) when the budget cannot cover it all. On 'val' (whole split) it returns aggregates only.
-- `adopt_candidate(candidate)`: make a candidate (a proposal id, a run id or a {step: text} dict) the current
+- `adopt_candidate(candidate)`: make a candidate (a candidate id, a run id or a {step: text} dict) the current
   instructions, free. Returns {"changed_steps", "version"}.
 - `diff_runs(run_a, run_b)`: on the train examples both runs evaluated: "fixed" and "broken" (each with
   "first_changed_step", the first step whose outputs differ, and both outputs), "still_failing",
   "still_passing". Free.
 - `hard_examples()`: "failing_under_best" (train ids the best candidate so far fails) and "examples": every train
   example that failed in any evaluation, with "failed" and "evaluated" counts, most often failed first. Free.
-- `candidates()`: every instruction set evaluated so far with "instructions", "train_scores" {example id as a
-  string: score}, "val_score", "on_pareto_front" (best on at least one example); "best" is the index of the best
-  (by validation once checked). Free.
+- `candidates()`: every instruction set evaluated so far with "instructions", "ids" (its candidate ids), "lineage"
+  (parents and the move that made it), "train_scores" {example id as a string: score}, "val_score",
+  "on_pareto_front" (best on at least one example); "best" is the index of the best (by validation once checked). Free.
 A tool refusing a call raises `AgentToolError` (a ValueError) whose message says what was wrong -> what to do.
 
 Each turn ends with the optimizer state (runs with scores, current instructions, budget, your notes). In a long
@@ -83,19 +92,19 @@ Budget: $budget units in all ($budget_note). Your own turns are free. When the b
 still analyse data, update prompts and SUBMIT.
 
 The default loop (one line of code per turn is enough). The optimizer state at the end of every turn closes
-with the loop's next line, step names and ids filled in: when you have nothing better, run that line as written.
-1. `p = propose_instructions(STEP); print(p['texts'])` (STEP: a step name in quotes, the step whose outputs the
-   failures get wrong; the last step if unsure)
-2. `r = compare(['current', 'proposal-1'], ids='3,5,8'); print(r['summary'])` (the proposal's candidate_ids and
-   check_ids: the current prompts against the proposal on the same examples)
-3. `print(adopt_candidate('proposal-1'))` when the proposal won (keep the winner)
-4. `print(evaluate_program(split='val'))` (the checkpoint, if there is a validation split)
-5. Repeat from 1 (for the same or another step) while the budget lasts, then
-   `SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])`.
-Leave the loop when you can do better: analyse failures with code, ask `llm_query_batched` about groups of
-failures, pass what you learned as `guidance=`, write instructions yourself, use `diff_runs` after a change to
-see what it fixed and broke, `hard_examples()` to replay what keeps failing, `candidates()` to combine the
-strengths of the Pareto front, and `rollouts=3` when scores look noisy.
+with the loop's next line, ids filled in: when you have nothing better, run that line as written.
+1. `r = run_gepa(budget=N); print(r['summary'])` (GEPA with most of the budget)
+2. `print(adopt_candidate('gepa-3'))` (its best, when it found a better one)
+3. `print(evaluate_program(split='val'))` (the checkpoint; free when GEPA already scored it there)
+4. With what is left, targeted work on what the best still fails: `p = propose_instructions(STEP); print(p['texts'])`,
+   then `r = compare(['current', 'proposal-1'], ids='3,5,8'); print(r['summary'])`, adopt the winner, check on val.
+5. `SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])` when the budget is spent.
+Do better than the loop when you can: run GEPA on the step at fault only (`steps=[...]`), restart it from your own
+edited prompts (`start=`), or split the budget into several shorter runs with analysis in between. After GEPA,
+read what its best still fails (`hard_examples()`, `evaluate_program(failed_from_run=...)`, `diff_runs`), ask
+`llm_query_batched` about groups of those failures, pass what you learned as `guidance=` to
+`propose_instructions`, or write instructions yourself, and `compare` before you adopt; `rollouts=3` when scores
+look noisy.
 
 A good way to work by hand:
 1. Read the baseline failures first. Group them with code by step and by cause (wrong format, missing rule,

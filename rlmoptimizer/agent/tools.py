@@ -24,6 +24,7 @@ from rlmoptimizer.agent.working_program import WorkingProgram, agent_error
 from rlmoptimizer.budget import BudgetLedger, Reservation
 from rlmoptimizer.errors import ConfigurationError, StructureChangedError
 from rlmoptimizer.evaluation.runs import Runs
+from rlmoptimizer.events import SubLMAnswered
 from rlmoptimizer.records import EvalRun
 from rlmoptimizer.storage.answers import AnswerStore
 from rlmoptimizer.storage.notes import NotesStore
@@ -203,9 +204,15 @@ class AgentTools:
                                   f"pass steps=None (all) or a list from {self.working.step_names}") from None
         result = self.moves.run_gepa(budget, steps, start, seed=seed, minibatch_size=minibatch_size,
                                      use_merge=use_merge, proposals_per_iteration=proposals_per_iteration,
-                                     answers=self.answers, book=self._as_sub)
+                                     answers=self.answers, book=self._as_sub, answered=self._sub_lm_answered)
         self.guide.gepa_finished(result["best"] if result["best_is_new"] else None)
         return result
+
+    def _sub_lm_answered(self) -> None:
+        """A sub-LM call of a move was answered and charged: the ledger goes to disk now (the journal)."""
+        observer = getattr(self.runs, "observer", None)
+        if observer is not None:
+            observer.on_event(SubLMAnswered(1, self.ledger.snapshot()))
 
     def propose_instructions(self, step: str, run_id: str | None = None, ids: Any = None, n: int = 1,
                              guidance: str = "") -> dict:

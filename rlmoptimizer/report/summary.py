@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rlmoptimizer.report.rundir import RunDirectory, read_run_directory
+from rlmoptimizer.usage import dollars
 
 _STATUS = {
     "finished": ("green", "finished: result.json holds the returned instructions"),
@@ -49,6 +50,12 @@ def _budget_text(rundir: RunDirectory) -> Text:
     return text
 
 
+def _cell(column: str, value: Any) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and column.endswith("usd"):
+        return dollars(value)
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
 def _usage_table(rundir: RunDirectory) -> Table | Text:
     usage = rundir.usage
     if not usage:
@@ -60,11 +67,11 @@ def _usage_table(rundir: RunDirectory) -> Table | Text:
     for column in columns:
         table.add_column(column, justify="right")
     for role, data in rows.items():
-        table.add_row(role, *[f"{data[c]:.4f}" if isinstance(data.get(c), float) else str(data.get(c, "")) for c in columns])
+        table.add_row(role, *[_cell(c, data.get(c, "")) for c in columns])
     cost = rundir.cost
     unpriced = (usage.get("total") or {}).get("unpriced_models") if isinstance(usage.get("total"), dict) else None
     if cost is not None:
-        table.caption = f"total cost: ${cost:.4f}"
+        table.caption = f"total cost: {dollars(cost)}"
     elif unpriced:
         table.caption = f"total cost: unknown (litellm has no price for {', '.join(map(str, unpriced))})"
     return table

@@ -103,8 +103,11 @@ class ToolBridge:
     def pausing(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` with the watchdog paused while it runs (awaiting it too if it is async)."""
 
+        check = _argument_checker(fn)
+
         @functools.wraps(fn)
         def tool(**kwargs: Any) -> Any:
+            check(kwargs)
             watchdog = self._watchdog()
             watchdog.pause()
             try:
@@ -118,6 +121,53 @@ class ToolBridge:
         except (TypeError, ValueError):
             pass  # no introspectable signature: registered as taking no named parameters
         return tool
+
+
+def _argument_checker(fn: Callable[..., Any]) -> Callable[[dict[str, Any]], None]:
+    """A check of a tool call's arguments against the tool's type hints, raising :class:`AgentToolError` that names
+    the argument, the type it got and the type it takes (dspy's own check raises a pydantic error that says
+    neither in words the agent can act on). Arguments without a hint, or hinted ``Any``, are the tool's to check."""
+    import typing
+
+    target = inspect.unwrap(fn)
+    try:
+        parameters = inspect.signature(fn).parameters
+        hints = typing.get_type_hints(target)
+    except Exception:  # no introspectable signature or hints: dspy's own check is all there is
+        return lambda kwargs: None
+    name = getattr(target, "__name__", "the tool")
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    adapters: dict[str, Any] = {}
+
+    def adapter(argument: str) -> Any:
+        if argument not in adapters:
+            from pydantic import TypeAdapter
+
+            hint = hints.get(argument)
+            adapters[argument] = None if hint is None or hint is Any else (TypeAdapter(hint), hint)
+        return adapters[argument]
+
+    def check(kwargs: dict[str, Any]) -> None:
+        for argument, value in kwargs.items():
+            if argument not in parameters:
+                if takes_any:
+                    continue
+                raise AgentToolError(f"{name}() has no argument {argument!r} -> use its arguments: {list(parameters)}")
+            checker = adapter(argument)
+            if checker is None:
+                continue
+            from pydantic import ValidationError
+
+            try:
+                checker[0].validate_python(value)
+            except ValidationError:
+                wanted = getattr(checker[1], "__name__", None) or str(checker[1]).replace("typing.", "")
+                raise AgentToolError(
+                    f"{name}(): argument {argument!r} takes {wanted}, got {type(value).__name__} {value!r:.80}"
+                    f" -> pass {argument}= a value of type {wanted}"
+                ) from None
+
+    return check
 
 
 def run_awaitable(awaitable: Any) -> Any:

@@ -105,6 +105,15 @@ class MoveContext:
             raise refuse(f"{tool}: run {run.run_id} is a {run.split} run", "pass a train run id (validation examples are not shown)")
         return run
 
+    def name_of(self, instructions: dict[str, str]) -> str:
+        """The first candidate id whose instructions are ``instructions``, else 'current' when they are the current
+        ones, else 'unnamed'."""
+        full = {**self._current(), **instructions}
+        for name, mapping in self.proposals.items():
+            if {**self._current(), **mapping} == full:
+                return name
+        return "current" if full == self._current() else "unnamed"
+
     def instructions_of(self, candidate: Any) -> dict[str, str]:
         """The full {step: text} map a candidate names ('current', a run id, a proposal id or a {step: text}
         dict merged over the current instructions); :class:`AgentToolError` for anything else."""

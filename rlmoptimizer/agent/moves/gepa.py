@@ -103,14 +103,15 @@ class _Adapter:
         return {**self._base, **candidate}
 
     def evaluate(self, batch: list[tuple[str, int]], candidate: dict[str, str], capture_traces: bool = False) -> Any:
-        from gepa.core.adapter import EvaluationBatch
-
         if not batch:
-            return EvaluationBatch(outputs=[], scores=[], trajectories=[] if capture_traces else None, num_metric_calls=0)
+            return _batch([], capture_traces, 0)
         split = batch[0][0]
         ids = [i for _, i in batch]
         instructions = self.instructions(candidate)
-        cost = len(ids) - len(self._moves.runs.stored(instructions, split, ids))
+        stored = self._moves.runs.stored(instructions, split, ids)
+        if len(stored) == len(ids):  # every record is stored: free, and no new run to list
+            return _batch([stored[i] for i in ids], capture_traces, 0)
+        cost = len(ids) - len(stored)
         kind = TRAIN_EXAMPLE if split == "train" else VAL_EXAMPLE
         what = f"an evaluation on {len(ids)} {split} example(s)"
         try:
@@ -129,12 +130,7 @@ class _Adapter:
         records: list[ExampleResult | None] = [by_id.get(i) for i in ids]
         if any(record is None for record in records):
             raise _Stop(f"an evaluation stopped early ({run.note or 'not every example ran'})")
-        return EvaluationBatch(
-            outputs=[record.predicted for record in records],
-            scores=[float(record.score) for record in records],
-            trajectories=list(records) if capture_traces else None,
-            num_metric_calls=reservation.spent,
-        )
+        return _batch(records, capture_traces, reservation.spent)
 
     def make_reflective_dataset(self, candidate: dict[str, str], eval_batch: Any, components_to_update: list[str]) -> dict:
         records = eval_batch.trajectories or []
@@ -150,11 +146,13 @@ class _Reflection:
     """gepa's reflection LM: the sub-LM, 1 unit per call that answered, answers kept for a resume. Each asking of
     a prompt already asked is another sample (its own rollout id), as proposals are."""
 
-    def __init__(self, lm: Any, budget: _Slice, answers: AnswerStore, book: Callable[[Callable], Callable]) -> None:
+    def __init__(self, lm: Any, budget: _Slice, answers: AnswerStore, book: Callable[[Callable], Callable],
+                 answered: Callable[[], None]) -> None:
         self._lm = lm
         self._budget = budget
         self._answers = answers
         self._book = book
+        self._answered = answered  # puts the charge on disk before the answer is kept (never counted short)
         self.calls = 0
         self.replayed = 0
 
@@ -170,7 +168,8 @@ class _Reflection:
         if seen:
             lm = lm.copy(rollout_id=((lm.kwargs or {}).get("rollout_id") or 0) + seen)
         try:
-            outputs = self._book(lambda: lm(messages=messages))()
+            ask = (lambda: lm(prompt)) if isinstance(prompt, str) else (lambda: lm(messages=messages))
+            outputs = self._book(ask)()
         except Exception as exc:
             failure = classify_lm_failure(exc)
             if failure is None:  # it answered (e.g. a reply that does not parse): it was a call
@@ -183,6 +182,7 @@ class _Reflection:
         finally:
             self._budget.settle(reservation)
         self.calls += 1
+        self._answered()
         output = outputs[0] if outputs else ""
         text = output.get("text", "") if isinstance(output, dict) else str(output or "")
         self._answers.put(key, text)
@@ -207,9 +207,6 @@ class _Watch:
         now = self._activity()
         self.idle = self.idle + 1 if now == self._last else 0
         self._last = now
-
-    def on_merge_accepted(self, event: Any) -> None:
-        self.merges += 1
 
     def __call__(self, state: Any) -> bool:  # gepa's StopperProtocol, asked before each iteration
         return self.idle >= self._idle_limit
@@ -249,8 +246,8 @@ class GepaMoves(MoveContext):
 
     def run_gepa(self, budget: int, steps: Sequence[str] | None = None, start: Any = "current", *, seed: int = 0,
                  minibatch_size: int = MINIBATCH_SIZE, use_merge: bool = True, proposals_per_iteration: int = 1,
-                 answers: AnswerStore | None = None,
-                 book: Callable[[Callable], Callable] | None = None) -> dict[str, Any]:
+                 answers: AnswerStore | None = None, book: Callable[[Callable], Callable] | None = None,
+                 answered: Callable[[], None] | None = None) -> dict[str, Any]:
         """Run gepa's engine from ``start`` on ``steps`` (all by default) for at most ``budget`` units."""
         import gepa
         from gepa.core.result import GEPAResult
@@ -275,6 +272,7 @@ class GepaMoves(MoveContext):
             self._check_step(step, "run_gepa")
         steps = list(dict.fromkeys(steps))
         source, base = self._resolve(start, None)
+        source = self.name_of(base) if source in ("current", "map") else source
         if budget > self.ledger.left:
             raise refuse(f"run_gepa: budget={budget} but only {self.ledger.left} unit(s) are left",
                          f"pass budget={self.ledger.left} or less")
@@ -287,7 +285,7 @@ class GepaMoves(MoveContext):
         slice_ = _Slice(self.ledger, budget)
         adapter = _Adapter(self, base, slice_)
         reflection = _Reflection(self._lm(), slice_, answers if answers is not None else AnswerStore(),
-                                 book or (lambda fn: fn))
+                                 book or (lambda fn: fn), answered or (lambda: None))
         # Idle: as many iterations in a row without a new payment or reflection as one pass over the train set
         # takes in minibatches (every minibatch drawn already passes), and at least 3.
         idle_limit = max(3, -(-len(train_ids) // max(1, minibatch_size)))
@@ -304,7 +302,9 @@ class GepaMoves(MoveContext):
                 candidate_selection_strategy="pareto", reflection_minibatch_size=min(minibatch_size, len(train_ids)),
                 perfect_score=self.perfect_score, skip_perfect_score=True,
                 module_selector="round_robin", use_merge=use_merge, max_merge_invocations=MAX_MERGE_INVOCATIONS,
-                max_metric_calls=budget, stop_callbacks=[watch], logger=log, callbacks=[watch], seed=seed, raise_on_exception=True,
+                # No max_metric_calls: gepa counts a validation example as a call even when our record of it is
+                # stored and free; the slice stops the loop exactly, the watch when it idles.
+                stop_callbacks=[watch], logger=log, callbacks=[watch], seed=seed, raise_on_exception=True,
                 track_best_outputs=False, display_progress_bar=False,
                 sampling_strategy=PxNSampling(1, proposals_per_iteration) if proposals_per_iteration > 1 else None,
             )
@@ -352,7 +352,7 @@ class GepaMoves(MoveContext):
             why = (f"{watch.idle} iterations in a row had nothing to do (the minibatches drawn already pass): "
                    "nothing more to learn from train failures")
         else:
-            why = f"its budget of {slice_.units} unit(s) was used"
+            why = "gepa ended on its own"
         best_score = rows[[r["id"] for r in rows].index(best)]["score"] if best is not None else None
         summary = (f"{run_name}: best {best}" + (f" ({split} score {best_score:.3f}" if best_score is not None else "")
                    + (f", the start scored {rows[0]['score']:.3f})" if rows else "") + f"; {len(new)} new candidate(s)"
@@ -383,6 +383,17 @@ class GepaMoves(MoveContext):
                              f"so far are kept: {new or 'none'}") from error
             raise error
         return outcome
+
+
+def _batch(records: Sequence[ExampleResult], capture_traces: bool, charged: int) -> Any:
+    from gepa.core.adapter import EvaluationBatch
+
+    return EvaluationBatch(
+        outputs=[record.predicted for record in records],
+        scores=[float(record.score) for record in records],
+        trajectories=list(records) if capture_traces else None,
+        num_metric_calls=charged,
+    )
 
 
 def _int_arg(name: str, value: Any, minimum: int, maximum: int | None = None) -> int:

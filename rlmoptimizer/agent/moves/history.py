@@ -112,10 +112,16 @@ class HistoryMoves(MoveContext):
         on_front = sorted({c for front in fronts.values() for c in front})
         best, best_split = self._best(cands)
         current = instructions_digest(self._current())
+        names: dict[str, list[str]] = {}
+        for name in self.proposals:
+            names.setdefault(instructions_digest(self.instructions_of(name)), []).append(name)
         rows = []
         for c in cands:
+            ids = names.get(instructions_digest(c.instructions), [])
             rows.append({
                 "candidate": c.index,
+                "ids": ids,
+                "lineage": {name: self.lineage[name] for name in ids if name in self.lineage} or None,
                 "instructions": dict(c.instructions),
                 "is_current": instructions_digest(c.instructions) == current,
                 "labels": sorted({run.label for run in c.runs}),

@@ -115,9 +115,12 @@ class ProposalMoves(MoveContext):
             notes.append(f"step {step!r} did not run on example(s) {skipped}; they were left out")
         used = [r.example_id for r in records if r.example_id not in skipped]
         candidate_ids = []
+        parent = self.name_of(self._current())
         for text in unique:
-            candidate_ids.append(f"proposal-{len(self.proposals) + 1}")
+            candidate_ids.append(f"proposal-{sum(1 for k in self.proposals if k.startswith('proposal-')) + 1}")
             self.proposals[candidate_ids[-1]] = {step: text}
+            self.lineage[candidate_ids[-1]] = {"parents": [parent], "move": "reflective proposal (propose_instructions)",
+                                               "steps": [step], "reflected_on": used, "from": source}
         return {
             "step": step,
             "from": source,

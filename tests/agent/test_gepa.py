@@ -1,0 +1,302 @@
+"""``run_gepa``: the gepa package's engine as the agent's move, through the real sandbox with fake LMs.
+
+The task is the ticket router of the offline demo: its fake task LM follows the company policy only when the
+routing step's instructions state it, and the fake reflection LM answers gepa's reflection prompt with
+instructions that state it. So GEPA can find the fix, and what it spends can be counted exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import dspy
+import pytest
+from support.fakes import FunctionLM, last_user_text, scripted_agent
+from support.tickets import POLICY_PROMPT, TICKETS, RouteTicket, make_splits, metric, task_lm_reply
+
+from rlmoptimizer import RLMDocstringOptimizer
+from rlmoptimizer.agent.guide import SUBMIT_LINE
+
+pytestmark = pytest.mark.slow
+
+ORIGINAL_ROUTE = RouteTicket().route.signature.instructions
+HINT = re.compile(r"Next line of the default loop \(or your own move\): (.+)")
+TESTS = Path(__file__).resolve().parent.parent
+
+
+def reflection_lm(text: str = POLICY_PROMPT, log: list | None = None) -> FunctionLM:
+    """The sub-LM answering gepa's reflection prompt (new instructions between ``` fences) with ``text``."""
+
+    def reply(messages):
+        if log is not None:
+            log.append(last_user_text(messages))
+        return f"```\n{text}\n```"
+
+    return FunctionLM(reply, name="reflection")
+
+
+class CountingMetric:
+    """The ticket metric, counting its calls under a lock (evaluations run in threads)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, example, prediction, trace=None):
+        with self._lock:
+            self.calls += 1
+        return metric(example, prediction, trace)
+
+
+def compile_with(turns_or_lm, *, sub_lm=None, metric_fn=metric, **kwargs):
+    trainset, valset = make_splits()
+    root = turns_or_lm if isinstance(turns_or_lm, dspy.BaseLM) else scripted_agent(turns_or_lm)
+    kwargs.setdefault("num_threads", 4)
+    if "max_metric_calls" not in kwargs:
+        kwargs.setdefault("max_iterations", 5)
+    optimizer = RLMDocstringOptimizer(root_lm=root, sub_lm=sub_lm or reflection_lm(), eval_lm=FunctionLM(task_lm_reply),
+                                      **kwargs)
+    return optimizer.compile(student=RouteTicket(), trainset=trainset, metric=metric_fn, valset=valset)
+
+
+def printed(result, turn: int) -> dict:
+    return json.loads(result.agent_trajectory[turn]["output"].strip().splitlines()[-1])
+
+
+def copier(seen: list[str]) -> FunctionLM:
+    """A root LM that runs, every turn, exactly the line the optimizer state suggests."""
+
+    def reply(messages):
+        lines = HINT.findall(last_user_text(messages))
+        assert lines, "every turn's state block names the next line"
+        seen.append(lines[-1])
+        return {"reasoning": "follow the default loop", "code": lines[-1]}
+
+    return FunctionLM(reply, name="copier")
+
+
+def test_a_root_lm_that_only_copies_the_suggested_line_gets_gepas_best():
+    seen: list[str] = []
+    result = compile_with(copier(seen), max_iterations=3, rlm_max_iterations=8)
+
+    codes = [turn["code"] for turn in result.agent_trajectory]
+    # 3 * 12 + 8 = 44 units: too few for a targeted round after GEPA as well, so GEPA gets them all
+    assert codes[0] == "r = run_gepa(budget=44); print(r['summary'])"
+    assert codes[1] == "print(adopt_candidate('gepa-1'))"
+    assert codes[2] == "print(evaluate_program(split='val'))"
+    assert "best gepa-1 (validation score 1.000, the start scored 0.500)" in result.agent_trajectory[0]["output"]
+    assert all("Error" not in turn["output"] for turn in result.agent_trajectory), result.agent_trajectory
+    # the checkpoint was free: GEPA had scored its best on the whole validation split
+    assert result.optimized_dspy_program["route"] == POLICY_PROMPT
+    assert result.route.signature.instructions == POLICY_PROMPT
+    assert result.selection["chosen_score"] == 1.0 and result.selection["baseline_score"] == 0.5
+    assert result.budget["spent"] <= 44
+
+
+def test_run_gepa_returns_candidates_with_their_lineage_and_the_other_moves_take_their_ids():
+    turns = [
+        {"reasoning": "gepa", "code": (
+            "import json\nr = run_gepa(budget=40)\n"
+            "print(json.dumps({k: r[k] for k in ('best', 'best_is_new', 'candidate_ids', 'candidates', 'pareto_front',"
+            " 'scored_on', 'best_score', 'spent', 'spent_by_kind', 'reflections')}))"
+        )},
+        {"reasoning": "look", "code": (
+            "c = candidates()\nrows = [row for row in c['candidates'] if 'gepa-1' in row['ids']]\n"
+            "cmp = compare(['current', 'gepa-1'], ids='3,8')\n"
+            "print(json.dumps({'lineage': rows[0]['lineage'], 'route_now': optimization_status()['current_prompts']['route'],"
+            " 'cmp': [c['score'] for c in cmp['candidates']]}))"
+        )},
+        {"reasoning": "adopt", "code": "print(json.dumps(adopt_candidate('gepa-1')))"},
+        {"reasoning": "submit", "code": SUBMIT_LINE},
+    ]
+    result = compile_with(turns)
+
+    gepa = printed(result, 0)
+    assert gepa["best"] == "gepa-1" and gepa["best_is_new"] is True and gepa["candidate_ids"] == ["gepa-1"]
+    assert gepa["candidates"] == [{"id": "current", "parents": [], "score": 0.5},
+                                  {"id": "gepa-1", "parents": ["current"], "score": 1.0}]
+    assert gepa["scored_on"] == "validation" and gepa["best_score"] == 1.0
+    # the seed's minibatches and validation run were the baselines' stored records: the spending is the
+    # reflections (1 unit each), the children's minibatches and the new candidate's validation run
+    assert gepa["spent_by_kind"]["sub_lm_call"] == gepa["reflections"] >= 2
+    assert gepa["spent_by_kind"]["val_example"] == 8
+    assert gepa["spent"] == sum(gepa["spent_by_kind"].values())
+
+    look = printed(result, 1)
+    assert look["route_now"] == ORIGINAL_ROUTE  # run_gepa and compare change nothing
+    lineage = look["lineage"]["gepa-1"]
+    assert lineage["parents"] == ["current"] and lineage["move"] == "gepa reflective proposal"
+    assert lineage["run"] == "gepa run 1" and len(lineage["reflected_on"]) == 3
+    assert all(0 <= i < 12 for i in lineage["reflected_on"])
+    assert look["cmp"] == [0.0, 1.0]  # tickets 3 and 8 are disputes: the policy routes them right
+    assert printed(result, 2)["changed_steps"] == ["route"]
+    assert result.route.signature.instructions == POLICY_PROMPT
+
+
+@pytest.mark.parametrize("proposals", [1, 3])
+def test_run_gepa_never_spends_past_its_slice_and_every_metric_call_is_one_unit(proposals):
+    counting = CountingMetric()
+    log: list[str] = []
+    turns = [
+        {"reasoning": "gepa", "code": (
+            "import json\n"
+            f"r = run_gepa(budget=11, proposals_per_iteration={proposals})\n"
+            "print(json.dumps({k: r[k] for k in ('spent', 'spent_by_kind', 'stopped', 'reflections')}))"
+        )},
+        {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program={})"},
+    ]
+    result = compile_with(turns, sub_lm=reflection_lm("Route tickets carefully.", log), metric_fn=counting,
+                          num_threads=16, max_iterations=5)
+    out = printed(result, 0)
+    # A useless proposal never beats its parent, so gepa keeps proposing until the slice cannot pay the next step.
+    assert out["spent"] <= 11
+    assert "ran out" in out["stopped"]
+    evaluations = out["spent_by_kind"].get("train_example", 0) + out["spent_by_kind"].get("val_example", 0)
+    baselines = 12 + 8
+    # the submission ({}: the current prompts) was the baseline: its check is free; so every metric call after
+    # the baselines is one of run_gepa's charged evaluations
+    assert counting.calls - baselines == evaluations
+    assert out["spent_by_kind"].get("sub_lm_call", 0) == out["reflections"] == len(log) >= 1
+    assert result.budget["spent"] == out["spent"]
+    assert result.route.signature.instructions == ORIGINAL_ROUTE
+
+
+def test_no_validation_example_reaches_the_agent_or_the_reflection_lm_through_run_gepa():
+    _, valset = make_splits()
+    log: list[str] = []
+    root = scripted_agent([
+        {"reasoning": "gepa", "code": "r = run_gepa(budget=40)\nprint(r)\nprint(candidates())"},
+        {"reasoning": "submit", "code": SUBMIT_LINE},
+    ])
+    result = compile_with(root, sub_lm=reflection_lm(POLICY_PROMPT, log))
+
+    shown = "\n".join(turn["output"] for turn in result.agent_trajectory)
+    requests = "\n".join(str(m.get("content", "")) for call in root.calls for m in call)
+    reflections = "\n".join(log)
+    assert log, "gepa reflected"
+    for example in valset:
+        for where, text in (("REPL output", shown), ("root-LM requests", requests), ("reflection prompts", reflections)):
+            assert example.ticket not in text, f"validation ticket {example.ticket!r} reached the {where}"
+    train_tickets = [ticket for ticket, _ in TICKETS[:12]]
+    assert any(ticket in reflections for ticket in train_tickets)  # the reflection did see train failures
+
+
+def test_a_reflection_lm_that_fails_stops_run_gepa_with_its_error_and_charges_nothing_for_it():
+    from dspy.utils.exceptions import LMAuthError
+
+    failing = FunctionLM(lambda messages: LMAuthError("403 Forbidden: the key has no access"), name="revoked")
+    turns = [
+        {"reasoning": "gepa", "code": (
+            "try:\n    run_gepa(budget=40)\nexcept Exception as e:\n    print('REFUSED', type(e).__name__, e)\n"
+            "print(optimization_status()['budget_spent_by_kind'])"
+        )},
+        {"reasoning": "submit", "code": SUBMIT_LINE},
+    ]
+    result = compile_with(turns, sub_lm=failing)
+    output = result.agent_trajectory[0]["output"]
+    assert "REFUSED AgentToolError" in output
+    assert "the reflection LM (sub_lm) failed: LMAuthError: 403 Forbidden" in output
+    assert "check sub_lm" in output
+    assert "'sub_lm_call': 0" in output  # a call that got no answer is not charged
+    assert result.route.signature.instructions == ORIGINAL_ROUTE
+
+
+def test_run_gepa_refuses_bad_arguments_with_what_to_do():
+    bad = (
+        "for kwargs in [dict(budget=0), dict(budget='lots'), dict(budget=10**6), dict(budget=5, steps=['routing']),"
+        " dict(budget=5, start='gepa-7'), dict(budget=5, use_merge='maybe'), dict(budget=5, proposals_per_iteration=99)]:\n"
+        "    try:\n        run_gepa(**kwargs)\n    except Exception as e:\n        print('REFUSED', e)\n"
+    )
+    result = compile_with([{"reasoning": "try", "code": bad}, {"reasoning": "submit", "code": SUBMIT_LINE}])
+    refused = [line for line in result.agent_trajectory[0]["output"].splitlines() if line.startswith("REFUSED")]
+    assert len(refused) == 7, result.agent_trajectory[0]["output"]
+    assert "budget must be an int >= 1, got int 0" in refused[0]
+    assert "run_gepa(): argument 'budget' takes int | None, got str 'lots'" in refused[1]
+    assert "only 68 unit(s) are left -> pass budget=68 or less" in refused[2]
+    assert "unknown step name 'routing'" in refused[3] and "route" in refused[3]
+    assert "no candidate with id 'gepa-7'" in refused[4]
+    assert "argument 'use_merge' takes bool, got str 'maybe'" in refused[5]
+    assert "proposals_per_iteration must be an int from 1 to 8" in refused[6]
+    assert result.budget["spent"] == 0
+
+
+KILLED_COMPILE = textwrap.dedent("""
+    import json, os, signal, sys, threading
+    sys.path[:0] = [{tests!r}]
+    os.environ["DSPY_CACHEDIR"] = {cache!r}
+    from support.fakes import FunctionLM, last_user_text, scripted_agent
+    from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
+    from rlmoptimizer import RLMDocstringOptimizer
+
+    log = open(os.environ["GEPA_TEST_LOG"], "a")
+    KILL_AT = int(os.environ["GEPA_TEST_KILL_AT"])
+    lock = threading.Lock()
+    calls = [0]
+
+    def counting(example, prediction, trace=None):
+        with lock:
+            calls[0] += 1
+            log.write(json.dumps(["metric", example.ticket, prediction.queue]) + "\\n"); log.flush()
+            if calls[0] == KILL_AT:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return metric(example, prediction, trace)
+
+    def reflect(messages):
+        log.write(json.dumps(["reflect", last_user_text(messages)]) + "\\n"); log.flush()
+        return "```\\nRoute carefully. " + str(len(last_user_text(messages))) + "\\n```"
+
+    turns = [{{"reasoning": "gepa", "code": "r = run_gepa(budget=40, use_merge=False); print(r['summary'])"}},
+             {{"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program={{}})"}}]
+    trainset, valset = make_splits()
+    optimizer = RLMDocstringOptimizer(max_iterations=5, root_lm=scripted_agent(turns), sub_lm=FunctionLM(reflect),
+                                      eval_lm=FunctionLM(task_lm_reply), num_threads=1, run_storage_dir={runs!r})
+    result = optimizer.compile(student=RouteTicket(), trainset=trainset, metric=counting, valset=valset)
+    print(json.dumps({{"spent": result.budget["spent"], "spent_by_kind": result.budget["spent_by_kind"],
+                      "out": result.agent_trajectory[0]["output"]}}))
+""")
+
+
+def test_a_compile_killed_during_run_gepa_and_resumed_pays_no_completed_call_twice(tmp_path):
+    """A useless reflection keeps gepa proposing; the process is killed by SIGKILL in the middle of its run; the
+    resumed compile replays the stored evaluations and reflections free and pays only what was not done."""
+    runs, cache = tmp_path / "run", tmp_path / "cache"
+    logs = [tmp_path / "first.jsonl", tmp_path / "second.jsonl"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSPY_")}
+
+    def start(log: Path, kill_at: int) -> subprocess.CompletedProcess:
+        script = KILLED_COMPILE.format(tests=str(TESTS), cache=str(cache), runs=str(runs))
+        return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                              env={**env, "GEPA_TEST_LOG": str(log), "GEPA_TEST_KILL_AT": str(kill_at)})
+
+    first = start(logs[0], kill_at=20 + 9)  # the baselines' 20 calls, then 9 of run_gepa's
+    assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
+    second = start(logs[1], kill_at=-1)
+    assert second.returncode == 0, second.stderr[-3000:]
+    done = json.loads(second.stdout.strip().splitlines()[-1])
+    assert "gepa run 1" in done["out"] and "ran out" in done["out"]
+
+    def entries(path: Path) -> list[list]:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    first_entries, second_entries = entries(logs[0]), entries(logs[1])
+    reflected = [sum(1 for e in entries_ if e[0] == "reflect") for entries_ in (first_entries, second_entries)]
+    metric_calls = [sum(1 for e in entries_ if e[0] == "metric") for entries_ in (first_entries, second_entries)]
+    assert reflected[0] >= 1 and metric_calls[0] == 29, "the first process reflected and was killed in its 29th call"
+    # every reflection answered before the kill is replayed from the run directory, not asked again: each answer
+    # was asked for once, across both processes
+    stored = (runs / "gepa_reflections.jsonl").read_text().splitlines()
+    assert reflected[0] + reflected[1] == len(stored) == done["spent_by_kind"]["sub_lm_call"]
+    # every metric call completed before the kill (its record saved or in the pending log) is reused: the second
+    # process calls the metric only for what the first never finished (the killed call included), and each
+    # evaluation is charged once
+    evaluations = done["spent_by_kind"]["train_example"] + done["spent_by_kind"]["val_example"]
+    completed_before_kill = metric_calls[0] - 20 - 1
+    assert metric_calls[1] == evaluations - completed_before_kill
+    assert done["spent"] <= 40  # the slice, exact across the kill
