@@ -2,10 +2,10 @@
 
 A real two-step DSPy program routes support tickets to a queue. The task LM is a deterministic fake that
 follows the company policy only when the routing step's instructions state it; the root agent is scripted,
-but it works through the real sandbox and the real tools: it reads the baseline failures by step, asks for
-new routing instructions written from those failures (GEPA's reflective proposal; the offline sub-LM
-answers it), compares them with the current instructions on the failures plus a random sample of other
-examples, keeps the winner, checks validation and submits: the default loop the agent instructions give.
+but it works through the real sandbox and the real tools: it reads the baseline failures, runs GEPA (the gepa
+package's engine, inside the agent's REPL: its reflection LM is the offline sub-LM, which answers with the
+policy the failures reveal), adopts GEPA's best, looks at what it still fails, checks validation and submits:
+the default loop the agent instructions give.
 
     python example.py
 """
@@ -110,8 +110,11 @@ POLICY_PROMPT = (
     "account breach or suspicious password reset goes to security."
 )
 def proposal_reply(messages):
-    """The offline sub-LM: answers dspy's instruction proposal (GEPA's) with the policy the failures reveal."""
-    return json.dumps({"new_instruction": POLICY_PROMPT})
+    """The offline sub-LM: answers GEPA's reflection (new instructions between ``` fences), or dspy's instruction
+    proposal (a JSON object), with the policy the failures reveal."""
+    if "new_instruction" in system_text(messages):
+        return json.dumps({"new_instruction": POLICY_PROMPT})
+    return f"```\n{POLICY_PROMPT}\n```"
 
 
 AGENT_TURNS = [
@@ -127,23 +130,23 @@ AGENT_TURNS = [
         ),
     },
     {
-        "reasoning": "Every failure is decided by the route step. Ask for new route instructions from its failures.",
-        "code": "p = propose_instructions('route')\nprint(p['example_ids'], '->', p['texts'][0])",
+        "reasoning": "Every failure is decided by the route step. Run GEPA with most of the budget.",
+        "code": "r = run_gepa(budget=40)\nprint(r['summary'])",
     },
     {
-        "reasoning": "Compare them with the current instructions on those failures plus a random sample of others.",
+        "reasoning": "GEPA found a better candidate: keep it, and see where it came from.",
         "code": (
-            "r = compare(['current'] + p['candidate_ids'], ids=p['check_ids'])\n"
-            "print(r['summary'])"
+            "print(adopt_candidate(r['best']))\n"
+            "row = [c for c in candidates()['candidates'] if r['best'] in c['ids']][0]\n"
+            "print(r['best'], 'lineage:', row['lineage'][r['best']])"
         ),
     },
     {
-        "reasoning": "The proposal wins: keep it.",
-        "code": "if r['best'] > 0: print(adopt_candidate(p['candidate_ids'][r['best'] - 1]))",
-    },
-    {
-        "reasoning": "Check on validation before submitting.",
-        "code": "val = evaluate_program(split='val')\nprint('val', val['score'], 'baseline val', baseline_val['score'])",
+        "reasoning": "What does the best still fail on train? Then check validation (free: GEPA scored it there).",
+        "code": (
+            "print('still failing under the best:', hard_examples()['failing_under_best'])\n"
+            "val = evaluate_program(split='val')\nprint('val', val['score'], 'baseline val', baseline_val['score'])"
+        ),
     },
     {
         "reasoning": "Validation improved; submit the current instructions.",
