@@ -52,7 +52,7 @@ def _budget_text(rundir: RunDirectory) -> Text:
 
 def _cell(column: str, value: Any) -> str:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and column.endswith("usd"):
-        return dollars(value)
+        return dollars(value).lstrip("$")  # the column says the unit; a tiny cost keeps its digits
     return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
