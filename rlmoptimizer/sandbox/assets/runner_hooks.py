@@ -12,6 +12,9 @@ look up ``pyodide.code.eval_code`` and ``eval_code_async`` on every call:
   not arrive, the host lists the names with a separate execute. An exception whose arguments JSON cannot
   carry (a JavaScript error, an object, NaN) gets them as text: dspy's runner sends them to the host as JSON
   and would otherwise die with the process (the agent would lose every variable over one uncaught error).
+  Before that report, a tool whose name the code rebound (``def update_prompt(...)``, ``del compare``) is put
+  back (the wrappers are kept in ``builtins._rlmopt_tools``), and the cell's output says so: the agent is never
+  cut off from a tool by its own definitions.
 
 Once per process, the JavaScript side is hardened (:data:`_HARDEN_JS`): ``Deno.cwd()``, ``Deno.execPath()``,
 ``Deno.mainModule`` and ``Deno.args`` reveal no host path, stack traces name files without their directory,
@@ -23,6 +26,7 @@ function again.
 
 
 def _rlmopt_install_hooks(report):
+    import builtins
     import json
     import sys
 
@@ -38,7 +42,7 @@ def _rlmopt_install_hooks(report):
     original, original_async = code.eval_code, code.eval_code_async
     compiled = {}
     _id, _type, _list, _isinstance, _len, _str = id, type, list, isinstance, len, str
-    _dumps, _float, _dict, _tuple = json.dumps, float, dict, tuple
+    _dumps, _float, _dict, _tuple, _print = json.dumps, float, dict, tuple, builtins.print
 
     def plain(value, depth=0):
         """``value`` with whatever JSON cannot carry as text."""
@@ -96,6 +100,19 @@ def _rlmopt_install_hooks(report):
                 raise
             raise substitute from error
         finally:
+            try:
+                tools = getattr(builtins, "_rlmopt_tools", None) or {}
+                rebound = sorted(name for name, tool in _list(tools.items())
+                                 if globals is not None and globals.get(name) is not tool)
+                for name in rebound:
+                    globals[name] = tools[name]
+                if rebound:
+                    shown = ", ".join(rebound)
+                    _print(f"\n[Notice] {shown} {'is one of your tools' if _len(rebound) == 1 else 'are your tools'}: "
+                          "this cell rebound the name, and the tool is back under it now. Give your own functions "
+                          "other names.")
+            except BaseException:
+                pass
             try:
                 if globals is not None:
                     modules = {_id(module) for module in _list(sys.modules.values())}

@@ -6,7 +6,10 @@ tool error as ``RuntimeError("<HostErrorType>: <message>")``. :func:`_rlmopt_wra
 registered tool to turn nulls back into None and to raise an error the host meant for the sandboxed code
 (the host class whose name the host passes as ``error_name``) as that name's class here (a ValueError,
 defined in builtins so code can catch it by name) carrying the message alone; the signature shown by
-help() stays the tool's. It also removes the functions of tools no longer registered.
+help() stays the tool's. A wrapper refuses an argument JSON cannot carry (a function, an object) with an error
+naming the argument, instead of the transport's raw "not JSON serializable". It also removes the functions of
+tools no longer registered, and keeps the wrappers by name in ``builtins._rlmopt_tools`` (the runner hooks
+restore a tool that code rebound).
 
 The host appends one call: ``_rlmopt_wrap_tools(names, removed, error_name)``.
 """
@@ -15,11 +18,19 @@ The host appends one call: ``_rlmopt_wrap_tools(names, removed, error_name)``.
 def _rlmopt_wrap_tools(_names, _removed, _error_name):
     import builtins
     import functools
+    import inspect
+    import json
 
     from pyodide.ffi import jsnull
 
+    # The tools as registered, by name: after each execute the runner hooks put back one the code rebound.
+    registry = getattr(builtins, "_rlmopt_tools", None)
+    if registry is None:
+        registry = {}
+        builtins._rlmopt_tools = registry
     for _name in _removed:
         globals().pop(_name, None)
+        registry.pop(_name, None)
 
     error_type = getattr(builtins, _error_name, None)
     if error_type is None:
@@ -44,7 +55,22 @@ def _rlmopt_wrap_tools(_names, _removed, _error_name):
         if tool is None or getattr(tool, "_rlmopt_clean", False):
             continue
 
-        def wrapper(*args, _tool=tool, **kwargs):
+        def wrapper(*args, _tool=tool, _name=name, **kwargs):
+            for where, value in [*enumerate(args), *kwargs.items()]:
+                try:
+                    json.dumps(value)
+                except (TypeError, ValueError):
+                    try:
+                        params = list(inspect.signature(_tool).parameters)
+                        where = params[where] if isinstance(where, int) and where < len(params) else where
+                    except (TypeError, ValueError):
+                        pass
+                    shown = repr(value)
+                    raise error_type(
+                        f"{_name}(): argument {where!r} is a {type(value).__name__} ({shown[:60]}), which a tool "
+                        "cannot take -> pass text, numbers, True/False, None, lists or dicts (e.g. the instructions "
+                        "as a string, or call your function first and pass what it returns)"
+                    ) from None
             try:
                 result = _tool(*args, **kwargs)
             except RuntimeError as exc:
@@ -57,3 +83,4 @@ def _rlmopt_wrap_tools(_names, _removed, _error_name):
         functools.update_wrapper(wrapper, tool)
         wrapper._rlmopt_clean = True
         globals()[name] = wrapper
+        registry[name] = wrapper

@@ -1,0 +1,61 @@
+"""Tools misused by a small root LM, through the real sandbox: a cell that rebinds a tool's name does not cut the
+agent off from the tool (issue: a 1.5B root defined its own ``update_prompt`` and never reached the tool again),
+and a value a tool cannot take gets an error naming the argument, not a transport error."""
+
+from __future__ import annotations
+
+import pytest
+from support.fakes import FunctionLM, scripted_agent
+from support.tickets import RouteTicket, make_splits, metric, task_lm_reply
+
+from rlmoptimizer import RLMDocstringOptimizer
+from rlmoptimizer.agent.guide import SUBMIT_LINE
+
+pytestmark = pytest.mark.slow
+
+
+def compile_with(turns):
+    trainset, valset = make_splits()
+    optimizer = RLMDocstringOptimizer(max_iterations=2, root_lm=scripted_agent(turns), eval_lm=FunctionLM(task_lm_reply),
+                                      num_threads=2)
+    return optimizer.compile(student=RouteTicket(), trainset=trainset, metric=metric, valset=valset)
+
+
+def test_a_cell_that_rebinds_a_tool_is_told_and_the_next_cell_reaches_the_tool_again():
+    result = compile_with([
+        {"reasoning": "my own helper", "code": (
+            "def update_prompt(step, text):\n    return 'my own function'\n"
+            "print(update_prompt('route', 'x'))\ncompare = None"
+        )},
+        {"reasoning": "use the tool", "code": (
+            "print(update_prompt('route', 'Route by policy.'))\nprint(type(compare).__name__)"
+        )},
+        {"reasoning": "submit", "code": SUBMIT_LINE},
+    ])
+    first, second = (turn["output"] for turn in result.agent_trajectory[:2])
+    assert "my own function" in first  # within the cell, the agent's own definition is what it calls
+    assert "[Notice] compare, update_prompt are your tools: this cell rebound the name" in first
+    assert "'step': 'route'" in second and "'version': 1" in second
+    assert "function" in second.splitlines()[-1]
+    # the tool's edit took effect: the submission (the current prompts) was checked with it
+    assert any(log["instructions"]["route"] == "Route by policy." for log in result.trial_logs)
+
+
+def test_a_value_a_tool_cannot_take_gets_an_error_naming_the_argument():
+    result = compile_with([
+        {"reasoning": "pass my function", "code": (
+            "def classify_ticket(t):\n    return 'billing'\n"
+            "for call in (lambda: update_prompt('route', classify_ticket), lambda: compare(['current', object()]),"
+            " lambda: evaluate_program(limit='ten')):\n"
+            "    try:\n        call()\n    except Exception as e:\n        print('REFUSED', type(e).__name__, e)"
+        )},
+        {"reasoning": "submit", "code": SUBMIT_LINE},
+    ])
+    refused = [line for line in result.agent_trajectory[0]["output"].splitlines() if line.startswith("REFUSED")]
+    assert len(refused) == 3, result.agent_trajectory[0]["output"]
+    assert refused[0].startswith("REFUSED AgentToolError update_prompt(): argument 'text' is a function")
+    assert "-> pass text" in refused[0]
+    assert refused[1].startswith("REFUSED AgentToolError compare(): argument 'candidates' is a list")
+    assert refused[2].startswith("REFUSED AgentToolError evaluate_program(): argument 'limit' takes int | None, got str 'ten'")
+    assert "not JSON serializable" not in result.agent_trajectory[0]["output"]
+    assert result.budget["spent"] == 0
