@@ -27,6 +27,7 @@ from rlmoptimizer.evaluation.runs import Runs
 from rlmoptimizer.events import SubLMAnswered
 from rlmoptimizer.records import EvalRun
 from rlmoptimizer.storage.answers import AnswerStore
+from rlmoptimizer.storage.candidates import read_candidates, write_candidates
 from rlmoptimizer.storage.notes import NotesStore
 
 __all__ = ["AgentTools", "agent_error", "select_ids"]
@@ -109,9 +110,16 @@ class AgentTools:
             proposal_lm=proposal_lm, pass_threshold=getattr(runs.evaluator, "pass_threshold", 1.0),
         )
         store = getattr(runs, "store", None)
+        self._directory = None if store is None else store.directory
         # gepa's reflections, kept in the run directory: a resumed compile replays a run_gepa without paying again
-        self.answers = AnswerStore(None if store is None or store.is_temporary else store.directory,
-                                   name="gepa_reflections.jsonl")
+        self.answers = AnswerStore(self._directory, name="gepa_reflections.jsonl")
+        # the named candidates of an earlier process of this compile (a resume): their ids keep working
+        named, lineage = read_candidates(self._directory)
+        self.moves.proposals.update(named)
+        self.moves.lineage.update(lineage)
+        self.moves.gepa_candidates = max([int(n.split("-", 1)[1]) for n in named
+                                          if n.startswith("gepa-") and n.split("-", 1)[1].isdigit()], default=0)
+        self.moves.gepa_runs = len({entry.get("run") for entry in lineage.values() if entry.get("move", "").startswith("gepa")})
         self.guide = LoopGuide(working.step_names, lambda: ledger.left, val_size=len(runs.splits.get("val", ())),
                                train_status=self._train_status, train_size=len(runs.splits["train"]))
 
@@ -202,11 +210,17 @@ class AgentTools:
             except TypeError:
                 raise agent_error(f"steps must be a list of step names, got {type(steps).__name__}",
                                   f"pass steps=None (all) or a list from {self.working.step_names}") from None
-        result = self.moves.run_gepa(budget, steps, start, seed=seed, minibatch_size=minibatch_size,
-                                     use_merge=use_merge, proposals_per_iteration=proposals_per_iteration,
-                                     answers=self.answers, book=self._as_sub, answered=self._sub_lm_answered)
+        try:
+            result = self.moves.run_gepa(budget, steps, start, seed=seed, minibatch_size=minibatch_size,
+                                         use_merge=use_merge, proposals_per_iteration=proposals_per_iteration,
+                                         answers=self.answers, book=self._as_sub, answered=self._sub_lm_answered)
+        finally:
+            self._keep_candidates()
         self.guide.gepa_finished(result["best"] if result["best_is_new"] else None)
         return result
+
+    def _keep_candidates(self) -> None:
+        write_candidates(self._directory, self.moves.proposals, self.moves.lineage)
 
     def _sub_lm_answered(self) -> None:
         """A sub-LM call of a move was answered and charged: the ledger goes to disk now (the journal)."""
@@ -220,6 +234,7 @@ class AgentTools:
         if ids is not None:
             ids = self._select("propose_instructions", ids=ids)
         result = self._as_sub(self.moves.propose_instructions)(step, run_id=run_id, ids=ids, n=n, guidance=guidance)
+        self._keep_candidates()
         self.guide.proposed(step, result["candidate_ids"], result["check_ids"], result["example_ids"])
         return result
 

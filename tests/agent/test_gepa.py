@@ -300,3 +300,32 @@ def test_a_compile_killed_during_run_gepa_and_resumed_pays_no_completed_call_twi
     completed_before_kill = metric_calls[0] - 20 - 1
     assert metric_calls[1] == evaluations - completed_before_kill
     assert done["spent"] <= 40  # the slice, exact across the kill
+
+
+def test_candidate_ids_and_their_lineage_survive_a_resume(tmp_path):
+    """The agent's history names 'gepa-1'; after the compile is interrupted and resumed (a new process, a new
+    REPL), that id still names the same candidate."""
+    from rlmoptimizer.errors import OptimizationInterrupted
+
+    gepa_turn = {"reasoning": "gepa", "code": "r = run_gepa(budget=30); print(r['summary'])"}
+    adopt_turn = {"reasoning": "adopt", "code": (
+        "print(adopt_candidate('gepa-1'))\n"
+        "print([row['lineage'] for row in candidates()['candidates'] if 'gepa-1' in row['ids']])"
+    )}
+    interrupted = [False]
+
+    def first_root(messages):
+        if "gepa run 1" in last_user_text(messages):  # the second turn: the user presses Ctrl-C
+            interrupted[0] = True
+            return KeyboardInterrupt()
+        return gepa_turn
+
+    with pytest.raises(OptimizationInterrupted):
+        compile_with(FunctionLM(first_root), run_storage_dir=tmp_path / "run")
+    assert interrupted[0]
+    result = compile_with([gepa_turn, adopt_turn, {"reasoning": "submit", "code": SUBMIT_LINE}],
+                          run_storage_dir=tmp_path / "run")
+    adopted = result.agent_trajectory[1]["output"]
+    assert "'changed_steps': ['route']" in adopted, adopted
+    assert "'move': 'gepa reflective proposal'" in adopted and "'parents': ['current']" in adopted
+    assert result.route.signature.instructions == POLICY_PROMPT

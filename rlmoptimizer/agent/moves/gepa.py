@@ -40,10 +40,8 @@ from rlmoptimizer.storage.answers import AnswerStore
 
 logger = logging.getLogger(__name__)
 
-MINIBATCH_SIZE = 3
-"""Examples per reflection, gepa's and ``dspy.GEPA``'s default."""
-MAX_MERGE_INVOCATIONS = 5
-"""Merges per run, ``dspy.GEPA``'s default."""
+MINIBATCH_SIZE = 3  # examples per reflection, gepa's and dspy.GEPA's default
+MAX_MERGE_INVOCATIONS = 5  # merges per run, dspy.GEPA's default
 MAX_PROPOSALS_PER_ITERATION = 8
 
 
@@ -218,19 +216,17 @@ class _Watch:
 class _Log:
     """gepa's log lines, kept (the last few) instead of printed into the agent's REPL."""
 
-    def __init__(self) -> None:
-        self.lines: list[str] = []
+    lines: tuple[str, ...] = ()
 
     def log(self, message: str) -> None:
-        self.lines = [*self.lines[-49:], str(message)]
+        self.lines = (*self.lines[-49:], str(message))
 
 
 class GepaMoves(MoveContext):
     """``run_gepa`` and the lineage of the candidates it and the other moves made."""
 
     def is_known(self, instructions: dict[str, str]) -> bool:
-        digest = instructions_digest(instructions)
-        return any(instructions_digest({**self._current(), **m}) == digest for m in self.proposals.values())
+        return any({**self._current(), **m} == instructions for m in self.proposals.values())
 
     def _register(self, instructions: dict[str, str], lineage: dict[str, Any]) -> str:
         """An id for ``instructions`` (a new ``gepa-N`` unless a candidate with the same text has one)."""

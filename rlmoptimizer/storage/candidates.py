@@ -1,0 +1,52 @@
+"""The named candidates of a compile (``proposal-N``, ``gepa-N``) and their lineage, kept in the run directory.
+
+``candidates.json`` holds ``{"candidates": {id: {step: text}}, "lineage": {id: {...}}}``, rewritten atomically
+whenever a move names a new candidate, so that after a resume the agent's history still means what it says
+(``adopt_candidate('gepa-3')`` works) and the report can show where the returned program came from.
+
+May import: ``rlmoptimizer.storage.files`` and the standard library.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from rlmoptimizer.storage.files import atomic_write_json
+
+logger = logging.getLogger(__name__)
+
+FILE = "candidates.json"
+
+
+def read_candidates(directory: str | Path | None) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, Any]]]:
+    """``(candidates, lineage)`` as kept in ``directory``; empty when there is no file or it cannot be read."""
+    if directory is None:
+        return {}, {}
+    path = Path(directory) / FILE
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8", errors="replace"))
+    except (OSError, ValueError):
+        return {}, {}
+    if not isinstance(data, dict):
+        return {}, {}
+    candidates = {
+        name: {str(k): v for k, v in mapping.items() if isinstance(v, str)}
+        for name, mapping in (data.get("candidates") or {}).items()
+        if isinstance(name, str) and isinstance(mapping, dict)
+    } if isinstance(data.get("candidates"), dict) else {}
+    lineage = {name: value for name, value in (data.get("lineage") or {}).items()
+               if isinstance(name, str) and isinstance(value, dict)} if isinstance(data.get("lineage"), dict) else {}
+    return candidates, lineage
+
+
+def write_candidates(directory: str | Path | None, candidates: dict[str, dict[str, str]],
+                     lineage: dict[str, dict[str, Any]]) -> None:
+    if directory is None:
+        return
+    try:
+        atomic_write_json(Path(directory) / FILE, {"candidates": candidates, "lineage": lineage}, durable=False)
+    except OSError as exc:  # the candidates still work in this process
+        logger.warning("could not keep the named candidates in %s: %s", directory, exc)
