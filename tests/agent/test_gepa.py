@@ -329,3 +329,16 @@ def test_candidate_ids_and_their_lineage_survive_a_resume(tmp_path):
     assert "'changed_steps': ['route']" in adopted, adopted
     assert "'move': 'gepa reflective proposal'" in adopted and "'parents': ['current']" in adopted
     assert result.route.signature.instructions == POLICY_PROMPT
+
+
+def test_a_root_lm_that_repeats_one_cell_ends_with_gepas_best():
+    """The autopilot runs the default loop's next line in place of a cell known to change nothing: the first such
+    line is GEPA, so a root LM stuck on one cell still gets GEPA's result."""
+    stuck = {"reasoning": "look again", "code": "print(baseline_train['score'])"}
+    result = compile_with([stuck], max_iterations=3, rlm_max_iterations=8)
+    codes = [turn["code"] for turn in result.agent_trajectory]
+    autopilot = [turn for turn in result.agent_trajectory if "[Autopilot]" in turn["output"]]
+    assert autopilot, codes
+    assert any(code.startswith("r = run_gepa(") for code in codes), codes
+    assert result.route.signature.instructions == POLICY_PROMPT
+    assert result.selection["chosen_score"] == 1.0
