@@ -8,14 +8,14 @@ import threading
 
 import pytest
 from support.fakes import FunctionLM, scripted_agent
-from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
+from support.optimizing import ORIGINAL_ROUTE, compile_tickets
+from support.tickets import POLICY_PROMPT, metric, task_lm_reply
 
 from rlmoptimizer import RLMDocstringOptimizer
 from rlmoptimizer.errors import ConfigurationError
 
 pytestmark = pytest.mark.slow
 
-ORIGINAL_ROUTE = RouteTicket().route.signature.instructions
 SUBMIT = "SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])"
 
 
@@ -31,12 +31,9 @@ class CountingMetric:
 
 
 def compile_with(codes, max_metric_calls, **kwargs):
-    trainset, valset = make_splits()  # 12 train, 8 validation examples
-    counting = CountingMetric()
+    counting = CountingMetric()  # on 12 train and 8 validation examples
     root = scripted_agent([{"reasoning": "step", "code": code} for code in codes])
-    optimizer = RLMDocstringOptimizer(max_metric_calls=max_metric_calls, root_lm=root, eval_lm=FunctionLM(task_lm_reply),
-                                      num_threads=4, **kwargs)
-    result = optimizer.compile(student=RouteTicket(), trainset=trainset, metric=counting, valset=valset)
+    result = compile_tickets(root, max_metric_calls=max_metric_calls, metric=counting, **kwargs)
     return result, counting.calls, root
 
 
@@ -74,9 +71,7 @@ def test_max_metric_calls_is_checked_before_any_lm_call():
     with pytest.raises(ConfigurationError, match="max_metric_calls must be an int >= 1, got 0"):
         RLMDocstringOptimizer(max_metric_calls=0, root_lm=FunctionLM(lambda m: {}))
     root, task = FunctionLM(lambda m: {}), FunctionLM(task_lm_reply)
-    trainset, valset = make_splits()
-    optimizer = RLMDocstringOptimizer(max_metric_calls=20, root_lm=root, eval_lm=task)
     with pytest.raises(ConfigurationError, match=r"max_metric_calls=20 does not cover .* \(12 train \+ 8 validation"
                                                  r" examples\) .* pass max_metric_calls >= 21"):
-        optimizer.compile(student=RouteTicket(), trainset=trainset, metric=metric, valset=valset)
+        compile_tickets(root, eval_lm=task, max_metric_calls=20)
     assert root.calls == [] and task.calls == []

@@ -7,35 +7,16 @@ import json
 import dspy
 import pytest
 from support.fakes import FunctionLM, scripted_agent
+from support.optimizing import ORIGINAL_ROUTE, SUBMIT_POLICY, compile_tickets, optimizer, outputs
 from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 
 from rlmoptimizer import ConfigurationError, RLMDocstringOptimizer
 from rlmoptimizer.agent.prompts import AGENT_INSTRUCTIONS, TOOL_NAMES
 
-SUBMIT_POLICY = {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"}
-
-
-def optimizer(root_turns, **kwargs):
-    kwargs.setdefault("max_iterations", 2)
-    return RLMDocstringOptimizer(
-        root_lm=scripted_agent(root_turns), eval_lm=FunctionLM(task_lm_reply), num_threads=4, **kwargs
-    )
-
-
-def compile_with(root_turns, **kwargs):
-    trainset, valset = make_splits()
-    return optimizer(root_turns, **kwargs).compile(
-        student=RouteTicket(), trainset=trainset, metric=metric, valset=valset
-    )
-
-
-def outputs(result) -> list[str]:
-    return [turn["output"] for turn in result.agent_trajectory]
-
 
 @pytest.mark.slow
 def test_agent_improves_the_program_and_the_result_is_an_ordinary_module(tmp_path):
-    result = compile_with([
+    result = compile_tickets([
         {"reasoning": "look", "code": "print(len(baseline_train['examples']), baseline_train['score'])"},
         {"reasoning": "fix", "code": f"update_prompt('route', {POLICY_PROMPT!r})\n"
                                      "r = evaluate_program(failed_from_run=baseline_train['run_id'])\n"
@@ -70,7 +51,7 @@ def test_root_lm_in_context_never_runs_the_program():
     trainset, valset = make_splits()
     root = scripted_agent([SUBMIT_POLICY])
     task = FunctionLM(task_lm_reply)
-    opt = RLMDocstringOptimizer(max_iterations=1, root_lm=root, eval_lm=task)
+    opt = optimizer(root, eval_lm=task, max_iterations=1)
     with dspy.context(lm=root):
         opt.compile(student=RouteTicket(), trainset=trainset, metric=metric, valset=valset)
     assert root.calls and all("variables_info" in str(messages) for messages in root.calls)
@@ -80,7 +61,7 @@ def test_root_lm_in_context_never_runs_the_program():
 
 @pytest.mark.slow
 def test_unknown_step_and_bad_submission_are_errors_the_agent_can_fix():
-    result = compile_with([
+    result = compile_tickets([
         {"reasoning": "typo", "code": "update_prompt('router', 'x')"},
         {"reasoning": "submit typo", "code": "SUBMIT(optimized_dspy_program={'router': 'x'})"},
         SUBMIT_POLICY,
@@ -94,9 +75,7 @@ def test_unknown_step_and_bad_submission_are_errors_the_agent_can_fix():
 @pytest.mark.slow
 def test_one_optimizer_compiles_twice_without_sharing_state():
     trainset, valset = make_splits()
-    opt = RLMDocstringOptimizer(
-        max_iterations=1, root_lm=scripted_agent([SUBMIT_POLICY]), eval_lm=FunctionLM(task_lm_reply)
-    )
+    opt = optimizer([SUBMIT_POLICY], max_iterations=1)
     first = opt.compile(student=RouteTicket(), trainset=trainset, metric=metric, valset=valset)
     second = opt.compile(student=RouteTicket(), trainset=trainset, metric=metric, valset=valset)
     assert first.run_storage_dir != second.run_storage_dir
@@ -107,7 +86,7 @@ def test_one_optimizer_compiles_twice_without_sharing_state():
 @pytest.mark.slow
 def test_a_worse_submission_is_not_returned():
     bad = "Always answer billing."
-    result = compile_with([
+    result = compile_tickets([
         {"reasoning": "check good on val", "code": f"update_prompt('route', {POLICY_PROMPT!r})\n"
                                                   "print(evaluate_program(split='val')['score'])"},
         {"reasoning": "submit a bad one", "code": f"SUBMIT(optimized_dspy_program={{'route': {bad!r}}})"},
@@ -121,8 +100,8 @@ def test_a_worse_submission_is_not_returned():
 @pytest.mark.slow
 def test_a_submission_that_only_ties_the_unchanged_program_is_not_returned():
     reworded = "Pick the queue for this summary."  # the fake task LM routes it exactly like the original
-    original = RouteTicket().route.signature.instructions
-    result = compile_with([
+    original = ORIGINAL_ROUTE
+    result = compile_tickets([
         {"reasoning": "submit a rewording", "code": f"SUBMIT(optimized_dspy_program={{'route': {reworded!r}}})"},
     ])
     assert result.selection["submission_score"] == result.selection["baseline_score"]
@@ -134,8 +113,8 @@ def test_a_submission_that_only_ties_the_unchanged_program_is_not_returned():
 
 @pytest.mark.slow
 def test_submitting_the_unchanged_instructions_returns_them():
-    original = RouteTicket().route.signature.instructions
-    result = compile_with([
+    original = ORIGINAL_ROUTE
+    result = compile_tickets([
         {"reasoning": "nothing better", "code": f"SUBMIT(optimized_dspy_program={{'route': {original!r}}})"},
     ])
     assert result.selection["chosen_label"] == "baseline"
@@ -168,7 +147,7 @@ def test_bad_constructor_arguments_say_what_to_fix(kwargs, message):
 
 def test_bad_compile_input_fails_before_any_lm_call():
     root, task = scripted_agent([SUBMIT_POLICY]), FunctionLM(task_lm_reply)
-    opt = RLMDocstringOptimizer(root_lm=root, eval_lm=task)
+    opt = optimizer(root, eval_lm=task)
     trainset, valset = make_splits()
     with pytest.raises(ConfigurationError, match="no metric"):
         opt.compile(student=RouteTicket(), trainset=trainset, valset=valset)
@@ -199,15 +178,13 @@ class RouteWithExtendingStep(RouteTicket):
 
 @pytest.mark.slow
 def test_an_update_that_would_change_the_structure_is_refused_and_rolled_back():
-    trainset, valset = make_splits()
-    opt = optimizer([
+    result = compile_tickets([
         {"reasoning": "try", "code": "print(update_prompt('route', 'Also give your confidence.'))"},
         {"reasoning": "look", "code": "print(optimization_status()['current_prompts']['route'])"},
         {"reasoning": "submit it anyway",
          "code": "SUBMIT(optimized_dspy_program={'route': 'Also give your confidence.'})"},
         SUBMIT_POLICY,
-    ])
-    result = opt.compile(student=RouteWithExtendingStep(), trainset=trainset, metric=metric, valset=valset)
+    ], student=RouteWithExtendingStep())
     refused, current, submitted = outputs(result)[:3]
     assert "update refused" in refused and "output field 'confidence'" in refused
     assert current.strip() == "Given the fields `summary`, produce the fields `queue`."

@@ -7,29 +7,14 @@ import json
 
 import pytest
 from support.fakes import FunctionLM, scripted_agent
-from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
-
-from rlmoptimizer import RLMDocstringOptimizer
+from support.optimizing import SUBMIT_POLICY, compile_tickets, outputs
+from support.tickets import POLICY_PROMPT
 
 pytestmark = pytest.mark.slow  # every test here runs compile() with a real sandbox
 
-SUBMIT_POLICY = {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"}
-
-
-def run(turns, **kwargs):
-    trainset, valset = make_splits()
-    kwargs.setdefault("max_iterations", 2)
-    task = FunctionLM(task_lm_reply)
-    opt = RLMDocstringOptimizer(root_lm=scripted_agent(turns), eval_lm=task, num_threads=4, **kwargs)
-    return opt.compile(student=RouteTicket(), trainset=trainset, metric=metric, valset=valset)
-
-
-def outputs(result):
-    return [turn["output"] for turn in result.agent_trajectory]
-
 
 def test_a_cell_that_runs_too_long_is_stopped_and_the_run_goes_on():
-    result = run([
+    result = compile_tickets([
         {"reasoning": "keep something", "code": "notes = ['a', 'b']\nprint('ok')"},
         {"reasoning": "oops", "code": "while True:\n    pass"},
         {"reasoning": "still here?", "code": "print(len(baseline_train['examples']), 'notes' in dir())"},
@@ -42,7 +27,7 @@ def test_a_cell_that_runs_too_long_is_stopped_and_the_run_goes_on():
 
 
 def test_a_killed_sandbox_is_restarted_with_the_data_and_the_agent_is_told():
-    result = run([
+    result = compile_tickets([
         {"reasoning": "keep something", "code": "mine = 42\nprint(mine)"},
         {"reasoning": "kill it", "code": "import js\njs.Deno.exit(3)"},
         {"reasoning": "data back?", "code": "print(baseline_train['score'], step_names)"},
@@ -56,7 +41,7 @@ def test_a_killed_sandbox_is_restarted_with_the_data_and_the_agent_is_told():
 
 def test_budget_exhaustion_evaluates_what_fits_and_the_agent_can_still_submit():
     # budget = 1 * 12 + 8 = 20 units
-    result = run([
+    result = compile_tickets([
         {"reasoning": "spend", "code": f"update_prompt('route', {POLICY_PROMPT!r})\n"
                                         "a = evaluate_program()\nprint('a', a['evaluated_count'], a['budget_left'])"},
         {"reasoning": "more", "code": "update_prompt('route', 'Answer with the queue name.')\n"
@@ -77,14 +62,10 @@ def test_budget_exhaustion_evaluates_what_fits_and_the_agent_can_still_submit():
 
 def test_sub_lm_calls_are_charged_to_the_budget():
     sub = FunctionLM(lambda messages: "short answer")
-    trainset, valset = make_splits()
-    opt = RLMDocstringOptimizer(
-        max_iterations=1, root_lm=scripted_agent([
-            {"reasoning": "ask", "code": "print(llm_query_batched(['a', 'b', 'c']))\nprint(llm_query('d'))"},
-            SUBMIT_POLICY,
-        ]), sub_lm=sub, eval_lm=FunctionLM(task_lm_reply),
-    )
-    result = opt.compile(student=RouteTicket(), trainset=trainset, metric=metric, valset=valset)
+    result = compile_tickets([
+        {"reasoning": "ask", "code": "print(llm_query_batched(['a', 'b', 'c']))\nprint(llm_query('d'))"},
+        SUBMIT_POLICY,
+    ], sub_lm=sub, max_iterations=1)
     assert result.budget["spent_by_kind"]["sub_lm_call"] == 4
     assert len(sub.calls) == 4
     assert "short answer" in outputs(result)[0]
@@ -101,20 +82,17 @@ def test_sub_lm_calls_are_on_disk_before_the_turn_ends(tmp_path):
         seen_on_disk.append((ledger["spent_by_kind"].get("sub_lm_call", 0), usage.get("sub", {}).get("calls", 0)))
         return "short answer"
 
-    trainset, valset = make_splits()
-    RLMDocstringOptimizer(
-        max_iterations=1, root_lm=scripted_agent([
-            {"reasoning": "ask", "code": "print(llm_query_batched(['a', 'b']))\nprint(llm_query('c'))\nprint(llm_query('d'))"},
-            SUBMIT_POLICY,
-        ]), sub_lm=FunctionLM(sub_reply), eval_lm=FunctionLM(task_lm_reply), run_storage_dir=tmp_path,
-    ).compile(student=RouteTicket(), trainset=trainset, metric=metric, valset=valset)
+    compile_tickets([
+        {"reasoning": "ask", "code": "print(llm_query_batched(['a', 'b']))\nprint(llm_query('c'))\nprint(llm_query('d'))"},
+        SUBMIT_POLICY,
+    ], sub_lm=FunctionLM(sub_reply), run_storage_dir=tmp_path, max_iterations=1)
     # all in one turn: the batch of 2 is on disk when 'c' is asked, and 'c' when 'd' is
     assert [spent for spent, _ in seen_on_disk] == [0, 0, 2, 3]
     assert [calls for _, calls in seen_on_disk][2:] == [2, 3]
 
 
 def test_a_root_reply_that_does_not_parse_is_shown_to_the_agent_and_the_run_goes_on():
-    result = run([
+    result = compile_tickets([
         "this reply has no fields at all",
         SUBMIT_POLICY,
     ])
@@ -126,7 +104,7 @@ def test_a_root_reply_that_does_not_parse_is_shown_to_the_agent_and_the_run_goes
 
 def test_an_agent_that_repeats_a_cell_with_the_same_output_is_told_it_changed_nothing():
     stuck = {"reasoning": "refine", "code": "update_prompt('route', 'Route it.')\nprint('done')"}
-    result = run([
+    result = compile_tickets([
         {"reasoning": "look", "code": "print(step_names)"},
         stuck,  # first time: changes the prompt
         {"reasoning": "again", "code": "  update_prompt('route',   'Route it.')\n\nprint('done')  "},  # same code
@@ -151,7 +129,7 @@ OUT_OF_TURNS = [
 
 def test_out_of_turns_with_an_unusable_extraction_submits_the_current_instructions():
     # After the last turn the scripted root LM answers the extraction with a code turn, which does not parse.
-    result = run(OUT_OF_TURNS, rlm_max_iterations=3)
+    result = compile_tickets(OUT_OF_TURNS, rlm_max_iterations=3)
     assert [turn["iteration"] for turn in result.agent_trajectory] == [1, 2, 3]
     assert "extraction failed" in result.agent_final_reasoning
     assert result.optimized_dspy_program["route"] == POLICY_PROMPT  # the agent's edit, kept: it wins on val
@@ -161,7 +139,7 @@ def test_out_of_turns_with_an_unusable_extraction_submits_the_current_instructio
 def test_out_of_turns_with_a_usable_extraction_submits_what_was_extracted():
     extracted = {"reasoning": "the policy",
                  "optimized_dspy_program": {"route": POLICY_PROMPT + " Answer with the queue name only."}}
-    result = run([*OUT_OF_TURNS, extracted], rlm_max_iterations=3)
+    result = compile_tickets([*OUT_OF_TURNS, extracted], rlm_max_iterations=3)
     assert result.agent_final_reasoning == "Extract forced final output"
     assert result.optimized_dspy_program["route"] == POLICY_PROMPT + " Answer with the queue name only."
 
@@ -169,9 +147,7 @@ def test_out_of_turns_with_a_usable_extraction_submits_what_was_extracted():
 def test_a_reply_only_json_can_parse_is_retried_with_the_same_prompt_before_the_json_fallback():
     json_turn = '{"reasoning": "look", "code": "print(len(step_names))"}'  # no [[ ## ]] fields: ChatAdapter fails
     root = scripted_agent([json_turn, SUBMIT_POLICY])
-    trainset, valset = make_splits()
-    opt = RLMDocstringOptimizer(max_iterations=2, root_lm=root, eval_lm=FunctionLM(task_lm_reply), num_threads=4)
-    result = opt.compile(student=RouteTicket(), trainset=trainset, metric=metric, valset=valset)
+    result = compile_tickets(root)
     assert outputs(result)[0].strip() == "2"  # parsed in the end, by the JSON fallback
     first_turn = [call for call in root.calls if "=== Step " not in str(call)]
     # three attempts with the very same prompt (a prefix cache reuses it), then the last one's JSON fallback

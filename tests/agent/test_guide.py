@@ -4,55 +4,25 @@ names the line that moves it on."""
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
-from support.fakes import FunctionLM, last_user_text
-from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
+from support.fakes import FunctionLM
+from support.optimizing import ORIGINAL_ROUTE, compile_tickets, copier, proposer
+from support.tickets import POLICY_PROMPT, make_splits, metric
 
-from rlmoptimizer import RLMDocstringOptimizer
 from rlmoptimizer.agent.guide import SUBMIT_LINE, LoopGuide
 
 pytestmark = pytest.mark.slow
 
-HINT = re.compile(r"Next line of the default loop \(or your own move\): (.+)")
-
-
-def copier(seen: list[str]) -> FunctionLM:
-    """A root LM that runs, every turn, exactly the line the optimizer state suggests (what a small model that
-    cannot plan does at best), and records the lines it was shown."""
-
-    def reply(messages):
-        lines = HINT.findall(last_user_text(messages))
-        assert lines, "every turn's state block names the next line"
-        seen.append(lines[-1])
-        return {"reasoning": "follow the default loop", "code": lines[-1]}
-
-    return FunctionLM(reply, name="copier")
-
-
-def proposer(texts: list[str]) -> FunctionLM:
-    """The sub-LM answering dspy's InstructionProposer: ``texts`` in order, then the last one again."""
-    calls = []
-
-    def reply(messages):
-        calls.append(1)
-        return json.dumps({"new_instruction": texts[min(len(calls), len(texts)) - 1]})
-
-    return FunctionLM(reply, name="proposer")
-
 
 def compile_with(root_lm, sub_lm, **kwargs):
-    trainset, valset = make_splits()
-    optimizer = RLMDocstringOptimizer(root_lm=root_lm, sub_lm=sub_lm, eval_lm=FunctionLM(task_lm_reply), num_threads=4,
-                                      **kwargs)
-    return optimizer.compile(student=RouteTicket(), trainset=trainset, metric=metric, valset=valset)
+    return compile_tickets(root_lm, sub_lm=sub_lm, **kwargs)
 
 
 def test_a_root_lm_that_only_copies_the_suggested_line_optimizes_the_program():
     seen: list[str] = []
-    sub_lm = proposer(["Answer with the queue.", POLICY_PROMPT])  # a useless first proposal, then the policy
+    sub_lm = proposer("Answer with the queue.", POLICY_PROMPT)  # a useless first proposal, then the policy
     result = compile_with(copier(seen), sub_lm, max_iterations=3, rlm_max_iterations=12)
 
     codes = [turn["code"] for turn in result.agent_trajectory]
@@ -92,7 +62,7 @@ def test_a_root_lm_that_only_copies_the_suggested_line_optimizes_the_program():
 def test_a_repeated_cell_is_answered_with_the_next_line():
     stuck = {"reasoning": "nothing to change", "code": "print(baseline_train['score'])"}
     turns = iter([stuck, stuck, {"reasoning": "done", "code": SUBMIT_LINE}])
-    result = compile_with(FunctionLM(lambda messages: next(turns)), proposer([POLICY_PROMPT]), max_iterations=2,
+    result = compile_with(FunctionLM(lambda messages: next(turns)), proposer(POLICY_PROMPT), max_iterations=2,
                           rlm_max_iterations=3)
     repeated = result.agent_trajectory[1]["output"]
     assert "This code already ran once (step 1)" in repeated
@@ -105,7 +75,7 @@ def test_adopt_candidate_refuses_what_it_cannot_adopt_and_names_what_it_takes():
         "    try:\n        adopt_candidate(c)\n    except Exception as e:\n        print('REFUSED', e)\n"
     )
     turns = iter([{"reasoning": "try", "code": bad}, {"reasoning": "done", "code": SUBMIT_LINE}])
-    result = compile_with(FunctionLM(lambda messages: next(turns)), proposer([POLICY_PROMPT]), max_iterations=2)
+    result = compile_with(FunctionLM(lambda messages: next(turns)), proposer(POLICY_PROMPT), max_iterations=2)
     refused = [line for line in result.agent_trajectory[0]["output"].splitlines() if line.startswith("REFUSED")]
     assert len(refused) == 5
     assert "no proposal with id 'proposal-9' -> use a proposal id propose_instructions returned: none yet" in refused[0]
@@ -113,7 +83,7 @@ def test_adopt_candidate_refuses_what_it_cannot_adopt_and_names_what_it_takes():
     assert "no run with id 'run-0099' -> use one of ['run-0001', 'run-0002']" in refused[2]
     assert "routing" in refused[3] and "route" in refused[3]
     assert "the candidate is int 42" in refused[4]
-    assert result.route.signature.instructions == RouteTicket().route.signature.instructions
+    assert result.route.signature.instructions == ORIGINAL_ROUTE
 
 
 def test_the_guide_keeps_a_validation_check_paid_for_and_stops_at_submit():
@@ -150,9 +120,8 @@ def test_without_a_validation_split_the_copied_loop_stays_inside_max_metric_call
         return metric(example, prediction, trace)
 
     seen: list[str] = []
-    optimizer = RLMDocstringOptimizer(max_metric_calls=30, root_lm=copier(seen), sub_lm=proposer([POLICY_PROMPT]),
-                                      eval_lm=FunctionLM(task_lm_reply), num_threads=4, rlm_max_iterations=8)
-    result = optimizer.compile(student=RouteTicket(), trainset=trainset, metric=counting)
+    result = compile_with(copier(seen), proposer(POLICY_PROMPT), max_metric_calls=30, rlm_max_iterations=8,
+                          trainset=trainset, valset=None, metric=counting)
     codes = [turn["code"] for turn in result.agent_trajectory]
     assert codes[:3] == [
         "p = propose_instructions('route'); print(p['texts'])",
@@ -171,7 +140,7 @@ def test_without_a_validation_split_the_copied_loop_stays_inside_max_metric_call
 def test_a_cell_repeated_with_a_new_output_is_answered_with_the_next_line_when_that_differs():
     again = {"reasoning": "propose", "code": "p = propose_instructions('route'); print(p['texts'])"}
     turns = iter([again, again, {"reasoning": "done", "code": SUBMIT_LINE}])
-    result = compile_with(FunctionLM(lambda messages: next(turns)), proposer(["First text.", "Second text."]),
+    result = compile_with(FunctionLM(lambda messages: next(turns)), proposer("First text.", "Second text."),
                           max_iterations=2, rlm_max_iterations=3)
     first, second = (turn["output"] for turn in result.agent_trajectory[:2])
     assert "[Notice]" not in first and "Second text." in second
@@ -183,14 +152,14 @@ def test_a_cell_repeated_with_a_new_output_is_answered_with_the_next_line_when_t
 @pytest.mark.parametrize("autopilot", [True, False])
 def test_an_agent_stuck_on_a_cell_that_changes_nothing_is_driven_by_the_autopilot(autopilot):
     stuck = {"reasoning": "No modifications needed.", "code": "print(baseline_train['score'])"}
-    result = compile_with(FunctionLM(lambda messages: stuck), proposer([POLICY_PROMPT]), max_iterations=3,
+    result = compile_with(FunctionLM(lambda messages: stuck), proposer(POLICY_PROMPT), max_iterations=3,
                           rlm_max_iterations=9, rlm_autopilot=autopilot)
     turns = result.agent_trajectory
     assert [t["code"] for t in turns[:2]] == [stuck["code"]] * 2
     assert "running it again changes nothing" in turns[1]["output"]  # told once, with the line to run
     if not autopilot:
         assert all(t["code"] == stuck["code"] for t in turns)
-        assert result.route.signature.instructions == RouteTicket().route.signature.instructions
+        assert result.route.signature.instructions == ORIGINAL_ROUTE
         return
     # from then on each turn runs the default loop's next line in place of the stuck cell, and says so
     assert turns[2]["code"] == "p = propose_instructions('route'); print(p['texts'])"

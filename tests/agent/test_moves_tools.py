@@ -8,37 +8,22 @@ import json
 import re
 
 import pytest
-from support.fakes import FunctionLM, scripted_agent
-from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
-
-from rlmoptimizer import RLMDocstringOptimizer
+from support.fakes import FunctionLM
+from support.optimizing import ORIGINAL_ROUTE, SUBMIT_CURRENT, compile_tickets, proposer
+from support.tickets import POLICY_PROMPT, task_lm_reply
 
 pytestmark = pytest.mark.slow
 
-ORIGINAL_ROUTE = RouteTicket().route.signature.instructions
-
-
-def proposer(text: str = POLICY_PROMPT) -> FunctionLM:
-    """The sub-LM: answers dspy's InstructionProposer (JSONAdapter) with ``text``."""
-    return FunctionLM(lambda messages: json.dumps({"new_instruction": text}), name="fake-sub-lm")
-
 
 def run(turns, *, sub_lm=None, **kwargs):
-    trainset, valset = make_splits()
+    """A compile with 3 iterations' budget whose sub-LM proposes the policy, unless ``sub_lm`` is given."""
     kwargs.setdefault("max_iterations", 3)
-    kwargs.setdefault("num_threads", 4)
-    optimizer = RLMDocstringOptimizer(
-        root_lm=scripted_agent(turns), sub_lm=sub_lm or proposer(), eval_lm=FunctionLM(task_lm_reply), **kwargs
-    )
-    return optimizer.compile(student=RouteTicket(), trainset=trainset, metric=metric, valset=valset)
+    return compile_tickets(turns, sub_lm=sub_lm or proposer(), **kwargs)
 
 
 def printed(result, turn: int) -> dict:
     """The JSON a turn printed as its last line."""
     return json.loads(result.agent_trajectory[turn]["output"].strip().splitlines()[-1])
-
-
-SUBMIT_CURRENT = {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])"}
 
 
 def test_propose_then_compare_charges_exactly_and_changes_no_prompt():
@@ -165,7 +150,7 @@ def test_refusals_are_messages_the_agent_can_act_on_and_cost_nothing():
     expected = [
         r"unknown step name 'routing' -> use one of \['summarize.predict', 'route'\]",
         r"candidates must be a non-empty list.* -> pass a list like \['current', \{'step': 'new text'\}\]",
-        r"candidate 1 is str 'best one' -> each candidate is 'current', a run id like 'run-0003', a proposal id like 'proposal-1', or a \{step: text\} dict",
+        r"candidate 1 is str 'best one' -> each candidate is 'current', a run id like 'run-0003', a candidate id like 'proposal-1' or 'gepa-2', or a \{step: text\} dict",
         r"instructions for step 'route' are empty -> pass non-empty instructions text",
         r"needs 168 budget unit\(s\) \(5 instruction set\(s\) x 12 example\(s\) x 3 rollout\(s\), 12 already stored"
         r" and free\) but 20 are left -> select fewer",
@@ -224,19 +209,14 @@ def test_a_lucky_extra_rollout_never_picks_the_returned_program():
                 return {"queue": "nowhere"}
         return task_lm_reply(messages)
 
-    trainset, _ = make_splits()
-    optimizer = RLMDocstringOptimizer(
-        max_iterations=3, num_threads=4, eval_lm=FunctionLM(reply, with_settings=True), sub_lm=proposer(),
-        root_lm=scripted_agent([
-            {"reasoning": "try", "code": (
-                "update_prompt('route', 'LUCKY')\n"
-                "e = evaluate_program(rollouts=2)\n"
-                "print([x['score'] for x in e['examples']].count(0), e['score'], [run_data(i)['score'] for i in e['run_ids']])"
-            )},
-            {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program={'route': 'LUCKY'})"},
-        ]),
-    )
-    result = optimizer.compile(student=RouteTicket(), trainset=trainset, metric=metric)
+    result = run([
+        {"reasoning": "try", "code": (
+            "update_prompt('route', 'LUCKY')\n"
+            "e = evaluate_program(rollouts=2)\n"
+            "print([x['score'] for x in e['examples']].count(0), e['score'], [run_data(i)['score'] for i in e['run_ids']])"
+        )},
+        {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program={'route': 'LUCKY'})"},
+    ], eval_lm=FunctionLM(reply, with_settings=True), valset=None)
     assert result.agent_trajectory[0]["output"].strip() == "12 0.5 [0, 1]"
     assert result.selection["chosen_label"] == "baseline" and result.optimized_dspy_program["route"] == ORIGINAL_ROUTE
     assert result.selection["submission_score"] == 0.0

@@ -14,13 +14,12 @@ from dspy.adapters.json_adapter import JSONAdapter
 from dspy.lm15 import Config, Message, Request
 from dspy.primitives.repl_types import REPLHistory
 from support.fakes import FunctionLM, scripted_agent
+from support.optimizing import SUBMIT_POLICY, compile_tickets, outputs
 from support.responses_server import ResponsesServer
-from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
+from support.tickets import POLICY_PROMPT
 
-from rlmoptimizer import OptimizationInterrupted, RLMDocstringOptimizer
+from rlmoptimizer import OptimizationInterrupted
 from rlmoptimizer.agent.root_lm import TurnSender, is_chain_rejection
-
-SUBMIT_POLICY = {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"}
 
 
 def look(i: int) -> dict[str, str]:
@@ -28,17 +27,6 @@ def look(i: int) -> dict[str, str]:
 
 
 TURNS = [look(1), look(2), look(3), SUBMIT_POLICY]
-
-
-def compile_with(root_lm, **kwargs):
-    trainset, valset = make_splits()
-    kwargs.setdefault("max_iterations", 2)
-    opt = RLMDocstringOptimizer(root_lm=root_lm, eval_lm=FunctionLM(task_lm_reply), num_threads=4, **kwargs)
-    return opt.compile(student=RouteTicket(), trainset=trainset, metric=metric, valset=valset)
-
-
-def outputs(result) -> list[str]:
-    return [turn["output"] for turn in result.agent_trajectory]
 
 
 def resent_turns(text: str, marker: str) -> list[int]:
@@ -60,7 +48,7 @@ def assert_completed(result, explored: int = 3) -> None:
 @pytest.mark.slow
 def test_each_turn_chains_from_the_previous_response_and_sends_only_the_new_step(caplog):
     with ResponsesServer(TURNS) as server:
-        result = compile_with(server.lm(), root_stateful_session=True)
+        result = compile_tickets(server.lm(), root_stateful_session=True)
     assert_completed(result)
     requests = server.requests
     assert len(requests) == 4 and all(r.status == 200 for r in requests)
@@ -81,7 +69,7 @@ def test_each_turn_chains_from_the_previous_response_and_sends_only_the_new_step
 @pytest.mark.slow
 def test_a_refused_id_falls_back_to_a_full_request_and_the_chain_restarts(caplog):
     with ResponsesServer(TURNS, reject_ids={"resp_0002"}) as server:
-        result = compile_with(server.lm(), root_stateful_session=True)
+        result = compile_tickets(server.lm(), root_stateful_session=True)
     assert_completed(result)
     requests = server.requests
     assert [r.status for r in requests] == [200, 200, 400, 200, 200]
@@ -113,7 +101,7 @@ def test_errors_that_name_the_previous_response_are_refusals_of_the_chain_and_ot
 @pytest.mark.slow
 def test_a_server_without_chaining_is_used_statelessly_after_a_second_refusal(caplog):
     with ResponsesServer(TURNS, reject_previous=True) as server:
-        result = compile_with(server.lm(), root_stateful_session=True)
+        result = compile_tickets(server.lm(), root_stateful_session=True)
     assert_completed(result)
     requests = server.requests
     assert [r.status for r in requests] == [200, 400, 200, 400, 200, 200]
@@ -129,7 +117,7 @@ def test_a_server_without_chaining_is_used_statelessly_after_a_second_refusal(ca
 @pytest.mark.slow
 def test_a_server_that_ignores_the_id_is_caught_by_its_usage_and_the_turns_stay_in_order(caplog):
     with ResponsesServer(TURNS, ignore_previous=True) as server:
-        result = compile_with(server.lm(), root_stateful_session=True)
+        result = compile_tickets(server.lm(), root_stateful_session=True)
     # the replies given without context were discarded: every scripted turn ran once, in order
     assert_completed(result)
     assert len(result.agent_trajectory) == 4
@@ -141,7 +129,7 @@ def test_a_server_that_ignores_the_id_is_caught_by_its_usage_and_the_turns_stay_
 def test_a_reply_that_does_not_parse_is_retried_on_the_same_link_then_resent_as_an_error_turn():
     turns = [look(1), "no fields in this reply", look(3), SUBMIT_POLICY]
     with ResponsesServer(turns) as server:
-        result = compile_with(server.lm(), root_stateful_session=True)
+        result = compile_tickets(server.lm(), root_stateful_session=True)
     assert "could not be parsed" in outputs(result)[1]
     assert result.optimized_dspy_program["route"] == POLICY_PROMPT
     first, *attempts, after, submit = server.requests
@@ -158,7 +146,7 @@ def test_a_reply_that_does_not_parse_is_retried_on_the_same_link_then_resent_as_
 def test_a_chat_root_lm_runs_statelessly_and_the_log_says_so_once(caplog):
     caplog.set_level(logging.INFO, logger="rlmoptimizer.agent.root_lm")
     root = scripted_agent(TURNS)
-    result = compile_with(root, root_stateful_session=True)
+    result = compile_tickets(root, root_stateful_session=True)
     assert_completed(result)
     assert [[m["role"] for m in call] for call in root.calls] == [["system", "user"]] * 4
     assert session_warnings(caplog) == []  # the default setting with a chat model is not worth a warning
@@ -170,12 +158,12 @@ def test_a_chat_root_lm_runs_statelessly_and_the_log_says_so_once(caplog):
 @pytest.mark.slow
 def test_a_resumed_run_starts_a_fresh_chain(tmp_path):
     with ResponsesServer(TURNS, fail_requests={3: 401}) as server, pytest.raises(OptimizationInterrupted):
-        compile_with(server.lm(), root_stateful_session=True, run_storage_dir=tmp_path)
+        compile_tickets(server.lm(), root_stateful_session=True, run_storage_dir=tmp_path)
     assert [r.status for r in server.requests] == [200, 200, 401]
     assert len(list((tmp_path / "turns").glob("*.json"))) == 2
 
     with ResponsesServer(TURNS) as server:
-        result = compile_with(server.lm(), root_stateful_session=True, run_storage_dir=tmp_path)
+        result = compile_tickets(server.lm(), root_stateful_session=True, run_storage_dir=tmp_path)
     assert_completed(result)
     first, *rest = server.requests
     assert first.previous_response_id is None  # the stored ids belong to another server session
@@ -188,7 +176,7 @@ def test_a_resumed_run_starts_a_fresh_chain(tmp_path):
 @pytest.mark.slow
 def test_multiturn_history_alternates_the_agent_and_the_repl_and_keeps_each_prefix():
     root = scripted_agent(TURNS)
-    result = compile_with(root, root_stateful_session=False, rlm_multiturn_history=True)
+    result = compile_tickets(root, root_stateful_session=False, rlm_multiturn_history=True)
     assert_completed(result)
     for k, call in enumerate(root.calls):
         assert [m["role"] for m in call] == ["system", *["user", "assistant"] * k, "user"]
@@ -211,7 +199,7 @@ def test_multiturn_history_alternates_the_agent_and_the_repl_and_keeps_each_pref
 @pytest.mark.parametrize("stateful", [False, True])
 def test_multiturn_history_over_the_responses_api(stateful):
     with ResponsesServer(TURNS, reject_ids={"resp_0002"}) as server:
-        result = compile_with(server.lm(), root_stateful_session=stateful, rlm_multiturn_history=True)
+        result = compile_tickets(server.lm(), root_stateful_session=stateful, rlm_multiturn_history=True)
     assert_completed(result)
     requests = server.requests
     if not stateful:

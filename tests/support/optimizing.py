@@ -9,6 +9,7 @@ are what a test does not care about; a test passes what it does care about.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from typing import Any
 
@@ -38,13 +39,18 @@ TURNS = [
     SUBMIT_POLICY,
 ]
 
+NEXT_LINE = re.compile(r"Next line of the default loop \(or your own move\): (.+)")
+"""The line the optimizer state suggests at the end of every turn."""
+
 _DEFAULT: Any = object()
 
 
 def optimizer(root: dspy.BaseLM | list, *, eval_lm: Any = _DEFAULT, **kwargs: Any) -> RLMDocstringOptimizer:
     """An optimizer whose root LM is ``root`` (an LM, or a list of turns for :func:`scripted_agent`); ``eval_lm``
-    defaults to a new fake task LM (pass ``None`` for none)."""
-    kwargs.setdefault("max_iterations", 2)
+    defaults to a new fake task LM (pass ``None`` for none), the budget to ``max_iterations=2`` unless
+    ``max_metric_calls`` is given."""
+    if "max_metric_calls" not in kwargs:
+        kwargs.setdefault("max_iterations", 2)
     kwargs.setdefault("num_threads", 4)
     root_lm = scripted_agent(root) if isinstance(root, list) else root
     return RLMDocstringOptimizer(root_lm=root_lm, eval_lm=FunctionLM(task_lm_reply) if eval_lm is _DEFAULT else eval_lm,
@@ -61,6 +67,19 @@ def compile_tickets(root: dspy.BaseLM | list, *, student: dspy.Module | None = N
         valset=val if valset is _DEFAULT else valset,
         metric=metric,
     )
+
+
+def copier(seen: list[str]) -> FunctionLM:
+    """A root LM that runs, every turn, exactly the line the optimizer state suggests (what a small model that
+    cannot plan does at best), and records in ``seen`` the lines it was shown."""
+
+    def reply(messages):
+        lines = NEXT_LINE.findall(last_user_text(messages))
+        assert lines, "every turn's state block names the next line"
+        seen.append(lines[-1])
+        return {"reasoning": "follow the default loop", "code": lines[-1]}
+
+    return FunctionLM(reply, name="copier")
 
 
 def outputs(result: Any) -> list[str]:
