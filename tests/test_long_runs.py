@@ -14,9 +14,11 @@ import litellm
 import pytest
 from dspy.lm15 import Usage
 from support.fakes import FunctionLM
+from support.optimizing import compile_in
+from support.optimizing import optimizer as make_optimizer
 from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 
-from rlmoptimizer import OptimizationInterrupted, RLMDocstringOptimizer
+from rlmoptimizer import OptimizationInterrupted
 
 pytestmark = pytest.mark.slow
 
@@ -86,15 +88,11 @@ class RefusingRoot:
 
 
 def compile_long(directory, root: RefusingRoot, *, task=None, sub=None, stated_window: int | None = None, **kw):
-    train, val = make_splits()
-    optimizer = RLMDocstringOptimizer(
-        max_iterations=2, root_lm=root.lm,
-        sub_lm=sub or FunctionLM(lambda m: {"answer": "an answer"}, name="openai/gpt-4o"),
-        eval_lm=task or FunctionLM(task_lm_reply), run_storage_dir=directory, rlm_max_iterations=TURNS + 5,
-        rlm_max_output_chars=OUTPUT_CHARS, root_context_window=stated_window or root.window_tokens,
-        num_threads=16, **kw,
+    return compile_in(
+        directory, root.lm, task or FunctionLM(task_lm_reply),
+        sub_lm=sub or FunctionLM(lambda m: {"answer": "an answer"}, name="openai/gpt-4o"), rlm_max_iterations=TURNS + 5,
+        rlm_max_output_chars=OUTPUT_CHARS, root_context_window=stated_window or root.window_tokens, num_threads=16, **kw,
     )
-    return optimizer.compile(student=RouteTicket(), trainset=train, valset=val, metric=metric)
 
 
 def test_sixty_long_turns_fit_the_window_and_count_every_call_per_role(tmp_path):
@@ -205,8 +203,7 @@ def capped_compile(directory, turns: list[dict[str, str]]):
         return script[min(int(_ITERATION.findall(text)[-1]) - 1, len(script) - 1)]
 
     root = FunctionLM(play, name="openai/gpt-4o-mini", usage=priced(10))
-    optimizer = RLMDocstringOptimizer(max_iterations=2, root_lm=root, eval_lm=task, run_storage_dir=directory,
-                                      max_cost_usd=baseline_cost + 4.5 * 2 * per_call)
+    optimizer = make_optimizer(root, eval_lm=task, run_storage_dir=directory, max_cost_usd=baseline_cost + 4.5 * 2 * per_call)
     result = optimizer.compile(student=RouteTicket(), trainset=train, valset=val, metric=metric)
     return result, optimizer, root, task
 

@@ -10,7 +10,7 @@ import threading
 import dspy
 import pytest
 from support.fakes import FunctionLM, scripted_agent
-from support.optimizing import TURNS, compile_tickets, dies_after, killed_in_validation_script
+from support.optimizing import TURNS, compile_in, dies_after, killed_in_validation_script
 from support.processes import kill_group, start_script, wait_for_file
 from support.tickets import POLICY_PROMPT, make_splits, metric, task_lm_reply
 
@@ -22,10 +22,6 @@ from rlmoptimizer import (
 from rlmoptimizer.storage.run_store import RunStore
 
 pytestmark = pytest.mark.slow  # every test here runs compile() with a real sandbox
-
-
-def compile_in(directory, root_lm, task_lm, **kwargs):
-    return compile_tickets(root_lm, eval_lm=task_lm, run_storage_dir=directory, **kwargs)
 
 
 def files(directory, sub):

@@ -19,7 +19,7 @@ import dspy
 import pytest
 from support.fakes import FunctionLM, scripted_agent
 from support.objects import Attachment, object_splits
-from support.optimizing import TURNS, compile_tickets, dies_after
+from support.optimizing import TURNS, compile_in, compile_tickets, dies_after
 from support.processes import kill_group, run_script, start_script, wait_for_file
 from support.readonly import read_only_filesystem
 from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, task_lm_reply
@@ -33,11 +33,6 @@ from rlmoptimizer import (
 )
 from rlmoptimizer.fingerprint import examples_digest
 from rlmoptimizer.storage.run_store import RunStore
-
-
-def compile_in(directory, root_lm, task_lm, **kwargs):
-    return compile_tickets(root_lm, eval_lm=task_lm, run_storage_dir=directory, **kwargs)
-
 
 # -- one live compile per directory -----------------------------------------------------------------------
 

@@ -82,6 +82,11 @@ def copier(seen: list[str]) -> FunctionLM:
     return FunctionLM(reply, name="copier")
 
 
+def compile_in(directory: Any, root: dspy.BaseLM | list, eval_lm: Any, **kwargs: Any) -> dspy.Module:
+    """:func:`compile_tickets` into the run directory ``directory`` with the evaluation LM ``eval_lm``."""
+    return compile_tickets(root, eval_lm=eval_lm, run_storage_dir=directory, **kwargs)
+
+
 def outputs(result: Any) -> list[str]:
     """What each agent turn printed."""
     return [turn["output"] for turn in result.agent_trajectory]
