@@ -8,12 +8,29 @@ import re
 
 import pytest
 from support.fakes import FunctionLM
-from support.optimizing import ORIGINAL_ROUTE, compile_tickets, copier, proposer
+from support.optimizing import ORIGINAL_ROUTE, compile_tickets, copier, proposer, steps_seen
 from support.tickets import POLICY_PROMPT, make_splits, metric
 
 from rlmoptimizer.agent.guide import SUBMIT_LINE, LoopGuide
 
 pytestmark = pytest.mark.slow
+
+
+# The default loop starts with GEPA (tests/agent/test_gepa.py follows a copying root LM through it). These tests
+# follow the targeted round after it: the agent runs GEPA itself on a one-unit slice first (one reflection, whose
+# candidate cannot be evaluated: nothing to adopt), and the loop goes on with propose -> compare -> adopt.
+GEPA_FIRST = {"reasoning": "GEPA on a slice of one unit", "code": "r = run_gepa(budget=1); print(r['summary'])"}
+GEPA_TEXT = "Route it."  # the sub-LM's answer to that one reflection
+
+
+def gepa_first(then) -> FunctionLM:
+    """A root LM whose first turn is :data:`GEPA_FIRST`, then ``then(messages)`` (a turn)."""
+    return FunctionLM(lambda messages: GEPA_FIRST if steps_seen(messages) == 0 else then(messages), name="agent")
+
+
+def playing(*turns) -> FunctionLM:
+    """:data:`GEPA_FIRST`, then ``turns`` in order."""
+    return gepa_first(lambda messages: turns[min(steps_seen(messages), len(turns)) - 1])
 
 
 def compile_with(root_lm, sub_lm, **kwargs):
@@ -22,10 +39,12 @@ def compile_with(root_lm, sub_lm, **kwargs):
 
 def test_a_root_lm_that_only_copies_the_suggested_line_optimizes_the_program():
     seen: list[str] = []
-    sub_lm = proposer("Answer with the queue.", POLICY_PROMPT)  # a useless first proposal, then the policy
-    result = compile_with(copier(seen), sub_lm, max_iterations=3, rlm_max_iterations=12)
+    # after GEPA's reflection, a useless first proposal, then the policy
+    sub_lm = proposer(GEPA_TEXT, "Answer with the queue.", POLICY_PROMPT)
+    result = compile_with(gepa_first(copier(seen).fn), sub_lm, max_iterations=3, rlm_max_iterations=13)
 
-    codes = [turn["code"] for turn in result.agent_trajectory]
+    assert "0 new candidate(s); spent 1 of 1 unit(s)" in result.agent_trajectory[0]["output"]
+    codes = [turn["code"] for turn in result.agent_trajectory][1:]
     # the failures 3 and 8, each followed by one of a sample of 5 other examples, then the rest of the sample
     compare = r"r = compare\(\['current', 'proposal-{}'\], ids='3,\d+,8(,\d+){{4}}'\); print\(r\['summary'\]\)"
     assert codes[0] == "p = propose_instructions('route'); print(p['texts'])"  # round robin: the last step first
@@ -38,8 +57,9 @@ def test_a_root_lm_that_only_copies_the_suggested_line_optimizes_the_program():
     assert re.fullmatch(compare.format(3).replace("{4}", "{3}"), codes[5])
     checked = {int(i) for i in re.search(r"ids='([\d,]+)'", codes[5]).group(1).split(",")}
     unseen = [str(i) for i in range(12) if i not in checked]
-    # 44 units: 3 proposals, 7 + 7 + 6 compared, 8 for validation leave 13, of which 8 stay kept for a check
-    unseen = ",".join(unseen[:5])
+    # 44 units: GEPA's reflection, 3 proposals, 7 + 7 + 6 compared, 8 for validation leave 12, of which 8 stay
+    # kept for a check
+    unseen = ",".join(unseen[:4])
     assert codes[6:9] == [
         "print(adopt_candidate('proposal-3'))",
         "print(evaluate_program(split='val'))",
@@ -51,21 +71,21 @@ def test_a_root_lm_that_only_copies_the_suggested_line_optimizes_the_program():
 
     assert result.optimized_dspy_program["route"] == POLICY_PROMPT
     assert result.route.signature.instructions == POLICY_PROMPT
-    # three proposal calls, each a distinct sample: the second one on the same failures was not dspy's cached reply
-    assert len(sub_lm.calls) == 3
+    # GEPA's reflection and three proposal calls, each a distinct sample: the second one on the same failures was
+    # not dspy's cached reply
+    assert len(sub_lm.calls) == 1 + 3
     spent = result.budget["spent_by_kind"]
-    assert spent["sub_lm_call"] == 3
-    # compares: 7 + 7 + 6 new records (the baseline's are free); 8 for validation; 5 more of train
-    assert spent["train_example"] == 7 + 7 + 6 + 5 and spent["val_example"] == 8
+    assert spent["sub_lm_call"] == 1 + 3
+    # compares: 7 + 7 + 6 new records (the baseline's are free); 8 for validation; 4 more of train
+    assert spent["train_example"] == 7 + 7 + 6 + 4 and spent["val_example"] == 8
 
 
 def test_a_repeated_cell_is_answered_with_the_next_line():
     stuck = {"reasoning": "nothing to change", "code": "print(baseline_train['score'])"}
-    turns = iter([stuck, stuck, {"reasoning": "done", "code": SUBMIT_LINE}])
-    result = compile_with(FunctionLM(lambda messages: next(turns)), proposer(POLICY_PROMPT), max_iterations=2,
-                          rlm_max_iterations=3)
-    repeated = result.agent_trajectory[1]["output"]
-    assert "This code already ran once (step 1)" in repeated
+    result = compile_with(playing(stuck, stuck, {"reasoning": "done", "code": SUBMIT_LINE}),
+                          proposer(GEPA_TEXT, POLICY_PROMPT), max_iterations=2, rlm_max_iterations=4)
+    repeated = result.agent_trajectory[2]["output"]
+    assert "This code already ran once (step 2)" in repeated
     assert "Run this next instead: p = propose_instructions('route'); print(p['texts'])" in repeated
 
 
@@ -78,7 +98,7 @@ def test_adopt_candidate_refuses_what_it_cannot_adopt_and_names_what_it_takes():
     result = compile_with(FunctionLM(lambda messages: next(turns)), proposer(POLICY_PROMPT), max_iterations=2)
     refused = [line for line in result.agent_trajectory[0]["output"].splitlines() if line.startswith("REFUSED")]
     assert len(refused) == 5
-    assert "no proposal with id 'proposal-9' -> use a proposal id propose_instructions returned: none yet" in refused[0]
+    assert "no candidate with id 'proposal-9' -> use an id propose_instructions or run_gepa returned: none yet" in refused[0]
     assert "'current' is already the current instructions" in refused[1]
     assert "no run with id 'run-0099' -> use one of ['run-0001', 'run-0002']" in refused[2]
     assert "routing" in refused[3] and "route" in refused[3]
@@ -89,6 +109,8 @@ def test_adopt_candidate_refuses_what_it_cannot_adopt_and_names_what_it_takes():
 def test_the_guide_keeps_a_validation_check_paid_for_and_stops_at_submit():
     left = [20]
     guide = LoopGuide(["a", "b"], lambda: left[0], val_size=8, train_status=lambda: ([], 2))
+    assert guide.next_line() == f"r = run_gepa(budget={guide.gepa_budget(20)}); print(r['summary'])"  # GEPA first
+    guide.gepa_finished(None)  # it found nothing better: the targeted round
     guide.proposed("b", ["proposal-1", "proposal-2"], [1, 2, 3, 4, 5, 6, 7], failure_ids=[1, 2])
     # 20 left, 8 kept for validation: 6 units per candidate, a third of it (at least 3 examples) for this
     # comparison; the failures and the others taken in turn
@@ -120,9 +142,9 @@ def test_without_a_validation_split_the_copied_loop_stays_inside_max_metric_call
         return metric(example, prediction, trace)
 
     seen: list[str] = []
-    result = compile_with(copier(seen), proposer(POLICY_PROMPT), max_metric_calls=30, rlm_max_iterations=8,
-                          trainset=trainset, valset=None, metric=counting)
-    codes = [turn["code"] for turn in result.agent_trajectory]
+    result = compile_with(gepa_first(copier(seen).fn), proposer(GEPA_TEXT, POLICY_PROMPT), max_metric_calls=30,
+                          rlm_max_iterations=9, trainset=trainset, valset=None, metric=counting)
+    codes = [turn["code"] for turn in result.agent_trajectory][1:]
     assert codes[:3] == [
         "p = propose_instructions('route'); print(p['texts'])",
         codes[1],  # the comparison on 3, 8 and others (checked in the test above)
@@ -133,19 +155,19 @@ def test_without_a_validation_split_the_copied_loop_stays_inside_max_metric_call
     assert len(codes[1].split("ids='")[1].split("'")[0].split(",")) == 3
     assert result.route.signature.instructions == POLICY_PROMPT
     assert result.selection["split"] == "train" and result.selection["chosen_label"] == "submission"
-    # the baseline's 12, the comparison's 3, and the check of the submission on the 9 train examples it had not seen
-    assert len(calls) == 12 + 3 + 9 and result.budget["spent"] == 1 + 3 + 9
+    # the baseline's 12, the comparison's 3, and the check of the submission on the 9 train examples it had not seen;
+    # GEPA's reflection and the proposal were paid too
+    assert len(calls) == 12 + 3 + 9 and result.budget["spent"] == 1 + 1 + 3 + 9
 
 
 def test_a_cell_repeated_with_a_new_output_is_answered_with_the_next_line_when_that_differs():
     again = {"reasoning": "propose", "code": "p = propose_instructions('route'); print(p['texts'])"}
-    turns = iter([again, again, {"reasoning": "done", "code": SUBMIT_LINE}])
-    result = compile_with(FunctionLM(lambda messages: next(turns)), proposer("First text.", "Second text."),
-                          max_iterations=2, rlm_max_iterations=3)
-    first, second = (turn["output"] for turn in result.agent_trajectory[:2])
+    result = compile_with(playing(again, again, {"reasoning": "done", "code": SUBMIT_LINE}),
+                          proposer(GEPA_TEXT, "First text.", "Second text."), max_iterations=2, rlm_max_iterations=4)
+    first, second = (turn["output"] for turn in result.agent_trajectory[1:3])
     assert "[Notice]" not in first and "Second text." in second
     # the copied cell sampled a new proposal; what the loop does next is compare it
-    assert re.search(r"\[Notice\] The same code ran at step 1\. The default loop's next line is: "
+    assert re.search(r"\[Notice\] The same code ran at step 2\. The default loop's next line is: "
                      r"r = compare\(\['current', 'proposal-2'\], ids='3,", second)
 
 
@@ -161,14 +183,13 @@ def test_an_agent_stuck_on_a_cell_that_changes_nothing_is_driven_by_the_autopilo
         assert all(t["code"] == stuck["code"] for t in turns)
         assert result.route.signature.instructions == ORIGINAL_ROUTE
         return
-    # from then on each turn runs the default loop's next line in place of the stuck cell, and says so
-    assert turns[2]["code"] == "p = propose_instructions('route'); print(p['texts'])"
+    # from then on each turn runs the default loop's next line in place of the stuck cell, and says so: GEPA with
+    # the whole budget (too small for a targeted round after it), its best adopted, checked, submitted
+    assert turns[2]["code"] == "r = run_gepa(budget=44); print(r['summary'])"
     assert "[Autopilot] ran the default loop's next line in place of a cell that repeated step 1" in turns[2]["reasoning"]
     assert turns[2]["output"].startswith("[Autopilot] this line ran in place of step 1's repeated cell.\n")
-    assert turns[3]["code"].startswith("r = compare(['current', 'proposal-1'], ids='3,")
-    assert turns[4]["code"] == "print(adopt_candidate('proposal-1'))"
-    assert turns[5]["code"] == "print(evaluate_program(split='val'))"
-    assert turns[6]["code"].startswith("print(evaluate_program(ids=")  # the rest of train, as the loop goes
-    assert turns[7]["final"] and turns[7]["code"] == SUBMIT_LINE and len(turns) == 8
+    assert turns[3]["code"] == "print(adopt_candidate('gepa-1'))"
+    assert turns[4]["code"] == "print(evaluate_program(split='val'))"
+    assert turns[5]["final"] and turns[5]["code"] == SUBMIT_LINE and len(turns) == 6
     assert result.route.signature.instructions == POLICY_PROMPT
     assert result.selection["chosen_score"] == 1.0
