@@ -131,7 +131,7 @@ def test_a_program_whose_brief_does_not_fit_is_refused_at_compile_before_any_lm_
 def test_measuring_the_window_refuses_no_budget_itself():
     """The constructor measures with a one-example placeholder: a max_metric_calls only the real data can judge is
     still judged by compile(), naming the real sizes."""
-    optimizer = RLMDocstringOptimizer(root_lm=WindowedRoot(100_000).lm, max_metric_calls=1)
+    optimizer = RLMDocstringOptimizer(root_lm=WindowedRoot(100_000).lm, eval_lm=FunctionLM(task_lm_reply), max_metric_calls=1)
     trainset, valset = make_splits()
     with pytest.raises(ConfigurationError, match=r"\(12 train \+ 8 validation examples\)"):
         optimizer.compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
