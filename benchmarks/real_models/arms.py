@@ -12,11 +12,20 @@ How each budget setting maps to B metric calls (one metric call = the program ru
   up to 3 successes each; measured, not predicted exactly), then evaluates the default program on the whole
   valset, ``num_trials`` minibatches and a full valset evaluation after every ``minibatch_full_eval_steps``
   trials and at the end. :func:`mipro_trials_for_budget` picks the most trials that fit B.
+* policy (not an optimizer): the unchanged program with the task's ``POLICY_INSTRUCTION``, the instruction that
+  states the whole policy, on every predictor; with the unchanged program it measures what the best instruction
+  is worth (the ceiling), at no metric call.
 * rlmoptimizer: ``max_metric_calls=B``, counted as GEPA counts it: its baseline evaluations on train and
   validation and the final validation check of its submission are in B, and the agent's units are what the
   baselines leave (a unit is one evaluated example or one sub-LM prompt, so sub-LM calls leave fewer metric
   calls). ``root_context_window`` is the optimizer server's ``--n-ctx`` when that model is local (litellm
   knows no window for it).
+
+Seeds: GEPA and MIPROv2 get ``seed=seed``; rlmoptimizer gets ``attempt=seed`` (its agent's and sub-LM's requests
+carry dspy's ``rollout_id``, so no seed replays another's cached calls). The local server samples the optimizer
+LM at temperature 0.7 from its own random state, which advances with every call, so the seeds' optimizer-LM
+replies are distinct samples. Each arm writes its optimizer's files to ``ctx.work_dir``, emptied before it starts
+(GEPA and rlmoptimizer resume from what they find there; an arm that was stopped starts over).
 """
 
 from __future__ import annotations
@@ -46,8 +55,9 @@ class ArmContext:
     budget: int
     num_threads: int
     seed: int
-    out_dir: Path
+    work_dir: Path
     options: dict[str, Any] = field(default_factory=dict)
+    policy_instruction: str | None = None
 
 
 def instructions_of(program: dspy.Module) -> dict[str, str]:
@@ -58,6 +68,14 @@ def run_unchanged(ctx: ArmContext) -> tuple[dspy.Module, dict]:
     return ctx.program, {}
 
 
+def run_policy(ctx: ArmContext) -> tuple[dspy.Module, dict]:
+    if not ctx.policy_instruction:
+        raise Unavailable("the task defines no POLICY_INSTRUCTION")
+    for _, predictor in ctx.program.named_predictors():
+        predictor.signature = predictor.signature.with_instructions(ctx.policy_instruction)
+    return ctx.program, {}
+
+
 def run_gepa(ctx: ArmContext) -> tuple[dspy.Module, dict]:
     optimizer = dspy.GEPA(
         metric=ctx.metric,
@@ -65,7 +83,7 @@ def run_gepa(ctx: ArmContext) -> tuple[dspy.Module, dict]:
         reflection_lm=ctx.optimizer_lm,
         num_threads=ctx.num_threads,
         seed=ctx.seed,
-        log_dir=str(ctx.out_dir / "gepa"),
+        log_dir=str(ctx.work_dir),
     )
     optimized = optimizer.compile(ctx.program, trainset=ctx.train, valset=ctx.val)
     return optimized, {"settings": {"max_metric_calls": ctx.budget, "reflection_minibatch_size": 3,
@@ -126,7 +144,7 @@ def run_mipro(ctx: ArmContext) -> tuple[dspy.Module, dict]:
         num_threads=ctx.num_threads,
         seed=ctx.seed,
         verbose=False,
-        log_dir=str(ctx.out_dir / "mipro"),
+        log_dir=str(ctx.work_dir),
     )
     optimized = optimizer.compile(
         ctx.program, trainset=ctx.train, valset=ctx.val, num_trials=num_trials, minibatch=True,
@@ -152,6 +170,7 @@ def run_rlmoptimizer(ctx: ArmContext) -> tuple[dspy.Module, dict]:
         "rlm_max_llm_calls": ctx.options["rlm_max_llm_calls"],
         "root_context_window": window,
         "num_threads": ctx.num_threads,
+        "attempt": ctx.seed,
     }
     optimizer = RLMDocstringOptimizer(
         max_metric_calls=ctx.budget,
@@ -162,7 +181,8 @@ def run_rlmoptimizer(ctx: ArmContext) -> tuple[dspy.Module, dict]:
         rlm_max_iterations=ctx.options["rlm_max_turns"],
         rlm_max_llm_calls=ctx.options["rlm_max_llm_calls"],
         root_context_window=window,
-        run_storage_dir=ctx.out_dir / "rlmoptimizer",
+        attempt=ctx.seed,
+        run_storage_dir=ctx.work_dir,
     )
     optimized = optimizer.compile(student=ctx.program, trainset=ctx.train, metric=ctx.metric, valset=ctx.val)
     details: dict[str, Any] = {"settings": settings}
@@ -177,10 +197,12 @@ class Arm:
     name: str
     run: Any
     metric_as_float: bool  # see CountingMetric
+    seeded: bool = True  # runs once per seed; False: once (the unchanged program and the policy instruction)
 
 
 ARMS: dict[str, Arm] = {
-    "unchanged": Arm("unchanged", run_unchanged, metric_as_float=True),
+    "unchanged": Arm("unchanged", run_unchanged, metric_as_float=True, seeded=False),
+    "policy": Arm("policy instruction", run_policy, metric_as_float=True, seeded=False),
     "rlmoptimizer": Arm("rlmoptimizer", run_rlmoptimizer, metric_as_float=False),
     "gepa": Arm("GEPA", run_gepa, metric_as_float=False),
     "mipro": Arm("MIPROv2", run_mipro, metric_as_float=True),

@@ -14,6 +14,12 @@ Every arm gets a fresh copy of the task's program, the same train/val data, the 
 optimizer LM and the same budget of B metric calls; every resulting program is scored on the test split
 with the task LM. DSPy's cache is off (memory and disk, and ``cache=False`` on each LM), so no arm reuses
 another's answers and every arm pays for its own calls.
+
+Each optimizer runs once per seed (``--seeds``). Every finished arm is saved at once to
+``<out>/arms/<arm>[-seed<k>].json`` (its per-ticket test correctness, instructions, metric calls, LM usage by
+role, wall time, the machine's load during it, the library's commit); an arm whose file is there is not run
+again when the same ``--out`` is given, so a stopped run continues where it stopped. The table is built from
+every arm file in ``<out>/arms``, whichever invocation wrote it, and refuses files written with other settings.
 """
 
 from __future__ import annotations
@@ -24,12 +30,14 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
+import hashlib  # noqa: E402
 import importlib  # noqa: E402
 import importlib.metadata  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import platform  # noqa: E402
+import shutil  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
@@ -49,6 +57,7 @@ import dspy  # noqa: E402
 from arms import ARMS, ArmContext, Unavailable, instructions_of  # noqa: E402
 from local_model import DEFAULT_WEIGHTS, WEIGHTS, ensure_weights, llama_server  # noqa: E402
 from metering import CountingMetric, Meter, MeteredLM  # noqa: E402
+from stats import mcnemar, sign_test, spread  # noqa: E402
 
 log = logging.getLogger("bench")
 _interrupted = threading.Event()
@@ -62,7 +71,7 @@ def _interrupt(signum, frame) -> None:
     signal.default_int_handler(signum, frame)
 LOCAL = "local"
 DEFAULT_TASK = HERE / "tasks" / "ticket_routing.py"
-DEFAULT_ARMS = "unchanged,rlmoptimizer,gepa,mipro"
+DEFAULT_ARMS = "unchanged,gepa,mipro,rlmoptimizer"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -72,7 +81,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--task", default=str(DEFAULT_TASK),
                    help="a task: path to a .py file or a dotted module exposing load(), make_program(), metric()")
     g.add_argument("--budget", type=int, default=80, help="B, metric calls per optimizer")
-    g.add_argument("--optimizers", default=DEFAULT_ARMS, help=f"comma-separated subset of {DEFAULT_ARMS}")
+    g.add_argument("--optimizers", default=DEFAULT_ARMS,
+                   help=f"comma-separated arms, run in this order: a subset of {DEFAULT_ARMS},policy")
+    g.add_argument("--seeds", default="0",
+                   help="comma-separated seeds; every optimizer arm runs once per seed (GEPA's and MIPROv2's seed, "
+                        "rlmoptimizer's attempt), the unchanged program and the policy instruction once")
+    g.add_argument("--ceiling", action="store_true",
+                   help="score the unchanged program and the program with the task's POLICY_INSTRUCTION (the "
+                        "instruction stating the whole policy) on the test split, before any --optimizers arm "
+                        "(--optimizers '' for the ceiling alone)")
+    g.add_argument("--predictor", help="the task's predictor setting (the default task: cot or predict)")
+    g.add_argument("--adapter", help="the task's adapter setting (the default task: json or chat)")
     g.add_argument("--limit-train", type=int, default=20,
                    help="use only the first N training examples (0: all; the default task has 40)")
     g.add_argument("--limit-val", type=int, default=20,
@@ -80,7 +99,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--limit-test", type=int, default=40,
                    help="use only the first N test examples (0: all; the default task has 60)")
     g.add_argument("--num-threads", type=int, default=2, help="evaluation threads for every optimizer and the test")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--rlm-commit", default="HEAD",
+                   help="the git commit of rlmoptimizer to run (run.sh checks it out into a worktree under "
+                        "<work-dir> and puts it first on PYTHONPATH; recorded in every arm file)")
 
     g = p.add_argument_group("models ('local' = the GGUF model on a llama.cpp server started here)")
     g.add_argument("--task-model", default=LOCAL, help="task LM, e.g. openai/gpt-4o-mini (a litellm model name)")
@@ -115,9 +136,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--work-dir", default=str(REPO / "benchmarks" / ".work"))
     g.add_argument("--out", help="output folder (default: <work-dir>/results/<UTC timestamp>)")
     args = p.parse_args(argv)
-    unknown = [a for a in args.optimizers.split(",") if a not in ARMS]
+    arms = [a for a in args.optimizers.split(",") if a]
+    if args.ceiling:
+        arms = ["unchanged", "policy"] + [a for a in arms if a not in ("unchanged", "policy")]
+    unknown = [a for a in arms if a not in ARMS]
     if unknown:
         p.error(f"--optimizers: unknown {unknown}; choose from {sorted(ARMS)}")
+    args.arms = list(dict.fromkeys(arms))
+    try:
+        args.seed_list = list(dict.fromkeys(int(x) for x in args.seeds.split(",") if x.strip()))
+    except ValueError:
+        p.error(f"--seeds: comma-separated integers, got {args.seeds!r}")
+    if not args.seed_list or min(args.seed_list) < 0:
+        p.error(f"--seeds: at least one seed, none negative, got {args.seeds!r}")
     if args.budget < 1:
         p.error(f"--budget must be >= 1, got {args.budget}")
     for flag in ("limit_train", "limit_val", "limit_test"):
@@ -190,27 +221,94 @@ def _optimizer_window(args) -> int | None:
     return max(args.n_ctx, args.task_n_ctx) if args.one_server else args.n_ctx
 
 
-def run_arm(key: str, args, task, data, task_lm, optimizer_lm, meters, out_dir: Path,
-            scored: dict[str, tuple[str, dict]]) -> dict[str, Any]:
+# The settings an arm's result depends on. Arm files written with other values are refused, not mixed in:
+# the unchanged program and the policy instruction depend on the program's (what is scored, by which LM), an
+# optimizer arm on the optimizer's too.
+PROGRAM_SETTINGS = ("task", "program_options", "split_sizes", "test_sha256", "task_model", "local_model",
+                    "task_max_tokens", "task_temperature")
+OPTIMIZER_SETTINGS = ("budget", "optimizer_model", "optimizer_max_tokens", "optimizer_temperature", "num_threads",
+                      "mipro_candidates", "mipro_minibatch_size", "mipro_full_eval_steps", "rlm_max_turns",
+                      "rlm_max_llm_calls", "n_ctx", "one_server")
+
+
+def arm_label(key: str, seed: int | None) -> str:
+    return key if seed is None else f"{key}-seed{seed}"
+
+
+def comparable_settings(args, task_spec: str, program_options: dict, data) -> dict[str, Any]:
+    train, val, test = data
+    test_sha = hashlib.sha256("\n".join(str(ex.toDict()) for ex in test).encode()).hexdigest()
+    values = {**vars(args), "task": Path(task_spec).name, "program_options": program_options,
+              "split_sizes": {"train": len(train), "val": len(val), "test": len(test)}, "test_sha256": test_sha}
+    return {k: values[k] for k in PROGRAM_SETTINGS + OPTIMIZER_SETTINGS}
+
+
+def check_settings(row: dict, settings: dict, path: Path) -> None:
+    keys = PROGRAM_SETTINGS if not ARMS[row["key"]].seeded else PROGRAM_SETTINGS + OPTIMIZER_SETTINGS
+    differ = {k: (row.get("settings", {}).get(k), settings[k]) for k in keys
+              if row.get("settings", {}).get(k) != settings[k]}
+    if differ:
+        raise SystemExit(f"{path} was written with other settings ({', '.join(f'{k}: {a!r} there, {b!r} now' for k, (a, b) in differ.items())}); "
+                         "use another --out, or the same settings to continue that run")
+
+
+class LoadSampler:
+    """The machine's 1-minute load average, sampled every ``every_s`` seconds in a daemon thread."""
+
+    def __init__(self, every_s: float = 30.0) -> None:
+        self.samples: list[tuple[float, float]] = []
+        self._every = every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="load-sampler")
+
+    def __enter__(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while True:
+            self.samples.append((time.time(), os.getloadavg()[0]))
+            if self._stop.wait(self._every):
+                return
+
+    def between(self, start: float, end: float) -> dict[str, Any]:
+        values = [v for t, v in self.samples if start <= t <= end] or [os.getloadavg()[0]]
+        return {"min": round(min(values), 2), "mean": round(sum(values) / len(values), 2),
+                "max": round(max(values), 2), "samples": len(values)}
+
+
+def run_arm(key: str, seed: int | None, args, task, data, task_lm, optimizer_lm, meters, out_dir: Path,
+            scored: dict[str, tuple[str, dict]], settings: dict, loads: LoadSampler) -> dict[str, Any]:
     """One arm: optimize, then score on test. Failures become the row's status; only Ctrl-C stops the run.
 
     ``scored`` maps the instructions of every program scored so far to (arm, test result): a program whose
     instructions were already scored (an optimizer that returned the unchanged program) reuses that score
     instead of paying for the same test run again (the task LM runs at temperature 0 by default)."""
     arm = ARMS[key]
+    label = arm_label(key, seed)
     train, val, test = data
+    work_dir = out_dir / "work" / label
+    shutil.rmtree(work_dir, ignore_errors=True)  # an arm that was stopped starts over, not from its files
+    work_dir.mkdir(parents=True)
     metric = CountingMetric(task.metric, as_float=arm.metric_as_float)
     ctx = ArmContext(
-        program=task.make_program(), train=train, val=val, task_lm=task_lm, optimizer_lm=optimizer_lm,
-        metric=metric, budget=args.budget, num_threads=args.num_threads, seed=args.seed, out_dir=out_dir,
+        program=make_program(task, args), train=train, val=val, task_lm=task_lm, optimizer_lm=optimizer_lm,
+        metric=metric, budget=args.budget, num_threads=args.num_threads, seed=seed or 0, work_dir=work_dir,
         options={"mipro_candidates": args.mipro_candidates, "mipro_minibatch_size": args.mipro_minibatch_size,
                  "mipro_full_eval_steps": args.mipro_full_eval_steps, "rlm_max_turns": args.rlm_max_turns,
                  "rlm_max_llm_calls": args.rlm_max_llm_calls, "root_context_window": _optimizer_window(args)},
+        policy_instruction=getattr(task, "POLICY_INSTRUCTION", None),
     )
-    row: dict[str, Any] = {"arm": arm.name, "key": key, "status": "ok", "error": None, "details": {}}
-    log.info("=== %s: optimizing (budget %d metric calls) ===", arm.name, args.budget)
+    row: dict[str, Any] = {"arm": arm.name, "key": key, "seed": seed, "label": label, "status": "ok", "error": None,
+                           "settings": settings, "rlm_commit": os.environ.get("RLMOPT_BENCH_COMMIT"),
+                           "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                           "details": {}}
+    log.info("=== %s: optimizing (budget %d metric calls) ===", label, args.budget)
     before = {role: meter.snapshot() for role, meter in meters.items()}
-    started = time.perf_counter()
+    started, started_epoch = time.perf_counter(), time.time()
     program = None
     try:
         with dspy.context(lm=task_lm):
@@ -227,9 +325,10 @@ def run_arm(key: str, args, task, data, task_lm, optimizer_lm, meters, out_dir: 
         "metric_calls": metric.scored,
         "feedback_calls": metric.feedback,
         **{f"{role}_lm": (meter.snapshot() - before[role]).to_dict() for role, meter in meters.items()},
+        "load_1min": loads.between(started_epoch, time.time()),
     }
     if row["status"] != "ok":
-        log.warning("%s: %s: %s", arm.name, row["status"], row["error"])
+        log.warning("%s: %s: %s", label, row["status"], row["error"])
         return row
     row["instructions"] = instructions_of(program)
     same = json.dumps(row["instructions"], sort_keys=True)
@@ -237,10 +336,11 @@ def run_arm(key: str, args, task, data, task_lm, optimizer_lm, meters, out_dir: 
         earlier, row["test"] = scored[same]
         row["test"] = {**row["test"], "same_instructions_as": earlier}
         log.info("%s: optimized in %.0f s with %d metric calls; same instructions as %s: test score %.1f%% reused",
-                 arm.name, row["optimize"]["wall_s"], metric.scored, earlier, 100 * row["test"]["score"])
+                 label, row["optimize"]["wall_s"], metric.scored, earlier, 100 * row["test"]["score"])
         return row
-    log.info("%s: optimized in %.0f s with %d metric calls; scoring on %d test examples", arm.name,
+    log.info("%s: optimized in %.0f s with %d metric calls; scoring on %d test examples", label,
              row["optimize"]["wall_s"], metric.scored, len(test))
+    test_started = time.time()
     try:
         row["test"] = evaluate(program, test, task, task_lm, meters["task"], args.num_threads)
     except Exception as e:  # e.g. the server died: the row says so, the next arm still runs
@@ -249,10 +349,27 @@ def run_arm(key: str, args, task, data, task_lm, optimizer_lm, meters, out_dir: 
         row["status"], row["error"] = "error", f"test evaluation failed: {type(e).__name__}: {e}"
         row["traceback"] = traceback.format_exc()
         return row
-    log.info("%s: test score %.1f%% (%d/%d) in %.0f s", arm.name, 100 * row["test"]["score"], row["test"]["correct"],
+    row["test"]["load_1min"] = loads.between(test_started, time.time())
+    log.info("%s: test score %.1f%% (%d/%d) in %.0f s", label, 100 * row["test"]["score"], row["test"]["correct"],
              row["test"]["total"], row["test"]["wall_s"])
-    scored[same] = (arm.name, row["test"])
+    scored[same] = (label, row["test"])
     return row
+
+
+def make_program(task, args) -> dspy.Module:
+    return task.make_program(**program_options(task, args))
+
+
+def program_options(task, args) -> dict[str, str]:
+    """The ``--predictor``/``--adapter`` values given, checked against the task's ``OPTIONS``."""
+    given = {k: getattr(args, k) for k in ("predictor", "adapter") if getattr(args, k) is not None}
+    options = getattr(task, "OPTIONS", {})
+    for name, value in given.items():
+        if name not in options:
+            raise SystemExit(f"--{name}: the task {args.task} has no {name} setting (its OPTIONS: {options})")
+        if value not in options[name]:
+            raise SystemExit(f"--{name} {value}: the task {args.task} takes {', '.join(options[name])}")
+    return given
 
 
 def evaluate(program, test, task, task_lm, task_meter: Meter, num_threads: int) -> dict[str, Any]:
@@ -262,17 +379,20 @@ def evaluate(program, test, task, task_lm, task_meter: Meter, num_threads: int) 
     with dspy.context(lm=task_lm):
         result = dspy.Evaluate(devset=test, metric=metric, num_threads=num_threads, display_progress=False,
                                max_errors=len(test) + 1, provide_traceback=False)(program)
-    correct = sum(float(score) for *_, score in result.results)
+    per_ticket = [float(score) for *_, score in result.results]  # in the test split's order
+    predicted = [getattr(pred, "queue", None) if pred is not None else None for _, pred, _ in result.results]
+    correct = sum(per_ticket)
     return {"score": correct / len(test), "correct": int(round(correct)), "total": len(test),
+            "per_ticket": per_ticket, "predicted": [p if isinstance(p, str | None) else str(p) for p in predicted],
             "wall_s": round(time.perf_counter() - started, 1), "task_lm": (task_meter.snapshot() - before).to_dict()}
 
 
-def fmt_tokens(n: int) -> str:
-    return f"{n / 1000:.1f}k" if n >= 1000 else str(n)
+def fmt_tokens(n: float) -> str:
+    return f"{n / 1000:.1f}k" if n >= 1000 else f"{n:.0f}"
 
 
-TABLE_HEADER = ("optimizer", "test score", "metric calls", "task-LM calls", "task tokens in/out",
-                "optimizer-LM calls", "optimizer tokens in/out", "task $", "optimizer $", "wall time")
+TABLE_HEADER = ("run", "test score", "metric calls", "task-LM calls", "task tokens in/out",
+                "optimizer-LM calls", "optimizer tokens in/out", "task $", "optimizer $", "wall time", "load (1-min avg)")
 
 
 def dollars(model: str, price_as: str, usage: dict[str, Any]) -> str:
@@ -288,30 +408,145 @@ def dollars(model: str, price_as: str, usage: dict[str, Any]) -> str:
 
 def table_rows(rows: list[dict], models: dict[str, str] | None = None, price_as: str = "openai/gpt-4o-mini",
                ) -> list[tuple[str, ...]]:
+    """One line per run (arm and seed), with what its optimization cost."""
     models = models or {"task": LOCAL, "optimizer": LOCAL}
     out = []
     for row in rows:
+        name = row.get("label", row["arm"])
         if row["status"] != "ok":
-            out.append((row["arm"], f"{row['status']}: {row['error']}"[:120], *[""] * (len(TABLE_HEADER) - 2)))
+            out.append((name, f"{row['status']}: {row['error']}"[:120], *[""] * (len(TABLE_HEADER) - 2)))
             continue
         o, t = row["optimize"], row["test"]
         same = f" (same instructions as {t['same_instructions_as']})" if t.get("same_instructions_as") else ""
+        load = o.get("load_1min")
         out.append((
-            row["arm"], f"{100 * t['score']:.1f}% ({t['correct']}/{t['total']}){same}", str(o["metric_calls"]),
+            name, f"{100 * t['score']:.1f}% ({t['correct']}/{t['total']}){same}", str(o["metric_calls"]),
             str(o["task_lm"]["calls"]),
             f"{fmt_tokens(o['task_lm']['input_tokens'])} / {fmt_tokens(o['task_lm']['output_tokens'])}",
             str(o["optimizer_lm"]["calls"]),
             f"{fmt_tokens(o['optimizer_lm']['input_tokens'])} / {fmt_tokens(o['optimizer_lm']['output_tokens'])}",
             dollars(models["task"], price_as, o["task_lm"]), dollars(models["optimizer"], price_as, o["optimizer_lm"]),
-            f"{o['wall_s'] / 60:.1f} min",
+            f"{o['wall_s'] / 60:.1f} min", f"{load['mean']:.1f} ({load['min']:.1f}-{load['max']:.1f})" if load else "",
         ))
     return out
 
 
+def markdown(header: tuple[str, ...], cells: list[tuple[str, ...]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(c) + " |" for c in cells])
+
+
 def markdown_table(rows: list[dict], models: dict[str, str] | None = None, price_as: str = "openai/gpt-4o-mini") -> str:
-    lines = ["| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
-    lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(rows, models, price_as)]
-    return "\n".join(lines)
+    return markdown(TABLE_HEADER, table_rows(rows, models, price_as))
+
+
+def _pm(stats: dict, fmt: str = "{:.1f}") -> str:
+    return fmt.format(stats["mean"]) + (" ± " + fmt.format(stats["sd"]) if stats["n"] > 1 else "")
+
+
+def summarize(rows: list[dict]) -> dict[str, Any]:
+    """Per arm over its seeds: accuracy, metric calls, optimizer-LM tokens and wall time (mean, sd, min, max),
+    ratios to GEPA's means, and the paired per-ticket comparisons with GEPA and with the unchanged program
+    (McNemar per seed against GEPA's run of the same seed, or the unchanged program's one run; a sign test over
+    tickets of the seed-averaged correctness, all seeds pooled)."""
+    ok = [r for r in rows if r["status"] == "ok" and "per_ticket" in r.get("test", {})]
+    by_key: dict[str, list[dict]] = {}
+    for row in ok:
+        by_key.setdefault(row["key"], []).append(row)
+    for runs in by_key.values():
+        runs.sort(key=lambda r: r["seed"] if r["seed"] is not None else -1)
+    arms: dict[str, Any] = {}
+    for key, runs in by_key.items():
+        tokens = [r["optimize"]["optimizer_lm"]["input_tokens"] + r["optimize"]["optimizer_lm"]["output_tokens"]
+                  for r in runs]
+        arms[key] = {
+            "name": runs[0]["arm"], "seeds": [r["seed"] for r in runs],
+            "accuracy": spread([100 * r["test"]["score"] for r in runs]),
+            "per_seed_correct": [f"{r['test']['correct']}/{r['test']['total']}" for r in runs],
+            "metric_calls": spread([r["optimize"]["metric_calls"] for r in runs]),
+            "optimizer_tokens": spread(tokens),
+            "optimizer_tokens_in": spread([r["optimize"]["optimizer_lm"]["input_tokens"] for r in runs]),
+            "optimizer_tokens_out": spread([r["optimize"]["optimizer_lm"]["output_tokens"] for r in runs]),
+            "wall_min": spread([r["optimize"]["wall_s"] / 60 for r in runs]),
+            "load_1min_mean": spread([r["optimize"].get("load_1min", {}).get("mean", float("nan")) for r in runs]),
+            "rlm_commits": sorted({r.get("rlm_commit") or "?" for r in runs}) if key == "rlmoptimizer" else None,
+        }
+    gepa = arms.get("gepa")
+    for key, summary in arms.items():
+        if gepa and key != "gepa" and ARMS[key].seeded:
+            summary["tokens_vs_gepa"] = summary["optimizer_tokens"]["mean"] / max(gepa["optimizer_tokens"]["mean"], 1)
+            summary["wall_vs_gepa"] = summary["wall_min"]["mean"] / max(gepa["wall_min"]["mean"], 1e-9)
+        for other in ("gepa", "unchanged"):
+            if other == key or other not in by_key:
+                continue
+            ref = by_key[other]
+            per_seed = []
+            for run in by_key[key]:
+                partner = next((r for r in ref if r["seed"] == run["seed"]), None) if ARMS[other].seeded else ref[0]
+                if partner is not None:
+                    per_seed.append({"seed": run["seed"], **mcnemar(run["test"]["per_ticket"],
+                                                                    partner["test"]["per_ticket"])})
+            summary[f"vs_{other}"] = {
+                "mcnemar_per_seed": per_seed,
+                "sign_test_pooled": sign_test([r["test"]["per_ticket"] for r in by_key[key]],
+                                              [r["test"]["per_ticket"] for r in ref]),
+            }
+    ceiling = None
+    if "unchanged" in by_key and "policy" in by_key:
+        bare, policy = by_key["unchanged"][0]["test"], by_key["policy"][0]["test"]
+        ceiling = {"bare": f"{bare['correct']}/{bare['total']}", "policy": f"{policy['correct']}/{policy['total']}",
+                   "gap_points": 100 * (policy["score"] - bare["score"]),
+                   "mcnemar": mcnemar(policy["per_ticket"], bare["per_ticket"])}
+    return {"arms": arms, "ceiling": ceiling}
+
+
+def summary_tables(summary: dict) -> str:
+    arms, parts = summary["arms"], []
+    order = [k for k in ("unchanged", "policy", "gepa", "mipro", "rlmoptimizer") if k in arms]
+    order += [k for k in arms if k not in order]
+    cells = []
+    for key in order:
+        a = arms[key]
+        seeds = ",".join(str(s) for s in a["seeds"]) if ARMS[key].seeded else "-"
+        cells.append((
+            a["name"], seeds, f"{_pm(a['accuracy'])}% ({', '.join(a['per_seed_correct'])})", _pm(a["metric_calls"]),
+            f"{fmt_tokens(a['optimizer_tokens_in']['mean'])} / {fmt_tokens(a['optimizer_tokens_out']['mean'])}"
+            + (f" (± {fmt_tokens(a['optimizer_tokens']['sd'])})" if a["optimizer_tokens"]["n"] > 1 else ""),
+            f"{a['tokens_vs_gepa']:.2f}x" if "tokens_vs_gepa" in a else "",
+            f"{_pm(a['wall_min'])} min", f"{a['wall_vs_gepa']:.2f}x" if "wall_vs_gepa" in a else "",
+            f"{a['load_1min_mean']['mean']:.1f}",
+        ))
+    parts.append(markdown(("arm", "seeds", "test accuracy, mean ± sd (per seed)", "metric calls",
+                           "optimizer tokens in / out (± sd of total)", "tokens ÷ GEPA", "wall time", "wall ÷ GEPA",
+                           "load (1-min avg)"), cells))
+
+    def paired(c: dict | None) -> str:
+        if not c:
+            return ""
+        seeds = "; ".join(("" if m["seed"] is None else f"s{m['seed']}: ") + f"+{m['wins']}/-{m['losses']} p={m['p']:.2f}"
+                          for m in c["mcnemar_per_seed"])
+        s = c["sign_test_pooled"]
+        return f"{seeds} | +{s['better']}/-{s['worse']} ({s['ties']} tied) p={s['p']:.2f}"
+
+    cells = []
+    for key in order:
+        if key in ("unchanged",):
+            continue
+        a = arms[key]
+        vs_u = paired(a.get("vs_unchanged")) or " | "
+        vs_g = paired(a.get("vs_gepa")) or " | "
+        cells.append((a["name"], *vs_u.split(" | "), *vs_g.split(" | ")))
+    if cells:
+        parts.append(markdown(("arm", "vs unchanged: McNemar per seed (tickets won/lost)",
+                               "vs unchanged: sign test, seeds pooled", "vs GEPA: McNemar per seed (same seed)",
+                               "vs GEPA: sign test, seeds pooled"), cells))
+    if summary["ceiling"]:
+        c = summary["ceiling"]
+        m = c["mcnemar"]
+        parts.append(f"Ceiling: the unchanged program {c['bare']} with the bare instruction, {c['policy']} with the "
+                     f"instruction stating the whole policy ({c['gap_points']:+.1f} points; the policy won "
+                     f"{m['wins']} tickets and lost {m['losses']}, McNemar p={m['p']:.3f}).")
+    return "\n\n".join(parts)
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -320,75 +555,126 @@ def write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+def load_arm_files(arms_dir: Path, settings: dict) -> dict[str, dict]:
+    """{label: row} for every arm file already in ``arms_dir``; refuses one written with other settings."""
+    rows = {}
+    for path in sorted(arms_dir.glob("*.json")):
+        if path.name.endswith(".failed.json"):  # kept for reading; the arm runs again
+            continue
+        row = json.loads(path.read_text())
+        if row.get("key") not in ARMS:
+            continue
+        check_settings(row, settings, path)
+        rows[row["label"]] = row
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     stamp = datetime.datetime.now(datetime.timezone.utc)
     work_dir = Path(args.work_dir)
     out_dir = Path(args.out) if args.out else work_dir / "results" / stamp.strftime("%Y%m%dT%H%M%SZ")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    arms_dir = out_dir / "arms"
+    arms_dir.mkdir(parents=True, exist_ok=True)
     setup_logging(out_dir / "run.log")
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
 
     task = load_task(args.task)
+    options = program_options(task, args)
     train, val, test = task.load()
     train, val, test = train[: args.limit_train], val[: args.limit_val], test[: args.limit_test]
-    log.info("task %s: %d train, %d val, %d test; output in %s", args.task, len(train), len(val), len(test), out_dir)
+    settings = comparable_settings(args, args.task, options, (train, val, test))
+    log.info("task %s %s: %d train, %d val, %d test; output in %s", args.task, options or "(default settings)",
+             len(train), len(val), len(test), out_dir)
+    import rlmoptimizer
+
+    library = {"commit": os.environ.get("RLMOPT_BENCH_COMMIT"), "requested": args.rlm_commit,
+               "path": str(Path(rlmoptimizer.__file__).parent)}
+    log.info("rlmoptimizer from %s (commit %s)", library["path"], library["commit"] or "unknown: not run by run.sh")
+
+    done = load_arm_files(arms_dir, settings)
+    plan = [(key, seed) for key in args.arms for seed in (args.seed_list if ARMS[key].seeded else [None])]
+    todo = [(key, seed) for key, seed in plan if arm_label(key, seed) not in done]
+    log.info("arms: %s; already done in %s: %s", ", ".join(arm_label(*a) for a in plan), arms_dir,
+             ", ".join(done) or "none")
 
     dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)
     needs_local = LOCAL in (args.task_model, args.optimizer_model)
     started = time.perf_counter()
-    rows: list[dict] = []
     results: dict[str, Any] = {
         "date": stamp.isoformat(timespec="seconds"),
         "machine": machine_info(),
         "task": args.task,
+        "program_options": options,
         "split_sizes": {"train": len(train), "val": len(val), "test": len(test)},
         "models": {"task": args.task_model, "optimizer": args.optimizer_model,
                    "local_model": args.local_model if needs_local else None},
+        "rlmoptimizer": library,
         "settings": {**vars(args), "api_key": "(set)" if args.api_key else None},
         "cache": "dspy cache disabled (memory and disk) and cache=False on every LM",
-        "rows": rows,
     }
-    with ExitStack() as stack:
-        servers = start_servers(args, stack, work_dir, out_dir, results)
-        if args.setup_only:
-            log.info("setup done: the model is in place and the server answered")
-            write_json(out_dir / "results.json", results)
-            return 0
-        meters = {"task": Meter("task"), "optimizer": Meter("optimizer")}
-        lm_options = {"api_base": args.api_base, "api_key": args.api_key}
-        task_lm = make_lm(args.task_model, meters["task"], server=servers.get("task"),
-                          max_tokens=args.task_max_tokens, temperature=args.task_temperature, **lm_options)
-        optimizer_lm = make_lm(args.optimizer_model, meters["optimizer"], server=servers.get("optimizer"),
-                               max_tokens=args.optimizer_max_tokens, temperature=args.optimizer_temperature,
-                               **lm_options)
-        dspy.configure(lm=task_lm)
-        scored: dict[str, tuple[str, dict]] = {}
-        for key in args.optimizers.split(","):
-            rows.append(run_arm(key, args, task, (train, val, test), task_lm, optimizer_lm, meters, out_dir, scored))
-            results["total_wall_s"] = round(time.perf_counter() - started, 1)
-            write_json(out_dir / "results.json", results)
+    scored: dict[str, tuple[str, dict]] = {}
+    for label, row in done.items():
+        if row["status"] == "ok" and "per_ticket" in row.get("test", {}):
+            scored.setdefault(json.dumps(row["instructions"], sort_keys=True), (label, row["test"]))
+    if todo or args.setup_only:
+        with ExitStack() as stack, LoadSampler() as loads:
+            # The unchanged program and the policy instruction need no optimizer LM, nor its server.
+            optimizing = args.setup_only or any(ARMS[key].seeded for key, _ in todo)
+            servers = start_servers(args, stack, work_dir, out_dir, results, optimizer=optimizing)
+            if args.setup_only:
+                log.info("setup done: the model is in place and the server answered")
+                write_json(out_dir / "results.json", results)
+                return 0
+            meters = {"task": Meter("task"), "optimizer": Meter("optimizer")}
+            lm_options = {"api_base": args.api_base, "api_key": args.api_key}
+            task_lm = make_lm(args.task_model, meters["task"], server=servers.get("task"),
+                              max_tokens=args.task_max_tokens, temperature=args.task_temperature, **lm_options)
+            optimizer_lm = make_lm(args.optimizer_model, meters["optimizer"], server=servers.get("optimizer"),
+                                   max_tokens=args.optimizer_max_tokens, temperature=args.optimizer_temperature,
+                                   **lm_options) if optimizing else None
+            dspy.configure(lm=task_lm)
+            for key, seed in todo:
+                row = run_arm(key, seed, args, task, (train, val, test), task_lm, optimizer_lm, meters, out_dir,
+                              scored, settings, loads)
+                row["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+                if row["status"] == "ok":  # a failed arm is not saved, so the next invocation tries it again
+                    write_json(arms_dir / f"{row['label']}.json", row)
+                else:
+                    write_json(arms_dir / f"{row['label']}.failed.json", row)
+                done[row["label"]] = row
+    results["total_wall_s"] = round(time.perf_counter() - started, 1)
 
-    table = markdown_table(rows, {"task": args.task_model, "optimizer": args.optimizer_model}, args.price_as)
-    (out_dir / "table.md").write_text(table + "\n")
-    summary = (f"{stamp:%Y-%m-%d}, task LM {describe_model(args.task_model, args)}, optimizer LM "
-               f"{describe_model(args.optimizer_model, args)}, budget {args.budget} metric calls, "
-               f"{len(train)}/{len(val)}/{len(test)} train/val/test, {results['machine']['nproc']} cores "
-               f"({results['machine']['cpu']}), total {results['total_wall_s'] / 60:.1f} min; dollars at litellm's "
-               f"price for each hosted model" + (f", the local model's tokens at {args.price_as}'s"
-                                                 if LOCAL in (args.task_model, args.optimizer_model) else ""))
-    results["summary"] = summary
+    order = {key: i for i, key in enumerate(list(ARMS))}
+    rows = sorted(done.values(), key=lambda r: (order.get(r["key"], 99), r["seed"] if r["seed"] is not None else -1))
+    results["rows"] = rows
+    results["summary_stats"] = summarize(rows)
+    models = {"task": args.task_model, "optimizer": args.optimizer_model}
+    missing = [arm_label(k, s) for k, s in plan if arm_label(k, s) not in done or done[arm_label(k, s)]["status"] != "ok"]
+    head = (f"{stamp:%Y-%m-%d}, task LM {describe_model(args.task_model, args)}, optimizer LM "
+            f"{describe_model(args.optimizer_model, args)}, program {options or 'default settings'}, budget "
+            f"{args.budget} metric calls, {len(train)}/{len(val)}/{len(test)} train/val/test, "
+            f"{results['machine']['nproc']} cores ({results['machine']['cpu']}), rlmoptimizer commit(s) "
+            f"{', '.join(sorted({r.get('rlm_commit') or '?' for r in rows if r['key'] == 'rlmoptimizer'})) or '-'}"
+            + (f"; MISSING (not finished): {', '.join(missing)}" if missing else ""))
+    table = (summary_tables(results["summary_stats"]) + "\n\nEach run (dollars at litellm's price for each hosted "
+             f"model{', the local model at ' + args.price_as + chr(39) + 's' if needs_local else ''}):\n\n"
+             + markdown_table(rows, models, args.price_as))
+    results["summary"] = head
+    (out_dir / "table.md").write_text(head + "\n\n" + table + "\n")
     write_json(out_dir / "results.json", results)
-    print("\n" + summary + "\n\n" + table + "\n")
+    print("\n" + head + "\n\n" + table + "\n")
     print(f"results: {out_dir / 'results.json'}")
     return 0
 
 
-def start_servers(args, stack: ExitStack, work_dir: Path, out_dir: Path, results: dict) -> dict:
-    """{role: Server} for each role whose model is local; each server is stopped when ``stack`` closes."""
+def start_servers(args, stack: ExitStack, work_dir: Path, out_dir: Path, results: dict, *,
+                  optimizer: bool = True) -> dict:
+    """{role: Server} for each role whose model is local (the optimizer's only when ``optimizer``); each server
+    is stopped when ``stack`` closes."""
     local_roles = [role for role, model in (("task", args.task_model), ("optimizer", args.optimizer_model))
-                   if model == LOCAL]
+                   if model == LOCAL and (optimizer or role == "task")]
     if not local_roles:
         return {}
     model_path = ensure_weights(WEIGHTS[args.local_model], work_dir)

@@ -5,8 +5,11 @@
 #   bash benchmarks/real_models/run.sh --setup-only        # build and assemble, run nothing
 #
 # Setup (each step is skipped when its result is already there, all under benchmarks/.work/):
-#   1. a venv in benchmarks/.work/venv with this repo installed (pip install -e; if the repo does not
-#      install yet, dspy==3.4.1 plus the repo root on PYTHONPATH),
+#   0. the library under test at a fixed commit (--rlm-commit, default HEAD when the run starts): a git worktree
+#      of that commit in benchmarks/.work/rlm-<commit>, first on PYTHONPATH, so edits to the working tree during
+#      a run change nothing; the commit goes to every arm's result (RLMOPT_BENCH_COMMIT),
+#   1. a venv in benchmarks/.work/venv with the library's dependencies (pip install of the worktree, then the
+#      library itself uninstalled so the worktree is what imports), plus optuna for MIPROv2,
 #   2. llama-cpp-python[server]==0.3.36 built once into a wheel cached in benchmarks/.work/wheels
 #      (compiled from source with -march=native, ~4-7 min on 2 cores; only for local models),
 #   3. the GGUF weights assembled in benchmarks/.work/models and checked against their sha256
@@ -29,9 +32,12 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 needs_local=1
 task_model=""
 opt_model=""
+rlm_commit="HEAD"
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
     case "${args[$i]}" in
+        --rlm-commit) rlm_commit="${args[$((i + 1))]:-}" ;;
+        --rlm-commit=*) rlm_commit="${args[$i]#*=}" ;;
         --task-model) task_model="${args[$((i + 1))]:-}" ;;
         --task-model=*) task_model="${args[$i]#*=}" ;;
         --optimizer-model) opt_model="${args[$((i + 1))]:-}" ;;
@@ -44,28 +50,44 @@ fi
 
 mkdir -p "$WORK" "$WHEELS"
 
-# 1. The venv with the project installed.
+# 0. The library under test, at a fixed commit.
+commit="$(git -C "$REPO" rev-parse --verify "${rlm_commit}^{commit}")" || {
+    log "--rlm-commit $rlm_commit: not a commit of $REPO"
+    exit 1
+}
+TREE="$WORK/rlm-${commit:0:12}"
+if [[ ! -f "$TREE/pyproject.toml" ]]; then
+    log "checking out rlmoptimizer $commit into $TREE"
+    git -C "$REPO" worktree prune
+    git -C "$REPO" worktree add --detach "$TREE" "$commit" >/dev/null
+fi
+export RLMOPT_BENCH_COMMIT="$commit" RLMOPT_BENCH_WORKTREE="$TREE"
+export PYTHONPATH="$TREE${PYTHONPATH:+:$PYTHONPATH}"
+
+# 1. The venv with the library's dependencies (not the library: the worktree on PYTHONPATH is what imports).
 if [[ ! -x "$VENV/bin/python" ]]; then
     log "creating venv $VENV"
     "$PYTHON" -m venv "$VENV"
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
 fi
 PY="$VENV/bin/python"
-if ! "$PY" -c "import dspy, optuna" 2>/dev/null || [[ ! -f "$VENV/.project-installed" && ! -f "$VENV/.project-on-path" ]]; then
-    if nice -n 10 "$PY" -m pip install --quiet -e "$REPO" 2>"$WORK/pip-install-e.log"; then
-        touch "$VENV/.project-installed"
-        log "installed the project (pip install -e $REPO)"
-    else
-        log "the project does not install yet (see $WORK/pip-install-e.log): installing dspy==3.4.1 and using PYTHONPATH"
-        nice -n 10 "$PY" -m pip install --quiet "dspy==3.4.1"
-        touch "$VENV/.project-on-path"
-    fi
+# (From /, so that the current folder, first on sys.path with -c, holds no rlmoptimizer.)
+if ! (cd / && "$PY" -c "import dspy, optuna, rlmoptimizer" 2>/dev/null) || "$PY" -m pip show --quiet rlmoptimizer 2>/dev/null; then
+    log "installing the dependencies of rlmoptimizer $commit into $VENV"
+    nice -n 10 "$PY" -m pip install --quiet "$TREE" 2>"$WORK/pip-install.log" || {
+        log "the library at $commit does not install; see $WORK/pip-install.log"
+        exit 1
+    }
+    nice -n 10 "$PY" -m pip uninstall --quiet --yes rlmoptimizer
     # MIPROv2 needs optuna, which dspy does not install.
     nice -n 10 "$PY" -m pip install --quiet optuna
 fi
-if [[ -f "$VENV/.project-on-path" ]]; then
-    export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+got="$(cd / && "$PY" -c "import rlmoptimizer, os; print(os.path.dirname(rlmoptimizer.__file__))")"
+if [[ "$got" != "$TREE/rlmoptimizer" ]]; then
+    log "rlmoptimizer imports from $got, not from $TREE"
+    exit 1
 fi
+log "rlmoptimizer at $commit (from $TREE)"
 
 # 2. llama-cpp-python, built once into a cached wheel (it is compiled for this machine's CPU).
 if [[ "$needs_local" == 1 ]]; then

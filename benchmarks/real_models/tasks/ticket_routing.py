@@ -20,8 +20,9 @@ its feedback gives the expected queue and a one-line rationale of the kind an an
 has a chargeback or payment dispute with their bank"), not the policy text, so an optimizer has to generalize
 the policy from examples.
 
-This module is the template for a task: ``load()``, ``make_program()`` and ``metric(...)``; see
-``benchmarks/README.md``.
+This module is the template for a task: ``load()``, ``make_program()`` and ``metric(...)``, and optionally
+``OPTIONS`` (settings ``make_program`` takes as keyword arguments) and ``POLICY_INSTRUCTION`` (the instruction
+that states the whole policy, for the ceiling measurement); see ``benchmarks/README.md``.
 """
 
 from __future__ import annotations
@@ -65,23 +66,42 @@ class RouteTicket(dspy.Signature):
     queue: Queue = dspy.OutputField()
 
 
-class TicketRouter(dspy.Module):
-    """One predictor, ``route.predict``, a ``dspy.ChainOfThought``. It runs under ``dspy.JSONAdapter`` whatever
-    adapter is configured globally, so optimizers' own prompts keep theirs.
+# The instruction that states the whole policy: the benchmark's ceiling ("what is the best instruction worth at
+# this model size"). Written from the policy above, in the order the rules take precedence.
+POLICY_INSTRUCTION = """Route the support ticket to exactly one queue by the company's routing policy. Apply the rules in this order; the first that matches wins, whatever the ticket is mostly about.
 
-    Why chain of thought: with a bare ``dspy.Predict`` the 1.5B local model answers ``billing_escalations`` for
-    nearly every ticket whatever the instruction says (25% on 40 validation/test tickets with the bare
-    instruction and 25% with one that states the whole policy); asked to reason first, it scored 3/12 with the
-    bare instruction and 6/12 with the policy. The reasoning costs ~50 generated tokens a call (5-6 s at the ~9
-    tokens/s measured on 2 cores).
+1. security: anything about two-factor authentication (verification codes, authenticator apps, SMS codes, backup codes, security keys, MFA settings), suspected unauthorized access to the account (unknown logins, sessions, devices or changes), a password, API key or token that may have been exposed, or a possible phishing email or page. This holds even when the ticket reads like an ordinary login problem, a billing question or a cancellation.
+2. billing_escalations: only chargebacks and payment disputes: the customer has filed or announces a dispute or chargeback with their bank, card issuer or PayPal, or a payment was pulled back. This holds even when the rest of the ticket is a technical problem or the customer also wants to leave.
+3. retention: the customer wants to cancel, close or delete the account, downgrade, not renew, or move to a competitor, even when the ticket is mostly a bug report or a routine billing question.
+4. customer_care: everything else: routine billing (invoices, refunds without a dispute, card changes, prices, VAT), bugs, how-to questions, feature requests, and ordinary password or single sign-on trouble with no sign of compromise and no two-factor issue."""
+
+# The program's settings a run may choose (``--predictor``, ``--adapter``); the first of each is the default.
+OPTIONS: dict[str, tuple[str, ...]] = {"predictor": ("cot", "predict"), "adapter": ("json", "chat")}
+ADAPTERS = {"json": dspy.JSONAdapter, "chat": dspy.ChatAdapter}
+
+
+class TicketRouter(dspy.Module):
+    """One predictor: ``route.predict``, a ``dspy.ChainOfThought`` (``predictor="cot"``, the default), or ``route``,
+    a bare ``dspy.Predict`` (``predictor="predict"``). It runs under ``dspy.JSONAdapter`` (``adapter="json"``, the
+    default) or ``dspy.ChatAdapter`` (``adapter="chat"``) whatever adapter is configured globally, so optimizers'
+    own prompts keep theirs.
+
+    Why chain of thought by default: with a bare ``dspy.Predict`` the 1.5B local model answered
+    ``billing_escalations`` for nearly every ticket whatever the instruction said (25% on 40 validation/test
+    tickets with the bare instruction and 25% with one that states the whole policy); asked to reason first, it
+    scored 3/12 with the bare instruction and 6/12 with the policy. The reasoning costs ~50 generated tokens a
+    call (5-6 s at the ~9 tokens/s measured on 2 cores).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, predictor: str = "cot", adapter: str = "json") -> None:
         super().__init__()
-        self.route = dspy.ChainOfThought(RouteTicket)
+        if predictor not in OPTIONS["predictor"] or adapter not in OPTIONS["adapter"]:
+            raise ValueError(f"predictor {predictor!r}, adapter {adapter!r}: choose from {OPTIONS}")
+        self.route = dspy.ChainOfThought(RouteTicket) if predictor == "cot" else dspy.Predict(RouteTicket)
+        self.adapter_name = adapter
 
     def forward(self, ticket: str) -> dspy.Prediction:
-        with dspy.context(adapter=dspy.JSONAdapter()):
+        with dspy.context(adapter=ADAPTERS[self.adapter_name]()):
             return self.route(ticket=ticket)
 
 
@@ -108,9 +128,9 @@ def load() -> tuple[list[dspy.Example], list[dspy.Example], list[dspy.Example]]:
     return examples[:n_train], examples[n_train : n_train + n_val], examples[n_train + n_val :]
 
 
-def make_program() -> dspy.Module:
-    """The unchanged program every optimizer starts from."""
-    return TicketRouter()
+def make_program(predictor: str = "cot", adapter: str = "json") -> dspy.Module:
+    """The unchanged program every optimizer starts from (settings in ``OPTIONS``)."""
+    return TicketRouter(predictor=predictor, adapter=adapter)
 
 
 def metric(example, pred, trace=None, pred_name=None, pred_trace=None) -> dspy.Prediction:
