@@ -468,12 +468,14 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
             "optimizer_tokens_in": spread([r["optimize"]["optimizer_lm"]["input_tokens"] for r in runs]),
             "optimizer_tokens_out": spread([r["optimize"]["optimizer_lm"]["output_tokens"] for r in runs]),
             "wall_min": spread([r["optimize"]["wall_s"] / 60 for r in runs]),
-            "load_1min_mean": spread([r["optimize"].get("load_1min", {}).get("mean", float("nan")) for r in runs]),
+            # the load while it optimized, or while it was scored when it did not optimize (unchanged, policy)
+            "load_1min_mean": spread([(r["optimize"] if ARMS[key].seeded else r["test"]).get("load_1min", {})
+                                      .get("mean", float("nan")) for r in runs]),
             "rlm_commits": sorted({r.get("rlm_commit") or "?" for r in runs}) if key == "rlmoptimizer" else None,
         }
     gepa = arms.get("gepa")
     for key, summary in arms.items():
-        if gepa and key != "gepa" and ARMS[key].seeded:
+        if gepa and key != "gepa" and ARMS[key].seeded and gepa["optimizer_tokens"]["mean"] > 0:
             summary["tokens_vs_gepa"] = summary["optimizer_tokens"]["mean"] / max(gepa["optimizer_tokens"]["mean"], 1)
             summary["wall_vs_gepa"] = summary["wall_min"]["mean"] / max(gepa["wall_min"]["mean"], 1e-9)
         for other in ("gepa", "unchanged"):
@@ -646,7 +648,7 @@ def main(argv: list[str] | None = None) -> int:
                 done[row["label"]] = row
     results["total_wall_s"] = round(time.perf_counter() - started, 1)
 
-    order = {key: i for i, key in enumerate(list(ARMS))}
+    order = {key: i for i, key in enumerate(["unchanged", "policy", "gepa", "mipro", "rlmoptimizer", *ARMS])}
     rows = sorted(done.values(), key=lambda r: (order.get(r["key"], 99), r["seed"] if r["seed"] is not None else -1))
     results["rows"] = rows
     results["summary_stats"] = summarize(rows)

@@ -71,14 +71,14 @@ if [[ ! -x "$VENV/bin/python" ]]; then
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
 fi
 PY="$VENV/bin/python"
-# (From /, so that the current folder, first on sys.path with -c, holds no rlmoptimizer.)
-if ! (cd / && "$PY" -c "import dspy, optuna, rlmoptimizer" 2>/dev/null) || "$PY" -m pip show --quiet rlmoptimizer 2>/dev/null; then
+# (From /, so that the current folder, first on sys.path with -c and -m, holds no rlmoptimizer nor its metadata.)
+if ! (cd / && "$PY" -c "import dspy, optuna, rlmoptimizer" 2>/dev/null) || (cd / && "$PY" -m pip show --quiet rlmoptimizer 2>/dev/null); then
     log "installing the dependencies of rlmoptimizer $commit into $VENV"
     nice -n 10 "$PY" -m pip install --quiet "$TREE" 2>"$WORK/pip-install.log" || {
         log "the library at $commit does not install; see $WORK/pip-install.log"
         exit 1
     }
-    nice -n 10 "$PY" -m pip uninstall --quiet --yes rlmoptimizer
+    (cd / && nice -n 10 "$PY" -m pip uninstall --quiet --yes rlmoptimizer)
     # MIPROv2 needs optuna, which dspy does not install.
     nice -n 10 "$PY" -m pip install --quiet optuna
 fi
