@@ -179,7 +179,10 @@ class RunStore:
             atomic_write_json(path, run.to_dict())
         else:
             settles.close()
-            self._sync.submit(path, then_remove=settles.path, data=run.to_dict())
+            # Written now (made durable in the background): the ledger written after this run's event must never
+            # count records that a kill could leave only in the pending log, or a resume would charge them again.
+            atomic_write_json(path, run.to_dict(), durable=False)
+            self._sync.submit(path, then_remove=settles.path)
         with self._lock:
             self._runs[run.run_id] = run
             self._last_number = max(self._last_number, number)
