@@ -4,12 +4,11 @@ returned unchecked."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 from support.fakes import FunctionLM, scripted_agent
+from support.metrics import CountingMetric
 from support.optimizing import ORIGINAL_ROUTE, compile_tickets
-from support.tickets import POLICY_PROMPT, metric, task_lm_reply
+from support.tickets import POLICY_PROMPT, task_lm_reply
 
 from rlmoptimizer import RLMDocstringOptimizer
 from rlmoptimizer.errors import ConfigurationError
@@ -17,17 +16,6 @@ from rlmoptimizer.errors import ConfigurationError
 pytestmark = pytest.mark.slow
 
 SUBMIT = "SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])"
-
-
-class CountingMetric:
-    def __init__(self):
-        self.calls = 0
-        self._lock = threading.Lock()
-
-    def __call__(self, example, prediction, trace=None):
-        with self._lock:
-            self.calls += 1
-        return metric(example, prediction, trace)
 
 
 def compile_with(codes, max_metric_calls, **kwargs):

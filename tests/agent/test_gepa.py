@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
 
 import dspy
 import pytest
 from support.fakes import FunctionLM, last_user_text, scripted_agent
+from support.metrics import CountingMetric
+from support.optimizing import copier
 from support.tickets import POLICY_PROMPT, TICKETS, RouteTicket, make_splits, metric, task_lm_reply
 
 from rlmoptimizer import RLMDocstringOptimizer
@@ -27,7 +27,6 @@ from rlmoptimizer.agent.guide import SUBMIT_LINE
 pytestmark = pytest.mark.slow
 
 ORIGINAL_ROUTE = RouteTicket().route.signature.instructions
-HINT = re.compile(r"Next line of the default loop \(or your own move\): (.+)")
 TESTS = Path(__file__).resolve().parent.parent
 
 
@@ -40,19 +39,6 @@ def reflection_lm(text: str = POLICY_PROMPT, log: list | None = None) -> Functio
         return f"```\n{text}\n```"
 
     return FunctionLM(reply, name="reflection")
-
-
-class CountingMetric:
-    """The ticket metric, counting its calls under a lock (evaluations run in threads)."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self._lock = threading.Lock()
-
-    def __call__(self, example, prediction, trace=None):
-        with self._lock:
-            self.calls += 1
-        return metric(example, prediction, trace)
 
 
 def compile_with(turns_or_lm, *, sub_lm=None, metric_fn=metric, **kwargs):
@@ -68,18 +54,6 @@ def compile_with(turns_or_lm, *, sub_lm=None, metric_fn=metric, **kwargs):
 
 def printed(result, turn: int) -> dict:
     return json.loads(result.agent_trajectory[turn]["output"].strip().splitlines()[-1])
-
-
-def copier(seen: list[str]) -> FunctionLM:
-    """A root LM that runs, every turn, exactly the line the optimizer state suggests."""
-
-    def reply(messages):
-        lines = HINT.findall(last_user_text(messages))
-        assert lines, "every turn's state block names the next line"
-        seen.append(lines[-1])
-        return {"reasoning": "follow the default loop", "code": lines[-1]}
-
-    return FunctionLM(reply, name="copier")
 
 
 def test_a_root_lm_that_only_copies_the_suggested_line_gets_gepas_best():

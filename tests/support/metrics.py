@@ -4,6 +4,8 @@ names the module a metric comes from."""
 
 from __future__ import annotations
 
+import threading
+
 from support.tickets import metric
 
 
@@ -17,3 +19,16 @@ class Judge:
 
     def __call__(self, example, prediction, trace=None):
         return metric(example, prediction)
+
+
+class CountingMetric:
+    """The ticket metric, counting its calls under a lock (evaluations run in threads)."""
+
+    def __init__(self):
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, example, prediction, trace=None):
+        with self._lock:
+            self.calls += 1
+        return metric(example, prediction, trace)
