@@ -196,7 +196,7 @@ class _Watch:
         self.state: Any = None
         self.merges = 0
         self._activity = activity  # (units spent, reflections answered or replayed) so far
-        self._idle_limit = idle_limit
+        self.idle_limit = idle_limit
         self._last: tuple[int, int] | None = None
         self.idle = 0
 
@@ -207,7 +207,7 @@ class _Watch:
         self._last = now
 
     def __call__(self, state: Any) -> bool:  # gepa's StopperProtocol, asked before each iteration
-        return self.idle >= self._idle_limit
+        return self.idle >= self.idle_limit
 
     def on_merge_accepted(self, event: Any) -> None:
         self.merges += 1
@@ -344,7 +344,7 @@ class GepaMoves(MoveContext):
         split = "validation" if uses_val else "train"
         if stopped is not None:
             why = stopped.why
-        elif watch.idle >= watch._idle_limit:
+        elif watch.idle >= watch.idle_limit:
             why = (f"{watch.idle} iterations in a row had nothing to do (the minibatches drawn already pass): "
                    "nothing more to learn from train failures")
         else:
