@@ -5,7 +5,7 @@ Roles:
 ``root``
     the optimizer agent's own turns and the final extraction;
 ``sub``
-    the agent's ``llm_query`` / ``llm_query_batched`` prompts and its sandbox sub-agents;
+    the agent's ``llm_query`` / ``llm_query_batched`` prompts, its proposals and GEPA's reflections;
 ``eval``
     the program under optimization (every predictor, whatever LM it is set to) and the metric's own LM calls.
 

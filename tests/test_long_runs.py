@@ -35,7 +35,7 @@ def turn_code(turn: int) -> dict[str, str]:
         body += "print(add_note('the disputes policy is the main failure'))\n"
     if turn == 2:
         body += (f"update_prompt('route', {POLICY_PROMPT!r})\nprint(llm_query_batched(['why?', 'how?']))\n"
-                 "import dspy\nprint(dspy.Predict('question -> answer')(question='a sub-agent?').answer)\n")
+                 "print(llm_query('and one more?'))\n")
     if turn == 3:
         body += "v = evaluate_program(split='val')\nprint('val', v['score'], v.get('note'))\n"
     if turn == 40:
@@ -130,7 +130,7 @@ def test_sixty_long_turns_fit_the_window_and_count_every_call_per_role(tmp_path)
         assert usage[role]["calls"] == len(reported), role
         assert usage[role]["input_tokens"] == sum(u.input_tokens for u in reported), role
         assert usage[role]["output_tokens"] == sum(u.output_tokens for u in reported), role
-    # two llm_query_batched prompts and one sandbox sub-agent (dspy.Predict in the REPL) are sub-LM calls
+    # two llm_query_batched prompts and one llm_query are sub-LM calls
     assert usage["sub"]["calls"] == 3 and usage["sub"]["cost_usd"] is None
     assert "an answer" in result.agent_trajectory[1]["output"]
     assert usage["root"]["cost_usd"] > 0 and usage["eval"]["cost_usd"] > 0

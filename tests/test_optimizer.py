@@ -6,8 +6,8 @@ import json
 
 import dspy
 import pytest
-from support.fakes import FunctionLM, scripted_agent
-from support.optimizing import ORIGINAL_ROUTE, SUBMIT_POLICY, compile_tickets, optimizer, outputs
+from support.fakes import FunctionLM, scripted_agent, system_text
+from support.optimizing import ORIGINAL_ROUTE, SUBMIT_CURRENT, SUBMIT_POLICY, compile_tickets, optimizer, outputs
 from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 
 from rlmoptimizer import ConfigurationError, RLMDocstringOptimizer
@@ -123,9 +123,16 @@ def test_submitting_the_unchanged_instructions_returns_them():
     assert result.budget["spent"] == 0  # already evaluated by the free baseline: nothing paid for it
 
 
-def test_agent_instructions_name_every_tool():
-    for name in (*TOOL_NAMES, "llm_query", "llm_query_batched", "SUBMIT", "baseline_train", "baseline_val"):
-        assert name in AGENT_INSTRUCTIONS
+def test_the_root_lm_sees_each_tool_once_with_its_parameters_and_no_sub_agent_rules():
+    root = scripted_agent([SUBMIT_CURRENT])
+    compile_tickets(root)
+    system = system_text(root.calls[0])
+    for name in (*TOOL_NAMES, "llm_query", "llm_query_batched"):
+        assert system.count(f"- {name}(") == 1, name
+    assert "- evaluate_program(split='train', limit=None, sample=None, ids=None, failed_from_run=None" in system
+    for name in ("SUBMIT(optimized_dspy_program=", "baseline_train", "baseline_val", "run_gepa(budget="):
+        assert name in AGENT_INSTRUCTIONS and name in system
+    assert "dspy.ReActV2" not in system and "Sub-agents" not in system
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dspy.adapters.chat_adapter import ChatAdapter
 from dspy.clients.backend_selection import CLIENT_KEYS
 from dspy.lm15 import Message, Request, Response, request_from_openai_chat
-from dspy.predict.rlm import SUB_AGENT_INSTRUCTIONS, _LLMCallBudget, _strip_code_fences
-from dspy.primitives.code_interpreter import resolve_interpreter_factory
+from dspy.predict.rlm import _LLMCallBudget
+from dspy.primitives.code_interpreter import CodeExecutionError, resolve_interpreter_factory
 from dspy.primitives.repl_types import REPLEntry, REPLHistory
 from dspy.teleprompt.gepa import InstructionProposer
 from dspy.utils.exceptions import format_error_for_lm
@@ -23,6 +23,7 @@ REQUIRED = REQUIREMENTS["agent"]
 
 __all__ = [
     "CLIENT_KEYS",
+    "CodeExecutionError",
     "REQUIRED",
     "ChatAdapter",
     "InstructionProposer",
@@ -31,9 +32,7 @@ __all__ = [
     "REPLHistory",
     "Request",
     "Response",
-    "SUB_AGENT_INSTRUCTIONS",
     "_LLMCallBudget",
-    "_strip_code_fences",
     "format_error_for_lm",
     "request_from_openai_chat",
     "resolve_interpreter_factory",

@@ -2,7 +2,10 @@
 
 Differences from a plain ``dspy.RLM``:
 
-- ``llm_query`` / ``llm_query_batched`` and the sandbox's ``dspy`` sub-agents charge one budget unit per
+- The turn's signature is ours (:func:`~rlmoptimizer.agent.prompts.action_signature`): the instructions, how a
+  turn works and each tool once; dspy's sandbox sub-agents are not installed (``llm_query`` and the moves are
+  the agent's sub-LM). The code of a reply is read by :func:`code_of`, which drops a stray fence line.
+- ``llm_query`` / ``llm_query_batched`` charge one budget unit per
   prompt to the :class:`~rlmoptimizer.budget.BudgetLedger` (reserve first, so nothing is overspent). With no
   budget left they answer with an error the agent can read, and the agent goes on working.
 - A root-LM reply that does not parse is retried, then shown to the agent as an error turn; it does not end
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import re
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,15 +34,15 @@ import dspy
 from dspy import AdapterParseError, ChatAdapter, CodeInterpreter, Prediction
 
 from rlmoptimizer.agent._dspy import (
-    SUB_AGENT_INSTRUCTIONS,
+    CodeExecutionError,
     REPLHistory,
     _LLMCallBudget,
-    _strip_code_fences,
     format_error_for_lm,
     resolve_interpreter_factory,
 )
 from rlmoptimizer.agent.context import BoundedContext, is_context_refusal, turn_inputs
 from rlmoptimizer.agent.guide import AUTOPILOT, autopilot_step, note_repeat
+from rlmoptimizer.agent.prompts import action_signature
 from rlmoptimizer.agent.root_lm import TurnSender
 from rlmoptimizer.agent.stop import SpendingStop, StopRequest
 from rlmoptimizer.budget import SUB_LM_CALL, BudgetLedger, Reservation
@@ -69,10 +73,6 @@ class _ChargedBudget:
             raise
         return reservation
 
-    def reserve(self, n: int = 1) -> None:
-        """dspy's facade protocol (sandbox sub-agents): charge ``n`` calls up front."""
-        self.take(n).spend(n)
-
 
 def _root_adapter(*, last_attempt: bool):
     """The adapter for one root-LM attempt. Unless the user configured one, dspy's ChatAdapter, whose fallback
@@ -80,6 +80,33 @@ def _root_adapter(*, last_attempt: bool):
     differs from the first ~150 tokens on, so every prompt-prefix cache (a local server's, a provider's
     prompt caching) misses and the whole history is paid for again, while a plain retry reuses it."""
     return dspy.settings.adapter or ChatAdapter(use_json_adapter_fallback=last_attempt)
+
+
+_FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+.-]*)[ \t]*$", re.MULTILINE)
+_PYTHON_TAGS = frozenset({"", "python", "py", "python3", "py3"})
+
+
+def code_of(reply: str) -> str:
+    """The Python in a reply's ``code`` field: the first fenced block (```python or a bare ```; an unclosed one
+    runs to the end), or the whole text when it has no fence line. Fence lines wrapped around the block (```
+    then ```python) and a stray fence line (a closing fence with no opening one) are dropped. A block tagged with
+    another language raises ``SyntaxError`` saying so."""
+    lines = reply.strip().splitlines()
+    while len(lines) >= 2 and lines[0].strip() == "```" and lines[-1].strip() == "```" and \
+            sum(line.strip().startswith("```") for line in lines) > 2:
+        lines = lines[1:-1]
+    text = "\n".join(lines)
+    opening = _FENCE.search(text)
+    if opening is None:
+        return text.strip()
+    tag = opening.group(1).lower()
+    if tag not in _PYTHON_TAGS:
+        raise SyntaxError(f"the code block is tagged ```{tag}: write Python in a ```python block")
+    closing = _FENCE.search(text, opening.end())
+    if closing is None:  # one fence line only: an unclosed block, or a stray closing fence after the code
+        before, after = text[: opening.start()].strip(), text[opening.end():].strip()
+        return after or before
+    return text[opening.end(): closing.start()].strip()
 
 
 def _budget_message(exc: BaseException) -> str:
@@ -117,6 +144,12 @@ class OptimizerAgent(dspy.RLM):
         **rlm_kwargs: Any,
     ) -> None:
         super().__init__(signature, **rlm_kwargs)
+        # Our own turn signature (instructions, how a turn works, the tools): one list of tools, no dspy sub-agents.
+        factory = rlm_kwargs.get("interpreter_factory")
+        self.generate_action = dspy.Predict(action_signature(
+            self.signature.instructions, list(rlm_kwargs.get("tools") or ()),
+            getattr(factory, "execution_instructions", "") if factory is not None else "",
+        ))
         # What the root LM is sent per turn (rlmoptimizer.agent.root_lm); None keeps dspy's rendering unchanged.
         self._turn_sender = (
             TurnSender(stateful=stateful_session, multiturn=multiturn_history, max_iters=self.max_iters)
@@ -193,15 +226,6 @@ class OptimizerAgent(dspy.RLM):
 
         return {"llm_query": llm_query, "llm_query_batched": llm_query_batched}
 
-    def _setup_facade(self, repl, budget, interpreter_factory) -> str:
-        before = set(getattr(repl, "tools", {}) or {})
-        rules = super()._setup_facade(repl, _ChargedBudget(budget, self._ledger), interpreter_factory)
-        tools = getattr(repl, "tools", None)
-        if isinstance(tools, dict):
-            for name in set(tools) - before:  # the sub-agent tools: their LM calls are sub-LM calls
-                tools[name] = self._as_sub(tools[name])
-        return rules
-
     # -- the loop ---------------------------------------------------------------------------------------
     def forward(self, *, interpreter_factory: Callable[[], CodeInterpreter] | None = None, **input_args) -> Prediction:
         self._validate_inputs(input_args)
@@ -217,9 +241,9 @@ class OptimizerAgent(dspy.RLM):
             # The REPL's setup waits for the sandbox's start; the first root-LM call does not need it, so the two
             # overlap and the start is hidden behind the LM (the sandbox serializes calls from any thread).
             setup = pool.submit(
-                contextvars.copy_context().run, self._prepare_repl, repl, budget, interpreter_factory, input_args
+                contextvars.copy_context().run, self._prepare_repl, repl, input_args
             )
-            sub_agent_rules, regular_args = SUB_AGENT_INSTRUCTIONS, None
+            regular_args = None
 
             history = REPLHistory(max_output_chars=self.max_output_chars)
             for turn in self._prior_turns:
@@ -229,9 +253,9 @@ class OptimizerAgent(dspy.RLM):
                 if self._spending_stop is not None and self._spending_stop.ends_run():
                     setup.result()
                     return self._spending_stop.outcome(history, output_field_names)
-                action = self._next_action(variables, history, iteration, interpreter_factory, sub_agent_rules)
+                action = self._next_action(variables, history, iteration)
                 if regular_args is None:
-                    sub_agent_rules, regular_args = setup.result()
+                    regular_args = setup.result()
                 if isinstance(action, REPLHistory):  # a reply that never parsed, recorded as an error turn
                     result = action
                 else:
@@ -248,22 +272,22 @@ class OptimizerAgent(dspy.RLM):
             setup.result()
             return self._extract_fallback(variables, history, output_field_names)
 
-    def _prepare_repl(self, repl, budget, interpreter_factory, input_args) -> tuple[str, dict[str, Any]]:
-        """dspy's facade, our data-loading setup code, then mark both for replay after a restart."""
-        sub_agent_rules = self._setup_facade(repl, budget, interpreter_factory)
+    def _prepare_repl(self, repl, input_args) -> dict[str, Any]:
+        """The inputs, our data-loading setup code, then mark both for replay after a restart. (dspy's sandbox
+        sub-agent facade is not installed: ``llm_query`` and the moves are the agent's sub-LM.)"""
         regular_args = self._prepare_serializable_vars(input_args, repl)
         if self._setup_code:
             repl.execute(self._setup_code)
         mark = getattr(repl, "mark_setup_complete", None)
         if callable(mark):
             mark()
-        return sub_agent_rules, regular_args
+        return regular_args
 
-    def _next_action(self, variables, history, iteration, interpreter_factory, sub_agent_rules):
+    def _next_action(self, variables, history, iteration):
         """The root LM's next action; a reply that does not parse is retried, then recorded as an error turn
         (returned as the new REPLHistory)."""
         variables_info = [variable.format() for variable in variables]
-        signature = self._action_signature_for_current_factory(interpreter_factory, sub_agent_rules)
+        signature = self.generate_action.signature
         last_error: AdapterParseError | None = None
         root_lm = self.generate_action.lm or dspy.settings.lm
         sender = self._turn_sender if self._turn_sender is not None and self._turn_sender.takes_turn(root_lm) else None
@@ -317,7 +341,7 @@ class OptimizerAgent(dspy.RLM):
     def _run_action(self, repl, action, history, input_args, output_field_names):
         """Execute the action's code; the new history, or the final Prediction on a valid SUBMIT."""
         try:
-            code = _strip_code_fences(action.code)
+            code = code_of(action.code)
         except SyntaxError as exc:
             code = action.code
             result = f"[Error] {format_error_for_lm(exc)}"
@@ -330,7 +354,10 @@ class OptimizerAgent(dspy.RLM):
             action = Prediction(reasoning=f"{action.reasoning}\n{AUTOPILOT} ran the default loop's next line in "
                                           f"place of a cell that repeated step {stuck} and changed nothing.", code=line)
             code = line
-        result = self._execute_code(repl, code, input_args)
+        try:
+            result = repl.execute(code, variables=dict(input_args))
+        except (CodeExecutionError, SyntaxError) as exc:
+            result = f"[Error] {format_error_for_lm(exc)}"
         result = self._process_execution_result(action, code, result, history, output_field_names)
         if not isinstance(result, REPLHistory):
             return result

@@ -1,7 +1,7 @@
 """The functions the optimizer agent calls from its REPL, bound to one compile().
 
-A tool's name, type hints and docstring are its interface: dspy.RLM builds the agent's tool list from
-exactly those. Tools return JSON-friendly values. A bad argument raises an exception whose message says
+A tool's name, parameters and docstring are its interface: the agent's tool list
+(:func:`rlmoptimizer.agent.prompts.format_tools`) is built from exactly those, and nothing else describes them. Tools return JSON-friendly values. A bad argument raises an exception whose message says
 what to do next (the agent sees it as the error of its code cell); nothing a tool refuses changes state.
 The selection of example ids is parsed here, once per call; the inner rooms trust the ids they get.
 
@@ -163,7 +163,7 @@ class AgentTools:
         seed: int = 0,
         rollouts: int = 1,
     ) -> dict:
-        """Run the program with the current instructions on 'train' (selected examples, full records) or 'val' (whole split, aggregates only). Costs 1 budget unit per newly evaluated example per rollout; rollouts=k samples each example k times (per-example pass_rate, flaky_ids, always_failing_ids)."""
+        """Run the program with the current instructions. On 'train' it returns a run like baseline_train, on the examples selected by limit=N (the first N), sample='random' (shuffled by seed; with limit), ids=[3, 7] or ids='3,7', or failed_from_run=a train run id (its failures). On 'val' it runs the whole split and returns aggregates only. 1 unit per newly evaluated example per rollout; what the budget cannot cover is left out and 'note' says so. rollouts=k runs each example k times (per example 'pass_rate'; per run 'flaky_ids', 'always_failing_ids')."""
         if split not in self.runs.splits:
             raise agent_error(f"unknown split {split!r}", f"use one of {sorted(self.runs.splits)}")
         if split == "val":
@@ -277,11 +277,11 @@ class AgentTools:
         return self.moves.diff_runs(run_a, run_b)
 
     def hard_examples(self) -> dict:
-        """The failure replay set: train ids failing under the best candidate so far, and every train example that failed in any evaluation with how often (most often first). Free."""
+        """The failure replay set: 'failing_under_best' (train ids the best candidate so far fails) and 'examples' (every train example that failed in any evaluation, with 'failed' and 'evaluated' counts, most often failed first). Free."""
         return self.moves.hard_examples()
 
     def candidates(self) -> dict:
-        """Every instruction set evaluated so far: its instructions, train scores by example id, validation score, and whether it is on the Pareto front (best on at least one example). 'best' is the index of the best (by validation when checked). Free."""
+        """Every instruction set evaluated so far: 'instructions', 'ids' (its candidate ids), 'lineage' (parents and the move that made it), 'train_scores' by example id, 'val_score', 'on_pareto_front' (best on at least one example). 'best' is the index of the best (by validation when checked). Free."""
         return self.moves.candidates()
 
 

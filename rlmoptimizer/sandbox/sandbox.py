@@ -215,6 +215,8 @@ class Sandbox:
             self._executing_thread = threading.get_ident()
             try:
                 return self._execute_locked(code, dict(variables or {}))
+            except SyntaxError as exc:
+                raise _explained(exc, code) from None
             finally:
                 self._executing_thread = None
                 self._session.watch_idle()
@@ -394,3 +396,21 @@ class Sandbox:
         self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)
         os.mkdir(os.path.join(self._tmpdir, "work"))
         return deno.build_command([], self.memory_limit_mb, self._tmpdir)
+
+
+def _explained(error: SyntaxError, code: str) -> SyntaxError:
+    """``error`` with what is wrong and where. The sandbox's runner reports a syntax error with a blank message
+    ("Invalid Python syntax. message: "), which tells the agent nothing; the host's parser names the line and
+    the cause. Code the host parses (a newer syntax than the host's Python knows) keeps the runner's error."""
+    if str(error).split("message:", 1)[-1].strip():
+        return error
+    try:
+        compile(code, "<cell>", "exec", dont_inherit=True)
+    except SyntaxError as host:
+        where = f"line {host.lineno}" if host.lineno else "the cell"
+        text = (host.text or "").strip()
+        return SyntaxError(f"Invalid Python syntax at {where}: {host.msg}" + (f": {text[:200]}" if text else ""))
+    except (ValueError, OverflowError, MemoryError):  # e.g. null bytes in the code
+        pass
+    return error
+

@@ -59,3 +59,16 @@ def test_a_value_a_tool_cannot_take_gets_an_error_naming_the_argument():
     assert refused[2].startswith("REFUSED AgentToolError evaluate_program(): argument 'limit' takes int | None, got str 'ten'")
     assert "not JSON serializable" not in result.agent_trajectory[0]["output"]
     assert result.budget["spent"] == 0
+
+
+def test_a_stray_fence_still_runs_and_a_syntax_error_says_where_and_why():
+    result = compile_with([
+        "[[ ## reasoning ## ]]\nlook\n\n[[ ## code ## ]]\nprint('ran', 1 + 1)\n```\n\n[[ ## completed ## ]]",
+        {"reasoning": "broken", "code": "```python\nx = (1,\nprint(x)\n```"},
+        {"reasoning": "another language", "code": "```javascript\nconsole.log(1)\n```"},
+        {"reasoning": "submit", "code": SUBMIT_LINE},
+    ])
+    stray, broken, other = (turn["output"] for turn in result.agent_trajectory[:3])
+    assert "ran 2" in stray  # the closing fence with no opening one is dropped, the code runs
+    assert "line 1" in broken and "never closed" in broken  # not the sandbox's blank "message: "
+    assert "```javascript" in other and "```python" in other
