@@ -4,9 +4,12 @@ A small root LM does not compose tools from a description; it copies code it is 
 follows the agent's moves (the tools report them) and names the next line of the default loop with real
 step names, candidate ids and example ids filled in, so that it runs as written:
 
-    run GEPA (the gepa package's engine) with most of the budget -> adopt its best -> validation checkpoint ->
+    run GEPA (the gepa package's engine) with most of the budget -> adopt its best and check it on validation ->
     targeted work on what it still fails, with what is left: propose for a step -> compare against the current
-    prompts on its check ids -> adopt the winner -> validation checkpoint -> ... -> SUBMIT when the budget is spent
+    prompts on its check ids -> adopt the winner and check it on validation -> ... -> SUBMIT when the budget is spent
+
+An adoption and its validation checkpoint are one line (one turn, when the check can be paid): every turn of a
+small root LM costs its whole request again.
 
 GEPA gets everything unless what is left after it can pay one targeted round (a proposal, a comparison and a
 validation check): a root LM that only copies the line it is shown therefore gets GEPA's result.
@@ -122,7 +125,11 @@ class LoopGuide:
             if left <= 0:
                 return SUBMIT_LINE
             if self._winner is not None:
-                return f"print(adopt_candidate({self._winner!r}))"
+                adopt = f"print(adopt_candidate({self._winner!r}))"
+                # the checkpoint goes with the adoption when it can be paid (GEPA's best: already scored there, free)
+                if self._val_size and (self._winner.startswith("gepa-") or left >= self._val_size):
+                    return f"{adopt}; print(evaluate_program(split='val'))"
+                return adopt
             if self._unchecked and self._val_size and left >= self._val_size:
                 return "print(evaluate_program(split='val'))"
             if not self._gepa_ran:

@@ -40,11 +40,11 @@ analyse, update prompts and SUBMIT.
 The default loop. The optimizer state at the end of every turn closes with its next line, ids filled in: when
 you have nothing better, run that line as written.
 1. `r = run_gepa(budget=N); print(r['summary'])`: GEPA with most of the budget.
-2. `print(adopt_candidate('gepa-3'))`: its best, when it found a better one.
-3. `print(evaluate_program(split='val'))`: the checkpoint (free when GEPA already scored it).
-4. With what is left, targeted work on what the best still fails: `propose_instructions`, `compare` against
+2. `print(adopt_candidate('gepa-3')); print(evaluate_program(split='val'))`: its best, when it found a better
+   one, and the checkpoint (free: GEPA already scored it there).
+3. With what is left, targeted work on what the best still fails: `propose_instructions`, `compare` against
    'current', adopt the winner, check on val.
-5. `SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])` when the budget is spent.
+4. `SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])` when the budget is spent.
 Do better than the loop when you can: run GEPA on the step at fault only (`steps=[...]`), restart it from your
 own edited prompts (`start=`), or split the budget into several runs with analysis in between. Read what the best
 still fails (`hard_examples()`, `evaluate_program(failed_from_run=...)`, `diff_runs`); group failures with code

@@ -39,7 +39,7 @@ from rlmoptimizer.agent.tools import AgentTools
 from rlmoptimizer.budget import BudgetLedger, budget_for
 from rlmoptimizer.errors import ConfigurationError
 
-__all__ = ["TYPICAL_CHARS_PER_TOKEN", "check_root_window", "first_request_chars"]
+__all__ = ["TYPICAL_CHARS_PER_TOKEN", "check_root_window", "first_request_chars", "unbound_tools"]
 
 TYPICAL_CHARS_PER_TOKEN = 4.0
 """Characters per token of English prose on common tokenizers (GPT-4o, Llama 3, Qwen 2.5 run about 4)."""
@@ -48,7 +48,7 @@ TYPICAL_CHARS_PER_TOKEN = 4.0
 _ONE_STEP = {"predict": ("question -> answer", "Given the fields `question`, produce the fields `answer`.")}
 
 
-def _tool_functions() -> list[Callable]:
+def unbound_tools() -> list[Callable]:
     """The agent's tools as a request shows them (their names, type hints and docstrings), bound to no compile."""
     unbound = object.__new__(AgentTools)
     try:
@@ -70,7 +70,7 @@ def first_request_chars(config: Any, runtime_rules: str, steps: Mapping[str, tup
     no_interpreter.execution_instructions = runtime_rules
     note = budget_note(train_size, val_size, config.max_iterations, config.max_metric_calls)
     agent = OptimizerAgent(
-        agent_signature(budget, note), ledger=BudgetLedger(budget), tools=_tool_functions(),
+        agent_signature(budget, note), ledger=BudgetLedger(budget), tools=unbound_tools(),
         interpreter_factory=no_interpreter, max_iters=config.rlm_max_iterations,
         max_llm_calls=config.rlm_max_llm_calls, max_output_chars=config.rlm_max_output_chars,
     )

@@ -63,8 +63,8 @@ def test_a_root_lm_that_only_copies_the_suggested_line_gets_gepas_best():
     codes = [turn["code"] for turn in result.agent_trajectory]
     # 3 * 12 + 8 = 44 units: too few for a targeted round after GEPA as well, so GEPA gets them all
     assert codes[0] == "r = run_gepa(budget=44); print(r['summary'])"
-    assert codes[1] == "print(adopt_candidate('gepa-1'))"
-    assert codes[2] == "print(evaluate_program(split='val'))"
+    assert codes[1] == "print(adopt_candidate('gepa-1')); print(evaluate_program(split='val'))"
+    assert codes[2] == SUBMIT_LINE and len(codes) == 3
     assert "best gepa-1 (validation score 1.000, the start scored 0.500)" in result.agent_trajectory[0]["output"]
     assert all("Error" not in turn["output"] for turn in result.agent_trajectory), result.agent_trajectory
     # the checkpoint was free: GEPA had scored its best on the whole validation split

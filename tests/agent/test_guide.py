@@ -60,13 +60,12 @@ def test_a_root_lm_that_only_copies_the_suggested_line_optimizes_the_program():
     # 44 units: GEPA's reflection, 3 proposals, 7 + 7 + 6 compared, 8 for validation leave 12, of which 8 stay
     # kept for a check
     unseen = ",".join(unseen[:4])
-    assert codes[6:9] == [
-        "print(adopt_candidate('proposal-3'))",
-        "print(evaluate_program(split='val'))",
+    assert codes[6:8] == [
+        "print(adopt_candidate('proposal-3')); print(evaluate_program(split='val'))",
         # the policy passes every example it was checked on: more of train is evaluated before anything else
         f"print(evaluate_program(ids='{unseen}')['score'])",
     ]
-    assert codes[9] == SUBMIT_LINE  # what is left is kept for a validation check
+    assert codes[8] == SUBMIT_LINE  # what is left is kept for a validation check
     assert all("Error" not in turn["output"] for turn in result.agent_trajectory), result.agent_trajectory
 
     assert result.optimized_dspy_program["route"] == POLICY_PROMPT
@@ -119,6 +118,8 @@ def test_the_guide_keeps_a_validation_check_paid_for_and_stops_at_submit():
     assert guide.next_line() == "r = compare(['current', 'proposal-1', 'proposal-2'], ids='1,3,2,4,5,6,7'); print(r['summary'])"
     left[0] = 20
     guide.compared(["current", "proposal-1", "proposal-2"], 2, "train")
+    assert guide.next_line() == "print(adopt_candidate('proposal-2')); print(evaluate_program(split='val'))"
+    left[0] = 7  # too little for the checkpoint: the adoption alone
     assert guide.next_line() == "print(adopt_candidate('proposal-2'))"
     guide.changed()
     left[0] = 9
@@ -188,8 +189,7 @@ def test_an_agent_stuck_on_a_cell_that_changes_nothing_is_driven_by_the_autopilo
     assert turns[2]["code"] == "r = run_gepa(budget=44); print(r['summary'])"
     assert "[Autopilot] ran the default loop's next line in place of a cell that repeated step 1" in turns[2]["reasoning"]
     assert turns[2]["output"].startswith("[Autopilot] this line ran in place of step 1's repeated cell.\n")
-    assert turns[3]["code"] == "print(adopt_candidate('gepa-1'))"
-    assert turns[4]["code"] == "print(evaluate_program(split='val'))"
-    assert turns[5]["final"] and turns[5]["code"] == SUBMIT_LINE and len(turns) == 6
+    assert turns[3]["code"] == "print(adopt_candidate('gepa-1')); print(evaluate_program(split='val'))"
+    assert turns[4]["final"] and turns[4]["code"] == SUBMIT_LINE and len(turns) == 5
     assert result.route.signature.instructions == POLICY_PROMPT
     assert result.selection["chosen_score"] == 1.0
