@@ -325,7 +325,8 @@ class _Compile:
         )
         self.notes = NotesStore(self.directory)
         self.tools = AgentTools(working=self.working, runs=self.runs, ledger=self.ledger, proposal_lm=self.sub_lm,
-                                notes=self.notes, as_sub=lambda fn: self.usage.in_role(SUB, fn))
+                                notes=self.notes, as_sub=lambda fn: self.usage.in_role(SUB, fn),
+                                seed=config.attempt)
 
     def release(self) -> None:
         """Give the run directory up for the next compile()."""

@@ -97,8 +97,9 @@ class AgentTools:
 
     def __init__(self, *, working: WorkingProgram, runs: Runs, ledger: BudgetLedger,
                  proposal_lm: dspy.BaseLM | None = None, notes: NotesStore | None = None,
-                 as_sub: Callable[[Callable], Callable] | None = None) -> None:
+                 as_sub: Callable[[Callable], Callable] | None = None, seed: int = 0) -> None:
         self.working = working
+        self.seed = seed  # run_gepa's default seed: the compile's attempt, so that attempts sample differently
         self._as_sub = as_sub or (lambda fn: fn)  # books the proposals' LM calls to the sub role
         self.runs = runs
         self.ledger = ledger
@@ -199,9 +200,9 @@ class AgentTools:
             return self.moves.evaluate_rollouts(self.working.instructions(), "train", selected, rollouts)
         run = self.working.evaluate("train", selected, label="agent")
         return run.agent_view()
-    def run_gepa(self, budget: int | None = None, steps: Any = None, start: Any = "current", seed: int = 0,
+    def run_gepa(self, budget: int | None = None, steps: Any = None, start: Any = "current", seed: int | None = None,
                  minibatch_size: int = 3, use_merge: bool = True, proposals_per_iteration: int = 1) -> dict:
-        """Run GEPA (the gepa package's engine: Pareto selection of parents, reflective proposals from minibatches of failures, merge) from `start` ('current' or a candidate id) on `steps` (all by default), for at most `budget` units (default: all that is left). Changes nothing. Returns {'best': a candidate id, 'best_is_new', 'candidate_ids': ['gepa-1', ...], 'candidates': [{'id', 'parents', 'score'}], 'pareto_front', 'best_score' (aggregate on validation, or train without one), 'spent', 'summary'}; then adopt_candidate(r['best'])."""
+        """Run GEPA (the gepa package's engine: Pareto selection of parents, reflective proposals from minibatches of failures, merge) from `start` ('current' or a candidate id) on `steps` (all by default), for at most `budget` units (default: all that is left); `seed` orders its minibatches (default: the compile's attempt). Changes nothing. Returns {'best': a candidate id, 'best_is_new', 'candidate_ids': ['gepa-1', ...], 'candidates': [{'id', 'parents', 'score'}], 'pareto_front', 'best_score' (aggregate on validation, or train without one), 'spent', 'summary'}; then adopt_candidate(r['best'])."""
         if budget is None:
             budget = self.ledger.left
         if steps is not None and not isinstance(steps, str):
@@ -211,7 +212,8 @@ class AgentTools:
                 raise agent_error(f"steps must be a list of step names, got {type(steps).__name__}",
                                   f"pass steps=None (all) or a list from {self.working.step_names}") from None
         try:
-            result = self.moves.run_gepa(budget, steps, start, seed=seed, minibatch_size=minibatch_size,
+            result = self.moves.run_gepa(budget, steps, start, seed=self.seed if seed is None else seed,
+                                         minibatch_size=minibatch_size,
                                          use_merge=use_merge, proposals_per_iteration=proposals_per_iteration,
                                          answers=self.answers, book=self._as_sub, answered=self._sub_lm_answered)
         finally:

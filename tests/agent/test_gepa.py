@@ -114,6 +114,24 @@ def test_run_gepa_returns_candidates_with_their_lineage_and_the_other_moves_take
     assert result.route.signature.instructions == POLICY_PROMPT
 
 
+def test_run_gepa_samples_its_minibatches_by_the_compiles_attempt_unless_given_a_seed(tmp_path):
+    def reflected_on(attempt: int, call: str) -> list:
+        turns = [
+            {"reasoning": "gepa", "code": (
+                f"import json\nr = {call}\nrows = candidates()['candidates']\n"
+                "print(json.dumps(sorted((i, e['reflected_on']) for row in rows for i, e in (row['lineage'] or {}).items()"
+                " if i.startswith('gepa-'))))"
+            )},
+            {"reasoning": "submit", "code": SUBMIT_LINE},
+        ]
+        result = compile_with(turns, attempt=attempt, run_storage_dir=tmp_path / f"{attempt}-{len(call)}")
+        return json.loads(result.agent_trajectory[0]["output"].strip().splitlines()[-1])
+
+    first, second = reflected_on(0, "run_gepa(budget=40)"), reflected_on(1, "run_gepa(budget=40)")
+    assert first and second and first != second  # another attempt, other minibatches (as GEPA's seed= does)
+    assert reflected_on(0, "run_gepa(budget=40, seed=1)") == second
+
+
 @pytest.mark.parametrize("proposals", [1, 3])
 def test_run_gepa_never_spends_past_its_slice_and_every_metric_call_is_one_unit(proposals):
     counting = CountingMetric()
