@@ -1,8 +1,11 @@
 """The budget ledger: one thread-safe count of what an optimization run has paid for.
 
 What it counts: one unit per evaluated example (train or validation) and one unit per sub-LM prompt
-(``llm_query`` / ``llm_query_batched`` inside the agent's REPL). What it does not count: baseline
-evaluations, records reused from an identical earlier evaluation, and the optimizer agent's own turns.
+(``llm_query`` / ``llm_query_batched`` inside the agent's REPL, a proposal, a GEPA reflection). What it does not
+count: baseline evaluations, records reused from an identical earlier evaluation, and the optimizer agent's own
+turns. With ``sub_lm_limit`` (a budget of ``max_metric_calls``, counted as dspy.GEPA counts: sub-LM prompts are not
+metric calls) sub-LM prompts draw on an allowance of their own, and ``limit``, ``spent`` and ``left`` are metric
+calls only.
 
 Work that costs budget first *reserves* what it wants; the ledger grants what is left (possibly less,
 possibly nothing) and never lets reservations plus spending exceed the limit. The work then *spends*
@@ -73,13 +76,13 @@ class Reservation:
                 )
             self._open -= n
             self.spent += n
-            self._ledger._reserved -= n
+            self._ledger._reserved[self._ledger.pool_of(self.kind)] -= n
             self._ledger._spent_by_kind[self.kind] = self._ledger._spent_by_kind.get(self.kind, 0) + n
 
     def release(self) -> None:
         """Give back every unit not spent. Idempotent."""
         with self._ledger._lock:
-            self._ledger._reserved -= self._open
+            self._ledger._reserved[self._ledger.pool_of(self.kind)] -= self._open
             self._open = 0
 
     def __enter__(self) -> Reservation:
@@ -87,6 +90,9 @@ class Reservation:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+
+_MAIN, _SUB = "main", "sub"
 
 
 class BudgetLedger:
@@ -97,19 +103,38 @@ class BudgetLedger:
         limit: int,
         spent_by_kind: dict[str, int] | None = None,
         gate: Any = None,
+        sub_lm_limit: int | None = None,
     ) -> None:
         """``gate``: another limit on what may be reserved (the spending cap): an object with
         ``allow(kind, n) -> int`` (how many of ``n`` units it permits) and ``reason() -> str | None`` (why it
-        refuses, once it does)."""
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
-            raise ValueError(f"budget limit must be an int >= 0, got {limit!r}")
+        refuses, once it does). ``sub_lm_limit``: sub-LM prompts get an allowance of their own instead of drawing
+        on ``limit`` (see the module docstring)."""
+        for name, value in (("budget limit", limit), ("sub_lm_limit", 0 if sub_lm_limit is None else sub_lm_limit)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
         self.limit = limit
+        self.sub_lm_limit = sub_lm_limit
         self._lock = threading.Lock()
-        self._reserved = 0
+        self._reserved = {_MAIN: 0, _SUB: 0}
         self._spent_by_kind: dict[str, int] = {kind: 0 for kind in KINDS}
         for kind, amount in (spent_by_kind or {}).items():
             self._spent_by_kind[kind] = int(amount)
         self.gate = gate
+
+    def pool_of(self, kind: str) -> str:
+        """Which allowance units of ``kind`` draw on: ``"sub"`` for sub-LM prompts with a ``sub_lm_limit``."""
+        return _SUB if kind == SUB_LM_CALL and self.sub_lm_limit is not None else _MAIN
+
+    def counts_toward_limit(self, kind: str) -> bool:
+        """Whether units of ``kind`` draw on :attr:`limit` (every kind, unless sub-LM prompts have their own)."""
+        return self.pool_of(kind) == _MAIN
+
+    def _spent_in(self, pool: str) -> int:
+        return sum(amount for kind, amount in self._spent_by_kind.items() if self.pool_of(kind) == pool)
+
+    def _available(self, pool: str) -> int:
+        limit = self.limit if pool == _MAIN else (self.sub_lm_limit or 0)
+        return max(0, limit - self._spent_in(pool) - self._reserved[pool])
 
     @property
     def stop_reason(self) -> str | None:
@@ -119,14 +144,15 @@ class BudgetLedger:
     # -- reading ---------------------------------------------------------------------------------
     @property
     def spent(self) -> int:
+        """Units spent of :attr:`limit`."""
         with self._lock:
-            return sum(self._spent_by_kind.values())
+            return self._spent_in(_MAIN)
 
     @property
     def left(self) -> int:
-        """Units neither spent nor reserved."""
+        """Units of :attr:`limit` neither spent nor reserved."""
         with self._lock:
-            return max(0, self.limit - sum(self._spent_by_kind.values()) - self._reserved)
+            return self._available(_MAIN)
 
     @property
     def spent_by_kind(self) -> dict[str, int]:
@@ -134,19 +160,25 @@ class BudgetLedger:
             return dict(self._spent_by_kind)
 
     def snapshot(self) -> dict[str, Any]:
-        """JSON-friendly state: ``{"limit", "spent", "left", "spent_by_kind"}``."""
+        """JSON-friendly state: ``{"limit", "spent", "left", "spent_by_kind"}``, plus ``"sub_lm_limit"`` and
+        ``"sub_lm_left"`` when sub-LM prompts have their own allowance."""
         with self._lock:
-            spent = sum(self._spent_by_kind.values())
-            return {
+            state: dict[str, Any] = {
                 "limit": self.limit,
-                "spent": spent,
-                "left": max(0, self.limit - spent - self._reserved),
+                "spent": self._spent_in(_MAIN),
+                "left": self._available(_MAIN),
                 "spent_by_kind": dict(self._spent_by_kind),
             }
+            if self.sub_lm_limit is not None:
+                state["sub_lm_limit"] = self.sub_lm_limit
+                state["sub_lm_left"] = self._available(_SUB)
+            return state
 
     @classmethod
     def from_snapshot(cls, snapshot: dict[str, Any]) -> BudgetLedger:
-        return cls(int(snapshot["limit"]), spent_by_kind=snapshot.get("spent_by_kind"))
+        sub = snapshot.get("sub_lm_limit")
+        return cls(int(snapshot["limit"]), spent_by_kind=snapshot.get("spent_by_kind"),
+                   sub_lm_limit=None if sub is None else int(sub))
 
     # -- reserving -------------------------------------------------------------------------------
     def reserve(self, n: int, kind: str) -> Reservation:
@@ -154,25 +186,25 @@ class BudgetLedger:
         for lack of budget: the caller evaluates what was granted and says so."""
         self._check(n, kind)
         with self._lock:
-            available = max(0, self.limit - sum(self._spent_by_kind.values()) - self._reserved)
-            granted = min(n, available)
+            granted = min(n, self._available(self.pool_of(kind)))
             if self.gate is not None and granted:
                 granted = max(0, min(granted, self.gate.allow(kind, granted)))
-            self._reserved += granted
+            self._reserved[self.pool_of(kind)] += granted
         return Reservation(self, kind, granted)
 
     def reserve_exactly(self, n: int, kind: str) -> Reservation:
         """Reserve exactly ``n`` units or raise :class:`BudgetExhaustedError` (reserving nothing)."""
         self._check(n, kind)
+        pool = self.pool_of(kind)
         with self._lock:
-            available = max(0, self.limit - sum(self._spent_by_kind.values()) - self._reserved)
+            available = self._available(pool)
             if n > available:
-                raise BudgetExhaustedError(
-                    f"budget exhausted: {n} {kind} unit(s) requested, {available} of {self.limit} left"
-                )
+                of = (f"{self.limit}" if pool == _MAIN else
+                      f"the {self.sub_lm_limit} sub-LM prompts allowed besides max_metric_calls")
+                raise BudgetExhaustedError(f"budget exhausted: {n} {kind} unit(s) requested, {available} of {of} left")
             if self.gate is not None and n and self.gate.allow(kind, n) < n:
                 raise BudgetExhaustedError(self.gate.reason() or f"{n} {kind} unit(s) refused by the spending cap")
-            self._reserved += n
+            self._reserved[pool] += n
         return Reservation(self, kind, n)
 
     def _check(self, n: int, kind: str) -> None:

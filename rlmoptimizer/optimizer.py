@@ -302,7 +302,8 @@ class _Compile:
                 raise RunDirectoryMismatchError(f"{exc} {self.metric.mismatch_hint(stored)}") from None
             raise
         self.ledger = (
-            BudgetLedger.from_snapshot(self.resume.ledger) if self.resume.ledger else BudgetLedger(self.budget_limit)
+            BudgetLedger.from_snapshot(self.resume.ledger) if self.resume.ledger
+            else BudgetLedger(self.budget_limit, sub_lm_limit=config.max_metric_calls)
         )
         self.usage = UsageMeter(max_cost_usd=config.max_cost_usd)
         self.usage.restore(self.journal.read_usage() if self.resume.resumed else None)

@@ -93,9 +93,11 @@ def test_snapshots_restore_the_counts():
     assert restored.reserve(100, TRAIN_EXAMPLE).granted == 7
 
 
-def test_sixteen_threads_never_overspend_and_the_totals_are_exact(eager_thread_switching):
+@pytest.mark.parametrize("sub_lm_limit", [None, 500])
+def test_sixteen_threads_never_overspend_and_the_totals_are_exact(eager_thread_switching, sub_lm_limit):
     limit = 2_000
-    ledger = BudgetLedger(limit)
+    ledger = BudgetLedger(limit, sub_lm_limit=sub_lm_limit)
+    own = sub_lm_limit is not None  # sub-LM prompts draw on an allowance of their own
     spent_by_thread: list[dict[str, int]] = []
     lock = threading.Lock()
     violations: list[str] = []
@@ -103,9 +105,13 @@ def test_sixteen_threads_never_overspend_and_the_totals_are_exact(eager_thread_s
 
     def check_invariant():
         with ledger._lock:
-            spent = sum(ledger._spent_by_kind.values())
-            if spent + ledger._reserved > limit or ledger._reserved < 0:
-                violations.append(f"spent {spent} + reserved {ledger._reserved} > {limit}")
+            sub = ledger._spent_by_kind[SUB_LM_CALL] if own else 0
+            spent = sum(ledger._spent_by_kind.values()) - sub
+            reserved, reserved_sub = ledger._reserved["main"], ledger._reserved["sub"]
+            if spent + reserved > limit or reserved < 0:
+                violations.append(f"spent {spent} + reserved {reserved} > {limit}")
+            if sub + reserved_sub > (sub_lm_limit or 0) or reserved_sub < 0:
+                violations.append(f"sub-LM spent {sub} + reserved {reserved_sub} > {sub_lm_limit}")
 
     def hammer(seed: int):
         rng = random.Random(seed)
@@ -136,9 +142,11 @@ def test_sixteen_threads_never_overspend_and_the_totals_are_exact(eager_thread_s
     assert violations == []
     expected = {kind: sum(t[kind] for t in spent_by_thread) for kind in KINDS}
     assert ledger.spent_by_kind == expected
-    assert ledger.spent == sum(expected.values()) <= limit
-    assert ledger.left == limit - ledger.spent and ledger._reserved == 0
+    assert ledger.spent == sum(expected.values()) - (expected[SUB_LM_CALL] if own else 0) <= limit
+    assert ledger.left == limit - ledger.spent and ledger._reserved == {"main": 0, "sub": 0}
     assert ledger.spent == limit  # the demand (16 * 300 * ~3 units) exceeds the limit: it was all used
+    if own:
+        assert expected[SUB_LM_CALL] == sub_lm_limit and ledger.snapshot()["sub_lm_left"] == 0
 
 
 def test_concurrent_single_unit_reservations_grant_exactly_the_limit(eager_thread_switching):

@@ -34,7 +34,7 @@ def test_every_run_counts_and_a_checked_submission_is_returned():
     assert result.budget["limit"] == 40 - 12 - 8  # what the baselines leave
     assert calls == 12 + 8 + 8  # the baselines and one validation run; the submission was already checked
     assert result.route.signature.instructions == POLICY_PROMPT
-    assert "max_metric_calls=40: every run of the program counts" in str(root.calls[0])
+    assert "max_metric_calls=40, every run of the program counts" in str(root.calls[0])
 
 
 def test_a_submission_the_rest_cannot_check_is_not_returned_and_the_limit_holds():
@@ -63,3 +63,21 @@ def test_max_metric_calls_is_checked_before_any_lm_call():
                                                  r" examples\) .* pass max_metric_calls >= 21"):
         compile_tickets(root, eval_lm=task, max_metric_calls=20)
     assert root.calls == [] and task.calls == []
+
+
+def test_sub_lm_prompts_are_not_metric_calls_and_have_an_allowance_of_their_own():
+    result, calls, root = compile_with([
+        "print('answers', len(llm_query_batched(['why?'] * 5)))",
+        "s = optimization_status()\nprint('left', s['budget_left'], 'sub', s['budget_spent_by_kind']['sub_lm_call'])",
+        "print(llm_query_batched(['again?'] * 21))",  # 20 of the 25 allowed are left: refused, nothing charged
+        "update_prompt('route', 'Route it.')\nprint('evaluated', evaluate_program(limit=12)['evaluated_count'])",
+        SUBMIT,
+    ], max_metric_calls=25, sub_lm=FunctionLM(lambda messages: "an answer"), rlm_max_llm_calls=100)
+    outputs = [turn["output"] for turn in result.agent_trajectory]
+    assert "answers 5" in outputs[0] and "left 5 sub 5" in outputs[1]  # the 5 metric calls are all still there
+    assert "20 of the 25 sub-LM prompts allowed besides max_metric_calls left" in outputs[2]
+    assert "evaluated 5" in outputs[3]  # 5 of the 12 fit
+    assert calls == 25  # every metric call the budget allows was made, none more
+    assert result.budget["spent"] == 5 and result.budget["spent_by_kind"]["sub_lm_call"] == 5
+    assert result.budget["sub_lm_limit"] == 25 and result.budget["sub_lm_left"] == 20
+    assert "Sub-LM prompts (not metric calls): 20 of 25 left." in str(root.calls[-1])

@@ -33,9 +33,8 @@ In the REPL:
 - `baseline_val`: its validation run, aggregates only: validation examples are never shown.
 - `step_names`; `current_prompts` {step name: instructions}; `task_brief`; the tools listed below.
 
-Budget: $budget units ($budget_note). A newly evaluated example costs 1 unit (one already evaluated with the
-same instructions is free), a sub-LM prompt 1 unit; your turns are free. With the budget spent you can still
-analyse, update prompts and SUBMIT.
+Budget: $budget units. $budget_note Your turns are free. With the budget spent you can still analyse, update
+prompts and SUBMIT.
 
 The default loop. The optimizer state at the end of every turn closes with its next line, ids filled in: when
 you have nothing better, run that line as written.
@@ -92,14 +91,16 @@ def render_instructions(budget: int, budget_note: str) -> str:
 def budget_note(train_size: int, val_size: int, max_iterations: int | None = None,
                 max_metric_calls: int | None = None) -> str:
     """What the agent's budget is worth, in the words of the setting the user chose."""
+    new = "A unit is one newly evaluated example (one already evaluated with the same instructions is free)"
     if max_metric_calls is not None:
         check = "validation" if val_size else "train"
-        return (f"max_metric_calls={max_metric_calls}: every run of the program counts, and the baselines took "
-                f"{train_size + val_size}; the {check} check of a submission not yet evaluated on {check} is paid from "
-                f"it too, and without the units for it the best checked candidate is returned instead, so check "
-                f"what you submit")
-    return f"enough to evaluate the {train_size} train examples {max_iterations} time(s)" + (
-        f" plus the {val_size} validation examples once" if val_size else "")
+        return (f"{new}: max_metric_calls={max_metric_calls}, every run of the program counts, and the baselines took "
+                f"{train_size + val_size}. Sub-LM prompts (llm_query, proposals, GEPA's reflections) are not metric "
+                f"calls: they have an allowance of {max_metric_calls} of their own. The {check} check of a submission "
+                f"not yet evaluated on {check} is paid from the units too, and without the units for it the best "
+                f"checked candidate is returned instead, so check what you submit.")
+    return (f"{new}, or one sub-LM prompt: enough to evaluate the {train_size} train examples {max_iterations} time(s)"
+            + (f" plus the {val_size} validation examples once" if val_size else "") + ".")
 
 
 _SUB_LM_TOOLS = (

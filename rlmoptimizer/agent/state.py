@@ -36,7 +36,10 @@ def render_state_block(*, runs: Iterable[Mapping[str, Any]] = (), instructions: 
     if run_lines:
         sections.append("Runs so far:\n" + "\n".join(run_lines))
     if budget:
-        sections.append(f"Budget: {budget.get('spent')} of {budget.get('limit')} units spent, {budget.get('left')} left.")
+        line = f"Budget: {budget.get('spent')} of {budget.get('limit')} units spent, {budget.get('left')} left."
+        if budget.get("sub_lm_limit") is not None:
+            line += f" Sub-LM prompts (not metric calls): {budget.get('sub_lm_left')} of {budget['sub_lm_limit']} left."
+        sections.append(line)
     if spending:
         sections.append(spending)
     notes_share = max_chars // 3

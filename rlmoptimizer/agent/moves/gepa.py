@@ -67,21 +67,25 @@ class _Slice:
         self._lock = threading.Lock()
 
     def reserve(self, n: int, kind: str, what: str) -> Reservation:
+        sliced = self.ledger.counts_toward_limit(kind)  # (with max_metric_calls, reflections are not metric calls)
         with self._lock:
-            if n > self.left:
+            if sliced and n > self.left:
                 raise _Stop(f"its budget of {self.units} unit(s) ran out: {what} needs {n}, {self.left} left")
             try:
                 reservation = self.ledger.reserve_exactly(n, kind)
             except BudgetExhaustedError as exc:
                 raise _Stop(f"{what} could not be paid: {exc}") from None
-            self.left -= n
+            if sliced:
+                self.left -= n
         return reservation
 
     def settle(self, reservation: Reservation) -> None:
         reservation.release()
+        sliced = self.ledger.counts_toward_limit(reservation.kind)
         with self._lock:
-            self.left += reservation.granted - reservation.spent
-            self.spent += reservation.spent
+            if sliced:
+                self.left += reservation.granted - reservation.spent
+                self.spent += reservation.spent
             self.by_kind[reservation.kind] += reservation.spent
 
 
