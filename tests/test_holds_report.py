@@ -73,6 +73,10 @@ DAMAGES = [
     ("turns/turn-0001.json", lambda real: 42),
     ("turns/turn-0002.json", lambda real: {**real, "final": "yes", "created_at": "noon"}),
     ("holder.json", lambda real: {"pid": "me", "host": 5}),
+    ("candidates.json", lambda real: ["gepa-1", "gepa-2"]),
+    ("candidates.json", lambda real: {"candidates": {"gepa-1": {"route": "x"}, "gepa-2": "text"},
+                                      "lineage": {"gepa-1": {"parents": "current", "move": 5, "reflected_on": ["3"]},
+                                                  "gepa-2": {"parents": ["gepa-2"], "move": "a cycle"}}}),
 ]
 
 

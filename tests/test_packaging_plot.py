@@ -1,5 +1,6 @@
-"""The picture is the optional extra ``plot`` (matplotlib): ``import rlmoptimizer`` does not load it, compile()
-works without it and says how to get the picture; with it, the picture shows scores on any finite scale."""
+"""The picture is the optional extra ``plot`` (matplotlib): ``import rlmoptimizer`` does not load it, compile() and
+the report command work without it and say how to get the picture; with it, the picture shows scores on any finite
+scale."""
 
 from __future__ import annotations
 
@@ -83,3 +84,22 @@ def test_compile_without_matplotlib_works_and_says_how_to_get_the_picture(tmp_pa
     assert optimized.route.signature.instructions == POLICY_PROMPT
     assert (directory / "result.json").exists() and not (directory / "run.png").exists()
     assert any('pip install "rlmoptimizer[plot]"' in record.getMessage() for record in caplog.records)
+
+
+@pytest.mark.slow
+def test_the_report_command_without_matplotlib_prints_the_summary_and_says_how_to_get_the_picture(tmp_path):
+    """Regression: without matplotlib, ``python -m rlmoptimizer report RUN_DIR`` printed only an error and exited
+    with status 2."""
+    directory = tmp_path / "run"
+    optimized = compile_run(directory)
+    (directory / "run.png").unlink()
+    code = ("import sys; sys.modules['matplotlib'] = None\n"  # as if not installed
+            "from rlmoptimizer.__main__ import main\n"
+            f"sys.exit(main(['report', {str(directory)!r}]))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LITELLM_LOCAL_MODEL_COST_MAP": "True", "COLUMNS": "200"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "status: finished" in done.stdout and f"returned {optimized.selection['chosen_run_id']}" in done.stdout
+    assert f"picture: none, the picture of a run (run.png) needs matplotlib, which is not installed: {PLOT_EXTRA}" in (
+        " ".join(done.stdout.split()))
+    assert not (directory / "run.png").exists()

@@ -1,6 +1,6 @@
 """Reading run directories back for a person: the report command, the picture, the detailed results and the
-trajectory display, on a finished run (a real scripted compile), a run killed mid-evaluation (SIGKILL) and an
-empty directory."""
+trajectory display, on a finished run (a real scripted compile), a run whose returned instructions GEPA made from
+a proposal (their ancestry), a run killed mid-evaluation (SIGKILL) and an empty directory."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 from matplotlib import image
 from rich.console import Console
 from support.fakes import FunctionLM
+from support.lineage import REWORDED, compile_with_lineage
 from support.optimizing import TURNS, compile_tickets, killed_in_validation_script
 from support.processes import ROOT, kill_group, start_script, wait_for_file
 from support.readonly import read_only_filesystem, tree_bytes
@@ -23,6 +24,8 @@ from support.tickets import POLICY_PROMPT, RouteTicket, task_lm_reply
 
 from rlmoptimizer import ConfigurationError
 from rlmoptimizer.__main__ import main
+from rlmoptimizer.report.lineage import UNCHANGED
+from rlmoptimizer.report.plot import draw_run
 from rlmoptimizer.report.results import DetailedResults
 from rlmoptimizer.report.rundir import read_run_directory
 from rlmoptimizer.report.trajectory import Trajectory
@@ -35,6 +38,13 @@ def finished(tmp_path_factory):
     """A run directory left by a real compile(): baselines, a re-run of the failures, a validation check, submit."""
     directory = tmp_path_factory.mktemp("finished") / "run"
     return directory, compile_tickets(TURNS, run_storage_dir=directory)
+
+
+@pytest.fixture(scope="module")
+def gepa_from_a_proposal(tmp_path_factory):
+    """A run directory whose returned program is gepa-1, made by run_gepa from proposal-1 (support.lineage)."""
+    directory = tmp_path_factory.mktemp("lineage") / "run"
+    return directory, compile_with_lineage(directory)
 
 
 def picture_pixels(path: Path) -> np.ndarray:
@@ -250,3 +260,76 @@ def test_the_report_shows_what_the_run_spent_from_the_usage_meter(tmp_path, caps
     assert rundir.usage["eval"]["cost_usd"] == pytest.approx(eval_cost)  # from usage.json
     assert main(["report", str(directory), "--no-plot"]) == 0
     assert "LM usage and cost" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_detailed_results_name_each_candidate_and_give_the_returned_ones_ancestry(gepa_from_a_proposal):
+    directory, optimized = gepa_from_a_proposal
+    stored = json.loads((directory / "candidates.json").read_text())["lineage"]
+    results = DetailedResults.from_run_directory(directory)
+    assert optimized.detailed_results == results
+    # each id stands for the instruction set it names: proposal-1 keeps only the step it wrote
+    p1 = results.candidates.index({**results.candidates[0], "route": REWORDED})
+    best = results.best_idx
+    assert results.candidates[best]["route"] == POLICY_PROMPT
+    assert results.candidate_ids[p1] == ("proposal-1",) and results.candidate_ids[best] == ("gepa-1",)
+    assert results.candidate_ids[0] == ()
+    assert results.lineage == {"proposal-1": {**stored["proposal-1"], "candidate": p1},
+                               "gepa-1": {**stored["gepa-1"], "candidate": best}}
+    assert results.candidate_lineage(best) == {"gepa-1": results.lineage["gepa-1"]}
+
+    # the ancestry: the unchanged program, the proposal GEPA started from, GEPA's candidate (returned)
+    ancestry = results.ancestry
+    assert [n["label"] for n in ancestry] == [UNCHANGED, "proposal-1", "gepa-1"]
+    assert [n["candidate"] for n in ancestry] == [0, p1, best]
+    assert [n["generation"] for n in ancestry] == [0, 1, 2]
+    assert [n["parents"] for n in ancestry] == [[], [UNCHANGED], ["proposal-1"]]
+    assert [n["move"] for n in ancestry] == ["the program as given", "reflective proposal (propose_instructions)",
+                                             "gepa reflective proposal"]
+    assert ancestry[2]["run"] == "gepa run 1" and [n["changed_steps"] for n in ancestry] == [[], ["route"], ["route"]]
+    # proposal-1 reflected on the unchanged program's train failures (the two disputes), gepa-1 on a minibatch
+    failures = sorted(i for i, s in results.train_subscores[0].items() if s < 1)
+    assert ancestry[1]["reflected_on"] == failures == [3, 8]
+    assert ancestry[2]["reflected_on"] == stored["gepa-1"]["reflected_on"] and len(ancestry[2]["reflected_on"]) == 3
+    assert [n["val_score"] for n in ancestry] == [0.5, 0.5, 1.0] == [n["score"] for n in ancestry]
+    assert [n["returned"] for n in ancestry] == [False, False, True]
+    assert results.returned_candidate_id == "gepa-1"
+    data = json.loads(json.dumps(results.to_dict()))
+    assert [n["label"] for n in data["ancestry"]] == [UNCHANGED, "proposal-1", "gepa-1"]
+    assert data["candidate_ids"][best] == ["gepa-1"] and data["lineage"]["gepa-1"]["parents"] == ["proposal-1"]
+
+
+@pytest.mark.slow
+def test_the_report_says_where_the_returned_instructions_came_from(gepa_from_a_proposal, capsys):
+    directory, _ = gepa_from_a_proposal
+    reflected = json.loads((directory / "candidates.json").read_text())["lineage"]["gepa-1"]["reflected_on"]
+    assert main(["report", str(directory), "--no-plot"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    section = out.split("where the returned instructions came from", 1)[1]
+    assert section.startswith(
+        " 0. the unchanged program; validation 0.500"
+        " 1. proposal-1: reflective proposal (propose_instructions), from the unchanged program; changed route;"
+        " reflected on train 3, 8; validation 0.500"
+        " 2. gepa-1: gepa reflective proposal in gepa run 1, from proposal-1; changed route; reflected on train "
+        + ", ".join(map(str, reflected)) + "; validation 1.000 (returned)"
+    ), section[:600]
+
+
+@pytest.mark.slow
+def test_the_picture_joins_the_returned_candidates_ancestors(gepa_from_a_proposal):
+    directory, optimized = gepa_from_a_proposal
+    axes = draw_run(directory).axes[0]
+    rundir = read_run_directory(directory)
+    at = {run.run_id: (rundir.spent_after(run), run.score) for run in rundir.runs}
+    # each ancestor at the run that scored it on validation: the baseline, the agent's check of proposal-1, the
+    # returned run
+    baseline = next(log["run_id"] for log in optimized.trial_logs if log["label"] == "baseline" and log["split"] == "val")
+    proposal = next(log["run_id"] for log in optimized.trial_logs if log["label"] == "agent" and log["split"] == "val")
+    chosen = optimized.selection["chosen_run_id"]
+    lines = [line for line in axes.lines if line.get_linestyle() == ":"]
+    assert [list(zip(line.get_xdata(), line.get_ydata(), strict=True)) for line in lines] == [
+        [at[baseline], at[proposal]], [at[proposal], at[chosen]]]
+    assert lines[0].get_label() == "ancestry of the returned candidate"
+    assert [t.get_text() for t in axes.texts if t.get_gid() == "ancestry"] == ["unchanged", "proposal-1", "gepa-1"]
+    pixels = picture_pixels(directory / "run.png")  # compile() drew it
+    assert has_colour(pixels, np.array([0x2C, 0xA0, 0x2C]) / 255)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from support.fakes import FunctionLM, scripted_agent
+from support.lineage import compile_with_lineage
 from support.optimizing import TURNS, compile_tickets
 
 from rlmoptimizer import ConfigurationError, RLMDocstringOptimizer
@@ -81,8 +82,11 @@ def test_the_tracker_logs_params_steps_turns_versions_and_artifacts_nested_under
         tracker.agent_turn({"iteration": 2, "reasoning": "submit", "code": "SUBMIT()", "output": "", "final": True})
         selection = {"split": "val", "chosen_run_id": "run-0003", "chosen_score": 0.75, "baseline_score": 0.5,
                      "reason": "better"}
+        lineage = {"returned": "gepa-1", "lineage": {"gepa-1": {"parents": ["current"], "move": "gepa merge"}},
+                   "ancestry": [{"label": "the unchanged program"}, {"label": "gepa-1"}], "candidate_ids": [[], ["gepa-1"]]}
         tracker.compile_finished(instructions={"step": "v3"}, selection=selection, trajectory=[{"iteration": 1}],
-                                 picture=picture, detailed_results={"best_idx": 1}, budget={"spent": 5})
+                                 picture=picture, detailed_results={"best_idx": 1}, budget={"spent": 5},
+                                 lineage=lineage)
         assert mlflow.active_run().info.run_id == parent.info.run_id  # ours closed, the user's still active
 
     client = mlflow.MlflowClient(store["uri"])
@@ -98,9 +102,11 @@ def test_the_tracker_logs_params_steps_turns_versions_and_artifacts_nested_under
     assert [m.value for m in client.get_metric_history(tracker.run_id, "cost_usd")] == [0.25, 0.5]
     assert logged.data.metrics["final_score"] == 0.75
     assert artifact_paths(client, tracker.run_id) == [
-        "detailed_results.json", "optimized_instructions.json", "prompts/v-0001.json", "run.png", "selection.json",
-        "trajectory.json", "turns/turn-0001.json", "turns/turn-0002.json",
+        "detailed_results.json", "lineage.json", "optimized_instructions.json", "prompts/v-0001.json", "run.png",
+        "selection.json", "trajectory.json", "turns/turn-0001.json", "turns/turn-0002.json",
     ]
+    assert logged.data.tags["returned_candidate"] == "gepa-1"
+    assert logged.data.tags["returned_ancestry"] == "the unchanged program -> gepa-1"
     local = client.download_artifacts(tracker.run_id, "turns/turn-0002.json", str(tmp_path / "down"))
     assert '"final": true' in open(local).read()
 
@@ -161,6 +167,31 @@ def test_compile_with_use_mlflow_is_logged_to_the_users_store(store, tmp_path, m
     assert json.loads(downloaded.read_text()) == optimized.optimized_dspy_program
     picture = Path(client.download_artifacts(run_id, "run.png", str(tmp_path / "down")))
     assert picture.read_bytes() == (tmp_path / "run" / "run.png").read_bytes()
+
+
+@pytest.mark.slow
+def test_compile_logs_where_the_returned_instructions_came_from(store, tmp_path, mlflow):
+    """The returned program is gepa-1, which run_gepa made from proposal-1 (support.lineage): MLflow has the chain as
+    tags and every candidate's lineage and the ancestry with scores in lineage.json."""
+    optimized = compile_with_lineage(tmp_path / "run", use_mlflow=True)
+
+    client = mlflow.MlflowClient(store["uri"])
+    [logged] = client.search_runs([store["experiment_id"]])
+    assert logged.data.tags["returned_candidate"] == "gepa-1"
+    assert logged.data.tags["returned_ancestry"] == "the unchanged program -> proposal-1 -> gepa-1"
+    lineage = json.loads(Path(client.download_artifacts(logged.info.run_id, "lineage.json",
+                                                        str(tmp_path / "down"))).read_text())
+    stored = json.loads((tmp_path / "run" / "candidates.json").read_text())["lineage"]
+    assert lineage["returned"] == "gepa-1"
+    assert {name: {k: v for k, v in entry.items() if k != "candidate"}
+            for name, entry in lineage["lineage"].items()} == stored
+    assert [(n["label"], n["move"], n["parents"], n["val_score"]) for n in lineage["ancestry"]] == [
+        ("the unchanged program", "the program as given", [], 0.5),
+        ("proposal-1", "reflective proposal (propose_instructions)", ["the unchanged program"], 0.5),
+        ("gepa-1", "gepa reflective proposal", ["proposal-1"], 1.0),
+    ]
+    assert lineage["ancestry"][2]["reflected_on"] == stored["gepa-1"]["reflected_on"]
+    assert lineage == json.loads(json.dumps(optimized.detailed_results.lineage_record()))
 
 
 def test_use_mlflow_is_checked_when_the_optimizer_is_built(monkeypatch):

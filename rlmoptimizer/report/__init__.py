@@ -5,6 +5,7 @@ the picture, the detailed results, the trajectory display, and MLflow tracking.
 * :mod:`rlmoptimizer.report.plot` draws score against budget spent (``run.png``);
 * :mod:`rlmoptimizer.report.summary` prints the summary;
 * :mod:`rlmoptimizer.report.results` builds :class:`DetailedResults` (GEPA's and MIPROv2's names);
+* :mod:`rlmoptimizer.report.lineage` follows the named candidates' lineage to the returned candidate's ancestry;
 * :mod:`rlmoptimizer.report.trajectory` shows ``optimized.agent_trajectory`` turn by turn;
 * :mod:`rlmoptimizer.report.tracking` logs a compile() to MLflow (the optional extra);
 * :mod:`rlmoptimizer.report.finish` attaches these views to the program compile() returns.

@@ -37,6 +37,6 @@ def present_result(program: Any, run: Any) -> Any:
         tracker.compile_finished(
             instructions=program.optimized_dspy_program, selection=program.selection,
             trajectory=list(program.agent_trajectory), picture=picture, detailed_results=detailed.to_dict(),
-            budget=program.budget, usage=detailed.usage,
+            budget=program.budget, usage=detailed.usage, lineage=detailed.lineage_record(),
         )
     return program

@@ -2,7 +2,9 @@
 
 Train runs are circles, validation runs squares; a run that evaluated fewer examples than it asked for (stopped,
 recovered, or still in flight) is drawn hollow. Dashed lines are the unchanged program's scores; the candidates
-checked on the whole selection split are ringed, and the one returned is a star. The score axis follows the
+checked on the whole selection split are ringed, and the one returned is a star; a dotted green line joins the
+returned candidate's ancestors (:attr:`DetailedResults.ancestry`: the unchanged program, the candidates it was made
+from), each labelled with its id, at the run that scored it on the selection split. The score axis follows the
 scores (any finite scale; the whole of 0..1 when every score lies in it). Drawn on a bare matplotlib Figure (Agg
 canvas, no display needed, pyplot untouched); 8x4.5 inches at 100 dpi, readable in a notebook at its default size.
 
@@ -23,6 +25,7 @@ from rlmoptimizer.report.rundir import RunDirectory, read_run_directory
 PICTURE_NAME = "run.png"
 _COLORS = {"train": "#1f77b4", "val": "#d62728"}
 _NAMES = {"train": "train", "val": "validation"}
+_ANCESTRY = "#2ca02c"
 _LABEL_ALL_UP_TO = 30
 PLOT_EXTRA = 'pip install "rlmoptimizer[plot]"'
 """The command that installs what the picture needs (matplotlib)."""
@@ -86,6 +89,51 @@ def _points(rundir: RunDirectory) -> list[dict[str, Any]]:
     return points
 
 
+def _ancestry_points(rundir: RunDirectory, points: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """``(ancestry node, point)`` for each ancestor of the returned candidate that has a run to stand for it: the
+    returned run for the returned candidate, else its first run on the whole selection split, else its largest."""
+    if not rundir.selection:
+        return []
+    from rlmoptimizer.report.results import DetailedResults
+
+    results = DetailedResults.from_run_directory(rundir)
+    by_run = {p["run_id"]: p for p in points}
+    split = results.selection_split or "val"
+    placed = []
+    for node in results.ancestry:
+        index = node["candidate"]
+        if index is None:
+            continue
+        runs = [by_run[r] for r in results.run_ids[index] if r in by_run]
+        chosen = by_run.get(rundir.selection.get("chosen_run_id")) if node.get("returned") else None
+        whole = [p for p in runs if p["split"] == split and not p["partial"]]
+        point = chosen or (whole[0] if whole else max(runs, key=lambda p: p["n"], default=None))
+        if point is not None:
+            placed.append((node, point))
+    return placed
+
+
+def _draw_ancestry(axes: Any, placed: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
+    """Join each ancestor to its parents with a dotted line and label it with its id."""
+    at = {node["label"]: point for node, point in placed}
+    labelled = False
+    for node, point in placed:
+        for parent in node["parents"]:
+            if parent in at:
+                start = at[parent]
+                axes.plot([start["x"], point["x"]], [start["y"], point["y"]], linestyle=":", linewidth=1.6,
+                          color=_ANCESTRY, zorder=2,
+                          label="_nolegend_" if labelled else "ancestry of the returned candidate")
+                labelled = True
+    if not labelled:
+        return
+    for node, point in placed:
+        name = "unchanged" if node["id"] is None and node["label"].startswith("the unchanged") else node["label"]
+        lift = 7 if node["generation"] % 2 == 0 else 17  # neighbours apart: close runs keep readable labels
+        axes.annotate(name, (point["x"], point["y"]), xytext=(6, lift), textcoords="offset points", fontsize=7.5,
+                      color=_ANCESTRY, fontweight="bold", gid="ancestry")
+
+
 def draw_run(rundir: RunDirectory | str | Path):
     """A matplotlib ``Figure`` of the run (not attached to pyplot, so nothing pops up and nothing leaks)."""
     if not isinstance(rundir, RunDirectory):
@@ -126,6 +174,7 @@ def draw_run(rundir: RunDirectory | str | Path):
     if candidates:
         axes.scatter([p["x"] for p in candidates], [p["y"] for p in candidates], s=260, facecolors="none",
                      edgecolors="#555555", linewidths=1.2, zorder=4, label="candidate checked for selection")
+    _draw_ancestry(axes, _ancestry_points(rundir, points))
     chosen = next((p for p in points if p["run_id"] == chosen_id), None)
     if chosen is not None:
         axes.scatter([chosen["x"]], [chosen["y"]], marker="*", s=420, color="#f2b705", edgecolors="black",

@@ -14,6 +14,11 @@ Names a user porting from another optimizer looks for:
   split, and ``[{"score", "program", "full_eval": True, ...}]`` for every candidate evaluated on the whole selection
   split, best first (``program`` is built on the program given as ``program=``).
 
+Where each candidate came from: ``candidate_ids`` (the ids the moves gave it, ``proposal-N`` and ``gepa-N``; several
+can name one instruction set), ``lineage`` (each id's parents, the move that made it, its GEPA run and the train ids it
+reflected on, as ``candidates.json`` keeps them, with the ``candidate`` index it stands for) and ``ancestry`` (the
+returned candidate's ancestors back to the unchanged program, each with its score: :mod:`rlmoptimizer.report.lineage`).
+
 Scores and ranks follow the selection's one rule (:func:`rlmoptimizer.records.ranked`): a candidate is scored by its
 first sample (rollout 0), so a lucky extra rollout never raises a candidate's scores, its place on the Pareto front
 or its rank; ``candidate_programs[0]`` is the returned program whenever it was checked on the whole split.
@@ -29,6 +34,7 @@ from typing import Any
 from rlmoptimizer.errors import ConfigurationError
 from rlmoptimizer.fingerprint import apply_instructions
 from rlmoptimizer.records import first_sample_complete, ranked
+from rlmoptimizer.report.lineage import Lineage
 from rlmoptimizer.report.rundir import RunDirectory, read_run_directory
 
 
@@ -85,6 +91,18 @@ class DetailedResults:
     status: str
     ranking: tuple[int, ...] = ()
     """The candidates checked on the whole selection split, best first by the selection's rule."""
+    candidate_ids: tuple[tuple[str, ...], ...] = ()
+    """Per candidate, the candidate ids naming it (``proposal-N``, ``gepa-N``) in the order they were made."""
+    lineage: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per candidate id: ``parents`` (candidate ids, a run id or ``'current'``), ``move``, ``run`` (the GEPA run),
+    ``steps``, ``reflected_on`` (train example ids) as the moves recorded them, and ``candidate`` (the index of the
+    instruction set it stands for; None when it was never evaluated)."""
+    ancestry: tuple[dict[str, Any], ...] = ()
+    """The returned candidate's ancestors, the unchanged program (or the oldest ancestor known) first and the
+    returned candidate last: per generation ``label`` (its id, or ``"the unchanged program"``), ``id``,
+    ``candidate``, ``move``, ``parents`` (labels), ``run``, ``steps``, ``changed_steps`` (what differs from its first
+    parent), ``reflected_on``, ``generation``, ``score`` (on the whole selection split), ``val_score`` and
+    ``returned``. Empty until a candidate is returned."""
     program: Any = field(default=None, compare=False, repr=False)
 
     # -- building ----------------------------------------------------------------------------------
@@ -141,6 +159,15 @@ class DetailedResults:
 
         chosen = rundir.optimized_instructions
         best_idx = index.get(_key(chosen)) if chosen else None
+        named = Lineage(rundir.named_candidates, rundir.lineage, candidates, rundir.initial_instructions,
+                        {run.run_id: run.instructions for run in rundir.runs}, rundir.prompt_versions)
+        selection_split = selection.get("split")
+        selection_scores = full_train if selection_split == "train" else full_val
+        ancestry = []
+        for node in named.ancestry(best_idx):
+            i = node["candidate"]
+            ancestry.append({**node, "score": selection_scores.get(i) if i is not None else None,
+                             "val_score": full_val.get(i) if i is not None else None, "returned": i == best_idx})
         return cls(
             candidates=tuple(candidates),
             val_aggregate_scores=tuple(full_val.get(i) for i in range(len(candidates))),
@@ -160,6 +187,10 @@ class DetailedResults:
             run_storage_dir=rundir.directory,
             status=rundir.status,
             ranking=tuple(rank["train" if selection.get("split") == "train" else "val"]),
+            candidate_ids=tuple(named.ids_of(i) for i in range(len(candidates))),
+            lineage={name: {**entry, "candidate": named.candidate_of(name)}
+                     for name, entry in ((n, rundir.lineage.get(n, {})) for n in rundir.named_candidates)},
+            ancestry=tuple(ancestry),
             program=program,
         )
 
@@ -188,6 +219,22 @@ class DetailedResults:
     def best_candidate(self) -> dict[str, str] | None:
         """The returned instructions (GEPA's ``best_candidate``, as its ``to_dict()`` shows candidates)."""
         return self.candidates[self.best_idx] if self.best_idx is not None else None
+
+    def candidate_lineage(self, index: int) -> dict[str, dict[str, Any]]:
+        """``{id: lineage}`` for every candidate id naming candidate ``index`` (empty when none does)."""
+        return {name: self.lineage[name] for name in self.candidate_ids[index] if name in self.lineage}
+
+    @property
+    def returned_candidate_id(self) -> str | None:
+        """The id the returned candidate was first made under (``gepa-3``), None when it has none."""
+        return self.ancestry[-1]["id"] if self.ancestry else None
+
+    def lineage_record(self) -> dict[str, Any]:
+        """Where the candidates came from, as plain JSON: ``returned`` (the returned candidate's id), ``ancestry``,
+        ``lineage`` (per candidate id) and ``candidate_ids`` (per candidate). MLflow logs it as ``lineage.json``."""
+        return {"returned": self.returned_candidate_id, "ancestry": [dict(node) for node in self.ancestry],
+                "lineage": {name: dict(entry) for name, entry in self.lineage.items()},
+                "candidate_ids": [list(ids) for ids in self.candidate_ids]}
 
     def build_program(self, index: int, program: Any = None) -> Any:
         """A copy of ``program`` (default: the one given when these results were built) with candidate
@@ -232,4 +279,7 @@ class DetailedResults:
             "run_storage_dir": self.run_storage_dir,
             "status": self.status,
             "ranking": list(self.ranking),
+            "candidate_ids": [list(ids) for ids in self.candidate_ids],
+            "lineage": {name: dict(entry) for name, entry in self.lineage.items()},
+            "ancestry": [dict(node) for node in self.ancestry],
         }

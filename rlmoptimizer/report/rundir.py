@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from rlmoptimizer.errors import ConfigurationError
 from rlmoptimizer.records import EvalRun, ExampleResult
+from rlmoptimizer.report.lineage import lineage_shape
 from rlmoptimizer.report.shapes import (
     budget_shape,
     manifest_shape,
@@ -29,6 +30,8 @@ from rlmoptimizer.report.shapes import (
     usage_shape,
     version_shape,
 )
+from rlmoptimizer.storage.candidates import FILE as CANDIDATES_FILE
+from rlmoptimizer.storage.candidates import read_candidates
 from rlmoptimizer.storage.lock import holder_of
 from rlmoptimizer.storage.run_store import read_pending_log
 
@@ -78,6 +81,11 @@ class RunDirectory:
     problems: tuple[str, ...] = field(default=())
     usage_so_far: dict[str, Any] | None = None
     """``usage.json``: per-role LM usage written while the run goes (what an interrupted run spent)."""
+    named_candidates: dict[str, dict[str, str]] = field(default_factory=dict)
+    """``candidates.json``: the candidates the moves named (``proposal-N``: the steps it wrote; ``gepa-N``: every
+    step), in the order they were made."""
+    lineage: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """``candidates.json``: each named candidate's parents, the move that made it and what it reflected on."""
 
     # -- derived views ---------------------------------------------------------------------------
     @property
@@ -215,6 +223,7 @@ def read_run_directory(directory: str | Path) -> RunDirectory:
         else:
             problems.append(f"{file.name}: not a run ({problem})")
     pending = [p for p in (_read_pending(f, problems) for f in sorted((path / "runs").glob("pending-*.jsonl"))) if p]
+    named, lineage = _read_candidates(path, problems)
     prompt_versions = _records(path / "prompts", "v-*.json", "a prompt version", version_shape, problems)
     turns = _records(path / "turns", "turn-*.json", "an agent turn", turn_shape, problems)
 
@@ -229,8 +238,27 @@ def read_run_directory(directory: str | Path) -> RunDirectory:
     return RunDirectory(
         directory=str(path), status=status, holder=holder if result is None else None, manifest=manifest,
         ledger=ledger, runs=tuple(runs), pending=tuple(pending), prompt_versions=tuple(prompt_versions),
-        turns=tuple(turns), result=result, problems=tuple(problems), usage_so_far=usage,
+        turns=tuple(turns), result=result, problems=tuple(problems), usage_so_far=usage, named_candidates=named,
+        lineage=lineage,
     )
+
+
+def _read_candidates(path: Path, problems: list[str]) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, Any]]]:
+    """``candidates.json`` as :func:`rlmoptimizer.storage.candidates.read_candidates` reads it, with what it could
+    not use named in ``problems``."""
+    if not (path / CANDIDATES_FILE).exists():
+        return {}, {}
+    data = _read_json(path / CANDIDATES_FILE, problems)
+    if data is None:
+        return {}, {}
+    named, lineage = read_candidates(path)
+    if not isinstance(data, dict):
+        problems.append(f"{CANDIDATES_FILE}: not the named candidates (a {type(data).__name__})")
+    elif any(not isinstance(data.get(part, {}), dict) or len(kept) != len(data.get(part, {}))
+             or not all(isinstance(v, dict) for v in data.get(part, {}).values())
+             for part, kept in (("candidates", named), ("lineage", lineage))):
+        problems.append(f"{CANDIDATES_FILE}: ignored entries that are not {{id: {{...}}}}")
+    return named, lineage_shape(lineage, problems)
 
 
 def _records(directory: Path, pattern: str, what: str, shape: Any, problems: list[str]) -> list[dict[str, Any]]:

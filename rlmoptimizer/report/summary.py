@@ -1,8 +1,9 @@
 """A person's summary of a run directory: ``python -m rlmoptimizer report RUN_DIR``.
 
 Prints the status (finished, interrupted, in flight, empty), the budget, the cost where it was recorded, every
-evaluation run with its score, the prompt versions and the selection, and writes the picture of the run
-(:mod:`rlmoptimizer.report.plot`).
+evaluation run with its score, the prompt versions, the selection and where the returned instructions came from
+(their ancestry, one line per generation), and writes the picture of the run (:mod:`rlmoptimizer.report.plot`) when
+matplotlib is installed, else says how to get it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from rlmoptimizer.report.results import DetailedResults
 from rlmoptimizer.report.rundir import RunDirectory, read_run_directory
 from rlmoptimizer.usage import dollars
 
@@ -162,7 +164,48 @@ def _selection_text(rundir: RunDirectory) -> Panel | Text:
     return Panel(lines, title="selection", title_align="left", border_style="green")
 
 
-def render(rundir: RunDirectory, picture: Path | None = None) -> Group:
+def _ids(ids: Any) -> str:
+    return ", ".join(str(i) for i in ids)
+
+
+def ancestry_lines(ancestry: Any, split: str | None) -> list[tuple[int, str]]:
+    """``(generation, line)`` per generation of the returned candidate's ancestry
+    (:attr:`DetailedResults.ancestry`), the unchanged program first: id, move, parents, the train ids reflected on,
+    the score on the whole selection split."""
+    where = "validation" if split != "train" else "train"
+    lines = []
+    for node in ancestry:
+        line = str(node["label"])
+        if node["id"] is not None or node["move"] != "the program as given":
+            line += f": {node['move']}" + (f" in {node['run']}" if node.get("run") else "")
+        if node["parents"]:
+            line += f", from {_ids(node['parents'])}"
+        if node["changed_steps"]:
+            line += f"; changed {_ids(node['changed_steps'])}"
+        if node.get("reflected_on"):
+            line += f"; reflected on train {_ids(node['reflected_on'])}"
+        line += f"; {where} {node['score']:.3f}" if node.get("score") is not None else f"; not scored on all of {where}"
+        if node.get("returned"):
+            line += " (returned)"
+        lines.append((node["generation"], line))
+    return lines
+
+
+def _ancestry_section(rundir: RunDirectory) -> Group | None:
+    if not rundir.selection:
+        return None
+    results = DetailedResults.from_run_directory(rundir)
+    if not results.ancestry:
+        return None
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(justify="right", no_wrap=True)
+    grid.add_column()
+    for generation, line in ancestry_lines(results.ancestry, results.selection_split):
+        grid.add_row(f"{generation}.", line)
+    return Group(Text("where the returned instructions came from", style="bold"), grid)
+
+
+def render(rundir: RunDirectory, picture: Path | str | None = None) -> Group:
     """The summary of ``rundir`` as one rich renderable."""
     color, meaning = _STATUS[rundir.status]
     header = Text()
@@ -185,10 +228,15 @@ def render(rundir: RunDirectory, picture: Path | None = None) -> Group:
         if pending is not None:
             parts.append(pending)
         parts += [_prompts_table(rundir), _selection_text(rundir)]
+        ancestry = _ancestry_section(rundir)
+        if ancestry is not None:
+            parts.append(ancestry)
     if rundir.problems:
         parts.append(Text("skipped: " + "; ".join(rundir.problems), style="yellow"))
-    if picture is not None:
+    if isinstance(picture, Path):
         parts.append(Text(f"picture: {picture}"))
+    elif picture is not None:  # why there is none
+        parts.append(Text(f"picture: none, {picture}", style="yellow"))
     return Group(*parts)
 
 
@@ -196,13 +244,16 @@ def report(directory: str | Path, *, console: Console | None = None, picture: st
     """Print the summary of ``directory`` and write its picture.
 
     ``picture``: True writes ``run.png`` into the run directory, a path writes there, False writes none. An empty
-    directory gets no picture. Returns what was read."""
-    from rlmoptimizer.report.plot import write_run_picture
+    directory gets no picture; without matplotlib (the ``plot`` extra) the summary says how to get it. Returns
+    what was read."""
+    from rlmoptimizer.report.plot import picture_unavailable, write_run_picture
 
     console = console if console is not None else Console()
     rundir = read_run_directory(directory)
-    written = None
+    written: Path | str | None = None
     if picture is not False and rundir.status != "empty":
-        written = write_run_picture(rundir, None if picture is True or picture is None else picture)
+        written = picture_unavailable()
+        if written is None:
+            written = write_run_picture(rundir, None if picture is True or picture is None else picture)
     console.print(render(rundir, written))
     return rundir

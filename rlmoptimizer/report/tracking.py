@@ -15,7 +15,12 @@ What it logs:
   the cost is known;
 * every agent turn (``turns/turn-NNNN.json``) and every prompt version (``prompts/v-NNNN.json``) as it happens;
 * at the end, ``optimized_instructions.json``, ``selection.json``, ``trajectory.json``, ``detailed_results.json``
-  and the picture of the run (``run.png``), plus ``final_score`` and ``baseline_score``.
+  and the picture of the run (``run.png``), plus ``final_score`` and ``baseline_score``;
+* where the returned instructions came from: ``lineage.json`` (every named candidate's parents, move, GEPA run and
+  the train ids it reflected on, and the returned candidate's ancestry with its scores:
+  :meth:`DetailedResults.lineage_record <rlmoptimizer.report.results.DetailedResults.lineage_record>`), and the
+  tags ``returned_candidate`` (its id, e.g. ``gepa-3``) and ``returned_ancestry`` (``the unchanged program ->
+  proposal-1 -> gepa-3``).
 
 Tracking never fails an optimization: the first error from MLflow is reported once as a warning, and tracking
 stops for the rest of that compile() (the run directory still has everything).
@@ -255,8 +260,10 @@ class MlflowTracker:
         detailed_results: dict[str, Any] | None = None,
         budget: dict[str, Any] | None = None,
         usage: dict[str, Any] | None = None,
+        lineage: dict[str, Any] | None = None,
     ) -> None:
-        """Log the outcome as artifacts and close the run."""
+        """Log the outcome as artifacts and close the run. ``lineage``: where the candidates came from
+        (:meth:`DetailedResults.lineage_record <rlmoptimizer.report.results.DetailedResults.lineage_record>`)."""
         if self.run_id is None:
             return
 
@@ -281,6 +288,14 @@ class MlflowTracker:
             if metrics:
                 client.log_batch(run_id, metrics=metrics)
             client.set_tag(run_id, "selection_reason", str(selection.get("reason", ""))[:5000])
+            if lineage and (lineage.get("lineage") or lineage.get("ancestry")):
+                client.log_dict(run_id, lineage, "lineage.json")
+                ancestry = lineage.get("ancestry") or []
+                if lineage.get("returned"):
+                    client.set_tag(run_id, "returned_candidate", str(lineage["returned"]))
+                if ancestry:
+                    chain = " -> ".join(str(node.get("label")) for node in ancestry)
+                    client.set_tag(run_id, "returned_ancestry", chain[:5000])
 
         self._guard("logging the result", log)
         self._end("FINISHED")
