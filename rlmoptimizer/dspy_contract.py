@@ -174,21 +174,12 @@ REQUIREMENTS: dict[str, tuple[Requirement, ...]] = {
         Requirement("dspy.lm15", "Request"),
         Requirement("dspy.lm15", "Response"),
         Requirement("dspy.lm15", "request_from_openai_chat"),
-        Requirement("dspy.predict.rlm", "_LLMCallBudget"),
-        Requirement("dspy.predict.rlm:_LLMCallBudget", "reserve", params=("n",)),
         Requirement("dspy.primitives.code_interpreter", "CodeExecutionError"),
+        Requirement("dspy.primitives.code_interpreter", "FinalOutput"),
         Requirement("dspy.primitives.code_interpreter", "resolve_interpreter_factory"),
+        Requirement("dspy.primitives.repl_types", "REPLVariable"),
+        Requirement("dspy.primitives.repl_types:REPLVariable", "from_value", params=("name", "value", "field_info", "preview_chars")),
         Requirement(_RLM, "forward", params=("interpreter_factory", "input_args")),  # overridden
-        Requirement(_RLM, "_make_llm_tools", params=("budget", "max_workers")),  # overridden
-        Requirement(_RLM, "_extract_fallback", params=("variables", "history", "output_field_names")),  # overridden
-        Requirement(_RLM, "_process_final_output", params=("result", "output_field_names")),  # overridden
-        Requirement(_RLM, "_validate_inputs", params=("input_args",)),
-        Requirement(_RLM, "_prepare_execution_tools", params=("budget",)),
-        Requirement(_RLM, "_build_variables", params=("input_args",)),
-        Requirement(_RLM, "_interpreter_context", params=("execution_tools", "factory")),
-        Requirement(_RLM, "_prepare_serializable_vars", params=("input_args", "repl")),
-        Requirement(_RLM, "_process_execution_result", params=("pred", "code", "result", "history", "output_field_names")),
-        Requirement(_RLM, "_interpreter_factory", instance=True),
         Requirement("dspy.primitives.repl_types", "REPLHistory"),
         Requirement("dspy.primitives.repl_types:REPLHistory", "append", params=("reasoning", "code", "output")),
         Requirement("dspy.primitives.repl_types", "REPLEntry"),

@@ -46,10 +46,10 @@ def test_a_missing_member_and_a_changed_signature_are_named():
 
 
 def test_importing_rlmoptimizer_with_an_incompatible_dspy_fails_with_the_reason():
-    """A dspy whose RLM lost a member we override: the import itself says so, in a fresh interpreter."""
+    """A dspy whose REPL history lost a method we call: the import itself says so, in a fresh interpreter."""
     code = (
-        "import dspy.predict.rlm as rlm\n"
-        "del rlm.RLM._process_final_output\n"
+        "import dspy.primitives.repl_types as repl\n"
+        "del repl.REPLHistory.append\n"
         "import rlmoptimizer\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
@@ -57,4 +57,4 @@ def test_importing_rlmoptimizer_with_an_incompatible_dspy_fails_with_the_reason(
     assert result.returncode != 0
     error = result.stderr[result.stderr.index("rlmoptimizer.errors.DspyVersionError: "):]
     assert error.startswith(f"rlmoptimizer.errors.DspyVersionError: rlmoptimizer supports dspy{SUPPORTED_DSPY}")
-    assert "agent: dspy.predict.rlm:RLM._process_final_output does not exist" in error
+    assert "agent: dspy.primitives.repl_types:REPLHistory.append does not exist" in error

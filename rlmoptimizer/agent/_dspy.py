@@ -11,9 +11,8 @@ from __future__ import annotations
 from dspy.adapters.chat_adapter import ChatAdapter
 from dspy.clients.backend_selection import CLIENT_KEYS
 from dspy.lm15 import Message, Request, Response, request_from_openai_chat
-from dspy.predict.rlm import _LLMCallBudget
-from dspy.primitives.code_interpreter import CodeExecutionError, resolve_interpreter_factory
-from dspy.primitives.repl_types import REPLEntry, REPLHistory
+from dspy.primitives.code_interpreter import CodeExecutionError, FinalOutput, resolve_interpreter_factory
+from dspy.primitives.repl_types import REPLEntry, REPLHistory, REPLVariable
 from dspy.teleprompt.gepa import InstructionProposer
 from dspy.utils.exceptions import format_error_for_lm
 
@@ -24,15 +23,16 @@ REQUIRED = REQUIREMENTS["agent"]
 __all__ = [
     "CLIENT_KEYS",
     "CodeExecutionError",
+    "FinalOutput",
     "REQUIRED",
     "ChatAdapter",
     "InstructionProposer",
     "Message",
     "REPLEntry",
     "REPLHistory",
+    "REPLVariable",
     "Request",
     "Response",
-    "_LLMCallBudget",
     "format_error_for_lm",
     "request_from_openai_chat",
     "resolve_interpreter_factory",

@@ -22,9 +22,12 @@ Differences from a plain ``dspy.RLM``:
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import json
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -35,14 +38,15 @@ from dspy import AdapterParseError, ChatAdapter, CodeInterpreter, Prediction
 
 from rlmoptimizer.agent._dspy import (
     CodeExecutionError,
+    FinalOutput,
     REPLHistory,
-    _LLMCallBudget,
+    REPLVariable,
     format_error_for_lm,
     resolve_interpreter_factory,
 )
 from rlmoptimizer.agent.context import BoundedContext, is_context_refusal, turn_inputs
 from rlmoptimizer.agent.guide import AUTOPILOT, autopilot_step, note_repeat
-from rlmoptimizer.agent.prompts import action_signature
+from rlmoptimizer.agent.prompts import action_signature, extract_signature
 from rlmoptimizer.agent.root_lm import TurnSender
 from rlmoptimizer.agent.stop import SpendingStop, StopRequest
 from rlmoptimizer.budget import SUB_LM_CALL, BudgetLedger, Reservation
@@ -53,11 +57,27 @@ from rlmoptimizer.usage import SUB, UsageMeter
 logger = logging.getLogger(__name__)
 
 
-class _ChargedBudget:
-    """dspy.RLM's per-run call ceiling plus our ledger: a reservation is taken from both or from neither."""
+class _CallCeiling:
+    """``max_llm_calls``: the most sub-LM prompts one run of the agent may send (as dspy.RLM's own ceiling)."""
 
-    def __init__(self, rlm_budget: _LLMCallBudget, ledger: BudgetLedger) -> None:
-        self._rlm_budget = rlm_budget
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def reserve(self, n: int) -> None:
+        with self._lock:
+            if self._count + n > self._limit:
+                raise RuntimeError(f"LLM call limit exceeded: {self._count} + {n} > {self._limit} (max_llm_calls). "
+                                   "Use Python code for aggregation instead of making more LLM calls.")
+            self._count += n
+
+
+class _ChargedBudget:
+    """The per-run call ceiling plus our ledger: a reservation is taken from both or from neither."""
+
+    def __init__(self, ceiling: _CallCeiling, ledger: BudgetLedger) -> None:
+        self._rlm_budget = ceiling
         self._ledger = ledger
 
     def take(self, n: int) -> Reservation:
@@ -109,6 +129,17 @@ def code_of(reply: str) -> str:
     return text[opening.end(): closing.start()].strip()
 
 
+def _json_object(value: Any) -> Any:
+    """A SUBMIT value given as the JSON text of an object, as that object (small models write it so); else as is."""
+    if isinstance(value, str) and value.lstrip().startswith("{"):
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            return value
+        return parsed if isinstance(parsed, dict) else value
+    return value
+
+
 def _budget_message(exc: BaseException) -> str:
     return (
         f"{exc}. Sub-LM calls cost 1 unit each and the optimization budget cannot cover this. "
@@ -144,12 +175,16 @@ class OptimizerAgent(dspy.RLM):
         **rlm_kwargs: Any,
     ) -> None:
         super().__init__(signature, **rlm_kwargs)
-        # Our own turn signature (instructions, how a turn works, the tools): one list of tools, no dspy sub-agents.
-        factory = rlm_kwargs.get("interpreter_factory")
+        # The loop below is ours, on dspy's public surface: dspy.RLM gives the module its signature, settings and
+        # predictors. The turn's signature is ours too (instructions, how a turn works, each tool once; no dspy
+        # sub-agents), and so are the tools, the factory and the extraction at the turn limit.
+        self._factory = rlm_kwargs.get("interpreter_factory")
+        self._tools = list(rlm_kwargs.get("tools") or ())
         self.generate_action = dspy.Predict(action_signature(
-            self.signature.instructions, list(rlm_kwargs.get("tools") or ()),
-            getattr(factory, "execution_instructions", "") if factory is not None else "",
+            self.signature.instructions, self._tools,
+            getattr(self._factory, "execution_instructions", "") if self._factory is not None else "",
         ))
+        self.extract = dspy.Predict(extract_signature(self.signature))
         # What the root LM is sent per turn (rlmoptimizer.agent.root_lm); None keeps dspy's rendering unchanged.
         self._turn_sender = (
             TurnSender(stateful=stateful_session, multiturn=multiturn_history, max_iters=self.max_iters)
@@ -174,8 +209,8 @@ class OptimizerAgent(dspy.RLM):
         self._as_sub = (lambda fn: usage.in_role(SUB, fn)) if usage is not None else (lambda fn: fn)
 
     # -- budgeted sub-LM tools ------------------------------------------------------------------------
-    def _make_llm_tools(self, budget: _LLMCallBudget | None = None, max_workers: int = 8) -> dict[str, Callable]:
-        charged = _ChargedBudget(budget if budget is not None else _LLMCallBudget(self.max_llm_calls), self._ledger)
+    def _llm_tools(self, max_workers: int = 8) -> dict[str, Callable]:
+        charged = _ChargedBudget(_CallCeiling(self.max_llm_calls), self._ledger)
         sub_lm = self.sub_lm
 
         def query(prompt: str) -> str:
@@ -228,15 +263,14 @@ class OptimizerAgent(dspy.RLM):
 
     # -- the loop ---------------------------------------------------------------------------------------
     def forward(self, *, interpreter_factory: Callable[[], CodeInterpreter] | None = None, **input_args) -> Prediction:
-        self._validate_inputs(input_args)
-        if interpreter_factory is None:
-            interpreter_factory = resolve_interpreter_factory(self._interpreter_factory)
+        expected = set(self.signature.input_fields)
+        if set(input_args) != expected:
+            raise ValueError(f"the agent takes the inputs {sorted(expected)}, got {sorted(input_args)}")
+        factory = interpreter_factory or resolve_interpreter_factory(self._factory)
         output_field_names = list(self.signature.output_fields.keys())
-        budget = _LLMCallBudget(self.max_llm_calls)
-        execution_tools = self._prepare_execution_tools(budget)
-        variables = self._build_variables(**input_args)
+        variables = self.variables(**input_args)
 
-        with self._interpreter_context(execution_tools, interpreter_factory) as repl, \
+        with self._interpreter(factory) as repl, \
                 ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlmoptimizer-setup") as pool:
             # The REPL's setup waits for the sandbox's start; the first root-LM call does not need it, so the two
             # overlap and the start is hidden behind the LM (the sandbox serializes calls from any thread).
@@ -272,10 +306,31 @@ class OptimizerAgent(dspy.RLM):
             setup.result()
             return self._extract_fallback(variables, history, output_field_names)
 
+    def variables(self, **input_args: Any) -> list[REPLVariable]:
+        """The inputs as the root LM is told about them (name, type, length, a preview)."""
+        return [REPLVariable.from_value(name, value, field_info=self.signature.input_fields.get(name))
+                for name, value in input_args.items()]
+
+    @contextlib.contextmanager
+    def _interpreter(self, factory: Callable[[], CodeInterpreter]):
+        """One interpreter for this run, with the tools (``llm_query``, ``llm_query_batched`` and ours) and the
+        output fields ``SUBMIT`` takes; shut down at the end."""
+        repl = factory()
+        try:
+            repl.tools.update({**self._llm_tools(), **{tool.__name__: tool for tool in self._tools}})
+            if hasattr(repl, "output_fields"):
+                repl.output_fields = [{"name": name} for name in self.signature.output_fields]
+            yield repl
+        finally:
+            repl.shutdown()
+
     def _prepare_repl(self, repl, input_args) -> dict[str, Any]:
-        """The inputs, our data-loading setup code, then mark both for replay after a restart. (dspy's sandbox
+        """Start the REPL, run our data-loading setup code, then mark it for replay after a restart. (dspy's sandbox
         sub-agent facade is not installed: ``llm_query`` and the moves are the agent's sub-LM.)"""
-        regular_args = self._prepare_serializable_vars(input_args, repl)
+        start = getattr(repl, "start", None)
+        if callable(start):
+            start()
+        regular_args = dict(input_args)
         if self._setup_code:
             repl.execute(self._setup_code)
         mark = getattr(repl, "mark_setup_complete", None)
@@ -345,7 +400,7 @@ class OptimizerAgent(dspy.RLM):
         except SyntaxError as exc:
             code = action.code
             result = f"[Error] {format_error_for_lm(exc)}"
-            return self._process_execution_result(action, code, result, history, output_field_names)
+            return self._after_cell(action, code, result, history, output_field_names)
         line = self._next_move() if self._next_move is not None else None
         stuck = autopilot_step(history, code, line) if self._autopilot else None
         auto = stuck is not None
@@ -358,7 +413,7 @@ class OptimizerAgent(dspy.RLM):
             result = repl.execute(code, variables=dict(input_args))
         except (CodeExecutionError, SyntaxError) as exc:
             result = f"[Error] {format_error_for_lm(exc)}"
-        result = self._process_execution_result(action, code, result, history, output_field_names)
+        result = self._after_cell(action, code, result, history, output_field_names)
         if not isinstance(result, REPLHistory):
             return result
         if auto:  # said in the output too: the host writes it, the root LM cannot copy it into a turn
@@ -376,10 +431,12 @@ class OptimizerAgent(dspy.RLM):
         if self._context is not None:  # the extraction sees the bounded view too (the turns are on disk)
             shown = self._context.view(history, fixed_chars=sum(len(v.format()) for v in variables) + 4_000)
         try:
+            logger.warning("The agent reached its turn limit; extracting its final output from its history.")
             with dspy.context(adapter=_root_adapter(last_attempt=True)):
-                prediction = super()._extract_fallback(variables, shown, output_field_names)
-            prediction.trajectory = [entry.model_dump() for entry in history]
-            return prediction
+                extracted = self.extract(variables_info=[v.format() for v in variables], repl_history=shown)
+            return Prediction(trajectory=[entry.model_dump() for entry in history],
+                              final_reasoning="Extract forced final output",
+                              **{name: getattr(extracted, name) for name in output_field_names})
         except Exception as exc:
             logger.warning("The agent ran out of turns and its final output could not be extracted (%s: %s); "
                            "submitting the current instructions.", type(exc).__name__, exc)
@@ -390,15 +447,38 @@ class OptimizerAgent(dspy.RLM):
                 **{name: {} for name in output_field_names},
             )
 
-    def _process_final_output(self, result, output_field_names):
-        """dspy's checks of a SUBMIT, then ours: a refused submission is an error the agent sees and fixes."""
-        parsed, error = super()._process_final_output(result, output_field_names)
-        if error is None and self._validate_submission is not None:
+    def _after_cell(self, action, code: str, result: Any, history: REPLHistory,
+                    output_field_names: list[str]) -> Prediction | REPLHistory:
+        """The history with this cell's output, or the final Prediction on a SUBMIT that passes the checks."""
+        if isinstance(result, FinalOutput):
+            parsed, error = self._submission(result.output, output_field_names)
+            if error is not None:
+                return history.append(reasoning=action.reasoning, code=code, output=error)
+            final = history.append(reasoning=action.reasoning, code=code, output=f"FINAL: {parsed}")
+            return Prediction(**parsed, trajectory=[entry.model_dump() for entry in final],
+                              final_reasoning=action.reasoning)
+        if isinstance(result, list):
+            output = "\n".join(map(str, result))
+        else:
+            output = str(result) if result else ""
+        return history.append(reasoning=action.reasoning, code=code,
+                              output=output or "(no output - did you forget to print?)")
+
+    def _submission(self, raw: Any, output_field_names: list[str]) -> tuple[dict[str, Any] | None, str | None]:
+        """A SUBMIT's outputs, checked: every output field present, then ours (a refused submission is an error
+        the agent sees and fixes)."""
+        if not isinstance(raw, dict):
+            return None, f"[Error] SUBMIT got {type(raw).__name__}, expected the fields {output_field_names}"
+        missing = sorted(set(output_field_names) - set(raw))
+        if missing:
+            return None, f"[Error] Missing output fields: {missing}. Use SUBMIT({', '.join(output_field_names)}=...)"
+        parsed = {name: _json_object(raw[name]) for name in output_field_names}
+        if self._validate_submission is not None:
             try:
                 parsed = self._validate_submission(parsed)
             except ValueError as exc:
                 return None, f"[Error] Submission refused: {exc}"
-        return parsed, error
+        return parsed, None
 
     def _report(
         self, entry: dict[str, Any], iteration: int, *, final: bool, outputs: dict[str, Any] | None = None

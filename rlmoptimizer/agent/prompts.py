@@ -141,6 +141,22 @@ def action_signature(task_instructions: str, tools: Sequence[Callable], runtime_
     )
 
 
+def extract_signature(signature):
+    """The signature of the extraction when the agent runs out of turns without a SUBMIT: its history in, the
+    task's outputs out."""
+    import dspy
+
+    from rlmoptimizer.agent._dspy import REPLHistory
+
+    instructions = (f"The history below was written with this objective:\n{signature.instructions}\n\n"
+                    "The turns ran out. From the history (what was found and computed), give the final outputs now.")
+    return (
+        dspy.Signature({**signature.output_fields}, instructions)
+        .prepend("repl_history", dspy.InputField(desc="your turns: code and output"), type_=REPLHistory)
+        .prepend("variables_info", dspy.InputField(desc="the variables in the REPL"), type_=str)
+    )
+
+
 def agent_signature(budget: int, note: str):
     """The agent's signature: the task brief in, the submission out, :data:`AGENT_INSTRUCTIONS` filled in."""
     import dspy

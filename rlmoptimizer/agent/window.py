@@ -76,7 +76,7 @@ def first_request_chars(config: Any, runtime_rules: str, steps: Mapping[str, tup
     )
     brief = render_task_brief({name: signature for name, (signature, _) in steps.items()}, train_size, val_size,
                               budget, pass_threshold=config.pass_threshold)
-    variables_info = [variable.format() for variable in agent._build_variables(task_brief=brief)]
+    variables_info = [variable.format() for variable in agent.variables(task_brief=brief)]
     baselines = [("train", train_size)] + ([("val", val_size)] if val_size else [])
     spending = (f"Spending: $0.0000 of max_cost_usd ${config.max_cost_usd:.4f}."
                 if config.max_cost_usd is not None else "")
