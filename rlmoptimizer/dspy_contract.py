@@ -192,20 +192,22 @@ REQUIREMENTS: dict[str, tuple[Requirement, ...]] = {
         Requirement("dspy.primitives.code_interpreter", "CodeExecutionError"),
         Requirement("dspy.primitives.code_interpreter", "CodeInterpreterError"),
         Requirement("dspy.primitives.python_interpreter", "PythonInterpreter"),
-        Requirement("dspy.primitives.python_interpreter", "_validate_deno_version", params=("deno_executable",)),
+        # Each private member below keeps dspy's own Deno/Pyodide runner (unchanged from 3.3.1 to 3.4.1) under our
+        # process control, limits and recovery; owning the runner instead would mean forking runner.js.
+        Requirement("dspy.primitives.python_interpreter", "_validate_deno_version", params=("deno_executable",)),  # the Deno dspy's runner needs
         Requirement("dspy.primitives.facade", "HOST_TOKEN_VAR"),
         Requirement("dspy.primitives.facade", "SHIM_SETUP"),
         Requirement(_PI, "_spawn_process", params=()),  # overridden: our environment, stderr drained
-        Requirement(_PI, "_health_check", params=()),
+        Requirement(_PI, "_health_check", params=()),  # the runner's own readiness probe, after our spawn
         Requirement(_PI, "_next_request_id", params=()),  # overridden: the reader learns the id in flight
         Requirement(_PI, "_send_request", params=("method", "params", "context")),  # overridden: not an execution
-        Requirement(_PI, "_get_runner_path", params=()),
-        Requirement(_PI, "_extract_parameters", params=("fn",)),
-        Requirement(_PI, "_get_deno_dir", params=("deno_executable",)),
-        Requirement(_PI, "_tools_registered", instance=True),
-        Requirement(_PI, "_session_ended", instance=True),
-        Requirement(_PI, "_last_diagnostic", instance=True),
-        Requirement(_PI, "_owner_thread", instance=True),
+        Requirement(_PI, "_get_runner_path", params=()),  # runner.js, to pre-cache its imports offline
+        Requirement(_PI, "_extract_parameters", params=("fn",)),  # the tool-registration format runner.js reads
+        Requirement(_PI, "_get_deno_dir", params=("deno_executable",)),  # where Deno caches Pyodide (check, pre-cache)
+        Requirement(_PI, "_tools_registered", instance=True),  # re-register tools after a restart
+        Requirement(_PI, "_session_ended", instance=True),  # a killed process is a session that ended
+        Requirement(_PI, "_last_diagnostic", instance=True),  # why the process died, for the agent and the user
+        Requirement(_PI, "_owner_thread", instance=True),  # our lock serializes calls from the tools' threads
     ),
     # Evaluation (rlmoptimizer/evaluation/lm_failures.py): which LM failures stop a run.
     "evaluation": (
