@@ -45,7 +45,7 @@ from rlmoptimizer.agent._dspy import (
     resolve_interpreter_factory,
 )
 from rlmoptimizer.agent.context import BoundedContext, is_context_refusal, turn_inputs
-from rlmoptimizer.agent.guide import AUTOPILOT, autopilot_step, note_repeat
+from rlmoptimizer.agent.guide import AUTOPILOT, IDLE_NOTICE, NOTICE, autopilot_step, is_idle, note_repeat
 from rlmoptimizer.agent.prompts import action_signature, extract_signature
 from rlmoptimizer.agent.root_lm import TurnSender
 from rlmoptimizer.agent.stop import SpendingStop, StopRequest
@@ -402,12 +402,13 @@ class OptimizerAgent(dspy.RLM):
             result = f"[Error] {format_error_for_lm(exc)}"
             return self._after_cell(action, code, result, history, output_field_names)
         line = self._next_move() if self._next_move is not None else None
-        stuck = autopilot_step(history, code, line) if self._autopilot else None
-        auto = stuck is not None
+        tools = frozenset(tool.__name__ for tool in self._tools)
+        why = autopilot_step(history, code, line, tools) if self._autopilot else None
+        auto = why is not None
         if auto:
-            # The cell already proved to change nothing: the turn runs the default loop's next line instead.
+            # The cell is known to change nothing: the turn runs the default loop's next line instead.
             action = Prediction(reasoning=f"{action.reasoning}\n{AUTOPILOT} ran the default loop's next line in "
-                                          f"place of a cell that repeated step {stuck} and changed nothing.", code=line)
+                                          f"place of a cell that {why}.", code=line)
             code = line
         try:
             result = repl.execute(code, variables=dict(input_args))
@@ -419,9 +420,14 @@ class OptimizerAgent(dspy.RLM):
         if auto:  # said in the output too: the host writes it, the root LM cannot copy it into a turn
             last = result.entries[-1]
             result = history.append(reasoning=last.reasoning, code=last.code,
-                                    output=f"{AUTOPILOT} this line ran in place of step {stuck}'s repeated cell.\n"
-                                           f"{last.output}")
-        return note_repeat(history, result, self._next_move() if self._next_move is not None else None)
+                                    output=f"{AUTOPILOT} this line ran in place of a cell that {why}.\n{last.output}")
+        line = self._next_move() if self._next_move is not None else None
+        result = note_repeat(history, result, line)
+        last = result.entries[-1]
+        if line is not None and NOTICE not in last.output and is_idle(code, tools):
+            result = history.append(reasoning=last.reasoning, code=last.code,
+                                    output=f"{last.output}{NOTICE}{IDLE_NOTICE} The default loop's next line is: {line}")
+        return result
 
     def _extract_fallback(self, variables, history, output_field_names) -> Prediction:
         """Out of turns without a SUBMIT: dspy asks the root LM to extract the outputs from the history. When that

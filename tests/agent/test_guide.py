@@ -11,7 +11,7 @@ from support.fakes import FunctionLM
 from support.optimizing import ORIGINAL_ROUTE, compile_tickets, copier, proposer, steps_seen
 from support.tickets import POLICY_PROMPT, make_splits, metric
 
-from rlmoptimizer.agent.guide import SUBMIT_LINE, LoopGuide
+from rlmoptimizer.agent.guide import SUBMIT_LINE, LoopGuide, is_idle
 
 pytestmark = pytest.mark.slow
 
@@ -189,8 +189,36 @@ def test_an_agent_stuck_on_a_cell_that_changes_nothing_is_driven_by_the_autopilo
     # the whole budget (too small for a targeted round after it), its best adopted, checked, submitted
     assert turns[2]["code"] == "r = run_gepa(budget=44); print(r['summary'])"
     assert "[Autopilot] ran the default loop's next line in place of a cell that repeated step 1" in turns[2]["reasoning"]
-    assert turns[2]["output"].startswith("[Autopilot] this line ran in place of step 1's repeated cell.\n")
+    assert turns[2]["output"].startswith(
+        "[Autopilot] this line ran in place of a cell that repeated step 1 and changed nothing.\n")
     assert turns[3]["code"] == "print(adopt_candidate('gepa-1')); print(evaluate_program(split='val'))"
     assert turns[4]["final"] and turns[4]["code"] == SUBMIT_LINE and len(turns) == 5
     assert result.route.signature.instructions == POLICY_PROMPT
     assert result.selection["chosen_score"] == 1.0
+
+
+def test_cells_that_do_nothing_are_told_once_then_the_autopilot_runs_the_loop():
+    # what a 1.5B root wrote on the real-model benchmark: a comment, then a function it never calls, and so on
+    idle = [{"reasoning": "No changes needed yet.", "code": "# No changes needed yet."},
+            {"reasoning": "A helper.", "code": "def route_predict(ticket):\n    return 'billing'"}]
+    result = compile_with(FunctionLM(lambda messages: idle[steps_seen(messages) % 2]), proposer(POLICY_PROMPT),
+                          max_iterations=3, rlm_max_iterations=6)
+    turns = result.agent_trajectory
+    assert turns[0]["code"] == idle[0]["code"]
+    assert ("[Notice] This cell called no tool and printed nothing: it changed nothing. The default loop's next "
+            "line is: r = run_gepa(budget=44)") in turns[0]["output"]
+    # the second idle cell in a row is replaced by the next line, and so is every idle cell after that
+    assert turns[1]["code"] == "r = run_gepa(budget=44); print(r['summary'])"
+    assert "in place of a cell that called no tool and printed nothing, as step 1 did" in turns[1]["reasoning"]
+    assert turns[2]["code"] == "print(adopt_candidate('gepa-1')); print(evaluate_program(split='val'))"
+    assert turns[3]["final"] and turns[3]["code"] == SUBMIT_LINE and len(turns) == 4
+    assert result.route.signature.instructions == POLICY_PROMPT
+
+
+def test_a_cell_that_defines_without_printing_is_idle_but_one_that_shows_a_value_is_not():
+    tools = frozenset({"evaluate_program"})
+    assert is_idle("# a comment", tools) and is_idle("x = [e for e in range(3)]", tools)
+    assert not is_idle("x = 1\nx", tools)  # the REPL shows the last expression's value
+    assert not is_idle("r = evaluate_program(limit=2)", tools) and not is_idle("print(1)", tools)
+    assert not is_idle("def f(:", tools)  # a syntax error is shown to the agent
+
