@@ -5,6 +5,7 @@ and a damaged file whose parents form a cycle."""
 
 from __future__ import annotations
 
+from rlmoptimizer.fingerprint import instructions_digest
 from rlmoptimizer.report.lineage import UNCHANGED, Lineage
 
 INITIAL = {"a": "A0", "b": "B0"}
@@ -71,6 +72,24 @@ def test_a_current_parent_the_history_cannot_tell_is_left_unresolved_not_guessed
     found = Lineage(named, lineage, evaluated[:1] + evaluated[2:], INITIAL, {}, versions)
     assert found.candidate_of("proposal-1") == 1
     assert labels(found.ancestry(1))[0] == ("edited before proposal-1", [], 0)
+
+
+def test_a_current_parent_recorded_by_its_digest_is_resolved_exactly():
+    # the same ambiguity as above, but the move recorded which instructions 'current' was: the agent's edit
+    versions = [{"version": 1, "step": "a", "text": "A-edit", "source": "update_prompt"}]
+    named = {"proposal-1": {"b": "B1"}}
+    lineage = {"proposal-1": {"parents": ["current"], "move": "reflective proposal (propose_instructions)",
+                              "parent_digests": [instructions_digest({"a": "A-edit", "b": "B0"})]}}
+    evaluated = [INITIAL, {"a": "A0", "b": "B1"}, {"a": "A-edit", "b": "B1"}]
+    found = Lineage(named, lineage, evaluated, INITIAL, {}, versions)
+    assert found.candidate_of("proposal-1") == 2
+    assert labels(found.ancestry(2)) == [("edited before proposal-1", [], 0),
+                                         ("proposal-1", ["edited before proposal-1"], 1)]
+    # recorded as the unchanged program: the ancestry starts there
+    lineage["proposal-1"]["parent_digests"] = [instructions_digest(INITIAL)]
+    found = Lineage(named, lineage, evaluated, INITIAL, {}, versions)
+    assert found.candidate_of("proposal-1") == 1
+    assert labels(found.ancestry(1)) == [(UNCHANGED, [], 0), ("proposal-1", [UNCHANGED], 1)]
 
 
 def test_a_run_id_start_and_a_cycle_in_a_damaged_file_end_the_walk():

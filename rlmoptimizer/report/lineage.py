@@ -6,7 +6,8 @@ A lineage entry names its parents: candidate ids, a run id, or ``'current'`` (th
 ran, which were not a named candidate). A ``proposal-N`` keeps only the steps it wrote, so its whole instruction set
 is its parent's with those steps replaced; a ``gepa-N`` keeps every step. ``'current'`` is told apart from the
 prompt history (``prompts/v-NNNN.json``): the states the agent's edits produced that no named candidate names, and
-the unchanged program. When one of them fits the child (it is what the child was made from on the steps the move
+the unchanged program; exactly, when the entry has ``parent_digests`` (the digest of each parent's instructions,
+which the moves record), else by inference. When one of them fits the child (it is what the child was made from on the steps the move
 did not write, and a GEPA reflective proposal rewrites one step), that is the parent; when several fit, the
 ancestry ends at "the current instructions when X was made", unresolved, rather than guess.
 
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import re
 from typing import Any
+
+from rlmoptimizer.fingerprint import instructions_digest
 
 UNCHANGED = "the unchanged program"
 """The label of the ancestry's root when it is the program as given."""
@@ -92,6 +95,9 @@ class Lineage:
                        if n == 0 or not any(m and m.items() <= s.items() for m in named.values())]
         self._full: dict[str, dict[str, str]] = {}
         self._origin: dict[str, dict[str, str] | None] = {}
+        # every instruction set known, by digest: what a lineage entry's "parent_digests" name exactly
+        self.by_digest = {instructions_digest(dict(i)): dict(i)
+                          for i in [*evaluated, *_states(self.initial, versions)] if i}
 
     # -- whole instruction sets ---------------------------------------------------------------------
     def _is_whole(self, name: str) -> bool:
@@ -137,6 +143,12 @@ class Lineage:
         return full
 
     def _parent_instructions(self, parent: str, child: str, seen: frozenset[str]) -> dict[str, str] | None:
+        entry = self.lineage.get(child, {})
+        digests, parents = entry.get("parent_digests"), self._parents(child)
+        if isinstance(digests, list) and parent in parents and parents.index(parent) < len(digests):
+            exact = self.by_digest.get(str(digests[parents.index(parent)]))
+            if exact is not None:  # the move recorded which instructions its parent was
+                return exact
         if parent in self.named and parent not in seen:
             return self.full(parent, seen)
         if _RUN_ID.match(parent) and parent in self.runs:

@@ -329,7 +329,9 @@ class GepaMoves(MoveContext):
                 parents = [p for p in result.parents[index] if p is not None]
                 move = "gepa merge" if len(parents) > 1 else "gepa reflective proposal"
                 lineage = {"parents": [ids.get(p, f"gepa candidate {p}") for p in parents], "move": move,
-                           "run": run_name, "steps": steps}
+                           "run": run_name, "steps": steps,
+                           "parent_digests": [instructions_digest(adapter.instructions(result.candidates[p]))
+                                              for p in parents]}
                 if move != "gepa merge":
                     lineage["reflected_on"] = reflected_on.get(index, [])
                 ids[index] = self._register(adapter.instructions(result.candidates[index]), lineage)

@@ -116,11 +116,13 @@ class ProposalMoves(MoveContext):
         used = [r.example_id for r in records if r.example_id not in skipped]
         candidate_ids = []
         parent = self.name_of(self._current())
+        parent_digest = instructions_digest(self._current())  # which instructions 'current' was, exactly
         for text in unique:
             candidate_ids.append(f"proposal-{sum(1 for k in self.proposals if k.startswith('proposal-')) + 1}")
             self.proposals[candidate_ids[-1]] = {step: text}
             self.lineage[candidate_ids[-1]] = {"parents": [parent], "move": "reflective proposal (propose_instructions)",
-                                               "steps": [step], "reflected_on": used, "from": source}
+                                               "steps": [step], "reflected_on": used, "from": source,
+                                               "parent_digests": [parent_digest]}
         return {
             "step": step,
             "from": source,
