@@ -27,7 +27,12 @@ from rlmoptimizer.evaluation.runs import Runs
 from rlmoptimizer.events import SubLMAnswered
 from rlmoptimizer.records import EvalRun
 from rlmoptimizer.storage.answers import AnswerStore
-from rlmoptimizer.storage.candidates import read_candidates, write_candidates
+from rlmoptimizer.storage.candidates import (
+    read_candidates,
+    read_gepa_progress,
+    write_candidates,
+    write_gepa_progress,
+)
 from rlmoptimizer.storage.notes import NotesStore
 
 __all__ = ["AgentTools", "agent_error", "select_ids"]
@@ -114,6 +119,8 @@ class AgentTools:
         self._directory = None if store is None else store.directory
         # gepa's reflections, kept in the run directory: a resumed compile replays a run_gepa without paying again
         self.answers = AnswerStore(self._directory, name="gepa_reflections.jsonl")
+        # what each GEPA run paid or reserved: a run killed in the middle takes only the rest of its slice on resume
+        self._gepa_progress = read_gepa_progress(self._directory)
         # the named candidates of an earlier process of this compile (a resume): their ids keep working
         named, lineage = read_candidates(self._directory)
         self.moves.proposals.update(named)
@@ -215,7 +222,9 @@ class AgentTools:
             result = self.moves.run_gepa(budget, steps, start, seed=self.seed if seed is None else seed,
                                          minibatch_size=minibatch_size,
                                          use_merge=use_merge, proposals_per_iteration=proposals_per_iteration,
-                                         answers=self.answers, book=self._as_sub, answered=self._sub_lm_answered)
+                                         answers=self.answers, book=self._as_sub, answered=self._sub_lm_answered,
+                                         progress=(self._gepa_progress,
+                                                   lambda kept: write_gepa_progress(self._directory, kept)))
         finally:
             self._keep_candidates()
         self.guide.gepa_finished(result["best"] if result["best_is_new"] else None)

@@ -50,3 +50,31 @@ def write_candidates(directory: str | Path | None, candidates: dict[str, dict[st
         atomic_write_json(Path(directory) / FILE, {"candidates": candidates, "lineage": lineage}, durable=False)
     except OSError as exc:  # the candidates still work in this process
         logger.warning("could not keep the named candidates in %s: %s", directory, exc)
+
+
+PROGRESS_FILE = "gepa_runs.json"
+
+
+def read_gepa_progress(directory: str | Path | None) -> dict[str, int]:
+    """``{GEPA run name: units it had paid or reserved}`` as kept in ``directory``; empty when there is none."""
+    if directory is None:
+        return {}
+    try:
+        data = json.loads((Path(directory) / PROGRESS_FILE).read_bytes().decode("utf-8", errors="replace"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {name: value for name, value in data.items()
+            if isinstance(name, str) and isinstance(value, int) and not isinstance(value, bool) and value >= 0}
+
+
+def write_gepa_progress(directory: str | Path | None, progress: dict[str, int]) -> None:
+    """Keep what each GEPA run has paid or reserved so far: a run killed in the middle and replayed on resume
+    starts its slice with that much already taken, so the two processes together never spend more than it."""
+    if directory is None:
+        return
+    try:
+        atomic_write_json(Path(directory) / PROGRESS_FILE, dict(progress), durable=False)
+    except OSError as exc:
+        logger.warning("could not keep the GEPA runs' progress in %s: %s", directory, exc)

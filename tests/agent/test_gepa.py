@@ -291,7 +291,9 @@ def test_a_compile_killed_during_run_gepa_and_resumed_pays_no_completed_call_twi
     evaluations = done["spent_by_kind"]["train_example"] + done["spent_by_kind"]["val_example"]
     completed_before_kill = metric_calls[0] - 20 - 1
     assert metric_calls[1] == evaluations - completed_before_kill
-    # (the resumed turn calls run_gepa(budget=40) again: a new slice of 40 on top of what the first process paid)
+    # the resumed turn calls run_gepa(budget=40) again: the replayed run takes only what is left of its 40, so the
+    # two processes together spent at most 40 (the run's budget ran out)
+    assert done["spent"] <= 40 and "before the compile was resumed" in done["out"]
 
 
 def test_candidate_ids_and_their_lineage_survive_a_resume(tmp_path):

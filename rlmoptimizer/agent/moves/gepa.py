@@ -58,13 +58,18 @@ class _Stop(BaseException):  # noqa: N818 - a stop of gepa's loop, not an error 
 class _Slice:
     """The units one run may spend, taken from the ledger one whole evaluation or reflection at a time."""
 
-    def __init__(self, ledger: BudgetLedger, units: int) -> None:
+    def __init__(self, ledger: BudgetLedger, units: int, taken: int = 0,
+                 on_change: Callable[[int], None] | None = None) -> None:
+        """``taken``: units an earlier process already paid or reserved for this run (a run replayed on resume);
+        ``on_change(taken)`` is told what is paid or reserved of the slice after every change, before the work."""
         self.ledger = ledger
         self.units = units
-        self.left = units
+        self.left = max(0, units - taken)
+        self.before = taken
         self.spent = 0
         self.by_kind = {TRAIN_EXAMPLE: 0, VAL_EXAMPLE: 0, SUB_LM_CALL: 0}
         self._lock = threading.Lock()
+        self._on_change = on_change or (lambda taken: None)
 
     def reserve(self, n: int, kind: str, what: str) -> Reservation:
         sliced = self.ledger.counts_toward_limit(kind)  # (with max_metric_calls, reflections are not metric calls)
@@ -77,6 +82,7 @@ class _Slice:
                 raise _Stop(f"{what} could not be paid: {exc}") from None
             if sliced:
                 self.left -= n
+                self._on_change(self.units - self.left)
         return reservation
 
     def settle(self, reservation: Reservation) -> None:
@@ -86,6 +92,7 @@ class _Slice:
             if sliced:
                 self.left += reservation.granted - reservation.spent
                 self.spent += reservation.spent
+                self._on_change(self.units - self.left)
             self.by_kind[reservation.kind] += reservation.spent
 
 
@@ -247,8 +254,13 @@ class GepaMoves(MoveContext):
     def run_gepa(self, budget: int, steps: Sequence[str] | None = None, start: Any = "current", *, seed: int = 0,
                  minibatch_size: int = MINIBATCH_SIZE, use_merge: bool = True, proposals_per_iteration: int = 1,
                  answers: AnswerStore | None = None, book: Callable[[Callable], Callable] | None = None,
-                 answered: Callable[[], None] | None = None) -> dict[str, Any]:
-        """Run gepa's engine from ``start`` on ``steps`` (all by default) for at most ``budget`` units."""
+                 answered: Callable[[], None] | None = None,
+                 progress: tuple[dict[str, int], Callable[[dict[str, int]], None]] | None = None) -> dict[str, Any]:
+        """Run gepa's engine from ``start`` on ``steps`` (all by default) for at most ``budget`` units.
+
+        ``progress``: what each GEPA run of this compile has paid or reserved, as kept on disk, and how to keep it;
+        a run killed in the middle is replayed on resume under the same name and takes only what is left of its
+        budget (its replayed evaluations and reflections are free: stored)."""
         import gepa
         from gepa.core.result import GEPAResult
         from gepa.strategies.proposal_sampling import PxNSampling
@@ -282,7 +294,14 @@ class GepaMoves(MoveContext):
         uses_val = bool(val_ids)
         trainset = [("train", i) for i in train_ids]
         valset = [("val", i) for i in val_ids] if uses_val else trainset
-        slice_ = _Slice(self.ledger, budget)
+        run_name = f"gepa run {self.gepa_runs + 1}"
+        kept, keep = progress if progress is not None else ({}, lambda runs: None)
+
+        def taken(units: int) -> None:
+            kept[run_name] = units
+            keep(kept)
+
+        slice_ = _Slice(self.ledger, budget, taken=kept.get(run_name, 0), on_change=taken)
         adapter = _Adapter(self, base, slice_)
         reflection = _Reflection(self._lm(), slice_, answers if answers is not None else AnswerStore(),
                                  book or (lambda fn: fn), answered or (lambda: None))
@@ -292,7 +311,6 @@ class GepaMoves(MoveContext):
         watch = _Watch(lambda: (slice_.spent, reflection.calls + reflection.replayed), idle_limit)
         log = _Log()
         self.gepa_runs += 1
-        run_name = f"gepa run {self.gepa_runs}"
         stopped: _Stop | None = None
         result = None
         try:
@@ -358,7 +376,9 @@ class GepaMoves(MoveContext):
         best_score = rows[[r["id"] for r in rows].index(best)]["score"] if best is not None else None
         summary = (f"{run_name}: best {best}" + (f" ({split} score {best_score:.3f}" if best_score is not None else "")
                    + (f", the start scored {rows[0]['score']:.3f})" if rows else "") + f"; {len(new)} new candidate(s)"
-                   + f"; spent {slice_.spent} of {slice_.units} unit(s); stopped: {why}")
+                   + f"; spent {slice_.spent} of {slice_.units} unit(s)"
+                   + (f" (and {slice_.before} before the compile was resumed)" if slice_.before else "")
+                   + f"; stopped: {why}")
         outcome = {
             "best": best,
             "best_is_new": best is not None and best != source,
@@ -368,6 +388,7 @@ class GepaMoves(MoveContext):
             "scored_on": split,
             "best_score": best_score,
             "spent": slice_.spent,
+            "spent_before_resume": slice_.before,
             "spent_by_kind": {k: v for k, v in slice_.by_kind.items() if v},
             "budget_left": self.ledger.left,
             "reflections": reflection.calls,
