@@ -2,32 +2,47 @@
 
 Events are observational: an observer sees a frozen record of what already happened and cannot change it.
 Observers are called synchronously on the sender's thread (:class:`ExampleEvaluated` comes from the
-evaluation's worker threads, one at a time, under the evaluation's lock); an exception an observer raises
-propagates to the sender, so a journal that cannot write stops the work instead of losing it.
+evaluation's worker threads, one at a time, under the evaluation's lock). The library's own observers (the run
+journal, the display, the usage meter, the MLflow tracker) are ordinary observers; an exception one of them
+raises propagates to the sender, so a journal that cannot write stops the work instead of losing it. The user's
+callbacks (``RLMDocstringOptimizer(callbacks=[...])``) see every event after the journal wrote it, through
+:class:`UserCallbacks`: one that raises is reported once and detached, and the compile goes on.
 
 One room sends each event:
 
 =====================  ================================================================================
 event                  sent by
 =====================  ================================================================================
+CompileStarted         ``optimizer`` when a compile() starts (or resumes), before the baselines
+CompileFinished        ``optimizer`` when a compile() has its result
 EvaluationStarted      ``evaluation.runs.Runs`` before it evaluates a program on a split
 ExampleEvaluated       ``evaluation.runs.Runs``, for each newly evaluated example, before it is charged
 EvaluationFinished     ``evaluation.runs.Runs`` once the run is saved (also a run cut short)
 PromptUpdated          ``agent.working_program.WorkingProgram`` for each new prompt version
 AgentTurn              ``agent.agent.OptimizerAgent`` for each turn, as soon as it exists
-SubLMAnswered          ``agent.agent.OptimizerAgent`` after each ``llm_query`` / ``llm_query_batched`` it charged
+SubLMAnswered          ``agent.agent.OptimizerAgent`` after each ``llm_query`` / ``llm_query_batched`` it charged,
+                       and ``agent.tools`` after each sub-LM call of a move
+CandidateAdded         ``agent.tools`` for each candidate a move named (``proposal-N``, ``gepa-N``)
+GepaIteration          ``agent.tools`` at the end of each iteration of a ``run_gepa`` run
 =====================  ================================================================================
+
+The budget (the ledger's snapshot: ``limit``, ``spent``, ``left``, ``spent_by_kind``) rides on every event that
+changes it: :class:`EvaluationFinished`, :class:`AgentTurn`, :class:`SubLMAnswered`, :class:`GepaIteration`.
 
 May import: ``rlmoptimizer.records`` and the standard library.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rlmoptimizer.records import EvalRun, ExampleResult
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -83,7 +98,50 @@ class SubLMAnswered:
     budget: dict[str, Any]
 
 
-Event = EvaluationStarted | ExampleEvaluated | EvaluationFinished | PromptUpdated | AgentTurn | SubLMAnswered
+@dataclass(frozen=True)
+class CompileStarted:
+    """A compile() started: its run directory, the budget (the ledger's snapshot) and whether it resumes an
+    earlier one."""
+
+    run_directory: str
+    budget: dict[str, Any]
+    resumed: bool
+
+
+@dataclass(frozen=True)
+class CompileFinished:
+    """A compile() has its result: ``selection`` says what was returned and why (as ``result.selection``),
+    ``budget`` what was spent."""
+
+    selection: dict[str, Any]
+    budget: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CandidateAdded:
+    """A move named a candidate: ``candidate_id`` (``proposal-N``, ``gepa-N``), its ``instructions`` (the steps it
+    sets) and its ``lineage`` (``parents``, ``move``, and for GEPA's the ``run`` and the train ids
+    ``reflected_on``)."""
+
+    candidate_id: str
+    instructions: dict[str, str]
+    lineage: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class GepaIteration:
+    """An iteration of a ``run_gepa`` run ended: the run (``"gepa run 1"``), gepa's iteration number, whether its
+    proposal was accepted, the units the run has spent, and the ledger's snapshot."""
+
+    run: str
+    iteration: int
+    accepted: bool
+    spent: int
+    budget: dict[str, Any]
+
+
+Event = (EvaluationStarted | ExampleEvaluated | EvaluationFinished | PromptUpdated | AgentTurn | SubLMAnswered
+         | CompileStarted | CompileFinished | CandidateAdded | GepaIteration)
 
 
 class Observer(Protocol):
@@ -105,3 +163,27 @@ class Observers:
 
 NO_OBSERVER = Observers()
 """The observer of a room used on its own (tests, benchmarks): sees nothing."""
+
+
+class UserCallbacks:
+    """The user's callbacks as one observer. A callback is an object with ``on_event(event)`` or a function of the
+    event. One that raises is reported once (a warning naming it, the event and the error) and detached: it sees
+    no later event, and the compile goes on as if it had never been there."""
+
+    def __init__(self, callbacks: Iterable[Any] = ()) -> None:
+        self._callbacks = list(callbacks)
+        self._lock = threading.Lock()
+
+    def on_event(self, event: Event) -> None:
+        with self._lock:
+            callbacks = list(self._callbacks)
+        for callback in callbacks:
+            try:
+                (callback.on_event if hasattr(callback, "on_event") else callback)(event)
+            except Exception as exc:  # noqa: BLE001 - a user's callback must not stop the run
+                with self._lock:
+                    if callback not in self._callbacks:
+                        continue
+                    self._callbacks.remove(callback)
+                logger.warning("The callback %r raised %s: %s on %s; it is detached and sees no later event.",
+                               callback, type(exc).__name__, exc, type(event).__name__)

@@ -142,6 +142,32 @@ def check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
     return value
 
 
+def check_callbacks(callbacks: Any) -> tuple[tuple[Any, ...], list[Any]]:
+    """``(ours, dspy's)``: the callbacks that see our events (an object with an ``on_event(event)`` method, or a
+    function of the event) and dspy's own callbacks (``dspy.utils.BaseCallback``, whose ``on_compile_start`` /
+    ``on_compile_end`` dspy calls around every teleprompter's compile; one with ``on_event`` too is in both).
+    Anything else is a :class:`ConfigurationError` saying which one."""
+    if callbacks is None:
+        return (), []
+    if isinstance(callbacks, (str, bytes)) or not isinstance(callbacks, (list, tuple)):
+        raise ConfigurationError(f"callbacks must be a list, got {type(callbacks).__name__}: pass callbacks=[...]")
+    ours, theirs = [], []
+    for index, callback in enumerate(callbacks):
+        if isinstance(callback, dspy.utils.BaseCallback):
+            theirs.append(callback)
+            if callable(getattr(callback, "on_event", None)):
+                ours.append(callback)
+        elif callable(getattr(callback, "on_event", None)) or callable(callback):
+            ours.append(callback)
+        else:
+            raise ConfigurationError(
+                f"callbacks[{index}] is a {type(callback).__name__}: a callback is an object with an on_event(event) "
+                "method or a function taking the event (the events are in rlmoptimizer.events), or a "
+                "dspy.utils.BaseCallback"
+            )
+    return tuple(ours), theirs
+
+
 def check_flag(name: str, value: Any) -> bool:
     """``value`` when it is True or False, else :class:`ConfigurationError`: a string such as ``"false"`` is
     truthy and would switch the setting on."""

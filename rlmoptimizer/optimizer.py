@@ -40,7 +40,7 @@ from rlmoptimizer.display import Display
 from rlmoptimizer.errors import AgentToolError, OptimizationInterrupted, RLMOptimizerError, RunDirectoryMismatchError
 from rlmoptimizer.evaluation.evaluator import Evaluator
 from rlmoptimizer.evaluation.runs import Runs
-from rlmoptimizer.events import Observers
+from rlmoptimizer.events import CompileFinished, CompileStarted, Observers, UserCallbacks
 from rlmoptimizer.fingerprint import (
     EXAMPLES_DIGEST_VERSION,
     apply_instructions,
@@ -54,6 +54,7 @@ from rlmoptimizer.fingerprint import (
 )
 from rlmoptimizer.inputs import (
     check_budget,
+    check_callbacks,
     check_compile_args,
     check_context_window,
     check_examples,
@@ -163,6 +164,12 @@ class RLMDocstringOptimizer(Teleprompter):
         console: The ``rich.console.Console`` that ``verbose`` output goes to; a new one writing to standard
             error when None.
         use_mlflow: Log the run to MLflow (needs ``pip install "rlmoptimizer[mlflow]"``).
+        callbacks: Objects with an ``on_event(event)`` method, or functions of the event, that see every event of
+            the compile as it happens (the typed events of :mod:`rlmoptimizer.events`: compile started and finished,
+            evaluations, examples, agent turns, prompt changes, candidates with their lineage, GEPA iterations,
+            the budget on each). They observe only; one that raises is reported once and detached. A
+            ``dspy.utils.BaseCallback`` here gets dspy's own ``on_compile_start`` / ``on_compile_end``, as with any
+            dspy teleprompter.
 
     Raises:
         ConfigurationError: A bad argument here or in ``compile()``, before any LM call, saying what to fix.
@@ -200,6 +207,7 @@ class RLMDocstringOptimizer(Teleprompter):
         allow_eval_lm_change: bool = False,
         console: Console | None = None,
         use_mlflow: bool = False,
+        callbacks: list[Any] | None = None,
     ) -> None:
         super().__init__()
         self.max_iterations, self.max_metric_calls = check_budget(max_iterations, max_metric_calls)
@@ -224,6 +232,9 @@ class RLMDocstringOptimizer(Teleprompter):
         self.allow_eval_lm_change = check_flag("allow_eval_lm_change", allow_eval_lm_change)
         self.console = console
         self.use_mlflow = check_use_mlflow(use_mlflow)
+        # ``callbacks`` is also the attribute dspy reads around every teleprompter's compile (its BaseCallback's
+        # on_compile_start / on_compile_end): it holds those; ours see the events of rlmoptimizer.events.
+        self.event_callbacks, self.callbacks = check_callbacks(callbacks)
         check_root_window(self, sandbox_rules(self.sandbox_timeout_s))  # a window too small for any request
 
     def compile(self, student: dspy.Module, *, trainset: list, teacher: Any = None, valset: list | None = None,
@@ -309,7 +320,7 @@ class _Compile:
         self.usage.restore(self.journal.read_usage() if self.resume.resumed else None)
         self.ledger.gate = self.usage.gate() if config.max_cost_usd is not None else None
         self.observer = Observers([self.journal, self.display, UsageObserver(self.usage, self.journal.write_usage),
-                                   *([self.tracker] if self.tracker else [])])
+                                   *([self.tracker] if self.tracker else []), UserCallbacks(config.event_callbacks)])
         evaluator = Evaluator(
             metric=self.metric, lm=self.eval_lm, num_threads=config.num_threads, pass_threshold=config.pass_threshold,
         )
@@ -381,6 +392,7 @@ class _Compile:
         return where_message(what, self.directory, self.store.is_temporary)
 
     def _run(self, sandbox: Sandbox | None) -> dspy.Module:
+        self.observer.on_event(CompileStarted(str(self.directory), self.ledger.snapshot(), self.resume.resumed))
         if self.resume.prompt_versions:
             self.working.restore_versions(list(self.resume.prompt_versions))
         baseline_train = self._baseline("train")
@@ -487,4 +499,5 @@ class _Compile:
         self.journal.write_result(result.result_file())
         self.display.message(f"Done: {selection.reason}. Runs are in {self.directory}. LM usage: "
                              f"{self.usage.summary()}.", style="bold")
+        self.observer.on_event(CompileFinished(selection.to_dict(), self.ledger.snapshot()))
         return present_result(result.attach_to(program), self)

@@ -24,7 +24,7 @@ from rlmoptimizer.agent.working_program import WorkingProgram, agent_error
 from rlmoptimizer.budget import BudgetLedger, Reservation
 from rlmoptimizer.errors import ConfigurationError, StructureChangedError
 from rlmoptimizer.evaluation.runs import Runs
-from rlmoptimizer.events import SubLMAnswered
+from rlmoptimizer.events import CandidateAdded, GepaIteration, SubLMAnswered
 from rlmoptimizer.records import EvalRun
 from rlmoptimizer.storage.answers import AnswerStore
 from rlmoptimizer.storage.candidates import (
@@ -125,6 +125,7 @@ class AgentTools:
         named, lineage = read_candidates(self._directory)
         self.moves.proposals.update(named)
         self.moves.lineage.update(lineage)
+        self._announced = set(named)  # the candidates CandidateAdded told of (an earlier process told of these)
         self.moves.gepa_candidates = max([int(n.split("-", 1)[1]) for n in named
                                           if n.startswith("gepa-") and n.split("-", 1)[1].isdigit()], default=0)
         self.moves.gepa_runs = len({entry.get("run") for entry in lineage.values() if entry.get("move", "").startswith("gepa")})
@@ -224,7 +225,8 @@ class AgentTools:
                                          use_merge=use_merge, proposals_per_iteration=proposals_per_iteration,
                                          answers=self.answers, book=self._as_sub, answered=self._sub_lm_answered,
                                          progress=(self._gepa_progress,
-                                                   lambda kept: write_gepa_progress(self._directory, kept)))
+                                                   lambda kept: write_gepa_progress(self._directory, kept)),
+                                         iteration_ended=self._gepa_iteration_ended)
         finally:
             self._keep_candidates()
         self.guide.gepa_finished(result["best"] if result["best_is_new"] else None)
@@ -232,12 +234,22 @@ class AgentTools:
 
     def _keep_candidates(self) -> None:
         write_candidates(self._directory, self.moves.proposals, self.moves.lineage)
+        new = [name for name in self.moves.proposals if name not in self._announced]
+        self._announced.update(new)
+        for name in new:
+            self._tell(CandidateAdded(name, dict(self.moves.proposals[name]), dict(self.moves.lineage.get(name, {}))))
+
+    def _gepa_iteration_ended(self, run: str, iteration: int, accepted: bool, spent: int) -> None:
+        self._tell(GepaIteration(run, iteration, accepted, spent, self.ledger.snapshot()))
+
+    def _tell(self, event: Any) -> None:
+        observer = getattr(self.runs, "observer", None)
+        if observer is not None:
+            observer.on_event(event)
 
     def _sub_lm_answered(self) -> None:
         """A sub-LM call of a move was answered and charged: the ledger goes to disk now (the journal)."""
-        observer = getattr(self.runs, "observer", None)
-        if observer is not None:
-            observer.on_event(SubLMAnswered(1, self.ledger.snapshot()))
+        self._tell(SubLMAnswered(1, self.ledger.snapshot()))
 
     def propose_instructions(self, step: str, run_id: str | None = None, ids: Any = None, n: int = 1,
                              guidance: str = "") -> dict:

@@ -203,8 +203,10 @@ class _Watch:
     for a loop that no longer does anything: stored records and skipped minibatches cost nothing, so without it
     gepa would go round forever once every minibatch it draws already passes."""
 
-    def __init__(self, activity: Callable[[], tuple[int, int]], idle_limit: int) -> None:
+    def __init__(self, activity: Callable[[], tuple[int, int]], idle_limit: int,
+                 ended: Callable[[int, bool], None] | None = None) -> None:
         self.state: Any = None
+        self._ended = ended or (lambda iteration, accepted: None)
         self.merges = 0
         self._activity = activity  # (units spent, reflections answered or replayed) so far
         self.idle_limit = idle_limit
@@ -222,6 +224,9 @@ class _Watch:
 
     def on_merge_accepted(self, event: Any) -> None:
         self.merges += 1
+
+    def on_iteration_end(self, event: Any) -> None:
+        self._ended(int(event["iteration"]), bool(event.get("proposal_accepted")))
 
 
 class _Log:
@@ -255,12 +260,14 @@ class GepaMoves(MoveContext):
                  minibatch_size: int = MINIBATCH_SIZE, use_merge: bool = True, proposals_per_iteration: int = 1,
                  answers: AnswerStore | None = None, book: Callable[[Callable], Callable] | None = None,
                  answered: Callable[[], None] | None = None,
-                 progress: tuple[dict[str, int], Callable[[dict[str, int]], None]] | None = None) -> dict[str, Any]:
+                 progress: tuple[dict[str, int], Callable[[dict[str, int]], None]] | None = None,
+                 iteration_ended: Callable[[str, int, bool, int], None] | None = None) -> dict[str, Any]:
         """Run gepa's engine from ``start`` on ``steps`` (all by default) for at most ``budget`` units.
 
         ``progress``: what each GEPA run of this compile has paid or reserved, as kept on disk, and how to keep it;
         a run killed in the middle is replayed on resume under the same name and takes only what is left of its
-        budget (its replayed evaluations and reflections are free: stored)."""
+        budget (its replayed evaluations and reflections are free: stored). ``iteration_ended(run, iteration,
+        accepted, spent)`` is told the end of each of gepa's iterations."""
         import gepa
         from gepa.core.result import GEPAResult
         from gepa.strategies.proposal_sampling import PxNSampling
@@ -308,7 +315,9 @@ class GepaMoves(MoveContext):
         # Idle: as many iterations in a row without a new payment or reflection as one pass over the train set
         # takes in minibatches (every minibatch drawn already passes), and at least 3.
         idle_limit = max(3, -(-len(train_ids) // max(1, minibatch_size)))
-        watch = _Watch(lambda: (slice_.spent, reflection.calls + reflection.replayed), idle_limit)
+        watch = _Watch(lambda: (slice_.spent, reflection.calls + reflection.replayed), idle_limit,
+                       ended=(lambda i, accepted: iteration_ended(run_name, i, accepted, slice_.spent))
+                       if iteration_ended is not None else None)
         log = _Log()
         self.gepa_runs += 1
         stopped: _Stop | None = None

@@ -1,0 +1,126 @@
+"""Public callbacks: ``RLMDocstringOptimizer(callbacks=[...])`` sees every event of a compile as it happens, typed
+(``rlmoptimizer.events``), through the real sandbox; a callback only observes, and one that raises is reported
+once and detached while the compile goes on to the same result."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from support.fakes import FunctionLM
+from support.optimizing import compile_tickets, proposer
+from support.tickets import POLICY_PROMPT
+
+from rlmoptimizer import ConfigurationError, RLMDocstringOptimizer
+from rlmoptimizer.events import (
+    AgentTurn,
+    CandidateAdded,
+    CompileFinished,
+    CompileStarted,
+    EvaluationFinished,
+    EvaluationStarted,
+    ExampleEvaluated,
+    GepaIteration,
+    PromptUpdated,
+)
+
+pytestmark = pytest.mark.slow
+
+TURNS = [
+    {"reasoning": "gepa", "code": "r = run_gepa(budget=40); print(r['summary'])"},
+    {"reasoning": "adopt", "code": "print(adopt_candidate(r['best'])); print(evaluate_program(split='val')['score'])"},
+    {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])"},
+]
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list = []
+
+    def on_event(self, event) -> None:
+        self.events.append(event)
+
+
+def run(callbacks, tmp_path, name="run"):
+    return compile_tickets(TURNS, sub_lm=proposer(POLICY_PROMPT), max_iterations=5, callbacks=callbacks,
+                           run_storage_dir=tmp_path / name)
+
+
+def test_callbacks_see_the_compile_as_it_happens_with_candidates_their_lineage_and_gepas_iterations(tmp_path):
+    recorder, seen = Recorder(), []
+    result = run([recorder, seen.append], tmp_path)
+    events = recorder.events
+    assert seen == events  # a function of the event sees what an object with on_event sees
+    assert isinstance(events[0], CompileStarted) and isinstance(events[-1], CompileFinished)
+    assert events[0].run_directory == result.run_storage_dir and events[0].resumed is False
+    assert events[-1].selection == result.selection and events[-1].budget == result.budget
+
+    started = [e for e in events if isinstance(e, EvaluationStarted)]
+    finished = [e for e in events if isinstance(e, EvaluationFinished)]
+    assert [(e.split, e.label) for e in started[:2]] == [("train", "baseline"), ("val", "baseline")]
+    assert len(finished) == len(result.trial_logs) == len(started)
+    assert sum(isinstance(e, ExampleEvaluated) for e in events) >= 12 + 8
+    assert [e.turn["code"] for e in events if isinstance(e, AgentTurn)] == [t["code"] for t in TURNS]
+
+    added = [e for e in events if isinstance(e, CandidateAdded)]
+    assert [e.candidate_id for e in added] == ["gepa-1"]
+    assert added[0].instructions["route"] == POLICY_PROMPT
+    assert added[0].lineage["parents"] == ["current"] and added[0].lineage["move"] == "gepa reflective proposal"
+    iterations = [e for e in events if isinstance(e, GepaIteration)]
+    assert iterations and all(e.run == "gepa run 1" for e in iterations)
+    assert [e.iteration for e in iterations] == sorted(e.iteration for e in iterations)
+    spent = [e.spent for e in iterations]
+    assert spent == sorted(spent) and spent[-1] <= 40 and any(e.accepted for e in iterations)
+    # the candidate is told of after the run that made it, and before the turn that ran it ends
+    turn_of_gepa = next(i for i, e in enumerate(events) if isinstance(e, AgentTurn))
+    assert events.index(iterations[-1]) < events.index(added[0]) < turn_of_gepa
+    assert any(isinstance(e, PromptUpdated) and e.version["text"] == POLICY_PROMPT for e in events)
+
+
+def test_a_callback_that_raises_is_reported_once_and_detached_and_the_compile_goes_on(tmp_path, caplog):
+    calls = []
+
+    def broken(event):
+        calls.append(event)
+        raise RuntimeError("my dashboard is down")
+
+    after = Recorder()
+    with caplog.at_level(logging.WARNING, logger="rlmoptimizer.events"):
+        result = run([broken, after], tmp_path)
+    assert len(calls) == 1 and isinstance(calls[0], CompileStarted)  # detached after its first failure
+    warnings = [r.getMessage() for r in caplog.records if r.name == "rlmoptimizer.events"]
+    assert len(warnings) == 1 and "my dashboard is down" in warnings[0] and "detached" in warnings[0]
+    assert isinstance(after.events[0], CompileStarted) and isinstance(after.events[-1], CompileFinished)
+    plain = run(None, tmp_path, name="plain")
+    assert result.optimized_dspy_program == plain.optimized_dspy_program == {
+        **plain.optimized_dspy_program, "route": POLICY_PROMPT}
+    assert result.budget == plain.budget
+
+
+@pytest.mark.parametrize(("callbacks", "message"), [
+    ("print", "callbacks must be a list, got str"),
+    ([print, 42], r"callbacks\[1\] is a int: a callback is an object with an on_event\(event\) method"),
+])
+def test_callbacks_that_cannot_be_called_are_refused_before_any_lm_call(callbacks, message):
+    root = FunctionLM(lambda messages: {})
+    with pytest.raises(ConfigurationError, match=message):
+        RLMDocstringOptimizer(root_lm=root, callbacks=callbacks)
+    assert not root.calls
+
+
+def test_a_dspy_callback_gets_dspys_compile_start_and_end_as_with_any_teleprompter(tmp_path):
+    from dspy.utils import BaseCallback
+
+    class Compiles(BaseCallback):
+        def __init__(self) -> None:
+            self.seen: list = []
+
+        def on_compile_start(self, call_id, instance, inputs):
+            self.seen.append(("start", type(instance).__name__, sorted(inputs)[:2]))
+
+        def on_compile_end(self, call_id, outputs, exception=None):
+            self.seen.append(("end", type(outputs).__name__, exception))
+
+    compiles = Compiles()
+    run([compiles], tmp_path)
+    assert compiles.seen == [("start", "RLMDocstringOptimizer", ["kwargs", "metric"]), ("end", "RouteTicket", None)]
