@@ -109,6 +109,8 @@ POLICY_PROMPT = (
     "Policy overrides the surface topic: any chargeback or bank dispute goes to disputes; any unknown login, "
     "account breach or suspicious password reset goes to security."
 )
+
+
 def proposal_reply(messages):
     """The offline sub-LM: answers GEPA's reflection (new instructions between ``` fences), or dspy's instruction
     proposal (a JSON object), with the policy the failures reveal."""
@@ -176,7 +178,9 @@ def main() -> None:
             print(f"changed prompt of {step!r}:\n  before: {before[step]!r}\n  after:  {text!r}")
     print(f"budget: {optimized.budget['spent']} of {optimized.budget['limit']} units spent")
     print(f"agent turns: {len(optimized.agent_trajectory)}; runs: {[t['run_id'] for t in optimized.trial_logs]}")
-    print(f"picture of the run: {optimized.run_storage_dir}/run.png (python -m rlmoptimizer report DIR prints a summary)")
+    print(
+        f"picture of the run: {optimized.run_storage_dir}/run.png (python -m rlmoptimizer report DIR prints a summary)"
+    )
     print(f"finished in {time.perf_counter() - started:.1f} s")
     if re.search("disputes", optimized.optimized_dspy_program["route"]) is None:
         raise SystemExit("the demo did not apply the policy prompt")

@@ -81,8 +81,10 @@ _TEMPLATES = [
     ("My login was used to change the billing email from {c} without me.", "security"),
 ]
 _FILL = {
-    "m": ["January", "March", "June", "October"], "d": ["Monday", "Tuesday", "Friday"],
-    "x": ["project", "team", "calendar", "invoice"], "c": ["Brazil", "Norway", "an unknown device", "Kenya"],
+    "m": ["January", "March", "June", "October"],
+    "d": ["Monday", "Tuesday", "Friday"],
+    "x": ["project", "team", "calendar", "invoice"],
+    "c": ["Brazil", "Norway", "an unknown device", "Kenya"],
 }
 SUMMARY_PROMPT = "Restate the support ticket in one sentence, keeping every mention of banks, logins and payments."
 
@@ -99,71 +101,137 @@ def make_examples(count: int, offset: int = 0) -> list[dspy.Example]:
 
 # -- the scripted agent: ~20 turns of the analysis a real agent does -------------------------------------------
 AGENT_TURNS: list[dict[str, str]] = [
-    {"reasoning": "Group the baseline failures by expected and predicted queue.", "code": (
-        "from collections import Counter\n"
-        "fails = [e for e in baseline_train['examples'] if not e['passed']]\n"
-        "print('baseline', baseline_train['score'], 'failures', len(fails), 'of', len(baseline_train['examples']))\n"
-        "print(Counter((e['expected']['queue'], e['predicted'].get('queue')) for e in fails).most_common(8))")},
-    {"reasoning": "Look at a few failures step by step.", "code": (
-        "for e in fails[:5]:\n"
-        "    print(e['example_id'], '|', e['inputs']['ticket'][:80])\n"
-        "    for s in e['steps']:\n"
-        "        print('   ', s['step_name'], str(s['outputs'])[:100])")},
-    {"reasoning": "Check the budget and the current prompts.", "code": (
-        "status = optimization_status()\n"
-        "print('budget left', status['budget_left'], 'of', status['budget_limit'])\n"
-        "print(status['step_names'])\n"
-        "for step, text in status['current_prompts'].items():\n"
-        "    print(step, '->', text[:120])")},
-    {"reasoning": "Which words do the failing tickets share?", "code": (
-        "words = Counter(w.strip('.,?') for e in fails for w in set(e['inputs']['ticket'].lower().split()) if len(w) > 4)\n"
-        "print(words.most_common(15))")},
-    {"reasoning": "Is the summary step faithful to the ticket?", "code": (
-        "differ = [e['example_id'] for e in baseline_train['examples']\n"
-        "          if e['steps'] and e['steps'][0]['outputs'].get('summary', '').lower() != e['inputs']['ticket'].lower()]\n"
-        "print('summaries that differ from their ticket:', len(differ))")},
-    {"reasoning": "Score by expected queue.", "code": (
-        "by_queue = {}\n"
-        "for e in baseline_train['examples']:\n"
-        "    by_queue.setdefault(e['expected']['queue'], []).append(e['score'])\n"
-        "for q, scores in sorted(by_queue.items()):\n"
-        "    print(f'{q:10s} {sum(scores) / len(scores):.2f} ({len(scores)})')")},
-    {"reasoning": "Ask the sub-LM what the failures have in common.", "code": (
-        "answer = llm_query('What policy explains these misrouted tickets? ' + '; '.join(e['inputs']['ticket'] for e in fails[:5]))\n"
-        "print(answer[:300])")},
+    {
+        "reasoning": "Group the baseline failures by expected and predicted queue.",
+        "code": (
+            "from collections import Counter\n"
+            "fails = [e for e in baseline_train['examples'] if not e['passed']]\n"
+            "print('baseline', baseline_train['score'], 'failures', len(fails), 'of', len(baseline_train['examples']))\n"
+            "print(Counter((e['expected']['queue'], e['predicted'].get('queue')) for e in fails).most_common(8))"
+        ),
+    },
+    {
+        "reasoning": "Look at a few failures step by step.",
+        "code": (
+            "for e in fails[:5]:\n"
+            "    print(e['example_id'], '|', e['inputs']['ticket'][:80])\n"
+            "    for s in e['steps']:\n"
+            "        print('   ', s['step_name'], str(s['outputs'])[:100])"
+        ),
+    },
+    {
+        "reasoning": "Check the budget and the current prompts.",
+        "code": (
+            "status = optimization_status()\n"
+            "print('budget left', status['budget_left'], 'of', status['budget_limit'])\n"
+            "print(status['step_names'])\n"
+            "for step, text in status['current_prompts'].items():\n"
+            "    print(step, '->', text[:120])"
+        ),
+    },
+    {
+        "reasoning": "Which words do the failing tickets share?",
+        "code": (
+            "words = Counter(w.strip('.,?') for e in fails for w in set(e['inputs']['ticket'].lower().split()) if len(w) > 4)\n"
+            "print(words.most_common(15))"
+        ),
+    },
+    {
+        "reasoning": "Is the summary step faithful to the ticket?",
+        "code": (
+            "differ = [e['example_id'] for e in baseline_train['examples']\n"
+            "          if e['steps'] and e['steps'][0]['outputs'].get('summary', '').lower() != e['inputs']['ticket'].lower()]\n"
+            "print('summaries that differ from their ticket:', len(differ))"
+        ),
+    },
+    {
+        "reasoning": "Score by expected queue.",
+        "code": (
+            "by_queue = {}\n"
+            "for e in baseline_train['examples']:\n"
+            "    by_queue.setdefault(e['expected']['queue'], []).append(e['score'])\n"
+            "for q, scores in sorted(by_queue.items()):\n"
+            "    print(f'{q:10s} {sum(scores) / len(scores):.2f} ({len(scores)})')"
+        ),
+    },
+    {
+        "reasoning": "Ask the sub-LM what the failures have in common.",
+        "code": (
+            "answer = llm_query('What policy explains these misrouted tickets? ' + '; '.join(e['inputs']['ticket'] for e in fails[:5]))\n"
+            "print(answer[:300])"
+        ),
+    },
     {"reasoning": "State the policy in the routing step.", "code": f"print(update_prompt('route', {POLICY_PROMPT!r}))"},
-    {"reasoning": "Re-evaluate a few failures and a few passes.", "code": (
-        "ids = [e['example_id'] for e in fails[:6]] + [e['example_id'] for e in baseline_train['examples'] if e['passed']][:4]\n"
-        "r1 = evaluate_program(ids=ids)\n"
-        "print(r1['run_id'], r1['score'], r1['passed_count'], '/', r1['evaluated_count'], 'left', r1['budget_left'])")},
-    {"reasoning": "Compare before and after per example.", "code": (
-        "before = {e['example_id']: e['passed'] for e in baseline_train['examples']}\n"
-        "for e in r1['examples']:\n"
-        "    print(e['example_id'], before[e['example_id']], '->', e['passed'], e['predicted'].get('queue'))")},
+    {
+        "reasoning": "Re-evaluate a few failures and a few passes.",
+        "code": (
+            "ids = [e['example_id'] for e in fails[:6]] + [e['example_id'] for e in baseline_train['examples'] if e['passed']][:4]\n"
+            "r1 = evaluate_program(ids=ids)\n"
+            "print(r1['run_id'], r1['score'], r1['passed_count'], '/', r1['evaluated_count'], 'left', r1['budget_left'])"
+        ),
+    },
+    {
+        "reasoning": "Compare before and after per example.",
+        "code": (
+            "before = {e['example_id']: e['passed'] for e in baseline_train['examples']}\n"
+            "for e in r1['examples']:\n"
+            "    print(e['example_id'], before[e['example_id']], '->', e['passed'], e['predicted'].get('queue'))"
+        ),
+    },
     {"reasoning": "Print the prediction of the first example.", "code": "print(r1['examples'][0]['prediction'])"},
-    {"reasoning": "Use the right key; read the run back.", "code": (
-        "again = run_data(r1['run_id'])\n"
-        "print(again['label'], again['evaluated_count'], [e['predicted']['queue'] for e in again['examples']])")},
-    {"reasoning": "Baseline validation aggregates.", "code": (
-        "print({k: baseline_val[k] for k in ('run_id', 'score', 'passed_count', 'evaluated_count')})")},
-    {"reasoning": "Tighten the summary step too.", "code": f"print(update_prompt('summarize.predict', {SUMMARY_PROMPT!r}))"},
-    {"reasoning": "Check a random sample for regressions.", "code": (
-        "r2 = evaluate_program(limit=8, sample='random', seed=1)\n"
-        "print(r2['run_id'], r2['score'], r2['passed_count'], '/', r2['evaluated_count'], r2['note'])")},
-    {"reasoning": "Re-run whatever still failed.", "code": (
-        "r3 = evaluate_program(failed_from_run=r1['run_id'])\n"
-        "print(r3['run_id'], r3['evaluated_count'], r3['score'])")},
-    {"reasoning": "Every run so far.", "code": (
-        "for run in optimization_status()['runs']:\n"
-        "    print(run['run_id'], run['split'], run['label'], round(run['score'], 3), run['evaluated_count'])")},
-    {"reasoning": "Checkpoint on validation.", "code": (
-        "val = evaluate_program(split='val')\n"
-        "print('val', val['score'], 'baseline val', baseline_val['score'])")},
-    {"reasoning": "Budget before submitting.", "code": (
-        "status = optimization_status()\n"
-        "print(status['budget_spent'], status['budget_left'], status['budget_spent_by_kind'])")},
-    {"reasoning": "Validation improved; submit the current prompts.", "code": (
-        "SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])")},
+    {
+        "reasoning": "Use the right key; read the run back.",
+        "code": (
+            "again = run_data(r1['run_id'])\n"
+            "print(again['label'], again['evaluated_count'], [e['predicted']['queue'] for e in again['examples']])"
+        ),
+    },
+    {
+        "reasoning": "Baseline validation aggregates.",
+        "code": ("print({k: baseline_val[k] for k in ('run_id', 'score', 'passed_count', 'evaluated_count')})"),
+    },
+    {
+        "reasoning": "Tighten the summary step too.",
+        "code": f"print(update_prompt('summarize.predict', {SUMMARY_PROMPT!r}))",
+    },
+    {
+        "reasoning": "Check a random sample for regressions.",
+        "code": (
+            "r2 = evaluate_program(limit=8, sample='random', seed=1)\n"
+            "print(r2['run_id'], r2['score'], r2['passed_count'], '/', r2['evaluated_count'], r2['note'])"
+        ),
+    },
+    {
+        "reasoning": "Re-run whatever still failed.",
+        "code": (
+            "r3 = evaluate_program(failed_from_run=r1['run_id'])\n"
+            "print(r3['run_id'], r3['evaluated_count'], r3['score'])"
+        ),
+    },
+    {
+        "reasoning": "Every run so far.",
+        "code": (
+            "for run in optimization_status()['runs']:\n"
+            "    print(run['run_id'], run['split'], run['label'], round(run['score'], 3), run['evaluated_count'])"
+        ),
+    },
+    {
+        "reasoning": "Checkpoint on validation.",
+        "code": (
+            "val = evaluate_program(split='val')\nprint('val', val['score'], 'baseline val', baseline_val['score'])"
+        ),
+    },
+    {
+        "reasoning": "Budget before submitting.",
+        "code": (
+            "status = optimization_status()\n"
+            "print(status['budget_spent'], status['budget_left'], status['budget_spent_by_kind'])"
+        ),
+    },
+    {
+        "reasoning": "Validation improved; submit the current prompts.",
+        "code": ("SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])"),
+    },
 ]
 
 
@@ -259,6 +327,7 @@ class Probes:
                     return original(agent, *args, **kwargs)
                 finally:
                     probes.turns[-1]["action_end"] = time.perf_counter()
+
             return wrapper
 
         def report(original):
@@ -269,6 +338,7 @@ class Probes:
                     return original(agent, *args, **kwargs)
                 finally:
                     probes.turns[-1].update(report_start=start, end=time.perf_counter(), cpu_end=cpu())
+
             return wrapper
 
         def execute(original):
@@ -281,6 +351,7 @@ class Probes:
                     return original(box, *args, **kwargs)
                 finally:
                     probes.executes.append((start, time.perf_counter()))
+
             return wrapper
 
         def join_background(original):
@@ -292,6 +363,7 @@ class Probes:
                 finally:
                     if pending:
                         probes.waits.append((start, time.perf_counter()))
+
             return wrapper
 
         self._patch(OptimizerAgent, "_next_action", iteration)
@@ -351,8 +423,10 @@ def run_once(n: int, latency: float, probes: Probes, root_latency: float = 0.0) 
 
     root_lm = FunctionLM(clock.timed(root_reply, "root", sleep=root_latency), name="scripted-agent")
     task_lm = FunctionLM(clock.timed(task_lm_reply, "task", sleep=latency), name="fake-task-lm")
-    sub_lm = FunctionLM(clock.timed(lambda m: "Policy: chargebacks go to disputes; unknown logins to security.", "sub",
-                                    sleep=latency), name="fake-sub-lm")
+    sub_lm = FunctionLM(
+        clock.timed(lambda m: "Policy: chargebacks go to disputes; unknown logins to security.", "sub", sleep=latency),
+        name="fake-sub-lm",
+    )
     trainset, valset = make_examples(n), make_examples(VAL_SIZE, offset=n)
 
     # The sandbox's cold start, measured in this process right before the compile.
@@ -360,7 +434,11 @@ def run_once(n: int, latency: float, probes: Probes, root_latency: float = 0.0) 
 
     probes.reset()
     optimizer = RLMDocstringOptimizer(
-        max_iterations=5, root_lm=root_lm, sub_lm=sub_lm, eval_lm=task_lm, num_threads=8,
+        max_iterations=5,
+        root_lm=root_lm,
+        sub_lm=sub_lm,
+        eval_lm=task_lm,
+        num_threads=8,
         run_storage_dir=tempfile.mkdtemp(prefix="rlmopt-bench-agent-"),
     )
     t0 = time.perf_counter()
@@ -369,8 +447,10 @@ def run_once(n: int, latency: float, probes: Probes, root_latency: float = 0.0) 
 
     turns = [t for t in probes.turns if "end" in t]
     if len(turns) != len(AGENT_TURNS) or not result.agent_trajectory[-1].get("final"):
-        raise SystemExit(f"the scripted agent did not run as planned: {len(turns)} turns timed, "
-                         f"trajectory of {len(result.agent_trajectory)}")
+        raise SystemExit(
+            f"the scripted agent did not run as planned: {len(turns)} turns timed, "
+            f"trajectory of {len(result.agent_trajectory)}"
+        )
     errors = [t["output"] for t in result.agent_trajectory if "[Error]" in t["output"]]
     if len(errors) != 1:  # exactly the one KeyError turn
         raise SystemExit("unexpected agent errors:\n" + "\n".join(errors))
@@ -380,20 +460,24 @@ def run_once(n: int, latency: float, probes: Probes, root_latency: float = 0.0) 
         lo, hi = t["start"], t["end"]
         ex_lo, ex_hi = next(((s, e) for s, e in probes.executes if lo <= s <= hi), (t["report_start"],) * 2)
         lm = clock.busy(lo, hi)
-        per_turn.append({
-            "overhead": (hi - lo) - lm,
-            "dspy": (ex_lo - lo) - clock.busy(lo, ex_lo),  # prompt formatting and parsing around the root LM
-            "execute": (ex_hi - ex_lo) - clock.busy(ex_lo, ex_hi),  # sandbox round trips + tools, minus LM
-            "tools": _within(probes.tool_calls, ex_lo, ex_hi) - clock.busy(ex_lo, ex_hi),
-            "report": hi - t["report_start"],  # checkpoint (turn file) and display
-            "lm": lm,
-            "evaluates": clock.busy(lo, hi, ("task",)) > 0,
-            "cpu": t["cpu_end"] - t["cpu_start"],
-        })
+        per_turn.append(
+            {
+                "overhead": (hi - lo) - lm,
+                "dspy": (ex_lo - lo) - clock.busy(lo, ex_lo),  # prompt formatting and parsing around the root LM
+                "execute": (ex_hi - ex_lo) - clock.busy(ex_lo, ex_hi),  # sandbox round trips + tools, minus LM
+                "tools": _within(probes.tool_calls, ex_lo, ex_hi) - clock.busy(ex_lo, ex_hi),
+                "report": hi - t["report_start"],  # checkpoint (turn file) and display
+                "lm": lm,
+                "evaluates": clock.busy(lo, hi, ("task",)) > 0,
+                "cpu": t["cpu_end"] - t["cpu_start"],
+            }
+        )
 
     # The agent needs the REPL once its first action is ready; it waits only for what of the setup (which waits
     # for the sandbox's start) is still running then.
-    wait = max(0.0, probes.setups[0][1] - turns[0]["action_end"]) if probes.setups else sum(e - s for s, e in probes.waits)
+    wait = (
+        max(0.0, probes.setups[0][1] - turns[0]["action_end"]) if probes.setups else sum(e - s for s, e in probes.waits)
+    )
     first_need = probes.waits[0][0] if probes.waits else (probes.executes[0][0] if probes.executes else t1)
     background = probes.background_starts[0] if probes.background_starts else (t0, t0)
     setup_end = turns[0]["start"]
@@ -445,10 +529,13 @@ def report(results: dict[int, list[dict[str, Any]]], latency: float, root_latenc
     row("      of which host side of tool calls", [_ms(turn_values(n, "tools")) for n in sizes])
     row("    checkpoint + display", [_ms(turn_values(n, "report")) for n in sizes])
     evaluating = sum(t["evaluates"] for t in results[sizes[0]][0]["turns"])
-    row(f"  turns that run the program ({evaluating}): overhead",
-        [_ms(turn_values(n, "overhead", True)) for n in sizes])
-    row(f"  the other turns ({len(AGENT_TURNS) - evaluating}): overhead",
-        [_ms(turn_values(n, "overhead", False)) for n in sizes])
+    row(
+        f"  turns that run the program ({evaluating}): overhead", [_ms(turn_values(n, "overhead", True)) for n in sizes]
+    )
+    row(
+        f"  the other turns ({len(AGENT_TURNS) - evaluating}): overhead",
+        [_ms(turn_values(n, "overhead", False)) for n in sizes],
+    )
     row("  LM time per turn (excluded)", [_ms(turn_values(n, "lm")) for n in sizes])
     row("  CPU per turn, this process + Deno (load-proof)", [_ms(turn_values(n, "cpu")) for n in sizes])
     print("per compile() (s), median of the compiles")
@@ -459,13 +546,19 @@ def report(results: dict[int, list[dict[str, Any]]], latency: float, root_latenc
     row("  sandbox cold start, separate Sandbox().start()", [f"{med(n, 'cold_start'):.2f}" for n in sizes])
     row("  the compile's background sandbox start", [f"{med(n, 'background_start'):.2f}" for n in sizes])
     row("  agent waited for the sandbox (target ~0)", [f"{med(n, 'waited'):.2f}" for n in sizes])
-    row("  agent setup in the REPL (facade, data), - LM",
-        [f"{statistics.median(r['setup'] - r['setup_lm'] for r in results[n]):.2f}" for n in sizes])
-    row("  after the last turn (selection, result), - LM",
-        [f"{statistics.median(r['after_agent'] - r['after_agent_lm'] for r in results[n]):.2f}" for n in sizes])
+    row(
+        "  agent setup in the REPL (facade, data), - LM",
+        [f"{statistics.median(r['setup'] - r['setup_lm'] for r in results[n]):.2f}" for n in sizes],
+    )
+    row(
+        "  after the last turn (selection, result), - LM",
+        [f"{statistics.median(r['after_agent'] - r['after_agent_lm'] for r in results[n]):.2f}" for n in sizes],
+    )
     row("  task LM calls per compile", [str(results[n][0]["task_calls"]) for n in sizes])
-    print(f"\ntask LM: {latency * 1e3:g} ms per call (sleep); root LM: {root_latency * 1e3:g} ms per call; "
-          f"valset {VAL_SIZE}; 8 evaluation threads")
+    print(
+        f"\ntask LM: {latency * 1e3:g} ms per call (sleep); root LM: {root_latency * 1e3:g} ms per call; "
+        f"valset {VAL_SIZE}; 8 evaluation threads"
+    )
 
     for n in sizes:
         values = turn_values(n, "overhead")
@@ -482,8 +575,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="10,1000", help="train sizes, comma-separated (default 10,1000)")
     parser.add_argument("--repeat", type=int, default=2, help="compiles per size, interleaved (default 2)")
     parser.add_argument("--latency", type=float, default=0.003, help="seconds per task-LM call (default 0.003)")
-    parser.add_argument("--root-latency", type=float, default=0.0,
-                        help="seconds per root-LM call (default 0; LM time, excluded from the overhead)")
+    parser.add_argument(
+        "--root-latency",
+        type=float,
+        default=0.0,
+        help="seconds per root-LM call (default 0; LM time, excluded from the overhead)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write every measurement to PATH as JSON")
     parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
     args = parser.parse_args(argv)
@@ -492,8 +589,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("dspy").setLevel(logging.ERROR)
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"bench_agent: {len(AGENT_TURNS)} scripted turns, sizes {sizes}, {args.repeat} compile(s) each; "
-          f"{os.cpu_count()} CPUs, load average {load:.2f} at start")
+    print(
+        f"bench_agent: {len(AGENT_TURNS)} scripted turns, sizes {sizes}, {args.repeat} compile(s) each; "
+        f"{os.cpu_count()} CPUs, load average {load:.2f} at start"
+    )
     probes = Probes()
     probes.install()
     results: dict[int, list[dict[str, Any]]] = {n: [] for n in sizes}

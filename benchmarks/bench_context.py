@@ -66,17 +66,28 @@ def main() -> None:
     args = parser.parse_args()
 
     turns = max(CHECKPOINTS)
-    signature = dspy.Signature("task_brief: str -> optimized_dspy_program: dict[str, str]",
-                               render_instructions(120, "enough to evaluate the 20 train examples 5 time(s)"))
-    context = BoundedContext(ContextBudget(window_tokens=args.window, output_tokens=min(4_000, args.window // 4)),
-                             max_output_chars=args.output_chars)
+    signature = dspy.Signature(
+        "task_brief: str -> optimized_dspy_program: dict[str, str]",
+        render_instructions(120, "enough to evaluate the 20 train examples 5 time(s)"),
+    )
+    context = BoundedContext(
+        ContextBudget(window_tokens=args.window, output_tokens=min(4_000, args.window // 4)),
+        max_output_chars=args.output_chars,
+    )
     state = render_state_block(
         runs=[{"run_id": "run-0001", "split": "train", "label": "baseline", "score": 0.6, "evaluated_count": 20}],
         instructions={"summarize": "Summarize the ticket.", "route": "Pick the queue."},
-        budget={"spent": 40, "limit": 120, "left": 80}, notes="[1] chargebacks are the main failure",
+        budget={"spent": 40, "limit": 120, "left": 80},
+        notes="[1] chargebacks are the main failure",
     )
-    agent = OptimizerAgent(signature, ledger=BudgetLedger(120), context=context, state_block=lambda: state,
-                           max_iters=turns, max_output_chars=args.output_chars)
+    agent = OptimizerAgent(
+        signature,
+        ledger=BudgetLedger(120),
+        context=context,
+        state_block=lambda: state,
+        max_iters=turns,
+        max_output_chars=args.output_chars,
+    )
     action_signature = agent.generate_action.signature
     adapter = ChatAdapter()
     brief = render_task_brief({"summarize": "ticket -> summary", "route": "summary -> queue"}, 20, 10, 80)
@@ -99,17 +110,22 @@ def main() -> None:
         history = history.append(**turn(i, args.output_chars))
 
     window_chars = args.window * 4
-    print(f"Root LM input per agent turn, each turn printing ~{args.output_chars:,} chars; window {args.window:,} "
-          f"tokens (~{window_chars:,} chars at 4 chars/token); tokens estimated as chars / 4.")
-    print(f"{'turns':>5} | {'last turn before':>18} {'after':>10} | {'total before':>16} {'after':>12} | "
-          f"{'prefix reused before':>20} {'after':>6} | {'over window before':>18} {'after':>5}")
+    print(
+        f"Root LM input per agent turn, each turn printing ~{args.output_chars:,} chars; window {args.window:,} "
+        f"tokens (~{window_chars:,} chars at 4 chars/token); tokens estimated as chars / 4."
+    )
+    print(
+        f"{'turns':>5} | {'last turn before':>18} {'after':>10} | {'total before':>16} {'after':>12} | "
+        f"{'prefix reused before':>20} {'after':>6} | {'over window before':>18} {'after':>5}"
+    )
     for n in CHECKPOINTS:
         cells = []
         for arm in ("before", "after"):
             sizes = [c for c, _ in rows[arm][:n]]
             shares = [s for _, s in rows[arm][1:n]]
-            cells.append((sizes[-1] // 4, sum(sizes) // 4, sum(shares) / len(shares),
-                          sum(1 for c in sizes if c > window_chars)))
+            cells.append(
+                (sizes[-1] // 4, sum(sizes) // 4, sum(shares) / len(shares), sum(1 for c in sizes if c > window_chars))
+            )
         (lb, tb, pb, ob), (la, ta, pa, oa) = cells
         print(f"{n:>5} | {lb:>18,} {la:>10,} | {tb:>16,} {ta:>12,} | {pb:>19.0%} {pa:>6.0%} | {ob:>18} {oa:>5}")
     print(f"After: {context.compactions} compactions in {turns} turns; the rest of the turns were pure appends.")

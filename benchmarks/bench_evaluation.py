@@ -96,10 +96,18 @@ class SandboxedTools:
         self.box = Sandbox(tools={"evaluate_program": self.evaluate_program}, timeout_s=600)
         self._directories: list[tempfile.TemporaryDirectory] = []
 
-    def evaluate_program(self, split: str = "train", limit: int | None = None, sample: str | None = None,
-                         ids: object = None, failed_from_run: str | None = None, seed: int = 0) -> dict:
-        return self.tools.evaluate_program(split=split, limit=limit, sample=sample, ids=ids,
-                                           failed_from_run=failed_from_run, seed=seed)
+    def evaluate_program(
+        self,
+        split: str = "train",
+        limit: int | None = None,
+        sample: str | None = None,
+        ids: object = None,
+        failed_from_run: str | None = None,
+        seed: int = 0,
+    ) -> dict:
+        return self.tools.evaluate_program(
+            split=split, limit=limit, sample=sample, ids=ids, failed_from_run=failed_from_run, seed=seed
+        )
 
     def time(self, program, devset, lm) -> float:
         directory = tempfile.TemporaryDirectory(prefix="rlmopt-bench-runs-")
@@ -109,8 +117,13 @@ class SandboxedTools:
         ledger = BudgetLedger(10 * len(devset))
         evaluator = Evaluator(metric=Metric(exact_match), lm=lm, num_threads=self.threads)
         runs = Runs(evaluator=evaluator, store=store, ledger=ledger, splits={"train": devset}, observer=observer)
-        working = WorkingProgram(program=program, fingerprint=structural_fingerprint(program), runs=runs,
-                                 stop=StopRequest(), observer=observer)
+        working = WorkingProgram(
+            program=program,
+            fingerprint=structural_fingerprint(program),
+            runs=runs,
+            stop=StopRequest(),
+            observer=observer,
+        )
         self.tools = AgentTools(working=working, runs=runs, ledger=ledger)
         out = self.box.execute(
             "import time\n_t = time.perf_counter()\n_run = evaluate_program(split='train')\n"
@@ -130,6 +143,7 @@ class SandboxedTools:
 def time_bare_pool(program, devset, lm, threads: int) -> float:
     """The floor for any evaluator of this program: a thread pool calling it, nothing else (no metric,
     no records, no traces). What this is above the limit is DSPy's own per-call work."""
+
     def run(example):
         with dspy.context(lm=lm):
             return program(**example.inputs())
@@ -176,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     ours_s, dspy_s, bare_s = statistics.median(ours), statistics.median(theirs), statistics.median(bare)
     inside_s = statistics.median(inside)
     limit = math.ceil(args.n / args.threads) * args.latency
-    print(f"program: dspy.ChainOfThought, N={args.n} examples, T={args.threads} threads, L={args.latency} s per LM call")
+    print(
+        f"program: dspy.ChainOfThought, N={args.n} examples, T={args.threads} threads, L={args.latency} s per LM call"
+    )
     print(f"runs: {args.repeat} of each, interleaved, medians below; ours: {_fmt(ours)}; dspy: {_fmt(theirs)}")
     print(f"ours (Evaluator.evaluate):        {ours_s:8.3f} s")
     print(f"ideal limit ceil(N/T)*L:          {limit:8.3f} s")

@@ -27,15 +27,26 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CONTRACT_MODULES = ("rlmoptimizer", "rlmoptimizer.dspy_contract", "rlmoptimizer.agent._dspy", "rlmoptimizer.sandbox._dspy")
+CONTRACT_MODULES = (
+    "rlmoptimizer",
+    "rlmoptimizer.dspy_contract",
+    "rlmoptimizer.agent._dspy",
+    "rlmoptimizer.sandbox._dspy",
+)
 _LINE = re.compile(r"import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)")
 
 
 def measure(tree: Path, python: str) -> dict[str, float]:
     """One fresh interpreter: milliseconds of dspy, the package after it, and the contract check."""
     env = {**os.environ, "PYTHONPATH": str(tree), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    result = subprocess.run([python, "-X", "importtime", "-c", "import dspy; import rlmoptimizer"], cwd=tree, env=env,
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [python, "-X", "importtime", "-c", "import dspy; import rlmoptimizer"],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if result.returncode != 0:
         raise SystemExit(f"import rlmoptimizer failed in {tree}:\n{result.stderr[-3000:]}")
     self_us: dict[str, int] = {}
@@ -63,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.runs):
         for label, tree in trees.items():
             samples[label].append(measure(tree, args.python))
-    medians = {label: {key: statistics.median(s[key] for s in runs) for key in runs[0]} for label, runs in samples.items()}
+    medians = {
+        label: {key: statistics.median(s[key] for s in runs) for key in runs[0]} for label, runs in samples.items()
+    }
     print(f"median of {args.runs} fresh interpreters, milliseconds ({args.python})")
     print(f"{'':12} {'import dspy':>12} {'rlmoptimizer after dspy':>24} {'contract check':>15}  tree")
     for label, tree in trees.items():
@@ -73,8 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"contract check / rlmoptimizer after dspy (this tree): {here['contract'] / here['package']:.3f}")
     if args.baseline:
         before = medians["baseline"]
-        print(f"ratio this tree / baseline: contract check {here['contract'] / before['contract']:.3f}, "
-              f"rlmoptimizer after dspy {here['package'] / before['package']:.3f}")
+        print(
+            f"ratio this tree / baseline: contract check {here['contract'] / before['contract']:.3f}, "
+            f"rlmoptimizer after dspy {here['package'] / before['package']:.3f}"
+        )
     return 0
 
 

@@ -25,8 +25,14 @@ def payload() -> list[dict]:
     """About PAYLOAD_BYTES of JSON shaped like evaluation records."""
     rows, size = [], 2
     while size < PAYLOAD_BYTES:
-        row = {"example_id": len(rows), "inputs": {"question": "q" * 80}, "score": 0.5, "error": None,
-               "feedback": "f" * 60, "steps": [{"step_name": "generate.predict", "outputs": {"answer": "a" * 40}}]}
+        row = {
+            "example_id": len(rows),
+            "inputs": {"question": "q" * 80},
+            "score": 0.5,
+            "error": None,
+            "feedback": "f" * 60,
+            "steps": [{"step_name": "generate.predict", "outputs": {"answer": "a" * 40}}],
+        }
         rows.append(row)
         size += len(json.dumps(row)) + 2
     return rows
@@ -82,8 +88,10 @@ def main() -> None:
 
     print(f"cold start (Deno + Pyodide):                  {cold_start:8.2f} s")
     print(f"tool-call round trip (mean of {TOOL_CALLS}):      {round_trip_ms:8.3f} ms")
-    print(f"execute() of a one-liner (median of {EXECUTES}):    {execute_ms:8.2f} ms "
-          f"(PythonInterpreter alone: {raw_ms:.2f} ms)")
+    print(
+        f"execute() of a one-liner (median of {EXECUTES}):    {execute_ms:8.2f} ms "
+        f"(PythonInterpreter alone: {raw_ms:.2f} ms)"
+    )
     print(f"{size_mb:.2f} MB JSON as variables= literal:         {literal_s:8.3f} s")
     print(f"{size_mb:.2f} MB JSON from a tool + json.loads:      {tool_s:8.3f} s")
     print(f"literal / tool:                               {literal_s / tool_s:8.1f} x")

@@ -43,16 +43,18 @@ def scripted_turns(count: int) -> list[dict[str, str]]:
     turns = []
     for i in range(count - 1):
         start = (3 * i) % 12
-        turns.append({
-            "reasoning": f"Read baseline examples {start}..{start + 2} and what each step produced.",
-            "code": (
-                f"for e in baseline_train['examples'][{start}:{start + 3}]:\n"
-                "    print(e['example_id'], repr(e['inputs']['ticket']), '->', e['predicted'].get('queue'),\n"
-                "          '| expected', e['expected']['queue'], '| score', e['score'])\n"
-                "    for s in e['steps']:\n"
-                "        print('   ', s['step_name'], s['outputs'])"
-            ),
-        })
+        turns.append(
+            {
+                "reasoning": f"Read baseline examples {start}..{start + 2} and what each step produced.",
+                "code": (
+                    f"for e in baseline_train['examples'][{start}:{start + 3}]:\n"
+                    "    print(e['example_id'], repr(e['inputs']['ticket']), '->', e['predicted'].get('queue'),\n"
+                    "          '| expected', e['expected']['queue'], '| score', e['score'])\n"
+                    "    for s in e['steps']:\n"
+                    "        print('   ', s['step_name'], s['outputs'])"
+                ),
+            }
+        )
     turns.append({"reasoning": "Submit.", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"})
     return turns
 
@@ -61,8 +63,13 @@ def run_arm(turns: list[dict[str, str]], *, stateful: bool, multiturn: bool) -> 
     trainset, valset = make_splits()
     with ResponsesServer(turns) as server:
         optimizer = RLMDocstringOptimizer(
-            max_iterations=2, root_lm=server.lm(), eval_lm=FunctionLM(task_lm_reply), num_threads=4,
-            rlm_max_iterations=len(turns) + 5, root_stateful_session=stateful, rlm_multiturn_history=multiturn,
+            max_iterations=2,
+            root_lm=server.lm(),
+            eval_lm=FunctionLM(task_lm_reply),
+            num_threads=4,
+            rlm_max_iterations=len(turns) + 5,
+            root_stateful_session=stateful,
+            rlm_multiturn_history=multiturn,
         )
         result = optimizer.compile(student=RouteTicket(), trainset=trainset, metric=metric, valset=valset)
     if len(result.agent_trajectory) != len(turns) or result.optimized_dspy_program["route"] != POLICY_PROMPT:
@@ -83,8 +90,10 @@ def main() -> None:
     off = run_arm(turns, stateful=False, multiturn=args.multiturn)
     on = run_arm(turns, stateful=True, multiturn=args.multiturn)
 
-    print(f"\nInput tokens sent to the root LM per agent turn ({args.turns}-turn scripted run, "
-          f"rlm_multiturn_history={args.multiturn}; tokens = characters / 4)")
+    print(
+        f"\nInput tokens sent to the root LM per agent turn ({args.turns}-turn scripted run, "
+        f"rlm_multiturn_history={args.multiturn}; tokens = characters / 4)"
+    )
     print(f"{'turn':>4}  {'session off':>11}  {'session on':>10}")
     for turn, (a, b) in enumerate(zip(off, on, strict=True), start=1):
         print(f"{turn:>4}  {a.sent_tokens:>11,}  {b.sent_tokens:>10,}")
@@ -93,10 +102,14 @@ def main() -> None:
     print(f"on / off: {total_on / total_off:.3f} (session on sends {total_off / total_on:.1f}x fewer input tokens)")
     later_off = [b.sent_tokens - a.sent_tokens for a, b in zip(off[1:], off[2:], strict=False)]
     later_on = [r.sent_tokens for r in on[1:]]
-    print(f"turn k > 1: off grows by ~{sum(later_off) / len(later_off):,.0f} tokens per turn (sum ~ quadratic), "
-          f"on stays at ~{sum(later_on) / len(later_on):,.0f} per turn (sum ~ linear)")
-    print(f"context the model reads (server-reported input, as OpenAI bills a chain): off {sum(r.context_tokens for r in off):,}, "
-          f"on {sum(r.context_tokens for r in on):,}")
+    print(
+        f"turn k > 1: off grows by ~{sum(later_off) / len(later_off):,.0f} tokens per turn (sum ~ quadratic), "
+        f"on stays at ~{sum(later_on) / len(later_on):,.0f} per turn (sum ~ linear)"
+    )
+    print(
+        f"context the model reads (server-reported input, as OpenAI bills a chain): off {sum(r.context_tokens for r in off):,}, "
+        f"on {sum(r.context_tokens for r in on):,}"
+    )
 
 
 if __name__ == "__main__":

@@ -9,12 +9,15 @@ from rlmoptimizer.errors import RLMOptimizerError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlmoptimizer", description="Tools for rlmoptimizer run directories.")
+    parser = argparse.ArgumentParser(
+        prog="python -m rlmoptimizer", description="Tools for rlmoptimizer run directories."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     report = commands.add_parser(
-        "report", help="summarize a run directory (finished, interrupted or in flight) and draw its picture",
+        "report",
+        help="summarize a run directory (finished, interrupted or in flight) and draw its picture",
         description="Print a summary of a run directory (the run_storage_dir of a compile()) and write the picture "
-                    "of the run, score against budget spent, as a PNG (default: run.png inside the run directory).",
+        "of the run, score against budget spent, as a PNG (default: run.png inside the run directory).",
     )
     report.add_argument("run_dir", metavar="RUN_DIR", help="the run_storage_dir of a compile()")
     where = report.add_mutually_exclusive_group()

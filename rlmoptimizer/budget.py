@@ -177,8 +177,11 @@ class BudgetLedger:
     @classmethod
     def from_snapshot(cls, snapshot: dict[str, Any]) -> BudgetLedger:
         sub = snapshot.get("sub_lm_limit")
-        return cls(int(snapshot["limit"]), spent_by_kind=snapshot.get("spent_by_kind"),
-                   sub_lm_limit=None if sub is None else int(sub))
+        return cls(
+            int(snapshot["limit"]),
+            spent_by_kind=snapshot.get("spent_by_kind"),
+            sub_lm_limit=None if sub is None else int(sub),
+        )
 
     # -- reserving -------------------------------------------------------------------------------
     def reserve(self, n: int, kind: str) -> Reservation:
@@ -199,8 +202,11 @@ class BudgetLedger:
         with self._lock:
             available = self._available(pool)
             if n > available:
-                of = (f"{self.limit}" if pool == _MAIN else
-                      f"the {self.sub_lm_limit} sub-LM prompts allowed besides max_metric_calls")
+                of = (
+                    f"{self.limit}"
+                    if pool == _MAIN
+                    else f"the {self.sub_lm_limit} sub-LM prompts allowed besides max_metric_calls"
+                )
                 raise BudgetExhaustedError(f"budget exhausted: {n} {kind} unit(s) requested, {available} of {of} left")
             if self.gate is not None and n and self.gate.allow(kind, n) < n:
                 raise BudgetExhaustedError(self.gate.reason() or f"{n} {kind} unit(s) refused by the spending cap")

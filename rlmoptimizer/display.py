@@ -99,8 +99,14 @@ class EvaluationProgress:
             elif mode == "terminal":
                 from rich.live import Live
 
-                self._live = Live(Text(self._line(), style="dim"), console=self.console, transient=True,
-                                  auto_refresh=False, redirect_stdout=False, redirect_stderr=False)
+                self._live = Live(
+                    Text(self._line(), style="dim"),
+                    console=self.console,
+                    transient=True,
+                    auto_refresh=False,
+                    redirect_stdout=False,
+                    redirect_stderr=False,
+                )
                 self._live.start(refresh=True)
             self._drawn_at = time.monotonic()
 
@@ -176,7 +182,9 @@ class Display:
         if turn.get("reasoning"):
             parts.append(Panel(Text(_clip(turn["reasoning"])), title="reasoning", border_style="blue"))
         if turn.get("code"):
-            parts.append(Panel(Syntax(_clip(turn["code"]), "python", word_wrap=True), title="code", border_style="green"))
+            parts.append(
+                Panel(Syntax(_clip(turn["code"]), "python", word_wrap=True), title="code", border_style="green")
+            )
         parts.append(Panel(Text(_clip(turn.get("output", ""))), title="output", border_style="yellow"))
         title = f"agent turn {turn.get('iteration', '?')}" + (" (submitted)" if turn.get("final") else "")
         self.console.print(Panel(Group(*parts), title=title, border_style="magenta"))

@@ -35,8 +35,18 @@ from dataclasses import dataclass
 from rlmoptimizer.errors import DspyVersionError
 
 __all__ = [
-    "BELOW_DSPY", "LOWEST_DSPY", "REQUIREMENTS", "SUPPORTED_DSPY", "TESTED_DSPY_VERSIONS", "DspyVersionError",
-    "Requirement", "check", "check_installed_dspy", "dspy_problems", "fix_command", "installed_dspy_version",
+    "BELOW_DSPY",
+    "LOWEST_DSPY",
+    "REQUIREMENTS",
+    "SUPPORTED_DSPY",
+    "TESTED_DSPY_VERSIONS",
+    "DspyVersionError",
+    "Requirement",
+    "check",
+    "check_installed_dspy",
+    "dspy_problems",
+    "fix_command",
+    "installed_dspy_version",
     "version_problem",
 ]
 
@@ -178,7 +188,11 @@ REQUIREMENTS: dict[str, tuple[Requirement, ...]] = {
         Requirement("dspy.primitives.code_interpreter", "FinalOutput"),
         Requirement("dspy.primitives.code_interpreter", "resolve_interpreter_factory"),
         Requirement("dspy.primitives.repl_types", "REPLVariable"),
-        Requirement("dspy.primitives.repl_types:REPLVariable", "from_value", params=("name", "value", "field_info", "preview_chars")),
+        Requirement(
+            "dspy.primitives.repl_types:REPLVariable",
+            "from_value",
+            params=("name", "value", "field_info", "preview_chars"),
+        ),
         Requirement(_RLM, "forward", params=("interpreter_factory", "input_args")),  # overridden
         Requirement("dspy.primitives.repl_types", "REPLHistory"),
         Requirement("dspy.primitives.repl_types:REPLHistory", "append", params=("reasoning", "code", "output")),
@@ -194,7 +208,9 @@ REQUIREMENTS: dict[str, tuple[Requirement, ...]] = {
         Requirement("dspy.primitives.python_interpreter", "PythonInterpreter"),
         # Each private member below keeps dspy's own Deno/Pyodide runner (unchanged from 3.3.1 to 3.4.1) under our
         # process control, limits and recovery; owning the runner instead would mean forking runner.js.
-        Requirement("dspy.primitives.python_interpreter", "_validate_deno_version", params=("deno_executable",)),  # the Deno dspy's runner needs
+        Requirement(
+            "dspy.primitives.python_interpreter", "_validate_deno_version", params=("deno_executable",)
+        ),  # the Deno dspy's runner needs
         Requirement("dspy.primitives.facade", "HOST_TOKEN_VAR"),
         Requirement("dspy.primitives.facade", "SHIM_SETUP"),
         Requirement(_PI, "_spawn_process", params=()),  # overridden: our environment, stderr drained
@@ -222,9 +238,7 @@ REQUIREMENTS: dict[str, tuple[Requirement, ...]] = {
         Requirement(_EXC, "LMCollectionLimitError"),
     ),
     # The teleprompter itself (rlmoptimizer/optimizer.py).
-    "optimizer": (
-        Requirement("dspy.teleprompt.teleprompt", "Teleprompter"),
-    ),
+    "optimizer": (Requirement("dspy.teleprompt.teleprompt", "Teleprompter"),),
     # The fakes of rlmoptimizer.testing (the offline demo and the tests).
     "testing": (
         Requirement("dspy.clients.engines.dummy_engine", "DummyEngine"),
@@ -317,7 +331,9 @@ def _wing_problems(rows: tuple[Requirement, ...]) -> list[str]:
         elif (problem := row.problem()) is not None and problem not in problems:
             problems.append(problem)
     for module_name, (at, failure, names) in missing.items():
-        problems[at] = f"module {module_name} cannot be imported ({failure}); rlmoptimizer uses {', '.join(names)} from it"
+        problems[at] = (
+            f"module {module_name} cannot be imported ({failure}); rlmoptimizer uses {', '.join(names)} from it"
+        )
     return problems
 
 

@@ -140,8 +140,18 @@ class GepaIteration:
     budget: dict[str, Any]
 
 
-Event = (EvaluationStarted | ExampleEvaluated | EvaluationFinished | PromptUpdated | AgentTurn | SubLMAnswered
-         | CompileStarted | CompileFinished | CandidateAdded | GepaIteration)
+Event = (
+    EvaluationStarted
+    | ExampleEvaluated
+    | EvaluationFinished
+    | PromptUpdated
+    | AgentTurn
+    | SubLMAnswered
+    | CompileStarted
+    | CompileFinished
+    | CandidateAdded
+    | GepaIteration
+)
 
 
 class Observer(Protocol):
@@ -185,5 +195,10 @@ class UserCallbacks:
                     if callback not in self._callbacks:
                         continue
                     self._callbacks.remove(callback)
-                logger.warning("The callback %r raised %s: %s on %s; it is detached and sees no later event.",
-                               callback, type(exc).__name__, exc, type(event).__name__)
+                logger.warning(
+                    "The callback %r raised %s: %s on %s; it is detached and sees no later event.",
+                    callback,
+                    type(exc).__name__,
+                    exc,
+                    type(event).__name__,
+                )

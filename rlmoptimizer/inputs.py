@@ -75,7 +75,9 @@ def resolve_eval_lm(eval_lm: Any, program: Any = None) -> dspy.BaseLM | None:
     """
     lm = eval_lm if eval_lm is not None else dspy.settings.lm
     if lm is None:
-        without = [name for name, p in program.named_predictors() if getattr(p, "lm", None) is None] if program else None
+        without = (
+            [name for name, p in program.named_predictors() if getattr(p, "lm", None) is None] if program else None
+        )
         if without == []:
             return None
         steps = f" (step(s) {without} have no LM of their own)" if without else ""
@@ -116,7 +118,10 @@ def step_lms(program: Any, eval_lm: Any, eval_lm_source: str) -> dict[str, dict[
     if own and eval_lm is not None:
         logger.warning(
             "Step(s) %s run with their own LM (set with set_lm), as dspy runs them; %s (%s) runs the other steps "
-            "and an LLM-judge metric.", own, eval_lm_source, lm_name(eval_lm),
+            "and an LLM-judge metric.",
+            own,
+            eval_lm_source,
+            lm_name(eval_lm),
         )
     return result
 

@@ -31,7 +31,9 @@ _ACCEPTED = (
     "a bool, a finite number, or dspy.Prediction(score=<finite number>, feedback=<str>) "
     "(a dict or object with `score` and optional `feedback` also works)"
 )
-_STYLES = "(example, prediction), (example, prediction, trace=None) or GEPA's (gold, pred, trace, pred_name, pred_trace)"
+_STYLES = (
+    "(example, prediction), (example, prediction, trace=None) or GEPA's (gold, pred, trace, pred_name, pred_trace)"
+)
 
 
 def _metric_name(fn: Callable) -> str:
@@ -45,9 +47,7 @@ def _arity(fn: Callable, name: str) -> int:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
         return 2  # builtins without a signature: call the way dspy.Evaluate does
-    positional = [
-        p for p in signature.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
+    positional = [p for p in signature.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     required = [p for p in positional if p.default is p.empty]
     var_positional = any(p.kind is p.VAR_POSITIONAL for p in signature.parameters.values())
     required_keywords = [
@@ -89,8 +89,10 @@ def _code(code: types.CodeType, depth: int, seen: set[int]) -> dict[str, Any]:
     """What a code object does: its bytecode, constants and names (not its line numbers or file)."""
     return {
         "bytecode": hashlib.sha256(code.co_code).hexdigest(),
-        "consts": [_code(c, depth + 1, seen) if isinstance(c, types.CodeType) else _describe(c, depth + 1, seen)
-                   for c in code.co_consts],
+        "consts": [
+            _code(c, depth + 1, seen) if isinstance(c, types.CodeType) else _describe(c, depth + 1, seen)
+            for c in code.co_consts
+        ],
         "names": list(code.co_names),
         "varnames": list(code.co_varnames),
     }
@@ -118,16 +120,25 @@ def _describe(value: Any, depth: int = 0, seen: set[int] | None = None) -> Any:
     if isinstance(value, dict):
         return {str(k): _describe(v, depth + 1, seen) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
     if isinstance(value, functools.partial):
-        return {"partial": _describe(value.func, depth + 1, seen), "args": _describe(value.args, depth + 1, seen),
-                "keywords": _describe(value.keywords, depth + 1, seen)}
+        return {
+            "partial": _describe(value.func, depth + 1, seen),
+            "args": _describe(value.args, depth + 1, seen),
+            "keywords": _describe(value.keywords, depth + 1, seen),
+        }
     if isinstance(value, types.FunctionType):
         cells = [c.cell_contents if _cell_filled(c) else None for c in (value.__closure__ or ())]
-        return {"function": _qualified(value), "code": _code(value.__code__, depth + 1, seen),
-                "defaults": _describe(value.__defaults__, depth + 1, seen),
-                "kwdefaults": _describe(value.__kwdefaults__, depth + 1, seen),
-                "closure": _describe(cells, depth + 1, seen)}
+        return {
+            "function": _qualified(value),
+            "code": _code(value.__code__, depth + 1, seen),
+            "defaults": _describe(value.__defaults__, depth + 1, seen),
+            "kwdefaults": _describe(value.__kwdefaults__, depth + 1, seen),
+            "closure": _describe(cells, depth + 1, seen),
+        }
     if isinstance(value, types.MethodType):
-        return {"method": _describe(value.__func__, depth + 1, seen), "self": _describe(value.__self__, depth + 1, seen)}
+        return {
+            "method": _describe(value.__func__, depth + 1, seen),
+            "self": _describe(value.__self__, depth + 1, seen),
+        }
     if isinstance(value, (types.BuiltinFunctionType, types.ModuleType)):
         return {"builtin": _qualified(value)}
     if isinstance(value, type):
@@ -139,13 +150,22 @@ def _describe(value: Any, depth: int = 0, seen: set[int] | None = None) -> Any:
     if isinstance(value, dspy.BaseModule):
         # a module-based metric (SemanticF1, an LLM judge): its class, its code, its predictors and plain settings
         # (a module's history and random ids are not part of what it computes)
-        plain = {k: v for k, v in vars(value).items()
-                 if not k.startswith("_") and (v is None or isinstance(v, (bool, int, float, str)))}
+        plain = {
+            k: v
+            for k, v in vars(value).items()
+            if not k.startswith("_") and (v is None or isinstance(v, (bool, int, float, str)))
+        }
         return {
             "module": _qualified(type(value)),
             "forward": _describe(getattr(type(value), "forward", None), depth + 1, seen),
-            "predictors": {name: {"signature": p.signature.signature, "instructions": p.signature.instructions,
-                                  "demos": len(getattr(p, "demos", None) or [])} for name, p in value.named_predictors()},
+            "predictors": {
+                name: {
+                    "signature": p.signature.signature,
+                    "instructions": p.signature.instructions,
+                    "demos": len(getattr(p, "demos", None) or []),
+                }
+                for name, p in value.named_predictors()
+            },
             "settings": _describe(plain, depth + 1, seen),
         }
     cls = type(value)
@@ -155,7 +175,8 @@ def _describe(value: Any, depth: int = 0, seen: set[int] | None = None) -> Any:
         "object": _qualified(cls),
         "call": _describe(call, depth + 1, seen) if isinstance(call, types.FunctionType) else None,
         "state": _describe({k: v for k, v in state.items() if not k.startswith("__")}, depth + 1, seen)
-        if isinstance(state, dict) else None,
+        if isinstance(state, dict)
+        else None,
     }
 
 
@@ -227,7 +248,11 @@ class Metric:
 
     def describe(self) -> str:
         """Short description for logs, e.g. ``exact_match(example, prediction, trace)``."""
-        args = {2: "example, prediction", 3: "example, prediction, trace", 5: "gold, pred, trace, pred_name, pred_trace"}
+        args = {
+            2: "example, prediction",
+            3: "example, prediction, trace",
+            5: "gold, pred, trace, pred_name, pred_trace",
+        }
         return f"{self.name}({args[self.arity]})"
 
     def score(self, example: Any, prediction: Any) -> tuple[float, str | None]:
@@ -276,7 +301,11 @@ def _is_number(value: Any) -> bool:
     if isinstance(value, numbers.Real):
         return True
     # numpy scalars (np.bool_ is not a numbers.Real)
-    return type(value).__module__ == "numpy" and callable(getattr(value, "item", None)) and getattr(value, "shape", None) == ()
+    return (
+        type(value).__module__ == "numpy"
+        and callable(getattr(value, "item", None))
+        and getattr(value, "shape", None) == ()
+    )
 
 
 def _to_float(value: Any) -> float:

@@ -237,8 +237,17 @@ class RLMDocstringOptimizer(Teleprompter):
         self.event_callbacks, self.callbacks = check_callbacks(callbacks)
         check_root_window(self, sandbox_rules(self.sandbox_timeout_s))  # a window too small for any request
 
-    def compile(self, student: dspy.Module, *, trainset: list, teacher: Any = None, valset: list | None = None,
-                metric: Any = None, metric_id: str | None = None, **kwargs: Any) -> dspy.Module:
+    def compile(
+        self,
+        student: dspy.Module,
+        *,
+        trainset: list,
+        teacher: Any = None,
+        valset: list | None = None,
+        metric: Any = None,
+        metric_id: str | None = None,
+        **kwargs: Any,
+    ) -> dspy.Module:
         """Return a copy of ``student`` with optimized instructions and the result attributes attached."""
         metric = metric if metric is not None else self.metric
         check_compile_args(teacher, kwargs, metric)
@@ -254,8 +263,15 @@ class RLMDocstringOptimizer(Teleprompter):
 class _Compile:
     """The state of one compile(); see the module docstring for the flow."""
 
-    def __init__(self, config: RLMDocstringOptimizer, student: dspy.Module, trainset: list[dspy.Example],
-                 valset: list[dspy.Example], metric: Metric, eval_lm: dspy.BaseLM | None) -> None:
+    def __init__(
+        self,
+        config: RLMDocstringOptimizer,
+        student: dspy.Module,
+        trainset: list[dspy.Example],
+        valset: list[dspy.Example],
+        metric: Metric,
+        eval_lm: dspy.BaseLM | None,
+    ) -> None:
         self.config = config
         self.trainset = trainset
         self.valset = valset
@@ -277,7 +293,8 @@ class _Compile:
         check_structure(self.fingerprint, student)  # the copy is faithful: same fields, demos and modules
         self.initial_instructions = get_instructions(self.program)
         self.budget_limit = (budget_for_metric_calls if config.max_metric_calls else budget_for)(
-            config.max_metric_calls or config.max_iterations, len(self.trainset), len(self.valset))
+            config.max_metric_calls or config.max_iterations, len(self.trainset), len(self.valset)
+        )
 
         # One live compile per directory: take it before reading anything from it, give it up when run() ends
         # (or here, if the directory is refused). Reading back a finished run takes it without writing.
@@ -303,7 +320,8 @@ class _Compile:
                 self.journal,
                 manifest,
                 legacy_examples=lambda: {
-                    "trainset": legacy_examples_digest(self.trainset), "valset": legacy_examples_digest(self.valset)
+                    "trainset": legacy_examples_digest(self.trainset),
+                    "valset": legacy_examples_digest(self.valset),
                 },
                 allow_eval_lm_change=config.allow_eval_lm_change,
             )
@@ -313,32 +331,54 @@ class _Compile:
                 raise RunDirectoryMismatchError(f"{exc} {self.metric.mismatch_hint(stored)}") from None
             raise
         self.ledger = (
-            BudgetLedger.from_snapshot(self.resume.ledger) if self.resume.ledger
+            BudgetLedger.from_snapshot(self.resume.ledger)
+            if self.resume.ledger
             else BudgetLedger(self.budget_limit, sub_lm_limit=config.max_metric_calls)
         )
         self.usage = UsageMeter(max_cost_usd=config.max_cost_usd)
         self.usage.restore(self.journal.read_usage() if self.resume.resumed else None)
         self.ledger.gate = self.usage.gate() if config.max_cost_usd is not None else None
-        self.observer = Observers([self.journal, self.display, UsageObserver(self.usage, self.journal.write_usage),
-                                   *([self.tracker] if self.tracker else []), UserCallbacks(config.event_callbacks)])
+        self.observer = Observers(
+            [
+                self.journal,
+                self.display,
+                UsageObserver(self.usage, self.journal.write_usage),
+                *([self.tracker] if self.tracker else []),
+                UserCallbacks(config.event_callbacks),
+            ]
+        )
         evaluator = Evaluator(
-            metric=self.metric, lm=self.eval_lm, num_threads=config.num_threads, pass_threshold=config.pass_threshold,
+            metric=self.metric,
+            lm=self.eval_lm,
+            num_threads=config.num_threads,
+            pass_threshold=config.pass_threshold,
         )
         evaluator.evaluate = self.usage.in_role(EVAL, evaluator.evaluate)  # the program's and the metric's calls
         splits = {"train": self.trainset}
         if self.valset:
             splits["val"] = self.valset
-        self.runs = Runs(evaluator=evaluator, store=self.store, ledger=self.ledger, splits=splits,
-                         observer=self.observer)
+        self.runs = Runs(
+            evaluator=evaluator, store=self.store, ledger=self.ledger, splits=splits, observer=self.observer
+        )
         self.journal.write_ledger_if_changed(self.ledger.snapshot())
         self.stop = StopRequest()
         self.working = WorkingProgram(
-            program=self.program, fingerprint=self.fingerprint, runs=self.runs, stop=self.stop, observer=self.observer,
+            program=self.program,
+            fingerprint=self.fingerprint,
+            runs=self.runs,
+            stop=self.stop,
+            observer=self.observer,
         )
         self.notes = NotesStore(self.directory)
-        self.tools = AgentTools(working=self.working, runs=self.runs, ledger=self.ledger, proposal_lm=self.sub_lm,
-                                notes=self.notes, as_sub=lambda fn: self.usage.in_role(SUB, fn),
-                                seed=config.attempt)
+        self.tools = AgentTools(
+            working=self.working,
+            runs=self.runs,
+            ledger=self.ledger,
+            proposal_lm=self.sub_lm,
+            notes=self.notes,
+            as_sub=lambda fn: self.usage.in_role(SUB, fn),
+            seed=config.attempt,
+        )
 
     def release(self) -> None:
         """Give the run directory up for the next compile()."""
@@ -354,8 +394,11 @@ class _Compile:
             "eval_lm": eval_lm_identity(self.eval_lm, self.program),
             "metric": self.metric.identity,
             "budget_limit": self.budget_limit,
-            "budget_mode": ({"max_metric_calls": self.config.max_metric_calls} if self.config.max_metric_calls
-                            else {"max_iterations": self.config.max_iterations}),
+            "budget_mode": (
+                {"max_metric_calls": self.config.max_metric_calls}
+                if self.config.max_metric_calls
+                else {"max_iterations": self.config.max_iterations}
+            ),
             "pass_threshold": self.config.pass_threshold,
             "created_at": time.time(),
         }
@@ -409,17 +452,26 @@ class _Compile:
                 return run
         return self.runs.evaluate(copy_program(self.student), split, label="baseline", charged=False)
 
-    def _run_agent(self, sandbox: Sandbox | None, baseline_train: EvalRun, baseline_val: EvalRun | None) -> AgentOutcome:
+    def _run_agent(
+        self, sandbox: Sandbox | None, baseline_train: EvalRun, baseline_val: EvalRun | None
+    ) -> AgentOutcome:
         final = self.resume.final_turn
         if final is not None:  # the earlier compile got as far as the agent's submission
-            return AgentOutcome(submitted=final.get("outputs", {}).get("optimized_dspy_program", {}),
-                                trajectory=self.resume.turns, final_reasoning=final.get("reasoning", ""))
+            return AgentOutcome(
+                submitted=final.get("outputs", {}).get("optimized_dspy_program", {}),
+                trajectory=self.resume.turns,
+                final_reasoning=final.get("reasoning", ""),
+            )
         if sandbox is None:
             raise RuntimeError("a run that is not finished needs its sandbox")
 
         agent = OptimizerAgent(
-            agent_signature(self.budget_limit, budget_note(len(self.trainset), len(self.valset),
-                                                           self.config.max_iterations, self.config.max_metric_calls)),
+            agent_signature(
+                self.budget_limit,
+                budget_note(
+                    len(self.trainset), len(self.valset), self.config.max_iterations, self.config.max_metric_calls
+                ),
+            ),
             ledger=self.ledger,
             setup_code=render_setup_code(
                 baseline_train.run_id, baseline_val.run_id if baseline_val else "", self.working.step_names
@@ -428,17 +480,33 @@ class _Compile:
             stop=self.stop,
             prior_turns=self.resume.turns,
             validate_submission=self.working.validate_submission,
-            max_iters=self.config.rlm_max_iterations, max_llm_calls=self.config.rlm_max_llm_calls,
+            max_iters=self.config.rlm_max_iterations,
+            max_llm_calls=self.config.rlm_max_llm_calls,
             max_output_chars=self.config.rlm_max_output_chars,
-            stateful_session=self.config.root_stateful_session, multiturn_history=self.config.rlm_multiturn_history,
-            tools=self.tools.tool_functions(), sub_lm=self.sub_lm, interpreter_factory=sandbox.as_factory(),
-            **long_run_options(self.root_lm, self.config.root_context_window, self.config.rlm_max_output_chars,
-                               self.runs, self.working, self.ledger, self.notes, self.usage, self.tools.guide,
-                               self.config.rlm_autopilot),
+            stateful_session=self.config.root_stateful_session,
+            multiturn_history=self.config.rlm_multiturn_history,
+            tools=self.tools.tool_functions(),
+            sub_lm=self.sub_lm,
+            interpreter_factory=sandbox.as_factory(),
+            **long_run_options(
+                self.root_lm,
+                self.config.root_context_window,
+                self.config.rlm_max_output_chars,
+                self.runs,
+                self.working,
+                self.ledger,
+                self.notes,
+                self.usage,
+                self.tools.guide,
+                self.config.rlm_autopilot,
+            ),
         )
         brief = render_task_brief(
             {name: str(p.signature.signature) for name, p in self.program.named_predictors()},
-            len(self.trainset), len(self.valset), self.ledger.left, resumed=bool(self.resume.turns),
+            len(self.trainset),
+            len(self.valset),
+            self.ledger.left,
+            resumed=bool(self.resume.turns),
             pass_threshold=self.config.pass_threshold,
         )
         with dspy.context(lm=self.root_lm):
@@ -448,8 +516,11 @@ class _Compile:
         except AgentToolError as exc:
             logger.warning("The agent's final output was not a valid submission (%s); keeping its prompt edits.", exc)
             submitted = {}
-        return AgentOutcome(submitted=submitted, trajectory=tuple(agent.turns),
-                            final_reasoning=getattr(prediction, "final_reasoning", ""))
+        return AgentOutcome(
+            submitted=submitted,
+            trajectory=tuple(agent.turns),
+            final_reasoning=getattr(prediction, "final_reasoning", ""),
+        )
 
     def _choose(self, submission: dict[str, str]) -> Selection:
         """Evaluate the submission on the selection split unless a complete run of it exists, then apply the
@@ -461,21 +532,38 @@ class _Compile:
         cap_set = self.usage.max_cost_usd is not None
         cap = self.usage.cap_message().split(",")[0] if self.usage.cap_reached else ""
         charged = self.ledger.left >= size - len(self.runs.stored(submission, split, range(size)))  # stored: free
-        unpaid = "max_metric_calls left too few calls" if self.config.max_metric_calls and not charged else ""  # none free
+        unpaid = (
+            "max_metric_calls left too few calls" if self.config.max_metric_calls and not charged else ""
+        )  # none free
         if submitted_run is None and (cap or unpaid):  # no more spending: never return an unchecked submission
-            return best_checked(split=split, complete=complete, initial=self.initial_instructions, why=cap or unpaid,
-                                spending_cap=bool(cap))
+            return best_checked(
+                split=split,
+                complete=complete,
+                initial=self.initial_instructions,
+                why=cap or unpaid,
+                spending_cap=bool(cap),
+            )
         if submitted_run is None:
             self.working.set_instructions(submission, source="submission")
             submitted_run = self.working.evaluate(split, None, label="submission", charged=charged)
             if submitted_run.evaluated_count < size:  # cut short (the spending cap): checked on part of the split
                 cap = self.usage.cap_message().split(",")[0] if self.usage.cap_reached else ""
-                return best_checked(split=split, complete=complete, initial=self.initial_instructions,
-                                    partial=submitted_run, why=cap or submitted_run.note or "the check stopped early",
-                                    spending_cap=self.usage.cap_reached if cap_set else None)
+                return best_checked(
+                    split=split,
+                    complete=complete,
+                    initial=self.initial_instructions,
+                    partial=submitted_run,
+                    why=cap or submitted_run.note or "the check stopped early",
+                    spending_cap=self.usage.cap_reached if cap_set else None,
+                )
             complete.append(submitted_run)
-        selection = never_worse(split=split, complete=complete, submitted_run=submitted_run, submission=submission,
-                                initial=self.initial_instructions)
+        selection = never_worse(
+            split=split,
+            complete=complete,
+            submitted_run=submitted_run,
+            submission=submission,
+            initial=self.initial_instructions,
+        )
         return with_spending_cap(selection, self.usage.cap_reached if cap_set else None, cap)
 
     def _build_result(self, selection: Selection, outcome: AgentOutcome) -> dspy.Module:
@@ -497,7 +585,8 @@ class _Compile:
         )
         self.store.flush()
         self.journal.write_result(result.result_file())
-        self.display.message(f"Done: {selection.reason}. Runs are in {self.directory}. LM usage: "
-                             f"{self.usage.summary()}.", style="bold")
+        self.display.message(
+            f"Done: {selection.reason}. Runs are in {self.directory}. LM usage: {self.usage.summary()}.", style="bold"
+        )
         self.observer.on_event(CompileFinished(selection.to_dict(), self.ledger.snapshot()))
         return present_result(result.attach_to(program), self)

@@ -249,14 +249,23 @@ def first_sample_complete(runs: Iterable[EvalRun], split: str, size: int) -> lis
     return [r for r in runs if r.split == split and r.rollout == 0 and r.evaluated_count == size and size > 0]
 
 
-def ranked(runs: Sequence[EvalRun], *, initial: dict[str, str],
-           preferred: EvalRun | str | None = None) -> list[EvalRun]:
+def ranked(
+    runs: Sequence[EvalRun], *, initial: dict[str, str], preferred: EvalRun | str | None = None
+) -> list[EvalRun]:
     """``runs`` (runs of :func:`first_sample_complete`, in id order) best first: the highest score; on a tie the
     unchanged instructions (``initial``), then ``preferred`` (a run or its id: the submission), then the latest."""
     preferred_id = preferred.run_id if isinstance(preferred, EvalRun) else preferred
     order = {id(r): i for i, r in enumerate(runs)}
-    return sorted(runs, reverse=True, key=lambda r: (
-        r.score, r.instructions == initial, preferred_id is not None and r.run_id == preferred_id, order[id(r)]))
+    return sorted(
+        runs,
+        reverse=True,
+        key=lambda r: (
+            r.score,
+            r.instructions == initial,
+            preferred_id is not None and r.run_id == preferred_id,
+            order[id(r)],
+        ),
+    )
 
 
 # -- what crosses rooms at the end of a compile() ------------------------------------------------------

@@ -25,7 +25,11 @@ __all__ = ["best_checked", "first_sample_complete", "never_worse", "ranked", "wi
 
 
 def never_worse(
-    *, split: str, complete: Sequence[EvalRun], submitted_run: EvalRun, submission: dict[str, str],
+    *,
+    split: str,
+    complete: Sequence[EvalRun],
+    submitted_run: EvalRun,
+    submission: dict[str, str],
     initial: dict[str, str],
 ) -> Selection:
     """Choose among ``complete`` (every run that evaluated the whole ``split``, ``submitted_run`` among them)."""
@@ -37,7 +41,9 @@ def never_worse(
     elif chosen_run is submitted_run:
         reason = f"the agent's submission scored {submitted_run.score:.4f} on {split}" + (
             f", more than the unchanged program and at least as well as every other candidate (best: "
-            f"{best.run_id} ({best.label}) at {best.score:.4f})" if best is not None else ""
+            f"{best.run_id} ({best.label}) at {best.score:.4f})"
+            if best is not None
+            else ""
         )
     elif chosen_run.instructions == initial and chosen_run.score == submitted_run.score:
         reason = (
@@ -53,8 +59,15 @@ def never_worse(
     return _selection(split, chosen_run, complete, reason, submitted_run)
 
 
-def best_checked(*, split: str, complete: Sequence[EvalRun], initial: dict[str, str], why: str,
-                 spending_cap: bool | None = True, partial: EvalRun | None = None) -> Selection:
+def best_checked(
+    *,
+    split: str,
+    complete: Sequence[EvalRun],
+    initial: dict[str, str],
+    why: str,
+    spending_cap: bool | None = True,
+    partial: EvalRun | None = None,
+) -> Selection:
     """The submission could not be checked on the whole ``split`` (``why``: the spending cap stopped spending, or
     ``max_metric_calls`` is spent), before its check or during it (``partial``: the run of it that was cut
     short): the best candidate that was checked (:func:`ranked`); never a submission checked on part of the split."""
@@ -62,15 +75,20 @@ def best_checked(*, split: str, complete: Sequence[EvalRun], initial: dict[str, 
     if partial is None:
         when = f"before the agent's submission could be checked on {split}"
     else:
-        when = (f"while the agent's submission was being checked on {split} ({partial.run_id}: "
-                f"{partial.evaluated_count} of {partial.requested_count} examples, so it is not returned)")
-    reason = (f"{why} {when}; returning the best checked candidate, {chosen_run.run_id} ({chosen_run.label}) at "
-              f"{chosen_run.score:.4f}")
+        when = (
+            f"while the agent's submission was being checked on {split} ({partial.run_id}: "
+            f"{partial.evaluated_count} of {partial.requested_count} examples, so it is not returned)"
+        )
+    reason = (
+        f"{why} {when}; returning the best checked candidate, {chosen_run.run_id} ({chosen_run.label}) at "
+        f"{chosen_run.score:.4f}"
+    )
     return replace(_selection(split, chosen_run, complete, reason, None), spending_cap_reached=spending_cap)
 
 
-def _selection(split: str, chosen_run: EvalRun, complete: Sequence[EvalRun], reason: str,
-               submitted_run: EvalRun | None) -> Selection:
+def _selection(
+    split: str, chosen_run: EvalRun, complete: Sequence[EvalRun], reason: str, submitted_run: EvalRun | None
+) -> Selection:
     return Selection(
         split=split,
         instructions=dict(chosen_run.instructions),

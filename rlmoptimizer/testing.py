@@ -58,8 +58,16 @@ class FunctionLM(DummyLM):
     words of the reply as output tokens, or ``usage(messages, text)`` when given (e.g. to report cached input
     tokens). ``reported_usage`` lists every usage reported, in order."""
 
-    def __init__(self, fn: Callable[..., Reply], *, latency: float = 0.0, adapter=None, name="fake",
-                 with_settings: bool = False, usage: Callable[[list[dict], str], Usage] | None = None):
+    def __init__(
+        self,
+        fn: Callable[..., Reply],
+        *,
+        latency: float = 0.0,
+        adapter=None,
+        name="fake",
+        with_settings: bool = False,
+        usage: Callable[[list[dict], str], Usage] | None = None,
+    ):
         super().__init__([], adapter=adapter)
         self.model = name
         self.fn = fn

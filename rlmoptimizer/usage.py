@@ -42,8 +42,18 @@ SUB = "sub"
 EVAL = "eval"
 ROLES: tuple[str, ...] = (ROOT, SUB, EVAL)
 
-__all__ = ["EVAL", "ROLES", "ROOT", "SUB", "CostGate", "RoleTracker", "UsageMeter", "UsageObserver", "dollars",
-           "price_of_call"]
+__all__ = [
+    "EVAL",
+    "ROLES",
+    "ROOT",
+    "SUB",
+    "CostGate",
+    "RoleTracker",
+    "UsageMeter",
+    "UsageObserver",
+    "dollars",
+    "price_of_call",
+]
 
 
 def dollars(amount: float) -> str:
@@ -85,8 +95,9 @@ def _priced_name(model: str) -> str | None:
         candidates.append(model.split("/", 1)[1])
     for name in candidates:
         entry = table.get(name)
-        if isinstance(entry, dict) and (entry.get("input_cost_per_token") is not None
-                                        or entry.get("output_cost_per_token") is not None):
+        if isinstance(entry, dict) and (
+            entry.get("input_cost_per_token") is not None or entry.get("output_cost_per_token") is not None
+        ):
             return model if name == model else name
     return None
 
@@ -100,7 +111,9 @@ def price_of_call(model: str, input_tokens: int, output_tokens: int, cached_inpu
 
     try:
         prompt_cost, completion_cost = litellm.cost_per_token(
-            model=name, prompt_tokens=input_tokens, completion_tokens=output_tokens,
+            model=name,
+            prompt_tokens=input_tokens,
+            completion_tokens=output_tokens,
             cache_read_input_tokens=cached_input_tokens,
         )
     except Exception:  # litellm's table has the name but cannot price this shape: unknown, not zero
@@ -268,8 +281,10 @@ class UsageMeter:
             unpriced = ", ".join(data.get("unpriced_models", ()))
             cost = f"no price for {unpriced}" if data["cost_usd"] is None else dollars(data["cost_usd"])
             cached = f" ({data['cached_input_tokens']:,} cached)" if data["cached_input_tokens"] else ""
-            parts.append(f"{role} {data['calls']} calls, {data['input_tokens']:,} in{cached} / "
-                         f"{data['output_tokens']:,} out, {cost}")
+            parts.append(
+                f"{role} {data['calls']} calls, {data['input_tokens']:,} in{cached} / "
+                f"{data['output_tokens']:,} out, {cost}"
+            )
         return "; ".join(parts)
 
     # -- the spending cap -------------------------------------------------------------------------------

@@ -42,8 +42,9 @@ class Recorder:
 
 
 def run(callbacks, tmp_path, name="run"):
-    return compile_tickets(TURNS, sub_lm=proposer(POLICY_PROMPT), max_iterations=5, callbacks=callbacks,
-                           run_storage_dir=tmp_path / name)
+    return compile_tickets(
+        TURNS, sub_lm=proposer(POLICY_PROMPT), max_iterations=5, callbacks=callbacks, run_storage_dir=tmp_path / name
+    )
 
 
 def test_callbacks_see_the_compile_as_it_happens_with_candidates_their_lineage_and_gepas_iterations(tmp_path):
@@ -92,15 +93,21 @@ def test_a_callback_that_raises_is_reported_once_and_detached_and_the_compile_go
     assert len(warnings) == 1 and "my dashboard is down" in warnings[0] and "detached" in warnings[0]
     assert isinstance(after.events[0], CompileStarted) and isinstance(after.events[-1], CompileFinished)
     plain = run(None, tmp_path, name="plain")
-    assert result.optimized_dspy_program == plain.optimized_dspy_program == {
-        **plain.optimized_dspy_program, "route": POLICY_PROMPT}
+    assert (
+        result.optimized_dspy_program
+        == plain.optimized_dspy_program
+        == {**plain.optimized_dspy_program, "route": POLICY_PROMPT}
+    )
     assert result.budget == plain.budget
 
 
-@pytest.mark.parametrize(("callbacks", "message"), [
-    ("print", "callbacks must be a list, got str"),
-    ([print, 42], r"callbacks\[1\] is a int: a callback is an object with an on_event\(event\) method"),
-])
+@pytest.mark.parametrize(
+    ("callbacks", "message"),
+    [
+        ("print", "callbacks must be a list, got str"),
+        ([print, 42], r"callbacks\[1\] is a int: a callback is an object with an on_event\(event\) method"),
+    ],
+)
 def test_callbacks_that_cannot_be_called_are_refused_before_any_lm_call(callbacks, message):
     root = FunctionLM(lambda messages: {})
     with pytest.raises(ConfigurationError, match=message):

@@ -11,7 +11,10 @@ from support.optimizing import SUBMIT_POLICY, compile_tickets
 pytestmark = pytest.mark.slow  # every test here runs compile() with a real sandbox
 
 TURNS = [
-    {"reasoning": "count the failures", "code": "print('failures:', baseline_train['evaluated_count'] - baseline_train['passed_count'])"},
+    {
+        "reasoning": "count the failures",
+        "code": "print('failures:', baseline_train['evaluated_count'] - baseline_train['passed_count'])",
+    },
     SUBMIT_POLICY,
 ]
 

@@ -21,7 +21,9 @@ from rlmoptimizer.sandbox import _dspy as sandbox_dspy
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("requirement", sandbox_dspy.REQUIRED + agent_dspy.REQUIRED, ids=lambda r: f"{r.owner}.{r.name}")
+@pytest.mark.parametrize(
+    "requirement", sandbox_dspy.REQUIRED + agent_dspy.REQUIRED, ids=lambda r: f"{r.owner}.{r.name}"
+)
 def test_every_private_name_we_use_is_in_the_installed_dspy(requirement):
     assert requirement.problem() is None
 
@@ -34,10 +36,13 @@ def test_the_installed_dspy_is_a_tested_one_and_the_declared_range_is_the_suppor
 
 def test_a_missing_member_and_a_changed_signature_are_named():
     with pytest.raises(DspyVersionError) as caught:
-        check("agent", (
-            Requirement("dspy.predict.rlm:RLM", "_gone_in_a_later_release"),
-            Requirement("dspy.predict.rlm:RLM", "_execute_code", params=("repl", "code")),
-        ))
+        check(
+            "agent",
+            (
+                Requirement("dspy.predict.rlm:RLM", "_gone_in_a_later_release"),
+                Requirement("dspy.predict.rlm:RLM", "_execute_code", params=("repl", "code")),
+            ),
+        )
     message = str(caught.value)
     assert "dspy.predict.rlm:RLM._gone_in_a_later_release does not exist" in message
     assert "_execute_code takes (repl, code, input_args), expected (repl, code)" in message
@@ -47,14 +52,16 @@ def test_a_missing_member_and_a_changed_signature_are_named():
 
 def test_importing_rlmoptimizer_with_an_incompatible_dspy_fails_with_the_reason():
     """A dspy whose REPL history lost a method we call: the import itself says so, in a fresh interpreter."""
-    code = (
-        "import dspy.primitives.repl_types as repl\n"
-        "del repl.REPLHistory.append\n"
-        "import rlmoptimizer\n"
+    code = "import dspy.primitives.repl_types as repl\ndel repl.REPLHistory.append\nimport rlmoptimizer\n"
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env={"PATH": "", "LITELLM_LOCAL_MODEL_COST_MAP": "True", "PYTHONPATH": str(ROOT)},
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                            env={"PATH": "", "LITELLM_LOCAL_MODEL_COST_MAP": "True", "PYTHONPATH": str(ROOT)})
     assert result.returncode != 0
-    error = result.stderr[result.stderr.index("rlmoptimizer.errors.DspyVersionError: "):]
+    error = result.stderr[result.stderr.index("rlmoptimizer.errors.DspyVersionError: ") :]
     assert error.startswith(f"rlmoptimizer.errors.DspyVersionError: rlmoptimizer supports dspy{SUPPORTED_DSPY}")
     assert "agent: dspy.primitives.repl_types:REPLHistory.append does not exist" in error

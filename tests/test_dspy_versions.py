@@ -49,11 +49,22 @@ def test_versions_inside_the_range(version):
     assert version_problem(version) is None
 
 
-@pytest.mark.parametrize(("version", "word"), [
-    ("3.4.0", "older"), ("3.4.1rc1", "older"), ("3.4.1.dev0", "older"), ("3.3.1", "older"), ("3.2.1", "older"),
-    ("2.6.27", "older"), ("3.5.0", "newer"), ("3.5", "newer"), ("3.5.0rc1", "newer"), ("4.0.0", "newer"),
-    ("not-a-version", "not a version"),
-])
+@pytest.mark.parametrize(
+    ("version", "word"),
+    [
+        ("3.4.0", "older"),
+        ("3.4.1rc1", "older"),
+        ("3.4.1.dev0", "older"),
+        ("3.3.1", "older"),
+        ("3.2.1", "older"),
+        ("2.6.27", "older"),
+        ("3.5.0", "newer"),
+        ("3.5", "newer"),
+        ("3.5.0rc1", "newer"),
+        ("4.0.0", "newer"),
+        ("not-a-version", "not a version"),
+    ],
+)
 def test_versions_outside_the_range(version, word):
     problem = version_problem(version)
     assert problem is not None and word in problem and SUPPORTED_DSPY in problem
@@ -105,12 +116,15 @@ def test_the_wings_import_their_names_only_after_the_check():
 
 def test_a_missing_member_and_a_changed_signature_are_named():
     with pytest.raises(DspyVersionError) as caught:
-        dspy_contract.check("agent", (
-            Requirement("dspy.predict.rlm:RLM", "_gone_in_a_later_release"),
-            Requirement("dspy.predict.rlm:RLM", "_execute_code", params=("repl", "code")),
-            Requirement("dspy.not_a_module", "A"),
-            Requirement("dspy.not_a_module", "B"),
-        ))
+        dspy_contract.check(
+            "agent",
+            (
+                Requirement("dspy.predict.rlm:RLM", "_gone_in_a_later_release"),
+                Requirement("dspy.predict.rlm:RLM", "_execute_code", params=("repl", "code")),
+                Requirement("dspy.not_a_module", "A"),
+                Requirement("dspy.not_a_module", "B"),
+            ),
+        )
     message = str(caught.value)
     assert "agent: dspy.predict.rlm:RLM._gone_in_a_later_release does not exist" in message
     assert "agent: dspy.predict.rlm:RLM._execute_code takes (repl, code, input_args), expected (repl, code)" in message
@@ -122,6 +136,7 @@ def test_a_missing_member_and_a_changed_signature_are_named():
 
 def test_the_check_reads_no_source(monkeypatch):
     """``inspect.getsource`` cost ~85 ms of every import; the check reads signatures and bytecode only."""
+
     def no_source(*args, **kwargs):
         raise AssertionError("the contract check read a source file")
 
@@ -129,10 +144,15 @@ def test_the_check_reads_no_source(monkeypatch):
     monkeypatch.setattr(inspect, "getsourcelines", no_source)
     assert dspy_problems() == []
     bogus = Requirement("dspy.primitives.python_interpreter:PythonInterpreter", "_never_set_anywhere", instance=True)
-    assert bogus.problem() == "dspy.primitives.python_interpreter:PythonInterpreter no longer sets self._never_set_anywhere"
+    assert (
+        bogus.problem()
+        == "dspy.primitives.python_interpreter:PythonInterpreter no longer sets self._never_set_anywhere"
+    )
 
 
-def _import_rlmoptimizer(prelude: str, python: str = sys.executable, env: dict | None = None) -> subprocess.CompletedProcess:
+def _import_rlmoptimizer(
+    prelude: str, python: str = sys.executable, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """``import rlmoptimizer`` in a fresh interpreter after ``prelude``; prints the class and the message of
     what it raised, caught as an ImportError."""
     code = (
@@ -141,10 +161,14 @@ def _import_rlmoptimizer(prelude: str, python: str = sys.executable, env: dict |
         "except ImportError as exc:\n    print('RAISED', type(exc).__name__)\n    print(exc)\n"
         "else:\n    print('IMPORTED')\n"
     )
-    environment = {"PATH": os.environ.get("PATH", ""), "LITELLM_LOCAL_MODEL_COST_MAP": "True", "PYTHONPATH": str(ROOT),
-                   "HOME": os.environ.get("HOME", "/tmp"), **(env or {})}
-    return subprocess.run([python, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300,
-                          env=environment)
+    environment = {
+        "PATH": os.environ.get("PATH", ""),
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "PYTHONPATH": str(ROOT),
+        "HOME": os.environ.get("HOME", "/tmp"),
+        **(env or {}),
+    }
+    return subprocess.run([python, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300, env=environment)
 
 
 def _message(result: subprocess.CompletedProcess) -> str:
@@ -183,10 +207,18 @@ def test_no_dspy_at_all_is_a_dspy_version_error():
 
 def test_the_package_is_imported_only_after_the_check():
     """When the check fails, nothing of rlmoptimizer but the contract and the errors has been imported."""
-    code = ("import sys, dspy\ndspy.__version__ = '3.3.1'\ntry:\n    import rlmoptimizer\nexcept ImportError:\n    pass\n"
-            "print(sorted(m for m in sys.modules if m.startswith('rlmoptimizer')))")
-    listed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300,
-                            env={"PATH": "", "LITELLM_LOCAL_MODEL_COST_MAP": "True", "PYTHONPATH": str(ROOT)})
+    code = (
+        "import sys, dspy\ndspy.__version__ = '3.3.1'\ntry:\n    import rlmoptimizer\nexcept ImportError:\n    pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith('rlmoptimizer')))"
+    )
+    listed = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        env={"PATH": "", "LITELLM_LOCAL_MODEL_COST_MAP": "True", "PYTHONPATH": str(ROOT)},
+    )
     assert listed.stdout.strip() == "['rlmoptimizer.dspy_contract', 'rlmoptimizer.errors']", listed.stderr
 
 
@@ -197,8 +229,10 @@ VENVS = os.environ.get("RLMOPTIMIZER_DSPY_VENVS")
 
 def _venv_python(version: str) -> Path:
     if not VENVS:
-        pytest.skip("RLMOPTIMIZER_DSPY_VENVS is not set: .ci/run prepares virtual environments with older dspy "
-                    "releases (tests do not reach the network)")
+        pytest.skip(
+            "RLMOPTIMIZER_DSPY_VENVS is not set: .ci/run prepares virtual environments with older dspy "
+            "releases (tests do not reach the network)"
+        )
     venv = Path(VENVS) / f"dspy-{version}"
     python = venv / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python")
     if not python.exists():
@@ -207,14 +241,21 @@ def _venv_python(version: str) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("version", "wings"), [
-    ("3.3.1", ("agent", "sandbox", "evaluation", "testing")),
-    ("3.2.1", ("agent", "sandbox", "evaluation", "testing")),
-])
+@pytest.mark.parametrize(
+    ("version", "wings"),
+    [
+        ("3.3.1", ("agent", "sandbox", "evaluation", "testing")),
+        ("3.2.1", ("agent", "sandbox", "evaluation", "testing")),
+    ],
+)
 def test_an_older_dspy_release_gets_the_one_complete_error(version, wings):
     python = _venv_python(version)
-    installed = subprocess.run([str(python), "-c", "import importlib.metadata as m; print(m.version('dspy'))"],
-                               capture_output=True, text=True, timeout=120)
+    installed = subprocess.run(
+        [str(python), "-c", "import importlib.metadata as m; print(m.version('dspy'))"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert installed.stdout.strip() == version
     result = _import_rlmoptimizer("", python=str(python))
     assert "cannot import name" not in result.stdout + result.stderr  # never a raw ImportError

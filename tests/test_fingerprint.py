@@ -51,7 +51,9 @@ def test_get_and_apply_instructions_by_step_name():
 def test_apply_instructions_rejects_unknown_steps_and_changes_nothing():
     program = Pipeline()
     before = get_instructions(program)
-    with pytest.raises(ConfigurationError, match=r"unknown step name\(s\) \['generate'\].*\['rewrite', 'generate.predict'\]"):
+    with pytest.raises(
+        ConfigurationError, match=r"unknown step name\(s\) \['generate'\].*\['rewrite', 'generate.predict'\]"
+    ):
         apply_instructions(program, {"rewrite": "new", "generate": "x"})
     assert get_instructions(program) == before
     with pytest.raises(ConfigurationError, match="must be a str"):
@@ -64,7 +66,9 @@ def test_the_fingerprint_describes_fields_demos_and_modules_but_not_instructions
     json.dumps(fp)  # JSON-friendly
     generate = fp["predictors"][1]
     assert generate["name"] == "generate.predict" and generate["class"] == "Predict"
-    assert generate["inputs"] == [{"name": "question", "prefix": "Question:", "desc": "a factual question", "type": "str"}]
+    assert generate["inputs"] == [
+        {"name": "question", "prefix": "Question:", "desc": "a factual question", "type": "str"}
+    ]
     assert [f["name"] for f in generate["outputs"]] == ["reasoning", "answer"]
     assert {"path": "self.generate", "class": "ChainOfThought"} in fp["modules"]
     assert "Answer the question." not in json.dumps(fp)
@@ -117,7 +121,10 @@ def test_added_fields_changed_descriptions_and_types_are_named():
     message = _diff(change)
     assert "step 'rewrite': input field 'hint' added" in message
     assert "step 'generate.predict': input field 'question' type changed from 'str' to 'int'" in message
-    assert "step 'generate.predict': input field 'question' desc changed from 'a factual question' to 'any question'" in message
+    assert (
+        "step 'generate.predict': input field 'question' desc changed from 'a factual question' to 'any question'"
+        in message
+    )
 
 
 def test_changed_demos_are_named():

@@ -24,7 +24,9 @@ PER_CALL = litellm.cost_per_token(model=MODEL, prompt_tokens=100_000, completion
 
 
 def priced_task_lm() -> FunctionLM:
-    return FunctionLM(task_lm_reply, name=MODEL, usage=lambda messages, text: Usage(input_tokens=100_000, output_tokens=0))
+    return FunctionLM(
+        task_lm_reply, name=MODEL, usage=lambda messages, text: Usage(input_tokens=100_000, output_tokens=0)
+    )
 
 
 def test_a_submission_the_cap_cut_short_on_validation_is_not_returned_and_the_reason_names_the_cap(tmp_path):
@@ -33,12 +35,17 @@ def test_a_submission_the_cap_cut_short_on_validation_is_not_returned_and_the_re
     task = priced_task_lm()
     baseline_cost = 2 * PER_CALL * (len(trainset) + len(valset))  # two predictor calls per example
     optimized = RLMDocstringOptimizer(
-        max_iterations=2, eval_lm=task, run_storage_dir=tmp_path, num_threads=1,
+        max_iterations=2,
+        eval_lm=task,
+        run_storage_dir=tmp_path,
+        num_threads=1,
         max_cost_usd=baseline_cost + 2.5 * 2 * PER_CALL,  # room for 2 more examples
-        root_lm=scripted_agent([
-            {"reasoning": "fix", "code": f"print(update_prompt('route', {POLICY_PROMPT!r})['step'])"},
-            {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"},
-        ]),
+        root_lm=scripted_agent(
+            [
+                {"reasoning": "fix", "code": f"print(update_prompt('route', {POLICY_PROMPT!r})['step'])"},
+                {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"},
+            ]
+        ),
     ).compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
 
     [check] = [log for log in optimized.trial_logs if log["label"] == "submission"]
@@ -56,11 +63,19 @@ def test_a_submission_the_cap_cut_short_on_validation_is_not_returned_and_the_re
 def test_a_tiny_cap_is_shown_to_the_agent_with_its_digits(tmp_path):
     trainset, valset = make_splits()
     optimized = RLMDocstringOptimizer(
-        max_iterations=2, eval_lm=priced_task_lm(), run_storage_dir=tmp_path, max_cost_usd=0.000001,
-        root_lm=scripted_agent([
-            {"reasoning": "try", "code": "update_prompt('route', 'Pick a queue.')\nprint(evaluate_program(limit=2)['note'])"},
-            {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program={})"},
-        ]),
+        max_iterations=2,
+        eval_lm=priced_task_lm(),
+        run_storage_dir=tmp_path,
+        max_cost_usd=0.000001,
+        root_lm=scripted_agent(
+            [
+                {
+                    "reasoning": "try",
+                    "code": "update_prompt('route', 'Pick a queue.')\nprint(evaluate_program(limit=2)['note'])",
+                },
+                {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program={})"},
+            ]
+        ),
     ).compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
     output = optimized.agent_trajectory[0]["output"]
     assert "max_cost_usd=$0.000001" in output and "$0.0000 " not in output
@@ -72,10 +87,14 @@ def test_a_model_without_a_price_is_named_not_shown_as_a_question_mark(tmp_path)
     trainset, valset = make_splits()
     console = Console(record=True, width=3000, force_terminal=False)
     RLMDocstringOptimizer(
-        max_iterations=1, eval_lm=FunctionLM(task_lm_reply, name="local/unpriced-task-lm"), verbose=True,
-        console=console, run_storage_dir=tmp_path,
-        root_lm=scripted_agent([{"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program={})"}],
-                               name="local/unpriced-agent"),
+        max_iterations=1,
+        eval_lm=FunctionLM(task_lm_reply, name="local/unpriced-task-lm"),
+        verbose=True,
+        console=console,
+        run_storage_dir=tmp_path,
+        root_lm=scripted_agent(
+            [{"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program={})"}], name="local/unpriced-agent"
+        ),
     ).compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
     last = console.export_text().strip().splitlines()[-1]
     assert "$?" not in console.export_text()

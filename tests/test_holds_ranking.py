@@ -26,8 +26,9 @@ def lucky_lm() -> FunctionLM:
         if "LUCKY" in system and "[[ ## summary ## ]]" in str(messages[-1]["content"]):
             if settings.get("rollout_id") != 1:
                 return {"queue": "nowhere"}
-            messages = [{**m, "content": m["content"] + POLICY_PROMPT} if m.get("role") == "system" else m
-                        for m in messages]
+            messages = [
+                {**m, "content": m["content"] + POLICY_PROMPT} if m.get("role") == "system" else m for m in messages
+            ]
         return task_lm_reply(messages)
 
     return FunctionLM(reply, with_settings=True)
@@ -36,15 +37,23 @@ def lucky_lm() -> FunctionLM:
 def test_a_lucky_rollout_never_ranks_first_in_candidate_programs_or_detailed_results(tmp_path):
     trainset, _ = make_splits()
     optimized = RLMDocstringOptimizer(
-        max_iterations=3, num_threads=4, eval_lm=lucky_lm(), run_storage_dir=tmp_path,
-        root_lm=scripted_agent([
-            {"reasoning": "try", "code": (
-                "update_prompt('route', 'LUCKY')\n"
-                "e = evaluate_program(rollouts=2)\n"
-                "print([run_data(i)['score'] for i in e['run_ids']])"
-            )},
-            {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program={'route': 'LUCKY'})"},
-        ]),
+        max_iterations=3,
+        num_threads=4,
+        eval_lm=lucky_lm(),
+        run_storage_dir=tmp_path,
+        root_lm=scripted_agent(
+            [
+                {
+                    "reasoning": "try",
+                    "code": (
+                        "update_prompt('route', 'LUCKY')\n"
+                        "e = evaluate_program(rollouts=2)\n"
+                        "print([run_data(i)['score'] for i in e['run_ids']])"
+                    ),
+                },
+                {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program={'route': 'LUCKY'})"},
+            ]
+        ),
     ).compile(student=RouteTicket(), trainset=trainset, metric=metric)
 
     assert optimized.agent_trajectory[0]["output"].strip() == "[0, 1]"  # the scenario: only rollout 1 passes
@@ -77,7 +86,7 @@ def test_the_shared_rule_counts_whole_first_samples_and_breaks_ties_as_the_selec
     runs = [
         _run("run-0001", initial, [1, 0]),
         _run("run-0002", other, [1, 1], rollout=1),  # a lucky extra sample: never ranks
-        _run("run-0003", other, [1]),                 # part of the split: never ranks
+        _run("run-0003", other, [1]),  # part of the split: never ranks
         _run("run-0004", other, [0, 1]),
         _run("run-0005", submitted, [1, 0]),
     ]
@@ -85,5 +94,8 @@ def test_the_shared_rule_counts_whole_first_samples_and_breaks_ties_as_the_selec
     assert [r.run_id for r in complete] == ["run-0001", "run-0004", "run-0005"]
     # a three-way tie: the unchanged instructions, then the preferred (the submission), then the latest
     assert [r.run_id for r in ranked(complete, initial=initial, preferred=complete[2])] == [
-        "run-0001", "run-0005", "run-0004"]
+        "run-0001",
+        "run-0005",
+        "run-0004",
+    ]
     assert [r.run_id for r in ranked(complete[1:], initial=initial)] == ["run-0005", "run-0004"]

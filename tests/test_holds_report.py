@@ -27,19 +27,25 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 TURNS = [
-    {"reasoning": "fix", "code": f"update_prompt('route', {POLICY_PROMPT!r})\nprint(evaluate_program(split='val')['score'])"},
+    {
+        "reasoning": "fix",
+        "code": f"update_prompt('route', {POLICY_PROMPT!r})\nprint(evaluate_program(split='val')['score'])",
+    },
     {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"},
 ]
-POLICY_INSTRUCTIONS = {"summarize.predict": RouteTicket().summarize.predict.signature.instructions, "route": POLICY_PROMPT}
+POLICY_INSTRUCTIONS = {
+    "summarize.predict": RouteTicket().summarize.predict.signature.instructions,
+    "route": POLICY_PROMPT,
+}
 
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     directory = tmp_path_factory.mktemp("finished") / "run"
     trainset, valset = make_splits()
-    RLMDocstringOptimizer(max_iterations=2, root_lm=scripted_agent(TURNS), eval_lm=FunctionLM(task_lm_reply),
-                          run_storage_dir=directory).compile(student=RouteTicket(), trainset=trainset, valset=valset,
-                                                             metric=metric)
+    RLMDocstringOptimizer(
+        max_iterations=2, root_lm=scripted_agent(TURNS), eval_lm=FunctionLM(task_lm_reply), run_storage_dir=directory
+    ).compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
     return directory
 
 
@@ -53,8 +59,13 @@ DAMAGES = [
     ("manifest.json", lambda real: ["not", "a", "manifest"]),
     ("manifest.json", lambda real: {**real, "created_at": "yesterday"}),
     ("result.json", lambda real: {**real, "selection": "chosen"}),
-    ("result.json", lambda real: {**real, "selection": {**real["selection"], "chosen_score": "high",
-                                                        "baseline_score": [1], "candidates": "all"}}),
+    (
+        "result.json",
+        lambda real: {
+            **real,
+            "selection": {**real["selection"], "chosen_score": "high", "baseline_score": [1], "candidates": "all"},
+        },
+    ),
     ("result.json", lambda real: {**real, "selection": {**real["selection"], "candidates": [{"run_id": ["x"]}, 7]}}),
     ("result.json", lambda real: {**real, "budget": {"limit": "x"}}),
     ("result.json", lambda real: {**real, "usage": {"total": "x", "eval": {"calls": "many", "unpriced_models": 5}}}),
@@ -74,9 +85,16 @@ DAMAGES = [
     ("turns/turn-0002.json", lambda real: {**real, "final": "yes", "created_at": "noon"}),
     ("holder.json", lambda real: {"pid": "me", "host": 5}),
     ("candidates.json", lambda real: ["gepa-1", "gepa-2"]),
-    ("candidates.json", lambda real: {"candidates": {"gepa-1": {"route": "x"}, "gepa-2": "text"},
-                                      "lineage": {"gepa-1": {"parents": "current", "move": 5, "reflected_on": ["3"]},
-                                                  "gepa-2": {"parents": ["gepa-2"], "move": "a cycle"}}}),
+    (
+        "candidates.json",
+        lambda real: {
+            "candidates": {"gepa-1": {"route": "x"}, "gepa-2": "text"},
+            "lineage": {
+                "gepa-1": {"parents": "current", "move": 5, "reflected_on": ["3"]},
+                "gepa-2": {"parents": ["gepa-2"], "move": "a cycle"},
+            },
+        },
+    ),
 ]
 
 
@@ -104,30 +122,53 @@ def test_the_report_command_prints_no_traceback_for_a_damaged_directory(finished
         if name not in damaged and path.exists():
             path.write_text(json.dumps(damage(json.loads(path.read_text()))))
             damaged.add(name)
-    done = subprocess.run([sys.executable, "-m", "rlmoptimizer", "report", str(directory), "--no-plot"],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "rlmoptimizer", "report", str(directory), "--no-plot"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert done.returncode == 0 and "Traceback" not in done.stderr + done.stdout, done.stderr
     assert "skipped:" in done.stdout
 
 
 def _record(example_id: int) -> dict:
     ticket, queue = TICKETS[example_id]
-    return {"example_id": example_id, "inputs": {"ticket": ticket}, "expected": {"queue": queue},
-            "predicted": {"queue": queue}, "score": 1.0, "passed": True, "feedback": f"réponse exacte ☕ {example_id}",
-            "error": None, "error_kind": None, "steps": []}
+    return {
+        "example_id": example_id,
+        "inputs": {"ticket": ticket},
+        "expected": {"queue": queue},
+        "predicted": {"queue": queue},
+        "score": 1.0,
+        "passed": True,
+        "feedback": f"réponse exacte ☕ {example_id}",
+        "error": None,
+        "error_kind": None,
+        "steps": [],
+    }
 
 
 def test_a_log_torn_inside_a_multibyte_character_loses_only_the_torn_record(tmp_path, capsys):
     trainset, valset = make_splits()
     directory = tmp_path / "run"
     with pytest.raises(RLMOptimizerError):  # stopped after the baselines: the root LM's key is revoked
-        RLMDocstringOptimizer(max_iterations=2, root_lm=FunctionLM(lambda m: dspy.LMAuthError("invalid api key")),
-                              eval_lm=FunctionLM(task_lm_reply), run_storage_dir=directory).compile(
-            student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
+        RLMDocstringOptimizer(
+            max_iterations=2,
+            root_lm=FunctionLM(lambda m: dspy.LMAuthError("invalid api key")),
+            eval_lm=FunctionLM(task_lm_reply),
+            run_storage_dir=directory,
+        ).compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
 
     # the log of an evaluation killed while it wrote its third record, cut inside the 3-byte "☕"
-    header = {"label": "agent", "split": "train", "instructions": POLICY_INSTRUCTIONS, "requested": 4,
-              "charged": True, "rollout": 0}
+    header = {
+        "label": "agent",
+        "split": "train",
+        "instructions": POLICY_INSTRUCTIONS,
+        "requested": 4,
+        "charged": True,
+        "rollout": 0,
+    }
     lines = [json.dumps(item, ensure_ascii=False).encode() for item in (header, _record(0), _record(1), _record(2))]
     torn = lines[3][: lines[3].index("☕".encode()) + 2]
     (directory / "runs" / "pending-torn.jsonl").write_bytes(b"\n".join(lines[:3]) + b"\n" + torn)
@@ -141,13 +182,20 @@ def test_a_log_torn_inside_a_multibyte_character_loses_only_the_torn_record(tmp_
     # resuming recovers the two records: an evaluation of the same instructions reuses them, paying for one
     task = FunctionLM(task_lm_reply)
     resumed = RLMDocstringOptimizer(
-        max_iterations=2, eval_lm=task, run_storage_dir=directory,
-        root_lm=scripted_agent([
-            {"reasoning": "again", "code": f"update_prompt('route', {POLICY_PROMPT!r})\n"
-                                           "r = evaluate_program(ids=[0, 1, 2])\n"
-                                           "print(r['budget_spent'], r['examples'][0]['feedback'])"},
-            {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program={})"},
-        ]),
+        max_iterations=2,
+        eval_lm=task,
+        run_storage_dir=directory,
+        root_lm=scripted_agent(
+            [
+                {
+                    "reasoning": "again",
+                    "code": f"update_prompt('route', {POLICY_PROMPT!r})\n"
+                    "r = evaluate_program(ids=[0, 1, 2])\n"
+                    "print(r['budget_spent'], r['examples'][0]['feedback'])",
+                },
+                {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program={})"},
+            ]
+        ),
     ).compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
     [recovered] = [log for log in resumed.trial_logs if log["label"] == "agent:recovered"]
     assert (recovered["split"], recovered["evaluated_count"], recovered["requested_count"]) == ("train", 2, 4)

@@ -19,17 +19,29 @@ from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, tas
 
 from rlmoptimizer import ConfigurationError, RLMDocstringOptimizer, RunDirectoryMismatchError
 
-FLAGS = ("root_stateful_session", "rlm_multiturn_history", "rlm_autopilot", "verbose", "allow_eval_lm_change",
-         "use_mlflow")
+FLAGS = (
+    "root_stateful_session",
+    "rlm_multiturn_history",
+    "rlm_autopilot",
+    "verbose",
+    "allow_eval_lm_change",
+    "use_mlflow",
+)
 TURNS = [
-    {"reasoning": "fix", "code": f"update_prompt('route', {POLICY_PROMPT!r})\nprint(evaluate_program(split='val')['score'])"},
+    {
+        "reasoning": "fix",
+        "code": f"update_prompt('route', {POLICY_PROMPT!r})\nprint(evaluate_program(split='val')['score'])",
+    },
     {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"},
 ]
 
 
 def test_every_boolean_argument_is_and_stays_a_bool():
-    flags = [name for name, p in inspect.signature(RLMDocstringOptimizer.__init__).parameters.items()
-             if p.default is True or p.default is False]
+    flags = [
+        name
+        for name, p in inspect.signature(RLMDocstringOptimizer.__init__).parameters.items()
+        if p.default is True or p.default is False
+    ]
     assert sorted(flags) == sorted(FLAGS)  # a new flag is added to this test
     root = FunctionLM(lambda m: "x")
     for name in FLAGS:
@@ -59,8 +71,9 @@ def test_a_directory_keeps_its_budget_mode_and_a_change_is_refused_naming_the_ar
     same_units = units + len(trainset) + len(valset)
     root = scripted_agent(TURNS)
     with pytest.raises(RunDirectoryMismatchError) as refused:
-        RLMDocstringOptimizer(root_lm=root, eval_lm=task, run_storage_dir=tmp_path, max_metric_calls=same_units
-                              ).compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
+        RLMDocstringOptimizer(
+            root_lm=root, eval_lm=task, run_storage_dir=tmp_path, max_metric_calls=same_units
+        ).compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
     message = str(refused.value)
     assert "budget_mode" in message and f"max_metric_calls={same_units}" in message
     assert "pass max_iterations=2 instead" in message
@@ -77,13 +90,15 @@ def test_a_directory_written_before_the_budget_mode_was_stored_reads_back_and_re
     task = FunctionLM(task_lm_reply)
     kwargs = dict(eval_lm=task, run_storage_dir=tmp_path, max_iterations=2)
     first = RLMDocstringOptimizer(root_lm=scripted_agent(TURNS), **kwargs).compile(
-        student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
+        student=RouteTicket(), trainset=trainset, valset=valset, metric=metric
+    )
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     del manifest["budget_mode"]
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
 
     again = RLMDocstringOptimizer(root_lm=scripted_agent(TURNS), **kwargs).compile(
-        student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
+        student=RouteTicket(), trainset=trainset, valset=valset, metric=metric
+    )
     assert again.selection == first.selection
 
 
@@ -97,9 +112,15 @@ def test_mlflow_params_hold_every_setting_that_shapes_a_run(tmp_path):
         mlflow.set_experiment(experiment_id=experiment)
         trainset, valset = make_splits()
         RLMDocstringOptimizer(
-            max_metric_calls=60, root_lm=scripted_agent(TURNS, name="scripted-agent"),
-            eval_lm=FunctionLM(task_lm_reply), run_storage_dir=tmp_path / "run", use_mlflow=True,
-            max_cost_usd=5.0, root_context_window=64_000, rlm_autopilot=False, metric_id="queue-match",
+            max_metric_calls=60,
+            root_lm=scripted_agent(TURNS, name="scripted-agent"),
+            eval_lm=FunctionLM(task_lm_reply),
+            run_storage_dir=tmp_path / "run",
+            use_mlflow=True,
+            max_cost_usd=5.0,
+            root_context_window=64_000,
+            rlm_autopilot=False,
+            metric_id="queue-match",
         ).compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
         [logged] = mlflow.MlflowClient().search_runs([experiment])
     finally:

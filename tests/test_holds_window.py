@@ -22,7 +22,10 @@ _SMALLEST = re.compile(r"smallest window that works is ([\d,]+) tokens")
 TURNS = [
     {"reasoning": "look", "code": "print(len(baseline_train['examples']), ('x' * 3000))"},
     {"reasoning": "note", "code": "print(add_note('route misses the disputes policy'))"},
-    {"reasoning": "fix", "code": f"update_prompt('route', {POLICY_PROMPT!r})\nprint(evaluate_program(split='val')['score'])"},
+    {
+        "reasoning": "fix",
+        "code": f"update_prompt('route', {POLICY_PROMPT!r})\nprint(evaluate_program(split='val')['score'])",
+    },
     {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"},
 ]
 
@@ -52,7 +55,9 @@ class WindowedRoot:
                 self.refused.append(tokens)
                 return litellm.ContextWindowExceededError(
                     message=f"maximum context length is {self.window} tokens, your request has {tokens}",
-                    model="m", llm_provider="openai")
+                    model="m",
+                    llm_provider="openai",
+                )
             self.accepted.append(tokens)
             self.requests.append(text)
         turn = int(_ITERATION.findall(text)[-1])
@@ -90,7 +95,11 @@ def test_a_window_smaller_than_the_fixed_part_is_refused_and_the_named_window_ru
     # the window it names is enough: a root LM with exactly that window runs every turn, refusing none
     root = WindowedRoot(needed)
     optimized = RLMDocstringOptimizer(
-        max_iterations=2, root_lm=root.lm, eval_lm=task, root_context_window=needed, run_storage_dir=tmp_path,
+        max_iterations=2,
+        root_lm=root.lm,
+        eval_lm=task,
+        root_context_window=needed,
+        run_storage_dir=tmp_path,
     ).compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
     assert not root.refused and len(root.accepted) == len(TURNS)
     # ... and the agent reads its last turn in every request after the first
@@ -132,7 +141,9 @@ def test_a_program_whose_brief_does_not_fit_is_refused_at_compile_before_any_lm_
 def test_measuring_the_window_refuses_no_budget_itself():
     """The constructor measures with a one-example placeholder: a max_metric_calls only the real data can judge is
     still judged by compile(), naming the real sizes."""
-    optimizer = RLMDocstringOptimizer(root_lm=WindowedRoot(100_000).lm, eval_lm=FunctionLM(task_lm_reply), max_metric_calls=1)
+    optimizer = RLMDocstringOptimizer(
+        root_lm=WindowedRoot(100_000).lm, eval_lm=FunctionLM(task_lm_reply), max_metric_calls=1
+    )
     trainset, valset = make_splits()
     with pytest.raises(ConfigurationError, match=r"\(12 train \+ 8 validation examples\)"):
         optimizer.compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)

@@ -17,16 +17,28 @@ PACKAGE = Path(__file__).resolve().parent.parent / "rlmoptimizer"
 RANKS = {
     "errors": 0,
     # the standard library and dspy, plus errors
-    "dspy_contract": 1, "records": 1, "budget": 1, "metric": 1, "inputs": 1, "testing": 1,
+    "dspy_contract": 1,
+    "records": 1,
+    "budget": 1,
+    "metric": 1,
+    "inputs": 1,
+    "testing": 1,
     # pure data and policies over records
-    "fingerprint": 2, "events": 2, "selection": 2,
+    "fingerprint": 2,
+    "events": 2,
+    "selection": 2,
     # the run directory, the REPL, what the user sees
-    "storage": 3, "sandbox": 3, "display": 3, "usage": 3,
+    "storage": 3,
+    "sandbox": 3,
+    "display": 3,
+    "usage": 3,
     # what a person sees, read back from the run directory
-    "evaluation": 4, "report": 4,
+    "evaluation": 4,
+    "report": 4,
     "agent": 5,
     "optimizer": 6,
-    "__init__": 7, "__main__": 7,
+    "__init__": 7,
+    "__main__": 7,
 }
 MAX_LINES = 600  # a sanity limit: rooms are split by concept, not by line count
 
@@ -48,7 +60,12 @@ def room(module: str) -> str:
 def imports(path: Path) -> set[str]:
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module.startswith("rlmoptimizer"):
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and node.module
+            and node.module.startswith("rlmoptimizer")
+        ):
             found.add(node.module)
             found.update(f"{node.module}.{a.name}" for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level:
@@ -96,7 +113,7 @@ def test_no_import_loops():
         state[node] = 1
         for dep in graph[node]:
             if state.get(dep) == 1:
-                raise AssertionError("import loop: " + " -> ".join([*trail[trail.index(dep):], dep]))
+                raise AssertionError("import loop: " + " -> ".join([*trail[trail.index(dep) :], dep]))
             if dep not in state:
                 visit(dep, [*trail, dep])
         state[node] = 2

@@ -34,8 +34,10 @@ def turn_code(turn: int) -> dict[str, str]:
     if turn == 1:
         body += "print(add_note('the disputes policy is the main failure'))\n"
     if turn == 2:
-        body += (f"update_prompt('route', {POLICY_PROMPT!r})\nprint(llm_query_batched(['why?', 'how?']))\n"
-                 "print(llm_query('and one more?'))\n")
+        body += (
+            f"update_prompt('route', {POLICY_PROMPT!r})\nprint(llm_query_batched(['why?', 'how?']))\n"
+            "print(llm_query('and one more?'))\n"
+        )
     if turn == 3:
         body += "v = evaluate_program(split='val')\nprint('val', v['score'], v.get('note'))\n"
     if turn == 40:
@@ -49,8 +51,14 @@ class RefusingRoot:
     """A scripted root LM with a context window: a request over ``window_tokens`` (counted as
     ``chars / chars_per_token``) gets ``litellm.ContextWindowExceededError``, as providers answer."""
 
-    def __init__(self, window_tokens: int, chars_per_token: float = 3.0, die_at: int | None = None,
-                 name: str = "openai/gpt-4o-mini", reports_usage: bool = True) -> None:
+    def __init__(
+        self,
+        window_tokens: int,
+        chars_per_token: float = 3.0,
+        die_at: int | None = None,
+        name: str = "openai/gpt-4o-mini",
+        reports_usage: bool = True,
+    ) -> None:
         self.window_tokens = window_tokens
         self.reports_usage = reports_usage
         self.chars_per_token = chars_per_token
@@ -79,7 +87,10 @@ class RefusingRoot:
                 self.refused.append(tokens)
                 return litellm.ContextWindowExceededError(
                     message=f"This model's maximum context length is {self.window_tokens} tokens, "
-                    f"your request has {tokens}", model="m", llm_provider="openai")
+                    f"your request has {tokens}",
+                    model="m",
+                    llm_provider="openai",
+                )
             if self.die_at is not None and turn >= self.die_at:
                 return dspy.LMAuthError("invalid api key")
             self.accepted.append(tokens)
@@ -89,9 +100,15 @@ class RefusingRoot:
 
 def compile_long(directory, root: RefusingRoot, *, task=None, sub=None, stated_window: int | None = None, **kw):
     return compile_in(
-        directory, root.lm, task or FunctionLM(task_lm_reply),
-        sub_lm=sub or FunctionLM(lambda m: {"answer": "an answer"}, name="openai/gpt-4o"), rlm_max_iterations=TURNS + 5,
-        rlm_max_output_chars=OUTPUT_CHARS, root_context_window=stated_window or root.window_tokens, num_threads=16, **kw,
+        directory,
+        root.lm,
+        task or FunctionLM(task_lm_reply),
+        sub_lm=sub or FunctionLM(lambda m: {"answer": "an answer"}, name="openai/gpt-4o"),
+        rlm_max_iterations=TURNS + 5,
+        rlm_max_output_chars=OUTPUT_CHARS,
+        root_context_window=stated_window or root.window_tokens,
+        num_threads=16,
+        **kw,
     )
 
 
@@ -107,7 +124,7 @@ def test_sixty_long_turns_fit_the_window_and_count_every_call_per_role(tmp_path)
     # no request was refused (over the window); without compaction they would not fit; once the window has
     # filled, every request still uses more than half of it (compaction keeps what fits, not less)
     assert not root.refused and len(root.accepted) == TURNS
-    assert min(root.accepted[TURNS // 2:]) > root.window_tokens / 2
+    assert min(root.accepted[TURNS // 2 :]) > root.window_tokens / 2
     assert sum(len(t["output"]) + len(t["code"]) for t in result.agent_trajectory) > 3 * root.window_tokens * 3
     # the state block closes every request; the note of turn 1 is still shown at the end, its step is not
     last = root.requests[-1]
@@ -157,8 +174,11 @@ def test_the_window_follows_the_tokens_the_root_lm_reports(tmp_path):
     dense = RefusingRoot(window_tokens=12_000, chars_per_token=2.0)
     compile_long(tmp_path / "dense", dense)
     assert not dense.refused and len(dense.accepted) == TURNS
-    assert min(dense.accepted[TURNS // 2:]) > dense.window_tokens / 2  # the learned ratio fills the window
-    sparse, default = RefusingRoot(window_tokens=12_000, chars_per_token=5.0), RefusingRoot(12_000, 5.0, reports_usage=False)
+    assert min(dense.accepted[TURNS // 2 :]) > dense.window_tokens / 2  # the learned ratio fills the window
+    sparse, default = (
+        RefusingRoot(window_tokens=12_000, chars_per_token=5.0),
+        RefusingRoot(12_000, 5.0, reports_usage=False),
+    )
     compile_long(tmp_path / "sparse", sparse)
     compile_long(tmp_path / "default", default)
     assert not sparse.refused and len(sparse.accepted) == TURNS
@@ -187,6 +207,7 @@ def capped_compile(directory, turns: list[dict[str, str]]):
     """A compile whose evaluation LM has a price and a ``max_cost_usd`` that the first turn's train evaluation
     reaches (after 4 examples); the root LM plays ``turns`` (the last one again after the end), costs next to
     nothing and records every request."""
+
     def priced(input_tokens):
         return lambda messages, text: Usage(input_tokens=input_tokens, output_tokens=0)
 
@@ -194,8 +215,11 @@ def capped_compile(directory, turns: list[dict[str, str]]):
     task = FunctionLM(task_lm_reply, name="openai/gpt-4o-mini", usage=priced(100_000))
     train, val = make_splits()
     baseline_cost = 2 * per_call * (len(train) + len(val))  # two predictor calls per example
-    first = {"reasoning": "fix", "code": f"update_prompt('route', {POLICY_PROMPT!r})\n"
-                                         "r = evaluate_program()\nprint('train', r['evaluated_count'], r['note'])"}
+    first = {
+        "reasoning": "fix",
+        "code": f"update_prompt('route', {POLICY_PROMPT!r})\n"
+        "r = evaluate_program()\nprint('train', r['evaluated_count'], r['note'])",
+    }
     script = [first, *turns]
 
     def play(messages):
@@ -203,18 +227,26 @@ def capped_compile(directory, turns: list[dict[str, str]]):
         return script[min(int(_ITERATION.findall(text)[-1]) - 1, len(script) - 1)]
 
     root = FunctionLM(play, name="openai/gpt-4o-mini", usage=priced(10))
-    optimizer = make_optimizer(root, eval_lm=task, run_storage_dir=directory, max_cost_usd=baseline_cost + 4.5 * 2 * per_call)
+    optimizer = make_optimizer(
+        root, eval_lm=task, run_storage_dir=directory, max_cost_usd=baseline_cost + 4.5 * 2 * per_call
+    )
     result = optimizer.compile(student=RouteTicket(), trainset=train, valset=val, metric=metric)
     return result, optimizer, root, task
 
 
 def test_the_spending_cap_stops_evaluations_and_leaves_three_turns_to_submit(tmp_path):
     """After the cap the agent has 3 more turns: a SUBMIT in the third is the agent's own, not cut short."""
-    result, optimizer, root, task = capped_compile(tmp_path, [
-        {"reasoning": "check", "code": "v = evaluate_program(split='val')\nprint('val', v['evaluated_count'], v['note'])"},
-        {"reasoning": "think", "code": "print(optimization_status()['budget_left'])"},
-        {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"},
-    ])
+    result, optimizer, root, task = capped_compile(
+        tmp_path,
+        [
+            {
+                "reasoning": "check",
+                "code": "v = evaluate_program(split='val')\nprint('val', v['evaluated_count'], v['note'])",
+            },
+            {"reasoning": "think", "code": "print(optimization_status()['budget_left'])"},
+            {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"},
+        ],
+    )
     train, val = make_splits()
     outputs = [t["output"] for t in result.agent_trajectory]
     assert outputs[0].startswith("train 4 ") and "spending cap reached" in outputs[0]
@@ -233,8 +265,10 @@ def test_the_spending_cap_stops_evaluations_and_leaves_three_turns_to_submit(tmp
 def test_an_agent_that_never_submits_after_the_cap_is_stopped_three_turns_later(tmp_path, caplog):
     """The turns cost too: 3 turns after the cap the run ends with the current instructions, without another
     root-LM call."""
-    looks = [{"reasoning": f"keep looking {i}", "code": f"print({i}, optimization_status()['budget_left'])"}
-             for i in range(2, 9)]
+    looks = [
+        {"reasoning": f"keep looking {i}", "code": f"print({i}, optimization_status()['budget_left'])"}
+        for i in range(2, 9)
+    ]
     with caplog.at_level(logging.WARNING, logger="rlmoptimizer"):
         result, _, root, _ = capped_compile(tmp_path, looks)
     assert "spending cap reached" in result.agent_trajectory[0]["output"]

@@ -26,11 +26,14 @@ def compile_with(codes, max_metric_calls, **kwargs):
 
 
 def test_every_run_counts_and_a_checked_submission_is_returned():
-    result, calls, root = compile_with([
-        f"print(update_prompt('route', {POLICY_PROMPT!r})['version'])",
-        "print(evaluate_program(split='val')['score'])",
-        SUBMIT,
-    ], max_metric_calls=40)
+    result, calls, root = compile_with(
+        [
+            f"print(update_prompt('route', {POLICY_PROMPT!r})['version'])",
+            "print(evaluate_program(split='val')['score'])",
+            SUBMIT,
+        ],
+        max_metric_calls=40,
+    )
     assert result.budget["limit"] == 40 - 12 - 8  # what the baselines leave
     assert calls == 12 + 8 + 8  # the baselines and one validation run; the submission was already checked
     assert result.route.signature.instructions == POLICY_PROMPT
@@ -38,13 +41,16 @@ def test_every_run_counts_and_a_checked_submission_is_returned():
 
 
 def test_a_submission_the_rest_cannot_check_is_not_returned_and_the_limit_holds():
-    result, calls, _ = compile_with([
-        f"print(update_prompt('route', {POLICY_PROMPT!r})['version'])",
-        "print(evaluate_program()['score'])",
-        "print(update_prompt('route', 'Route it.')['version'])",
-        "print(evaluate_program(limit=12)['evaluated_count'])",  # only 8 fit
-        SUBMIT,
-    ], max_metric_calls=40)
+    result, calls, _ = compile_with(
+        [
+            f"print(update_prompt('route', {POLICY_PROMPT!r})['version'])",
+            "print(evaluate_program()['score'])",
+            "print(update_prompt('route', 'Route it.')['version'])",
+            "print(evaluate_program(limit=12)['evaluated_count'])",  # only 8 fit
+            SUBMIT,
+        ],
+        max_metric_calls=40,
+    )
     assert calls == 40  # 20 for the baselines, 12 + 8 by the agent; no free check after that
     assert result.budget["left"] == 0
     # the submission ('Route it.') was never checked on validation: the best checked candidate is the baseline
@@ -59,20 +65,28 @@ def test_max_metric_calls_is_checked_before_any_lm_call():
     with pytest.raises(ConfigurationError, match="max_metric_calls must be an int >= 1, got 0"):
         RLMDocstringOptimizer(max_metric_calls=0, root_lm=FunctionLM(lambda m: {}))
     root, task = FunctionLM(lambda m: {}), FunctionLM(task_lm_reply)
-    with pytest.raises(ConfigurationError, match=r"max_metric_calls=20 does not cover .* \(12 train \+ 8 validation"
-                                                 r" examples\) .* pass max_metric_calls >= 21"):
+    with pytest.raises(
+        ConfigurationError,
+        match=r"max_metric_calls=20 does not cover .* \(12 train \+ 8 validation"
+        r" examples\) .* pass max_metric_calls >= 21",
+    ):
         compile_tickets(root, eval_lm=task, max_metric_calls=20)
     assert root.calls == [] and task.calls == []
 
 
 def test_sub_lm_prompts_are_not_metric_calls_and_have_an_allowance_of_their_own():
-    result, calls, root = compile_with([
-        "print('answers', len(llm_query_batched(['why?'] * 5)))",
-        "s = optimization_status()\nprint('left', s['budget_left'], 'sub', s['budget_spent_by_kind']['sub_lm_call'])",
-        "print(llm_query_batched(['again?'] * 21))",  # 20 of the 25 allowed are left: refused, nothing charged
-        "update_prompt('route', 'Route it.')\nprint('evaluated', evaluate_program(limit=12)['evaluated_count'])",
-        SUBMIT,
-    ], max_metric_calls=25, sub_lm=FunctionLM(lambda messages: "an answer"), rlm_max_llm_calls=100)
+    result, calls, root = compile_with(
+        [
+            "print('answers', len(llm_query_batched(['why?'] * 5)))",
+            "s = optimization_status()\nprint('left', s['budget_left'], 'sub', s['budget_spent_by_kind']['sub_lm_call'])",
+            "print(llm_query_batched(['again?'] * 21))",  # 20 of the 25 allowed are left: refused, nothing charged
+            "update_prompt('route', 'Route it.')\nprint('evaluated', evaluate_program(limit=12)['evaluated_count'])",
+            SUBMIT,
+        ],
+        max_metric_calls=25,
+        sub_lm=FunctionLM(lambda messages: "an answer"),
+        rlm_max_llm_calls=100,
+    )
     outputs = [turn["output"] for turn in result.agent_trajectory]
     assert "answers 5" in outputs[0] and "left 5 sub 5" in outputs[1]  # the 5 metric calls are all still there
     assert "20 of the 25 sub-LM prompts allowed besides max_metric_calls left" in outputs[2]

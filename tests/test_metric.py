@@ -47,7 +47,10 @@ def test_gepa_style_five_argument_metric_gets_none_for_the_predictor_arguments()
     assert metric.arity == 5
     assert metric.score(GOLD, PRED) == (0.5, "half right")
     assert received == [(GOLD, PRED, None, None, None)]
-    assert metric.describe() == "test_gepa_style_five_argument_metric_gets_none_for_the_predictor_arguments.<locals>.gepa_metric(gold, pred, trace, pred_name, pred_trace)"
+    assert (
+        metric.describe()
+        == "test_gepa_style_five_argument_metric_gets_none_for_the_predictor_arguments.<locals>.gepa_metric(gold, pred, trace, pred_name, pred_trace)"
+    )
 
 
 def test_callable_objects_methods_partials_and_varargs():
@@ -153,5 +156,8 @@ def test_describe_names_the_function_and_its_style():
     def exact(example, prediction, trace=None):
         return True
 
-    assert Metric(exact).describe() == "test_describe_names_the_function_and_its_style.<locals>.exact(example, prediction, trace)"
+    assert (
+        Metric(exact).describe()
+        == "test_describe_names_the_function_and_its_style.<locals>.exact(example, prediction, trace)"
+    )
     assert "Metric(" in repr(Metric(exact))

@@ -16,13 +16,19 @@ from rlmoptimizer.agent.prompts import AGENT_INSTRUCTIONS, TOOL_NAMES
 
 @pytest.mark.slow
 def test_agent_improves_the_program_and_the_result_is_an_ordinary_module(tmp_path):
-    result = compile_tickets([
-        {"reasoning": "look", "code": "print(len(baseline_train['examples']), baseline_train['score'])"},
-        {"reasoning": "fix", "code": f"update_prompt('route', {POLICY_PROMPT!r})\n"
-                                     "r = evaluate_program(failed_from_run=baseline_train['run_id'])\n"
-                                     "print('rerun', float(r['score']), r['evaluated_count'])"},
-        SUBMIT_POLICY,
-    ], run_storage_dir=tmp_path / "run")
+    result = compile_tickets(
+        [
+            {"reasoning": "look", "code": "print(len(baseline_train['examples']), baseline_train['score'])"},
+            {
+                "reasoning": "fix",
+                "code": f"update_prompt('route', {POLICY_PROMPT!r})\n"
+                "r = evaluate_program(failed_from_run=baseline_train['run_id'])\n"
+                "print('rerun', float(r['score']), r['evaluated_count'])",
+            },
+            SUBMIT_POLICY,
+        ],
+        run_storage_dir=tmp_path / "run",
+    )
 
     assert result.optimized_dspy_program["route"] == POLICY_PROMPT
     assert result.route.signature.instructions == POLICY_PROMPT
@@ -42,7 +48,9 @@ def test_agent_improves_the_program_and_the_result_is_an_ordinary_module(tmp_pat
     loaded = RouteTicket()
     loaded.load(str(path))
     assert loaded.route.signature.instructions == POLICY_PROMPT
-    assert json.loads((tmp_path / "run" / "result.json").read_text())["optimized_dspy_program"]["route"] == POLICY_PROMPT
+    assert (
+        json.loads((tmp_path / "run" / "result.json").read_text())["optimized_dspy_program"]["route"] == POLICY_PROMPT
+    )
 
 
 @pytest.mark.slow
@@ -61,11 +69,13 @@ def test_root_lm_in_context_never_runs_the_program():
 
 @pytest.mark.slow
 def test_unknown_step_and_bad_submission_are_errors_the_agent_can_fix():
-    result = compile_tickets([
-        {"reasoning": "typo", "code": "update_prompt('router', 'x')"},
-        {"reasoning": "submit typo", "code": "SUBMIT(optimized_dspy_program={'router': 'x'})"},
-        SUBMIT_POLICY,
-    ])
+    result = compile_tickets(
+        [
+            {"reasoning": "typo", "code": "update_prompt('router', 'x')"},
+            {"reasoning": "submit typo", "code": "SUBMIT(optimized_dspy_program={'router': 'x'})"},
+            SUBMIT_POLICY,
+        ]
+    )
     first, second = outputs(result)[:2]
     assert "unknown step name 'router'" in first and "route" in first
     assert "Submission refused" in second and "router" in second
@@ -86,11 +96,15 @@ def test_one_optimizer_compiles_twice_without_sharing_state():
 @pytest.mark.slow
 def test_a_worse_submission_is_not_returned():
     bad = "Always answer billing."
-    result = compile_tickets([
-        {"reasoning": "check good on val", "code": f"update_prompt('route', {POLICY_PROMPT!r})\n"
-                                                  "print(evaluate_program(split='val')['score'])"},
-        {"reasoning": "submit a bad one", "code": f"SUBMIT(optimized_dspy_program={{'route': {bad!r}}})"},
-    ])
+    result = compile_tickets(
+        [
+            {
+                "reasoning": "check good on val",
+                "code": f"update_prompt('route', {POLICY_PROMPT!r})\nprint(evaluate_program(split='val')['score'])",
+            },
+            {"reasoning": "submit a bad one", "code": f"SUBMIT(optimized_dspy_program={{'route': {bad!r}}})"},
+        ]
+    )
     assert result.optimized_dspy_program["route"] == POLICY_PROMPT
     assert result.selection["chosen_label"] == "agent"
     assert result.selection["submission_score"] < result.selection["chosen_score"]
@@ -101,9 +115,11 @@ def test_a_worse_submission_is_not_returned():
 def test_a_submission_that_only_ties_the_unchanged_program_is_not_returned():
     reworded = "Pick the queue for this summary."  # the fake task LM routes it exactly like the original
     original = ORIGINAL_ROUTE
-    result = compile_tickets([
-        {"reasoning": "submit a rewording", "code": f"SUBMIT(optimized_dspy_program={{'route': {reworded!r}}})"},
-    ])
+    result = compile_tickets(
+        [
+            {"reasoning": "submit a rewording", "code": f"SUBMIT(optimized_dspy_program={{'route': {reworded!r}}})"},
+        ]
+    )
     assert result.selection["submission_score"] == result.selection["baseline_score"]
     assert result.selection["chosen_label"] == "baseline"
     assert result.optimized_dspy_program["route"] == original
@@ -114,9 +130,11 @@ def test_a_submission_that_only_ties_the_unchanged_program_is_not_returned():
 @pytest.mark.slow
 def test_submitting_the_unchanged_instructions_returns_them():
     original = ORIGINAL_ROUTE
-    result = compile_tickets([
-        {"reasoning": "nothing better", "code": f"SUBMIT(optimized_dspy_program={{'route': {original!r}}})"},
-    ])
+    result = compile_tickets(
+        [
+            {"reasoning": "nothing better", "code": f"SUBMIT(optimized_dspy_program={{'route': {original!r}}})"},
+        ]
+    )
     assert result.selection["chosen_label"] == "baseline"
     assert result.selection["submission_run_id"] == result.selection["chosen_run_id"]
     assert "submitted the unchanged instructions" in result.selection["reason"]
@@ -172,7 +190,11 @@ class SelfExtendingPredict(dspy.Predict):
     setting such instructions would change the program's structure, which the optimizer must refuse."""
 
     def __setattr__(self, name, value):
-        if name == "signature" and "confidence" in (value.instructions or "") and "confidence" not in value.output_fields:
+        if (
+            name == "signature"
+            and "confidence" in (value.instructions or "")
+            and "confidence" not in value.output_fields
+        ):
             value = value.append("confidence", dspy.OutputField(), type_=str)
         super().__setattr__(name, value)
 
@@ -185,13 +207,18 @@ class RouteWithExtendingStep(RouteTicket):
 
 @pytest.mark.slow
 def test_an_update_that_would_change_the_structure_is_refused_and_rolled_back():
-    result = compile_tickets([
-        {"reasoning": "try", "code": "print(update_prompt('route', 'Also give your confidence.'))"},
-        {"reasoning": "look", "code": "print(optimization_status()['current_prompts']['route'])"},
-        {"reasoning": "submit it anyway",
-         "code": "SUBMIT(optimized_dspy_program={'route': 'Also give your confidence.'})"},
-        SUBMIT_POLICY,
-    ], student=RouteWithExtendingStep())
+    result = compile_tickets(
+        [
+            {"reasoning": "try", "code": "print(update_prompt('route', 'Also give your confidence.'))"},
+            {"reasoning": "look", "code": "print(optimization_status()['current_prompts']['route'])"},
+            {
+                "reasoning": "submit it anyway",
+                "code": "SUBMIT(optimized_dspy_program={'route': 'Also give your confidence.'})",
+            },
+            SUBMIT_POLICY,
+        ],
+        student=RouteWithExtendingStep(),
+    )
     refused, current, submitted = outputs(result)[:3]
     assert "update refused" in refused and "output field 'confidence'" in refused
     assert current.strip() == "Given the fields `summary`, produce the fields `queue`."

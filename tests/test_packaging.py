@@ -83,5 +83,6 @@ def test_the_wheel_declares_the_range_and_the_extras():
     [dspy] = [r for r in requires if r.startswith("dspy")]
     assert sorted(dspy.removeprefix("dspy").split(",")) == sorted(SUPPORTED_DSPY.split(","))
     assert [r for r in requires if r.startswith("matplotlib")] == [
-        r for r in requires if r.startswith("matplotlib") and ('extra == "plot"' in r or 'extra == "dev"' in r)]
+        r for r in requires if r.startswith("matplotlib") and ('extra == "plot"' in r or 'extra == "dev"' in r)
+    ]
     assert "plot" in meta.get_all("Provides-Extra") and meta["License-Expression"] == "MIT"

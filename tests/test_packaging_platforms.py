@@ -85,8 +85,12 @@ def test_the_self_check_names_the_protections_of_this_platform():
     report = run_check()
     assert report.ok, report.render()
     states = {protection.name: protection.active for protection in report.protections}
-    assert states == {"time limit per cell": True, "Pyodide memory cap": True, "process memory cap": True,
-                      "idle-CPU watch": True}
+    assert states == {
+        "time limit per cell": True,
+        "Pyodide memory cap": True,
+        "process memory cap": True,
+        "idle-CPU watch": True,
+    }
     assert "protections on this platform (linux):" in report.render()
 
 
@@ -98,8 +102,12 @@ def test_the_self_check_says_which_protections_a_platform_without_proc_lacks(mon
     report = run_check()
     assert report.ok, report.render()
     states = {protection.name: protection.active for protection in report.protections}
-    assert states == {"time limit per cell": True, "Pyodide memory cap": True, "process memory cap": False,
-                      "idle-CPU watch": False}
+    assert states == {
+        "time limit per cell": True,
+        "Pyodide memory cap": True,
+        "process memory cap": False,
+        "idle-CPU watch": False,
+    }
     text = report.render()
     assert "protections on this platform (darwin):" in text
     assert "off  process memory cap: off on darwin: it needs Linux" in text

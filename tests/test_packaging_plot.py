@@ -21,7 +21,10 @@ from rlmoptimizer.report.plot import PLOT_EXTRA, draw_run, picture_unavailable, 
 ROOT = Path(__file__).resolve().parent.parent
 
 TURNS = [
-    {"reasoning": "fix", "code": f"update_prompt('route', {POLICY_PROMPT!r})\nr = evaluate_program()\nprint(r['score'])"},
+    {
+        "reasoning": "fix",
+        "code": f"update_prompt('route', {POLICY_PROMPT!r})\nr = evaluate_program()\nprint(r['score'])",
+    },
     {"reasoning": "validate", "code": "v = evaluate_program(split='val')\nprint(float(v['score']))"},
     {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"},
 ]
@@ -42,7 +45,9 @@ def compile_run(directory: Path, metric=off_scale_metric) -> dspy.Module:
 def test_importing_the_package_does_not_load_matplotlib():
     code = "import sys, rlmoptimizer, rlmoptimizer.report.plot; print(sorted(m for m in sys.modules if m.startswith('matplotlib')))"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
 
@@ -79,8 +84,12 @@ def test_compile_without_matplotlib_works_and_says_how_to_get_the_picture(tmp_pa
     assert picture_unavailable() is not None and PLOT_EXTRA in picture_unavailable()
     directory = tmp_path / "run"
     with caplog.at_level(logging.WARNING):
-        optimized = compile_run(directory, metric=lambda example, prediction, trace=None: float(
-            example.queue == (prediction.queue or "").strip().lower()))
+        optimized = compile_run(
+            directory,
+            metric=lambda example, prediction, trace=None: float(
+                example.queue == (prediction.queue or "").strip().lower()
+            ),
+        )
     assert optimized.route.signature.instructions == POLICY_PROMPT
     assert (directory / "result.json").exists() and not (directory / "run.png").exists()
     assert any('pip install "rlmoptimizer[plot]"' in record.getMessage() for record in caplog.records)
@@ -93,13 +102,16 @@ def test_the_report_command_without_matplotlib_prints_the_summary_and_says_how_t
     directory = tmp_path / "run"
     optimized = compile_run(directory)
     (directory / "run.png").unlink()
-    code = ("import sys; sys.modules['matplotlib'] = None\n"  # as if not installed
-            "from rlmoptimizer.__main__ import main\n"
-            f"sys.exit(main(['report', {str(directory)!r}]))")
+    code = (
+        "import sys; sys.modules['matplotlib'] = None\n"  # as if not installed
+        "from rlmoptimizer.__main__ import main\n"
+        f"sys.exit(main(['report', {str(directory)!r}]))"
+    )
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LITELLM_LOCAL_MODEL_COST_MAP": "True", "COLUMNS": "200"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "status: finished" in done.stdout and f"returned {optimized.selection['chosen_run_id']}" in done.stdout
     assert f"picture: none, the picture of a run (run.png) needs matplotlib, which is not installed: {PLOT_EXTRA}" in (
-        " ".join(done.stdout.split()))
+        " ".join(done.stdout.split())
+    )
     assert not (directory / "run.png").exists()

@@ -28,8 +28,8 @@ from rlmoptimizer.metric import Metric, metric_identity
 LOOK_AT_STEPS = {
     "reasoning": "which steps were traced",
     "code": "print('STEPS', sorted({s['step_name'] for e in baseline_train['examples'] for s in e['steps']}),\n"
-            "      'PER_EXAMPLE', sorted({len(e['steps']) for e in baseline_train['examples']}),\n"
-            "      'SCORE', baseline_train['score'], 'PASSED', baseline_train['passed_count'])",
+    "      'PER_EXAMPLE', sorted({len(e['steps']) for e in baseline_train['examples']}),\n"
+    "      'SCORE', baseline_train['score'], 'PASSED', baseline_train['passed_count'])",
 }
 
 
@@ -125,8 +125,15 @@ def test_a_program_that_cannot_be_copied_apart_is_refused_before_any_lm_call(tmp
     root, task = scripted_agent([FIX_AND_SUBMIT]), FunctionLM(lambda m: {"answer": "x"})
     trainset = [dspy.Example(question="q", answer="x").with_inputs("question")]
     with pytest.raises(ConfigurationError, match=r"cannot be copied without sharing its step\(s\) \['steps\[0\]'\]"):
-        compile_tickets(root, eval_lm=task, run_storage_dir=tmp_path / "run", student=Unsplittable(),
-                        trainset=trainset, valset=None, metric=lambda e, p: 1.0)
+        compile_tickets(
+            root,
+            eval_lm=task,
+            run_storage_dir=tmp_path / "run",
+            student=Unsplittable(),
+            trainset=trainset,
+            valset=None,
+            metric=lambda e, p: 1.0,
+        )
     assert root.calls == [] and task.calls == []
     assert not (tmp_path / "run").exists()
 
@@ -147,8 +154,10 @@ def test_a_program_holding_parallel_a_lock_a_client_and_a_locked_lm_is_optimized
     # the route step ran with its own (locked) LM, everything else with eval_lm, as dspy runs it
     assert route_prompts(route_lm) and not route_prompts(task)
     assert ticket_prompts(task) and not ticket_prompts(route_lm)
-    assert result.step_lms == {"summarize.predict": {"lm": "task", "source": "eval_lm"},
-                               "route": {"lm": "router", "source": "predictor.lm"}}
+    assert result.step_lms == {
+        "summarize.predict": {"lm": "task", "source": "eval_lm"},
+        "route": {"lm": "router", "source": "predictor.lm"},
+    }
     with dspy.context(lm=task):  # the returned program still runs
         assert result(ticket="My bank opened a chargeback dispute.").queue == "disputes"
 
@@ -159,10 +168,10 @@ class Careful(dspy.Module):
 
     def __init__(self):
         super().__init__()
-        self.summarize = dspy.BestOfN(dspy.ChainOfThought("ticket -> summary"), N=3,
-                                      reward_fn=lambda args, pred: 0.0, threshold=1.0)
-        self.route = dspy.Refine(dspy.Predict("summary -> queue"), N=2,
-                                 reward_fn=lambda args, pred: 1.0, threshold=1.0)
+        self.summarize = dspy.BestOfN(
+            dspy.ChainOfThought("ticket -> summary"), N=3, reward_fn=lambda args, pred: 0.0, threshold=1.0
+        )
+        self.route = dspy.Refine(dspy.Predict("summary -> queue"), N=2, reward_fn=lambda args, pred: 1.0, threshold=1.0)
 
     def forward(self, ticket):
         return self.route(summary=self.summarize(ticket=ticket).summary)
@@ -200,8 +209,9 @@ def test_a_call_is_matched_by_its_signature_when_the_predictor_was_rebuilt():
     assert names.name(dspy.Predict("question -> answer")) == "answer"  # same fields and default instructions
     other = dspy.Predict(program.answer.signature.with_instructions("Something else."))
     assert names.name(other) is None
-    records = Evaluator(metric=Metric(lambda e, p: 1.0), lm=FunctionLM(lambda m: {"answer": "a", "verdict": "ok"}),
-                        num_threads=1).evaluate(program, [(0, dspy.Example(question="q").with_inputs("question"))])
+    records = Evaluator(
+        metric=Metric(lambda e, p: 1.0), lm=FunctionLM(lambda m: {"answer": "a", "verdict": "ok"}), num_threads=1
+    ).evaluate(program, [(0, dspy.Example(question="q").with_inputs("question"))])
     assert [s.step_name for s in records[0].steps] == ["answer", "check"]
 
 
@@ -216,8 +226,9 @@ def test_two_steps_with_the_same_signature_are_told_apart_in_copies():
             return self.second(question=self.first(question=question).answer)
 
     program = dspy.BestOfN(Twice(), N=2, reward_fn=lambda a, p: 0.0, threshold=1.0)
-    records = Evaluator(metric=Metric(lambda e, p: 1.0), lm=FunctionLM(lambda m: {"answer": "a"}),
-                        num_threads=1).evaluate(program, [(0, dspy.Example(question="q").with_inputs("question"))])
+    records = Evaluator(
+        metric=Metric(lambda e, p: 1.0), lm=FunctionLM(lambda m: {"answer": "a"}), num_threads=1
+    ).evaluate(program, [(0, dspy.Example(question="q").with_inputs("question"))])
     assert [s.step_name for s in records[0].steps] == ["module.first", "module.second"]
 
 
@@ -255,11 +266,19 @@ def test_scripted_lm_copies_continue_one_script():
 def test_refine_and_bestofn_run_offline_with_the_testing_lms():
     lm = FunctionLM(lambda messages: {"answer": "4", "reasoning": "r"})
     with dspy.context(lm=lm, trace=[]):  # as dspy.configure leaves it (Refine/BestOfN extend the trace)
-        best = dspy.BestOfN(dspy.ChainOfThought("question -> answer"), N=3,
-                            reward_fn=lambda args, pred: float(pred.answer == "5"), threshold=1.0)
+        best = dspy.BestOfN(
+            dspy.ChainOfThought("question -> answer"),
+            N=3,
+            reward_fn=lambda args, pred: float(pred.answer == "5"),
+            threshold=1.0,
+        )
         assert best(question="2+2?").answer == "4"
-        refine = dspy.Refine(dspy.Predict("question -> answer"), N=2,
-                             reward_fn=lambda args, pred: float(pred.answer == "4"), threshold=1.0)
+        refine = dspy.Refine(
+            dspy.Predict("question -> answer"),
+            N=2,
+            reward_fn=lambda args, pred: float(pred.answer == "4"),
+            threshold=1.0,
+        )
         assert refine(question="2+2?").answer == "4"
     assert len(lm.calls) == 3 + 1
 
@@ -285,8 +304,10 @@ def test_every_predictor_with_its_own_lm_needs_no_eval_lm():
     result = compile_tickets([FIX_AND_SUBMIT], eval_lm=None, student=student, num_threads=2)
 
     assert result.route.signature.instructions == POLICY_PROMPT
-    assert result.step_lms == {"summarize.predict": {"lm": "summarizer", "source": "predictor.lm"},
-                               "route": {"lm": "router", "source": "predictor.lm"}}
+    assert result.step_lms == {
+        "summarize.predict": {"lm": "summarizer", "source": "predictor.lm"},
+        "route": {"lm": "router", "source": "predictor.lm"},
+    }
     assert len(ticket_prompts(summarizer)) >= 20 and not route_prompts(summarizer)
     assert len(route_prompts(router)) >= 20 and not ticket_prompts(router)
     stored = json.loads((Path(result.run_storage_dir) / "result.json").read_text())
@@ -316,8 +337,9 @@ def test_negative_and_large_scores_are_kept_and_passed_by_the_threshold():
         return dspy.Prediction(score=2.0 if metric(gold, pred) else -1.0, feedback="ok")
 
     trainset, _ = make_splits()
-    records = Evaluator(metric=Metric(reward), lm=FunctionLM(task_lm_reply), num_threads=2,
-                        pass_threshold=2.0).evaluate(RouteTicket(), list(enumerate(trainset)))
+    records = Evaluator(
+        metric=Metric(reward), lm=FunctionLM(task_lm_reply), num_threads=2, pass_threshold=2.0
+    ).evaluate(RouteTicket(), list(enumerate(trainset)))
     assert {r.score for r in records} == {2.0, -1.0}
     assert all(r.passed == (r.score == 2.0) for r in records)
 
@@ -354,8 +376,12 @@ def test_metric_identity_is_the_same_in_a_new_process_and_differs_with_what_the_
     from dspy.evaluate import SemanticF1
 
     out = run_script(tmp_path, "identity", IDENTITY, PYTHONHASHSEED="123").splitlines()
-    here = [metric_identity(functools.partial(weighted, weight=2.0)), metric_identity(Judge(strict=True)),
-            metric_identity(SemanticF1(threshold=0.5)), metric_identity(weighted)]
+    here = [
+        metric_identity(functools.partial(weighted, weight=2.0)),
+        metric_identity(Judge(strict=True)),
+        metric_identity(SemanticF1(threshold=0.5)),
+        metric_identity(weighted),
+    ]
     assert out == here
     assert here[0].startswith("functools.partial(support.metrics.weighted)#")
     assert metric_identity(functools.partial(weighted, weight=3.0)) != here[0]
@@ -428,6 +454,7 @@ def test_an_identical_compile_replays_from_dspys_cache_and_attempt_asks_again(tm
 
     turns = [{"reasoning": "look", "code": "print(baseline_train['score'])"}, FIX_AND_SUBMIT]
     with ResponsesServer(turns) as server:
+
         def run(**kwargs):
             return compile_tickets(server.lm(cache=True), root_stateful_session=False, **kwargs)
 

@@ -13,8 +13,15 @@ from rlmoptimizer.display import EvaluationProgress, summary_line
 
 
 def summary(run_id: str, split: str, passed: int, total: int) -> dict:
-    return {"run_id": run_id, "label": "agent", "split": split, "score": passed / total, "passed_count": passed,
-            "evaluated_count": total, "budget_left": 7}
+    return {
+        "run_id": run_id,
+        "label": "agent",
+        "split": split,
+        "score": passed / total,
+        "passed_count": passed,
+        "evaluated_count": total,
+        "budget_left": 7,
+    }
 
 
 def evaluate(progress: EvaluationProgress, run_id: str, split: str, total: int) -> None:
@@ -35,7 +42,8 @@ def test_in_a_log_file_each_evaluation_is_one_summary_line():
     evaluate(progress, "run-0003", "train", 25)
     evaluate(progress, "run-0004", "val", 8)
     assert out.getvalue().splitlines() == [
-        summary_line(summary("run-0003", "train", 13, 25)), summary_line(summary("run-0004", "val", 4, 8)),
+        summary_line(summary("run-0003", "train", 13, 25)),
+        summary_line(summary("run-0004", "val", 4, 8)),
     ]
 
 

@@ -5,20 +5,22 @@ from rlmoptimizer import testing
 
 
 def test_public_names():
-    assert sorted(rlmoptimizer.__all__) == sorted([
-        "RLMDocstringOptimizer",
-        "RLMOptimizerError",
-        "ConfigurationError",
-        "MetricError",
-        "BudgetExhaustedError",
-        "StructureChangedError",
-        "EvaluationLMError",
-        "SandboxError",
-        "RunDirectoryMismatchError",
-        "RunDirectoryInUseError",
-        "OptimizationInterrupted",
-        "DspyVersionError",
-    ])
+    assert sorted(rlmoptimizer.__all__) == sorted(
+        [
+            "RLMDocstringOptimizer",
+            "RLMOptimizerError",
+            "ConfigurationError",
+            "MetricError",
+            "BudgetExhaustedError",
+            "StructureChangedError",
+            "EvaluationLMError",
+            "SandboxError",
+            "RunDirectoryMismatchError",
+            "RunDirectoryInUseError",
+            "OptimizationInterrupted",
+            "DspyVersionError",
+        ]
+    )
     for name in rlmoptimizer.__all__:
         assert getattr(rlmoptimizer, name).__module__.startswith("rlmoptimizer.")
 

@@ -66,7 +66,9 @@ def _run(split: str = "train", records=None) -> EvalRun:
         split=split,
         label="agent",
         instructions={"generate.predict": "Answer."},
-        records=tuple(records if records is not None else [_record(9, 1.0, True), _record(2, 0.5, False), _record(5, 0.0, False)]),
+        records=tuple(
+            records if records is not None else [_record(9, 1.0, True), _record(2, 0.5, False), _record(5, 0.0, False)]
+        ),
         requested_count=4,
         budget_spent=3,
         budget_left=17,
@@ -98,6 +100,14 @@ def test_the_agent_sees_train_examples_but_only_validation_aggregates():
     assert "examples" not in val
     assert "q2" not in json.dumps(val)
     assert set(val) == {
-        "run_id", "split", "label", "score", "passed_count", "evaluated_count", "requested_count",
-        "budget_spent", "budget_left", "note",
+        "run_id",
+        "split",
+        "label",
+        "score",
+        "passed_count",
+        "evaluated_count",
+        "requested_count",
+        "budget_spent",
+        "budget_left",
+        "note",
     }

@@ -89,7 +89,9 @@ def test_report_of_a_finished_run(finished, capsys):
     budget = optimized.budget
     assert f"budget: {budget['spent']} of {budget['limit']} units spent" in out
     assert "LM usage and cost" in out  # the offline LMs have no price: the tokens are shown, the dollars unknown
-    assert "total cost: unknown (litellm has no price for" in out and "$" not in out.split("LM usage and cost")[1][:2000]
+    assert (
+        "total cost: unknown (litellm has no price for" in out and "$" not in out.split("LM usage and cost")[1][:2000]
+    )
     for log in optimized.trial_logs:  # every run with its score
         assert log["run_id"] in out and f"{log['score']:.3f}" in out
     assert "returned" in out and "prompt versions (1)" in out
@@ -174,8 +176,6 @@ def test_report_of_an_empty_directory_and_of_no_directory(tmp_path, capsys):
     assert DetailedResults.from_run_directory(tmp_path).candidates == ()
 
 
-
-
 def assert_report_reads_only(directory: Path, tmp_path: Path) -> str:
     """Run the report twice on ``directory``: in this process with every write refused (``--no-plot``), and as
     ``python -m rlmoptimizer report`` in its own process. Neither changes a byte of the run's files; the command
@@ -185,12 +185,18 @@ def assert_report_reads_only(directory: Path, tmp_path: Path) -> str:
         assert main(["report", str(directory), "--no-plot"]) == 0
     assert attempts == []
     assert tree_bytes(directory) == before
-    done = subprocess.run([sys.executable, "-m", "rlmoptimizer", "report", str(directory)], capture_output=True,
-                          text=True, timeout=300, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "rlmoptimizer", "report", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr
     after = tree_bytes(directory)
     assert {path: data for path, data in after.items() if path != "run.png"} == {
-        path: data for path, data in before.items() if path != "run.png"}
+        path: data for path, data in before.items() if path != "run.png"
+    }
     assert "run.png" in after
     return done.stdout
 
@@ -247,8 +253,9 @@ def test_the_report_shows_what_the_run_spent_from_the_usage_meter(tmp_path, caps
     """The report reads the cost the usage meter wrote: result.json's at the end, usage.json's while running or
     after an interruption (here: result.json removed, as a killed run leaves it)."""
     directory = tmp_path / "run"
-    optimized = compile_tickets(TURNS, run_storage_dir=directory,
-                                eval_lm=FunctionLM(task_lm_reply, name="openai/gpt-4o-mini"))  # litellm has its price
+    optimized = compile_tickets(
+        TURNS, run_storage_dir=directory, eval_lm=FunctionLM(task_lm_reply, name="openai/gpt-4o-mini")
+    )  # litellm has its price
     spent = optimized.usage["total"]["cost_usd"]
     assert spent is None  # the scripted root LM has no price, so the total is unknown, never made up
     eval_cost = optimized.usage["eval"]["cost_usd"]
@@ -274,8 +281,10 @@ def test_detailed_results_name_each_candidate_and_give_the_returned_ones_ancestr
     assert results.candidates[best]["route"] == POLICY_PROMPT
     assert results.candidate_ids[p1] == ("proposal-1",) and results.candidate_ids[best] == ("gepa-1",)
     assert results.candidate_ids[0] == ()
-    assert results.lineage == {"proposal-1": {**stored["proposal-1"], "candidate": p1},
-                               "gepa-1": {**stored["gepa-1"], "candidate": best}}
+    assert results.lineage == {
+        "proposal-1": {**stored["proposal-1"], "candidate": p1},
+        "gepa-1": {**stored["gepa-1"], "candidate": best},
+    }
     assert results.candidate_lineage(best) == {"gepa-1": results.lineage["gepa-1"]}
 
     # the ancestry: the unchanged program, the proposal GEPA started from, GEPA's candidate (returned)
@@ -284,8 +293,11 @@ def test_detailed_results_name_each_candidate_and_give_the_returned_ones_ancestr
     assert [n["candidate"] for n in ancestry] == [0, p1, best]
     assert [n["generation"] for n in ancestry] == [0, 1, 2]
     assert [n["parents"] for n in ancestry] == [[], [UNCHANGED], ["proposal-1"]]
-    assert [n["move"] for n in ancestry] == ["the program as given", "reflective proposal (propose_instructions)",
-                                             "gepa reflective proposal"]
+    assert [n["move"] for n in ancestry] == [
+        "the program as given",
+        "reflective proposal (propose_instructions)",
+        "gepa reflective proposal",
+    ]
     assert ancestry[2]["run"] == "gepa run 1" and [n["changed_steps"] for n in ancestry] == [[], ["route"], ["route"]]
     # proposal-1 reflected on the unchanged program's train failures (the two disputes), gepa-1 on a minibatch
     failures = sorted(i for i, s in results.train_subscores[0].items() if s < 1)
@@ -311,7 +323,8 @@ def test_the_report_says_where_the_returned_instructions_came_from(gepa_from_a_p
         " 1. proposal-1: reflective proposal (propose_instructions), from the unchanged program; changed route;"
         " reflected on train 3, 8; validation 0.500"
         " 2. gepa-1: gepa reflective proposal in gepa run 1, from proposal-1; changed route; reflected on train "
-        + ", ".join(map(str, reflected)) + "; validation 1.000 (returned)"
+        + ", ".join(map(str, reflected))
+        + "; validation 1.000 (returned)"
     ), section[:600]
 
 
@@ -323,12 +336,16 @@ def test_the_picture_joins_the_returned_candidates_ancestors(gepa_from_a_proposa
     at = {run.run_id: (rundir.spent_after(run), run.score) for run in rundir.runs}
     # each ancestor at the run that scored it on validation: the baseline, the agent's check of proposal-1, the
     # returned run
-    baseline = next(log["run_id"] for log in optimized.trial_logs if log["label"] == "baseline" and log["split"] == "val")
+    baseline = next(
+        log["run_id"] for log in optimized.trial_logs if log["label"] == "baseline" and log["split"] == "val"
+    )
     proposal = next(log["run_id"] for log in optimized.trial_logs if log["label"] == "agent" and log["split"] == "val")
     chosen = optimized.selection["chosen_run_id"]
     lines = [line for line in axes.lines if line.get_linestyle() == ":"]
     assert [list(zip(line.get_xdata(), line.get_ydata(), strict=True)) for line in lines] == [
-        [at[baseline], at[proposal]], [at[proposal], at[chosen]]]
+        [at[baseline], at[proposal]],
+        [at[proposal], at[chosen]],
+    ]
     assert lines[0].get_label() == "ancestry of the returned candidate"
     assert [t.get_text() for t in axes.texts if t.get_gid() == "ancestry"] == ["unchanged", "proposal-1", "gepa-1"]
     pixels = picture_pixels(directory / "run.png")  # compile() drew it

@@ -18,16 +18,30 @@ def labels(ancestry: list[dict]) -> list[tuple[str, list[str], int]]:
 def test_a_merge_has_both_parents_and_each_ancestor_is_listed_once():
     named = {"gepa-1": {"a": "A1", "b": "B0"}, "gepa-2": {"a": "A0", "b": "B1"}, "gepa-3": {"a": "A1", "b": "B1"}}
     lineage = {
-        "gepa-1": {"parents": ["current"], "move": "gepa reflective proposal", "run": "gepa run 1", "steps": ["a", "b"],
-                   "reflected_on": [1, 2]},
-        "gepa-2": {"parents": ["current"], "move": "gepa reflective proposal", "run": "gepa run 1", "steps": ["a", "b"],
-                   "reflected_on": [4]},
+        "gepa-1": {
+            "parents": ["current"],
+            "move": "gepa reflective proposal",
+            "run": "gepa run 1",
+            "steps": ["a", "b"],
+            "reflected_on": [1, 2],
+        },
+        "gepa-2": {
+            "parents": ["current"],
+            "move": "gepa reflective proposal",
+            "run": "gepa run 1",
+            "steps": ["a", "b"],
+            "reflected_on": [4],
+        },
         "gepa-3": {"parents": ["gepa-1", "gepa-2"], "move": "gepa merge", "run": "gepa run 1", "steps": ["a", "b"]},
     }
     evaluated = [INITIAL, named["gepa-1"], named["gepa-2"], named["gepa-3"]]
     ancestry = Lineage(named, lineage, evaluated, INITIAL, {}, []).ancestry(3)
-    assert labels(ancestry) == [(UNCHANGED, [], 0), ("gepa-1", [UNCHANGED], 1), ("gepa-2", [UNCHANGED], 1),
-                                ("gepa-3", ["gepa-1", "gepa-2"], 2)]
+    assert labels(ancestry) == [
+        (UNCHANGED, [], 0),
+        ("gepa-1", [UNCHANGED], 1),
+        ("gepa-2", [UNCHANGED], 1),
+        ("gepa-3", ["gepa-1", "gepa-2"], 2),
+    ]
     assert [n["candidate"] for n in ancestry] == [0, 1, 2, 3]
     assert [n["changed_steps"] for n in ancestry] == [[], ["a"], ["b"], ["b"]]  # against the first parent
     assert ancestry[1]["reflected_on"] == [1, 2] and ancestry[3]["reflected_on"] is None
@@ -35,12 +49,19 @@ def test_a_merge_has_both_parents_and_each_ancestor_is_listed_once():
 
 def test_a_proposal_stands_for_its_parents_instructions_with_the_step_it_wrote():
     named = {"gepa-1": {"a": "A1", "b": "B0"}, "proposal-1": {"b": "B2"}}
-    lineage = {"gepa-1": {"parents": ["current"], "move": "gepa reflective proposal", "steps": ["a", "b"]},
-               "proposal-1": {"parents": ["gepa-1"], "move": "reflective proposal (propose_instructions)",
-                              "steps": ["b"], "reflected_on": [0]}}
+    lineage = {
+        "gepa-1": {"parents": ["current"], "move": "gepa reflective proposal", "steps": ["a", "b"]},
+        "proposal-1": {
+            "parents": ["gepa-1"],
+            "move": "reflective proposal (propose_instructions)",
+            "steps": ["b"],
+            "reflected_on": [0],
+        },
+    }
     evaluated = [INITIAL, {"a": "A0", "b": "B2"}, named["gepa-1"], {"a": "A1", "b": "B2"}]
-    found = Lineage(named, lineage, evaluated, INITIAL, {}, [{"version": 1, "step": "a", "text": "A1",
-                                                              "source": "adopt_candidate"}])
+    found = Lineage(
+        named, lineage, evaluated, INITIAL, {}, [{"version": 1, "step": "a", "text": "A1", "source": "adopt_candidate"}]
+    )
     # not candidate 1, which has the same text for b over the unchanged a
     assert found.candidate_of("proposal-1") == 3 and found.ids_of(3) == ("proposal-1",) and found.ids_of(1) == ()
     assert labels(found.ancestry(3)) == [(UNCHANGED, [], 0), ("gepa-1", [UNCHANGED], 1), ("proposal-1", ["gepa-1"], 2)]
@@ -65,8 +86,10 @@ def test_a_current_parent_the_history_cannot_tell_is_left_unresolved_not_guessed
     evaluated = [INITIAL, {"a": "A0", "b": "B1"}, {"a": "A-edit", "b": "B1"}]
     found = Lineage(named, lineage, evaluated, INITIAL, {}, versions)
     ancestry = found.ancestry(found.candidate_of("proposal-1"))
-    assert labels(ancestry) == [("current when proposal-1 was made", [], 0),
-                                ("proposal-1", ["current when proposal-1 was made"], 1)]
+    assert labels(ancestry) == [
+        ("current when proposal-1 was made", [], 0),
+        ("proposal-1", ["current when proposal-1 was made"], 1),
+    ]
     assert ancestry[0]["candidate"] is None
     # with one of them evaluated, that one is the proposal, and its parent the state it was made from
     found = Lineage(named, lineage, evaluated[:1] + evaluated[2:], INITIAL, {}, versions)
@@ -78,13 +101,20 @@ def test_a_current_parent_recorded_by_its_digest_is_resolved_exactly():
     # the same ambiguity as above, but the move recorded which instructions 'current' was: the agent's edit
     versions = [{"version": 1, "step": "a", "text": "A-edit", "source": "update_prompt"}]
     named = {"proposal-1": {"b": "B1"}}
-    lineage = {"proposal-1": {"parents": ["current"], "move": "reflective proposal (propose_instructions)",
-                              "parent_digests": [instructions_digest({"a": "A-edit", "b": "B0"})]}}
+    lineage = {
+        "proposal-1": {
+            "parents": ["current"],
+            "move": "reflective proposal (propose_instructions)",
+            "parent_digests": [instructions_digest({"a": "A-edit", "b": "B0"})],
+        }
+    }
     evaluated = [INITIAL, {"a": "A0", "b": "B1"}, {"a": "A-edit", "b": "B1"}]
     found = Lineage(named, lineage, evaluated, INITIAL, {}, versions)
     assert found.candidate_of("proposal-1") == 2
-    assert labels(found.ancestry(2)) == [("edited before proposal-1", [], 0),
-                                         ("proposal-1", ["edited before proposal-1"], 1)]
+    assert labels(found.ancestry(2)) == [
+        ("edited before proposal-1", [], 0),
+        ("proposal-1", ["edited before proposal-1"], 1),
+    ]
     # recorded as the unchanged program: the ancestry starts there
     lineage["proposal-1"]["parent_digests"] = [instructions_digest(INITIAL)]
     found = Lineage(named, lineage, evaluated, INITIAL, {}, versions)
@@ -94,9 +124,11 @@ def test_a_current_parent_recorded_by_its_digest_is_resolved_exactly():
 
 def test_a_run_id_start_and_a_cycle_in_a_damaged_file_end_the_walk():
     named = {"gepa-1": {"a": "A1", "b": "B1"}, "gepa-2": {"a": "A2", "b": "B1"}, "gepa-3": {"a": "A3", "b": "B1"}}
-    lineage = {"gepa-1": {"parents": ["run-0004"], "move": "gepa reflective proposal"},
-               "gepa-2": {"parents": ["gepa-3"], "move": "gepa reflective proposal"},
-               "gepa-3": {"parents": ["gepa-2"], "move": "gepa reflective proposal"}}
+    lineage = {
+        "gepa-1": {"parents": ["run-0004"], "move": "gepa reflective proposal"},
+        "gepa-2": {"parents": ["gepa-3"], "move": "gepa reflective proposal"},
+        "gepa-3": {"parents": ["gepa-2"], "move": "gepa reflective proposal"},
+    }
     evaluated = [INITIAL, {"a": "A0", "b": "B1"}, *named.values()]
     found = Lineage(named, lineage, evaluated, INITIAL, {"run-0004": {"a": "A0", "b": "B1"}}, [])
     ancestry = found.ancestry(2)

@@ -110,6 +110,7 @@ def test_a_second_compile_in_the_same_process_is_refused_while_the_first_runs(tm
 
 # -- reading back a finished run writes nothing -------------------------------------------------------------
 
+
 def test_the_write_guard_really_refuses_writes(tmp_path):
     kept = tmp_path / "kept.json"
     kept.write_text("{}")
@@ -199,7 +200,9 @@ def test_an_evaluation_lm_with_other_settings_is_refused_naming_each_difference(
     # an LM pinned to one step is part of what the scores depend on too
     pinned = RouteTicket()
     pinned.route.lm = FunctionLM(task_lm_reply, name="route-model")
-    with pytest.raises(RunDirectoryMismatchError, match='per_step.route.model: "<not set>" \\(stored\\) -> "route-model"'):
+    with pytest.raises(
+        RunDirectoryMismatchError, match='per_step.route.model: "<not set>" \\(stored\\) -> "route-model"'
+    ):
         compile_in(finished_copy, TURNS, FunctionLM(task_lm_reply), student=pinned, metric=partial_metric)
 
 
@@ -215,8 +218,9 @@ def test_allow_eval_lm_change_resumes_with_the_stored_scores_and_records_the_new
     assert manifest["eval_lm"]["lm"]["model"] == "other-model"
     assert manifest["earlier_eval_lms"][0]["lm"]["model"] == "fake"
     # the new LM is now the recorded one: resuming with it needs no override
-    compile_in(finished_copy, scripted_agent(TURNS), FunctionLM(task_lm_reply, name="other-model"),
-               metric=partial_metric)
+    compile_in(
+        finished_copy, scripted_agent(TURNS), FunctionLM(task_lm_reply, name="other-model"), metric=partial_metric
+    )
 
 
 @pytest.mark.slow
@@ -299,8 +303,9 @@ print(examples_digest(object_splits()[0]))
 
 
 def test_the_examples_digest_is_the_same_in_every_process_and_follows_the_data(tmp_path):
-    digests = [run_script(tmp_path, f"digest-{seed}", DIGEST, timeout=120, PYTHONHASHSEED=seed).strip()
-               for seed in ("1", "2")]
+    digests = [
+        run_script(tmp_path, f"digest-{seed}", DIGEST, timeout=120, PYTHONHASHSEED=seed).strip() for seed in ("1", "2")
+    ]
     trainset = object_splits()[0]
     assert digests == [examples_digest(trainset)] * 2  # set order and addresses play no part
 

@@ -42,12 +42,26 @@ def store(tmp_path, mlflow):
 
 def run(number: int, split: str, scores: list[float], left: int) -> EvalRun:
     records = tuple(
-        ExampleResult(example_id=i, inputs={"q": str(i)}, expected={"a": "x"}, predicted={"a": "x" if s else "y"},
-                      score=s, passed=s >= 1.0)
+        ExampleResult(
+            example_id=i,
+            inputs={"q": str(i)},
+            expected={"a": "x"},
+            predicted={"a": "x" if s else "y"},
+            score=s,
+            passed=s >= 1.0,
+        )
         for i, s in enumerate(scores)
     )
-    return EvalRun(run_id=f"run-{number:04d}", split=split, label="agent", instructions={"step": f"v{number}"},
-                   records=records, requested_count=len(scores), budget_spent=len(scores), budget_left=left)
+    return EvalRun(
+        run_id=f"run-{number:04d}",
+        split=split,
+        label="agent",
+        instructions={"step": f"v{number}"},
+        records=records,
+        requested_count=len(scores),
+        budget_spent=len(scores),
+        budget_left=left,
+    )
 
 
 def artifact_paths(client, run_id, path=None):
@@ -65,8 +79,9 @@ def test_use_mlflow_without_mlflow_names_the_extra(monkeypatch):
         MlflowTracker()
 
 
-def test_the_tracker_logs_params_steps_turns_versions_and_artifacts_nested_under_the_active_run(store, tmp_path,
-                                                                                                mlflow):
+def test_the_tracker_logs_params_steps_turns_versions_and_artifacts_nested_under_the_active_run(
+    store, tmp_path, mlflow
+):
     from rlmoptimizer.report.tracking import MlflowTracker
 
     picture = tmp_path / "run.png"
@@ -76,17 +91,34 @@ def test_the_tracker_logs_params_steps_turns_versions_and_artifacts_nested_under
         tracker.compile_started({"max_iterations": 2, "budget_limit": 32, "root_lm": "openai/gpt-4o", "sub_lm": None})
         tracker.evaluation_finished(run(1, "train", [1, 0, 1, 1], 32), {"spent": 0, "left": 32})
         tracker.agent_turn({"iteration": 1, "reasoning": "look", "code": "print(1)", "output": "1", "final": False})
-        tracker.prompt_updated({"version": 1, "step": "step", "text": "new", "previous": "old", "source": "update_prompt"})
+        tracker.prompt_updated(
+            {"version": 1, "step": "step", "text": "new", "previous": "old", "source": "update_prompt"}
+        )
         tracker.evaluation_finished(run(2, "train", [1], 31), {"spent": 1, "left": 31}, cost=0.25)
         tracker.evaluation_finished(run(3, "val", [1, 1, 0, 1], 27), {"spent": 5, "left": 27}, cost=0.5)
         tracker.agent_turn({"iteration": 2, "reasoning": "submit", "code": "SUBMIT()", "output": "", "final": True})
-        selection = {"split": "val", "chosen_run_id": "run-0003", "chosen_score": 0.75, "baseline_score": 0.5,
-                     "reason": "better"}
-        lineage = {"returned": "gepa-1", "lineage": {"gepa-1": {"parents": ["current"], "move": "gepa merge"}},
-                   "ancestry": [{"label": "the unchanged program"}, {"label": "gepa-1"}], "candidate_ids": [[], ["gepa-1"]]}
-        tracker.compile_finished(instructions={"step": "v3"}, selection=selection, trajectory=[{"iteration": 1}],
-                                 picture=picture, detailed_results={"best_idx": 1}, budget={"spent": 5},
-                                 lineage=lineage)
+        selection = {
+            "split": "val",
+            "chosen_run_id": "run-0003",
+            "chosen_score": 0.75,
+            "baseline_score": 0.5,
+            "reason": "better",
+        }
+        lineage = {
+            "returned": "gepa-1",
+            "lineage": {"gepa-1": {"parents": ["current"], "move": "gepa merge"}},
+            "ancestry": [{"label": "the unchanged program"}, {"label": "gepa-1"}],
+            "candidate_ids": [[], ["gepa-1"]],
+        }
+        tracker.compile_finished(
+            instructions={"step": "v3"},
+            selection=selection,
+            trajectory=[{"iteration": 1}],
+            picture=picture,
+            detailed_results={"best_idx": 1},
+            budget={"spent": 5},
+            lineage=lineage,
+        )
         assert mlflow.active_run().info.run_id == parent.info.run_id  # ours closed, the user's still active
 
     client = mlflow.MlflowClient(store["uri"])
@@ -97,13 +129,23 @@ def test_the_tracker_logs_params_steps_turns_versions_and_artifacts_nested_under
     assert logged.data.params == {"max_iterations": "2", "budget_limit": "32", "root_lm": "openai/gpt-4o"}
     spent = client.get_metric_history(tracker.run_id, "budget_spent")
     assert [(m.step, m.value) for m in sorted(spent, key=lambda m: m.step)] == [(1, 0), (2, 1), (3, 5)]
-    assert [(m.step, m.value) for m in client.get_metric_history(tracker.run_id, "train_score")] == [(1, 0.75), (2, 1.0)]
+    assert [(m.step, m.value) for m in client.get_metric_history(tracker.run_id, "train_score")] == [
+        (1, 0.75),
+        (2, 1.0),
+    ]
     assert [(m.step, m.value) for m in client.get_metric_history(tracker.run_id, "val_score")] == [(3, 0.75)]
     assert [m.value for m in client.get_metric_history(tracker.run_id, "cost_usd")] == [0.25, 0.5]
     assert logged.data.metrics["final_score"] == 0.75
     assert artifact_paths(client, tracker.run_id) == [
-        "detailed_results.json", "lineage.json", "optimized_instructions.json", "prompts/v-0001.json", "run.png",
-        "selection.json", "trajectory.json", "turns/turn-0001.json", "turns/turn-0002.json",
+        "detailed_results.json",
+        "lineage.json",
+        "optimized_instructions.json",
+        "prompts/v-0001.json",
+        "run.png",
+        "selection.json",
+        "trajectory.json",
+        "turns/turn-0001.json",
+        "turns/turn-0002.json",
     ]
     assert logged.data.tags["returned_candidate"] == "gepa-1"
     assert logged.data.tags["returned_ancestry"] == "the unchanged program -> gepa-1"
@@ -135,11 +177,14 @@ def test_a_tracking_store_that_breaks_mid_run_is_reported_once_and_the_run_goes_
 @pytest.mark.slow
 def test_compile_with_use_mlflow_is_logged_to_the_users_store(store, tmp_path, mlflow):
     with mlflow.start_run(run_name="my experiment") as parent:
-        optimized = compile_tickets(scripted_agent(TURNS, name="scripted-agent"), run_storage_dir=tmp_path / "run",
-                                    use_mlflow=True)
+        optimized = compile_tickets(
+            scripted_agent(TURNS, name="scripted-agent"), run_storage_dir=tmp_path / "run", use_mlflow=True
+        )
 
     client = mlflow.MlflowClient(store["uri"])
-    [child] = client.search_runs([store["experiment_id"]], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    [child] = client.search_runs(
+        [store["experiment_id"]], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+    )
     run_id = child.info.run_id
     assert child.info.status == "FINISHED"
     params = child.data.params
@@ -159,8 +204,13 @@ def test_compile_with_use_mlflow_is_logged_to_the_users_store(store, tmp_path, m
     assert child.data.metrics["final_score"] == optimized.score
 
     paths = artifact_paths(client, run_id)
-    assert {"optimized_instructions.json", "selection.json", "trajectory.json", "detailed_results.json",
-            "run.png"} <= set(paths)
+    assert {
+        "optimized_instructions.json",
+        "selection.json",
+        "trajectory.json",
+        "detailed_results.json",
+        "run.png",
+    } <= set(paths)
     assert [p for p in paths if p.startswith("turns/")] == [f"turns/turn-{i:04d}.json" for i in range(1, 5)]
     assert [p for p in paths if p.startswith("prompts/")] == ["prompts/v-0001.json"]
     downloaded = Path(client.download_artifacts(run_id, "optimized_instructions.json", str(tmp_path / "down")))
@@ -179,12 +229,14 @@ def test_compile_logs_where_the_returned_instructions_came_from(store, tmp_path,
     [logged] = client.search_runs([store["experiment_id"]])
     assert logged.data.tags["returned_candidate"] == "gepa-1"
     assert logged.data.tags["returned_ancestry"] == "the unchanged program -> proposal-1 -> gepa-1"
-    lineage = json.loads(Path(client.download_artifacts(logged.info.run_id, "lineage.json",
-                                                        str(tmp_path / "down"))).read_text())
+    lineage = json.loads(
+        Path(client.download_artifacts(logged.info.run_id, "lineage.json", str(tmp_path / "down"))).read_text()
+    )
     stored = json.loads((tmp_path / "run" / "candidates.json").read_text())["lineage"]
     assert lineage["returned"] == "gepa-1"
-    assert {name: {k: v for k, v in entry.items() if k != "candidate"}
-            for name, entry in lineage["lineage"].items()} == stored
+    assert {
+        name: {k: v for k, v in entry.items() if k != "candidate"} for name, entry in lineage["lineage"].items()
+    } == stored
     assert [(n["label"], n["move"], n["parents"], n["val_score"]) for n in lineage["ancestry"]] == [
         ("the unchanged program", "the program as given", [], 0.5),
         ("proposal-1", "reflective proposal (propose_instructions)", ["the unchanged program"], 0.5),
@@ -198,5 +250,5 @@ def test_use_mlflow_is_checked_when_the_optimizer_is_built(monkeypatch):
     with pytest.raises(ConfigurationError, match="use_mlflow must be True or False"):
         RLMDocstringOptimizer(root_lm=FunctionLM(lambda m: "x"), use_mlflow="yes")
     monkeypatch.setitem(sys.modules, "mlflow", None)
-    with pytest.raises(ConfigurationError, match=r'rlmoptimizer\[mlflow\]'):
+    with pytest.raises(ConfigurationError, match=r"rlmoptimizer\[mlflow\]"):
         RLMDocstringOptimizer(root_lm=FunctionLM(lambda m: "x"), use_mlflow=True)

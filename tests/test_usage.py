@@ -45,7 +45,9 @@ def _expected_usd(lm: FunctionLM) -> float:
     total = Decimal(0)
     for u in lm.reported_usage:
         prompt, completion = litellm.cost_per_token(
-            model=lm.model, prompt_tokens=u.input_tokens, completion_tokens=u.output_tokens,
+            model=lm.model,
+            prompt_tokens=u.input_tokens,
+            completion_tokens=u.output_tokens,
             cache_read_input_tokens=u.cache_read_tokens or 0,
         )
         total += Decimal(repr(prompt)) + Decimal(repr(completion))
@@ -69,8 +71,12 @@ def test_each_role_counts_exactly_what_the_fake_lms_reported_with_16_threads():
     snap = meter.snapshot()
     for role, lm in ((EVAL, judge), (SUB, sub), (ROOT, root)):
         calls, inputs, cached, outputs = _totals(lm)
-        assert (snap[role]["calls"], snap[role]["input_tokens"], snap[role]["cached_input_tokens"],
-                snap[role]["output_tokens"]) == (calls, inputs, cached, outputs), role
+        assert (
+            snap[role]["calls"],
+            snap[role]["input_tokens"],
+            snap[role]["cached_input_tokens"],
+            snap[role]["output_tokens"],
+        ) == (calls, inputs, cached, outputs), role
     assert snap[SUB]["cached_input_tokens"] > 0
     assert snap["total"]["calls"] == 480
     assert snap["total"]["input_tokens"] == sum(_totals(lm)[1] for lm in (root, sub, judge))
@@ -152,12 +158,15 @@ def test_meter_rejects_unknown_roles():
         UsageMeter().tracker("judge")
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"max_cost_usd": 0}, "max_cost_usd must be a number of dollars > 0"),
-    ({"max_cost_usd": "5"}, "max_cost_usd must be a number of dollars > 0"),
-    ({"root_context_window": 1_000}, "root_context_window .* must be an int >= 4000"),
-    ({"root_context_window": 32_000.5}, "root_context_window"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"max_cost_usd": 0}, "max_cost_usd must be a number of dollars > 0"),
+        ({"max_cost_usd": "5"}, "max_cost_usd must be a number of dollars > 0"),
+        ({"root_context_window": 1_000}, "root_context_window .* must be an int >= 4000"),
+        ({"root_context_window": 32_000.5}, "root_context_window"),
+    ],
+)
 def test_spending_cap_and_context_window_are_checked_at_construction(kwargs, match):
     from rlmoptimizer import ConfigurationError, RLMDocstringOptimizer
 
@@ -169,8 +178,16 @@ def test_a_price_registered_with_litellm_prices_a_local_model():
     meter = UsageMeter()
     meter.record(ROOT, "local-server/my-model-x1", {"prompt_tokens": 1_000, "completion_tokens": 100})
     assert meter.snapshot()[ROOT]["cost_usd"] is None
-    litellm.register_model({"local-server/my-model-x1": {
-        "input_cost_per_token": 1e-6, "output_cost_per_token": 2e-6, "litellm_provider": "openai", "mode": "chat"}})
+    litellm.register_model(
+        {
+            "local-server/my-model-x1": {
+                "input_cost_per_token": 1e-6,
+                "output_cost_per_token": 2e-6,
+                "litellm_provider": "openai",
+                "mode": "chat",
+            }
+        }
+    )
     try:
         fresh = UsageMeter()
         fresh.record(ROOT, "local-server/my-model-x1", {"prompt_tokens": 1_000, "completion_tokens": 100})
@@ -185,8 +202,9 @@ def test_calls_a_program_makes_through_dspy_parallel_are_counted_too():
     lm = _qa_lm("openai/gpt-4o-mini")
     predict = dspy.Predict("question -> answer")
     with dspy.context(lm=lm):
-        results = meter.in_role(EVAL, lambda: dspy.Parallel(num_threads=4)(
-            [(predict, {"question": f"q{i}"}) for i in range(12)]))()
+        results = meter.in_role(
+            EVAL, lambda: dspy.Parallel(num_threads=4)([(predict, {"question": f"q{i}"}) for i in range(12)])
+        )()
     assert all(r.answer == "x" for r in results)
     assert meter.snapshot()[EVAL]["calls"] == len(lm.reported_usage) == 12
     assert meter.snapshot()[EVAL]["input_tokens"] == _totals(lm)[1]

@@ -86,8 +86,15 @@ def run_gepa(ctx: ArmContext) -> tuple[dspy.Module, dict]:
         log_dir=str(ctx.work_dir),
     )
     optimized = optimizer.compile(ctx.program, trainset=ctx.train, valset=ctx.val)
-    return optimized, {"settings": {"max_metric_calls": ctx.budget, "reflection_minibatch_size": 3,
-                                    "use_merge": True, "num_threads": ctx.num_threads, "seed": ctx.seed}}
+    return optimized, {
+        "settings": {
+            "max_metric_calls": ctx.budget,
+            "reflection_minibatch_size": 3,
+            "use_merge": True,
+            "num_threads": ctx.num_threads,
+            "seed": ctx.seed,
+        }
+    }
 
 
 # Metric calls MIPROv2's BootstrapFewShot step makes per candidate set; measured on the default task
@@ -115,8 +122,9 @@ def mipro_eval_calls(num_trials: int, valset_size: int, minibatch_size: int, ful
     return calls
 
 
-def mipro_trials_for_budget(budget: int, *, num_candidates: int, valset_size: int, minibatch_size: int,
-                            full_eval_steps: int) -> tuple[int, int]:
+def mipro_trials_for_budget(
+    budget: int, *, num_candidates: int, valset_size: int, minibatch_size: int, full_eval_steps: int
+) -> tuple[int, int]:
     """(num_trials, predicted metric calls): the most trials whose predicted metric calls fit ``budget``."""
     bootstrap = (num_candidates - 2) * MIPRO_BOOTSTRAP_CALLS_PER_SET
     trials = 1
@@ -130,7 +138,10 @@ def run_mipro(ctx: ArmContext) -> tuple[dspy.Module, dict]:
     minibatch_size = min(ctx.options["mipro_minibatch_size"], len(ctx.val))
     full_eval_steps = ctx.options["mipro_full_eval_steps"]
     num_trials, predicted = mipro_trials_for_budget(
-        ctx.budget, num_candidates=num_candidates, valset_size=len(ctx.val), minibatch_size=minibatch_size,
+        ctx.budget,
+        num_candidates=num_candidates,
+        valset_size=len(ctx.val),
+        minibatch_size=minibatch_size,
         full_eval_steps=full_eval_steps,
     )
     optimizer = dspy.MIPROv2(
@@ -147,13 +158,25 @@ def run_mipro(ctx: ArmContext) -> tuple[dspy.Module, dict]:
         log_dir=str(ctx.work_dir),
     )
     optimized = optimizer.compile(
-        ctx.program, trainset=ctx.train, valset=ctx.val, num_trials=num_trials, minibatch=True,
-        minibatch_size=minibatch_size, minibatch_full_eval_steps=full_eval_steps,
+        ctx.program,
+        trainset=ctx.train,
+        valset=ctx.val,
+        num_trials=num_trials,
+        minibatch=True,
+        minibatch_size=minibatch_size,
+        minibatch_full_eval_steps=full_eval_steps,
     )
-    settings = {"num_candidates": num_candidates, "num_trials": num_trials, "minibatch_size": minibatch_size,
-                "minibatch_full_eval_steps": full_eval_steps, "predicted_metric_calls": predicted,
-                "max_bootstrapped_demos": 0, "max_labeled_demos": 0, "num_threads": ctx.num_threads,
-                "seed": ctx.seed}
+    settings = {
+        "num_candidates": num_candidates,
+        "num_trials": num_trials,
+        "minibatch_size": minibatch_size,
+        "minibatch_full_eval_steps": full_eval_steps,
+        "predicted_metric_calls": predicted,
+        "max_bootstrapped_demos": 0,
+        "max_labeled_demos": 0,
+        "num_threads": ctx.num_threads,
+        "seed": ctx.seed,
+    }
     return optimized, {"settings": settings}
 
 
@@ -207,4 +230,3 @@ ARMS: dict[str, Arm] = {
     "gepa": Arm("GEPA", run_gepa, metric_as_float=False),
     "mipro": Arm("MIPROv2", run_mipro, metric_as_float=True),
 }
-

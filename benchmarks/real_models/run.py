@@ -69,39 +69,69 @@ def _interrupt(signum, frame) -> None:
     dspy turning the interrupt into ``Exception("Execution cancelled ...")``, which ``run_arm`` re-raises."""
     _interrupted.set()
     signal.default_int_handler(signum, frame)
+
+
 LOCAL = "local"
 DEFAULT_TASK = HERE / "tasks" / "ticket_routing.py"
 DEFAULT_ARMS = "unchanged,gepa,mipro,rlmoptimizer"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     g = p.add_argument_group("task and budget")
-    g.add_argument("--task", default=str(DEFAULT_TASK),
-                   help="a task: path to a .py file or a dotted module exposing load(), make_program(), metric()")
+    g.add_argument(
+        "--task",
+        default=str(DEFAULT_TASK),
+        help="a task: path to a .py file or a dotted module exposing load(), make_program(), metric()",
+    )
     g.add_argument("--budget", type=int, default=80, help="B, metric calls per optimizer")
-    g.add_argument("--optimizers", default=DEFAULT_ARMS,
-                   help=f"comma-separated arms, run in this order: a subset of {DEFAULT_ARMS},policy")
-    g.add_argument("--seeds", default="0",
-                   help="comma-separated seeds; every optimizer arm runs once per seed (GEPA's and MIPROv2's seed, "
-                        "rlmoptimizer's attempt), the unchanged program and the policy instruction once")
-    g.add_argument("--ceiling", action="store_true",
-                   help="score the unchanged program and the program with the task's POLICY_INSTRUCTION (the "
-                        "instruction stating the whole policy) on the test split, before any --optimizers arm "
-                        "(--optimizers '' for the ceiling alone)")
+    g.add_argument(
+        "--optimizers",
+        default=DEFAULT_ARMS,
+        help=f"comma-separated arms, run in this order: a subset of {DEFAULT_ARMS},policy",
+    )
+    g.add_argument(
+        "--seeds",
+        default="0",
+        help="comma-separated seeds; every optimizer arm runs once per seed (GEPA's and MIPROv2's seed, "
+        "rlmoptimizer's attempt), the unchanged program and the policy instruction once",
+    )
+    g.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="score the unchanged program and the program with the task's POLICY_INSTRUCTION (the "
+        "instruction stating the whole policy) on the test split, before any --optimizers arm "
+        "(--optimizers '' for the ceiling alone)",
+    )
     g.add_argument("--predictor", help="the task's predictor setting (the default task: cot or predict)")
     g.add_argument("--adapter", help="the task's adapter setting (the default task: json or chat)")
-    g.add_argument("--limit-train", type=int, default=20,
-                   help="use only the first N training examples (0: all; the default task has 40)")
-    g.add_argument("--limit-val", type=int, default=20,
-                   help="use only the first N validation examples (0: all; the default task has 30)")
-    g.add_argument("--limit-test", type=int, default=40,
-                   help="use only the first N test examples (0: all; the default task has 60)")
+    g.add_argument(
+        "--limit-train",
+        type=int,
+        default=20,
+        help="use only the first N training examples (0: all; the default task has 40)",
+    )
+    g.add_argument(
+        "--limit-val",
+        type=int,
+        default=20,
+        help="use only the first N validation examples (0: all; the default task has 30)",
+    )
+    g.add_argument(
+        "--limit-test",
+        type=int,
+        default=40,
+        help="use only the first N test examples (0: all; the default task has 60)",
+    )
     g.add_argument("--num-threads", type=int, default=2, help="evaluation threads for every optimizer and the test")
-    g.add_argument("--rlm-commit", default="HEAD",
-                   help="the git commit of rlmoptimizer to run (run.sh checks it out into a worktree under "
-                        "<work-dir> and puts it first on PYTHONPATH; recorded in every arm file)")
+    g.add_argument(
+        "--rlm-commit",
+        default="HEAD",
+        help="the git commit of rlmoptimizer to run (run.sh checks it out into a worktree under "
+        "<work-dir> and puts it first on PYTHONPATH; recorded in every arm file)",
+    )
 
     g = p.add_argument_group("models ('local' = the GGUF model on a llama.cpp server started here)")
     g.add_argument("--task-model", default=LOCAL, help="task LM, e.g. openai/gpt-4o-mini (a litellm model name)")
@@ -111,8 +141,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--task-max-tokens", type=int, default=256)
     g.add_argument("--task-temperature", type=float, default=0.0)
     g.add_argument("--optimizer-max-tokens", type=int, default=1024)
-    g.add_argument("--price-as", default="openai/gpt-4o-mini",
-                   help="the hosted model (litellm name) whose price the table's dollar columns use for the local model")
+    g.add_argument(
+        "--price-as",
+        default="openai/gpt-4o-mini",
+        help="the hosted model (litellm name) whose price the table's dollar columns use for the local model",
+    )
     g.add_argument("--optimizer-temperature", type=float, default=0.7)
 
     g = p.add_argument_group("local server")
@@ -120,10 +153,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--n-ctx", type=int, default=8192, help="context window of the optimizer LM's server")
     g.add_argument("--task-n-ctx", type=int, default=4096, help="context window of the task LM's server")
     g.add_argument("--server-threads", type=int, default=len(os.sched_getaffinity(0)))
-    g.add_argument("--one-server", action="store_true",
-                   help="serve both roles from one server (less memory, slower optimizer calls)")
-    g.add_argument("--setup-only", action="store_true",
-                   help="assemble the model, start the server, check it answers, stop it; run nothing")
+    g.add_argument(
+        "--one-server",
+        action="store_true",
+        help="serve both roles from one server (less memory, slower optimizer calls)",
+    )
+    g.add_argument(
+        "--setup-only",
+        action="store_true",
+        help="assemble the model, start the server, check it answers, stop it; run nothing",
+    )
 
     g = p.add_argument_group("optimizer settings")
     g.add_argument("--mipro-candidates", type=int, default=4, help="MIPROv2 num_candidates (instructions proposed)")
@@ -173,23 +212,33 @@ def load_task(spec: str) -> ModuleType:
         module = importlib.import_module(spec)
     missing = [name for name in ("load", "make_program", "metric") if not callable(getattr(module, name, None))]
     if missing:
-        raise SystemExit(f"--task {spec}: the module lacks {missing}; a task exposes load() -> (train, val, test), "
-                         "make_program() -> dspy.Module and metric(example, pred, trace=None, pred_name=None, "
-                         "pred_trace=None)")
+        raise SystemExit(
+            f"--task {spec}: the module lacks {missing}; a task exposes load() -> (train, val, test), "
+            "make_program() -> dspy.Module and metric(example, pred, trace=None, pred_name=None, "
+            "pred_trace=None)"
+        )
     return module
 
 
 def machine_info() -> dict[str, Any]:
     cpu = ""
     try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
     except (OSError, StopIteration):
         cpu = platform.processor()
     mem_gb = None
     try:
-        kb = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
-                      if line.startswith("MemTotal")))
+        kb = int(
+            next(
+                line.split()[1]
+                for line in Path("/proc/meminfo").read_text().splitlines()
+                if line.startswith("MemTotal")
+            )
+        )
         mem_gb = round(kb / 1024 / 1024, 1)
     except (OSError, StopIteration, ValueError):
         pass
@@ -199,8 +248,14 @@ def machine_info() -> dict[str, Any]:
             versions[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
             versions[package] = None
-    return {"nproc": len(os.sched_getaffinity(0)), "cpu": cpu, "memory_gb": mem_gb, "platform": platform.platform(),
-            "python": platform.python_version(), "versions": versions}
+    return {
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu": cpu,
+        "memory_gb": mem_gb,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": versions,
+    }
 
 
 def make_lm(model: str, meter: Meter, *, server, api_base, api_key, max_tokens: int, temperature: float) -> MeteredLM:
@@ -210,8 +265,16 @@ def make_lm(model: str, meter: Meter, *, server, api_base, api_key, max_tokens: 
         name = model
     extra = {k: v for k, v in (("api_base", api_base), ("api_key", api_key)) if v}
     # engine="litellm": dspy 3.4.1's default engine sends max_completion_tokens, which llama.cpp ignores.
-    return MeteredLM(name, meter=meter, engine="litellm", cache=False, max_tokens=max_tokens,
-                     temperature=temperature, num_retries=2, **extra)
+    return MeteredLM(
+        name,
+        meter=meter,
+        engine="litellm",
+        cache=False,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        num_retries=2,
+        **extra,
+    )
 
 
 def _optimizer_window(args) -> int | None:
@@ -224,11 +287,30 @@ def _optimizer_window(args) -> int | None:
 # The settings an arm's result depends on. Arm files written with other values are refused, not mixed in:
 # the unchanged program and the policy instruction depend on the program's (what is scored, by which LM), an
 # optimizer arm on the optimizer's too.
-PROGRAM_SETTINGS = ("task", "program_options", "split_sizes", "test_sha256", "task_model", "local_model",
-                    "task_max_tokens", "task_temperature")
-OPTIMIZER_SETTINGS = ("budget", "optimizer_model", "optimizer_max_tokens", "optimizer_temperature", "num_threads",
-                      "mipro_candidates", "mipro_minibatch_size", "mipro_full_eval_steps", "rlm_max_turns",
-                      "rlm_max_llm_calls", "n_ctx", "one_server")
+PROGRAM_SETTINGS = (
+    "task",
+    "program_options",
+    "split_sizes",
+    "test_sha256",
+    "task_model",
+    "local_model",
+    "task_max_tokens",
+    "task_temperature",
+)
+OPTIMIZER_SETTINGS = (
+    "budget",
+    "optimizer_model",
+    "optimizer_max_tokens",
+    "optimizer_temperature",
+    "num_threads",
+    "mipro_candidates",
+    "mipro_minibatch_size",
+    "mipro_full_eval_steps",
+    "rlm_max_turns",
+    "rlm_max_llm_calls",
+    "n_ctx",
+    "one_server",
+)
 
 
 def arm_label(key: str, seed: int | None) -> str:
@@ -238,18 +320,26 @@ def arm_label(key: str, seed: int | None) -> str:
 def comparable_settings(args, task_spec: str, program_options: dict, data) -> dict[str, Any]:
     train, val, test = data
     test_sha = hashlib.sha256("\n".join(str(ex.toDict()) for ex in test).encode()).hexdigest()
-    values = {**vars(args), "task": Path(task_spec).name, "program_options": program_options,
-              "split_sizes": {"train": len(train), "val": len(val), "test": len(test)}, "test_sha256": test_sha}
+    values = {
+        **vars(args),
+        "task": Path(task_spec).name,
+        "program_options": program_options,
+        "split_sizes": {"train": len(train), "val": len(val), "test": len(test)},
+        "test_sha256": test_sha,
+    }
     return {k: values[k] for k in PROGRAM_SETTINGS + OPTIMIZER_SETTINGS}
 
 
 def check_settings(row: dict, settings: dict, path: Path) -> None:
     keys = PROGRAM_SETTINGS if not ARMS[row["key"]].seeded else PROGRAM_SETTINGS + OPTIMIZER_SETTINGS
-    differ = {k: (row.get("settings", {}).get(k), settings[k]) for k in keys
-              if row.get("settings", {}).get(k) != settings[k]}
+    differ = {
+        k: (row.get("settings", {}).get(k), settings[k]) for k in keys if row.get("settings", {}).get(k) != settings[k]
+    }
     if differ:
-        raise SystemExit(f"{path} was written with other settings ({', '.join(f'{k}: {a!r} there, {b!r} now' for k, (a, b) in differ.items())}); "
-                         "use another --out, or the same settings to continue that run")
+        raise SystemExit(
+            f"{path} was written with other settings ({', '.join(f'{k}: {a!r} there, {b!r} now' for k, (a, b) in differ.items())}); "
+            "use another --out, or the same settings to continue that run"
+        )
 
 
 class LoadSampler:
@@ -276,12 +366,28 @@ class LoadSampler:
 
     def between(self, start: float, end: float) -> dict[str, Any]:
         values = [v for t, v in self.samples if start <= t <= end] or [os.getloadavg()[0]]
-        return {"min": round(min(values), 2), "mean": round(sum(values) / len(values), 2),
-                "max": round(max(values), 2), "samples": len(values)}
+        return {
+            "min": round(min(values), 2),
+            "mean": round(sum(values) / len(values), 2),
+            "max": round(max(values), 2),
+            "samples": len(values),
+        }
 
 
-def run_arm(key: str, seed: int | None, args, task, data, task_lm, optimizer_lm, meters, out_dir: Path,
-            scored: dict[str, tuple[str, dict]], settings: dict, loads: LoadSampler) -> dict[str, Any]:
+def run_arm(
+    key: str,
+    seed: int | None,
+    args,
+    task,
+    data,
+    task_lm,
+    optimizer_lm,
+    meters,
+    out_dir: Path,
+    scored: dict[str, tuple[str, dict]],
+    settings: dict,
+    loads: LoadSampler,
+) -> dict[str, Any]:
     """One arm: optimize, then score on test. Failures become the row's status; only Ctrl-C stops the run.
 
     ``scored`` maps the instructions of every program scored so far to (arm, test result): a program whose
@@ -295,17 +401,38 @@ def run_arm(key: str, seed: int | None, args, task, data, task_lm, optimizer_lm,
     work_dir.mkdir(parents=True)
     metric = CountingMetric(task.metric, as_float=arm.metric_as_float)
     ctx = ArmContext(
-        program=make_program(task, args), train=train, val=val, task_lm=task_lm, optimizer_lm=optimizer_lm,
-        metric=metric, budget=args.budget, num_threads=args.num_threads, seed=seed or 0, work_dir=work_dir,
-        options={"mipro_candidates": args.mipro_candidates, "mipro_minibatch_size": args.mipro_minibatch_size,
-                 "mipro_full_eval_steps": args.mipro_full_eval_steps, "rlm_max_turns": args.rlm_max_turns,
-                 "rlm_max_llm_calls": args.rlm_max_llm_calls, "root_context_window": _optimizer_window(args)},
+        program=make_program(task, args),
+        train=train,
+        val=val,
+        task_lm=task_lm,
+        optimizer_lm=optimizer_lm,
+        metric=metric,
+        budget=args.budget,
+        num_threads=args.num_threads,
+        seed=seed or 0,
+        work_dir=work_dir,
+        options={
+            "mipro_candidates": args.mipro_candidates,
+            "mipro_minibatch_size": args.mipro_minibatch_size,
+            "mipro_full_eval_steps": args.mipro_full_eval_steps,
+            "rlm_max_turns": args.rlm_max_turns,
+            "rlm_max_llm_calls": args.rlm_max_llm_calls,
+            "root_context_window": _optimizer_window(args),
+        },
         policy_instruction=getattr(task, "POLICY_INSTRUCTION", None),
     )
-    row: dict[str, Any] = {"arm": arm.name, "key": key, "seed": seed, "label": label, "status": "ok", "error": None,
-                           "settings": settings, "rlm_commit": os.environ.get("RLMOPT_BENCH_COMMIT"),
-                           "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                           "details": {}}
+    row: dict[str, Any] = {
+        "arm": arm.name,
+        "key": key,
+        "seed": seed,
+        "label": label,
+        "status": "ok",
+        "error": None,
+        "settings": settings,
+        "rlm_commit": os.environ.get("RLMOPT_BENCH_COMMIT"),
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "details": {},
+    }
     log.info("=== %s: optimizing (budget %d metric calls) ===", label, args.budget)
     before = {role: meter.snapshot() for role, meter in meters.items()}
     started, started_epoch = time.perf_counter(), time.time()
@@ -335,11 +462,22 @@ def run_arm(key: str, seed: int | None, args, task, data, task_lm, optimizer_lm,
     if same in scored and args.task_temperature == 0:
         earlier, row["test"] = scored[same]
         row["test"] = {**row["test"], "same_instructions_as": earlier}
-        log.info("%s: optimized in %.0f s with %d metric calls; same instructions as %s: test score %.1f%% reused",
-                 label, row["optimize"]["wall_s"], metric.scored, earlier, 100 * row["test"]["score"])
+        log.info(
+            "%s: optimized in %.0f s with %d metric calls; same instructions as %s: test score %.1f%% reused",
+            label,
+            row["optimize"]["wall_s"],
+            metric.scored,
+            earlier,
+            100 * row["test"]["score"],
+        )
         return row
-    log.info("%s: optimized in %.0f s with %d metric calls; scoring on %d test examples", label,
-             row["optimize"]["wall_s"], metric.scored, len(test))
+    log.info(
+        "%s: optimized in %.0f s with %d metric calls; scoring on %d test examples",
+        label,
+        row["optimize"]["wall_s"],
+        metric.scored,
+        len(test),
+    )
     test_started = time.time()
     try:
         row["test"] = evaluate(program, test, task, task_lm, meters["task"], args.num_threads)
@@ -350,8 +488,14 @@ def run_arm(key: str, seed: int | None, args, task, data, task_lm, optimizer_lm,
         row["traceback"] = traceback.format_exc()
         return row
     row["test"]["load_1min"] = loads.between(test_started, time.time())
-    log.info("%s: test score %.1f%% (%d/%d) in %.0f s", label, 100 * row["test"]["score"], row["test"]["correct"],
-             row["test"]["total"], row["test"]["wall_s"])
+    log.info(
+        "%s: test score %.1f%% (%d/%d) in %.0f s",
+        label,
+        100 * row["test"]["score"],
+        row["test"]["correct"],
+        row["test"]["total"],
+        row["test"]["wall_s"],
+    )
     scored[same] = (label, row["test"])
     return row
 
@@ -377,22 +521,45 @@ def evaluate(program, test, task, task_lm, task_meter: Meter, num_threads: int) 
     before = task_meter.snapshot()
     started = time.perf_counter()
     with dspy.context(lm=task_lm):
-        result = dspy.Evaluate(devset=test, metric=metric, num_threads=num_threads, display_progress=False,
-                               max_errors=len(test) + 1, provide_traceback=False)(program)
+        result = dspy.Evaluate(
+            devset=test,
+            metric=metric,
+            num_threads=num_threads,
+            display_progress=False,
+            max_errors=len(test) + 1,
+            provide_traceback=False,
+        )(program)
     per_ticket = [float(score) for *_, score in result.results]  # in the test split's order
     predicted = [getattr(pred, "queue", None) if pred is not None else None for _, pred, _ in result.results]
     correct = sum(per_ticket)
-    return {"score": correct / len(test), "correct": int(round(correct)), "total": len(test),
-            "per_ticket": per_ticket, "predicted": [p if isinstance(p, str | None) else str(p) for p in predicted],
-            "wall_s": round(time.perf_counter() - started, 1), "task_lm": (task_meter.snapshot() - before).to_dict()}
+    return {
+        "score": correct / len(test),
+        "correct": int(round(correct)),
+        "total": len(test),
+        "per_ticket": per_ticket,
+        "predicted": [p if isinstance(p, str | None) else str(p) for p in predicted],
+        "wall_s": round(time.perf_counter() - started, 1),
+        "task_lm": (task_meter.snapshot() - before).to_dict(),
+    }
 
 
 def fmt_tokens(n: float) -> str:
     return f"{n / 1000:.1f}k" if n >= 1000 else f"{n:.0f}"
 
 
-TABLE_HEADER = ("run", "test score", "metric calls", "task-LM calls", "task tokens in/out",
-                "optimizer-LM calls", "optimizer tokens in/out", "task $", "optimizer $", "wall time", "load (1-min avg)")
+TABLE_HEADER = (
+    "run",
+    "test score",
+    "metric calls",
+    "task-LM calls",
+    "task tokens in/out",
+    "optimizer-LM calls",
+    "optimizer tokens in/out",
+    "task $",
+    "optimizer $",
+    "wall time",
+    "load (1-min avg)",
+)
 
 
 def dollars(model: str, price_as: str, usage: dict[str, Any]) -> str:
@@ -406,8 +573,11 @@ def dollars(model: str, price_as: str, usage: dict[str, Any]) -> str:
     return "?" if cost is None else f"{float(cost):.4f}"
 
 
-def table_rows(rows: list[dict], models: dict[str, str] | None = None, price_as: str = "openai/gpt-4o-mini",
-               ) -> list[tuple[str, ...]]:
+def table_rows(
+    rows: list[dict],
+    models: dict[str, str] | None = None,
+    price_as: str = "openai/gpt-4o-mini",
+) -> list[tuple[str, ...]]:
     """One line per run (arm and seed), with what its optimization cost."""
     models = models or {"task": LOCAL, "optimizer": LOCAL}
     out = []
@@ -419,15 +589,21 @@ def table_rows(rows: list[dict], models: dict[str, str] | None = None, price_as:
         o, t = row["optimize"], row["test"]
         same = f" (same instructions as {t['same_instructions_as']})" if t.get("same_instructions_as") else ""
         load = o.get("load_1min")
-        out.append((
-            name, f"{100 * t['score']:.1f}% ({t['correct']}/{t['total']}){same}", str(o["metric_calls"]),
-            str(o["task_lm"]["calls"]),
-            f"{fmt_tokens(o['task_lm']['input_tokens'])} / {fmt_tokens(o['task_lm']['output_tokens'])}",
-            str(o["optimizer_lm"]["calls"]),
-            f"{fmt_tokens(o['optimizer_lm']['input_tokens'])} / {fmt_tokens(o['optimizer_lm']['output_tokens'])}",
-            dollars(models["task"], price_as, o["task_lm"]), dollars(models["optimizer"], price_as, o["optimizer_lm"]),
-            f"{o['wall_s'] / 60:.1f} min", f"{load['mean']:.1f} ({load['min']:.1f}-{load['max']:.1f})" if load else "",
-        ))
+        out.append(
+            (
+                name,
+                f"{100 * t['score']:.1f}% ({t['correct']}/{t['total']}){same}",
+                str(o["metric_calls"]),
+                str(o["task_lm"]["calls"]),
+                f"{fmt_tokens(o['task_lm']['input_tokens'])} / {fmt_tokens(o['task_lm']['output_tokens'])}",
+                str(o["optimizer_lm"]["calls"]),
+                f"{fmt_tokens(o['optimizer_lm']['input_tokens'])} / {fmt_tokens(o['optimizer_lm']['output_tokens'])}",
+                dollars(models["task"], price_as, o["task_lm"]),
+                dollars(models["optimizer"], price_as, o["optimizer_lm"]),
+                f"{o['wall_s'] / 60:.1f} min",
+                f"{load['mean']:.1f} ({load['min']:.1f}-{load['max']:.1f})" if load else "",
+            )
+        )
     return out
 
 
@@ -457,10 +633,12 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
         runs.sort(key=lambda r: r["seed"] if r["seed"] is not None else -1)
     arms: dict[str, Any] = {}
     for key, runs in by_key.items():
-        tokens = [r["optimize"]["optimizer_lm"]["input_tokens"] + r["optimize"]["optimizer_lm"]["output_tokens"]
-                  for r in runs]
+        tokens = [
+            r["optimize"]["optimizer_lm"]["input_tokens"] + r["optimize"]["optimizer_lm"]["output_tokens"] for r in runs
+        ]
         arms[key] = {
-            "name": runs[0]["arm"], "seeds": [r["seed"] for r in runs],
+            "name": runs[0]["arm"],
+            "seeds": [r["seed"] for r in runs],
             "accuracy": spread([100 * r["test"]["score"] for r in runs]),
             "per_seed_correct": [f"{r['test']['correct']}/{r['test']['total']}" for r in runs],
             "metric_calls": spread([r["optimize"]["metric_calls"] for r in runs]),
@@ -469,8 +647,12 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
             "optimizer_tokens_out": spread([r["optimize"]["optimizer_lm"]["output_tokens"] for r in runs]),
             "wall_min": spread([r["optimize"]["wall_s"] / 60 for r in runs]),
             # the load while it optimized, or while it was scored when it did not optimize (unchanged, policy)
-            "load_1min_mean": spread([(r["optimize"] if ARMS[key].seeded else r["test"]).get("load_1min", {})
-                                      .get("mean", float("nan")) for r in runs]),
+            "load_1min_mean": spread(
+                [
+                    (r["optimize"] if ARMS[key].seeded else r["test"]).get("load_1min", {}).get("mean", float("nan"))
+                    for r in runs
+                ]
+            ),
             "rlm_commits": sorted({r.get("rlm_commit") or "?" for r in runs}) if key == "rlmoptimizer" else None,
         }
     gepa = arms.get("gepa")
@@ -486,19 +668,24 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
             for run in by_key[key]:
                 partner = next((r for r in ref if r["seed"] == run["seed"]), None) if ARMS[other].seeded else ref[0]
                 if partner is not None:
-                    per_seed.append({"seed": run["seed"], **mcnemar(run["test"]["per_ticket"],
-                                                                    partner["test"]["per_ticket"])})
+                    per_seed.append(
+                        {"seed": run["seed"], **mcnemar(run["test"]["per_ticket"], partner["test"]["per_ticket"])}
+                    )
             summary[f"vs_{other}"] = {
                 "mcnemar_per_seed": per_seed,
-                "sign_test_pooled": sign_test([r["test"]["per_ticket"] for r in by_key[key]],
-                                              [r["test"]["per_ticket"] for r in ref]),
+                "sign_test_pooled": sign_test(
+                    [r["test"]["per_ticket"] for r in by_key[key]], [r["test"]["per_ticket"] for r in ref]
+                ),
             }
     ceiling = None
     if "unchanged" in by_key and "policy" in by_key:
         bare, policy = by_key["unchanged"][0]["test"], by_key["policy"][0]["test"]
-        ceiling = {"bare": f"{bare['correct']}/{bare['total']}", "policy": f"{policy['correct']}/{policy['total']}",
-                   "gap_points": 100 * (policy["score"] - bare["score"]),
-                   "mcnemar": mcnemar(policy["per_ticket"], bare["per_ticket"])}
+        ceiling = {
+            "bare": f"{bare['correct']}/{bare['total']}",
+            "policy": f"{policy['correct']}/{policy['total']}",
+            "gap_points": 100 * (policy["score"] - bare["score"]),
+            "mcnemar": mcnemar(policy["per_ticket"], bare["per_ticket"]),
+        }
     return {"arms": arms, "ceiling": ceiling}
 
 
@@ -510,23 +697,44 @@ def summary_tables(summary: dict) -> str:
     for key in order:
         a = arms[key]
         seeds = ",".join(str(s) for s in a["seeds"]) if ARMS[key].seeded else "-"
-        cells.append((
-            a["name"], seeds, f"{_pm(a['accuracy'])}% ({', '.join(a['per_seed_correct'])})", _pm(a["metric_calls"]),
-            f"{fmt_tokens(a['optimizer_tokens_in']['mean'])} / {fmt_tokens(a['optimizer_tokens_out']['mean'])}"
-            + (f" (± {fmt_tokens(a['optimizer_tokens']['sd'])})" if a["optimizer_tokens"]["n"] > 1 else ""),
-            f"{a['tokens_vs_gepa']:.2f}x" if "tokens_vs_gepa" in a else "",
-            f"{_pm(a['wall_min'])} min", f"{a['wall_vs_gepa']:.2f}x" if "wall_vs_gepa" in a else "",
-            f"{a['load_1min_mean']['mean']:.1f}",
-        ))
-    parts.append(markdown(("arm", "seeds", "test accuracy, mean ± sd (per seed)", "metric calls",
-                           "optimizer tokens in / out (± sd of total)", "tokens ÷ GEPA", "wall time", "wall ÷ GEPA",
-                           "load (1-min avg)"), cells))
+        cells.append(
+            (
+                a["name"],
+                seeds,
+                f"{_pm(a['accuracy'])}% ({', '.join(a['per_seed_correct'])})",
+                _pm(a["metric_calls"]),
+                f"{fmt_tokens(a['optimizer_tokens_in']['mean'])} / {fmt_tokens(a['optimizer_tokens_out']['mean'])}"
+                + (f" (± {fmt_tokens(a['optimizer_tokens']['sd'])})" if a["optimizer_tokens"]["n"] > 1 else ""),
+                f"{a['tokens_vs_gepa']:.2f}x" if "tokens_vs_gepa" in a else "",
+                f"{_pm(a['wall_min'])} min",
+                f"{a['wall_vs_gepa']:.2f}x" if "wall_vs_gepa" in a else "",
+                f"{a['load_1min_mean']['mean']:.1f}",
+            )
+        )
+    parts.append(
+        markdown(
+            (
+                "arm",
+                "seeds",
+                "test accuracy, mean ± sd (per seed)",
+                "metric calls",
+                "optimizer tokens in / out (± sd of total)",
+                "tokens ÷ GEPA",
+                "wall time",
+                "wall ÷ GEPA",
+                "load (1-min avg)",
+            ),
+            cells,
+        )
+    )
 
     def paired(c: dict | None) -> str:
         if not c:
             return ""
-        seeds = "; ".join(("" if m["seed"] is None else f"s{m['seed']}: ") + f"+{m['wins']}/-{m['losses']} p={m['p']:.2f}"
-                          for m in c["mcnemar_per_seed"])
+        seeds = "; ".join(
+            ("" if m["seed"] is None else f"s{m['seed']}: ") + f"+{m['wins']}/-{m['losses']} p={m['p']:.2f}"
+            for m in c["mcnemar_per_seed"]
+        )
         s = c["sign_test_pooled"]
         return f"{seeds} | +{s['better']}/-{s['worse']} ({s['ties']} tied) p={s['p']:.2f}"
 
@@ -539,15 +747,26 @@ def summary_tables(summary: dict) -> str:
         vs_g = paired(a.get("vs_gepa")) or " | "
         cells.append((a["name"], *vs_u.split(" | "), *vs_g.split(" | ")))
     if cells:
-        parts.append(markdown(("arm", "vs unchanged: McNemar per seed (tickets won/lost)",
-                               "vs unchanged: sign test, seeds pooled", "vs GEPA: McNemar per seed (same seed)",
-                               "vs GEPA: sign test, seeds pooled"), cells))
+        parts.append(
+            markdown(
+                (
+                    "arm",
+                    "vs unchanged: McNemar per seed (tickets won/lost)",
+                    "vs unchanged: sign test, seeds pooled",
+                    "vs GEPA: McNemar per seed (same seed)",
+                    "vs GEPA: sign test, seeds pooled",
+                ),
+                cells,
+            )
+        )
     if summary["ceiling"]:
         c = summary["ceiling"]
         m = c["mcnemar"]
-        parts.append(f"Ceiling: the unchanged program {c['bare']} with the bare instruction, {c['policy']} with the "
-                     f"instruction stating the whole policy ({c['gap_points']:+.1f} points; the policy won "
-                     f"{m['wins']} tickets and lost {m['losses']}, McNemar p={m['p']:.3f}).")
+        parts.append(
+            f"Ceiling: the unchanged program {c['bare']} with the bare instruction, {c['policy']} with the "
+            f"instruction stating the whole policy ({c['gap_points']:+.1f} points; the policy won "
+            f"{m['wins']} tickets and lost {m['losses']}, McNemar p={m['p']:.3f})."
+        )
     return "\n\n".join(parts)
 
 
@@ -587,19 +806,30 @@ def main(argv: list[str] | None = None) -> int:
     train, val, test = task.load()
     train, val, test = train[: args.limit_train], val[: args.limit_val], test[: args.limit_test]
     settings = comparable_settings(args, args.task, options, (train, val, test))
-    log.info("task %s %s: %d train, %d val, %d test; output in %s", args.task, options or "(default settings)",
-             len(train), len(val), len(test), out_dir)
+    log.info(
+        "task %s %s: %d train, %d val, %d test; output in %s",
+        args.task,
+        options or "(default settings)",
+        len(train),
+        len(val),
+        len(test),
+        out_dir,
+    )
     import rlmoptimizer
 
-    library = {"commit": os.environ.get("RLMOPT_BENCH_COMMIT"), "requested": args.rlm_commit,
-               "path": str(Path(rlmoptimizer.__file__).parent)}
+    library = {
+        "commit": os.environ.get("RLMOPT_BENCH_COMMIT"),
+        "requested": args.rlm_commit,
+        "path": str(Path(rlmoptimizer.__file__).parent),
+    }
     log.info("rlmoptimizer from %s (commit %s)", library["path"], library["commit"] or "unknown: not run by run.sh")
 
     done = load_arm_files(arms_dir, settings)
     plan = [(key, seed) for key in args.arms for seed in (args.seed_list if ARMS[key].seeded else [None])]
     todo = [(key, seed) for key, seed in plan if arm_label(key, seed) not in done]
-    log.info("arms: %s; already done in %s: %s", ", ".join(arm_label(*a) for a in plan), arms_dir,
-             ", ".join(done) or "none")
+    log.info(
+        "arms: %s; already done in %s: %s", ", ".join(arm_label(*a) for a in plan), arms_dir, ", ".join(done) or "none"
+    )
 
     dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)
     needs_local = LOCAL in (args.task_model, args.optimizer_model)
@@ -610,8 +840,11 @@ def main(argv: list[str] | None = None) -> int:
         "task": args.task,
         "program_options": options,
         "split_sizes": {"train": len(train), "val": len(val), "test": len(test)},
-        "models": {"task": args.task_model, "optimizer": args.optimizer_model,
-                   "local_model": args.local_model if needs_local else None},
+        "models": {
+            "task": args.task_model,
+            "optimizer": args.optimizer_model,
+            "local_model": args.local_model if needs_local else None,
+        },
         "rlmoptimizer": library,
         "settings": {**vars(args), "api_key": "(set)" if args.api_key else None},
         "cache": "dspy cache disabled (memory and disk) and cache=False on every LM",
@@ -631,15 +864,42 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             meters = {"task": Meter("task"), "optimizer": Meter("optimizer")}
             lm_options = {"api_base": args.api_base, "api_key": args.api_key}
-            task_lm = make_lm(args.task_model, meters["task"], server=servers.get("task"),
-                              max_tokens=args.task_max_tokens, temperature=args.task_temperature, **lm_options)
-            optimizer_lm = make_lm(args.optimizer_model, meters["optimizer"], server=servers.get("optimizer"),
-                                   max_tokens=args.optimizer_max_tokens, temperature=args.optimizer_temperature,
-                                   **lm_options) if optimizing else None
+            task_lm = make_lm(
+                args.task_model,
+                meters["task"],
+                server=servers.get("task"),
+                max_tokens=args.task_max_tokens,
+                temperature=args.task_temperature,
+                **lm_options,
+            )
+            optimizer_lm = (
+                make_lm(
+                    args.optimizer_model,
+                    meters["optimizer"],
+                    server=servers.get("optimizer"),
+                    max_tokens=args.optimizer_max_tokens,
+                    temperature=args.optimizer_temperature,
+                    **lm_options,
+                )
+                if optimizing
+                else None
+            )
             dspy.configure(lm=task_lm)
             for key, seed in todo:
-                row = run_arm(key, seed, args, task, (train, val, test), task_lm, optimizer_lm, meters, out_dir,
-                              scored, settings, loads)
+                row = run_arm(
+                    key,
+                    seed,
+                    args,
+                    task,
+                    (train, val, test),
+                    task_lm,
+                    optimizer_lm,
+                    meters,
+                    out_dir,
+                    scored,
+                    settings,
+                    loads,
+                )
                 row["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
                 if row["status"] == "ok":  # a failed arm is not saved, so the next invocation tries it again
                     write_json(arms_dir / f"{row['label']}.json", row)
@@ -653,16 +913,22 @@ def main(argv: list[str] | None = None) -> int:
     results["rows"] = rows
     results["summary_stats"] = summarize(rows)
     models = {"task": args.task_model, "optimizer": args.optimizer_model}
-    missing = [arm_label(k, s) for k, s in plan if arm_label(k, s) not in done or done[arm_label(k, s)]["status"] != "ok"]
-    head = (f"{stamp:%Y-%m-%d}, task LM {describe_model(args.task_model, args)}, optimizer LM "
-            f"{describe_model(args.optimizer_model, args)}, program {options or 'default settings'}, budget "
-            f"{args.budget} metric calls, {len(train)}/{len(val)}/{len(test)} train/val/test, "
-            f"{results['machine']['nproc']} cores ({results['machine']['cpu']}), rlmoptimizer commit(s) "
-            f"{', '.join(sorted({r.get('rlm_commit') or '?' for r in rows if r['key'] == 'rlmoptimizer'})) or '-'}"
-            + (f"; MISSING (not finished): {', '.join(missing)}" if missing else ""))
-    table = (summary_tables(results["summary_stats"]) + "\n\nEach run (dollars at litellm's price for each hosted "
-             f"model{', the local model at ' + args.price_as + chr(39) + 's' if needs_local else ''}):\n\n"
-             + markdown_table(rows, models, args.price_as))
+    missing = [
+        arm_label(k, s) for k, s in plan if arm_label(k, s) not in done or done[arm_label(k, s)]["status"] != "ok"
+    ]
+    head = (
+        f"{stamp:%Y-%m-%d}, task LM {describe_model(args.task_model, args)}, optimizer LM "
+        f"{describe_model(args.optimizer_model, args)}, program {options or 'default settings'}, budget "
+        f"{args.budget} metric calls, {len(train)}/{len(val)}/{len(test)} train/val/test, "
+        f"{results['machine']['nproc']} cores ({results['machine']['cpu']}), rlmoptimizer commit(s) "
+        f"{', '.join(sorted({r.get('rlm_commit') or '?' for r in rows if r['key'] == 'rlmoptimizer'})) or '-'}"
+        + (f"; MISSING (not finished): {', '.join(missing)}" if missing else "")
+    )
+    table = (
+        summary_tables(results["summary_stats"]) + "\n\nEach run (dollars at litellm's price for each hosted "
+        f"model{', the local model at ' + args.price_as + chr(39) + 's' if needs_local else ''}):\n\n"
+        + markdown_table(rows, models, args.price_as)
+    )
     results["summary"] = head
     (out_dir / "table.md").write_text(head + "\n\n" + table + "\n")
     write_json(out_dir / "results.json", results)
@@ -671,12 +937,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def start_servers(args, stack: ExitStack, work_dir: Path, out_dir: Path, results: dict, *,
-                  optimizer: bool = True) -> dict:
+def start_servers(
+    args, stack: ExitStack, work_dir: Path, out_dir: Path, results: dict, *, optimizer: bool = True
+) -> dict:
     """{role: Server} for each role whose model is local (the optimizer's only when ``optimizer``); each server
     is stopped when ``stack`` closes."""
-    local_roles = [role for role, model in (("task", args.task_model), ("optimizer", args.optimizer_model))
-                   if model == LOCAL and (optimizer or role == "task")]
+    local_roles = [
+        role
+        for role, model in (("task", args.task_model), ("optimizer", args.optimizer_model))
+        if model == LOCAL and (optimizer or role == "task")
+    ]
     if not local_roles:
         return {}
     model_path = ensure_weights(WEIGHTS[args.local_model], work_dir)
@@ -688,11 +958,22 @@ def start_servers(args, stack: ExitStack, work_dir: Path, out_dir: Path, results
     results["servers"] = {}
     for roles, n_ctx in plan:
         name = "+".join(roles)
-        server = stack.enter_context(llama_server(model_path, args.local_model, n_ctx=n_ctx,
-                                                  n_threads=args.server_threads,
-                                                  log_path=out_dir / f"server-{name}.log"))
-        results["servers"][name] = {"startup_s": round(server.startup_s, 1), "check_s": round(server.check_s, 2),
-                                    "n_ctx": n_ctx, "n_threads": args.server_threads, "model_file": str(model_path)}
+        server = stack.enter_context(
+            llama_server(
+                model_path,
+                args.local_model,
+                n_ctx=n_ctx,
+                n_threads=args.server_threads,
+                log_path=out_dir / f"server-{name}.log",
+            )
+        )
+        results["servers"][name] = {
+            "startup_s": round(server.startup_s, 1),
+            "check_s": round(server.check_s, 2),
+            "n_ctx": n_ctx,
+            "n_threads": args.server_threads,
+            "model_file": str(model_path),
+        }
         servers.update(dict.fromkeys(roles, server))
     return servers
 

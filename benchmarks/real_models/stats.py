@@ -56,12 +56,21 @@ def sign_test(a_runs: Sequence[Sequence[float]], b_runs: Sequence[Sequence[float
         raise ValueError(f"paired comparison of {len(a)} against {len(b)} tickets")
     better = sum(1 for x, y in zip(a, b, strict=True) if x > y + 1e-9)
     worse = sum(1 for x, y in zip(a, b, strict=True) if y > x + 1e-9)
-    return {"better": better, "worse": worse, "ties": len(a) - better - worse,
-            "p": binomial_two_sided(better, better + worse)}
+    return {
+        "better": better,
+        "worse": worse,
+        "ties": len(a) - better - worse,
+        "p": binomial_two_sided(better, better + worse),
+    }
 
 
 def spread(values: Sequence[float]) -> dict:
     """Mean, sample standard deviation (0 for one value), min and max."""
     values = list(values)
-    return {"mean": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "min": min(values), "max": max(values), "n": len(values)}
+    return {
+        "mean": statistics.fmean(values),
+        "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }

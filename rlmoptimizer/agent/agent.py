@@ -68,8 +68,10 @@ class _CallCeiling:
     def reserve(self, n: int) -> None:
         with self._lock:
             if self._count + n > self._limit:
-                raise RuntimeError(f"LLM call limit exceeded: {self._count} + {n} > {self._limit} (max_llm_calls). "
-                                   "Use Python code for aggregation instead of making more LLM calls.")
+                raise RuntimeError(
+                    f"LLM call limit exceeded: {self._count} + {n} > {self._limit} (max_llm_calls). "
+                    "Use Python code for aggregation instead of making more LLM calls."
+                )
             self._count += n
 
 
@@ -112,8 +114,12 @@ def code_of(reply: str) -> str:
     then ```python) and a stray fence line (a closing fence with no opening one) are dropped. A block tagged with
     another language raises ``SyntaxError`` saying so."""
     lines = reply.strip().splitlines()
-    while len(lines) >= 2 and lines[0].strip() == "```" and lines[-1].strip() == "```" and \
-            sum(line.strip().startswith("```") for line in lines) > 2:
+    while (
+        len(lines) >= 2
+        and lines[0].strip() == "```"
+        and lines[-1].strip() == "```"
+        and sum(line.strip().startswith("```") for line in lines) > 2
+    ):
         lines = lines[1:-1]
     text = "\n".join(lines)
     opening = _FENCE.search(text)
@@ -124,9 +130,9 @@ def code_of(reply: str) -> str:
         raise SyntaxError(f"the code block is tagged ```{tag}: write Python in a ```python block")
     closing = _FENCE.search(text, opening.end())
     if closing is None:  # one fence line only: an unclosed block, or a stray closing fence after the code
-        before, after = text[: opening.start()].strip(), text[opening.end():].strip()
+        before, after = text[: opening.start()].strip(), text[opening.end() :].strip()
         return after or before
-    return text[opening.end(): closing.start()].strip()
+    return text[opening.end() : closing.start()].strip()
 
 
 def _json_object(value: Any) -> Any:
@@ -180,10 +186,13 @@ class OptimizerAgent(dspy.RLM):
         # sub-agents), and so are the tools, the factory and the extraction at the turn limit.
         self._factory = rlm_kwargs.get("interpreter_factory")
         self._tools = list(rlm_kwargs.get("tools") or ())
-        self.generate_action = dspy.Predict(action_signature(
-            self.signature.instructions, self._tools,
-            getattr(self._factory, "execution_instructions", "") if self._factory is not None else "",
-        ))
+        self.generate_action = dspy.Predict(
+            action_signature(
+                self.signature.instructions,
+                self._tools,
+                getattr(self._factory, "execution_instructions", "") if self._factory is not None else "",
+            )
+        )
         self.extract = dspy.Predict(extract_signature(self.signature))
         # What the root LM is sent per turn (rlmoptimizer.agent.root_lm); None keeps dspy's rendering unchanged.
         self._turn_sender = (
@@ -270,13 +279,13 @@ class OptimizerAgent(dspy.RLM):
         output_field_names = list(self.signature.output_fields.keys())
         variables = self.variables(**input_args)
 
-        with self._interpreter(factory) as repl, \
-                ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlmoptimizer-setup") as pool:
+        with (
+            self._interpreter(factory) as repl,
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlmoptimizer-setup") as pool,
+        ):
             # The REPL's setup waits for the sandbox's start; the first root-LM call does not need it, so the two
             # overlap and the start is hidden behind the LM (the sandbox serializes calls from any thread).
-            setup = pool.submit(
-                contextvars.copy_context().run, self._prepare_repl, repl, input_args
-            )
+            setup = pool.submit(contextvars.copy_context().run, self._prepare_repl, repl, input_args)
             regular_args = None
 
             history = REPLHistory(max_output_chars=self.max_output_chars)
@@ -308,8 +317,10 @@ class OptimizerAgent(dspy.RLM):
 
     def variables(self, **input_args: Any) -> list[REPLVariable]:
         """The inputs as the root LM is told about them (name, type, length, a preview)."""
-        return [REPLVariable.from_value(name, value, field_info=self.signature.input_fields.get(name))
-                for name, value in input_args.items()]
+        return [
+            REPLVariable.from_value(name, value, field_info=self.signature.input_fields.get(name))
+            for name, value in input_args.items()
+        ]
 
     @contextlib.contextmanager
     def _interpreter(self, factory: Callable[[], CodeInterpreter]):
@@ -353,8 +364,12 @@ class OptimizerAgent(dspy.RLM):
             try:
                 if sender is not None:
                     action = sender.act(
-                        root_lm, signature, variables_info=variables_info, history=shown,
-                        iteration=step, options=self.generate_action.config,
+                        root_lm,
+                        signature,
+                        variables_info=variables_info,
+                        history=shown,
+                        iteration=step,
+                        options=self.generate_action.config,
                         fresh=bool(attempt),
                     )
                 else:
@@ -407,8 +422,11 @@ class OptimizerAgent(dspy.RLM):
         auto = why is not None
         if auto:
             # The cell is known to change nothing: the turn runs the default loop's next line instead.
-            action = Prediction(reasoning=f"{action.reasoning}\n{AUTOPILOT} ran the default loop's next line in "
-                                          f"place of a cell that {why}.", code=line)
+            action = Prediction(
+                reasoning=f"{action.reasoning}\n{AUTOPILOT} ran the default loop's next line in "
+                f"place of a cell that {why}.",
+                code=line,
+            )
             code = line
         try:
             result = repl.execute(code, variables=dict(input_args))
@@ -419,14 +437,20 @@ class OptimizerAgent(dspy.RLM):
             return result
         if auto:  # said in the output too: the host writes it, the root LM cannot copy it into a turn
             last = result.entries[-1]
-            result = history.append(reasoning=last.reasoning, code=last.code,
-                                    output=f"{AUTOPILOT} this line ran in place of a cell that {why}.\n{last.output}")
+            result = history.append(
+                reasoning=last.reasoning,
+                code=last.code,
+                output=f"{AUTOPILOT} this line ran in place of a cell that {why}.\n{last.output}",
+            )
         line = self._next_move() if self._next_move is not None else None
         result = note_repeat(history, result, line)
         last = result.entries[-1]
         if line is not None and NOTICE not in last.output and is_idle(code, tools):
-            result = history.append(reasoning=last.reasoning, code=last.code,
-                                    output=f"{last.output}{NOTICE}{IDLE_NOTICE} The default loop's next line is: {line}")
+            result = history.append(
+                reasoning=last.reasoning,
+                code=last.code,
+                output=f"{last.output}{NOTICE}{IDLE_NOTICE} The default loop's next line is: {line}",
+            )
         return result
 
     def _extract_fallback(self, variables, history, output_field_names) -> Prediction:
@@ -440,12 +464,18 @@ class OptimizerAgent(dspy.RLM):
             logger.warning("The agent reached its turn limit; extracting its final output from its history.")
             with dspy.context(adapter=_root_adapter(last_attempt=True)):
                 extracted = self.extract(variables_info=[v.format() for v in variables], repl_history=shown)
-            return Prediction(trajectory=[entry.model_dump() for entry in history],
-                              final_reasoning="Extract forced final output",
-                              **{name: getattr(extracted, name) for name in output_field_names})
+            return Prediction(
+                trajectory=[entry.model_dump() for entry in history],
+                final_reasoning="Extract forced final output",
+                **{name: getattr(extracted, name) for name in output_field_names},
+            )
         except Exception as exc:
-            logger.warning("The agent ran out of turns and its final output could not be extracted (%s: %s); "
-                           "submitting the current instructions.", type(exc).__name__, exc)
+            logger.warning(
+                "The agent ran out of turns and its final output could not be extracted (%s: %s); "
+                "submitting the current instructions.",
+                type(exc).__name__,
+                exc,
+            )
             return Prediction(
                 trajectory=[entry.model_dump() for entry in history],
                 final_reasoning=f"Out of turns; the extraction failed ({type(exc).__name__}), so the current "
@@ -453,22 +483,25 @@ class OptimizerAgent(dspy.RLM):
                 **{name: {} for name in output_field_names},
             )
 
-    def _after_cell(self, action, code: str, result: Any, history: REPLHistory,
-                    output_field_names: list[str]) -> Prediction | REPLHistory:
+    def _after_cell(
+        self, action, code: str, result: Any, history: REPLHistory, output_field_names: list[str]
+    ) -> Prediction | REPLHistory:
         """The history with this cell's output, or the final Prediction on a SUBMIT that passes the checks."""
         if isinstance(result, FinalOutput):
             parsed, error = self._submission(result.output, output_field_names)
             if error is not None:
                 return history.append(reasoning=action.reasoning, code=code, output=error)
             final = history.append(reasoning=action.reasoning, code=code, output=f"FINAL: {parsed}")
-            return Prediction(**parsed, trajectory=[entry.model_dump() for entry in final],
-                              final_reasoning=action.reasoning)
+            return Prediction(
+                **parsed, trajectory=[entry.model_dump() for entry in final], final_reasoning=action.reasoning
+            )
         if isinstance(result, list):
             output = "\n".join(map(str, result))
         else:
             output = str(result) if result else ""
-        return history.append(reasoning=action.reasoning, code=code,
-                              output=output or "(no output - did you forget to print?)")
+        return history.append(
+            reasoning=action.reasoning, code=code, output=output or "(no output - did you forget to print?)"
+        )
 
     def _submission(self, raw: Any, output_field_names: list[str]) -> tuple[dict[str, Any] | None, str | None]:
         """A SUBMIT's outputs, checked: every output field present, then ours (a refused submission is an error

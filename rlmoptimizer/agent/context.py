@@ -132,8 +132,9 @@ class ContextBudget:
     def for_lm(cls, lm: Any, explicit_window: int | None = None) -> ContextBudget:
         window, source = context_window_of(lm, explicit_window)
         budget = cls.for_window(lm, window)
-        logger.debug("Root LM context window: %d tokens (%s); %d kept for the reply", window, source,
-                     budget.output_tokens)
+        logger.debug(
+            "Root LM context window: %d tokens (%s); %d kept for the reply", window, source, budget.output_tokens
+        )
         return budget
 
     @classmethod
@@ -176,8 +177,10 @@ class CompactedHistory(REPLHistory):
         if not self.entries and not self.folded:
             return "You have not interacted with the REPL environment yet."
         parts = [self.folded] if self.folded else []
-        parts += [entry.format(index=self.first_step - 1 + i, max_output_chars=self.max_output_chars)
-                  for i, entry in enumerate(self.entries)]
+        parts += [
+            entry.format(index=self.first_step - 1 + i, max_output_chars=self.max_output_chars)
+            for i, entry in enumerate(self.entries)
+        ]
         return "\n".join(parts)
 
 
@@ -210,10 +213,19 @@ class BoundedContext:
     code and output.
     """
 
-    def __init__(self, budget: ContextBudget, *, max_output_chars: int = 10_000, keep_recent: int = 2,
-                 low_water: float = 0.5, compact_reasoning: int = 300, compact_code: int = 500,
-                 compact_output: int = 600, folded_line: int = 160,
-                 input_tokens: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        budget: ContextBudget,
+        *,
+        max_output_chars: int = 10_000,
+        keep_recent: int = 2,
+        low_water: float = 0.5,
+        compact_reasoning: int = 300,
+        compact_code: int = 500,
+        compact_output: int = 600,
+        folded_line: int = 160,
+        input_tokens: Callable[[], int] | None = None,
+    ) -> None:
         self.budget = budget
         # The root LM's reported input tokens so far: the characters per token of its tokenizer are learned from
         # them (:meth:`_calibrate`), so the limit is neither a guess that overflows nor one that wastes the window.
@@ -278,9 +290,11 @@ class BoundedContext:
         """The root LM refused the last request as too long: the next view compacts to a smaller limit."""
         last_request = self._last_shown + self._last_fixed
         self.scale = min(self.scale * 0.6, 0.7 * last_request / max(1, self.budget.request_chars))
-        logger.warning("The root LM refused a request as longer than its context window; the history is "
-                       "compacted harder (to %.0f%% of the estimated limit) and the turn is asked again.",
-                       self.scale * 100)
+        logger.warning(
+            "The root LM refused a request as longer than its context window; the history is "
+            "compacted harder (to %.0f%% of the estimated limit) and the turn is asked again.",
+            self.scale * 100,
+        )
 
     def _compact(self, n: int, limit: int) -> None:
         target = int(limit * self.low_water)
@@ -300,8 +314,15 @@ class BoundedContext:
             verbatim = max(verbatim, folded)
         if (folded, verbatim) != (self._folded_upto, self._verbatim_from):
             self.compactions += 1
-            logger.info("Agent context compacted: steps 1-%d folded, %d-%d compacted, %d-%d verbatim (limit %d chars).",
-                        folded, folded + 1, verbatim, verbatim + 1, n, limit)
+            logger.info(
+                "Agent context compacted: steps 1-%d folded, %d-%d compacted, %d-%d verbatim (limit %d chars).",
+                folded,
+                folded + 1,
+                verbatim,
+                verbatim + 1,
+                n,
+                limit,
+            )
         self._folded_upto, self._verbatim_from = folded, verbatim
 
     # -- sizes and rendering -------------------------------------------------------------------------------
@@ -313,18 +334,23 @@ class BoundedContext:
             compact = REPLEntry(
                 reasoning=clip(entry.reasoning, self.compact_reasoning),
                 code=clip(entry.code, self.compact_code),
-                output=_head_tail(REPLEntry.format_output(entry.output, self.max_output_chars)
-                                  .split("\n", 1)[-1], self.compact_output),
+                output=_head_tail(
+                    REPLEntry.format_output(entry.output, self.max_output_chars).split("\n", 1)[-1], self.compact_output
+                ),
             )
-            line = (f"step {i + 1}: {_first_line(entry.reasoning, self.folded_line // 2)} -> "
-                    f"{_first_line(entry.output, self.folded_line // 2) or '(no output)'}")
-            self._sizes.append((
-                entry,
-                len(entry.format(index=i, max_output_chars=self.max_output_chars)) + 1,
-                len(compact.format(index=i, max_output_chars=self.max_output_chars)) + 1,
-                compact,
-                line,
-            ))
+            line = (
+                f"step {i + 1}: {_first_line(entry.reasoning, self.folded_line // 2)} -> "
+                f"{_first_line(entry.output, self.folded_line // 2) or '(no output)'}"
+            )
+            self._sizes.append(
+                (
+                    entry,
+                    len(entry.format(index=i, max_output_chars=self.max_output_chars)) + 1,
+                    len(compact.format(index=i, max_output_chars=self.max_output_chars)) + 1,
+                    compact,
+                    line,
+                )
+            )
 
     def _folded_lines(self, folded: int) -> list[str]:
         """One line per folded step; when they pass :meth:`folded_cap`, the oldest are dropped in blocks of half
@@ -349,29 +375,45 @@ class BoundedContext:
     def _folded_header(self, folded: int) -> str:
         if folded == 0:
             return ""
-        return ("=== Earlier steps (compacted to one line each; the full record is kept on disk) ===\n"
-                + "\n".join(self._folded_lines(folded)))
+        return "=== Earlier steps (compacted to one line each; the full record is kept on disk) ===\n" + "\n".join(
+            self._folded_lines(folded)
+        )
 
     def _size(self, n: int, folded: int, verbatim: int) -> int:
         header = self._folded_header(folded)
-        return (len(header) + (1 if header else 0)
-                + sum(self._sizes[i][2] for i in range(folded, verbatim))
-                + sum(self._sizes[i][1] for i in range(verbatim, n)))
+        return (
+            len(header)
+            + (1 if header else 0)
+            + sum(self._sizes[i][2] for i in range(folded, verbatim))
+            + sum(self._sizes[i][1] for i in range(verbatim, n))
+        )
 
     def _render(self, n: int) -> CompactedHistory:
         folded, verbatim = self._folded_upto, self._verbatim_from
         entries = [self._sizes[i][3] for i in range(folded, verbatim)] + [self._sizes[i][0] for i in range(verbatim, n)]
-        return CompactedHistory(entries=entries, max_output_chars=self.max_output_chars,
-                                folded=self._folded_header(folded), first_step=folded + 1)
+        return CompactedHistory(
+            entries=entries,
+            max_output_chars=self.max_output_chars,
+            folded=self._folded_header(folded),
+            first_step=folded + 1,
+        )
 
     def least_history_chars(self) -> int:
         """The history a request needs room for at the least: the newest turn compacted (a turn that printed all
         it may), so the agent still reads what its last cell did."""
-        entry = REPLEntry(reasoning="r" * self.compact_reasoning * 2, code="c" * self.compact_code * 2,
-                          output="o" * self.max_output_chars)
-        probe = BoundedContext(self.budget, max_output_chars=self.max_output_chars,
-                               compact_reasoning=self.compact_reasoning, compact_code=self.compact_code,
-                               compact_output=self.compact_output, folded_line=self.folded_line)
+        entry = REPLEntry(
+            reasoning="r" * self.compact_reasoning * 2,
+            code="c" * self.compact_code * 2,
+            output="o" * self.max_output_chars,
+        )
+        probe = BoundedContext(
+            self.budget,
+            max_output_chars=self.max_output_chars,
+            compact_reasoning=self.compact_reasoning,
+            compact_code=self.compact_code,
+            compact_output=self.compact_output,
+            folded_line=self.folded_line,
+        )
         probe._measure([entry])
         return probe._sizes[0][2]
 
@@ -381,8 +423,14 @@ class BoundedContext:
         return {"folded": self._folded_upto, "compacted_until": self._verbatim_from, "compactions": self.compactions}
 
 
-def turn_inputs(context: BoundedContext | None, state_block: Any, signature: Any, variables_info: Any,
-                history: REPLHistory, step: str) -> tuple[REPLHistory, str]:
+def turn_inputs(
+    context: BoundedContext | None,
+    state_block: Any,
+    signature: Any,
+    variables_info: Any,
+    history: REPLHistory,
+    step: str,
+) -> tuple[REPLHistory, str]:
     """The history to show and the iteration field of one agent turn. With a bounded context: the view that fits
     the window, and the state block after the iteration (the end of the request, where what changes every turn
     belongs: the history before it is a prefix of the next turn's request)."""

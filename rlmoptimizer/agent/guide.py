@@ -56,8 +56,14 @@ def _ids_text(ids: Sequence[int]) -> str:
 class LoopGuide:
     """The state of the default loop, told by the tools after each move that succeeded."""
 
-    def __init__(self, step_names: Sequence[str], budget_left: Callable[[], int], val_size: int = 0,
-                 train_status: Callable[[], tuple[list[int], int]] | None = None, train_size: int = 0) -> None:
+    def __init__(
+        self,
+        step_names: Sequence[str],
+        budget_left: Callable[[], int],
+        val_size: int = 0,
+        train_status: Callable[[], tuple[list[int], int]] | None = None,
+        train_size: int = 0,
+    ) -> None:
         self._steps = list(step_names)
         self._left = budget_left
         self._val_size = val_size
@@ -73,14 +79,15 @@ class LoopGuide:
         self._gepa_ran = False
 
     # -- what the tools report ------------------------------------------------------------------------
-    def proposed(self, step: str, candidate_ids: Sequence[str], check_ids: Sequence[int],
-                 failure_ids: Sequence[int] = ()) -> None:
+    def proposed(
+        self, step: str, candidate_ids: Sequence[str], check_ids: Sequence[int], failure_ids: Sequence[int] = ()
+    ) -> None:
         """A proposal: compare it on ``check_ids``, failures and other examples taken in turn, so that a
         comparison cut short to fit the budget still checks both what it should fix and what it may break."""
         failures = [i for i in check_ids if i in set(failure_ids)]
         others = [i for i in check_ids if i not in set(failure_ids)]
         order = [i for pair in zip(failures, others, strict=False) for i in pair]
-        order += failures[len(others):] + others[len(failures):]
+        order += failures[len(others) :] + others[len(failures) :]
         with self._lock:
             self._proposed[step] = self._proposed.get(step, 0) + 1
             self._pending = {"step": step, "ids": list(candidate_ids), "check": order}
@@ -168,8 +175,9 @@ _NO_OP = "with this same output: running it again changes nothing"
 AUTOPILOT = "[Autopilot]"
 
 
-def autopilot_step(history: REPLHistory, code: str, next_line: str | None,
-                   tools: frozenset[str] | None = None) -> str | None:
+def autopilot_step(
+    history: REPLHistory, code: str, next_line: str | None, tools: frozenset[str] | None = None
+) -> str | None:
     """Why the autopilot runs ``next_line`` in place of the cell ``code``, or None. It does when running ``code``
     is known to change nothing: it repeats a cell that already proved so (the notice said so once), or it is idle
     (see :func:`is_idle`, with the agent's ``tools``) right after an idle cell or a turn the autopilot ran; and the
@@ -242,8 +250,11 @@ def note_repeat(history: REPLHistory, new: REPLHistory, next_line: str | None = 
         notice = f"The same code ran at {where}. The default loop's next line is: {next_line}"
     else:
         times = "once" if len(earlier) == 1 else f"{len(earlier)} times"
-        todo = (f"Run this next instead: {next_line}" if next_line else
-                "Do something different: analyse `baseline_train['examples']` or a run from `run_data(...)`, write "
-                "new instructions with `update_prompt`, check them with `evaluate_program`, or SUBMIT.")
+        todo = (
+            f"Run this next instead: {next_line}"
+            if next_line
+            else "Do something different: analyse `baseline_train['examples']` or a run from `run_data(...)`, write "
+            "new instructions with `update_prompt`, check them with `evaluate_program`, or SUBMIT."
+        )
         notice = f"This code already ran {times} ({where}) {_NO_OP}. {todo}"
     return history.append(reasoning=last.reasoning, code=last.code, output=f"{last.output}{NOTICE}{notice}")

@@ -16,8 +16,19 @@ import string
 from collections.abc import Callable, Mapping, Sequence
 
 TOOL_NAMES: tuple[str, ...] = (
-    "evaluate_program", "run_data", "update_prompt", "optimization_status",
-    "run_gepa", "propose_instructions", "compare", "adopt_candidate", "diff_runs", "hard_examples", "candidates", "add_note", "read_notes",
+    "evaluate_program",
+    "run_data",
+    "update_prompt",
+    "optimization_status",
+    "run_gepa",
+    "propose_instructions",
+    "compare",
+    "adopt_candidate",
+    "diff_runs",
+    "hard_examples",
+    "candidates",
+    "add_note",
+    "read_notes",
 )
 
 AGENT_INSTRUCTIONS = """\
@@ -88,19 +99,25 @@ def render_instructions(budget: int, budget_note: str) -> str:
     return template.substitute(budget=budget, budget_note=budget_note)
 
 
-def budget_note(train_size: int, val_size: int, max_iterations: int | None = None,
-                max_metric_calls: int | None = None) -> str:
+def budget_note(
+    train_size: int, val_size: int, max_iterations: int | None = None, max_metric_calls: int | None = None
+) -> str:
     """What the agent's budget is worth, in the words of the setting the user chose."""
     new = "A unit is one newly evaluated example (one already evaluated with the same instructions is free)"
     if max_metric_calls is not None:
         check = "validation" if val_size else "train"
-        return (f"{new}: max_metric_calls={max_metric_calls}, every run of the program counts, and the baselines took "
-                f"{train_size + val_size}. Sub-LM prompts (llm_query, proposals, GEPA's reflections) are not metric "
-                f"calls: they have an allowance of {max_metric_calls} of their own. The {check} check of a submission "
-                f"not yet evaluated on {check} is paid from the units too, and without the units for it the best "
-                f"checked candidate is returned instead, so check what you submit.")
-    return (f"{new}, or one sub-LM prompt: enough to evaluate the {train_size} train examples {max_iterations} time(s)"
-            + (f" plus the {val_size} validation examples once" if val_size else "") + ".")
+        return (
+            f"{new}: max_metric_calls={max_metric_calls}, every run of the program counts, and the baselines took "
+            f"{train_size + val_size}. Sub-LM prompts (llm_query, proposals, GEPA's reflections) are not metric "
+            f"calls: they have an allowance of {max_metric_calls} of their own. The {check} check of a submission "
+            f"not yet evaluated on {check} is paid from the units too, and without the units for it the best "
+            f"checked candidate is returned instead, so check what you submit."
+        )
+    return (
+        f"{new}, or one sub-LM prompt: enough to evaluate the {train_size} train examples {max_iterations} time(s)"
+        + (f" plus the {val_size} validation examples once" if val_size else "")
+        + "."
+    )
 
 
 _SUB_LM_TOOLS = (
@@ -114,8 +131,9 @@ def format_tools(tools: Sequence[Callable]) -> str:
     lines = []
     for tool in tools:
         parameters = inspect.signature(tool).parameters.values()
-        args = ", ".join(p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}"
-                         for p in parameters)
+        args = ", ".join(
+            p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}" for p in parameters
+        )
         doc = " ".join((inspect.getdoc(tool) or "").split())
         lines.append(f"- {tool.__name__}({args}): {doc}")
     return "\n".join([*lines, _SUB_LM_TOOLS])
@@ -130,7 +148,8 @@ def action_signature(task_instructions: str, tools: Sequence[Callable], runtime_
     from rlmoptimizer.agent._dspy import REPLHistory
 
     rules = string.Template(ACTION_RULES).substitute(
-        runtime_rules=f"{runtime_rules.strip()}\n" if runtime_rules.strip() else "", tools=format_tools(tools))
+        runtime_rules=f"{runtime_rules.strip()}\n" if runtime_rules.strip() else "", tools=format_tools(tools)
+    )
     return (
         dspy.Signature({}, f"{task_instructions.rstrip()}\n\n{rules}")
         .append("variables_info", dspy.InputField(desc="the variables in the REPL"), type_=str)
@@ -148,8 +167,10 @@ def extract_signature(signature):
 
     from rlmoptimizer.agent._dspy import REPLHistory
 
-    instructions = (f"The history below was written with this objective:\n{signature.instructions}\n\n"
-                    "The turns ran out. From the history (what was found and computed), give the final outputs now.")
+    instructions = (
+        f"The history below was written with this objective:\n{signature.instructions}\n\n"
+        "The turns ran out. From the history (what was found and computed), give the final outputs now."
+    )
     return (
         dspy.Signature({**signature.output_fields}, instructions)
         .prepend("repl_history", dspy.InputField(desc="your turns: code and output"), type_=REPLHistory)
@@ -161,12 +182,17 @@ def agent_signature(budget: int, note: str):
     """The agent's signature: the task brief in, the submission out, :data:`AGENT_INSTRUCTIONS` filled in."""
     import dspy
 
-    return dspy.Signature("task_brief: str -> optimized_dspy_program: dict[str, str]",
-                          render_instructions(budget, note))
+    return dspy.Signature(
+        "task_brief: str -> optimized_dspy_program: dict[str, str]", render_instructions(budget, note)
+    )
 
 
 def render_task_brief(
-    step_signatures: Mapping[str, str], train_size: int, val_size: int, budget_left: int, resumed: bool = False,
+    step_signatures: Mapping[str, str],
+    train_size: int,
+    val_size: int,
+    budget_left: int,
+    resumed: bool = False,
     pass_threshold: float | None = None,
 ) -> str:
     """A short description of this program and data, given to the agent as an input on every turn."""

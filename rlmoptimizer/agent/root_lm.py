@@ -87,11 +87,16 @@ class TurnRenderer:
             inputs = {"variables_info": variables_info, "repl_history": history, "iteration": iteration}
             return adapter.format(signature, demos=[], inputs=inputs)
         system = {"role": "system", "content": adapter.format_system_message(signature)}
-        return [system, *self.turns(adapter, signature, variables_info=variables_info, history=history,
-                                    iteration=iteration, start=0)]
+        return [
+            system,
+            *self.turns(
+                adapter, signature, variables_info=variables_info, history=history, iteration=iteration, start=0
+            ),
+        ]
 
-    def turns(self, adapter, signature, *, variables_info, history: REPLHistory, iteration: str,
-              start: int) -> list[dict]:
+    def turns(
+        self, adapter, signature, *, variables_info, history: REPLHistory, iteration: str, start: int
+    ) -> list[dict]:
         """The multi-turn messages from user turn ``start`` on: ``U(start), A(start), ..., A(n-1), U(n)``."""
         entries = list(history)
         # a bounded context's view (rlmoptimizer.context) starts at a later step, after a header for the earlier
@@ -203,8 +208,17 @@ class TurnSender:
             return False
         return self.renderer.multiturn or self._can_chain(lm)
 
-    def act(self, lm, action_signature, *, variables_info, history: REPLHistory, iteration: str,
-            options: dict[str, Any] | None = None, fresh: bool = False) -> Prediction:
+    def act(
+        self,
+        lm,
+        action_signature,
+        *,
+        variables_info,
+        history: REPLHistory,
+        iteration: str,
+        options: dict[str, Any] | None = None,
+        fresh: bool = False,
+    ) -> Prediction:
         """One turn: render, send (chained where possible), parse. ``fresh`` bypasses dspy's cache (a retry).
 
         Raises AdapterParseError for a reply that does not parse; the chain then stays where it was, so a
@@ -225,8 +239,11 @@ class TurnSender:
                 self.chain.advance(response.id, history, adapter.format_system_message(signature))
             else:
                 self.chain.reset()
-                self._warn_once("no-id", "root_stateful_session: the root LM's response carries no id to chain "
-                                "from; the next turn is sent in full.")
+                self._warn_once(
+                    "no-id",
+                    "root_stateful_session: the root LM's response carries no id to chain "
+                    "from; the next turn is sent in full.",
+                )
         return Prediction(**outputs)
 
     # -- internals -------------------------------------------------------------------------------------
@@ -236,8 +253,9 @@ class TurnSender:
         reason = chain_unsupported_reason(lm)
         if reason is not None:
             self._warn_once(
-                "unsupported", level=logging.INFO, message=
-                f"root_stateful_session is on, but {reason}; every turn sends the whole REPL history (stateless). "
+                "unsupported",
+                level=logging.INFO,
+                message=f"root_stateful_session is on, but {reason}; every turn sends the whole REPL history (stateless). "
                 "Use dspy.LM(..., model_type='responses') to chain turns with previous_response_id.",
             )
             return False
@@ -272,12 +290,18 @@ class TurnSender:
         self.chain.reset()
         self._rejections += 1
         if self._rejections == 1:
-            self._warn_once("rejected", f"root_stateful_session: {what}; this turn is sent again in full, "
-                            "without it, and the chain restarts from its response.")
+            self._warn_once(
+                "rejected",
+                f"root_stateful_session: {what}; this turn is sent again in full, "
+                "without it, and the chain restarts from its response.",
+            )
         else:
             self._chain_off = True
-            self._warn_once("off", f"root_stateful_session: {what}, a second time; chaining is off for the rest "
-                            "of this run (every turn sends the whole REPL history).")
+            self._warn_once(
+                "off",
+                f"root_stateful_session: {what}, a second time; chaining is off for the rest "
+                "of this run (every turn sends the whole REPL history).",
+            )
 
     def _warn_once(self, key: str, message: str, level: int = logging.WARNING) -> None:
         if key not in self._logged:
@@ -285,8 +309,15 @@ class TurnSender:
             logger.log(level, message)
 
 
-def _send(lm, messages: list[dict], options: dict[str, Any], *, fresh: bool,
-          previous_response_id: str | None = None, system_as_input: bool = False) -> Response:
+def _send(
+    lm,
+    messages: list[dict],
+    options: dict[str, Any],
+    *,
+    fresh: bool,
+    previous_response_id: str | None = None,
+    system_as_input: bool = False,
+) -> Response:
     """One explicit ``dspy.lm15.Request`` (the native path, which returns a Response whose id can be chained).
 
     The generation options are the LM's own plus the predictor's, converted as dspy converts an ordinary
@@ -294,7 +325,9 @@ def _send(lm, messages: list[dict], options: dict[str, Any], *, fresh: bool,
     ``system_as_input`` the first input item (a ``developer`` message, which a chain carries over)."""
     settings = {**lm.kwargs, **options}
     body: dict[str, Any] = {"model": lm.model, "messages": messages}
-    body.update({key: value for key, value in settings.items() if key not in _NOT_REQUEST_OPTIONS and value is not None})
+    body.update(
+        {key: value for key, value in settings.items() if key not in _NOT_REQUEST_OPTIONS and value is not None}
+    )
     request = request_from_openai_chat(body)
     config = request.config
     if previous_response_id is not None:
@@ -319,7 +352,9 @@ def _send(lm, messages: list[dict], options: dict[str, Any], *, fresh: bool,
 def _parse(adapter, signature, text: str | None) -> dict[str, Any]:
     if not text:
         raise AdapterParseError(
-            adapter_name=type(adapter).__name__, signature=signature, lm_response=str(text),
+            adapter_name=type(adapter).__name__,
+            signature=signature,
+            lm_response=str(text),
             message="The LM returned an empty or null response.",
         )
     return adapter.parse(signature, text)

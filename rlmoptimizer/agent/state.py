@@ -19,9 +19,16 @@ from rlmoptimizer.usage import ROOT
 __all__ = ["long_run_options", "render_state_block", "state_block_of"]
 
 
-def render_state_block(*, runs: Iterable[Mapping[str, Any]] = (), instructions: Mapping[str, str] | None = None,
-                       budget: Mapping[str, Any] | None = None, notes: str = "", spending: str = "",
-                       next_move: str = "", max_chars: int = 8_000) -> str:
+def render_state_block(
+    *,
+    runs: Iterable[Mapping[str, Any]] = (),
+    instructions: Mapping[str, str] | None = None,
+    budget: Mapping[str, Any] | None = None,
+    notes: str = "",
+    spending: str = "",
+    next_move: str = "",
+    max_chars: int = 8_000,
+) -> str:
     """The state the agent must not lose to compaction, at most ``max_chars`` characters: the runs so far with
     their scores (newest last), the current instructions, the budget, the spending and the agent's notes, then
     ``next_move`` (the default loop's next line), never clipped: it is the last thing the root LM reads."""
@@ -45,8 +52,9 @@ def render_state_block(*, runs: Iterable[Mapping[str, Any]] = (), instructions: 
     notes_share = max_chars // 3
     if instructions:
         per = max(200, (max_chars - notes_share) // (2 * max(1, len(instructions))))
-        sections.append("Current instructions:\n" + "\n".join(
-            f"- {name}: {clip(text, per)}" for name, text in instructions.items()))
+        sections.append(
+            "Current instructions:\n" + "\n".join(f"- {name}: {clip(text, per)}" for name, text in instructions.items())
+        )
     sections.append("Your notes (add_note(text) adds one):\n" + (notes or "(none yet)"))
     block = "=== Optimizer state (always current) ===\n" + "\n\n".join(sections)
     if not next_move:
@@ -54,14 +62,25 @@ def render_state_block(*, runs: Iterable[Mapping[str, Any]] = (), instructions: 
     return clip(block, max(0, max_chars - len(next_move) - 2)) + "\n\n" + next_move
 
 
-def long_run_options(root_lm: Any, window: int | None, max_output_chars: int, runs: Any, working: Any,
-                     ledger: Any, notes: Any, usage: Any, guide: Any = None, autopilot: bool = True) -> dict[str, Any]:
+def long_run_options(
+    root_lm: Any,
+    window: int | None,
+    max_output_chars: int,
+    runs: Any,
+    working: Any,
+    ledger: Any,
+    notes: Any,
+    usage: Any,
+    guide: Any = None,
+    autopilot: bool = True,
+) -> dict[str, Any]:
     """The :class:`~rlmoptimizer.agent.agent.OptimizerAgent` arguments of a long run: its bounded context (which
     learns the root LM's characters per token from the usage meter), its state block (closed by the ``guide``'s next line of the default loop), the usage meter and the stop after the
     spending cap."""
     return {
         "context": BoundedContext(
-            ContextBudget.for_lm(root_lm, window), max_output_chars=max_output_chars,
+            ContextBudget.for_lm(root_lm, window),
+            max_output_chars=max_output_chars,
             input_tokens=(lambda: usage.snapshot()[ROOT]["input_tokens"]) if usage is not None else None,
         ),
         "state_block": state_block_of(runs, working, ledger, notes, usage, guide),
@@ -79,10 +98,18 @@ def state_block_of(runs: Any, working: Any, ledger: Any, notes: Any, usage: Any,
     def block() -> str:
         spending = ""
         if usage is not None and usage.max_cost_usd is not None:
-            spending = (f"Spending: ${usage.spent_usd:.4f} of max_cost_usd ${usage.max_cost_usd:.4f}"
-                        + (f" -- {usage.cap_message()}" if usage.cap_reached else "") + ".")
-        return render_state_block(runs=[r.summary() for r in runs.all()], instructions=working.instructions(),
-                                  budget=ledger.snapshot(), notes=notes.render(max_chars=3_000), spending=spending,
-                                  next_move=guide.describe() if guide is not None else "")
+            spending = (
+                f"Spending: ${usage.spent_usd:.4f} of max_cost_usd ${usage.max_cost_usd:.4f}"
+                + (f" -- {usage.cap_message()}" if usage.cap_reached else "")
+                + "."
+            )
+        return render_state_block(
+            runs=[r.summary() for r in runs.all()],
+            instructions=working.instructions(),
+            budget=ledger.snapshot(),
+            notes=notes.render(max_chars=3_000),
+            spending=spending,
+            next_move=guide.describe() if guide is not None else "",
+        )
 
     return block

@@ -62,8 +62,13 @@ class SpendingStop:
 
     def outcome(self, history: Any, output_field_names: list[str]) -> Prediction:
         reason = self.reason()
-        logger.warning("%s; the agent did not SUBMIT within %d turns, so the current instructions are submitted.",
-                       reason, self.turns_after)
-        return Prediction(trajectory=[entry.model_dump() for entry in history],
-                          final_reasoning=f"{reason}; the current instructions were submitted.",
-                          **{name: {} for name in output_field_names})
+        logger.warning(
+            "%s; the agent did not SUBMIT within %d turns, so the current instructions are submitted.",
+            reason,
+            self.turns_after,
+        )
+        return Prediction(
+            trajectory=[entry.model_dump() for entry in history],
+            final_reasoning=f"{reason}; the current instructions were submitted.",
+            **{name: {} for name in output_field_names},
+        )

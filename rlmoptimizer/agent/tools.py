@@ -37,6 +37,7 @@ from rlmoptimizer.storage.notes import NotesStore
 
 __all__ = ["AgentTools", "agent_error", "select_ids"]
 
+
 def _parse_ids(ids: Any, split_size: int) -> list[int]:
     valid = f"valid ids are 0..{split_size - 1}" if split_size else "the split is empty"
     if isinstance(ids, str):
@@ -100,9 +101,17 @@ def select_ids(
 class AgentTools:
     """The agent's tools: evaluate the working program, read runs, edit prompts, read the status."""
 
-    def __init__(self, *, working: WorkingProgram, runs: Runs, ledger: BudgetLedger,
-                 proposal_lm: dspy.BaseLM | None = None, notes: NotesStore | None = None,
-                 as_sub: Callable[[Callable], Callable] | None = None, seed: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        working: WorkingProgram,
+        runs: Runs,
+        ledger: BudgetLedger,
+        proposal_lm: dspy.BaseLM | None = None,
+        notes: NotesStore | None = None,
+        as_sub: Callable[[Callable], Callable] | None = None,
+        seed: int = 0,
+    ) -> None:
         self.working = working
         self.seed = seed  # run_gepa's default seed: the compile's attempt, so that attempts sample differently
         self._as_sub = as_sub or (lambda fn: fn)  # books the proposals' LM calls to the sub role
@@ -110,10 +119,14 @@ class AgentTools:
         self.ledger = ledger
         self.notes = notes if notes is not None else NotesStore()
         self.moves = Moves(
-            runs=runs, evaluate=self._evaluate_instructions, ledger=ledger, step_names=working.step_names,
+            runs=runs,
+            evaluate=self._evaluate_instructions,
+            ledger=ledger,
+            step_names=working.step_names,
             current=working.instructions,
             check_map=lambda mapping: working.validate_prompt_map(mapping, what="a candidate"),
-            proposal_lm=proposal_lm, pass_threshold=getattr(runs.evaluator, "pass_threshold", 1.0),
+            proposal_lm=proposal_lm,
+            pass_threshold=getattr(runs.evaluator, "pass_threshold", 1.0),
         )
         store = getattr(runs, "store", None)
         self._directory = None if store is None else store.directory
@@ -126,16 +139,34 @@ class AgentTools:
         self.moves.proposals.update(named)
         self.moves.lineage.update(lineage)
         self._announced = set(named)  # the candidates CandidateAdded told of (an earlier process told of these)
-        self.moves.gepa_candidates = max([int(n.split("-", 1)[1]) for n in named
-                                          if n.startswith("gepa-") and n.split("-", 1)[1].isdigit()], default=0)
-        self.moves.gepa_runs = len({entry.get("run") for entry in lineage.values() if entry.get("move", "").startswith("gepa")})
-        self.guide = LoopGuide(working.step_names, lambda: ledger.left, val_size=len(runs.splits.get("val", ())),
-                               train_status=self._train_status, train_size=len(runs.splits["train"]))
+        self.moves.gepa_candidates = max(
+            [int(n.split("-", 1)[1]) for n in named if n.startswith("gepa-") and n.split("-", 1)[1].isdigit()],
+            default=0,
+        )
+        self.moves.gepa_runs = len(
+            {entry.get("run") for entry in lineage.values() if entry.get("move", "").startswith("gepa")}
+        )
+        self.guide = LoopGuide(
+            working.step_names,
+            lambda: ledger.left,
+            val_size=len(runs.splits.get("val", ())),
+            train_status=self._train_status,
+            train_size=len(runs.splits["train"]),
+        )
 
-    def _evaluate_instructions(self, instructions: dict[str, str], split: str, ids: list[int], *, rollout: int = 0,
-                               label: str = "agent", reservation: Reservation | None = None) -> EvalRun:
-        return self.working.evaluate(split, ids, label, instructions=instructions, rollout=rollout,
-                                     reservation=reservation)
+    def _evaluate_instructions(
+        self,
+        instructions: dict[str, str],
+        split: str,
+        ids: list[int],
+        *,
+        rollout: int = 0,
+        label: str = "agent",
+        reservation: Reservation | None = None,
+    ) -> EvalRun:
+        return self.working.evaluate(
+            split, ids, label, instructions=instructions, rollout=rollout, reservation=reservation
+        )
 
     def _train_status(self) -> tuple[list[int], int]:
         """Train ids the current instructions have not been evaluated on, and how many evaluated ones fail."""
@@ -146,9 +177,19 @@ class AgentTools:
     def tool_functions(self) -> list[Callable]:
         """The agent's tools, in the order the instructions describe them."""
         return [
-            self.evaluate_program, self.run_data, self.update_prompt, self.optimization_status,
-            self.run_gepa, self.propose_instructions, self.compare, self.adopt_candidate, self.diff_runs, self.hard_examples, self.candidates,
-            self.add_note, self.read_notes,
+            self.evaluate_program,
+            self.run_data,
+            self.update_prompt,
+            self.optimization_status,
+            self.run_gepa,
+            self.propose_instructions,
+            self.compare,
+            self.adopt_candidate,
+            self.diff_runs,
+            self.hard_examples,
+            self.candidates,
+            self.add_note,
+            self.read_notes,
         ]
 
     def add_note(self, text: str) -> str:
@@ -197,7 +238,11 @@ class AgentTools:
             failed = source.failed_ids
         try:
             selected = select_ids(
-                len(self.runs.splits["train"]), limit=limit, sample=sample, seed=seed, ids=ids,
+                len(self.runs.splits["train"]),
+                limit=limit,
+                sample=sample,
+                seed=seed,
+                ids=ids,
                 failed_ids_from_run=failed,
             )
         except ValueError as exc:
@@ -208,8 +253,17 @@ class AgentTools:
             return self.moves.evaluate_rollouts(self.working.instructions(), "train", selected, rollouts)
         run = self.working.evaluate("train", selected, label="agent")
         return run.agent_view()
-    def run_gepa(self, budget: int | None = None, steps: Any = None, start: Any = "current", seed: int | None = None,
-                 minibatch_size: int = 3, use_merge: bool = True, proposals_per_iteration: int = 1) -> dict:
+
+    def run_gepa(
+        self,
+        budget: int | None = None,
+        steps: Any = None,
+        start: Any = "current",
+        seed: int | None = None,
+        minibatch_size: int = 3,
+        use_merge: bool = True,
+        proposals_per_iteration: int = 1,
+    ) -> dict:
         """Run GEPA (the gepa package's engine: Pareto selection of parents, reflective proposals from minibatches of failures, merge) from `start` ('current' or a candidate id) on `steps` (all by default), for at most `budget` units (default: all that is left); `seed` orders its minibatches (default: the compile's attempt). Changes nothing. Returns {'best': a candidate id, 'best_is_new', 'candidate_ids': ['gepa-1', ...], 'candidates': [{'id', 'parents', 'score'}], 'pareto_front', 'best_score' (aggregate on validation, or train without one), 'spent', 'summary'}; then adopt_candidate(r['best'])."""
         if budget is None:
             budget = self.ledger.left
@@ -217,16 +271,25 @@ class AgentTools:
             try:
                 steps = list(steps)
             except TypeError:
-                raise agent_error(f"steps must be a list of step names, got {type(steps).__name__}",
-                                  f"pass steps=None (all) or a list from {self.working.step_names}") from None
+                raise agent_error(
+                    f"steps must be a list of step names, got {type(steps).__name__}",
+                    f"pass steps=None (all) or a list from {self.working.step_names}",
+                ) from None
         try:
-            result = self.moves.run_gepa(budget, steps, start, seed=self.seed if seed is None else seed,
-                                         minibatch_size=minibatch_size,
-                                         use_merge=use_merge, proposals_per_iteration=proposals_per_iteration,
-                                         answers=self.answers, book=self._as_sub, answered=self._sub_lm_answered,
-                                         progress=(self._gepa_progress,
-                                                   lambda kept: write_gepa_progress(self._directory, kept)),
-                                         iteration_ended=self._gepa_iteration_ended)
+            result = self.moves.run_gepa(
+                budget,
+                steps,
+                start,
+                seed=self.seed if seed is None else seed,
+                minibatch_size=minibatch_size,
+                use_merge=use_merge,
+                proposals_per_iteration=proposals_per_iteration,
+                answers=self.answers,
+                book=self._as_sub,
+                answered=self._sub_lm_answered,
+                progress=(self._gepa_progress, lambda kept: write_gepa_progress(self._directory, kept)),
+                iteration_ended=self._gepa_iteration_ended,
+            )
         finally:
             self._keep_candidates()
         self.guide.gepa_finished(result["best"] if result["best_is_new"] else None)
@@ -251,8 +314,9 @@ class AgentTools:
         """A sub-LM call of a move was answered and charged: the ledger goes to disk now (the journal)."""
         self._tell(SubLMAnswered(1, self.ledger.snapshot()))
 
-    def propose_instructions(self, step: str, run_id: str | None = None, ids: Any = None, n: int = 1,
-                             guidance: str = "") -> dict:
+    def propose_instructions(
+        self, step: str, run_id: str | None = None, ids: Any = None, n: int = 1, guidance: str = ""
+    ) -> dict:
         """GEPA's reflective proposal: new instructions for `step`, written by the sub-LM from that step's inputs/outputs, the expected fields, scores and metric feedback of the failures of the current instructions (or of run_id, or of the examples ids=[...]). guidance= adds your own requirements. Changes nothing; 1 budget unit per proposal (n proposals). Returns {'texts', 'candidate_ids': ['proposal-1', ...] (names compare and adopt_candidate take), 'candidates': [{step: text}], 'example_ids', 'check_ids', ...}."""
         if ids is not None:
             ids = self._select("propose_instructions", ids=ids)
@@ -261,8 +325,16 @@ class AgentTools:
         self.guide.proposed(step, result["candidate_ids"], result["check_ids"], result["example_ids"])
         return result
 
-    def compare(self, candidates: Any, split: str = "train", ids: Any = None, limit: int | None = None,
-                sample: str | None = None, seed: int = 0, rollouts: int = 1) -> dict:
+    def compare(
+        self,
+        candidates: Any,
+        split: str = "train",
+        ids: Any = None,
+        limit: int | None = None,
+        sample: str | None = None,
+        seed: int = 0,
+        rollouts: int = 1,
+    ) -> dict:
         """Evaluate several instruction sets on the same examples without changing the current prompts. Each candidate: 'current', a run id (that run's instructions), a proposal id or a {step: text} dict (other steps keep their current text). Returns per candidate score, passed_count, wins/losses/ties vs the first, per example scores (train), 'best' (index; ties keep the earlier) and 'best_instructions'. 1 unit per new example per candidate per rollout; stored records are free; refused if the budget cannot cover it all."""
         if split == "train":
             ids = self._select("compare", ids=ids, limit=limit, sample=sample, seed=seed)
@@ -278,14 +350,18 @@ class AgentTools:
     def adopt_candidate(self, candidate: Any) -> dict:
         """Make a candidate the current instructions: a candidate id ('gepa-3', 'proposal-2'), a run id (that run's instructions) or a {step: text} dict (other steps keep their text). Free. Returns {'changed_steps', 'version'}."""
         if isinstance(candidate, str) and candidate == "current":
-            raise agent_error("'current' is already the current instructions", "pass a proposal id, a run id or a {step: text} dict")
+            raise agent_error(
+                "'current' is already the current instructions", "pass a proposal id, a run id or a {step: text} dict"
+            )
         instructions = self.moves.instructions_of(candidate)
         changed = sorted(step for step, text in instructions.items() if self.working.instructions().get(step) != text)
         if changed:
             try:
                 self.working.set_instructions({step: instructions[step] for step in changed}, source="adopt_candidate")
             except (StructureChangedError, ConfigurationError) as exc:
-                raise agent_error(f"adopt refused: {exc}", "only change the instructions text of existing steps") from None
+                raise agent_error(
+                    f"adopt refused: {exc}", "only change the instructions text of existing steps"
+                ) from None
             self.guide.changed()
         return {"changed_steps": changed, "version": len(self.working.prompt_versions)}
 
@@ -307,7 +383,6 @@ class AgentTools:
         """Every instruction set evaluated so far: 'instructions', 'ids' (its candidate ids), 'lineage' (parents and the move that made it), 'train_scores' by example id, 'val_score', 'on_pareto_front' (best on at least one example). 'best' is the index of the best (by validation when checked). Free."""
         return self.moves.candidates()
 
-
     def run_data(self, run_id: str) -> dict:
         """Return an earlier run (baseline runs included) by id: full records for train runs, aggregates for validation runs. Free."""
         return self._get_run(run_id).agent_view()
@@ -320,7 +395,9 @@ class AgentTools:
         try:
             self.working.set_instructions({step: text}, source="update_prompt")
         except (StructureChangedError, ConfigurationError) as exc:
-            raise agent_error(f"update refused: {exc}", "only change the instructions text of an existing step") from None
+            raise agent_error(
+                f"update refused: {exc}", "only change the instructions text of an existing step"
+            ) from None
         self.guide.changed()
         return {"step": step, "previous": previous, "version": len(self.working.prompt_versions)}
 

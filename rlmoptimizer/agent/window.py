@@ -57,8 +57,9 @@ def unbound_tools() -> list[Callable]:
         return [getattr(unbound, name) for name in TOOL_NAMES if hasattr(AgentTools, name)]
 
 
-def first_request_chars(config: Any, runtime_rules: str, steps: Mapping[str, tuple[str, str]], train_size: int,
-                        val_size: int, budget: int) -> int:
+def first_request_chars(
+    config: Any, runtime_rules: str, steps: Mapping[str, tuple[str, str]], train_size: int, val_size: int, budget: int
+) -> int:
     """Characters of the fixed part of the agent's first request: the system message (instructions, tools, REPL
     rules) and the user message with the task brief, an empty history, the iteration and the optimizer state.
     ``config``: the optimizer's settings; ``runtime_rules``: what the sandbox tells the agent about itself (its
@@ -70,33 +71,57 @@ def first_request_chars(config: Any, runtime_rules: str, steps: Mapping[str, tup
     no_interpreter.execution_instructions = runtime_rules
     note = budget_note(train_size, val_size, config.max_iterations, config.max_metric_calls)
     agent = OptimizerAgent(
-        agent_signature(budget, note), ledger=BudgetLedger(budget), tools=unbound_tools(),
-        interpreter_factory=no_interpreter, max_iters=config.rlm_max_iterations,
-        max_llm_calls=config.rlm_max_llm_calls, max_output_chars=config.rlm_max_output_chars,
+        agent_signature(budget, note),
+        ledger=BudgetLedger(budget),
+        tools=unbound_tools(),
+        interpreter_factory=no_interpreter,
+        max_iters=config.rlm_max_iterations,
+        max_llm_calls=config.rlm_max_llm_calls,
+        max_output_chars=config.rlm_max_output_chars,
     )
-    brief = render_task_brief({name: signature for name, (signature, _) in steps.items()}, train_size, val_size,
-                              budget, pass_threshold=config.pass_threshold)
+    brief = render_task_brief(
+        {name: signature for name, (signature, _) in steps.items()},
+        train_size,
+        val_size,
+        budget,
+        pass_threshold=config.pass_threshold,
+    )
     variables_info = [variable.format() for variable in agent.variables(task_brief=brief)]
     baselines = [("train", train_size)] + ([("val", val_size)] if val_size else [])
-    spending = (f"Spending: $0.0000 of max_cost_usd ${config.max_cost_usd:.4f}."
-                if config.max_cost_usd is not None else "")
-    state = render_state_block(
-        runs=[{"run_id": f"run-{i:04d}", "split": split, "label": "baseline", "score": 0.0, "evaluated_count": size}
-              for i, (split, size) in enumerate(baselines, start=1)],
-        instructions={name: text for name, (_, text) in steps.items()},
-        budget={"spent": 0, "limit": budget, "left": budget}, spending=spending,
-        next_move=("Next line of the default loop (or your own move): "
-                   f"p = propose_instructions({list(steps)[-1]!r}); print(p['texts'])"),
+    spending = (
+        f"Spending: $0.0000 of max_cost_usd ${config.max_cost_usd:.4f}." if config.max_cost_usd is not None else ""
     )
-    inputs = {"variables_info": variables_info, "repl_history": REPLHistory(),
-              "iteration": f"{config.rlm_max_iterations}/{config.rlm_max_iterations}\n\n{state}"}
+    state = render_state_block(
+        runs=[
+            {"run_id": f"run-{i:04d}", "split": split, "label": "baseline", "score": 0.0, "evaluated_count": size}
+            for i, (split, size) in enumerate(baselines, start=1)
+        ],
+        instructions={name: text for name, (_, text) in steps.items()},
+        budget={"spent": 0, "limit": budget, "left": budget},
+        spending=spending,
+        next_move=(
+            "Next line of the default loop (or your own move): "
+            f"p = propose_instructions({list(steps)[-1]!r}); print(p['texts'])"
+        ),
+    )
+    inputs = {
+        "variables_info": variables_info,
+        "repl_history": REPLHistory(),
+        "iteration": f"{config.rlm_max_iterations}/{config.rlm_max_iterations}\n\n{state}",
+    }
     adapter = dspy.settings.adapter or ChatAdapter()
     messages = adapter.format(agent.generate_action.signature, demos=[], inputs=inputs)
     return sum(len(str(message.get("content", ""))) for message in messages)
 
 
-def check_root_window(config: Any, runtime_rules: str, program: Any = None, train_size: int | None = None,
-                      val_size: int = 0, budget: int | None = None) -> None:
+def check_root_window(
+    config: Any,
+    runtime_rules: str,
+    program: Any = None,
+    train_size: int | None = None,
+    val_size: int = 0,
+    budget: int | None = None,
+) -> None:
     """Refuse a root context window that cannot hold the agent's requests (see the module docstring).
 
     Without ``program`` (the constructor) the smallest program is measured: a window refused then is too small
@@ -107,8 +132,11 @@ def check_root_window(config: Any, runtime_rules: str, program: Any = None, trai
         steps = _ONE_STEP
     train_size = train_size if train_size is not None else 1
     if budget is None:  # its digits are all a request shows of it; a budget too small is refused elsewhere
-        budget = (max(1, config.max_metric_calls - train_size - val_size) if config.max_metric_calls
-                  else budget_for(config.max_iterations, train_size, val_size))
+        budget = (
+            max(1, config.max_metric_calls - train_size - val_size)
+            if config.max_metric_calls
+            else budget_for(config.max_iterations, train_size, val_size)
+        )
     window, source = context_window_of(config.root_lm, config.root_context_window)
     fixed = first_request_chars(config, runtime_rules, steps, train_size, val_size, max(budget, 0))
     learned = LEARNED_SHARE * TYPICAL_CHARS_PER_TOKEN  # what the bounded context counts on for such a tokenizer
@@ -118,10 +146,16 @@ def check_root_window(config: Any, runtime_rules: str, program: Any = None, trai
         return
     smallest = smallest_window(config.root_lm, fixed + history, learned)
     reply = ContextBudget.for_window(config.root_lm, smallest).output_tokens
-    given = (f"root_context_window={window}" if source == "root_context_window"
-             else f"the root LM's context window ({window:,} tokens, from {source})")
-    scope = (" for this program and data" if program is not None
-             else " (for the smallest program; compile() measures yours again)")
+    given = (
+        f"root_context_window={window}"
+        if source == "root_context_window"
+        else f"the root LM's context window ({window:,} tokens, from {source})"
+    )
+    scope = (
+        " for this program and data"
+        if program is not None
+        else " (for the smallest program; compile() measures yours again)"
+    )
     raise ConfigurationError(
         f"{given} is too small for the optimizer agent: the fixed part of each of its requests (its instructions "
         f"and tools, the task brief and the optimizer state) takes {fixed:,} characters, and its last turn, "

@@ -79,7 +79,9 @@ class WorkingProgram:
                 apply_instructions(self.program, clean)
                 check_structure(self.fingerprint, self.program)
             except (StructureChangedError, ConfigurationError) as exc:
-                raise agent_error(f"{what} refused: {exc}", "only change the instructions text of existing steps") from None
+                raise agent_error(
+                    f"{what} refused: {exc}", "only change the instructions text of existing steps"
+                ) from None
             finally:
                 for name, predictor in self.program.named_predictors():
                     predictor.signature = signatures[name]
@@ -133,9 +135,17 @@ class WorkingProgram:
                 self.prompt_versions.append(dict(version))
             check_structure(self.fingerprint, self.program)
 
-    def evaluate(self, split: str, ids: list[int] | None, label: str, charged: bool = True, *,
-                 instructions: dict[str, str] | None = None, rollout: int = 0,
-                 reservation: Reservation | None = None) -> EvalRun:
+    def evaluate(
+        self,
+        split: str,
+        ids: list[int] | None,
+        label: str,
+        charged: bool = True,
+        *,
+        instructions: dict[str, str] | None = None,
+        rollout: int = 0,
+        reservation: Reservation | None = None,
+    ) -> EvalRun:
         """Evaluate the working program, or the working program with ``instructions`` applied for this evaluation
         only (no copy: a program may hold things that cannot be copied; its signatures are restored afterwards,
         so the current prompts do not change). A systemic failure (the evaluation LM is unusable, the metric is
@@ -146,8 +156,9 @@ class WorkingProgram:
                 saved = {name: predictor.signature for name, predictor in self.program.named_predictors()}
                 apply_instructions(self.program, instructions)
             try:
-                return self.runs.evaluate(self.program, split, label=label, charged=charged, ids=ids,
-                                          rollout=rollout, reservation=reservation)
+                return self.runs.evaluate(
+                    self.program, split, label=label, charged=charged, ids=ids, rollout=rollout, reservation=reservation
+                )
             except (EvaluationLMError, MetricError) as exc:
                 self.stop.request(exc)
                 raise

@@ -53,7 +53,6 @@ class EvaluationStopped(Exception):  # noqa: N818 - a stop, not an error of its 
         self.records = records
 
 
-
 _PLAIN_TYPES = frozenset({str, int, bool, type(None)})
 
 
@@ -194,8 +193,14 @@ class Evaluator:
             for predictor, original in own:
                 predictor.lm = original
 
-    def _evaluate(self, program: Any, items: list, reservation: Reservation | None,
-                  on_record: Callable[[ExampleResult], None] | None, lm: dspy.BaseLM | None) -> list[ExampleResult]:
+    def _evaluate(
+        self,
+        program: Any,
+        items: list,
+        reservation: Reservation | None,
+        on_record: Callable[[ExampleResult], None] | None,
+        lm: dspy.BaseLM | None,
+    ) -> list[ExampleResult]:
         names = StepNames(program)
         batch = _Batch(len(items), reservation)
         batch.on_record = on_record
@@ -210,7 +215,9 @@ class Evaluator:
             batch.wake.wait()
         except BaseException as exc:  # e.g. Ctrl-C: start nothing new, keep what the running examples produce
             batch.stop.set()
-            logger.warning("Evaluation interrupted: waiting for the examples already running so their records are kept.")
+            logger.warning(
+                "Evaluation interrupted: waiting for the examples already running so their records are kept."
+            )
             for future in futures:
                 future.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
@@ -242,8 +249,9 @@ class Evaluator:
         return records
 
     # -- one example, in a worker thread ---------------------------------------------------------
-    def _task(self, lm: dspy.BaseLM | None, program: Any, names: StepNames, example_id: int, example: Any,
-              batch: _Batch) -> None:
+    def _task(
+        self, lm: dspy.BaseLM | None, program: Any, names: StepNames, example_id: int, example: Any, batch: _Batch
+    ) -> None:
         try:
             self._run_one(lm, program, names, example_id, example, batch)
         except BaseException as exc:  # a bug outside the program and metric (or an interrupt): stop everything
@@ -257,8 +265,9 @@ class Evaluator:
                 if batch.finished == batch.total or batch.stop.is_set():
                     batch.wake.set()
 
-    def _run_one(self, lm: dspy.BaseLM | None, program: Any, names: StepNames, example_id: int, example: Any,
-                 batch: _Batch) -> None:
+    def _run_one(
+        self, lm: dspy.BaseLM | None, program: Any, names: StepNames, example_id: int, example: Any, batch: _Batch
+    ) -> None:
         if batch.stop.is_set():
             return
         inputs, labels = _inputs_and_labels(example)
@@ -310,7 +319,10 @@ class Evaluator:
             logger.info(
                 "The metric %s returned %r, outside [0, 1]: scores are used as returned (a run's score is their "
                 "mean) and an example passes when its score is at least pass_threshold=%r; set pass_threshold= "
-                "to the score that means correct on this scale.", self.metric.name, score, self.pass_threshold,
+                "to the score that means correct on this scale.",
+                self.metric.name,
+                score,
+                self.pass_threshold,
             )
         record = ExampleResult(
             example_id=example_id,

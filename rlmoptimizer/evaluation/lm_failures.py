@@ -32,7 +32,13 @@ _SYSTEMIC_LM_ERRORS: tuple[type[BaseException], ...] = (
     dspy_errors.LMTransportError,  # already retried num_retries times by dspy.LM
 )
 # LiteLLM's own names for the same failures, in case one reaches us unwrapped (e.g. from a custom LM).
-_SYSTEMIC_LITELLM_NAMES = ("AuthenticationError", "PermissionDeniedError", "NotFoundError", "APIConnectionError", "BudgetExceededError")
+_SYSTEMIC_LITELLM_NAMES = (
+    "AuthenticationError",
+    "PermissionDeniedError",
+    "NotFoundError",
+    "APIConnectionError",
+    "BudgetExceededError",
+)
 # LM errors that are about this example's request (it was sent and rejected): the example is charged.
 _REQUEST_LM_ERRORS: tuple[type[BaseException], ...] = (
     dspy_errors.LMInvalidRequestError,  # includes ContextWindowExceededError

@@ -82,20 +82,31 @@ class Runs:
         saved = self.store.all()
         for path, header, records in self.store.pending():
             rollout = int(header.get("rollout", 0))
-            settled = any(
-                run.split == header["split"] and run.instructions == header["instructions"] and run.rollout == rollout
-                and all(record in run.records for record in records)
-                for run in saved
-            ) if records else True
+            settled = (
+                any(
+                    run.split == header["split"]
+                    and run.instructions == header["instructions"]
+                    and run.rollout == rollout
+                    and all(record in run.records for record in records)
+                    for run in saved
+                )
+                if records
+                else True
+            )
             if not settled:
                 charged = sum(1 for r in records if r.reusable) if header.get("charged") else 0
                 kind = TRAIN_EXAMPLE if header["split"] == "train" else VAL_EXAMPLE
                 with self.ledger.reserve(charged, kind) as reservation:
                     reservation.spend(reservation.granted)
                 self._save(
-                    f"{header.get('label', 'agent')}:recovered", header["split"], header["instructions"], records,
-                    int(header.get("requested", len(records))), reservation.granted,
-                    ["recovered from an evaluation the process did not finish"], rollout=rollout,
+                    f"{header.get('label', 'agent')}:recovered",
+                    header["split"],
+                    header["instructions"],
+                    records,
+                    int(header.get("requested", len(records))),
+                    reservation.granted,
+                    ["recovered from an evaluation the process did not finish"],
+                    rollout=rollout,
                 )
             path.unlink(missing_ok=True)
 
@@ -106,7 +117,9 @@ class Runs:
                 if record.reusable:
                     self._cache[(run.split, record.example_id, digest, run.rollout)] = record
 
-    def stored(self, instructions: dict[str, str], split: str, ids: Sequence[int], rollout: int = 0) -> dict[int, ExampleResult]:
+    def stored(
+        self, instructions: dict[str, str], split: str, ids: Sequence[int], rollout: int = 0
+    ) -> dict[int, ExampleResult]:
         """The stored records that an evaluation of ``instructions`` on ``ids`` would reuse (free), by id."""
         digest = instructions_digest(instructions)
         with self._lock:
@@ -150,10 +163,20 @@ class Runs:
         kind = TRAIN_EXAMPLE if split == "train" else VAL_EXAMPLE
         notes: list[str] = []
         spent = 0
-        pending = self.store.open_pending(
-            {"label": label, "split": split, "instructions": instructions, "requested": len(ids), "charged": charged,
-             "rollout": rollout}
-        ) if todo else None
+        pending = (
+            self.store.open_pending(
+                {
+                    "label": label,
+                    "split": split,
+                    "instructions": instructions,
+                    "requested": len(ids),
+                    "charged": charged,
+                    "rollout": rollout,
+                }
+            )
+            if todo
+            else None
+        )
         on_record = _RecordSink(pending, self.observer) if pending is not None else None
         items = [(i, examples[i]) for i in todo]
         try:
@@ -182,8 +205,18 @@ class Runs:
                     f"stopped early after {len(completed)} of {len(todo)} new examples: "
                     f"{type(reason).__name__}: {first_line}"
                 )
-                self._save(f"{label}:partial", split, instructions, reused + completed, len(ids), spent, notes,
-                           settles=pending, complete=False, rollout=rollout)
+                self._save(
+                    f"{label}:partial",
+                    split,
+                    instructions,
+                    reused + completed,
+                    len(ids),
+                    spent,
+                    notes,
+                    settles=pending,
+                    complete=False,
+                    rollout=rollout,
+                )
             elif pending is not None:
                 pending.discard()
             raise reason from reason.__cause__
@@ -196,8 +229,9 @@ class Runs:
         uncharged = [r for r in new if not r.reusable]
         if uncharged and charged:
             notes.append(f"{len(uncharged)} example(s) failed in the LM call itself and were not charged")
-        return self._save(label, split, instructions, reused + new, len(ids), spent, notes, settles=pending,
-                          rollout=rollout)
+        return self._save(
+            label, split, instructions, reused + new, len(ids), spent, notes, settles=pending, rollout=rollout
+        )
 
     def _save(
         self,

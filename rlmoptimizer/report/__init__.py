@@ -23,6 +23,12 @@ from rlmoptimizer.report.tracking import MlflowTracker, check_use_mlflow, tracke
 from rlmoptimizer.report.trajectory import Trajectory
 
 __all__ = [
-    "DetailedResults", "MlflowTracker", "RunDirectory", "Trajectory", "check_use_mlflow", "present_result",
-    "read_run_directory", "tracked",
+    "DetailedResults",
+    "MlflowTracker",
+    "RunDirectory",
+    "Trajectory",
+    "check_use_mlflow",
+    "present_result",
+    "read_run_directory",
+    "tracked",
 ]

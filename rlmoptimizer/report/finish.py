@@ -31,12 +31,20 @@ def present_result(program: Any, run: Any) -> Any:
         try:
             picture = write_run_picture(directory)
         except Exception as exc:  # a view of what is on disk: the run itself is complete
-            logger.warning("Could not draw the picture of the run (%s: %s); the run directory is complete.",
-                           type(exc).__name__, exc)
+            logger.warning(
+                "Could not draw the picture of the run (%s: %s); the run directory is complete.",
+                type(exc).__name__,
+                exc,
+            )
     if tracker is not None:
         tracker.compile_finished(
-            instructions=program.optimized_dspy_program, selection=program.selection,
-            trajectory=list(program.agent_trajectory), picture=picture, detailed_results=detailed.to_dict(),
-            budget=program.budget, usage=detailed.usage, lineage=detailed.lineage_record(),
+            instructions=program.optimized_dspy_program,
+            selection=program.selection,
+            trajectory=list(program.agent_trajectory),
+            picture=picture,
+            detailed_results=detailed.to_dict(),
+            budget=program.budget,
+            usage=detailed.usage,
+            lineage=detailed.lineage_record(),
         )
     return program

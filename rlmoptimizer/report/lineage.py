@@ -54,12 +54,17 @@ def lineage_shape(lineage: dict[str, Any], problems: list[str]) -> dict[str, dic
                 bad.append(f"{name}.{field}")
         kept[name] = clean
     if bad:
-        problems.append("candidates.json: ignored lineage field(s) of the wrong kind: " + ", ".join(bad[:8])
-                        + (f" and {len(bad) - 8} more" if len(bad) > 8 else ""))
+        problems.append(
+            "candidates.json: ignored lineage field(s) of the wrong kind: "
+            + ", ".join(bad[:8])
+            + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
+        )
     return kept
 
 
-def _states(initial: dict[str, str], versions: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> list[dict[str, str]]:
+def _states(
+    initial: dict[str, str], versions: tuple[dict[str, Any], ...] | list[dict[str, Any]]
+) -> list[dict[str, str]]:
     """The current instructions after each prompt version, the unchanged program first (each state once)."""
     states, seen, current = [dict(initial)], {_key(initial)}, dict(initial)
     for version in versions:
@@ -79,9 +84,15 @@ class Lineage:
     the instruction sets evaluated, by index (candidate 0: the unchanged program); ``runs``: ``{run id:
     instructions}``; ``versions``: the prompt versions in order."""
 
-    def __init__(self, named: dict[str, dict[str, str]], lineage: dict[str, dict[str, Any]],
-                 evaluated: list[dict[str, str]] | tuple[dict[str, str], ...], initial: dict[str, str] | None,
-                 runs: dict[str, dict[str, str]], versions: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        named: dict[str, dict[str, str]],
+        lineage: dict[str, dict[str, Any]],
+        evaluated: list[dict[str, str]] | tuple[dict[str, str], ...],
+        initial: dict[str, str] | None,
+        runs: dict[str, dict[str, str]],
+        versions: tuple[dict[str, Any], ...] | list[dict[str, Any]],
+    ) -> None:
         self.named = named
         self.lineage = lineage
         self.index = {}
@@ -91,13 +102,17 @@ class Lineage:
         self.runs = runs
         self.versions = list(versions)
         # the states the current instructions went through that no candidate names (as name_of would)
-        self.states = [s for n, s in enumerate(_states(self.initial, versions))
-                       if n == 0 or not any(m and m.items() <= s.items() for m in named.values())]
+        self.states = [
+            s
+            for n, s in enumerate(_states(self.initial, versions))
+            if n == 0 or not any(m and m.items() <= s.items() for m in named.values())
+        ]
         self._full: dict[str, dict[str, str]] = {}
         self._origin: dict[str, dict[str, str] | None] = {}
         # every instruction set known, by digest: what a lineage entry's "parent_digests" name exactly
-        self.by_digest = {instructions_digest(dict(i)): dict(i)
-                          for i in [*evaluated, *_states(self.initial, versions)] if i}
+        self.by_digest = {
+            instructions_digest(dict(i)): dict(i) for i in [*evaluated, *_states(self.initial, versions)] if i
+        }
 
     # -- whole instruction sets ---------------------------------------------------------------------
     def _is_whole(self, name: str) -> bool:
@@ -181,8 +196,17 @@ class Lineage:
             self._root(nodes, order, index)
         else:
             label = f"candidate {index}"
-            nodes[label] = {"label": label, "id": None, "candidate": index, "move": self._written(index),
-                            "parents": [], "run": None, "steps": [], "changed_steps": [], "reflected_on": None}
+            nodes[label] = {
+                "label": label,
+                "id": None,
+                "candidate": index,
+                "move": self._written(index),
+                "parents": [],
+                "run": None,
+                "steps": [],
+                "changed_steps": [],
+                "reflected_on": None,
+            }
             order.append(label)
         for label in order:  # parents come before their children
             node = nodes[label]
@@ -193,15 +217,29 @@ class Lineage:
         """How an instruction set no candidate names was made, from the prompt versions that wrote its texts."""
         instructions = next((i for i in (dict(k) for k, v in self.index.items() if v == index)), {})
         changed = {step: text for step, text in instructions.items() if self.initial.get(step) != text}
-        sources = sorted({str(v.get("source")) for v in self.versions
-                          if v.get("source") and changed.get(v.get("step")) == v.get("text")})
+        sources = sorted(
+            {
+                str(v.get("source"))
+                for v in self.versions
+                if v.get("source") and changed.get(v.get("step")) == v.get("text")
+            }
+        )
         how = f"written with {', '.join(sources)}" if sources else "submitted as a {step: text} map"
         return f"{how}; not a named candidate, no lineage recorded"
 
     def _root(self, nodes: dict[str, dict[str, Any]], order: list[str], index: int | None) -> str:
         if UNCHANGED not in nodes:
-            nodes[UNCHANGED] = {"label": UNCHANGED, "id": None, "candidate": index, "move": "the program as given",
-                                "parents": [], "run": None, "steps": [], "changed_steps": [], "reflected_on": None}
+            nodes[UNCHANGED] = {
+                "label": UNCHANGED,
+                "id": None,
+                "candidate": index,
+                "move": "the program as given",
+                "parents": [],
+                "run": None,
+                "steps": [],
+                "changed_steps": [],
+                "reflected_on": None,
+            }
             order.append(UNCHANGED)
         return UNCHANGED
 
@@ -225,15 +263,27 @@ class Lineage:
         full = self.full(name)
         changed = sorted(s for s in full if first_parent is not None and first_parent.get(s) != full[s])
         nodes[name] = {
-            "label": name, "id": name, "candidate": self.candidate_of(name), "move": entry.get("move", "unknown"),
-            "parents": labels, "run": entry.get("run"), "steps": list(entry.get("steps", [])),
-            "changed_steps": changed, "reflected_on": entry.get("reflected_on"),
+            "label": name,
+            "id": name,
+            "candidate": self.candidate_of(name),
+            "move": entry.get("move", "unknown"),
+            "parents": labels,
+            "run": entry.get("run"),
+            "steps": list(entry.get("steps", [])),
+            "changed_steps": changed,
+            "reflected_on": entry.get("reflected_on"),
         }
         order.append(name)
         return name
 
-    def _outside(self, parent: str, child: str, instructions: dict[str, str] | None, nodes: dict[str, dict[str, Any]],
-                 order: list[str]) -> str:
+    def _outside(
+        self,
+        parent: str,
+        child: str,
+        instructions: dict[str, str] | None,
+        nodes: dict[str, dict[str, Any]],
+        order: list[str],
+    ) -> str:
         """The node of a parent that is no named candidate: the unchanged program, a run's instructions, the
         agent's own edit, or the current instructions the history cannot tell."""
         if instructions is not None and _key(instructions) == _key(self.initial):
@@ -247,9 +297,16 @@ class Lineage:
         else:
             label, move = f"edited before {child}", "the agent's own edit of the instructions (not a named candidate)"
         if label not in nodes:
-            nodes[label] = {"label": label, "id": None,
-                            "candidate": self.index.get(_key(instructions)) if instructions is not None else None,
-                            "move": move, "parents": [], "run": None, "steps": [], "changed_steps": [],
-                            "reflected_on": None}
+            nodes[label] = {
+                "label": label,
+                "id": None,
+                "candidate": self.index.get(_key(instructions)) if instructions is not None else None,
+                "move": move,
+                "parents": [],
+                "run": None,
+                "steps": [],
+                "changed_steps": [],
+                "reflected_on": None,
+            }
             order.append(label)
         return label

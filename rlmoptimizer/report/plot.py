@@ -70,22 +70,39 @@ def _points(rundir: RunDirectory) -> list[dict[str, Any]]:
     points = []
     for run in rundir.runs:
         partial = run.evaluated_count < run.requested_count or run.label.endswith((":partial", ":recovered"))
-        points.append({
-            "run_id": run.run_id, "split": run.split, "label": run.label, "x": rundir.spent_after(run),
-            "y": run.score, "n": run.evaluated_count, "partial": partial, "instructions": run.instructions,
-            "requested": run.requested_count,
-        })
+        points.append(
+            {
+                "run_id": run.run_id,
+                "split": run.split,
+                "label": run.label,
+                "x": rundir.spent_after(run),
+                "y": run.score,
+                "n": run.evaluated_count,
+                "partial": partial,
+                "instructions": run.instructions,
+                "requested": run.requested_count,
+            }
+        )
     spent = (rundir.budget or {}).get("spent")
     last_x = max((p["x"] for p in points), default=0)
     for number, pending in enumerate(rundir.pending, start=1):
         if not pending.records:
             continue
         x = int(spent) if isinstance(spent, (int, float)) else last_x + len(pending.records)
-        points.append({
-            "run_id": ("in flight" if rundir.status == "in flight" else "unfinished") + (f" {number}" if number > 1 else ""), "split": pending.split, "label": pending.label, "x": max(x, last_x),
-            "y": pending.score, "n": pending.evaluated_count, "partial": True, "instructions": pending.instructions,
-            "requested": pending.requested_count,
-        })
+        points.append(
+            {
+                "run_id": ("in flight" if rundir.status == "in flight" else "unfinished")
+                + (f" {number}" if number > 1 else ""),
+                "split": pending.split,
+                "label": pending.label,
+                "x": max(x, last_x),
+                "y": pending.score,
+                "n": pending.evaluated_count,
+                "partial": True,
+                "instructions": pending.instructions,
+                "requested": pending.requested_count,
+            }
+        )
     return points
 
 
@@ -121,17 +138,31 @@ def _draw_ancestry(axes: Any, placed: list[tuple[dict[str, Any], dict[str, Any]]
         for parent in node["parents"]:
             if parent in at:
                 start = at[parent]
-                axes.plot([start["x"], point["x"]], [start["y"], point["y"]], linestyle=":", linewidth=1.6,
-                          color=_ANCESTRY, zorder=2,
-                          label="_nolegend_" if labelled else "ancestry of the returned candidate")
+                axes.plot(
+                    [start["x"], point["x"]],
+                    [start["y"], point["y"]],
+                    linestyle=":",
+                    linewidth=1.6,
+                    color=_ANCESTRY,
+                    zorder=2,
+                    label="_nolegend_" if labelled else "ancestry of the returned candidate",
+                )
                 labelled = True
     if not labelled:
         return
     for node, point in placed:
         name = "unchanged" if node["id"] is None and node["label"].startswith("the unchanged") else node["label"]
         lift = 7 if node["generation"] % 2 == 0 else 17  # neighbours apart: close runs keep readable labels
-        axes.annotate(name, (point["x"], point["y"]), xytext=(6, lift), textcoords="offset points", fontsize=7.5,
-                      color=_ANCESTRY, fontweight="bold", gid="ancestry")
+        axes.annotate(
+            name,
+            (point["x"], point["y"]),
+            xytext=(6, lift),
+            textcoords="offset points",
+            fontsize=7.5,
+            color=_ANCESTRY,
+            fontweight="bold",
+            gid="ancestry",
+        )
 
 
 def draw_run(rundir: RunDirectory | str | Path):
@@ -149,36 +180,79 @@ def draw_run(rundir: RunDirectory | str | Path):
     for split in ("train", "val"):
         baseline = next((p for p in points if p["split"] == split and p["label"] == "baseline"), None)
         if baseline is not None:
-            axes.axhline(baseline["y"], color=_COLORS[split], linestyle="--", linewidth=1, alpha=0.6,
-                         label=f"unchanged program, {_NAMES[split]} ({baseline['y']:.2f})")
+            axes.axhline(
+                baseline["y"],
+                color=_COLORS[split],
+                linestyle="--",
+                linewidth=1,
+                alpha=0.6,
+                label=f"unchanged program, {_NAMES[split]} ({baseline['y']:.2f})",
+            )
         for partial in (False, True):
             chosen = [p for p in points if p["split"] == split and p["partial"] == partial]
             if not chosen:
                 continue
             marker = "o" if split == "train" else "s"
             axes.scatter(
-                [p["x"] for p in chosen], [p["y"] for p in chosen], marker=marker, s=[24 + 4 * min(p["n"], 40) for p in chosen],
-                facecolors="none" if partial else _COLORS[split], edgecolors=_COLORS[split], linewidths=1.5, zorder=3,
-                label=f"{_NAMES[split]} run" + (" (partial)" if partial else "") + ("" if split == "val" else ", size = examples"),
+                [p["x"] for p in chosen],
+                [p["y"] for p in chosen],
+                marker=marker,
+                s=[24 + 4 * min(p["n"], 40) for p in chosen],
+                facecolors="none" if partial else _COLORS[split],
+                edgecolors=_COLORS[split],
+                linewidths=1.5,
+                zorder=3,
+                label=f"{_NAMES[split]} run"
+                + (" (partial)" if partial else "")
+                + ("" if split == "val" else ", size = examples"),
             )
     # every run is labelled while that stays readable; past that only the candidates and the unfinished runs
-    labelled = points if len(points) <= _LABEL_ALL_UP_TO else [
-        p for p in points if p["run_id"] in candidate_ids or p["run_id"] == chosen_id or not p["run_id"].startswith("run-")
-    ]
+    labelled = (
+        points
+        if len(points) <= _LABEL_ALL_UP_TO
+        else [
+            p
+            for p in points
+            if p["run_id"] in candidate_ids or p["run_id"] == chosen_id or not p["run_id"].startswith("run-")
+        ]
+    )
     for p in labelled:
         short = p["run_id"].replace("run-", "#").lstrip("#0") or "0"
         short = f"#{short}" if p["run_id"].startswith("run-") else p["run_id"]
-        axes.annotate(f"{short} ({p['n']}/{p['requested']})" if p["partial"] or p["split"] == "train" else short,
-                      (p["x"], p["y"]), xytext=(6, -11), textcoords="offset points", fontsize=7, color="#444444")
+        axes.annotate(
+            f"{short} ({p['n']}/{p['requested']})" if p["partial"] or p["split"] == "train" else short,
+            (p["x"], p["y"]),
+            xytext=(6, -11),
+            textcoords="offset points",
+            fontsize=7,
+            color="#444444",
+        )
     candidates = [p for p in points if p["run_id"] in candidate_ids and p["run_id"] != chosen_id]
     if candidates:
-        axes.scatter([p["x"] for p in candidates], [p["y"] for p in candidates], s=260, facecolors="none",
-                     edgecolors="#555555", linewidths=1.2, zorder=4, label="candidate checked for selection")
+        axes.scatter(
+            [p["x"] for p in candidates],
+            [p["y"] for p in candidates],
+            s=260,
+            facecolors="none",
+            edgecolors="#555555",
+            linewidths=1.2,
+            zorder=4,
+            label="candidate checked for selection",
+        )
     _draw_ancestry(axes, _ancestry_points(rundir, points))
     chosen = next((p for p in points if p["run_id"] == chosen_id), None)
     if chosen is not None:
-        axes.scatter([chosen["x"]], [chosen["y"]], marker="*", s=420, color="#f2b705", edgecolors="black",
-                     linewidths=1, zorder=5, label=f"returned ({chosen['run_id']}, {chosen['y']:.2f})")
+        axes.scatter(
+            [chosen["x"]],
+            [chosen["y"]],
+            marker="*",
+            s=420,
+            color="#f2b705",
+            edgecolors="black",
+            linewidths=1,
+            zorder=5,
+            label=f"returned ({chosen['run_id']}, {chosen['y']:.2f})",
+        )
 
     limit = rundir.budget_limit
     right = max([limit or 0, *(p["x"] for p in points)]) or 1
@@ -190,8 +264,16 @@ def draw_run(rundir: RunDirectory | str | Path):
     axes.set_title(f"{title}: {rundir.status}, {len(points)} evaluation run(s)", fontsize=11)
     axes.grid(True, alpha=0.3)
     if not points:
-        axes.text(0.5, 0.5, "no evaluation runs yet", transform=axes.transAxes, ha="center", va="center",
-                  fontsize=12, color="#777777")
+        axes.text(
+            0.5,
+            0.5,
+            "no evaluation runs yet",
+            transform=axes.transAxes,
+            ha="center",
+            va="center",
+            fontsize=12,
+            color="#777777",
+        )
     else:
         axes.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False, markerscale=0.6)
     figure.tight_layout()

@@ -60,8 +60,13 @@ class CandidatePrograms(Sequence):
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
         score, i = self._order[index]
-        return {"score": score, "program": self._results.build_program(i), "full_eval": True,
-                "instructions": dict(self._results.candidates[i]), "candidate_idx": i}
+        return {
+            "score": score,
+            "program": self._results.build_program(i),
+            "full_eval": True,
+            "instructions": dict(self._results.candidates[i]),
+            "candidate_idx": i,
+        }
 
     def __repr__(self) -> str:
         shown = ", ".join(f"candidate {i}: {s:.3f}" for s, i in self._order)
@@ -144,8 +149,11 @@ class DetailedResults:
         selection = rundir.selection or {}
         rank: dict[str, list[int]] = {}
         for split, size, full in (("val", val_size, full_val), ("train", train_size, full_train)):
-            order = ranked(first_sample_complete(rundir.runs, split, size or 0),
-                           initial=rundir.initial_instructions or {}, preferred=selection.get("submission_run_id"))
+            order = ranked(
+                first_sample_complete(rundir.runs, split, size or 0),
+                initial=rundir.initial_instructions or {},
+                preferred=selection.get("submission_run_id"),
+            )
             for run in order:
                 full.setdefault(index[_key(run.instructions)], run.score)
             rank[split] = list(dict.fromkeys(index[_key(run.instructions)] for run in order))
@@ -159,15 +167,27 @@ class DetailedResults:
 
         chosen = rundir.optimized_instructions
         best_idx = index.get(_key(chosen)) if chosen else None
-        named = Lineage(rundir.named_candidates, rundir.lineage, candidates, rundir.initial_instructions,
-                        {run.run_id: run.instructions for run in rundir.runs}, rundir.prompt_versions)
+        named = Lineage(
+            rundir.named_candidates,
+            rundir.lineage,
+            candidates,
+            rundir.initial_instructions,
+            {run.run_id: run.instructions for run in rundir.runs},
+            rundir.prompt_versions,
+        )
         selection_split = selection.get("split")
         selection_scores = full_train if selection_split == "train" else full_val
         ancestry = []
         for node in named.ancestry(best_idx):
             i = node["candidate"]
-            ancestry.append({**node, "score": selection_scores.get(i) if i is not None else None,
-                             "val_score": full_val.get(i) if i is not None else None, "returned": i == best_idx})
+            ancestry.append(
+                {
+                    **node,
+                    "score": selection_scores.get(i) if i is not None else None,
+                    "val_score": full_val.get(i) if i is not None else None,
+                    "returned": i == best_idx,
+                }
+            )
         return cls(
             candidates=tuple(candidates),
             val_aggregate_scores=tuple(full_val.get(i) for i in range(len(candidates))),
@@ -188,8 +208,10 @@ class DetailedResults:
             status=rundir.status,
             ranking=tuple(rank["train" if selection.get("split") == "train" else "val"]),
             candidate_ids=tuple(named.ids_of(i) for i in range(len(candidates))),
-            lineage={name: {**entry, "candidate": named.candidate_of(name)}
-                     for name, entry in ((n, rundir.lineage.get(n, {})) for n in rundir.named_candidates)},
+            lineage={
+                name: {**entry, "candidate": named.candidate_of(name)}
+                for name, entry in ((n, rundir.lineage.get(n, {})) for n in rundir.named_candidates)
+            },
             ancestry=tuple(ancestry),
             program=program,
         )
@@ -232,9 +254,12 @@ class DetailedResults:
     def lineage_record(self) -> dict[str, Any]:
         """Where the candidates came from, as plain JSON: ``returned`` (the returned candidate's id), ``ancestry``,
         ``lineage`` (per candidate id) and ``candidate_ids`` (per candidate). MLflow logs it as ``lineage.json``."""
-        return {"returned": self.returned_candidate_id, "ancestry": [dict(node) for node in self.ancestry],
-                "lineage": {name: dict(entry) for name, entry in self.lineage.items()},
-                "candidate_ids": [list(ids) for ids in self.candidate_ids]}
+        return {
+            "returned": self.returned_candidate_id,
+            "ancestry": [dict(node) for node in self.ancestry],
+            "lineage": {name: dict(entry) for name, entry in self.lineage.items()},
+            "candidate_ids": [list(ids) for ids in self.candidate_ids],
+        }
 
     def build_program(self, index: int, program: Any = None) -> Any:
         """A copy of ``program`` (default: the one given when these results were built) with candidate

@@ -37,6 +37,7 @@ from rlmoptimizer.storage.run_store import read_pending_log
 
 Status = Literal["finished", "interrupted", "in flight", "empty"]
 
+
 @dataclass(frozen=True)
 class PendingRun:
     """An evaluation that had started and not finished when the directory was read: the records it had paid for.
@@ -187,8 +188,12 @@ def _read_pending(path: Path, problems: list[str]) -> PendingRun | None:
         return None  # the header itself was being written
     header, records = parsed
     return PendingRun(
-        path=str(path), split=header["split"], label=header["label"], instructions=header["instructions"],
-        requested_count=header["requested"], charged=header["charged"],
+        path=str(path),
+        split=header["split"],
+        label=header["label"],
+        instructions=header["instructions"],
+        requested_count=header["requested"],
+        charged=header["charged"],
         records=tuple(sorted(records, key=lambda r: r.example_id)),
     )
 
@@ -236,9 +241,19 @@ def read_run_directory(directory: str | Path) -> RunDirectory:
     else:
         status = "interrupted"
     return RunDirectory(
-        directory=str(path), status=status, holder=holder if result is None else None, manifest=manifest,
-        ledger=ledger, runs=tuple(runs), pending=tuple(pending), prompt_versions=tuple(prompt_versions),
-        turns=tuple(turns), result=result, problems=tuple(problems), usage_so_far=usage, named_candidates=named,
+        directory=str(path),
+        status=status,
+        holder=holder if result is None else None,
+        manifest=manifest,
+        ledger=ledger,
+        runs=tuple(runs),
+        pending=tuple(pending),
+        prompt_versions=tuple(prompt_versions),
+        turns=tuple(turns),
+        result=result,
+        problems=tuple(problems),
+        usage_so_far=usage,
+        named_candidates=named,
         lineage=lineage,
     )
 
@@ -254,9 +269,12 @@ def _read_candidates(path: Path, problems: list[str]) -> tuple[dict[str, dict[st
     named, lineage = read_candidates(path)
     if not isinstance(data, dict):
         problems.append(f"{CANDIDATES_FILE}: not the named candidates (a {type(data).__name__})")
-    elif any(not isinstance(data.get(part, {}), dict) or len(kept) != len(data.get(part, {}))
-             or not all(isinstance(v, dict) for v in data.get(part, {}).values())
-             for part, kept in (("candidates", named), ("lineage", lineage))):
+    elif any(
+        not isinstance(data.get(part, {}), dict)
+        or len(kept) != len(data.get(part, {}))
+        or not all(isinstance(v, dict) for v in data.get(part, {}).values())
+        for part, kept in (("candidates", named), ("lineage", lineage))
+    ):
         problems.append(f"{CANDIDATES_FILE}: ignored entries that are not {{id: {{...}}}}")
     return named, lineage_shape(lineage, problems)
 

@@ -51,19 +51,31 @@ def _is_counts(value: Any) -> bool:
 
 def _is_candidates(value: Any) -> bool:
     return isinstance(value, list) and all(
-        isinstance(c, dict) and isinstance(c.get("run_id"), str) and is_number(c.get("score")) for c in value)
+        isinstance(c, dict) and isinstance(c.get("run_id"), str) and is_number(c.get("score")) for c in value
+    )
 
 
 _BUDGET = {"limit": is_count, "spent": is_count, "left": is_count, "spent_by_kind": _is_counts}
 _SELECTION = {
-    "split": lambda v: v in SPLITS, "chosen_run_id": _is_str, "chosen_label": _is_str, "chosen_score": is_number,
-    "submission_run_id": _optional(_is_str), "submission_score": _optional(is_number),
-    "baseline_score": _optional(is_number), "reason": _is_str, "candidates": _is_candidates,
+    "split": lambda v: v in SPLITS,
+    "chosen_run_id": _is_str,
+    "chosen_label": _is_str,
+    "chosen_score": is_number,
+    "submission_run_id": _optional(_is_str),
+    "submission_score": _optional(is_number),
+    "baseline_score": _optional(is_number),
+    "reason": _is_str,
+    "candidates": _is_candidates,
     "spending_cap_reached": _optional(lambda v: isinstance(v, bool)),
 }
-_ROLE_USAGE = {"calls": is_count, "input_tokens": is_count, "cached_input_tokens": is_count,
-               "output_tokens": is_count, "cost_usd": _optional(is_number),
-               "unpriced_models": lambda v: isinstance(v, list) and all(isinstance(m, str) for m in v)}
+_ROLE_USAGE = {
+    "calls": is_count,
+    "input_tokens": is_count,
+    "cached_input_tokens": is_count,
+    "output_tokens": is_count,
+    "cost_usd": _optional(is_number),
+    "unpriced_models": lambda v: isinstance(v, list) and all(isinstance(m, str) for m in v),
+}
 
 
 def _short(value: Any) -> str:
@@ -139,8 +151,14 @@ def result_shape(value: Any, problems: list[str]) -> dict[str, Any] | None:
     return {key: value for key, value in result.items() if value is not None}
 
 
-_TURN = {"iteration": is_count, "reasoning": _is_str, "code": _is_str, "output": _is_str,
-         "final": lambda v: isinstance(v, bool), "created_at": is_number}
+_TURN = {
+    "iteration": is_count,
+    "reasoning": _is_str,
+    "code": _is_str,
+    "output": _is_str,
+    "final": lambda v: isinstance(v, bool),
+    "created_at": is_number,
+}
 _VERSION = {"version": is_count, "step": _is_str, "text": _is_str, "previous": _optional(_is_str), "source": _is_str}
 
 

@@ -23,8 +23,11 @@ from rlmoptimizer.usage import dollars
 
 _STATUS = {
     "finished": ("green", "finished: result.json holds the returned instructions"),
-    "interrupted": ("yellow", "interrupted: the process stopped before it finished; run compile() again with this "
-                              "run_storage_dir to resume where it stopped (nothing paid for is evaluated again)"),
+    "interrupted": (
+        "yellow",
+        "interrupted: the process stopped before it finished; run compile() again with this "
+        "run_storage_dir to resume where it stopped (nothing paid for is evaluated again)",
+    ),
     "in flight": ("cyan", "in flight: a compile() is writing this directory now"),
     "empty": ("dim", "empty: no run has been written here yet"),
 }
@@ -84,11 +87,21 @@ def _runs_table(rundir: RunDirectory) -> Table:
     candidates = {c.get("run_id") for c in selection.get("candidates", [])}
     chosen = selection.get("chosen_run_id")
     initial = rundir.initial_instructions
-    table = Table(title=f"evaluation runs ({len(rundir.runs)} saved, {len(rundir.pending)} in flight or unfinished)",
-                  title_justify="left", show_edge=False)
+    table = Table(
+        title=f"evaluation runs ({len(rundir.runs)} saved, {len(rundir.pending)} in flight or unfinished)",
+        title_justify="left",
+        show_edge=False,
+    )
     table.add_column("run", no_wrap=True, min_width=10)
-    for column, justify in ( ("split", "left"), ("label", "left"), ("score", "right"),
-                            ("passed", "right"), ("charged", "right"), ("spent after", "right"), ("", "left")):
+    for column, justify in (
+        ("split", "left"),
+        ("label", "left"),
+        ("score", "right"),
+        ("passed", "right"),
+        ("charged", "right"),
+        ("spent after", "right"),
+        ("", "left"),
+    ):
         table.add_column(column, justify=justify)
     for run in rundir.runs:
         marks = []
@@ -103,15 +116,25 @@ def _runs_table(rundir: RunDirectory) -> Table:
         if run.note:
             marks.append(f"[dim]{_clip(run.note, 60)}[/]")
         table.add_row(
-            run.run_id, run.split, run.label, f"{run.score:.3f}",
-            f"{run.passed_count}/{run.evaluated_count}" + ("" if run.evaluated_count == run.requested_count else f" of {run.requested_count}"),
-            str(run.budget_spent), str(rundir.spent_after(run)), "; ".join(marks),
+            run.run_id,
+            run.split,
+            run.label,
+            f"{run.score:.3f}",
+            f"{run.passed_count}/{run.evaluated_count}"
+            + ("" if run.evaluated_count == run.requested_count else f" of {run.requested_count}"),
+            str(run.budget_spent),
+            str(rundir.spent_after(run)),
+            "; ".join(marks),
         )
     for pending in rundir.pending:
         table.add_row(
-            "[italic]unfinished[/]", pending.split, pending.label, f"{pending.score:.3f}",
+            "[italic]unfinished[/]",
+            pending.split,
+            pending.label,
+            f"{pending.score:.3f}",
             f"{sum(r.passed for r in pending.records)}/{pending.evaluated_count} of {pending.requested_count}",
-            str(pending.evaluated_count if pending.charged else 0), "",
+            str(pending.evaluated_count if pending.charged else 0),
+            "",
             "[yellow]" + ("being evaluated" if rundir.status == "in flight" else "see below") + "[/]",
         )
     return table
@@ -140,8 +163,12 @@ def _prompts_table(rundir: RunDirectory) -> Table | Text:
     table.add_column("source")
     table.add_column("text")
     for version in rundir.prompt_versions:
-        table.add_row(str(version.get("version", "")), str(version.get("step", "")), str(version.get("source", "")),
-                      _clip(version.get("text", ""), 110))
+        table.add_row(
+            str(version.get("version", "")),
+            str(version.get("step", "")),
+            str(version.get("source", "")),
+            _clip(version.get("text", ""), 110),
+        )
     return table
 
 
@@ -150,8 +177,11 @@ def _selection_text(rundir: RunDirectory) -> Panel | Text:
     if not selection:
         return Text("selection: none yet (made when compile() finishes)", style="dim")
     lines = Text()
-    lines.append(f"returned {selection.get('chosen_run_id')} ({selection.get('chosen_label')}) with "
-                 f"{selection.get('split')} score {selection.get('chosen_score', 0):.3f}", style="bold")
+    lines.append(
+        f"returned {selection.get('chosen_run_id')} ({selection.get('chosen_label')}) with "
+        f"{selection.get('split')} score {selection.get('chosen_score', 0):.3f}",
+        style="bold",
+    )
     if selection.get("baseline_score") is not None:
         lines.append(f"; the unchanged program scored {selection['baseline_score']:.3f}")
     lines.append(f"\nwhy: {selection.get('reason', '')}")
@@ -218,9 +248,11 @@ def render(rundir: RunDirectory, picture: Path | str | None = None) -> Group:
     if manifest.get("created_at"):
         header.append(f"\nstarted: {_when(manifest['created_at'])}")
     if rundir.turns:
-        header.append(f"\nagent turns: {len(rundir.turns)}"
-                      + (" (the last one submitted)" if rundir.turns[-1].get("final") else "")
-                      + (f", last at {_when(rundir.turns[-1].get('created_at'))}" if rundir.turns[-1].get("created_at") else ""))
+        header.append(
+            f"\nagent turns: {len(rundir.turns)}"
+            + (" (the last one submitted)" if rundir.turns[-1].get("final") else "")
+            + (f", last at {_when(rundir.turns[-1].get('created_at'))}" if rundir.turns[-1].get("created_at") else "")
+        )
     parts: list[Any] = [Panel(header, title="rlmoptimizer run", title_align="left"), _budget_text(rundir)]
     if rundir.status != "empty":
         parts += [_usage_table(rundir), _runs_table(rundir)]
@@ -240,7 +272,9 @@ def render(rundir: RunDirectory, picture: Path | str | None = None) -> Group:
     return Group(*parts)
 
 
-def report(directory: str | Path, *, console: Console | None = None, picture: str | Path | None | bool = True) -> RunDirectory:
+def report(
+    directory: str | Path, *, console: Console | None = None, picture: str | Path | None | bool = True
+) -> RunDirectory:
     """Print the summary of ``directory`` and write its picture.
 
     ``picture``: True writes ``run.png`` into the run directory, a path writes there, False writes none. An empty

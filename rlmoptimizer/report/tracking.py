@@ -73,16 +73,20 @@ def check_use_mlflow(value: Any) -> bool:
 
 # Constructor arguments that are not logged as themselves: the LMs, the metric and the run directory are logged as
 # what the compile runs with (their names and identity); the console, verbose output and MLflow itself shape nothing.
-_NOT_SETTINGS = frozenset({"root_lm", "sub_lm", "eval_lm", "metric", "run_storage_dir", "console", "verbose",
-                           "use_mlflow"})
+_NOT_SETTINGS = frozenset(
+    {"root_lm", "sub_lm", "eval_lm", "metric", "run_storage_dir", "console", "verbose", "use_mlflow"}
+)
 
 
 def optimizer_settings(optimizer: Any) -> dict[str, Any]:
     """Every keyword argument of the optimizer's constructor that shapes a run, as the optimizer holds it (None
     included: ``max_iterations=None`` says the budget is ``max_metric_calls``)."""
     parameters = inspect.signature(type(optimizer).__init__).parameters.values()
-    return {p.name: getattr(optimizer, p.name) for p in parameters
-            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in _NOT_SETTINGS and hasattr(optimizer, p.name)}
+    return {
+        p.name: getattr(optimizer, p.name)
+        for p in parameters
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in _NOT_SETTINGS and hasattr(optimizer, p.name)
+    }
 
 
 def _lm_name(lm: Any) -> str | None:
@@ -98,11 +102,18 @@ def compile_params(optimizer: Any, run: Any) -> dict[str, Any]:
     settings = {name: "None" if value is None else value for name, value in optimizer_settings(optimizer).items()}
     params: dict[str, Any] = {"optimizer": type(optimizer).__name__, **settings}
     params["budget_mode"] = "max_metric_calls" if getattr(optimizer, "max_metric_calls", None) else "max_iterations"
-    params.update({
-        "budget_limit": run.budget_limit, "trainset_size": len(run.trainset), "valset_size": len(run.valset),
-        "root_lm": _lm_name(run.root_lm), "sub_lm": _lm_name(run.sub_lm), "eval_lm": _lm_name(run.eval_lm),
-        "metric": getattr(run.metric, "identity", None), "run_storage_dir": str(run.directory),
-    })
+    params.update(
+        {
+            "budget_limit": run.budget_limit,
+            "trainset_size": len(run.trainset),
+            "valset_size": len(run.valset),
+            "root_lm": _lm_name(run.root_lm),
+            "sub_lm": _lm_name(run.sub_lm),
+            "eval_lm": _lm_name(run.eval_lm),
+            "metric": getattr(run.metric, "identity", None),
+            "run_storage_dir": str(run.directory),
+        }
+    )
     return params
 
 
@@ -166,7 +177,10 @@ class MlflowTracker:
                 self._failed = True
                 logger.warning(
                     "MLflow tracking stopped (%s failed: %s: %s). The optimization goes on; everything is still "
-                    "in its run directory.", what, type(exc).__name__, exc,
+                    "in its run directory.",
+                    what,
+                    type(exc).__name__,
+                    exc,
                 )
 
     # -- events ----------------------------------------------------------------------------------------
@@ -233,7 +247,9 @@ class MlflowTracker:
 
         def log() -> None:
             self._turns += 1
-            number = int(turn.get("iteration", self._turns)) if str(turn.get("iteration", "")).isdigit() else self._turns
+            number = (
+                int(turn.get("iteration", self._turns)) if str(turn.get("iteration", "")).isdigit() else self._turns
+            )
             self._client.log_dict(self.run_id, dict(turn), f"turns/turn-{number:04d}.json")
             self._client.log_metric(self.run_id, "agent_turns", self._turns, step=self._turns)
 
@@ -304,7 +320,10 @@ class MlflowTracker:
         """Close the run as failed (KILLED for Ctrl-C), with the error as a tag."""
         if self.run_id is None:
             return
-        self._guard("logging the error", lambda: self._client.set_tag(self.run_id, "error", f"{type(error).__name__}: {error}"[:5000]))
+        self._guard(
+            "logging the error",
+            lambda: self._client.set_tag(self.run_id, "error", f"{type(error).__name__}: {error}"[:5000]),
+        )
         self._end("KILLED" if isinstance(error, KeyboardInterrupt) or "interrupted" in str(error) else "FAILED")
 
     # -- closing -------------------------------------------------------------------------------------

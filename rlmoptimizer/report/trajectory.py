@@ -38,12 +38,14 @@ class Trajectory(list):
                 rows.append({"turn": str(index), "reasoning": _first_lines(turn), "code": "", "output": ""})
                 continue
             number = str(turn.get("iteration", index + 1)) + (" (submitted)" if turn.get("final") else "")
-            rows.append({
-                "turn": number,
-                "reasoning": _first_lines(turn.get("reasoning"), lines=2),
-                "code": _first_lines(turn.get("code")),
-                "output": _first_lines(turn.get("output")),
-            })
+            rows.append(
+                {
+                    "turn": number,
+                    "reasoning": _first_lines(turn.get("reasoning"), lines=2),
+                    "code": _first_lines(turn.get("code")),
+                    "output": _first_lines(turn.get("output")),
+                }
+            )
         return rows
 
     # -- Jupyter -----------------------------------------------------------------------------------
@@ -51,7 +53,8 @@ class Trajectory(list):
         cell = 'style="text-align:left;vertical-align:top;white-space:pre-wrap;font-family:monospace;font-size:12px"'
         head = "".join(f"<th {cell}>{name}</th>" for name in ("turn", "reasoning", "code", "output"))
         body = "".join(
-            "<tr>" + "".join(f"<td {cell}>{html.escape(row[key])}</td>" for key in ("turn", "reasoning", "code", "output"))
+            "<tr>"
+            + "".join(f"<td {cell}>{html.escape(row[key])}</td>" for key in ("turn", "reasoning", "code", "output"))
             + "</tr>"
             for row in self.summary_rows()
         )

@@ -97,7 +97,8 @@ class CheckReport:
         lines.append(
             "OK: the sandbox works on this machine. To use it offline, copy the Deno cache above to the other "
             "machine and point DENO_DIR at it."
-            if self.ok else "FAILED: the sandbox is not isolated as it should be; do not run optimizations here."
+            if self.ok
+            else "FAILED: the sandbox is not isolated as it should be; do not run optimizations here."
         )
         return "\n".join(lines)
 
@@ -161,15 +162,27 @@ def isolation_probes(sandbox: Sandbox) -> list[Probe]:
         server = _RecordingServer()
         try:
             cases: list[tuple[str, str, Callable[[str], bool]]] = [
-                ("read a host file", f"import js\nreturn js.Deno.readTextFileSync({secret_file!r})",
-                 lambda out: _SECRET not in out),
-                ("write a host file", f"import js\nreturn js.Deno.writeTextFileSync({target!r}, 'x')",
-                 lambda out: not os.path.exists(target)),
+                (
+                    "read a host file",
+                    f"import js\nreturn js.Deno.readTextFileSync({secret_file!r})",
+                    lambda out: _SECRET not in out,
+                ),
+                (
+                    "write a host file",
+                    f"import js\nreturn js.Deno.writeTextFileSync({target!r}, 'x')",
+                    lambda out: not os.path.exists(target),
+                ),
                 ("read the environment", "import js\nreturn js.Deno.env.get('PATH')", lambda out: True),
-                ("reach the network", f"import js\nreturn (await js.fetch({server.url + '/probe'!r})).status",
-                 lambda out: not server.paths),
-                ("start a process", "import js\nreturn js.eval(\"new Deno.Command('true').outputSync().code\")",
-                 lambda out: True),
+                (
+                    "reach the network",
+                    f"import js\nreturn (await js.fetch({server.url + '/probe'!r})).status",
+                    lambda out: not server.paths,
+                ),
+                (
+                    "start a process",
+                    "import js\nreturn js.eval(\"new Deno.Command('true').outputSync().code\")",
+                    lambda out: True,
+                ),
             ]
             for name, code, host_clean in cases:
                 outcome = _attempt(sandbox, code)
@@ -188,22 +201,36 @@ def platform_protections(sandbox: Sandbox) -> list[Protection]:
     data_limit = interp.data_limit_bytes if interp is not None else None
     cpu_readable = pid is not None and process.cpu_seconds(pid) is not None
     return [
-        Protection("time limit per cell", True,
-                   f"{sandbox.timeout_s:g} s per execute, {sandbox.start_timeout_s:g} s to start (a watchdog thread: "
-                   "every platform)"),
-        Protection("Pyodide memory cap", wasm_cap,
-                   f"{sandbox.memory_limit_mb} MB of WebAssembly memory, then MemoryError (a V8 flag: every platform)"
-                   if wasm_cap else "the Deno command has no --wasm-max-mem-pages flag"),
-        Protection("process memory cap", data_limit is not None,
-                   f"the whole Deno process may add {sandbox.memory_limit_mb} MB (JavaScript buffers included) to "
-                   "what it used once started (RLIMIT_DATA)" if data_limit is not None else
-                   f"off on {sys.platform}: it needs Linux (prlimit and /proc); only the Pyodide memory cap bounds "
-                   "the process, so JavaScript buffers made from Python can grow without bound"),
-        Protection("idle-CPU watch", cpu_readable,
-                   "a process that keeps computing between cells (a thread or timer a cell left running) is stopped"
-                   if cpu_readable else
-                   f"off on {sys.platform}: it needs Linux's /proc; work a cell leaves running keeps using CPU "
-                   "between cells"),
+        Protection(
+            "time limit per cell",
+            True,
+            f"{sandbox.timeout_s:g} s per execute, {sandbox.start_timeout_s:g} s to start (a watchdog thread: "
+            "every platform)",
+        ),
+        Protection(
+            "Pyodide memory cap",
+            wasm_cap,
+            f"{sandbox.memory_limit_mb} MB of WebAssembly memory, then MemoryError (a V8 flag: every platform)"
+            if wasm_cap
+            else "the Deno command has no --wasm-max-mem-pages flag",
+        ),
+        Protection(
+            "process memory cap",
+            data_limit is not None,
+            f"the whole Deno process may add {sandbox.memory_limit_mb} MB (JavaScript buffers included) to "
+            "what it used once started (RLIMIT_DATA)"
+            if data_limit is not None
+            else f"off on {sys.platform}: it needs Linux (prlimit and /proc); only the Pyodide memory cap bounds "
+            "the process, so JavaScript buffers made from Python can grow without bound",
+        ),
+        Protection(
+            "idle-CPU watch",
+            cpu_readable,
+            "a process that keeps computing between cells (a thread or timer a cell left running) is stopped"
+            if cpu_readable
+            else f"off on {sys.platform}: it needs Linux's /proc; work a cell leaves running keeps using CPU "
+            "between cells",
+        ),
     ]
 
 

@@ -60,11 +60,30 @@ _PYODIDE_IMPORT = re.compile(r"""['"]npm:pyodide@([^/'"]+)""")
 # Environment the Deno process keeps: what Deno needs to find its cache, reach the npm registry the first
 # time (proxies, certificates, registry settings) and run on Windows. Everything else (API keys...) is
 # dropped; Deno could not show it to sandboxed code anyway (no --allow-env), this is defense in depth.
-_ENV_KEEP = frozenset({
-    "PATH", "HOME", "USERPROFILE", "LOCALAPPDATA", "APPDATA", "SYSTEMROOT", "SYSTEMDRIVE", "WINDIR",
-    "TMPDIR", "TEMP", "TMP", "XDG_CACHE_HOME", "LANG", "LC_ALL", "SSL_CERT_FILE", "SSL_CERT_DIR",
-    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY",
-})
+_ENV_KEEP = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USERPROFILE",
+        "LOCALAPPDATA",
+        "APPDATA",
+        "SYSTEMROOT",
+        "SYSTEMDRIVE",
+        "WINDIR",
+        "TMPDIR",
+        "TEMP",
+        "TMP",
+        "XDG_CACHE_HOME",
+        "LANG",
+        "LC_ALL",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "NO_PROXY",
+        "ALL_PROXY",
+    }
+)
 _ENV_KEEP_PREFIXES = ("DENO_", "NPM_CONFIG_")
 
 # Where the host names a CA bundle for Python and pip, in the order we look: OpenSSL's own variable (Python's
@@ -74,7 +93,6 @@ _NODE_CA_VARIABLE = "NODE_EXTRA_CA_CERTS"
 
 # One 64 KiB WebAssembly page.
 _WASM_PAGE = 64 * 1024
-
 
 
 # ---------------------------------------------------------------------------------------------- command

@@ -24,8 +24,10 @@ INSTRUCTIONS = (
 def check_limits(timeout_s: float, start_timeout_s: float, replay_limit: int, memory_limit_mb: int) -> None:
     """``ValueError`` saying which limit is out of range (see :class:`~rlmoptimizer.sandbox.Sandbox`)."""
     for name, value in (("timeout_s", timeout_s), ("start_timeout_s", start_timeout_s)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S)
         ):
             raise ValueError(
                 f"{name} must be a number of seconds greater than 0 and at most {MAX_TIMEOUT_S:g} "

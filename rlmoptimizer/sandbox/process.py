@@ -75,7 +75,7 @@ class StreamTail:
                 self._partial = ""
             room = STDERR_LINE_CHARS - len(self._partial)
             self.dropped += max(0, len(rest) - room)
-            self._partial += rest[:max(0, room)]
+            self._partial += rest[: max(0, room)]
 
     def text(self, wait_s: float = 0.0) -> str:
         """What is kept, joined by newlines; waits up to ``wait_s`` for the stream to end first."""

@@ -57,8 +57,16 @@ class SetupLog:
         """What a restart runs again, in order: the facade installs and the confirmed setup."""
         return [r for i, r in enumerate(self.records) if r.facade or i < self.confirmed]
 
-    def record(self, code: str, variables: dict[str, Any], names: set[str], tools: Iterable[str], *,
-               succeeded: bool, replay_limit: int) -> None:
+    def record(
+        self,
+        code: str,
+        variables: dict[str, Any],
+        names: set[str],
+        tools: Iterable[str],
+        *,
+        succeeded: bool,
+        replay_limit: int,
+    ) -> None:
         """Note an execute that ended with the REPL's global names ``names``: record it for replay if it
         installed dspy's facade or ran before the setup was complete, and what the agent defined."""
         facade_install = code == SHIM_SETUP or HOST_TOKEN_VAR in variables
@@ -129,8 +137,15 @@ def names_list(names: list[str]) -> str:
     return "[" + ", ".join(names) + "]" if names else "[] (none)"
 
 
-def restart_message(lost: ProcessLost, lost_names: list[str], reloaded: list[str], replay_failures: list[str],
-                    *, memory_limit_mb: int, timeout_s: float) -> str:
+def restart_message(
+    lost: ProcessLost,
+    lost_names: list[str],
+    reloaded: list[str],
+    replay_failures: list[str],
+    *,
+    memory_limit_mb: int,
+    timeout_s: float,
+) -> str:
     """What the agent is told after a restart: why the process was lost, what the setup reloaded
     (``reloaded``; ``replay_failures`` are setup steps that failed), which of its variables are gone, and what
     to do differently."""

@@ -350,8 +350,12 @@ class Sandbox:
         self.lost_variables_on_last_restart = lost_names
         self._setup.user_names = []
         return restart_message(
-            lost, lost_names, self._setup.reloaded_names(self.tools), self._replay_failures,
-            memory_limit_mb=self.memory_limit_mb, timeout_s=self.timeout_s,
+            lost,
+            lost_names,
+            self._setup.reloaded_names(self.tools),
+            self._replay_failures,
+            memory_limit_mb=self.memory_limit_mb,
+            timeout_s=self.timeout_s,
         )
 
     def _start_quietly(self) -> None:
@@ -413,4 +417,3 @@ def _explained(error: SyntaxError, code: str) -> SyntaxError:
     except (ValueError, OverflowError, MemoryError):  # e.g. null bytes in the code
         pass
     return error
-

@@ -56,13 +56,21 @@ class Session:
             interp.start()
         except Exception as e:
             timed_out = self.watchdog.disarm()
-            message = start_failure.describe_start_failure(interp, shorten(str(e)), timed_out, command[0], start_timeout_s)
+            message = start_failure.describe_start_failure(
+                interp, shorten(str(e)), timed_out, command[0], start_timeout_s
+            )
             self.stop()
             raise SandboxError(message) from e
         self.watchdog.disarm()
 
-    def call(self, code: str, variables: dict[str, Any], limit: float, tools: dict[str, Callable[..., Any]],
-             output_fields: list[dict] | None) -> Any:
+    def call(
+        self,
+        code: str,
+        variables: dict[str, Any],
+        limit: float,
+        tools: dict[str, Callable[..., Any]],
+        output_fields: list[dict] | None,
+    ) -> Any:
         """One ``PythonInterpreter.execute`` under the watchdog; ``ProcessLost`` if the process died."""
         interp = self.interp
         registering = self.tools.sync(interp, tools, output_fields)

@@ -31,8 +31,9 @@ def offline_help(cache_dir: str | None) -> str:
     )
 
 
-def explain_start_failure(stderr: str, exit_code: int | None, error: str, cache_dir: str | None,
-                          trust: TlsTrust | None = None) -> str:
+def explain_start_failure(
+    stderr: str, exit_code: int | None, error: str, cache_dir: str | None, trust: TlsTrust | None = None
+) -> str:
     """The message of a sandbox that did not start: what happened (in Deno's words), which download failed,
     and what to do."""
     trust = tls_trust() if trust is None else trust
@@ -59,14 +60,15 @@ def explain_start_failure(stderr: str, exit_code: int | None, error: str, cache_
             "(and NPM_CONFIG_REGISTRY for a registry mirror). " + offline_help(cache_dir)
         )
     if "npm" in said or "pyodide" in said.lower():
-        return (
-            f"The sandbox could not start: Deno could not load {what}{download}. {status}.{words}\n"
-            + offline_help(cache_dir)
+        return f"The sandbox could not start: Deno could not load {what}{download}. {status}.{words}\n" + offline_help(
+            cache_dir
         )
     return f"The sandbox could not start: {status}.{words}"
 
 
-def describe_start_failure(interp: DenoInterpreter, error: str, timed_out: bool, deno_path: str, start_timeout_s: float) -> str:
+def describe_start_failure(
+    interp: DenoInterpreter, error: str, timed_out: bool, deno_path: str, start_timeout_s: float
+) -> str:
     """Why the interpreter ``interp`` did not start (``error``: what its start raised, shortened), in Deno's
     words, with what to do (:func:`explain_start_failure`); ``timed_out`` if it ran out of ``start_timeout_s``."""
     process, exit_code = interp.deno_process, None

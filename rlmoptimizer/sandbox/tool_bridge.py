@@ -44,7 +44,9 @@ def registration_code(names: list[str], removed: list[str]) -> str:
     """What runs in the sandbox after dspy registered the tools ``names`` (``removed`` are gone since)."""
     wrap = f"_rlmopt_wrap_tools({json.dumps(names)}, {json.dumps(removed)}, {json.dumps(AgentToolError.__name__)})"
     hooks = f"_rlmopt_install_hooks(globals().get({json.dumps(NAMES_TOOL)}))"
-    return "\n".join([_TOOL_WRAPPERS, wrap, "del _rlmopt_wrap_tools", _RUNNER_HOOKS, hooks, "del _rlmopt_install_hooks, _HARDEN_JS"])
+    return "\n".join(
+        [_TOOL_WRAPPERS, wrap, "del _rlmopt_wrap_tools", _RUNNER_HOOKS, hooks, "del _rlmopt_install_hooks, _HARDEN_JS"]
+    )
 
 
 class ToolBridge:
@@ -64,7 +66,9 @@ class ToolBridge:
         """A new process: nothing is registered in it yet."""
         self.registration_key, self.registered_tools = None, set()
 
-    def sync(self, interp: DenoInterpreter, tools: dict[str, Callable[..., Any]], output_fields: list[dict] | None) -> bool:
+    def sync(
+        self, interp: DenoInterpreter, tools: dict[str, Callable[..., Any]], output_fields: list[dict] | None
+    ) -> bool:
         """Hand ``tools`` (wrapped to pause the watchdog) and ``output_fields`` to the interpreter;
         re-register them in the sandbox when their names, signatures or the outputs changed (True then)."""
         wrapped = {}

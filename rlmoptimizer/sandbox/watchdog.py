@@ -70,8 +70,14 @@ class Watchdog:
             self._limit, self._since, self._on_expire = None, None, None
             return self._fired
 
-    def idle(self, cpu_seconds: Callable[[], float | None], on_exceed: Callable[[float], None], *,
-             allowance_s: float, share: float) -> None:
+    def idle(
+        self,
+        cpu_seconds: Callable[[], float | None],
+        on_exceed: Callable[[float], None],
+        *,
+        allowance_s: float,
+        share: float,
+    ) -> None:
         """Until the next :meth:`arm`: sample ``cpu_seconds()`` and call ``on_exceed(used)`` once the CPU used
         since now exceeds ``allowance_s`` plus ``share`` of the time passed. Does nothing if the clock cannot be
         read (``None``)."""

@@ -32,18 +32,30 @@ def read_candidates(directory: str | Path | None) -> tuple[dict[str, dict[str, s
         return {}, {}
     if not isinstance(data, dict):
         return {}, {}
-    candidates = {
-        name: {str(k): v for k, v in mapping.items() if isinstance(v, str)}
-        for name, mapping in (data.get("candidates") or {}).items()
-        if isinstance(name, str) and isinstance(mapping, dict)
-    } if isinstance(data.get("candidates"), dict) else {}
-    lineage = {name: value for name, value in (data.get("lineage") or {}).items()
-               if isinstance(name, str) and isinstance(value, dict)} if isinstance(data.get("lineage"), dict) else {}
+    candidates = (
+        {
+            name: {str(k): v for k, v in mapping.items() if isinstance(v, str)}
+            for name, mapping in (data.get("candidates") or {}).items()
+            if isinstance(name, str) and isinstance(mapping, dict)
+        }
+        if isinstance(data.get("candidates"), dict)
+        else {}
+    )
+    lineage = (
+        {
+            name: value
+            for name, value in (data.get("lineage") or {}).items()
+            if isinstance(name, str) and isinstance(value, dict)
+        }
+        if isinstance(data.get("lineage"), dict)
+        else {}
+    )
     return candidates, lineage
 
 
-def write_candidates(directory: str | Path | None, candidates: dict[str, dict[str, str]],
-                     lineage: dict[str, dict[str, Any]]) -> None:
+def write_candidates(
+    directory: str | Path | None, candidates: dict[str, dict[str, str]], lineage: dict[str, dict[str, Any]]
+) -> None:
     if directory is None:
         return
     try:
@@ -65,8 +77,11 @@ def read_gepa_progress(directory: str | Path | None) -> dict[str, int]:
         return {}
     if not isinstance(data, dict):
         return {}
-    return {name: value for name, value in data.items()
-            if isinstance(name, str) and isinstance(value, int) and not isinstance(value, bool) and value >= 0}
+    return {
+        name: value
+        for name, value in data.items()
+        if isinstance(name, str) and isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    }
 
 
 def write_gepa_progress(directory: str | Path | None, progress: dict[str, int]) -> None:

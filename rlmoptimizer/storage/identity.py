@@ -15,11 +15,27 @@ from rlmoptimizer.records import jsonable
 # -- what a stored score depends on -----------------------------------------------------------------
 # Settings of an LM that say where and how to connect, not what it answers: left out of its identity (and
 # never written to disk: some are secrets).
-_CONNECTION_KWARGS = frozenset({
-    "api_key", "api_base", "base_url", "api_version", "organization", "headers", "extra_headers", "timeout",
-    "request_timeout", "num_retries", "max_retries", "azure_ad_token", "vertex_credentials", "vertex_project",
-    "vertex_location", "aws_region_name", "region_name",
-})
+_CONNECTION_KWARGS = frozenset(
+    {
+        "api_key",
+        "api_base",
+        "base_url",
+        "api_version",
+        "organization",
+        "headers",
+        "extra_headers",
+        "timeout",
+        "request_timeout",
+        "num_retries",
+        "max_retries",
+        "azure_ad_token",
+        "vertex_credentials",
+        "vertex_project",
+        "vertex_location",
+        "aws_region_name",
+        "region_name",
+    }
+)
 _SECRET_WORDS = ("key", "secret", "password", "credential", "auth")
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
@@ -30,7 +46,8 @@ def lm_identity(lm: Any) -> dict[str, Any]:
     kwargs = getattr(lm, "kwargs", None)
     kwargs = kwargs if isinstance(kwargs, dict) else {}
     kept = {
-        str(k): v for k, v in kwargs.items()
+        str(k): v
+        for k, v in kwargs.items()
         if k not in _CONNECTION_KWARGS and not any(word in str(k).lower() for word in _SECRET_WORDS)
     }
     identity = {

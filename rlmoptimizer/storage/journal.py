@@ -57,10 +57,12 @@ def _budget_hint(stored: dict[str, Any], expected: dict[str, Any]) -> str:
     old, new = stored.get("budget_mode"), expected.get("budget_mode")
     if not isinstance(old, dict) or len(old) != 1 or old == new:
         return ""
-    (name, value), = old.items()
+    ((name, value),) = old.items()
     now = ", ".join(f"{k}={v!r}" for k, v in new.items()) if isinstance(new, dict) else "another budget"
-    return (f" It was run with {name}={value!r}, and this compile() asks for {now}: pass {name}={value!r} instead "
-            "to resume it or read it back.")
+    return (
+        f" It was run with {name}={value!r}, and this compile() asks for {now}: pass {name}={value!r} instead "
+        "to resume it or read it back."
+    )
 
 
 class RunJournal:
@@ -111,20 +113,26 @@ class RunJournal:
         stored = json.loads(path.read_text(encoding="utf-8"))
         legacy = stored.get("examples_digest_version") != manifest.get("examples_digest_version")
         expected = {**manifest, **(legacy_examples() if legacy and legacy_examples is not None else {})}
-        different = [key for key in MANIFEST_KEYS_THAT_MUST_MATCH if stored.get(key) != expected.get(key)
-                     and not (key in _RECORDED_SINCE_LATER and key not in stored)]
+        different = [
+            key
+            for key in MANIFEST_KEYS_THAT_MUST_MATCH
+            if stored.get(key) != expected.get(key) and not (key in _RECORDED_SINCE_LATER and key not in stored)
+        ]
         if different:
             hint = (
                 " (This directory was written by an earlier version of rlmoptimizer, which identified examples "
                 "holding objects by their memory address; such a run cannot be resumed in a new process.)"
-                if legacy and {"trainset", "valset"} & set(different) else ""
+                if legacy and {"trainset", "valset"} & set(different)
+                else ""
             )
             raise RunDirectoryMismatchError(
                 f"run_storage_dir {str(self.directory)!r} holds a run of a different "
                 f"{', '.join(different)}; it cannot be resumed with this compile(). Use a new run_storage_dir "
                 f"(or delete this one) to start over.{_budget_hint(stored, expected)}{hint}"
             )
-        updates: dict[str, Any] = {key: manifest[key] for key in _RECORDED_SINCE_LATER if key not in stored and key in manifest}
+        updates: dict[str, Any] = {
+            key: manifest[key] for key in _RECORDED_SINCE_LATER if key not in stored and key in manifest
+        }
         if legacy:
             updates.update({key: manifest[key] for key in ("trainset", "valset", "examples_digest_version")})
         updates.update(self._check_eval_lm(stored, manifest["eval_lm"], allow_eval_lm_change))
@@ -133,7 +141,9 @@ class RunJournal:
             logger.warning(
                 "pass_threshold changed from %s to %s since this run directory was written: 'passed' of every "
                 "stored example is recomputed from its stored score (score >= %s); no LM call is needed.",
-                old_threshold, new_threshold, new_threshold,
+                old_threshold,
+                new_threshold,
+                new_threshold,
             )
             updates["pass_threshold"] = new_threshold
         if updates:
@@ -150,7 +160,8 @@ class RunJournal:
             logger.warning(
                 "run_storage_dir %s was written before the evaluation LM was recorded; its stored scores are "
                 "taken to come from the current evaluation LM (%s), which is recorded now.",
-                self.directory, identity["lm"].get("model"),
+                self.directory,
+                identity["lm"].get("model"),
             )
             return {"eval_lm": identity}
         if stored["eval_lm"] == identity:
@@ -166,7 +177,9 @@ class RunJournal:
             )
         logger.warning(
             "The evaluation LM differs from the one that produced the stored scores in %s (allowed by "
-            "allow_eval_lm_change=True); the stored scores are reused:\n%s", self.directory, listed,
+            "allow_eval_lm_change=True); the stored scores are reused:\n%s",
+            self.directory,
+            listed,
         )
         earlier = list(stored.get("earlier_eval_lms", [])) + [stored["eval_lm"]]
         return {"eval_lm": identity, "earlier_eval_lms": earlier}

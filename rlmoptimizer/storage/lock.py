@@ -44,7 +44,9 @@ def _describe_holder(directory: Path) -> str:
         return "another compile() (its process did not record its details)"
     pid, host, since = holder.get("pid"), holder.get("host"), holder.get("since")
     if pid == os.getpid() and host == socket.gethostname():
-        who = f"another compile() in this same process (pid {pid}; e.g. an earlier notebook cell or thread still running)"
+        who = (
+            f"another compile() in this same process (pid {pid}; e.g. an earlier notebook cell or thread still running)"
+        )
     else:
         who = f"another compile(): process {pid} on host {host!r}"
     return f"{who}, running since {since}" if since else who
@@ -104,12 +106,16 @@ class RunDirectoryLock:
         self._fd = fd
         if not self.read_only:
             now = datetime.datetime.now(datetime.timezone.utc)
-            atomic_write_json(self.directory / HOLDER_FILE, {
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "since": now.strftime("%Y-%m-%d %H:%M:%S UTC"),
-                "since_epoch": now.timestamp(),
-            }, durable=False)
+            atomic_write_json(
+                self.directory / HOLDER_FILE,
+                {
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "since": now.strftime("%Y-%m-%d %H:%M:%S UTC"),
+                    "since_epoch": now.timestamp(),
+                },
+                durable=False,
+            )
             self._wrote_holder = True
 
     def release(self) -> None:

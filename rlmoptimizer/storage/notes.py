@@ -27,8 +27,9 @@ __all__ = ["FILENAME", "MAX_NOTE_CHARS", "MAX_NOTES", "NotesStore"]
 class NotesStore:
     """Numbered notes, thread-safe, persisted to ``directory/notes.json`` (or kept in memory without one)."""
 
-    def __init__(self, directory: str | Path | None = None, *, max_note_chars: int = MAX_NOTE_CHARS,
-                 max_notes: int = MAX_NOTES) -> None:
+    def __init__(
+        self, directory: str | Path | None = None, *, max_note_chars: int = MAX_NOTE_CHARS, max_notes: int = MAX_NOTES
+    ) -> None:
         self.path = Path(directory) / FILENAME if directory is not None else None
         self.max_note_chars = max_note_chars
         self.max_notes = max_notes
@@ -55,7 +56,7 @@ class NotesStore:
             number = (self._notes[-1]["id"] + 1) if self._notes else 1
             self._notes.append({"id": number, "text": text, "created_at": time.time()})
             dropped = self._notes[: max(0, len(self._notes) - self.max_notes)]
-            self._notes = self._notes[len(dropped):]
+            self._notes = self._notes[len(dropped) :]
             self._save()
         extra = f" (the oldest {len(dropped)} dropped: at most {self.max_notes} notes)" if dropped else ""
         return f"note {number} kept{extra}; your notes are shown on every turn"

@@ -63,7 +63,7 @@ def open_run_directory(
 
 
 def where_message(what: str, directory: Any, temporary: bool) -> str:
-    """"Optimization <what>." and where everything paid for is, and how to resume from it."""
+    """ "Optimization <what>." and where everything paid for is, and how to resume from it."""
     if temporary:
         return (
             f"Optimization {what}. Everything paid for so far is in {directory} (a temporary directory; "

@@ -74,10 +74,15 @@ def pending_header(header: dict[str, Any]) -> dict[str, Any]:
     if split not in SPLITS:
         raise ValueError(f"its header names no split (split={split!r})")
     if not isinstance(instructions, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in instructions.items()):
+        isinstance(k, str) and isinstance(v, str) for k, v in instructions.items()
+    ):
         raise ValueError("its header holds no {step: instructions} map")
-    typed = {"split": split, "instructions": dict(instructions), "label": str(header.get("label", "agent")),
-             "charged": header.get("charged") is True}
+    typed = {
+        "split": split,
+        "instructions": dict(instructions),
+        "label": str(header.get("label", "agent")),
+        "charged": header.get("charged") is True,
+    }
     for key in ("requested", "rollout"):
         value = header.get(key, 0)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -154,7 +159,8 @@ class RunStore:
             return tuple(records)
         threshold = self.pass_threshold
         return tuple(
-            record if record.passed == (record.error is None and record.score >= threshold)
+            record
+            if record.passed == (record.error is None and record.score >= threshold)
             else replace(record, passed=record.error is None and record.score >= threshold)
             for record in records
         )

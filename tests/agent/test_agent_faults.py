@@ -14,12 +14,15 @@ pytestmark = pytest.mark.slow  # every test here runs compile() with a real sand
 
 
 def test_a_cell_that_runs_too_long_is_stopped_and_the_run_goes_on():
-    result = compile_tickets([
-        {"reasoning": "keep something", "code": "notes = ['a', 'b']\nprint('ok')"},
-        {"reasoning": "oops", "code": "while True:\n    pass"},
-        {"reasoning": "still here?", "code": "print(len(baseline_train['examples']), 'notes' in dir())"},
-        SUBMIT_POLICY,
-    ], sandbox_timeout_s=3)
+    result = compile_tickets(
+        [
+            {"reasoning": "keep something", "code": "notes = ['a', 'b']\nprint('ok')"},
+            {"reasoning": "oops", "code": "while True:\n    pass"},
+            {"reasoning": "still here?", "code": "print(len(baseline_train['examples']), 'notes' in dir())"},
+            SUBMIT_POLICY,
+        ],
+        sandbox_timeout_s=3,
+    )
     timed_out, after = outputs(result)[1:3]
     assert "notes" in timed_out and "restart" in timed_out.lower()
     assert after.strip() == "12 False"
@@ -27,12 +30,14 @@ def test_a_cell_that_runs_too_long_is_stopped_and_the_run_goes_on():
 
 
 def test_a_killed_sandbox_is_restarted_with_the_data_and_the_agent_is_told():
-    result = compile_tickets([
-        {"reasoning": "keep something", "code": "mine = 42\nprint(mine)"},
-        {"reasoning": "kill it", "code": "import js\njs.Deno.exit(3)"},
-        {"reasoning": "data back?", "code": "print(baseline_train['score'], step_names)"},
-        SUBMIT_POLICY,
-    ])
+    result = compile_tickets(
+        [
+            {"reasoning": "keep something", "code": "mine = 42\nprint(mine)"},
+            {"reasoning": "kill it", "code": "import js\njs.Deno.exit(3)"},
+            {"reasoning": "data back?", "code": "print(baseline_train['score'], step_names)"},
+            SUBMIT_POLICY,
+        ]
+    )
     died, after = outputs(result)[1:3]
     assert "mine" in died
     assert "['summarize.predict', 'route']" in after
@@ -41,15 +46,27 @@ def test_a_killed_sandbox_is_restarted_with_the_data_and_the_agent_is_told():
 
 def test_budget_exhaustion_evaluates_what_fits_and_the_agent_can_still_submit():
     # budget = 1 * 12 + 8 = 20 units
-    result = compile_tickets([
-        {"reasoning": "spend", "code": f"update_prompt('route', {POLICY_PROMPT!r})\n"
-                                        "a = evaluate_program()\nprint('a', a['evaluated_count'], a['budget_left'])"},
-        {"reasoning": "more", "code": "update_prompt('route', 'Answer with the queue name.')\n"
-                                      "b = evaluate_program()\nprint('b', b['evaluated_count'], b['note'])"},
-        {"reasoning": "sub-lm", "code": "try:\n    llm_query('hi')\nexcept Exception as e:\n    print('refused', e)"},
-        {"reasoning": "status", "code": "s = optimization_status()\nprint('left', s['budget_left'])"},
-        SUBMIT_POLICY,
-    ], max_iterations=1)
+    result = compile_tickets(
+        [
+            {
+                "reasoning": "spend",
+                "code": f"update_prompt('route', {POLICY_PROMPT!r})\n"
+                "a = evaluate_program()\nprint('a', a['evaluated_count'], a['budget_left'])",
+            },
+            {
+                "reasoning": "more",
+                "code": "update_prompt('route', 'Answer with the queue name.')\n"
+                "b = evaluate_program()\nprint('b', b['evaluated_count'], b['note'])",
+            },
+            {
+                "reasoning": "sub-lm",
+                "code": "try:\n    llm_query('hi')\nexcept Exception as e:\n    print('refused', e)",
+            },
+            {"reasoning": "status", "code": "s = optimization_status()\nprint('left', s['budget_left'])"},
+            SUBMIT_POLICY,
+        ],
+        max_iterations=1,
+    )
     out = outputs(result)
     assert out[0].split() == ["a", "12", "8"]
     assert out[1].startswith("b 8 ") and "budget" in out[1]
@@ -62,10 +79,14 @@ def test_budget_exhaustion_evaluates_what_fits_and_the_agent_can_still_submit():
 
 def test_sub_lm_calls_are_charged_to_the_budget():
     sub = FunctionLM(lambda messages: "short answer")
-    result = compile_tickets([
-        {"reasoning": "ask", "code": "print(llm_query_batched(['a', 'b', 'c']))\nprint(llm_query('d'))"},
-        SUBMIT_POLICY,
-    ], sub_lm=sub, max_iterations=1)
+    result = compile_tickets(
+        [
+            {"reasoning": "ask", "code": "print(llm_query_batched(['a', 'b', 'c']))\nprint(llm_query('d'))"},
+            SUBMIT_POLICY,
+        ],
+        sub_lm=sub,
+        max_iterations=1,
+    )
     assert result.budget["spent_by_kind"]["sub_lm_call"] == 4
     assert len(sub.calls) == 4
     assert "short answer" in outputs(result)[0]
@@ -82,20 +103,30 @@ def test_sub_lm_calls_are_on_disk_before_the_turn_ends(tmp_path):
         seen_on_disk.append((ledger["spent_by_kind"].get("sub_lm_call", 0), usage.get("sub", {}).get("calls", 0)))
         return "short answer"
 
-    compile_tickets([
-        {"reasoning": "ask", "code": "print(llm_query_batched(['a', 'b']))\nprint(llm_query('c'))\nprint(llm_query('d'))"},
-        SUBMIT_POLICY,
-    ], sub_lm=FunctionLM(sub_reply), run_storage_dir=tmp_path, max_iterations=1)
+    compile_tickets(
+        [
+            {
+                "reasoning": "ask",
+                "code": "print(llm_query_batched(['a', 'b']))\nprint(llm_query('c'))\nprint(llm_query('d'))",
+            },
+            SUBMIT_POLICY,
+        ],
+        sub_lm=FunctionLM(sub_reply),
+        run_storage_dir=tmp_path,
+        max_iterations=1,
+    )
     # all in one turn: the batch of 2 is on disk when 'c' is asked, and 'c' when 'd' is
     assert [spent for spent, _ in seen_on_disk] == [0, 0, 2, 3]
     assert [calls for _, calls in seen_on_disk][2:] == [2, 3]
 
 
 def test_a_root_reply_that_does_not_parse_is_shown_to_the_agent_and_the_run_goes_on():
-    result = compile_tickets([
-        "this reply has no fields at all",
-        SUBMIT_POLICY,
-    ])
+    result = compile_tickets(
+        [
+            "this reply has no fields at all",
+            SUBMIT_POLICY,
+        ]
+    )
     first = outputs(result)[0]
     assert "could not be parsed" in first
     assert result.optimized_dspy_program["route"] == POLICY_PROMPT
@@ -104,14 +135,17 @@ def test_a_root_reply_that_does_not_parse_is_shown_to_the_agent_and_the_run_goes
 
 def test_an_agent_that_repeats_a_cell_with_the_same_output_is_told_it_changed_nothing():
     stuck = {"reasoning": "refine", "code": "update_prompt('route', 'Route it.')\nprint('done')"}
-    result = compile_tickets([
-        {"reasoning": "look", "code": "print(step_names)"},
-        stuck,  # first time: changes the prompt
-        {"reasoning": "again", "code": "  update_prompt('route',   'Route it.')\n\nprint('done')  "},  # same code
-        stuck,
-        {"reasoning": "same code, new output", "code": "print(step_names)\nprint(len(step_names))"},
-        SUBMIT_POLICY,
-    ], rlm_autopilot=False)  # the autopilot would run the loop's next line in place of the third repeat
+    result = compile_tickets(
+        [
+            {"reasoning": "look", "code": "print(step_names)"},
+            stuck,  # first time: changes the prompt
+            {"reasoning": "again", "code": "  update_prompt('route',   'Route it.')\n\nprint('done')  "},  # same code
+            stuck,
+            {"reasoning": "same code, new output", "code": "print(step_names)\nprint(len(step_names))"},
+            SUBMIT_POLICY,
+        ],
+        rlm_autopilot=False,
+    )  # the autopilot would run the loop's next line in place of the third repeat
     out = outputs(result)
     assert "[Notice]" not in out[0] and "[Notice]" not in out[1]
     assert out[2].startswith("done") and "already ran once (step 2)" in out[2]
@@ -137,8 +171,10 @@ def test_out_of_turns_with_an_unusable_extraction_submits_the_current_instructio
 
 
 def test_out_of_turns_with_a_usable_extraction_submits_what_was_extracted():
-    extracted = {"reasoning": "the policy",
-                 "optimized_dspy_program": {"route": POLICY_PROMPT + " Answer with the queue name only."}}
+    extracted = {
+        "reasoning": "the policy",
+        "optimized_dspy_program": {"route": POLICY_PROMPT + " Answer with the queue name only."},
+    }
     result = compile_tickets([*OUT_OF_TURNS, extracted], rlm_max_iterations=3)
     assert result.agent_final_reasoning == "Extract forced final output"
     assert result.optimized_dspy_program["route"] == POLICY_PROMPT + " Answer with the queue name only."

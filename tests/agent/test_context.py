@@ -88,8 +88,11 @@ def test_the_limit_follows_the_tokenizer_the_root_lm_reports():
     CJK) gets less than the default estimate of 3, before it overflows."""
     for chars_per_token, grows in ((4.0, True), (2.0, False)):
         reported = [0]
-        context = BoundedContext(ContextBudget(window_tokens=8_192, output_tokens=1_024), max_output_chars=10_000,
-                                 input_tokens=lambda reported=reported: reported[0])
+        context = BoundedContext(
+            ContextBudget(window_tokens=8_192, output_tokens=1_024),
+            max_output_chars=10_000,
+            input_tokens=lambda reported=reported: reported[0],
+        )
         before = context.limit(16_000)
         history = _history(0)
         for _ in range(5):
@@ -112,8 +115,7 @@ def test_a_resumed_long_history_starts_within_the_limit():
 def test_the_view_renders_through_dspys_adapter_as_the_repl_history_field():
     context = BoundedContext(ContextBudget(window_tokens=16_000), max_output_chars=10_000)
     view = context.view(_history(40), fixed_chars=3_000)
-    signature = dspy.Signature({"repl_history": (REPLHistory, dspy.InputField()),
-                                "code": (str, dspy.OutputField())})
+    signature = dspy.Signature({"repl_history": (REPLHistory, dspy.InputField()), "code": (str, dspy.OutputField())})
     messages = ChatAdapter().format(signature, demos=[], inputs={"repl_history": view})
     assert view.format() in messages[-1]["content"]
 
@@ -142,19 +144,26 @@ def test_context_refusals_are_recognised_and_other_errors_are_not():
 
 
 def test_a_scripted_root_lm_over_its_window_gets_a_refusal_through_dspy():
-    lm = FunctionLM(lambda messages: litellm.ContextWindowExceededError(message="too long", model="m",
-                                                                        llm_provider="openai"))
+    lm = FunctionLM(
+        lambda messages: litellm.ContextWindowExceededError(message="too long", model="m", llm_provider="openai")
+    )
     with pytest.raises(Exception) as raised, dspy.context(lm=lm):
         dspy.Predict("q -> a")(q="x")
     assert is_context_refusal(raised.value)
 
 
 def test_state_block_holds_runs_instructions_budget_and_notes_within_its_size():
-    runs = [{"run_id": f"run-{i:04d}", "split": "train", "label": "agent", "score": i / 100, "evaluated_count": 10}
-            for i in range(1, 40)]
-    block = render_state_block(runs=runs, instructions={"qa": "Answer briefly. " * 400},
-                               budget={"spent": 30, "limit": 100, "left": 70}, notes="[1] shorter is better",
-                               max_chars=4_000)
+    runs = [
+        {"run_id": f"run-{i:04d}", "split": "train", "label": "agent", "score": i / 100, "evaluated_count": 10}
+        for i in range(1, 40)
+    ]
+    block = render_state_block(
+        runs=runs,
+        instructions={"qa": "Answer briefly. " * 400},
+        budget={"spent": 30, "limit": 100, "left": 70},
+        notes="[1] shorter is better",
+        max_chars=4_000,
+    )
     assert len(block) <= 4_100
     assert "run-0039" in block and "run-0001 " not in block and "19 earlier runs" in block
     assert "30 of 100 units spent, 70 left" in block
@@ -167,12 +176,18 @@ def test_a_multiturn_rendering_of_the_view_keeps_the_header_and_the_real_step_nu
 
     context = BoundedContext(ContextBudget(window_tokens=16_000), max_output_chars=10_000)
     view = context.view(_history(40), fixed_chars=3_000)
-    signature = dspy.Signature({"variables_info": (str, dspy.InputField()),
-                                "repl_history": (REPLHistory, dspy.InputField()),
-                                "iteration": (str, dspy.InputField()), "code": (str, dspy.OutputField())})
+    signature = dspy.Signature(
+        {
+            "variables_info": (str, dspy.InputField()),
+            "repl_history": (REPLHistory, dspy.InputField()),
+            "iteration": (str, dspy.InputField()),
+            "code": (str, dspy.OutputField()),
+        }
+    )
     renderer = TurnRenderer(multiturn=True, max_iters=100)
-    messages = renderer.messages(ChatAdapter(), renderer.signature(signature), variables_info="vars",
-                                 history=view, iteration="41/100")
+    messages = renderer.messages(
+        ChatAdapter(), renderer.signature(signature), variables_info="vars", history=view, iteration="41/100"
+    )
     users = [m["content"] for m in messages if m["role"] == "user"]
     assert "Earlier steps (compacted" in users[0]
     assert f"=== Step {view.first_step} ===" in users[1] and "=== Step 40 ===" in users[-1]

@@ -47,8 +47,9 @@ def compile_with(turns_or_lm, *, sub_lm=None, metric_fn=metric, **kwargs):
     kwargs.setdefault("num_threads", 4)
     if "max_metric_calls" not in kwargs:
         kwargs.setdefault("max_iterations", 5)
-    optimizer = RLMDocstringOptimizer(root_lm=root, sub_lm=sub_lm or reflection_lm(), eval_lm=FunctionLM(task_lm_reply),
-                                      **kwargs)
+    optimizer = RLMDocstringOptimizer(
+        root_lm=root, sub_lm=sub_lm or reflection_lm(), eval_lm=FunctionLM(task_lm_reply), **kwargs
+    )
     return optimizer.compile(student=RouteTicket(), trainset=trainset, metric=metric_fn, valset=valset)
 
 
@@ -76,17 +77,23 @@ def test_a_root_lm_that_only_copies_the_suggested_line_gets_gepas_best():
 
 def test_run_gepa_returns_candidates_with_their_lineage_and_the_other_moves_take_their_ids():
     turns = [
-        {"reasoning": "gepa", "code": (
-            "import json\nr = run_gepa(budget=40)\n"
-            "print(json.dumps({k: r[k] for k in ('best', 'best_is_new', 'candidate_ids', 'candidates', 'pareto_front',"
-            " 'scored_on', 'best_score', 'spent', 'spent_by_kind', 'reflections')}))"
-        )},
-        {"reasoning": "look", "code": (
-            "c = candidates()\nrows = [row for row in c['candidates'] if 'gepa-1' in row['ids']]\n"
-            "cmp = compare(['current', 'gepa-1'], ids='3,8')\n"
-            "print(json.dumps({'lineage': rows[0]['lineage'], 'route_now': optimization_status()['current_prompts']['route'],"
-            " 'cmp': [c['score'] for c in cmp['candidates']]}))"
-        )},
+        {
+            "reasoning": "gepa",
+            "code": (
+                "import json\nr = run_gepa(budget=40)\n"
+                "print(json.dumps({k: r[k] for k in ('best', 'best_is_new', 'candidate_ids', 'candidates', 'pareto_front',"
+                " 'scored_on', 'best_score', 'spent', 'spent_by_kind', 'reflections')}))"
+            ),
+        },
+        {
+            "reasoning": "look",
+            "code": (
+                "c = candidates()\nrows = [row for row in c['candidates'] if 'gepa-1' in row['ids']]\n"
+                "cmp = compare(['current', 'gepa-1'], ids='3,8')\n"
+                "print(json.dumps({'lineage': rows[0]['lineage'], 'route_now': optimization_status()['current_prompts']['route'],"
+                " 'cmp': [c['score'] for c in cmp['candidates']]}))"
+            ),
+        },
         {"reasoning": "adopt", "code": "print(json.dumps(adopt_candidate('gepa-1')))"},
         {"reasoning": "submit", "code": SUBMIT_LINE},
     ]
@@ -94,8 +101,10 @@ def test_run_gepa_returns_candidates_with_their_lineage_and_the_other_moves_take
 
     gepa = printed(result, 0)
     assert gepa["best"] == "gepa-1" and gepa["best_is_new"] is True and gepa["candidate_ids"] == ["gepa-1"]
-    assert gepa["candidates"] == [{"id": "current", "parents": [], "score": 0.5},
-                                  {"id": "gepa-1", "parents": ["current"], "score": 1.0}]
+    assert gepa["candidates"] == [
+        {"id": "current", "parents": [], "score": 0.5},
+        {"id": "gepa-1", "parents": ["current"], "score": 1.0},
+    ]
     assert gepa["scored_on"] == "validation" and gepa["best_score"] == 1.0
     # the seed's minibatches and validation run were the baselines' stored records: the spending is the
     # reflections (1 unit each), the children's minibatches and the new candidate's validation run
@@ -117,11 +126,14 @@ def test_run_gepa_returns_candidates_with_their_lineage_and_the_other_moves_take
 def test_run_gepa_samples_its_minibatches_by_the_compiles_attempt_unless_given_a_seed(tmp_path):
     def reflected_on(attempt: int, call: str) -> list:
         turns = [
-            {"reasoning": "gepa", "code": (
-                f"import json\nr = {call}\nrows = candidates()['candidates']\n"
-                "print(json.dumps(sorted((i, e['reflected_on']) for row in rows for i, e in (row['lineage'] or {}).items()"
-                " if i.startswith('gepa-'))))"
-            )},
+            {
+                "reasoning": "gepa",
+                "code": (
+                    f"import json\nr = {call}\nrows = candidates()['candidates']\n"
+                    "print(json.dumps(sorted((i, e['reflected_on']) for row in rows for i, e in (row['lineage'] or {}).items()"
+                    " if i.startswith('gepa-'))))"
+                ),
+            },
             {"reasoning": "submit", "code": SUBMIT_LINE},
         ]
         result = compile_with(turns, attempt=attempt, run_storage_dir=tmp_path / f"{attempt}-{len(call)}")
@@ -137,15 +149,23 @@ def test_run_gepa_never_spends_past_its_slice_and_every_metric_call_is_one_unit(
     counting = CountingMetric()
     log: list[str] = []
     turns = [
-        {"reasoning": "gepa", "code": (
-            "import json\n"
-            f"r = run_gepa(budget=11, proposals_per_iteration={proposals})\n"
-            "print(json.dumps({k: r[k] for k in ('spent', 'spent_by_kind', 'stopped', 'reflections')}))"
-        )},
+        {
+            "reasoning": "gepa",
+            "code": (
+                "import json\n"
+                f"r = run_gepa(budget=11, proposals_per_iteration={proposals})\n"
+                "print(json.dumps({k: r[k] for k in ('spent', 'spent_by_kind', 'stopped', 'reflections')}))"
+            ),
+        },
         {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program={})"},
     ]
-    result = compile_with(turns, sub_lm=reflection_lm("Route tickets carefully.", log), metric_fn=counting,
-                          num_threads=16, max_iterations=5)
+    result = compile_with(
+        turns,
+        sub_lm=reflection_lm("Route tickets carefully.", log),
+        metric_fn=counting,
+        num_threads=16,
+        max_iterations=5,
+    )
     out = printed(result, 0)
     # A useless proposal never beats its parent, so gepa keeps proposing until the slice cannot pay the next step.
     assert out["spent"] <= 11
@@ -163,10 +183,12 @@ def test_run_gepa_never_spends_past_its_slice_and_every_metric_call_is_one_unit(
 def test_no_validation_example_reaches_the_agent_or_the_reflection_lm_through_run_gepa():
     _, valset = make_splits()
     log: list[str] = []
-    root = scripted_agent([
-        {"reasoning": "gepa", "code": "r = run_gepa(budget=40)\nprint(r)\nprint(candidates())"},
-        {"reasoning": "submit", "code": SUBMIT_LINE},
-    ])
+    root = scripted_agent(
+        [
+            {"reasoning": "gepa", "code": "r = run_gepa(budget=40)\nprint(r)\nprint(candidates())"},
+            {"reasoning": "submit", "code": SUBMIT_LINE},
+        ]
+    )
     result = compile_with(root, sub_lm=reflection_lm(POLICY_PROMPT, log))
 
     shown = "\n".join(turn["output"] for turn in result.agent_trajectory)
@@ -174,7 +196,11 @@ def test_no_validation_example_reaches_the_agent_or_the_reflection_lm_through_ru
     reflections = "\n".join(log)
     assert log, "gepa reflected"
     for example in valset:
-        for where, text in (("REPL output", shown), ("root-LM requests", requests), ("reflection prompts", reflections)):
+        for where, text in (
+            ("REPL output", shown),
+            ("root-LM requests", requests),
+            ("reflection prompts", reflections),
+        ):
             assert example.ticket not in text, f"validation ticket {example.ticket!r} reached the {where}"
     train_tickets = [ticket for ticket, _ in TICKETS[:12]]
     assert any(ticket in reflections for ticket in train_tickets)  # the reflection did see train failures
@@ -185,10 +211,13 @@ def test_a_reflection_lm_that_fails_stops_run_gepa_with_its_error_and_charges_no
 
     failing = FunctionLM(lambda messages: LMAuthError("403 Forbidden: the key has no access"), name="revoked")
     turns = [
-        {"reasoning": "gepa", "code": (
-            "try:\n    run_gepa(budget=40)\nexcept Exception as e:\n    print('REFUSED', type(e).__name__, e)\n"
-            "print(optimization_status()['budget_spent_by_kind'])"
-        )},
+        {
+            "reasoning": "gepa",
+            "code": (
+                "try:\n    run_gepa(budget=40)\nexcept Exception as e:\n    print('REFUSED', type(e).__name__, e)\n"
+                "print(optimization_status()['budget_spent_by_kind'])"
+            ),
+        },
         {"reasoning": "submit", "code": SUBMIT_LINE},
     ]
     result = compile_with(turns, sub_lm=failing)
@@ -264,8 +293,13 @@ def test_a_compile_killed_during_run_gepa_and_resumed_pays_no_completed_call_twi
 
     def start(log: Path, kill_at: int) -> subprocess.CompletedProcess:
         script = KILLED_COMPILE.format(tests=str(TESTS), cache=str(cache), runs=str(runs))
-        return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
-                              env={**env, "GEPA_TEST_LOG": str(log), "GEPA_TEST_KILL_AT": str(kill_at)})
+        return subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**env, "GEPA_TEST_LOG": str(log), "GEPA_TEST_KILL_AT": str(kill_at)},
+        )
 
     first = start(logs[0], kill_at=20 + 9)  # the baselines' 20 calls, then 9 of run_gepa's
     assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
@@ -302,10 +336,13 @@ def test_candidate_ids_and_their_lineage_survive_a_resume(tmp_path):
     from rlmoptimizer.errors import OptimizationInterrupted
 
     gepa_turn = {"reasoning": "gepa", "code": "r = run_gepa(budget=30); print(r['summary'])"}
-    adopt_turn = {"reasoning": "adopt", "code": (
-        "print(adopt_candidate('gepa-1'))\n"
-        "print([row['lineage'] for row in candidates()['candidates'] if 'gepa-1' in row['ids']])"
-    )}
+    adopt_turn = {
+        "reasoning": "adopt",
+        "code": (
+            "print(adopt_candidate('gepa-1'))\n"
+            "print([row['lineage'] for row in candidates()['candidates'] if 'gepa-1' in row['ids']])"
+        ),
+    }
     interrupted = [False]
 
     def first_root(messages):
@@ -317,8 +354,9 @@ def test_candidate_ids_and_their_lineage_survive_a_resume(tmp_path):
     with pytest.raises(OptimizationInterrupted):
         compile_with(FunctionLM(first_root), run_storage_dir=tmp_path / "run")
     assert interrupted[0]
-    result = compile_with([gepa_turn, adopt_turn, {"reasoning": "submit", "code": SUBMIT_LINE}],
-                          run_storage_dir=tmp_path / "run")
+    result = compile_with(
+        [gepa_turn, adopt_turn, {"reasoning": "submit", "code": SUBMIT_LINE}], run_storage_dir=tmp_path / "run"
+    )
     adopted = result.agent_trajectory[1]["output"]
     assert "'changed_steps': ['route']" in adopted, adopted
     assert "'move': 'gepa reflective proposal'" in adopted and "'parents': ['current']" in adopted

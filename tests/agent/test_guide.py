@@ -81,8 +81,12 @@ def test_a_root_lm_that_only_copies_the_suggested_line_optimizes_the_program():
 
 def test_a_repeated_cell_is_answered_with_the_next_line():
     stuck = {"reasoning": "nothing to change", "code": "print(baseline_train['score'])"}
-    result = compile_with(playing(stuck, stuck, {"reasoning": "done", "code": SUBMIT_LINE}),
-                          proposer(GEPA_TEXT, POLICY_PROMPT), max_iterations=2, rlm_max_iterations=4)
+    result = compile_with(
+        playing(stuck, stuck, {"reasoning": "done", "code": SUBMIT_LINE}),
+        proposer(GEPA_TEXT, POLICY_PROMPT),
+        max_iterations=2,
+        rlm_max_iterations=4,
+    )
     repeated = result.agent_trajectory[2]["output"]
     assert "This code already ran once (step 2)" in repeated
     assert "Run this next instead: p = propose_instructions('route'); print(p['texts'])" in repeated
@@ -97,7 +101,10 @@ def test_adopt_candidate_refuses_what_it_cannot_adopt_and_names_what_it_takes():
     result = compile_with(FunctionLM(lambda messages: next(turns)), proposer(POLICY_PROMPT), max_iterations=2)
     refused = [line for line in result.agent_trajectory[0]["output"].splitlines() if line.startswith("REFUSED")]
     assert len(refused) == 5
-    assert "no candidate with id 'proposal-9' -> use an id propose_instructions or run_gepa returned: none yet" in refused[0]
+    assert (
+        "no candidate with id 'proposal-9' -> use an id propose_instructions or run_gepa returned: none yet"
+        in refused[0]
+    )
     assert "'current' is already the current instructions" in refused[1]
     assert "no run with id 'run-0099' -> use one of ['run-0001', 'run-0002']" in refused[2]
     assert "routing" in refused[3] and "route" in refused[3]
@@ -115,7 +122,10 @@ def test_the_guide_keeps_a_validation_check_paid_for_and_stops_at_submit():
     # comparison; the failures and the others taken in turn
     assert guide.next_line() == "r = compare(['current', 'proposal-1', 'proposal-2'], ids='1,3,2'); print(r['summary'])"
     left[0] = 200  # a large budget compares on every check id
-    assert guide.next_line() == "r = compare(['current', 'proposal-1', 'proposal-2'], ids='1,3,2,4,5,6,7'); print(r['summary'])"
+    assert (
+        guide.next_line()
+        == "r = compare(['current', 'proposal-1', 'proposal-2'], ids='1,3,2,4,5,6,7'); print(r['summary'])"
+    )
     left[0] = 20
     guide.compared(["current", "proposal-1", "proposal-2"], 2, "train")
     assert guide.next_line() == "print(adopt_candidate('proposal-2')); print(evaluate_program(split='val'))"
@@ -143,8 +153,15 @@ def test_without_a_validation_split_the_copied_loop_stays_inside_max_metric_call
         return metric(example, prediction, trace)
 
     seen: list[str] = []
-    result = compile_with(gepa_first(copier(seen).fn), proposer(GEPA_TEXT, POLICY_PROMPT), max_metric_calls=30,
-                          rlm_max_iterations=9, trainset=trainset, valset=None, metric=counting)
+    result = compile_with(
+        gepa_first(copier(seen).fn),
+        proposer(GEPA_TEXT, POLICY_PROMPT),
+        max_metric_calls=30,
+        rlm_max_iterations=9,
+        trainset=trainset,
+        valset=None,
+        metric=counting,
+    )
     codes = [turn["code"] for turn in result.agent_trajectory][1:]
     assert codes[:3] == [
         "p = propose_instructions('route'); print(p['texts'])",
@@ -164,20 +181,32 @@ def test_without_a_validation_split_the_copied_loop_stays_inside_max_metric_call
 
 def test_a_cell_repeated_with_a_new_output_is_answered_with_the_next_line_when_that_differs():
     again = {"reasoning": "propose", "code": "p = propose_instructions('route'); print(p['texts'])"}
-    result = compile_with(playing(again, again, {"reasoning": "done", "code": SUBMIT_LINE}),
-                          proposer(GEPA_TEXT, "First text.", "Second text."), max_iterations=2, rlm_max_iterations=4)
+    result = compile_with(
+        playing(again, again, {"reasoning": "done", "code": SUBMIT_LINE}),
+        proposer(GEPA_TEXT, "First text.", "Second text."),
+        max_iterations=2,
+        rlm_max_iterations=4,
+    )
     first, second = (turn["output"] for turn in result.agent_trajectory[1:3])
     assert "[Notice]" not in first and "Second text." in second
     # the copied cell sampled a new proposal; what the loop does next is compare it
-    assert re.search(r"\[Notice\] The same code ran at step 2\. The default loop's next line is: "
-                     r"r = compare\(\['current', 'proposal-2'\], ids='3,", second)
+    assert re.search(
+        r"\[Notice\] The same code ran at step 2\. The default loop's next line is: "
+        r"r = compare\(\['current', 'proposal-2'\], ids='3,",
+        second,
+    )
 
 
 @pytest.mark.parametrize("autopilot", [True, False])
 def test_an_agent_stuck_on_a_cell_that_changes_nothing_is_driven_by_the_autopilot(autopilot):
     stuck = {"reasoning": "No modifications needed.", "code": "print(baseline_train['score'])"}
-    result = compile_with(FunctionLM(lambda messages: stuck), proposer(POLICY_PROMPT), max_iterations=3,
-                          rlm_max_iterations=9, rlm_autopilot=autopilot)
+    result = compile_with(
+        FunctionLM(lambda messages: stuck),
+        proposer(POLICY_PROMPT),
+        max_iterations=3,
+        rlm_max_iterations=9,
+        rlm_autopilot=autopilot,
+    )
     turns = result.agent_trajectory
     assert [t["code"] for t in turns[:2]] == [stuck["code"]] * 2
     assert "running it again changes nothing" in turns[1]["output"]  # told once, with the line to run
@@ -188,9 +217,12 @@ def test_an_agent_stuck_on_a_cell_that_changes_nothing_is_driven_by_the_autopilo
     # from then on each turn runs the default loop's next line in place of the stuck cell, and says so: GEPA with
     # the whole budget (too small for a targeted round after it), its best adopted, checked, submitted
     assert turns[2]["code"] == "r = run_gepa(budget=44); print(r['summary'])"
-    assert "[Autopilot] ran the default loop's next line in place of a cell that repeated step 1" in turns[2]["reasoning"]
+    assert (
+        "[Autopilot] ran the default loop's next line in place of a cell that repeated step 1" in turns[2]["reasoning"]
+    )
     assert turns[2]["output"].startswith(
-        "[Autopilot] this line ran in place of a cell that repeated step 1 and changed nothing.\n")
+        "[Autopilot] this line ran in place of a cell that repeated step 1 and changed nothing.\n"
+    )
     assert turns[3]["code"] == "print(adopt_candidate('gepa-1')); print(evaluate_program(split='val'))"
     assert turns[4]["final"] and turns[4]["code"] == SUBMIT_LINE and len(turns) == 5
     assert result.route.signature.instructions == POLICY_PROMPT
@@ -199,14 +231,22 @@ def test_an_agent_stuck_on_a_cell_that_changes_nothing_is_driven_by_the_autopilo
 
 def test_cells_that_do_nothing_are_told_once_then_the_autopilot_runs_the_loop():
     # what a 1.5B root wrote on the real-model benchmark: a comment, then a function it never calls, and so on
-    idle = [{"reasoning": "No changes needed yet.", "code": "# No changes needed yet."},
-            {"reasoning": "A helper.", "code": "def route_predict(ticket):\n    return 'billing'"}]
-    result = compile_with(FunctionLM(lambda messages: idle[steps_seen(messages) % 2]), proposer(POLICY_PROMPT),
-                          max_iterations=3, rlm_max_iterations=6)
+    idle = [
+        {"reasoning": "No changes needed yet.", "code": "# No changes needed yet."},
+        {"reasoning": "A helper.", "code": "def route_predict(ticket):\n    return 'billing'"},
+    ]
+    result = compile_with(
+        FunctionLM(lambda messages: idle[steps_seen(messages) % 2]),
+        proposer(POLICY_PROMPT),
+        max_iterations=3,
+        rlm_max_iterations=6,
+    )
     turns = result.agent_trajectory
     assert turns[0]["code"] == idle[0]["code"]
-    assert ("[Notice] This cell called no tool and printed nothing: it changed nothing. The default loop's next "
-            "line is: r = run_gepa(budget=44)") in turns[0]["output"]
+    assert (
+        "[Notice] This cell called no tool and printed nothing: it changed nothing. The default loop's next "
+        "line is: r = run_gepa(budget=44)"
+    ) in turns[0]["output"]
     # the second idle cell in a row is replaced by the next line, and so is every idle cell after that
     assert turns[1]["code"] == "r = run_gepa(budget=44); print(r['summary'])"
     assert "in place of a cell that called no tool and printed nothing, as step 1 did" in turns[1]["reasoning"]
@@ -221,4 +261,3 @@ def test_a_cell_that_defines_without_printing_is_idle_but_one_that_shows_a_value
     assert not is_idle("x = 1\nx", tools)  # the REPL shows the last expression's value
     assert not is_idle("r = evaluate_program(limit=2)", tools) and not is_idle("print(1)", tools)
     assert not is_idle("def f(:", tools)  # a syntax error is shown to the agent
-

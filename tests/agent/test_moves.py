@@ -52,7 +52,9 @@ def task_lm() -> FunctionLM:
 
 def metric(example, prediction):
     ok = example.answer == prediction.answer
-    return dspy.Prediction(score=float(ok), feedback="correct" if ok else f"expected {example.answer}, not {prediction.answer}")
+    return dspy.Prediction(
+        score=float(ok), feedback="correct" if ok else f"expected {example.answer}, not {prediction.answer}"
+    )
 
 
 def data(n: int, prefix: str = "q") -> list[dspy.Example]:
@@ -62,22 +64,27 @@ def data(n: int, prefix: str = "q") -> list[dspy.Example]:
 class World:
     """One optimization's worth of state: program, runs, ledger and the moves over them."""
 
-    def __init__(self, tmp_path, *, limit: int = 100, train: int = 6, val: int = 4, proposal_lm=None, lm=None,
-                 **evaluator_kwargs):
+    def __init__(
+        self, tmp_path, *, limit: int = 100, train: int = 6, val: int = 4, proposal_lm=None, lm=None, **evaluator_kwargs
+    ):
         self.program = TwoSteps()
         self.lm = lm or task_lm()
         self.ledger = BudgetLedger(limit)
         self.runs = Runs(
             evaluator=Evaluator(metric=Metric(metric), lm=self.lm, num_threads=4, **evaluator_kwargs),
-            store=RunStore(tmp_path / "runs"), ledger=self.ledger,
+            store=RunStore(tmp_path / "runs"),
+            ledger=self.ledger,
             splits={"train": data(train), "val": data(val)},
         )
         self.baseline = self.runs.evaluate(self.program, "train", label="baseline", charged=False)
         self.initial = get_instructions(self.program)
         self.moves = Moves(
-            runs=self.runs, evaluate=program_evaluator(self.program, self.runs), ledger=self.ledger,
+            runs=self.runs,
+            evaluate=program_evaluator(self.program, self.runs),
+            ledger=self.ledger,
             step_names=[name for name, _ in self.program.named_predictors()],
-            current=lambda: get_instructions(self.program), proposal_lm=proposal_lm,
+            current=lambda: get_instructions(self.program),
+            proposal_lm=proposal_lm,
         )
 
 
@@ -151,7 +158,9 @@ def test_propose_on_chosen_ids_and_runs(tmp_path):
 
 def test_propose_refusals_say_what_to_do_and_charge_nothing(tmp_path):
     world = World(tmp_path, proposal_lm=proposal_reply())
-    with pytest.raises(AgentToolError, match=r"unknown step name 'generate' -> use one of \['draft', 'generate.predict'\]"):
+    with pytest.raises(
+        AgentToolError, match=r"unknown step name 'generate' -> use one of \['draft', 'generate.predict'\]"
+    ):
         world.moves.propose_instructions("generate")
     with pytest.raises(AgentToolError, match=r"\[99\] are not example ids of train -> use ids from 0 to 5"):
         world.moves.propose_instructions("generate.predict", ids=[99])
@@ -303,7 +312,9 @@ def test_diff_runs_sorts_shared_examples_and_names_the_first_step_whose_outputs_
     assert [b["example_id"] for b in diff["broken"]] == [0]
     assert diff["still_passing"] == [2] and diff["still_failing"] == []
     fixed = diff["fixed"][0]
-    assert fixed["first_changed_step"] == "generate.predict" and fixed["call"] == 1  # the draft step's output is the same
+    assert (
+        fixed["first_changed_step"] == "generate.predict" and fixed["call"] == 1
+    )  # the draft step's output is the same
     assert fixed["outputs_a"]["answer"] == "wrong" and fixed["outputs_b"]["answer"] == "a1"
     with pytest.raises(AgentToolError, match="is a val run"):
         world.moves.diff_runs(world.baseline.run_id, world.runs.evaluate(world.program, "val", label="agent").run_id)
@@ -411,12 +422,21 @@ def test_a_run_keeps_its_rollout_through_json_and_a_recovered_evaluation(tmp_pat
     assert type(run).from_dict(json.loads(json.dumps(run.to_dict()))) == run
     world.runs.store.flush()  # the runs so far are on disk and their own pending logs gone
     # an evaluation the process never finished comes back as a run of the same rollout, reused per rollout
-    pending = world.runs.store.open_pending({"label": "agent", "split": "train", "instructions": world.initial,
-                                             "requested": 2, "charged": True, "rollout": 3})
+    pending = world.runs.store.open_pending(
+        {
+            "label": "agent",
+            "split": "train",
+            "instructions": world.initial,
+            "requested": 2,
+            "charged": True,
+            "rollout": 3,
+        }
+    )
     pending.append(run.records[0])
     pending.close()
-    service = Runs(evaluator=world.runs.evaluator, store=RunStore(tmp_path / "runs"), ledger=world.ledger,
-                         splits=world.runs.splits)
+    service = Runs(
+        evaluator=world.runs.evaluator, store=RunStore(tmp_path / "runs"), ledger=world.ledger, splits=world.runs.splits
+    )
     recovered = service.all()[-1]
     assert recovered.label == "agent:recovered" and recovered.rollout == 3
     assert set(service.stored(world.initial, "train", [0, 1], rollout=3)) == {0}
@@ -427,8 +447,9 @@ def test_an_evaluation_spends_from_a_callers_reservation_and_leaves_the_rest_res
     world = World(tmp_path, limit=10, train=4)
     with world.ledger.reserve_exactly(6, TRAIN_EXAMPLE) as reservation:
         assert world.ledger.left == 4
-        run = world.runs.evaluate(world.program, "train", label="agent", ids=[0, 1, 2], rollout=1,
-                                  reservation=reservation)
+        run = world.runs.evaluate(
+            world.program, "train", label="agent", ids=[0, 1, 2], rollout=1, reservation=reservation
+        )
         assert run.budget_spent == 3 and reservation.spent == 3 and reservation.remaining == 3
         assert world.ledger.left == 4  # the rest stays set aside for the caller
     assert world.ledger.left == 7 and world.ledger.spent == 3
@@ -451,8 +472,7 @@ def test_an_lm_call_that_failed_without_an_answer_is_not_held_against_the_instru
     assert world.baseline.records[1].error.startswith("LMRateLimitError")
     assert world.moves.hard_examples()["examples"] == [{"example_id": 3, "failed": 1, "evaluated": 1, "fail_rate": 1.0}]
     assert world.moves.candidates()["candidates"][0]["train_scores"] == {"0": 1.0, "2": 1.0, "3": 0.0}
-    proposal = World(tmp_path / "b", train=4, lm=failing_lm(), transient_retries=0,
-                     proposal_lm=proposal_reply())
+    proposal = World(tmp_path / "b", train=4, lm=failing_lm(), transient_retries=0, proposal_lm=proposal_reply())
     assert proposal.moves.propose_instructions("generate.predict")["example_ids"] == [3]
 
 

@@ -28,26 +28,38 @@ def printed(result, turn: int) -> dict:
 
 def test_propose_then_compare_charges_exactly_and_changes_no_prompt():
     sub_lm = proposer()
-    result = run([
-        {"reasoning": "propose", "code": (
-            "import json\n"
-            "p = propose_instructions('route', n=2, guidance='Name every queue.')\n"
-            "print(json.dumps({k: p[k] for k in ('step', 'texts', 'candidates', 'example_ids', 'check_ids', 'budget_spent')}"
-            " | {'route_now': optimization_status()['current_prompts']['route'], 'left': p['budget_left']}))"
-        )},
-        {"reasoning": "compare", "code": (
-            "r = compare(['current'] + p['candidates'], ids=p['check_ids'])\n"
-            "print(json.dumps({'best': r['best'], 'spent': r['budget_spent'], 'ids': r['example_ids'],"
-            " 'cands': [[c['source'], c['score'], c['passed_count'], c['wins'], c['losses'], c['ties']] for c in r['candidates']],"
-            " 'ex': r['examples'], 'route_now': optimization_status()['current_prompts']['route'],"
-            " 'status': optimization_status()['budget_spent_by_kind']}))"
-        )},
-        {"reasoning": "again", "code": (
-            "r2 = compare([p['candidates'][0], 'current'], ids=p['check_ids'])\n"
-            "print(json.dumps({'spent': r2['budget_spent'], 'best': r2['best']}))"
-        )},
-        SUBMIT_CURRENT,
-    ], sub_lm=sub_lm)
+    result = run(
+        [
+            {
+                "reasoning": "propose",
+                "code": (
+                    "import json\n"
+                    "p = propose_instructions('route', n=2, guidance='Name every queue.')\n"
+                    "print(json.dumps({k: p[k] for k in ('step', 'texts', 'candidates', 'example_ids', 'check_ids', 'budget_spent')}"
+                    " | {'route_now': optimization_status()['current_prompts']['route'], 'left': p['budget_left']}))"
+                ),
+            },
+            {
+                "reasoning": "compare",
+                "code": (
+                    "r = compare(['current'] + p['candidates'], ids=p['check_ids'])\n"
+                    "print(json.dumps({'best': r['best'], 'spent': r['budget_spent'], 'ids': r['example_ids'],"
+                    " 'cands': [[c['source'], c['score'], c['passed_count'], c['wins'], c['losses'], c['ties']] for c in r['candidates']],"
+                    " 'ex': r['examples'], 'route_now': optimization_status()['current_prompts']['route'],"
+                    " 'status': optimization_status()['budget_spent_by_kind']}))"
+                ),
+            },
+            {
+                "reasoning": "again",
+                "code": (
+                    "r2 = compare([p['candidates'][0], 'current'], ids=p['check_ids'])\n"
+                    "print(json.dumps({'spent': r2['budget_spent'], 'best': r2['best']}))"
+                ),
+            },
+            SUBMIT_CURRENT,
+        ],
+        sub_lm=sub_lm,
+    )
 
     proposal = printed(result, 0)
     assert proposal["step"] == "route" and proposal["texts"] == [POLICY_PROMPT]
@@ -73,29 +85,40 @@ def test_propose_then_compare_charges_exactly_and_changes_no_prompt():
 
 
 def test_rollouts_diff_hard_examples_and_candidates_through_the_sandbox():
-    result = run([
-        {"reasoning": "rollouts", "code": (
-            "import json\n"
-            "e = evaluate_program(ids=[0, 3, 8], rollouts=2)\n"
-            "print(json.dumps({'spent': e['budget_spent'], 'rollouts': e['rollouts'], 'runs': len(e['run_ids']),"
-            " 'rates': [x['pass_rate'] for x in e['examples']], 'scores': [x['rollout_scores'] for x in e['examples']],"
-            " 'always': e['always_failing_ids'], 'flaky': e['flaky_ids']}))"
-        )},
-        {"reasoning": "change and diff", "code": (
-            f"update_prompt('route', {POLICY_PROMPT!r})\n"
-            "after = evaluate_program(ids=[0, 3, 8])\n"
-            "d = diff_runs(baseline_train['run_id'], after['run_id'])\n"
-            "print(json.dumps({'fixed': [(f['example_id'], f['first_changed_step'], f['outputs_b']) for f in d['fixed']],"
-            " 'broken': d['broken'], 'passing': d['still_passing'], 'failing': d['still_failing'], 'changed': d['instructions_changed']}))"
-        )},
-        {"reasoning": "replay and pool", "code": (
-            "h = hard_examples(); c = candidates()\n"
-            "print(json.dumps({'hard': h['examples'], 'under_best': h['failing_under_best'], 'best': c['best'],"
-            " 'front': c['pareto_front'], 'scores': [x['train_scores'] for x in c['candidates']],"
-            " 'current': [x['is_current'] for x in c['candidates']], 'spent': optimization_status()['budget_spent']}))"
-        )},
-        SUBMIT_CURRENT,
-    ])
+    result = run(
+        [
+            {
+                "reasoning": "rollouts",
+                "code": (
+                    "import json\n"
+                    "e = evaluate_program(ids=[0, 3, 8], rollouts=2)\n"
+                    "print(json.dumps({'spent': e['budget_spent'], 'rollouts': e['rollouts'], 'runs': len(e['run_ids']),"
+                    " 'rates': [x['pass_rate'] for x in e['examples']], 'scores': [x['rollout_scores'] for x in e['examples']],"
+                    " 'always': e['always_failing_ids'], 'flaky': e['flaky_ids']}))"
+                ),
+            },
+            {
+                "reasoning": "change and diff",
+                "code": (
+                    f"update_prompt('route', {POLICY_PROMPT!r})\n"
+                    "after = evaluate_program(ids=[0, 3, 8])\n"
+                    "d = diff_runs(baseline_train['run_id'], after['run_id'])\n"
+                    "print(json.dumps({'fixed': [(f['example_id'], f['first_changed_step'], f['outputs_b']) for f in d['fixed']],"
+                    " 'broken': d['broken'], 'passing': d['still_passing'], 'failing': d['still_failing'], 'changed': d['instructions_changed']}))"
+                ),
+            },
+            {
+                "reasoning": "replay and pool",
+                "code": (
+                    "h = hard_examples(); c = candidates()\n"
+                    "print(json.dumps({'hard': h['examples'], 'under_best': h['failing_under_best'], 'best': c['best'],"
+                    " 'front': c['pareto_front'], 'scores': [x['train_scores'] for x in c['candidates']],"
+                    " 'current': [x['is_current'] for x in c['candidates']], 'spent': optimization_status()['budget_spent']}))"
+                ),
+            },
+            SUBMIT_CURRENT,
+        ]
+    )
     rollouts = printed(result, 0)
     # rollout 0 of the current instructions is stored by the baseline (free); rollout 1 is 3 new samples
     assert rollouts["spent"] == 3 and rollouts["rollouts"] == 2 and rollouts["runs"] == 2
@@ -121,29 +144,30 @@ def test_rollouts_diff_hard_examples_and_candidates_through_the_sandbox():
 
 
 def test_refusals_are_messages_the_agent_can_act_on_and_cost_nothing():
-    catch = (
-        "def show(f):\n"
-        "    try:\n"
-        "        f()\n"
-        "    except AgentToolError as exc:\n"
-        "        print('REFUSED', exc)\n"
+    catch = "def show(f):\n    try:\n        f()\n    except AgentToolError as exc:\n        print('REFUSED', exc)\n"
+    result = run(
+        [
+            {
+                "reasoning": "refusals",
+                "code": catch
+                + (
+                    "show(lambda: propose_instructions('routing'))\n"
+                    "show(lambda: compare({'route': 'x'}))\n"
+                    "show(lambda: compare(['current', 'best one']))\n"
+                    "show(lambda: compare(['current', {'route': ''}]))\n"
+                    "show(lambda: compare(['current', {'route': 'A'}, {'route': 'B'}, {'route': 'C'}, {'route': 'D'}], rollouts=3))\n"
+                    "show(lambda: evaluate_program(split='val', rollouts=2))\n"
+                    "show(lambda: diff_runs(baseline_train['run_id'], baseline_val['run_id']))\n"
+                    "show(lambda: propose_instructions('route', ids=[99]))\n"
+                    "show(lambda: compare(['current', {'route': 'A'}], limit=0))\n"
+                    "print(optimization_status()['budget_spent'], optimization_status()['current_prompts']['route'] == "
+                    f"{ORIGINAL_ROUTE!r})"
+                ),
+            },
+            SUBMIT_CURRENT,
+        ],
+        max_iterations=1,
     )
-    result = run([
-        {"reasoning": "refusals", "code": catch + (
-            "show(lambda: propose_instructions('routing'))\n"
-            "show(lambda: compare({'route': 'x'}))\n"
-            "show(lambda: compare(['current', 'best one']))\n"
-            "show(lambda: compare(['current', {'route': ''}]))\n"
-            "show(lambda: compare(['current', {'route': 'A'}, {'route': 'B'}, {'route': 'C'}, {'route': 'D'}], rollouts=3))\n"
-            "show(lambda: evaluate_program(split='val', rollouts=2))\n"
-            "show(lambda: diff_runs(baseline_train['run_id'], baseline_val['run_id']))\n"
-            "show(lambda: propose_instructions('route', ids=[99]))\n"
-            "show(lambda: compare(['current', {'route': 'A'}], limit=0))\n"
-            "print(optimization_status()['budget_spent'], optimization_status()['current_prompts']['route'] == "
-            f"{ORIGINAL_ROUTE!r})"
-        )},
-        SUBMIT_CURRENT,
-    ], max_iterations=1)
     lines = result.agent_trajectory[0]["output"].strip().splitlines()
     refused = [line for line in lines if line.startswith("REFUSED")]
     assert len(refused) == 9
@@ -167,24 +191,32 @@ def test_refusals_are_messages_the_agent_can_act_on_and_cost_nothing():
 
 def test_budget_is_exact_with_sixteen_threads_and_every_new_tool():
     sub_lm = proposer()
-    result = run([
-        {"reasoning": "spend", "code": (
-            "import json\n"
-            "spent = []\n"
-            "p = propose_instructions('route', n=3); spent.append(p['budget_spent'])\n"
-            "r = compare(['current'] + p['candidates'] + [{'route': 'Pick the queue.'}], rollouts=2); spent.append(r['budget_spent'])\n"
-            "e = evaluate_program(sample='random', limit=8, seed=3, rollouts=3); spent.append(e['budget_spent'])\n"
-            "answers = llm_query_batched(['a', 'b']); spent.append(2)\n"
-            "v = compare(['current', p['candidates'][0]], split='val'); spent.append(v['budget_spent'])\n"
-            "try:\n"
-            "    compare(['current', {'route': 'Other.'}], rollouts=10)\n"
-            "except AgentToolError as exc:\n"
-            "    print('REFUSED', str(exc)[:40])\n"
-            "s = optimization_status()\n"
-            "print(json.dumps({'spent': spent, 'total': s['budget_spent'], 'kinds': s['budget_spent_by_kind'], 'limit': s['budget_limit']}))"
-        )},
-        {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"},
-    ], sub_lm=sub_lm, num_threads=16, max_iterations=8)
+    result = run(
+        [
+            {
+                "reasoning": "spend",
+                "code": (
+                    "import json\n"
+                    "spent = []\n"
+                    "p = propose_instructions('route', n=3); spent.append(p['budget_spent'])\n"
+                    "r = compare(['current'] + p['candidates'] + [{'route': 'Pick the queue.'}], rollouts=2); spent.append(r['budget_spent'])\n"
+                    "e = evaluate_program(sample='random', limit=8, seed=3, rollouts=3); spent.append(e['budget_spent'])\n"
+                    "answers = llm_query_batched(['a', 'b']); spent.append(2)\n"
+                    "v = compare(['current', p['candidates'][0]], split='val'); spent.append(v['budget_spent'])\n"
+                    "try:\n"
+                    "    compare(['current', {'route': 'Other.'}], rollouts=10)\n"
+                    "except AgentToolError as exc:\n"
+                    "    print('REFUSED', str(exc)[:40])\n"
+                    "s = optimization_status()\n"
+                    "print(json.dumps({'spent': spent, 'total': s['budget_spent'], 'kinds': s['budget_spent_by_kind'], 'limit': s['budget_limit']}))"
+                ),
+            },
+            {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"},
+        ],
+        sub_lm=sub_lm,
+        num_threads=16,
+        max_iterations=8,
+    )
     out = printed(result, 0)
     assert "REFUSED" in result.agent_trajectory[0]["output"]
     # proposals: 3 calls; compare: 2 new instruction sets x 12 x 2 rollouts + current's rollout 1 (12);
@@ -203,20 +235,28 @@ def test_a_lucky_extra_rollout_never_picks_the_returned_program():
         system = next((m["content"] for m in messages if m.get("role") == "system"), "")
         if "LUCKY" in system and "[[ ## summary ## ]]" in str(messages[-1]["content"]):
             if settings.get("rollout_id") == 1:  # the extra sample follows the policy, the first never does
-                messages = [{**m, "content": m["content"] + POLICY_PROMPT} if m.get("role") == "system" else m
-                            for m in messages]
+                messages = [
+                    {**m, "content": m["content"] + POLICY_PROMPT} if m.get("role") == "system" else m for m in messages
+                ]
             else:
                 return {"queue": "nowhere"}
         return task_lm_reply(messages)
 
-    result = run([
-        {"reasoning": "try", "code": (
-            "update_prompt('route', 'LUCKY')\n"
-            "e = evaluate_program(rollouts=2)\n"
-            "print([x['score'] for x in e['examples']].count(0), e['score'], [run_data(i)['score'] for i in e['run_ids']])"
-        )},
-        {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program={'route': 'LUCKY'})"},
-    ], eval_lm=FunctionLM(reply, with_settings=True), valset=None)
+    result = run(
+        [
+            {
+                "reasoning": "try",
+                "code": (
+                    "update_prompt('route', 'LUCKY')\n"
+                    "e = evaluate_program(rollouts=2)\n"
+                    "print([x['score'] for x in e['examples']].count(0), e['score'], [run_data(i)['score'] for i in e['run_ids']])"
+                ),
+            },
+            {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program={'route': 'LUCKY'})"},
+        ],
+        eval_lm=FunctionLM(reply, with_settings=True),
+        valset=None,
+    )
     assert result.agent_trajectory[0]["output"].strip() == "12 0.5 [0, 1]"
     assert result.selection["chosen_label"] == "baseline" and result.optimized_dspy_program["route"] == ORIGINAL_ROUTE
     assert result.selection["submission_score"] == 0.0

@@ -35,7 +35,11 @@ def resent_turns(text: str, marker: str) -> list[int]:
 
 
 def session_warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "rlmoptimizer.agent.root_lm" and r.levelno == logging.WARNING]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "rlmoptimizer.agent.root_lm" and r.levelno == logging.WARNING
+    ]
 
 
 def assert_completed(result, explored: int = 3) -> None:
@@ -90,8 +94,13 @@ def test_errors_that_name_the_previous_response_are_refusals_of_the_chain_and_ot
     with ResponsesServer([look(1)], reject_status=status, fail_requests={2: 401}) as server:
         lm = server.lm()
         with pytest.raises(dspy.LMError) as refused:
-            lm(Request(model=lm.model, messages=(Message.user("hi"),),
-                       config=Config(extensions={"previous_response_id": "resp_gone"})))
+            lm(
+                Request(
+                    model=lm.model,
+                    messages=(Message.user("hi"),),
+                    config=Config(extensions={"previous_response_id": "resp_gone"}),
+                )
+            )
         with pytest.raises(dspy.LMError) as unauthorized:
             lm(Request(model=lm.model, messages=(Message.user("hi"),)))
     assert is_chain_rejection(refused.value) and refused.value.status == status
@@ -208,7 +217,10 @@ def test_multiturn_history_over_the_responses_api(stateful):
         return
     # chained turns send one user message; the full request after the refused id alternates
     assert [r.roles for r in requests] == [
-        ["developer", "user"], ["user"], ["user"], ["developer", "user", "assistant", "user", "assistant", "user"],
+        ["developer", "user"],
+        ["user"],
+        ["user"],
+        ["developer", "user", "assistant", "user", "assistant", "user"],
         ["user"],
     ]
     assert resent_turns(requests[3].items[2][1], "CODE") == [1] and resent_turns(requests[3].items[5][1], "OUT") == [2]
@@ -230,7 +242,9 @@ def test_multiturn_history_speaks_the_configured_adapter():
     history = REPLHistory()
     with dspy.context(adapter=JSONAdapter()):
         for _ in range(2):
-            action = session.act(lm, signature, variables_info=["x"], history=history, iteration=f"{len(history) + 1}/5")
+            action = session.act(
+                lm, signature, variables_info=["x"], history=history, iteration=f"{len(history) + 1}/5"
+            )
             history = history.append(reasoning=action.reasoning, code=action.code, output="done")
     assert [e.code for e in history] == ["print(1)", "print(2)"]
     assert [m["role"] for m in sent[1]] == ["system", "user", "assistant", "user"]

@@ -16,22 +16,39 @@ pytestmark = pytest.mark.slow
 
 DUMP = "import json\ndef show(name, value):\n    print(name, json.dumps(value, default=repr))\n"
 TURNS = [
-    {"reasoning": "everything the REPL holds", "code": DUMP + (
-        "for _name, _value in sorted(globals().items()):\n"
-        "    if not _name.startswith('_') and not callable(_value) and _name not in ('json',):\n"
-        "        print(_name, repr(_value))\n"
-        "show('baseline_val', baseline_val)")},
-    {"reasoning": "validation runs", "code": (
-        "v = evaluate_program(split='val')\nshow('val run', v)\n"
-        "show('run_data val', run_data(v['run_id']))\nshow('run_data baseline val', run_data(baseline_val['run_id']))\n"
-        "try:\n    diff_runs(baseline_val['run_id'], v['run_id'])\nexcept Exception as e:\n    print('diff_runs', e)")},
-    {"reasoning": "moves on validation", "code": (
-        "p = propose_instructions('route')\nshow('proposal', p)\n"
-        "show('compare val', compare(['current', *p['candidate_ids']], split='val'))\n"
-        "show('gepa', run_gepa(budget=20, steps=['route']))")},
-    {"reasoning": "the pools and the status", "code": (
-        "show('candidates', candidates())\nshow('hard', hard_examples())\nshow('status', optimization_status())\n"
-        "show('notes', read_notes())\nprint('sub-LM says', llm_query('What failed on validation? ' + json.dumps(baseline_val)))")},
+    {
+        "reasoning": "everything the REPL holds",
+        "code": DUMP
+        + (
+            "for _name, _value in sorted(globals().items()):\n"
+            "    if not _name.startswith('_') and not callable(_value) and _name not in ('json',):\n"
+            "        print(_name, repr(_value))\n"
+            "show('baseline_val', baseline_val)"
+        ),
+    },
+    {
+        "reasoning": "validation runs",
+        "code": (
+            "v = evaluate_program(split='val')\nshow('val run', v)\n"
+            "show('run_data val', run_data(v['run_id']))\nshow('run_data baseline val', run_data(baseline_val['run_id']))\n"
+            "try:\n    diff_runs(baseline_val['run_id'], v['run_id'])\nexcept Exception as e:\n    print('diff_runs', e)"
+        ),
+    },
+    {
+        "reasoning": "moves on validation",
+        "code": (
+            "p = propose_instructions('route')\nshow('proposal', p)\n"
+            "show('compare val', compare(['current', *p['candidate_ids']], split='val'))\n"
+            "show('gepa', run_gepa(budget=20, steps=['route']))"
+        ),
+    },
+    {
+        "reasoning": "the pools and the status",
+        "code": (
+            "show('candidates', candidates())\nshow('hard', hard_examples())\nshow('status', optimization_status())\n"
+            "show('notes', read_notes())\nprint('sub-LM says', llm_query('What failed on validation? ' + json.dumps(baseline_val)))"
+        ),
+    },
     SUBMIT_POLICY,
 ]
 
@@ -45,8 +62,20 @@ def test_no_validation_example_reaches_the_agent_or_its_lms():
     trajectory = result.agent_trajectory
     assert [turn["iteration"] for turn in trajectory] == [1, 2, 3, 4, 5] and trajectory[-1]["final"]
     shown = "\n".join(turn["output"] for turn in trajectory)
-    for printed in ("baseline_val", "val run", "run_data val", "run_data baseline val", "diff_runs", "proposal",
-                    "compare val", "gepa", "candidates", "hard", "status", "sub-LM says"):
+    for printed in (
+        "baseline_val",
+        "val run",
+        "run_data val",
+        "run_data baseline val",
+        "diff_runs",
+        "proposal",
+        "compare val",
+        "gepa",
+        "candidates",
+        "hard",
+        "status",
+        "sub-LM says",
+    ):
         assert f"\n{printed} " in f"\n{shown}", f"the agent's {printed!r} was not shown"
     assert "is a val run" in shown  # diff_runs refuses validation runs
     root_requests = "\n".join(str(messages) for messages in root.calls)

@@ -16,22 +16,29 @@ pytestmark = pytest.mark.slow
 
 def compile_with(turns):
     trainset, valset = make_splits()
-    optimizer = RLMDocstringOptimizer(max_iterations=2, root_lm=scripted_agent(turns), eval_lm=FunctionLM(task_lm_reply),
-                                      num_threads=2)
+    optimizer = RLMDocstringOptimizer(
+        max_iterations=2, root_lm=scripted_agent(turns), eval_lm=FunctionLM(task_lm_reply), num_threads=2
+    )
     return optimizer.compile(student=RouteTicket(), trainset=trainset, metric=metric, valset=valset)
 
 
 def test_a_cell_that_rebinds_a_tool_is_told_and_the_next_cell_reaches_the_tool_again():
-    result = compile_with([
-        {"reasoning": "my own helper", "code": (
-            "def update_prompt(step, text):\n    return 'my own function'\n"
-            "print(update_prompt('route', 'x'))\ncompare = None"
-        )},
-        {"reasoning": "use the tool", "code": (
-            "print(update_prompt('route', 'Route by policy.'))\nprint(type(compare).__name__)"
-        )},
-        {"reasoning": "submit", "code": SUBMIT_LINE},
-    ])
+    result = compile_with(
+        [
+            {
+                "reasoning": "my own helper",
+                "code": (
+                    "def update_prompt(step, text):\n    return 'my own function'\n"
+                    "print(update_prompt('route', 'x'))\ncompare = None"
+                ),
+            },
+            {
+                "reasoning": "use the tool",
+                "code": ("print(update_prompt('route', 'Route by policy.'))\nprint(type(compare).__name__)"),
+            },
+            {"reasoning": "submit", "code": SUBMIT_LINE},
+        ]
+    )
     first, second = (turn["output"] for turn in result.agent_trajectory[:2])
     assert "my own function" in first  # within the cell, the agent's own definition is what it calls
     assert "[Notice] compare, update_prompt are your tools: this cell rebound the name" in first
@@ -42,32 +49,41 @@ def test_a_cell_that_rebinds_a_tool_is_told_and_the_next_cell_reaches_the_tool_a
 
 
 def test_a_value_a_tool_cannot_take_gets_an_error_naming_the_argument():
-    result = compile_with([
-        {"reasoning": "pass my function", "code": (
-            "def classify_ticket(t):\n    return 'billing'\n"
-            "for call in (lambda: update_prompt('route', classify_ticket), lambda: compare(['current', object()]),"
-            " lambda: evaluate_program(limit='ten')):\n"
-            "    try:\n        call()\n    except Exception as e:\n        print('REFUSED', type(e).__name__, e)"
-        )},
-        {"reasoning": "submit", "code": SUBMIT_LINE},
-    ])
+    result = compile_with(
+        [
+            {
+                "reasoning": "pass my function",
+                "code": (
+                    "def classify_ticket(t):\n    return 'billing'\n"
+                    "for call in (lambda: update_prompt('route', classify_ticket), lambda: compare(['current', object()]),"
+                    " lambda: evaluate_program(limit='ten')):\n"
+                    "    try:\n        call()\n    except Exception as e:\n        print('REFUSED', type(e).__name__, e)"
+                ),
+            },
+            {"reasoning": "submit", "code": SUBMIT_LINE},
+        ]
+    )
     refused = [line for line in result.agent_trajectory[0]["output"].splitlines() if line.startswith("REFUSED")]
     assert len(refused) == 3, result.agent_trajectory[0]["output"]
     assert refused[0].startswith("REFUSED AgentToolError update_prompt(): argument 'text' is a function")
     assert "-> pass text" in refused[0]
     assert refused[1].startswith("REFUSED AgentToolError compare(): argument 'candidates' is a list")
-    assert refused[2].startswith("REFUSED AgentToolError evaluate_program(): argument 'limit' takes int | None, got str 'ten'")
+    assert refused[2].startswith(
+        "REFUSED AgentToolError evaluate_program(): argument 'limit' takes int | None, got str 'ten'"
+    )
     assert "not JSON serializable" not in result.agent_trajectory[0]["output"]
     assert result.budget["spent"] == 0
 
 
 def test_a_stray_fence_still_runs_and_a_syntax_error_says_where_and_why():
-    result = compile_with([
-        "[[ ## reasoning ## ]]\nlook\n\n[[ ## code ## ]]\nprint('ran', 1 + 1)\n```\n\n[[ ## completed ## ]]",
-        {"reasoning": "broken", "code": "```python\nx = (1,\nprint(x)\n```"},
-        {"reasoning": "another language", "code": "```javascript\nconsole.log(1)\n```"},
-        {"reasoning": "submit", "code": SUBMIT_LINE},
-    ])
+    result = compile_with(
+        [
+            "[[ ## reasoning ## ]]\nlook\n\n[[ ## code ## ]]\nprint('ran', 1 + 1)\n```\n\n[[ ## completed ## ]]",
+            {"reasoning": "broken", "code": "```python\nx = (1,\nprint(x)\n```"},
+            {"reasoning": "another language", "code": "```javascript\nconsole.log(1)\n```"},
+            {"reasoning": "submit", "code": SUBMIT_LINE},
+        ]
+    )
     stray, broken, other = (turn["output"] for turn in result.agent_trajectory[:3])
     assert "ran 2" in stray  # the closing fence with no opening one is dropped, the code runs
     assert "line 1" in broken and "never closed" in broken  # not the sandbox's blank "message: "

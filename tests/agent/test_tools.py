@@ -55,8 +55,12 @@ def test_select_ids_explains_bad_values(kwargs, message):
 
 def make_tools(tmp_path, lm):
     ledger, store = BudgetLedger(100), RunStore(tmp_path)
-    runs = Runs(evaluator=make_evaluator(lm, num_threads=2), store=store, ledger=ledger,
-                splits={"train": examples(6), "val": examples(3)})
+    runs = Runs(
+        evaluator=make_evaluator(lm, num_threads=2),
+        store=store,
+        ledger=ledger,
+        splits={"train": examples(6), "val": examples(3)},
+    )
     program = dspy.Predict("question -> answer")
     stop = StopRequest()
     working = WorkingProgram(program=program, fingerprint=structural_fingerprint(program), runs=runs, stop=stop)

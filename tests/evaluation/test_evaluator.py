@@ -250,7 +250,11 @@ def test_an_exception_inside_the_metric_is_an_error_record_that_keeps_the_predic
 
 @pytest.mark.parametrize(
     ("bad", "mentions"),
-    [(None, "returned None (NoneType)"), (float("nan"), "not a finite number"), ("correct", "returned 'correct' (str)")],
+    [
+        (None, "returned None (NoneType)"),
+        (float("nan"), "not a finite number"),
+        ("correct", "returned 'correct' (str)"),
+    ],
 )
 def test_a_metric_returning_a_non_score_stops_the_evaluation_at_once(bad, mentions):
     calls: list[str] = []
@@ -264,8 +268,12 @@ def test_a_metric_returning_a_non_score_stops_the_evaluation_at_once(bad, mentio
     evaluator = make_evaluator(echo_lm(), metric=metric, num_threads=1)
     with ledger.reserve(20, TRAIN_EXAMPLE) as reservation:
         with pytest.raises(EvaluationStopped) as info:
-            evaluator.evaluate(dspy.Predict("question -> answer"), list(enumerate(examples(20))), reservation,
-                               on_record=lambda r: seen.append(r.example_id))
+            evaluator.evaluate(
+                dspy.Predict("question -> answer"),
+                list(enumerate(examples(20))),
+                reservation,
+                on_record=lambda r: seen.append(r.example_id),
+            )
     assert isinstance(info.value.reason, MetricError)
     message = str(info.value.reason)
     assert mentions in message and "metric 'test_a_metric_returning" in message
@@ -324,8 +332,12 @@ def test_an_unusable_lm_stops_within_one_batch_charges_nothing_and_keeps_records
     evaluator = make_evaluator(lm, num_threads=4)
     with ledger.reserve(40, TRAIN_EXAMPLE) as reservation:
         with pytest.raises(EvaluationStopped) as info:
-            evaluator.evaluate(dspy.ChainOfThought("question -> answer"), list(enumerate(examples(40))), reservation,
-                               on_record=lambda r: seen.append(r.example_id))
+            evaluator.evaluate(
+                dspy.ChainOfThought("question -> answer"),
+                list(enumerate(examples(40))),
+                reservation,
+                on_record=lambda r: seen.append(r.example_id),
+            )
     assert isinstance(info.value.reason, EvaluationLMError)
     message = str(info.value.reason)
     assert "appears unusable" in message and "LMAuthError" in message and "invalid api key" in message

@@ -84,7 +84,13 @@ def test_a_budget_smaller_than_the_request_evaluates_what_fits_and_says_so(tmp_p
     run = service.evaluate(dspy.Predict("question -> answer"), "train", label="agent", ids=order)
     assert [r.example_id for r in run.records] == order[:12][::-1]
     assert run.note == "budget allowed 12 of 50 requested examples; 0 units left"
-    assert (run.requested_count, run.evaluated_count, run.budget_spent, ledger.spent, ledger.left) == (50, 12, 12, 12, 0)
+    assert (run.requested_count, run.evaluated_count, run.budget_spent, ledger.spent, ledger.left) == (
+        50,
+        12,
+        12,
+        12,
+        0,
+    )
 
     empty = service.evaluate(dspy.Predict("question -> answer"), "train", label="agent", ids=[0, 1])
     assert empty.evaluated_count == 0 and empty.note == "budget allowed 0 of 2 requested examples; 0 units left"
@@ -166,7 +172,9 @@ def test_a_records_error_kind_decides_whether_it_is_reused_and_survives_a_round_
     assert record("ValueError: judge failed", METRIC_ERROR).reusable
     assert not record("LMRateLimitError: slow down", LM_CALL_ERROR).reusable
     failed = record("LMAuthError: [m] bad key", LM_CALL_ERROR)
-    assert ExampleResult.from_dict(failed.to_dict()) == failed and not ExampleResult.from_dict(failed.to_dict()).reusable
+    assert (
+        ExampleResult.from_dict(failed.to_dict()) == failed and not ExampleResult.from_dict(failed.to_dict()).reusable
+    )
 
 
 class Recorder:
@@ -188,8 +196,13 @@ class CountingJournal(RunJournal):
 def test_runs_send_each_evaluation_event_once_and_the_ledger_is_written_once_per_evaluation(tmp_path):
     recorder, journal = Recorder(), CountingJournal(tmp_path)
     ledger, store = BudgetLedger(100), RunStore(tmp_path)
-    service = Runs(evaluator=make_evaluator(echo_lm(), num_threads=4), store=store, ledger=ledger,
-                   splits={"train": examples(10)}, observer=Observers([recorder, journal]))
+    service = Runs(
+        evaluator=make_evaluator(echo_lm(), num_threads=4),
+        store=store,
+        ledger=ledger,
+        splits={"train": examples(10)},
+        observer=Observers([recorder, journal]),
+    )
     program = dspy.Predict("question -> answer")
     run = service.evaluate(program, "train", label="agent", ids=[0, 1, 2, 3, 4, 5])
     kinds = [type(e).__name__ for e in recorder.events]
@@ -210,8 +223,16 @@ def test_a_pending_log_left_by_a_killed_process_becomes_a_recovered_run_and_is_c
     store = RunStore(tmp_path)
     header = {"label": "agent", "split": "train", "instructions": {"predict": "x"}, "requested": 5, "charged": True}
     ok = ExampleResult(0, {"question": "q0"}, {"answer": "a0"}, {"answer": "a0"}, 1.0, True)
-    no_answer = ExampleResult(1, {"question": "q1"}, {"answer": "a1"}, {}, 0.0, False,
-                              error="LMRateLimitError: slow", error_kind=LM_CALL_ERROR)
+    no_answer = ExampleResult(
+        1,
+        {"question": "q1"},
+        {"answer": "a1"},
+        {},
+        0.0,
+        False,
+        error="LMRateLimitError: slow",
+        error_kind=LM_CALL_ERROR,
+    )
     killed = store.open_pending(header)
     killed.append(ok)
     killed.append(no_answer)
@@ -222,8 +243,7 @@ def test_a_pending_log_left_by_a_killed_process_becomes_a_recovered_run_and_is_c
     store.save(EvalRun("run-0001", "train", "agent", {"predict": "x"}, (ok,), 1, 1, 99))
 
     ledger = BudgetLedger(100)
-    Runs(evaluator=make_evaluator(echo_lm()), store=RunStore(tmp_path), ledger=ledger,
-         splits={"train": examples(10)})
+    Runs(evaluator=make_evaluator(echo_lm()), store=RunStore(tmp_path), ledger=ledger, splits={"train": examples(10)})
     recovered = [run for run in RunStore(tmp_path).all() if run.label == "agent:recovered"]
     assert len(recovered) == 1 and recovered[0].records == (ok, no_answer)
     assert recovered[0].budget_spent == 1 == ledger.spent  # the LM-call failure is not charged

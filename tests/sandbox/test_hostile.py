@@ -58,7 +58,12 @@ FORGED = {
     "tool call without id": {"jsonrpc": "2.0", "method": "tool_call", "params": {"name": "echo", "kwargs": {}}},
     "params not an object": {"jsonrpc": "2.0", "method": "tool_call", "id": "x1", "params": 5},
     "params a list": {"jsonrpc": "2.0", "method": "tool_call", "id": "x2", "params": ["echo"]},
-    "kwargs not an object": {"jsonrpc": "2.0", "method": "tool_call", "id": "x3", "params": {"name": "echo", "kwargs": 1}},
+    "kwargs not an object": {
+        "jsonrpc": "2.0",
+        "method": "tool_call",
+        "id": "x3",
+        "params": {"name": "echo", "kwargs": 1},
+    },
     "unknown request": {"jsonrpc": "2.0", "method": "mount_file", "id": "x4", "params": {}},
     "neither request nor answer": {"jsonrpc": "2.0", "id": "x5"},
 }
@@ -101,8 +106,9 @@ def test_a_well_formed_forged_tool_call_desyncs_nothing_beyond_its_cell(box):
     in the sandbox (here the cell's real call, which fails in that cell), and the next cell is clean."""
     restarts = box.restarts
     run(box, "kept = 'forged'")
-    forged_call = json.dumps({"jsonrpc": "2.0", "method": "tool_call", "id": "f1",
-                              "params": {"name": "echo", "kwargs": {"value": 1}}})
+    forged_call = json.dumps(
+        {"jsonrpc": "2.0", "method": "tool_call", "id": "f1", "params": {"name": "echo", "kwargs": {"value": 1}}}
+    )
     with pytest.raises(CodeExecutionError, match="Unexpected response"):
         box.execute(f"import js\njs.console.log({forged_call!r})\nprint(echo(value=7))")
     assert run(box, "print(echo(value=kept))") == "forged\n"
@@ -258,7 +264,9 @@ def test_javascript_buffers_are_capped_with_the_rest_of_the_process():
         assert box.execute("print(kept)") == "buffers\n"
         # A JavaScript heap that cannot be refused gracefully: the process ends and the agent is told it was memory.
         with pytest.raises(CodeExecutionError) as raised:
-            box.execute("import js\njs.eval('globalThis.held = null; const a = []; for (;;) a.push({i: a.length, s: \"x\" + a.length})')")
+            box.execute(
+                "import js\njs.eval('globalThis.held = null; const a = []; for (;;) a.push({i: a.length, s: \"x\" + a.length})')"
+            )
         message = str(raised.value)
         assert message.startswith("MemoryError:") and "512 MB" in message and "restarted" in message
         assert box.execute("print(1 + 1)") == "2\n"

@@ -87,8 +87,10 @@ def sandbox(data_dir):
     try:
         box.start()
         # The setup the agent runs itself: data handed in once, replayed after every restart.
-        box.execute("import json\nbaseline = json.loads(baseline_json)",
-                    {"baseline_json": (data_dir / "baseline.json").read_text()})
+        box.execute(
+            "import json\nbaseline = json.loads(baseline_json)",
+            {"baseline_json": (data_dir / "baseline.json").read_text()},
+        )
         box.mark_setup_complete()
         yield box
     finally:
@@ -117,7 +119,7 @@ def test_import_map_covers_every_deno_land_import_of_the_runner():
     mapped = build_import_map(runner)["imports"]
     assert set(mapped) == urls
     for target in mapped.values():
-        assert target.startswith("file://") and Path(target[len("file://"):]).is_file()
+        assert target.startswith("file://") and Path(target[len("file://") :]).is_file()
 
 
 def test_import_map_refuses_a_deno_land_module_it_cannot_serve():
@@ -255,9 +257,7 @@ def test_timeout_restarts_reloads_data_and_names_lost_variables(sandbox):
     assert f"lost: [{', '.join(lost)}]" in message
     assert (sandbox.timeouts, sandbox.restarts) == (timeouts + 1, restarts + 1)
     # The next execute works, with the data back as loaded and the agent's variables gone.
-    assert run(sandbox, "print(baseline, 'kept_a' in globals())") == (
-        "{'score': 0.5, 'examples': [1, 2, 3]} False\n"
-    )
+    assert run(sandbox, "print(baseline, 'kept_a' in globals())") == ("{'score': 0.5, 'examples': [1, 2, 3]} False\n")
     assert run(sandbox, "print(add(a=1, b=1)['sum'])") == "2\n"  # tools registered again
 
 
@@ -346,7 +346,7 @@ def test_cannot_read_host_files(sandbox, data_dir):
         f"return js.Deno.readTextFileSync({str(Path(__file__).resolve())!r})": "BLOCKED JsException NotCapable",
         # Deno's cache, after startup
         f"return [e.name for e in js.Deno.readDirSync({deno_dir(sandbox)!r})]": "BLOCKED JsException NotCapable",
-        "return (await js.Deno.permissions.request(js.JSON.parse('{\"name\": \"read\"}'))).state": "GOT denied",
+        'return (await js.Deno.permissions.request(js.JSON.parse(\'{"name": "read"}\'))).state': "GOT denied",
     }
     for attempt, refused in attempts.items():
         output = probe(sandbox, attempt)
@@ -411,7 +411,7 @@ def test_cannot_reach_the_network(sandbox, http_server):
         f"from pyodide.http import open_url\nreturn open_url({url + '/open_url'!r}).read()",
         f"import urllib.request\nreturn urllib.request.urlopen({url + '/urllib'!r}, timeout=3).read()",
         f"import socket\nreturn socket.create_connection(('127.0.0.1', {port}), timeout=3)",
-        f"return await js.Deno.connect(js.JSON.parse('{{\"hostname\": \"127.0.0.1\", \"port\": {port}}}'))",
+        f'return await js.Deno.connect(js.JSON.parse(\'{{"hostname": "127.0.0.1", "port": {port}}}\'))',
     ]
     for attempt in attempts:
         output = probe(sandbox, attempt)
@@ -469,10 +469,17 @@ def test_recursive_execute_from_a_tool_is_refused(sandbox):
 
 
 def test_deno_gets_only_the_environment_it_needs():
-    env = _deno_environment({
-        "PATH": "/bin", "HOME": "/home/u", "DENO_DIR": "/cache", "HTTPS_PROXY": "http://proxy:3128",
-        "NPM_CONFIG_REGISTRY": "https://npm.example", "OPENAI_API_KEY": "sk-secret", "AWS_SECRET_ACCESS_KEY": "x",
-    })
+    env = _deno_environment(
+        {
+            "PATH": "/bin",
+            "HOME": "/home/u",
+            "DENO_DIR": "/cache",
+            "HTTPS_PROXY": "http://proxy:3128",
+            "NPM_CONFIG_REGISTRY": "https://npm.example",
+            "OPENAI_API_KEY": "sk-secret",
+            "AWS_SECRET_ACCESS_KEY": "x",
+        }
+    )
     assert env["DENO_DIR"] == "/cache" and env["HTTPS_PROXY"] == "http://proxy:3128"
     assert env["NPM_CONFIG_REGISTRY"] == "https://npm.example" and env["PATH"] == "/bin"
     assert "OPENAI_API_KEY" not in env and "AWS_SECRET_ACCESS_KEY" not in env
@@ -504,13 +511,15 @@ def test_rlm_survives_a_timed_out_iteration_and_submits():
     box.start_in_background()
     box.execute("prepared = [1, 2]")  # the caller's own setup, replayed after a restart
     box.mark_setup_complete()
-    lm = ScriptedLM([
-        {"reasoning": "Count forever.", "code": "```python\nnote = 'x'\nwhile True:\n    pass\n```"},
-        {
-            "reasoning": "The REPL came back; answer.",
-            "code": "```python\nSUBMIT(answer=f'{prepared}-{question}-{type(dspy).__name__}')\n```",
-        },
-    ])
+    lm = ScriptedLM(
+        [
+            {"reasoning": "Count forever.", "code": "```python\nnote = 'x'\nwhile True:\n    pass\n```"},
+            {
+                "reasoning": "The REPL came back; answer.",
+                "code": "```python\nSUBMIT(answer=f'{prepared}-{question}-{type(dspy).__name__}')\n```",
+            },
+        ]
+    )
     rlm = dspy.RLM("question -> answer", max_iters=3, interpreter_factory=box.as_factory())
     with dspy.context(lm=lm):
         result = rlm(question="q")

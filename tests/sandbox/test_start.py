@@ -29,10 +29,26 @@ from rlmoptimizer.sandbox.deno import deno_cache_dir, pyodide_version
 
 pytestmark = pytest.mark.slow
 
-_TLS_VARIABLES = ("DENO_CERT", "DENO_TLS_CA_STORE", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
-                  "PIP_CERT", "NODE_EXTRA_CA_CERTS", "PIP_CONFIG_FILE")
-_PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy",
-                    "all_proxy", "no_proxy")
+_TLS_VARIABLES = (
+    "DENO_CERT",
+    "DENO_TLS_CA_STORE",
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "PIP_CERT",
+    "NODE_EXTRA_CA_CERTS",
+    "PIP_CONFIG_FILE",
+)
+_PROXY_VARIABLES = (
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "all_proxy",
+    "no_proxy",
+)
 
 
 @pytest.fixture
@@ -53,6 +69,7 @@ def _closed_port() -> int:
 
 
 # ---------------------------------------------------------------- what Deno is told to trust
+
 
 def test_deno_gets_the_ca_bundle_python_uses(bare_env, monkeypatch):
     bundle = bare_env / "company-ca.pem"
@@ -87,6 +104,7 @@ def test_pips_cert_setting_is_used_and_a_missing_file_is_skipped(bare_env, monke
 
 # ---------------------------------------------------------------- a start that cannot download Pyodide
 
+
 def test_a_refusing_proxy_fails_fast_with_the_cause_and_the_fix(bare_env, monkeypatch):
     proxy = f"http://127.0.0.1:{_closed_port()}"
     monkeypatch.setenv("HTTPS_PROXY", proxy)
@@ -111,13 +129,40 @@ def _make_ca_and_server_cert(directory: Path) -> tuple[Path, Path, Path]:
     def run(*args: str) -> None:
         subprocess.run([openssl, *args], cwd=directory, check=True, capture_output=True)
 
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
-        "-subj", "/CN=rlmoptimizer test CA")
-    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
-        "-subj", "/CN=127.0.0.1")
+    run(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=rlmoptimizer test CA",
+    )
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1")
     (directory / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n")
-    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-        "-out", "server.pem", "-days", "2", "-extfile", "ext.cnf")
+    run(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    )
     return directory / "ca.pem", directory / "server.pem", directory / "server.key"
 
 
@@ -179,6 +224,7 @@ def test_the_ca_bundle_in_ssl_cert_file_reaches_deno(tls_registry, monkeypatch):
 
 # ---------------------------------------------------------------- the check command
 
+
 @pytest.fixture(scope="module")
 def warm_cache() -> Path:
     """Deno's own cache with Pyodide in it (a first sandbox start puts it there, as on any machine)."""
@@ -213,15 +259,26 @@ def test_check_command_prefetches_and_then_works_offline(tmp_path, warm_cache):
     assert result.returncode == 0, out + result.stderr
     assert "Pyodide was already in the cache" in out
     assert f"Deno cache:  {copied}" in out
-    for probe in ("read a host file", "write a host file", "read the environment", "reach the network",
-                  "start a process"):
+    for probe in (
+        "read a host file",
+        "write a host file",
+        "read the environment",
+        "reach the network",
+        "start a process",
+    ):
         assert f"passed  {probe}: refused" in out
     assert "Deno:        deno 2." in out and "Pyodide:     0." in out
 
 
 def _check_command(env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlmoptimizer.sandbox"], env=env, capture_output=True, text=True,
-                          timeout=300, cwd=Path(__file__).resolve().parents[2])
+    return subprocess.run(
+        [sys.executable, "-m", "rlmoptimizer.sandbox"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[2],
+    )
 
 
 class _LeakySandbox(Sandbox):

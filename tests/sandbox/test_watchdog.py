@@ -65,8 +65,9 @@ def test_idle_watch_stops_a_process_whose_cpu_keeps_running_and_spares_a_quiet_o
         started = time.monotonic()
         busy, quiet = threading.Event(), threading.Event()
         used: list[float] = []
-        watchdog.idle(lambda: time.monotonic() - started, lambda s: (used.append(s), busy.set()),
-                      allowance_s=0.3, share=0.02)
+        watchdog.idle(
+            lambda: time.monotonic() - started, lambda s: (used.append(s), busy.set()), allowance_s=0.3, share=0.02
+        )
         assert busy.wait(30) and used[0] > 0.3  # a clock running like a busy core
 
         samples = threading.Semaphore(0)
@@ -92,7 +93,7 @@ class _Chunks:
         self.data, self.at, self.chunk = data, 0, chunk
 
     def read1(self, n: int) -> bytes:
-        piece = self.data[self.at:self.at + min(n, self.chunk)]
+        piece = self.data[self.at : self.at + min(n, self.chunk)]
         self.at += len(piece)
         return piece
 

@@ -162,8 +162,9 @@ def test_a_run_saved_with_its_pending_log_is_written_in_the_background_and_then_
     """The run file leaves the agent's path; until it is on disk the pending log still holds the records."""
     store = RunStore(tmp_path)
     record = ExampleResult(0, {"q": "x"}, {"a": "y"}, {"a": "y"}, 1.0, True)
-    pending = store.open_pending({"label": "agent", "split": "train", "instructions": {}, "requested": 1,
-                                  "charged": True})
+    pending = store.open_pending(
+        {"label": "agent", "split": "train", "instructions": {}, "requested": 1, "charged": True}
+    )
     pending.append(record)
     run = EvalRun("run-0001", "train", "agent", {}, (record,), 1, 1, 0)
     store.save(run, settles=pending)

@@ -21,7 +21,10 @@ REWORDED = "Given the ticket summary, answer with exactly one queue: billing, te
 
 TURNS = [
     {"reasoning": "propose", "code": "p = propose_instructions('route'); print(p['candidate_ids'])"},
-    {"reasoning": "adopt", "code": "print(adopt_candidate('proposal-1')); print(evaluate_program(split='val')['score'])"},
+    {
+        "reasoning": "adopt",
+        "code": "print(adopt_candidate('proposal-1')); print(evaluate_program(split='val')['score'])",
+    },
     {"reasoning": "gepa", "code": "r = run_gepa(budget=40); print(r['summary'])"},
     {"reasoning": "adopt", "code": "print(adopt_candidate(r['best'])); print(evaluate_program(split='val')['score'])"},
     {"reasoning": "submit", "code": SUBMIT_LINE},
@@ -30,5 +33,6 @@ TURNS = [
 
 def compile_with_lineage(directory: str | Path, **kwargs: Any) -> dspy.Module:
     """Play :data:`TURNS` into ``directory``; the returned program is ``gepa-1``, made from ``proposal-1``."""
-    return compile_tickets(TURNS, sub_lm=proposer(REWORDED, POLICY_PROMPT), max_iterations=6,
-                           run_storage_dir=directory, **kwargs)
+    return compile_tickets(
+        TURNS, sub_lm=proposer(REWORDED, POLICY_PROMPT), max_iterations=6, run_storage_dir=directory, **kwargs
+    )

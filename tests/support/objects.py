@@ -25,8 +25,11 @@ def object_splits(attachment_name: str = "receipt.pdf"):
     def enrich(examples, split):
         return [
             dspy.Example(
-                **ex, image=dspy.Image("https://example.com/ticket.png"), raw=f"{split}{i}".encode(),
-                received=datetime.datetime(2026, 1, 1 + i), attachment=Attachment(attachment_name, {"a", "b", "c"}),
+                **ex,
+                image=dspy.Image("https://example.com/ticket.png"),
+                raw=f"{split}{i}".encode(),
+                received=datetime.datetime(2026, 1, 1 + i),
+                attachment=Attachment(attachment_name, {"a", "b", "c"}),
             ).with_inputs("ticket")
             for i, ex in enumerate(examples)
         ]

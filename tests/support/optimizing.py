@@ -23,8 +23,10 @@ from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, tas
 ORIGINAL_ROUTE = RouteTicket().route.signature.instructions
 
 SUBMIT_POLICY = {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"}
-SUBMIT_CURRENT = {"reasoning": "submit",
-                  "code": "SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])"}
+SUBMIT_CURRENT = {
+    "reasoning": "submit",
+    "code": "SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])",
+}
 FIX_AND_SUBMIT = {
     "reasoning": "state the policy and submit",
     "code": f"update_prompt('route', {POLICY_PROMPT!r})\nSUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})",
@@ -32,9 +34,12 @@ FIX_AND_SUBMIT = {
 # Four turns: look, state the policy and re-run the failures (2 train examples), check on validation, submit.
 TURNS = [
     {"reasoning": "look", "code": "print(baseline_train['score'])"},
-    {"reasoning": "fix", "code": f"update_prompt('route', {POLICY_PROMPT!r})\n"
-                                 "r = evaluate_program(failed_from_run=baseline_train['run_id'])\n"
-                                 "print('rerun', r['evaluated_count'], r['budget_spent'])"},
+    {
+        "reasoning": "fix",
+        "code": f"update_prompt('route', {POLICY_PROMPT!r})\n"
+        "r = evaluate_program(failed_from_run=baseline_train['run_id'])\n"
+        "print('rerun', r['evaluated_count'], r['budget_spent'])",
+    },
     {"reasoning": "validate", "code": "v = evaluate_program(split='val')\nprint('val <b>', float(v['score']))"},
     SUBMIT_POLICY,
 ]
@@ -53,12 +58,20 @@ def optimizer(root: dspy.BaseLM | list, *, eval_lm: Any = _DEFAULT, **kwargs: An
         kwargs.setdefault("max_iterations", 2)
     kwargs.setdefault("num_threads", 4)
     root_lm = scripted_agent(root) if isinstance(root, list) else root
-    return RLMDocstringOptimizer(root_lm=root_lm, eval_lm=FunctionLM(task_lm_reply) if eval_lm is _DEFAULT else eval_lm,
-                                 **kwargs)
+    return RLMDocstringOptimizer(
+        root_lm=root_lm, eval_lm=FunctionLM(task_lm_reply) if eval_lm is _DEFAULT else eval_lm, **kwargs
+    )
 
 
-def compile_tickets(root: dspy.BaseLM | list, *, student: dspy.Module | None = None, trainset: Any = _DEFAULT,
-                    valset: Any = _DEFAULT, metric: Any = metric, **kwargs: Any) -> dspy.Module:
+def compile_tickets(
+    root: dspy.BaseLM | list,
+    *,
+    student: dspy.Module | None = None,
+    trainset: Any = _DEFAULT,
+    valset: Any = _DEFAULT,
+    metric: Any = metric,
+    **kwargs: Any,
+) -> dspy.Module:
     """``optimizer(root, **kwargs).compile(...)`` on the ticket task (``valset=None``: no validation split)."""
     train, val = make_splits()
     return optimizer(root, **kwargs).compile(

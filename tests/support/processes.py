@@ -41,15 +41,26 @@ def start_script(directory: Path, name: str, body: str, **extra_env: str) -> sub
     """Start ``body`` as a Python script in a new process and a new process group (so that it and the sandbox it
     starts can be killed together, :func:`kill_group`); its output is captured as text."""
     script = write_script(directory, name, body)
-    return subprocess.Popen([sys.executable, str(script)], env=script_env(directory, name, **extra_env),
-                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(script)],
+        env=script_env(directory, name, **extra_env),
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def run_script(directory: Path, name: str, body: str, *, timeout: float = 300, **extra_env: str) -> str:
     """Run ``body`` to the end; its standard output. A failing script fails the test with its output."""
     script = write_script(directory, name, body)
-    done = subprocess.run([sys.executable, str(script)], env=script_env(directory, name, **extra_env),
-                          capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        env=script_env(directory, name, **extra_env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert done.returncode == 0, f"{name} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
     return done.stdout
 

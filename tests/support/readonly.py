@@ -17,8 +17,19 @@ from contextlib import contextmanager
 from pathlib import Path
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-_OS_WRITES = ("replace", "rename", "unlink", "remove", "mkdir", "rmdir", "truncate", "chmod", "utime", "link",
-              "symlink")
+_OS_WRITES = (
+    "replace",
+    "rename",
+    "unlink",
+    "remove",
+    "mkdir",
+    "rmdir",
+    "truncate",
+    "chmod",
+    "utime",
+    "link",
+    "symlink",
+)
 # Python 3.10's pathlib calls these through ``_NormalAccessor``, which bound the os functions (and io.open) when
 # pathlib was imported: patching ``os`` alone misses ``Path.write_text`` and ``Path.mkdir`` there.
 _ACCESSOR = getattr(pathlib, "_NormalAccessor", None)
@@ -48,15 +59,19 @@ def read_only_filesystem() -> Iterator[list[str]]:
     def refusing(name: str):
         return lambda *args, **kwargs: refuse(f"os.{name}{args!r}")
 
-    patches: list[tuple[object, str, object]] = [(os, "open", guarded_os_open), (builtins, "open", guarded_open),
-                                                  (io, "open", guarded_open)]
+    patches: list[tuple[object, str, object]] = [
+        (os, "open", guarded_os_open),
+        (builtins, "open", guarded_open),
+        (io, "open", guarded_open),
+    ]
     patches += [(os, name, refusing(name)) for name in _OS_WRITES if hasattr(os, name)]
     if _ACCESSOR is not None:
         patches.append((_ACCESSOR, "open", staticmethod(guarded_open)))
-        patches += [(_ACCESSOR, name, staticmethod(refusing(name)))
-                    for name in _OS_WRITES if name in vars(_ACCESSOR)]
-    originals = [(owner, name, vars(owner)[name] if isinstance(owner, type) else getattr(owner, name))
-                 for owner, name, _ in patches]
+        patches += [(_ACCESSOR, name, staticmethod(refusing(name))) for name in _OS_WRITES if name in vars(_ACCESSOR)]
+    originals = [
+        (owner, name, vars(owner)[name] if isinstance(owner, type) else getattr(owner, name))
+        for owner, name, _ in patches
+    ]
     try:
         for owner, name, replacement in patches:
             setattr(owner, name, replacement)

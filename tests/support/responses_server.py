@@ -28,7 +28,11 @@ from typing import Any
 import dspy
 
 ERRORS = {
-    "not_found": ("Previous response with id '{id}' not found.", "invalid_request_error", "previous_response_not_found"),
+    "not_found": (
+        "Previous response with id '{id}' not found.",
+        "invalid_request_error",
+        "previous_response_not_found",
+    ),
     "unsupported": ("Unsupported parameter: 'previous_response_id'.", "invalid_request_error", "unsupported_parameter"),
     401: ("Incorrect API key provided: test.", "invalid_request_error", "invalid_api_key"),
 }
@@ -149,8 +153,10 @@ class ResponsesServer:
             if previous is not None and self.reject_previous:
                 record.status = 400
                 return 400, _error(ERRORS["unsupported"], param="previous_response_id")
-            if previous is not None and not self.ignore_previous and (
-                previous in self.reject_ids or previous not in self._conversations
+            if (
+                previous is not None
+                and not self.ignore_previous
+                and (previous in self.reject_ids or previous not in self._conversations)
             ):
                 record.status = self.reject_status
                 return record.status, _error(ERRORS["not_found"], previous, param="previous_response_id")
@@ -168,12 +174,20 @@ class ResponsesServer:
                 "object": "response",
                 "status": "completed",
                 "model": body.get("model", "test-model"),
-                "output": [{
-                    "type": "message", "id": f"msg_{record.response_id}", "role": "assistant", "status": "completed",
-                    "content": [{"type": "output_text", "text": reply, "annotations": []}],
-                }],
-                "usage": {"input_tokens": input_tokens, "output_tokens": tokens(reply),
-                          "total_tokens": input_tokens + tokens(reply)},
+                "output": [
+                    {
+                        "type": "message",
+                        "id": f"msg_{record.response_id}",
+                        "role": "assistant",
+                        "status": "completed",
+                        "content": [{"type": "output_text", "text": reply, "annotations": []}],
+                    }
+                ],
+                "usage": {
+                    "input_tokens": input_tokens,
+                    "output_tokens": tokens(reply),
+                    "total_tokens": input_tokens + tokens(reply),
+                },
             }
 
 

@@ -81,6 +81,8 @@ def task_lm_reply(messages):
         if any(w in summary for w in words):
             return {"queue": queue}
     return {"queue": "how-to"}
+
+
 # -- a scripted root agent --------------------------------------------------------------------------------
 POLICY_PROMPT = (
     "Given the ticket summary, answer with exactly one queue: billing, technical, how-to, disputes or security. "

@@ -48,8 +48,14 @@ from rlmoptimizer.agent.moves.paired import PairedMoves
 from rlmoptimizer.agent.moves.proposal import ProposalMoves, reflective_example
 
 __all__ = [
-    "MAX_PROPOSALS", "MAX_REFLECTION_EXAMPLES", "MAX_ROLLOUTS", "EvaluateFn", "Moves", "RunAccess",
-    "program_evaluator", "reflective_example",
+    "MAX_PROPOSALS",
+    "MAX_REFLECTION_EXAMPLES",
+    "MAX_ROLLOUTS",
+    "EvaluateFn",
+    "Moves",
+    "RunAccess",
+    "program_evaluator",
+    "reflective_example",
 ]
 
 

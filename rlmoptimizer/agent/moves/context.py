@@ -34,7 +34,9 @@ class RunAccess(Protocol):
 
     def all(self) -> list[EvalRun]: ...
 
-    def stored(self, instructions: dict[str, str], split: str, ids: Sequence[int], rollout: int = 0) -> dict[int, ExampleResult]: ...
+    def stored(
+        self, instructions: dict[str, str], split: str, ids: Sequence[int], rollout: int = 0
+    ) -> dict[int, ExampleResult]: ...
 
 
 EvaluateFn = Callable[..., EvalRun]
@@ -81,7 +83,11 @@ class MoveContext:
         self.perfect_score = pass_threshold  # an example passes at this score: gepa skips a minibatch all passed
 
     def _lm(self) -> dspy.BaseLM:
-        lm = self._proposal_lm() if callable(self._proposal_lm) and not isinstance(self._proposal_lm, dspy.BaseLM) else self._proposal_lm
+        lm = (
+            self._proposal_lm()
+            if callable(self._proposal_lm) and not isinstance(self._proposal_lm, dspy.BaseLM)
+            else self._proposal_lm
+        )
         lm = lm or dspy.settings.lm
         if lm is None:
             raise refuse("no LM to write proposals with", "pass sub_lm=dspy.LM(...) to the optimizer")
@@ -102,7 +108,10 @@ class MoveContext:
     def _train_run(self, run_id: Any, tool: str) -> EvalRun:
         run = self._get_run(run_id)
         if run.split != "train":
-            raise refuse(f"{tool}: run {run.run_id} is a {run.split} run", "pass a train run id (validation examples are not shown)")
+            raise refuse(
+                f"{tool}: run {run.run_id} is a {run.split} run",
+                "pass a train run id (validation examples are not shown)",
+            )
         return run
 
     def name_of(self, instructions: dict[str, str]) -> str:
@@ -132,8 +141,10 @@ class MoveContext:
                 return candidate, {**current, **self.proposals[candidate]}
             if candidate.startswith(("proposal-", "gepa-")):
                 known = list(self.proposals) or "none yet (call propose_instructions or run_gepa first)"
-                raise refuse(f"{what}: no candidate with id {candidate!r}",
-                             f"use an id propose_instructions or run_gepa returned: {known}")
+                raise refuse(
+                    f"{what}: no candidate with id {candidate!r}",
+                    f"use an id propose_instructions or run_gepa returned: {known}",
+                )
         if isinstance(candidate, dict):
             if not candidate:
                 raise refuse(f"{what} is an empty dict", "give at least one {step: text} entry, or 'current'")
@@ -169,14 +180,15 @@ class MoveContext:
     @staticmethod
     def _check_rollouts(rollouts: Any, split: str) -> int:
         if isinstance(rollouts, bool) or not isinstance(rollouts, int) or not 1 <= rollouts <= MAX_ROLLOUTS:
-            raise refuse(f"rollouts must be an int from 1 to {MAX_ROLLOUTS}, got {rollouts!r}", "pass rollouts=3 for example")
+            raise refuse(
+                f"rollouts must be an int from 1 to {MAX_ROLLOUTS}, got {rollouts!r}", "pass rollouts=3 for example"
+            )
         if split == "val" and rollouts != 1:
             raise refuse(
                 "validation takes one sample per example (it is the checkpoint the final program is chosen by)",
                 "use rollouts on split='train'; call validation with rollouts=1",
             )
         return rollouts
-
 
 
 def program_evaluator(program: dspy.Module, runs: Any, on_run: Callable[[EvalRun], None] | None = None) -> EvaluateFn:
@@ -186,8 +198,15 @@ def program_evaluator(program: dspy.Module, runs: Any, on_run: Callable[[EvalRun
     its current prompts never change."""
     lock = threading.Lock()
 
-    def evaluate(instructions: dict[str, str], split: str, ids: list[int], *, rollout: int = 0, label: str = "agent",
-                 reservation: Reservation | None = None) -> EvalRun:
+    def evaluate(
+        instructions: dict[str, str],
+        split: str,
+        ids: list[int],
+        *,
+        rollout: int = 0,
+        label: str = "agent",
+        reservation: Reservation | None = None,
+    ) -> EvalRun:
         with lock:
             saved = {name: predictor.signature for name, predictor in program.named_predictors()}
             apply_instructions(program, instructions)

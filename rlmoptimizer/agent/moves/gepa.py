@@ -58,8 +58,9 @@ class _Stop(BaseException):  # noqa: N818 - a stop of gepa's loop, not an error 
 class _Slice:
     """The units one run may spend, taken from the ledger one whole evaluation or reflection at a time."""
 
-    def __init__(self, ledger: BudgetLedger, units: int, taken: int = 0,
-                 on_change: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self, ledger: BudgetLedger, units: int, taken: int = 0, on_change: Callable[[int], None] | None = None
+    ) -> None:
         """``taken``: units an earlier process already paid or reserved for this run (a run replayed on resume);
         ``on_change(taken)`` is told what is paid or reserved of the slice after every change, before the work."""
         self.ledger = ledger
@@ -141,7 +142,9 @@ class _Adapter:
             raise _Stop(f"an evaluation stopped early ({run.note or 'not every example ran'})")
         return _batch(records, capture_traces, reservation.spent)
 
-    def make_reflective_dataset(self, candidate: dict[str, str], eval_batch: Any, components_to_update: list[str]) -> dict:
+    def make_reflective_dataset(
+        self, candidate: dict[str, str], eval_batch: Any, components_to_update: list[str]
+    ) -> dict:
         records = eval_batch.trajectories or []
         dataset = {}
         for step in components_to_update:
@@ -155,8 +158,14 @@ class _Reflection:
     """gepa's reflection LM: the sub-LM, 1 unit per call that answered, answers kept for a resume. Each asking of
     a prompt already asked is another sample (its own rollout id), as proposals are."""
 
-    def __init__(self, lm: Any, budget: _Slice, answers: AnswerStore, book: Callable[[Callable], Callable],
-                 answered: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        lm: Any,
+        budget: _Slice,
+        answers: AnswerStore,
+        book: Callable[[Callable], Callable],
+        answered: Callable[[], None],
+    ) -> None:
         self._lm = lm
         self._budget = budget
         self._answers = answers
@@ -203,8 +212,9 @@ class _Watch:
     for a loop that no longer does anything: stored records and skipped minibatches cost nothing, so without it
     gepa would go round forever once every minibatch it draws already passes."""
 
-    def __init__(self, activity: Callable[[], tuple[int, int]], idle_limit: int,
-                 ended: Callable[[int, bool], None] | None = None) -> None:
+    def __init__(
+        self, activity: Callable[[], tuple[int, int]], idle_limit: int, ended: Callable[[int, bool], None] | None = None
+    ) -> None:
         self.state: Any = None
         self._ended = ended or (lambda iteration, accepted: None)
         self.merges = 0
@@ -256,12 +266,22 @@ class GepaMoves(MoveContext):
         self.lineage[candidate_id] = lineage
         return candidate_id
 
-    def run_gepa(self, budget: int, steps: Sequence[str] | None = None, start: Any = "current", *, seed: int = 0,
-                 minibatch_size: int = MINIBATCH_SIZE, use_merge: bool = True, proposals_per_iteration: int = 1,
-                 answers: AnswerStore | None = None, book: Callable[[Callable], Callable] | None = None,
-                 answered: Callable[[], None] | None = None,
-                 progress: tuple[dict[str, int], Callable[[dict[str, int]], None]] | None = None,
-                 iteration_ended: Callable[[str, int, bool, int], None] | None = None) -> dict[str, Any]:
+    def run_gepa(
+        self,
+        budget: int,
+        steps: Sequence[str] | None = None,
+        start: Any = "current",
+        *,
+        seed: int = 0,
+        minibatch_size: int = MINIBATCH_SIZE,
+        use_merge: bool = True,
+        proposals_per_iteration: int = 1,
+        answers: AnswerStore | None = None,
+        book: Callable[[Callable], Callable] | None = None,
+        answered: Callable[[], None] | None = None,
+        progress: tuple[dict[str, int], Callable[[dict[str, int]], None]] | None = None,
+        iteration_ended: Callable[[str, int, bool, int], None] | None = None,
+    ) -> dict[str, Any]:
         """Run gepa's engine from ``start`` on ``steps`` (all by default) for at most ``budget`` units.
 
         ``progress``: what each GEPA run of this compile has paid or reserved, as kept on disk, and how to keep it;
@@ -275,26 +295,33 @@ class GepaMoves(MoveContext):
         budget = _int_arg("budget", budget, 1)
         seed = _int_arg("seed", seed, 0)
         minibatch_size = _int_arg("minibatch_size", minibatch_size, 1)
-        proposals_per_iteration = _int_arg("proposals_per_iteration", proposals_per_iteration, 1,
-                                           MAX_PROPOSALS_PER_ITERATION)
+        proposals_per_iteration = _int_arg(
+            "proposals_per_iteration", proposals_per_iteration, 1, MAX_PROPOSALS_PER_ITERATION
+        )
         if not isinstance(use_merge, bool):
-            raise refuse(f"use_merge must be True or False, got {type(use_merge).__name__} {use_merge!r}",
-                         "pass use_merge=True (gepa's merge of two lineages) or False")
+            raise refuse(
+                f"use_merge must be True or False, got {type(use_merge).__name__} {use_merge!r}",
+                "pass use_merge=True (gepa's merge of two lineages) or False",
+            )
         if steps is None:
             steps = list(self.step_names)
         elif isinstance(steps, str):
             steps = [steps]
         if not isinstance(steps, (list, tuple)) or not steps:
-            raise refuse(f"steps must be a list of step names, got {type(steps).__name__} {steps!r:.80}",
-                         f"pass steps=None (all) or a list from {self.step_names}")
+            raise refuse(
+                f"steps must be a list of step names, got {type(steps).__name__} {steps!r:.80}",
+                f"pass steps=None (all) or a list from {self.step_names}",
+            )
         for step in steps:
             self._check_step(step, "run_gepa")
         steps = list(dict.fromkeys(steps))
         source, base = self._resolve(start, None)
         source = self.name_of(base) if source in ("current", "map") else source
         if budget > self.ledger.left:
-            raise refuse(f"run_gepa: budget={budget} but only {self.ledger.left} unit(s) are left",
-                         f"pass budget={self.ledger.left} or less")
+            raise refuse(
+                f"run_gepa: budget={budget} but only {self.ledger.left} unit(s) are left",
+                f"pass budget={self.ledger.left} or less",
+            )
 
         train_ids = list(range(len(self.runs.splits["train"])))
         val_ids = list(range(len(self.runs.splits.get("val", ()))))
@@ -310,14 +337,23 @@ class GepaMoves(MoveContext):
 
         slice_ = _Slice(self.ledger, budget, taken=kept.get(run_name, 0), on_change=taken)
         adapter = _Adapter(self, base, slice_)
-        reflection = _Reflection(self._lm(), slice_, answers if answers is not None else AnswerStore(),
-                                 book or (lambda fn: fn), answered or (lambda: None))
+        reflection = _Reflection(
+            self._lm(),
+            slice_,
+            answers if answers is not None else AnswerStore(),
+            book or (lambda fn: fn),
+            answered or (lambda: None),
+        )
         # Idle: as many iterations in a row without a new payment or reflection as one pass over the train set
         # takes in minibatches (every minibatch drawn already passes), and at least 3.
         idle_limit = max(3, -(-len(train_ids) // max(1, minibatch_size)))
-        watch = _Watch(lambda: (slice_.spent, reflection.calls + reflection.replayed), idle_limit,
-                       ended=(lambda i, accepted: iteration_ended(run_name, i, accepted, slice_.spent))
-                       if iteration_ended is not None else None)
+        watch = _Watch(
+            lambda: (slice_.spent, reflection.calls + reflection.replayed),
+            idle_limit,
+            ended=(lambda i, accepted: iteration_ended(run_name, i, accepted, slice_.spent))
+            if iteration_ended is not None
+            else None,
+        )
         log = _Log()
         self.gepa_runs += 1
         stopped: _Stop | None = None
@@ -325,25 +361,49 @@ class GepaMoves(MoveContext):
         try:
             result = gepa.optimize(
                 seed_candidate={step: base[step] for step in steps},
-                trainset=trainset, valset=valset, adapter=adapter, reflection_lm=reflection,
-                candidate_selection_strategy="pareto", reflection_minibatch_size=min(minibatch_size, len(train_ids)),
-                perfect_score=self.perfect_score, skip_perfect_score=True,
-                module_selector="round_robin", use_merge=use_merge, max_merge_invocations=MAX_MERGE_INVOCATIONS,
+                trainset=trainset,
+                valset=valset,
+                adapter=adapter,
+                reflection_lm=reflection,
+                candidate_selection_strategy="pareto",
+                reflection_minibatch_size=min(minibatch_size, len(train_ids)),
+                perfect_score=self.perfect_score,
+                skip_perfect_score=True,
+                module_selector="round_robin",
+                use_merge=use_merge,
+                max_merge_invocations=MAX_MERGE_INVOCATIONS,
                 # No max_metric_calls: gepa counts a validation example as a call even when our record of it is
                 # stored and free; the slice stops the loop exactly, the watch when it idles.
-                stop_callbacks=[watch], logger=log, callbacks=[watch], seed=seed, raise_on_exception=True,
-                track_best_outputs=False, display_progress_bar=False,
+                stop_callbacks=[watch],
+                logger=log,
+                callbacks=[watch],
+                seed=seed,
+                raise_on_exception=True,
+                track_best_outputs=False,
+                display_progress_bar=False,
                 sampling_strategy=PxNSampling(1, proposals_per_iteration) if proposals_per_iteration > 1 else None,
             )
         except _Stop as stop:
             stopped = stop
         if result is None and watch.state is not None:
             result = GEPAResult.from_state(watch.state, seed=seed)
-        return self._gepa_outcome(result, watch, adapter, reflection, slice_, stopped, source, steps, uses_val,
-                                  run_name)
+        return self._gepa_outcome(
+            result, watch, adapter, reflection, slice_, stopped, source, steps, uses_val, run_name
+        )
 
-    def _gepa_outcome(self, result: Any, watch: _Watch, adapter: _Adapter, reflection: _Reflection, slice_: _Slice,
-                      stopped: _Stop | None, source: str, steps: list[str], uses_val: bool, run_name: str) -> dict:
+    def _gepa_outcome(
+        self,
+        result: Any,
+        watch: _Watch,
+        adapter: _Adapter,
+        reflection: _Reflection,
+        slice_: _Slice,
+        stopped: _Stop | None,
+        source: str,
+        steps: list[str],
+        uses_val: bool,
+        run_name: str,
+    ) -> dict:
         trace = list(getattr(watch.state, "full_program_trace", []) or [])
         reflected_on: dict[int, list[int]] = {}
         for entry in trace:
@@ -355,39 +415,65 @@ class GepaMoves(MoveContext):
             for index in range(1, len(result.candidates)):
                 parents = [p for p in result.parents[index] if p is not None]
                 move = "gepa merge" if len(parents) > 1 else "gepa reflective proposal"
-                lineage = {"parents": [ids.get(p, f"gepa candidate {p}") for p in parents], "move": move,
-                           "run": run_name, "steps": steps,
-                           "parent_digests": [instructions_digest(adapter.instructions(result.candidates[p]))
-                                              for p in parents]}
+                lineage = {
+                    "parents": [ids.get(p, f"gepa candidate {p}") for p in parents],
+                    "move": move,
+                    "run": run_name,
+                    "steps": steps,
+                    "parent_digests": [
+                        instructions_digest(adapter.instructions(result.candidates[p])) for p in parents
+                    ],
+                }
                 if move != "gepa merge":
                     lineage["reflected_on"] = reflected_on.get(index, [])
                 ids[index] = self._register(adapter.instructions(result.candidates[index]), lineage)
             for index in range(len(result.candidates)):
-                rows.append({"id": ids[index], "parents": [ids.get(p, "") for p in result.parents[index] if p is not None],
-                             "score": round(float(result.val_aggregate_scores[index]), 4)})
+                rows.append(
+                    {
+                        "id": ids[index],
+                        "parents": [ids.get(p, "") for p in result.parents[index] if p is not None],
+                        "score": round(float(result.val_aggregate_scores[index]), 4),
+                    }
+                )
         unevaluated = []
         for instructions in adapter.unevaluated:
-            lineage = {"parents": [], "move": "gepa reflective proposal (not evaluated: the budget ran out)",
-                       "run": run_name, "steps": steps}
+            lineage = {
+                "parents": [],
+                "move": "gepa reflective proposal (not evaluated: the budget ran out)",
+                "run": run_name,
+                "steps": steps,
+            }
             unevaluated.append(self._register(instructions, lineage))
         best = ids[result.best_idx] if result is not None else None
-        front = sorted({ids[i] for members in (result.per_val_instance_best_candidates.values() if result else [])
-                        for i in members if i in ids})
+        front = sorted(
+            {
+                ids[i]
+                for members in (result.per_val_instance_best_candidates.values() if result else [])
+                for i in members
+                if i in ids
+            }
+        )
         new = [ids[i] for i in sorted(ids) if i]
         split = "validation" if uses_val else "train"
         if stopped is not None:
             why = stopped.why
         elif watch.idle >= watch.idle_limit:
-            why = (f"{watch.idle} iterations in a row had nothing to do (the minibatches drawn already pass): "
-                   "nothing more to learn from train failures")
+            why = (
+                f"{watch.idle} iterations in a row had nothing to do (the minibatches drawn already pass): "
+                "nothing more to learn from train failures"
+            )
         else:
             why = "gepa ended on its own"
         best_score = rows[[r["id"] for r in rows].index(best)]["score"] if best is not None else None
-        summary = (f"{run_name}: best {best}" + (f" ({split} score {best_score:.3f}" if best_score is not None else "")
-                   + (f", the start scored {rows[0]['score']:.3f})" if rows else "") + f"; {len(new)} new candidate(s)"
-                   + f"; spent {slice_.spent} of {slice_.units} unit(s)"
-                   + (f" (and {slice_.before} before the compile was resumed)" if slice_.before else "")
-                   + f"; stopped: {why}")
+        summary = (
+            f"{run_name}: best {best}"
+            + (f" ({split} score {best_score:.3f}" if best_score is not None else "")
+            + (f", the start scored {rows[0]['score']:.3f})" if rows else "")
+            + f"; {len(new)} new candidate(s)"
+            + f"; spent {slice_.spent} of {slice_.units} unit(s)"
+            + (f" (and {slice_.before} before the compile was resumed)" if slice_.before else "")
+            + f"; stopped: {why}"
+        )
         outcome = {
             "best": best,
             "best_is_new": best is not None and best != source,
@@ -411,8 +497,11 @@ class GepaMoves(MoveContext):
             error = stopped.error
             if "reflection" in stopped.why:
                 logger.warning("run_gepa stopped: %s", stopped.why)
-                raise refuse(f"{summary}", "check sub_lm (its key, model name or provider); the candidates found "
-                             f"so far are kept: {new or 'none'}") from error
+                raise refuse(
+                    f"{summary}",
+                    "check sub_lm (its key, model name or provider); the candidates found "
+                    f"so far are kept: {new or 'none'}",
+                ) from error
             raise error
         return outcome
 
@@ -429,8 +518,15 @@ def _batch(records: Sequence[ExampleResult], capture_traces: bool, charged: int)
 
 
 def _int_arg(name: str, value: Any, minimum: int, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum is not None and value > maximum):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < minimum
+        or (maximum is not None and value > maximum)
+    ):
         bound = f"from {minimum} to {maximum}" if maximum is not None else f">= {minimum}"
-        raise refuse(f"run_gepa: {name} must be an int {bound}, got {type(value).__name__} {value!r:.40}",
-                     f"pass {name}= an int {bound}")
+        raise refuse(
+            f"run_gepa: {name} must be an int {bound}, got {type(value).__name__} {value!r:.40}",
+            f"pass {name}= an int {bound}",
+        )
     return value

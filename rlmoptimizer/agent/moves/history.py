@@ -38,7 +38,6 @@ class _Candidate:
         return {i: mean([r.score for r in by_rollout.values()]) for i, by_rollout in sorted(self.train.items())}
 
 
-
 class HistoryMoves(MoveContext):
     # -- diff -------------------------------------------------------------------------------------------
     def diff_runs(self, run_a: str, run_b: str) -> dict[str, Any]:
@@ -56,10 +55,16 @@ class HistoryMoves(MoveContext):
             elif not ra.passed and not rb.passed:
                 still_failing.append(i)
             else:
-                change = {"example_id": i, "score_a": ra.score, "score_b": rb.score, **_first_difference(ra.steps, rb.steps)}
+                change = {
+                    "example_id": i,
+                    "score_a": ra.score,
+                    "score_b": rb.score,
+                    **_first_difference(ra.steps, rb.steps),
+                }
                 (fixed if rb.passed else broken).append(change)
-        changed_steps = sorted(s for s in set(a.instructions) | set(b.instructions)
-                               if a.instructions.get(s) != b.instructions.get(s))
+        changed_steps = sorted(
+            s for s in set(a.instructions) | set(b.instructions) if a.instructions.get(s) != b.instructions.get(s)
+        )
         return {
             "run_a": a.run_id,
             "run_b": b.run_id,
@@ -118,21 +123,23 @@ class HistoryMoves(MoveContext):
         rows = []
         for c in cands:
             ids = names.get(instructions_digest(c.instructions), [])
-            rows.append({
-                "candidate": c.index,
-                "ids": ids,
-                "lineage": {name: self.lineage[name] for name in ids if name in self.lineage} or None,
-                "instructions": dict(c.instructions),
-                "is_current": instructions_digest(c.instructions) == current,
-                "labels": sorted({run.label for run in c.runs}),
-                "run_ids": [run.run_id for run in c.runs],
-                "train_scores": {str(i): s for i, s in scores[c.index].items()},
-                "train_score": aggregate[c.index],
-                "train_evaluated": len(scores[c.index]),
-                "val_score": c.val_run.score if c.val_run is not None else None,
-                "best_on": sorted(i for i, front in fronts.items() if c.index in front),
-                "on_pareto_front": c.index in on_front,
-            })
+            rows.append(
+                {
+                    "candidate": c.index,
+                    "ids": ids,
+                    "lineage": {name: self.lineage[name] for name in ids if name in self.lineage} or None,
+                    "instructions": dict(c.instructions),
+                    "is_current": instructions_digest(c.instructions) == current,
+                    "labels": sorted({run.label for run in c.runs}),
+                    "run_ids": [run.run_id for run in c.runs],
+                    "train_scores": {str(i): s for i, s in scores[c.index].items()},
+                    "train_score": aggregate[c.index],
+                    "train_evaluated": len(scores[c.index]),
+                    "val_score": c.val_run.score if c.val_run is not None else None,
+                    "best_on": sorted(i for i, front in fronts.items() if c.index in front),
+                    "on_pareto_front": c.index in on_front,
+                }
+            )
         return {
             "candidates": rows,
             "pareto_front": on_front,
@@ -153,8 +160,7 @@ class HistoryMoves(MoveContext):
                     failed_evaluated[1] += 1
                     failed_evaluated[0] += 0 if record.passed else 1
         failing = sorted(i for i, by in best.train.items() if not all(r.passed for r in by.values())) if best else []
-        rows = [{"example_id": i, "failed": f, "evaluated": n, "fail_rate": f / n}
-                for i, (f, n) in counts.items() if f]
+        rows = [{"example_id": i, "failed": f, "evaluated": n, "fail_rate": f / n} for i, (f, n) in counts.items() if f]
         rows.sort(key=lambda r: (-r["failed"], -r["fail_rate"], r["example_id"]))
         return {
             "best_candidate": best.index if best is not None else None,
@@ -172,9 +178,12 @@ def _first_difference(a: Sequence[StepTrace], b: Sequence[StepTrace]) -> dict[st
     if len(a) != len(b):
         index = min(len(a), len(b))
         longer = a if len(a) > len(b) else b
-        return {"first_changed_step": longer[index].step_name, "call": index,
-                "outputs_a": a[index].outputs if index < len(a) else None,
-                "outputs_b": b[index].outputs if index < len(b) else None}
+        return {
+            "first_changed_step": longer[index].step_name,
+            "call": index,
+            "outputs_a": a[index].outputs if index < len(a) else None,
+            "outputs_b": b[index].outputs if index < len(b) else None,
+        }
     return {"first_changed_step": None, "call": None, "outputs_a": None, "outputs_b": None}
 
 

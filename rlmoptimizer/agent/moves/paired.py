@@ -18,7 +18,9 @@ from rlmoptimizer.records import EvalRun, ExampleResult
 
 class PairedMoves(MoveContext):
     # -- compare ----------------------------------------------------------------------------------------
-    def compare(self, candidates: Any, split: str = "train", ids: list[int] | None = None, rollouts: int = 1) -> dict[str, Any]:
+    def compare(
+        self, candidates: Any, split: str = "train", ids: list[int] | None = None, rollouts: int = 1
+    ) -> dict[str, Any]:
         """Evaluate several instruction sets on the same examples without changing the current prompts.
         Each candidate is 'current', a run id (that run's instructions) or a {step: text} map (steps left out
         keep their current text). Paired: every candidate sees the same examples, ``rollouts`` times each."""
@@ -35,8 +37,14 @@ class PairedMoves(MoveContext):
         paired = _complete_ids(example_ids, [run for runs in runs_of for run in runs])
         rows = []
         for index, ((source, _), runs) in enumerate(zip(resolved, runs_of, strict=True)):
-            rows.append({"candidate": index, "source": source, **self._aggregate(runs, paired, rollouts),
-                         "run_ids": [run.run_id for run in runs]})
+            rows.append(
+                {
+                    "candidate": index,
+                    "source": source,
+                    **self._aggregate(runs, paired, rollouts),
+                    "run_ids": [run.run_id for run in runs],
+                }
+            )
         best = max(range(len(rows)), key=lambda i: (rows[i]["score"], -i))
         result: dict[str, Any] = {"split": split, "rollouts": rollouts, "evaluated_count": len(paired)}
         notes = self._notes(runs_of, paired, example_ids)
@@ -56,14 +64,22 @@ class PairedMoves(MoveContext):
                 row["ties"] = sum(1 for a, b in zip(mine, first, strict=True) if a == b)
             result["example_ids"] = paired
             result["examples"] = examples
-        result.update({"summary": _summary(rows, best, split), "candidates": rows, "best": best,
-                       "best_instructions": dict(resolved[best][1]),
-                       "budget_spent": spent, "budget_left": self.ledger.left,
-                       "note": "; ".join(notes) or None})
+        result.update(
+            {
+                "summary": _summary(rows, best, split),
+                "candidates": rows,
+                "best": best,
+                "best_instructions": dict(resolved[best][1]),
+                "budget_spent": spent,
+                "budget_left": self.ledger.left,
+                "note": "; ".join(notes) or None,
+            }
+        )
         return result
 
-    def evaluate_rollouts(self, instructions: dict[str, str], split: str, example_ids: list[int], rollouts: int,
-                          label: str = "agent") -> dict[str, Any]:
+    def evaluate_rollouts(
+        self, instructions: dict[str, str], split: str, example_ids: list[int], rollouts: int, label: str = "agent"
+    ) -> dict[str, Any]:
         """``rollouts`` independent samples of ``instructions`` on ``example_ids``: the first rollout's run view
         (records of train examples) plus every rollout's scores, per-example pass rate, the examples that
         failed in every rollout and those that passed only sometimes. Charged in full or refused."""
@@ -71,13 +87,15 @@ class PairedMoves(MoveContext):
         by_digest, spent = self._run_all([instructions], split, example_ids, rollouts, label)
         runs = by_digest[instructions_digest(instructions)]
         view = runs[0].agent_view()
-        view.update({
-            **self._aggregate(runs, example_ids, rollouts),
-            "rollouts": rollouts,
-            "run_ids": [run.run_id for run in runs],
-            "budget_spent": spent,
-            "budget_left": self.ledger.left,
-        })
+        view.update(
+            {
+                **self._aggregate(runs, example_ids, rollouts),
+                "rollouts": rollouts,
+                "run_ids": [run.run_id for run in runs],
+                "budget_spent": spent,
+                "budget_left": self.ledger.left,
+            }
+        )
         notes = self._notes([runs], _complete_ids(example_ids, runs), example_ids)
         view["note"] = "; ".join(notes) or None
         if split == "train":
@@ -91,15 +109,19 @@ class PairedMoves(MoveContext):
             view["flaky_ids"] = [i for i, (_, rate) in per_example.items() if 0.0 < rate < 1.0]
         return view
 
-    def _run_all(self, instruction_sets: list[dict[str, str]], split: str, example_ids: list[int], rollouts: int,
-                 label: str) -> tuple[dict[str, list[EvalRun]], int]:
+    def _run_all(
+        self, instruction_sets: list[dict[str, str]], split: str, example_ids: list[int], rollouts: int, label: str
+    ) -> tuple[dict[str, list[EvalRun]], int]:
         """Evaluate each distinct instruction set ``rollouts`` times on ``example_ids``; all or nothing on budget.
         Returns ({digest: [run of each rollout]}, units spent)."""
         distinct: dict[str, dict[str, str]] = {}
         for instructions in instruction_sets:
             distinct.setdefault(instructions_digest(instructions), instructions)
-        cost = sum(len(example_ids) - len(self.runs.stored(instr, split, example_ids, r))
-                   for instr in distinct.values() for r in range(rollouts))
+        cost = sum(
+            len(example_ids) - len(self.runs.stored(instr, split, example_ids, r))
+            for instr in distinct.values()
+            for r in range(rollouts)
+        )
         kind = TRAIN_EXAMPLE if split == "train" else VAL_EXAMPLE
         try:
             reservation = self.ledger.reserve_exactly(cost, kind)
@@ -114,7 +136,9 @@ class PairedMoves(MoveContext):
         with reservation:
             for digest, instructions in distinct.items():
                 done[digest] = [
-                    self._evaluate(instructions, split, list(example_ids), rollout=r, label=label, reservation=reservation)
+                    self._evaluate(
+                        instructions, split, list(example_ids), rollout=r, label=label, reservation=reservation
+                    )
                     for r in range(rollouts)
                 ]
         return done, reservation.spent
@@ -129,8 +153,10 @@ class PairedMoves(MoveContext):
 
     def _per_example(self, runs: list[EvalRun]) -> dict[int, tuple[float, float]]:
         """example id -> (mean score, pass rate) over the rollouts."""
-        return {i: (mean([r.score for r in recs]), mean([1.0 if r.passed else 0.0 for r in recs]))
-                for i, recs in sorted(self._records_by_example(runs).items())}
+        return {
+            i: (mean([r.score for r in recs]), mean([1.0 if r.passed else 0.0 for r in recs]))
+            for i, recs in sorted(self._records_by_example(runs).items())
+        }
 
     def _aggregate(self, runs: list[EvalRun], ids: list[int], rollouts: int) -> dict[str, Any]:
         wanted = set(ids)
@@ -148,15 +174,21 @@ class PairedMoves(MoveContext):
     def _notes(runs_of: list[list[EvalRun]], paired: list[int], example_ids: list[int]) -> list[str]:
         notes = []
         if len(paired) < len(example_ids):
-            notes.append(f"{len(example_ids) - len(paired)} example(s) lack a record for some candidate or rollout "
-                         "(see each run's note); results are over the examples every one has")
+            notes.append(
+                f"{len(example_ids) - len(paired)} example(s) lack a record for some candidate or rollout "
+                "(see each run's note); results are over the examples every one has"
+            )
         failed_calls = sum(1 for runs in runs_of for run in runs for r in run.records if not r.reusable)
         if failed_calls:
-            notes.append(f"{failed_calls} evaluation(s) failed in the LM call itself (score 0, not charged); "
-                         "they are tried again next time")
+            notes.append(
+                f"{failed_calls} evaluation(s) failed in the LM call itself (score 0, not charged); "
+                "they are tried again next time"
+            )
         if any(len(runs) > 1 for runs in runs_of) and all(_same_scores(runs) for runs in runs_of):
-            notes.append("every rollout scored every example the same: at the evaluation LM's temperature, more "
-                         "rollouts may add little")
+            notes.append(
+                "every rollout scored every example the same: at the evaluation LM's temperature, more "
+                "rollouts may add little"
+            )
         return notes
 
 
@@ -181,5 +213,3 @@ def _complete_ids(example_ids: list[int], runs: list[EvalRun]) -> list[int]:
     """The ids that every run has a record for."""
     have = [{r.example_id for r in run.records} for run in runs]
     return [i for i in example_ids if all(i in ids for ids in have)]
-
-

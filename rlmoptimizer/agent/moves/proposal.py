@@ -53,7 +53,6 @@ def reflective_example(step: str, record: ExampleResult) -> dict[str, Any] | Non
     return {"Inputs": dict(call.inputs), "Generated Outputs": dict(call.outputs), "Feedback": "\n".join(lines)}
 
 
-
 class ProposalMoves(MoveContext):
     # -- propose --------------------------------------------------------------------------------------
     def propose_instructions(
@@ -64,11 +63,16 @@ class ProposalMoves(MoveContext):
         scores and metric feedback. Changes nothing; 1 budget unit per proposal LM call that answered."""
         self._check_step(step, "propose_instructions")
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_PROPOSALS:
-            raise refuse(f"n must be an int from 1 to {MAX_PROPOSALS}, got {n!r}", "pass n=1 (or a few more for alternatives)")
+            raise refuse(
+                f"n must be an int from 1 to {MAX_PROPOSALS}, got {n!r}", "pass n=1 (or a few more for alternatives)"
+            )
         if guidance is None:
             guidance = ""
         if not isinstance(guidance, str):
-            raise refuse(f"guidance must be a string, got {type(guidance).__name__}", "pass guidance='...' as text or leave it out")
+            raise refuse(
+                f"guidance must be a string, got {type(guidance).__name__}",
+                "pass guidance='...' as text or leave it out",
+            )
         source, by_id = self._source(run_id, "propose_instructions")
         records = self._select_records(source, by_id, ids)
         dataset, skipped = [], []
@@ -92,8 +96,10 @@ class ProposalMoves(MoveContext):
             # Each proposal of the compile() is its own sample: a second call on the same failures (the current
             # prompts won the comparison) gets a new text, not dspy's cached answer to the first.
             first, self.proposal_calls = self.proposal_calls, self.proposal_calls + reservation.granted
-            lms = [lm if first + i == 0 else lm.copy(rollout_id=((lm.kwargs or {}).get("rollout_id") or 0) + first + i)
-                   for i in range(reservation.granted)]
+            lms = [
+                lm if first + i == 0 else lm.copy(rollout_id=((lm.kwargs or {}).get("rollout_id") or 0) + first + i)
+                for i in range(reservation.granted)
+            ]
             outcomes = self._propose_all(proposer, lms, step, current, dataset, reservation)
             spent = reservation.spent
         texts = [text for text, _ in outcomes if text is not None]
@@ -120,9 +126,14 @@ class ProposalMoves(MoveContext):
         for text in unique:
             candidate_ids.append(f"proposal-{sum(1 for k in self.proposals if k.startswith('proposal-')) + 1}")
             self.proposals[candidate_ids[-1]] = {step: text}
-            self.lineage[candidate_ids[-1]] = {"parents": [parent], "move": "reflective proposal (propose_instructions)",
-                                               "steps": [step], "reflected_on": used, "from": source,
-                                               "parent_digests": [parent_digest]}
+            self.lineage[candidate_ids[-1]] = {
+                "parents": [parent],
+                "move": "reflective proposal (propose_instructions)",
+                "steps": [step],
+                "reflected_on": used,
+                "from": source,
+                "parent_digests": [parent_digest],
+            }
         return {
             "step": step,
             "from": source,
@@ -136,7 +147,9 @@ class ProposalMoves(MoveContext):
             "note": "; ".join(notes) or None,
         }
 
-    def _propose_all(self, proposer, lms, step, current, dataset, reservation: Reservation) -> list[tuple[str | None, str | None]]:
+    def _propose_all(
+        self, proposer, lms, step, current, dataset, reservation: Reservation
+    ) -> list[tuple[str | None, str | None]]:
         def one(lm) -> tuple[str | None, str | None]:
             try:
                 with dspy.context(lm=lm):
@@ -179,7 +192,9 @@ class ProposalMoves(MoveContext):
         rng = random.Random(len(self.runs.all()))
         return sorted(rng.sample(rest, min(len(rest), max(5, len(used)))))
 
-    def _select_records(self, source: str, by_id: dict[int, ExampleResult], ids: list[int] | None) -> list[ExampleResult]:
+    def _select_records(
+        self, source: str, by_id: dict[int, ExampleResult], ids: list[int] | None
+    ) -> list[ExampleResult]:
         if ids is None:
             failed = [r for r in by_id.values() if not r.passed]
             if not failed:
@@ -200,4 +215,3 @@ class ProposalMoves(MoveContext):
                 f"pick ids from {sorted(by_id)}, or pass run_id= of a run that evaluated them",
             )
         return [by_id[i] for i in wanted]
-

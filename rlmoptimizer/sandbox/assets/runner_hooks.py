@@ -102,24 +102,32 @@ def _rlmopt_install_hooks(report):
         finally:
             try:
                 tools = getattr(builtins, "_rlmopt_tools", None) or {}
-                rebound = sorted(name for name, tool in _list(tools.items())
-                                 if globals is not None and globals.get(name) is not tool)
+                rebound = sorted(
+                    name for name, tool in _list(tools.items()) if globals is not None and globals.get(name) is not tool
+                )
                 for name in rebound:
                     globals[name] = tools[name]
                 if rebound:
                     shown = ", ".join(rebound)
-                    _print(f"\n[Notice] {shown} {'is one of your tools' if _len(rebound) == 1 else 'are your tools'}: "
-                          "this cell rebound the name, and the tool is back under it now. Give your own functions "
-                          "other names.")
+                    _print(
+                        f"\n[Notice] {shown} {'is one of your tools' if _len(rebound) == 1 else 'are your tools'}: "
+                        "this cell rebound the name, and the tool is back under it now. Give your own functions "
+                        "other names."
+                    )
             except BaseException:
                 pass
             try:
                 if globals is not None:
                     modules = {_id(module) for module in _list(sys.modules.values())}
-                    eval_code_async.report(names=[
-                        name for name, value in _list(globals.items())
-                        if not name.startswith("_") and _type(value).__name__ != "module" and _id(value) not in modules
-                    ])
+                    eval_code_async.report(
+                        names=[
+                            name
+                            for name, value in _list(globals.items())
+                            if not name.startswith("_")
+                            and _type(value).__name__ != "module"
+                            and _id(value) not in modules
+                        ]
+                    )
             except BaseException:
                 pass
 

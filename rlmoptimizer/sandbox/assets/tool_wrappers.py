@@ -34,10 +34,14 @@ def _rlmopt_wrap_tools(_names, _removed, _error_name):
 
     error_type = getattr(builtins, _error_name, None)
     if error_type is None:
-        error_type = type(_error_name, (ValueError,), {
-            "__module__": "builtins",
-            "__doc__": "A tool call to correct; the message says what went wrong and what to do.",
-        })
+        error_type = type(
+            _error_name,
+            (ValueError,),
+            {
+                "__module__": "builtins",
+                "__doc__": "A tool call to correct; the message says what went wrong and what to do.",
+            },
+        )
         setattr(builtins, _error_name, error_type)
     prefix = _error_name + ": "
 
@@ -77,7 +81,7 @@ def _rlmopt_wrap_tools(_names, _removed, _error_name):
                 message = str(exc.args[0]) if exc.args else ""
                 if not message.startswith(prefix):
                     raise
-                raise error_type(message[len(prefix):]) from None
+                raise error_type(message[len(prefix) :]) from None
             return clean(result)
 
         functools.update_wrapper(wrapper, tool)
