@@ -11,7 +11,7 @@ from typing import Any
 
 from rlmoptimizer.agent.moves.context import MoveContext, mean
 from rlmoptimizer.fingerprint import instructions_digest
-from rlmoptimizer.records import EvalRun, ExampleResult, StepTrace
+from rlmoptimizer.records import EvalRun, ExampleResult, StepTrace, first_sample_complete, ranked
 
 
 class _Candidate:
@@ -91,14 +91,17 @@ class HistoryMoves(MoveContext):
         return list(by_digest.values())
 
     def _best(self, cands: list[_Candidate]) -> tuple[_Candidate | None, str]:
-        """Best on validation when any candidate was checked there; else best on the whole train split."""
-        checked = [c for c in cands if c.val_run is not None]
-        if checked:
-            return max(checked, key=lambda c: (c.val_run.score, -c.index)), "val"
-        train_size = len(self.runs.splits.get("train", ()))
-        full = [c for c in cands if len(c.train) == train_size and train_size]
-        if full:
-            return max(full, key=lambda c: (mean(list(c.train_scores().values())), -c.index)), "train"
+        """The best candidate as the selection ranks them (:func:`rlmoptimizer.records.ranked`, on the first
+        sample of a whole split): on validation when any candidate was checked there, else on the whole train
+        split."""
+        runs = self.runs.all()
+        initial = runs[0].instructions if runs else {}
+        for split in ("val", "train"):
+            complete = first_sample_complete(runs, split, len(self.runs.splits.get(split, ())))
+            if complete:
+                digest = instructions_digest(ranked(complete, initial=initial)[0].instructions)
+                best = next(c for c in cands if instructions_digest(c.instructions) == digest)
+                return best, split
         return None, ""
 
     def candidates(self) -> dict[str, Any]:
