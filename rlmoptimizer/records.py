@@ -10,9 +10,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-Split = Literal["train", "val"]
 SPLITS: tuple[str, ...] = ("train", "val")
 
 # What raised when an example failed; stored on its record when the record is made.

@@ -99,7 +99,6 @@ class _Batch:
         self.records: list[ExampleResult] = []
         self.consecutive_lm_failures = 0
         self.systemic_failures = 0
-        self.uncharged_lm_failures = 0
         self.last_lm_error: BaseException | None = None
         self.fatal: BaseException | None = None
         self.crash: BaseException | None = None
@@ -365,5 +364,4 @@ class Evaluator:
                     batch.fatal = EvaluationLMError("the evaluation LM appears unusable")
                     batch.stop.set()
             else:
-                batch.uncharged_lm_failures += 1
                 batch.consecutive_lm_failures = 0

@@ -9,11 +9,12 @@ import threading
 
 import dspy
 import pytest
+from support.evaluating import program_evaluator
 from support.fakes import FunctionLM, system_text
 from support.optimizing import proposer
 from support.qa import TwoSteps, field
 
-from rlmoptimizer.agent.moves import MAX_REFLECTION_EXAMPLES, Moves, program_evaluator, reflective_example
+from rlmoptimizer.agent.moves import MAX_REFLECTION_EXAMPLES, Moves, reflective_example
 from rlmoptimizer.budget import SUB_LM_CALL, TRAIN_EXAMPLE, VAL_EXAMPLE, BudgetLedger
 from rlmoptimizer.errors import AgentToolError
 from rlmoptimizer.evaluation.evaluator import Evaluator

@@ -22,7 +22,7 @@ would compare nothing). Refusals raise :class:`~rlmoptimizer.errors.AgentToolErr
 -> what to do.
 
 Rooms:
-    context.py   what the moves share: the interfaces, the checks, ``program_evaluator``
+    context.py   what the moves share: the interfaces and the checks
     proposal.py  ``propose_instructions`` and the reflective dataset it is built from
     paired.py    ``compare`` and ``evaluate_rollouts``
     history.py   ``candidates`` (the Pareto front), ``hard_examples``, ``diff_runs``
@@ -40,7 +40,6 @@ from rlmoptimizer.agent.moves.context import (
     MAX_ROLLOUTS,
     EvaluateFn,
     RunAccess,
-    program_evaluator,
 )
 from rlmoptimizer.agent.moves.gepa import GepaMoves
 from rlmoptimizer.agent.moves.history import HistoryMoves
@@ -54,7 +53,6 @@ __all__ = [
     "EvaluateFn",
     "Moves",
     "RunAccess",
-    "program_evaluator",
     "reflective_example",
 ]
 
