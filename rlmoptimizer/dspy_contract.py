@@ -238,7 +238,10 @@ REQUIREMENTS: dict[str, tuple[Requirement, ...]] = {
         Requirement(_EXC, "LMCollectionLimitError"),
     ),
     # The teleprompter itself (rlmoptimizer/optimizer.py).
-    "optimizer": (Requirement("dspy.teleprompt.teleprompt", "Teleprompter"),),
+    "optimizer": (
+        Requirement("dspy.teleprompt.teleprompt", "Teleprompter"),
+        Requirement("dspy.utils", "BaseCallback"),  # inputs.py: dspy's own callbacks passed in callbacks=[...]
+    ),
     # The fakes of rlmoptimizer.testing (the offline demo and the tests).
     "testing": (
         Requirement("dspy.clients.engines.dummy_engine", "DummyEngine"),

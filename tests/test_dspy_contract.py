@@ -65,3 +65,38 @@ def test_importing_rlmoptimizer_with_an_incompatible_dspy_fails_with_the_reason(
     error = result.stderr[result.stderr.index("rlmoptimizer.errors.DspyVersionError: ") :]
     assert error.startswith(f"rlmoptimizer.errors.DspyVersionError: rlmoptimizer supports dspy{SUPPORTED_DSPY}")
     assert "agent: dspy.primitives.repl_types:REPLHistory.append does not exist" in error
+
+
+def _dspy_names_used() -> set[tuple[str, str]]:
+    """Every ``(dspy module, name)`` the package reaches beyond ``import dspy``: ``from dspy.x import y`` and
+    attribute chains through a dspy submodule (``dspy.lm15.Response``)."""
+    import ast
+    import importlib
+    import types
+
+    used: set[tuple[str, str]] = set()
+    for path in (ROOT / "rlmoptimizer").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dspy."):
+                used.update((node.module, alias.name) for alias in node.names)
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute):
+                chain, inner = [node.attr], node.value
+                while isinstance(inner, ast.Attribute):
+                    chain.append(inner.attr)
+                    inner = inner.value
+                if isinstance(inner, ast.Name) and inner.id == "dspy" and len(chain) == 2:
+                    module = getattr(importlib.import_module("dspy"), chain[1], None)
+                    if isinstance(module, types.ModuleType):  # dspy.<submodule>.<name>
+                        used.add((module.__name__, chain[0]))
+    return used
+
+
+def test_every_dspy_name_used_beyond_the_top_level_is_a_contract_row():
+    from rlmoptimizer.dspy_contract import REQUIREMENTS
+
+    rows = {(r.owner, r.name) for wing in REQUIREMENTS.values() for r in wing}
+    modules = {r.owner for wing in REQUIREMENTS.values() for r in wing}
+    missing = {(module, name) for module, name in _dspy_names_used() if (module, name) not in rows}
+    # ``from dspy.utils import exceptions`` imports a module whose names are rows of their own
+    missing = {(module, name) for module, name in missing if f"{module}.{name}" not in modules}
+    assert missing == set(), f"add these to dspy_contract.REQUIREMENTS: {sorted(missing)}"
