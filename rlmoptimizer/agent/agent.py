@@ -22,8 +22,10 @@ Differences from a plain ``dspy.RLM``:
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import contextvars
+import functools
 import json
 import logging
 import re
@@ -45,7 +47,7 @@ from rlmoptimizer.agent._dspy import (
     resolve_interpreter_factory,
 )
 from rlmoptimizer.agent.context import BoundedContext, is_context_refusal, turn_inputs
-from rlmoptimizer.agent.guide import AUTOPILOT, IDLE_NOTICE, NOTICE, autopilot_step, is_idle, note_repeat
+from rlmoptimizer.agent.guide import AUTOPILOT, IDLE_NOTICE, NOTICE, autopilot_step, idle_follow_up, note_repeat
 from rlmoptimizer.agent.prompts import action_signature, extract_signature
 from rlmoptimizer.agent.root_lm import TurnSender
 from rlmoptimizer.agent.stop import SpendingStop, StopRequest
@@ -104,7 +106,9 @@ def _root_adapter(*, last_attempt: bool):
     return dspy.settings.adapter or ChatAdapter(use_json_adapter_fallback=last_attempt)
 
 
-_FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+.-]*)[ \t]*$", re.MULTILINE)
+# A fence line: ``` at the start (a tag, then maybe a note: ```python # run), or after prose that ends a sentence
+# (Here is the code:```python). Not ``` inside code, such as print("```").
+_FENCE = re.compile(r"^(?:[ \t]*|[^\n`]*[:.!?][ \t]*)```[ \t]*([\w+.-]*)(?:[ \t]+[^\n`]*)?[ \t]*$", re.MULTILINE)
 _PYTHON_TAGS = frozenset({"", "python", "py", "python3", "py3"})
 
 
@@ -136,13 +140,16 @@ def code_of(reply: str) -> str:
 
 
 def _json_object(value: Any) -> Any:
-    """A SUBMIT value given as the JSON text of an object, as that object (small models write it so); else as is."""
+    """A SUBMIT value given as the text of a dict, as that dict (small models write it so): JSON, also with raw
+    newlines inside its strings, or a Python literal (``str(prompts)``); else the value as is."""
     if isinstance(value, str) and value.lstrip().startswith("{"):
-        try:
-            parsed = json.loads(value)
-        except ValueError:
-            return value
-        return parsed if isinstance(parsed, dict) else value
+        for parse in (lambda text: json.loads(text, strict=False), ast.literal_eval):
+            try:
+                parsed = parse(value)
+            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                continue
+            if isinstance(parsed, dict):
+                return parsed
     return value
 
 
@@ -216,6 +223,9 @@ class OptimizerAgent(dspy.RLM):
         self._spending_stop = spending_stop
         self._context_refusal_retries = context_refusal_retries
         self._as_sub = (lambda fn: usage.in_role(SUB, fn)) if usage is not None else (lambda fn: fn)
+        self._tool_lock = threading.Lock()
+        self._tool_calls = 0  # tool calls so far, to tell a cell that did something from one that did not
+        self._idle_steps: set[int] = set()  # the (1-based) steps whose cell ran, called no tool and printed nothing
 
     # -- budgeted sub-LM tools ------------------------------------------------------------------------
     def _llm_tools(self, max_workers: int = 8) -> dict[str, Callable]:
@@ -328,12 +338,24 @@ class OptimizerAgent(dspy.RLM):
         output fields ``SUBMIT`` takes; shut down at the end."""
         repl = factory()
         try:
-            repl.tools.update({**self._llm_tools(), **{tool.__name__: tool for tool in self._tools}})
+            tools = {**self._llm_tools(), **{tool.__name__: tool for tool in self._tools}}
+            repl.tools.update({name: self._counted(tool) for name, tool in tools.items()})
             if hasattr(repl, "output_fields"):
                 repl.output_fields = [{"name": name} for name in self.signature.output_fields]
             yield repl
         finally:
             repl.shutdown()
+
+    def _counted(self, tool: Callable) -> Callable:
+        """``tool``, counting its calls: a cell that called a tool did something, whatever it printed."""
+
+        @functools.wraps(tool)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self._tool_lock:
+                self._tool_calls += 1
+            return tool(*args, **kwargs)
+
+        return call
 
     def _prepare_repl(self, repl, input_args) -> dict[str, Any]:
         """Start the REPL, run our data-loading setup code, then mark it for replay after a restart. (dspy's sandbox
@@ -417,41 +439,56 @@ class OptimizerAgent(dspy.RLM):
             result = f"[Error] {format_error_for_lm(exc)}"
             return self._after_cell(action, code, result, history, output_field_names)
         line = self._next_move() if self._next_move is not None else None
-        tools = frozenset(tool.__name__ for tool in self._tools)
-        why = autopilot_step(history, code, line, tools) if self._autopilot else None
+        why = autopilot_step(history, code, line) if self._autopilot else None
         auto = why is not None
         if auto:
             # The cell is known to change nothing: the turn runs the default loop's next line instead.
             action = Prediction(
-                reasoning=f"{action.reasoning}\n{AUTOPILOT} ran the default loop's next line in "
-                f"place of a cell that {why}.",
+                reasoning=f"{action.reasoning}\n{AUTOPILOT} ran the default loop's next line in place of a cell that {why}.",
                 code=line,
             )
             code = line
-        try:
-            result = repl.execute(code, variables=dict(input_args))
-        except (CodeExecutionError, SyntaxError) as exc:
-            result = f"[Error] {format_error_for_lm(exc)}"
+        calls_before = self._tool_calls
+        result = self._execute(repl, code, input_args)
+        idle = not auto and self._tool_calls == calls_before and result in (None, "", [])
         result = self._after_cell(action, code, result, history, output_field_names)
         if not isinstance(result, REPLHistory):
             return result
+        last = result.entries[-1]
         if auto:  # said in the output too: the host writes it, the root LM cannot copy it into a turn
-            last = result.entries[-1]
             result = history.append(
                 reasoning=last.reasoning,
                 code=last.code,
                 output=f"{AUTOPILOT} this line ran in place of a cell that {why}.\n{last.output}",
             )
         line = self._next_move() if self._next_move is not None else None
+        follow = idle_follow_up(history, code, line, self._idle_steps) if idle and self._autopilot else None
+        if follow is not None:  # the cell stays run; the default loop's next line runs after it, in the same turn
+            after = self._execute(repl, line, input_args)
+            shown = "\n".join(map(str, after)) if isinstance(after, list) else str(after) if after else ""
+            result = history.append(
+                reasoning=f"{last.reasoning}\n{AUTOPILOT} ran the default loop's next line after a cell that {follow}.",
+                code=f"{last.code}\n{line}",
+                output=f"{last.output}\n{AUTOPILOT} the cell above {follow}; the default loop's next line ran after "
+                f"it: {line}\n{shown or '(no output)'}",
+            )
+            line = self._next_move() if self._next_move is not None else None
+        elif idle:
+            self._idle_steps.add(len(history.entries) + 1)
         result = note_repeat(history, result, line)
         last = result.entries[-1]
-        if line is not None and NOTICE not in last.output and is_idle(code, tools):
+        if line is not None and idle and follow is None and NOTICE not in last.output:
             result = history.append(
-                reasoning=last.reasoning,
-                code=last.code,
-                output=f"{last.output}{NOTICE}{IDLE_NOTICE} The default loop's next line is: {line}",
+                reasoning=last.reasoning, code=last.code, output=f"{last.output}{NOTICE}{IDLE_NOTICE}{line}"
             )
         return result
+
+    @staticmethod
+    def _execute(repl: CodeInterpreter, code: str, input_args: dict[str, Any]) -> Any:
+        try:
+            return repl.execute(code, variables=dict(input_args))
+        except (CodeExecutionError, SyntaxError) as exc:
+            return f"[Error] {format_error_for_lm(exc)}"
 
     def _extract_fallback(self, variables, history, output_field_names) -> Prediction:
         """Out of turns without a SUBMIT: dspy asks the root LM to extract the outputs from the history. When that

@@ -27,9 +27,8 @@ May import: ``rlmoptimizer.agent._dspy`` (the history type); it sees the moves o
 
 from __future__ import annotations
 
-import ast
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from rlmoptimizer.agent._dspy import REPLHistory
@@ -175,47 +174,37 @@ _NO_OP = "with this same output: running it again changes nothing"
 AUTOPILOT = "[Autopilot]"
 
 
-def autopilot_step(
-    history: REPLHistory, code: str, next_line: str | None, tools: frozenset[str] | None = None
-) -> str | None:
-    """Why the autopilot runs ``next_line`` in place of the cell ``code``, or None. It does when running ``code``
-    is known to change nothing: it repeats a cell that already proved so (the notice said so once), or it is idle
-    (see :func:`is_idle`, with the agent's ``tools``) right after an idle cell or a turn the autopilot ran; and the
-    next line is something else."""
+def autopilot_step(history: REPLHistory, code: str, next_line: str | None) -> str | None:
+    """Why the autopilot runs ``next_line`` in place of the cell ``code``, or None: running ``code`` again is
+    known to change nothing (it repeats a cell that already proved so, and the notice said so once), and the next
+    line is something else."""
     if next_line is None or _same_code(next_line) == _same_code(code):
         return None
     repeated = known_no_op(history, code)
-    if repeated is not None:
-        return f"repeated step {repeated} and changed nothing"
-    if tools is not None and history.entries and is_idle(code, tools):
-        last = history.entries[-1]
-        if AUTOPILOT in last.reasoning:  # once it has taken over, an idle cell is replaced at once
-            return "called no tool and printed nothing"
-        if is_idle(last.code, tools):
-            return f"called no tool and printed nothing, as step {len(history.entries)} did"
+    return f"repeated step {repeated} and changed nothing" if repeated is not None else None
+
+
+def idle_follow_up(history: REPLHistory, code: str, next_line: str | None, idle_steps: Collection[int]) -> str | None:
+    """Why the autopilot runs ``next_line`` after the cell ``code``, which has just run, called no tool and printed
+    nothing, or None. It does when the turn before was such a cell too (one of ``idle_steps``, 1-based) or a turn
+    the autopilot ran: a small root LM writes cell after cell that cannot act (a comment, a function it never
+    calls). The cell's own effects stay (a capable agent's silent helper cell loses nothing), and the line is
+    never SUBMIT: ending the run is left to the agent, or to the turn limit."""
+    if next_line is None or next_line == SUBMIT_LINE or _same_code(next_line) == _same_code(code):
+        return None
+    if not history.entries:
+        return None
+    if AUTOPILOT in history.entries[-1].reasoning:
+        return "called no tool and printed nothing"
+    if len(history.entries) in idle_steps:
+        return f"called no tool and printed nothing, as step {len(history.entries)} did"
     return None
 
 
-_ALWAYS_ACTIVE = frozenset({"print", "SUBMIT", "llm_query", "llm_query_batched"})
-
-
-def is_idle(code: str, tools: frozenset[str]) -> bool:
-    """Whether the cell ``code`` can change nothing the agent sees or keeps: it names none of the ``tools``, no
-    ``print``, ``SUBMIT`` or sub-LM query, and does not end with an expression (whose value the REPL would show).
-    It may still define variables; a small root LM writes such cells (a comment, a function it never calls) turn
-    after turn. A cell that does not parse is not idle: its error is shown."""
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
-        return False
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        return False
-    names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
-    names |= {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
-    return not names & (tools | _ALWAYS_ACTIVE)
-
-
-IDLE_NOTICE = "This cell called no tool and printed nothing: it changed nothing."
+IDLE_NOTICE = (
+    "This cell called no tool and printed nothing: it changed nothing. After a next cell like it, the default "
+    "loop's next line runs: "
+)
 
 
 def known_no_op(history: REPLHistory, code: str) -> int | None:

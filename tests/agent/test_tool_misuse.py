@@ -81,10 +81,19 @@ def test_a_stray_fence_still_runs_and_a_syntax_error_says_where_and_why():
             "[[ ## reasoning ## ]]\nlook\n\n[[ ## code ## ]]\nprint('ran', 1 + 1)\n```\n\n[[ ## completed ## ]]",
             {"reasoning": "broken", "code": "```python\nx = (1,\nprint(x)\n```"},
             {"reasoning": "another language", "code": "```javascript\nconsole.log(1)\n```"},
-            {"reasoning": "submit", "code": SUBMIT_LINE},
+            {"reasoning": "prose first", "code": "Here is the code:```python # a note\nprint('after', 'prose')\n```"},
+            {"reasoning": "fenced string", "code": "print('a fence: ```')"},
+            # the submission as JSON text with raw newlines in it (small models write it so)
+            {
+                "reasoning": "submit",
+                "code": "SUBMIT(optimized_dspy_program='''{\"route\": \"Route it.\nCarefully.\"}''')",
+            },
         ]
     )
-    stray, broken, other = (turn["output"] for turn in result.agent_trajectory[:3])
+    stray, broken, other, prose, fenced = (turn["output"] for turn in result.agent_trajectory[:5])
     assert "ran 2" in stray  # the closing fence with no opening one is dropped, the code runs
     assert "line 1" in broken and "never closed" in broken  # not the sandbox's blank "message: "
     assert "```javascript" in other and "```python" in other
+    assert "after prose" in prose and "a fence: ```" in fenced
+    final = result.agent_trajectory[-1]
+    assert final["final"] and final["outputs"]["optimized_dspy_program"] == {"route": "Route it.\nCarefully."}
