@@ -143,8 +143,10 @@ class AgentTools:
             [int(n.split("-", 1)[1]) for n in named if n.startswith("gepa-") and n.split("-", 1)[1].isdigit()],
             default=0,
         )
-        self.moves.gepa_runs = len(
-            {entry.get("run") for entry in lineage.values() if entry.get("move", "").startswith("gepa")}
+        # the GEPA runs an earlier process finished (one killed in the middle is replayed under its own name)
+        self.moves.gepa_runs = max(
+            sum(1 for entry in self._gepa_progress.values() if entry["finished"]),
+            len({entry.get("run") for entry in lineage.values() if entry.get("move", "").startswith("gepa")}),
         )
         self.guide = LoopGuide(
             working.step_names,

@@ -67,8 +67,9 @@ def write_candidates(
 PROGRESS_FILE = "gepa_runs.json"
 
 
-def read_gepa_progress(directory: str | Path | None) -> dict[str, int]:
-    """``{GEPA run name: units it had paid or reserved}`` as kept in ``directory``; empty when there is none."""
+def read_gepa_progress(directory: str | Path | None) -> dict[str, dict[str, Any]]:
+    """``{GEPA run name: {"budget", "taken" (units paid or reserved), "finished"}}`` as kept in ``directory``;
+    empty when there is none (entries of another shape are dropped)."""
     if directory is None:
         return {}
     try:
@@ -77,16 +78,25 @@ def read_gepa_progress(directory: str | Path | None) -> dict[str, int]:
         return {}
     if not isinstance(data, dict):
         return {}
+
+    def count(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
     return {
-        name: value
-        for name, value in data.items()
-        if isinstance(name, str) and isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        name: {"budget": entry["budget"], "taken": entry["taken"], "finished": entry["finished"]}
+        for name, entry in data.items()
+        if isinstance(name, str)
+        and isinstance(entry, dict)
+        and count(entry.get("budget"))
+        and count(entry.get("taken"))
+        and isinstance(entry.get("finished"), bool)
     }
 
 
-def write_gepa_progress(directory: str | Path | None, progress: dict[str, int]) -> None:
-    """Keep what each GEPA run has paid or reserved so far: a run killed in the middle and replayed on resume
-    starts its slice with that much already taken, so the two processes together never spend more than it."""
+def write_gepa_progress(directory: str | Path | None, progress: dict[str, dict[str, Any]]) -> None:
+    """Keep what each GEPA run has paid or reserved so far, and whether it finished: a run killed in the middle and
+    replayed on resume (the same call) starts its slice with that much already taken, so the two processes
+    together never spend more than its budget; a finished one is not replayed under its name."""
     if directory is None:
         return
     try:

@@ -100,3 +100,43 @@ def test_a_systemic_failure_in_a_tool_requests_a_stop_with_that_failure(tmp_path
     assert stop.requested and isinstance(stop.reason, EvaluationLMError)
     with pytest.raises(EvaluationLMError, match="revoked"):
         stop.raise_if_requested()
+
+
+def test_a_gepa_run_replayed_after_a_kill_takes_only_what_is_left_of_its_budget(tmp_path):
+    from support.optimizing import proposer
+
+    from rlmoptimizer.storage.candidates import read_gepa_progress, write_gepa_progress
+
+    # an earlier process finished "gepa run 1" and was killed in "gepa run 2" (budget=10) with 6 units taken
+    write_gepa_progress(
+        tmp_path,
+        {
+            "gepa run 1": {"budget": 5, "taken": 5, "finished": True},
+            "gepa run 2": {"budget": 10, "taken": 6, "finished": False},
+        },
+    )
+    ledger = BudgetLedger(100)
+    runs = Runs(
+        evaluator=make_evaluator(FunctionLM(lambda m: {"answer": "wrong"}), num_threads=2),
+        store=RunStore(tmp_path),
+        ledger=ledger,
+        splits={"train": examples(6), "val": examples(3)},
+    )
+    program = dspy.Predict("question -> answer")
+    working = WorkingProgram(
+        program=program, fingerprint=structural_fingerprint(program), runs=runs, stop=StopRequest()
+    )
+    tools = AgentTools(working=working, runs=runs, ledger=ledger, proposal_lm=proposer("Answer with care."))
+
+    replayed = tools.run_gepa(budget=10)  # the same call: it goes on with what is left of its 10
+    assert replayed["summary"].startswith("gepa run 2:") and replayed["spent_before_resume"] == 6
+    assert 0 < replayed["spent"] <= 4 and ledger.spent == replayed["spent"]
+    assert read_gepa_progress(tmp_path)["gepa run 2"] == {
+        "budget": 10,
+        "taken": 6 + replayed["spent"],
+        "finished": True,
+    }
+
+    another = tools.run_gepa(budget=3)  # a new call: a new name, its whole budget
+    assert another["summary"].startswith("gepa run 3:") and another["spent_before_resume"] == 0
+    assert another["spent"] <= 3

@@ -279,7 +279,7 @@ class GepaMoves(MoveContext):
         answers: AnswerStore | None = None,
         book: Callable[[Callable], Callable] | None = None,
         answered: Callable[[], None] | None = None,
-        progress: tuple[dict[str, int], Callable[[dict[str, int]], None]] | None = None,
+        progress: tuple[dict[str, dict[str, Any]], Callable[[dict[str, dict[str, Any]]], None]] | None = None,
         iteration_ended: Callable[[str, int, bool, int], None] | None = None,
     ) -> dict[str, Any]:
         """Run gepa's engine from ``start`` on ``steps`` (all by default) for at most ``budget`` units.
@@ -317,7 +317,12 @@ class GepaMoves(MoveContext):
         steps = list(dict.fromkeys(steps))
         source, base = self._resolve(start, None)
         source = self.name_of(base) if source in ("current", "map") else source
-        if budget > self.ledger.left:
+        run_name = f"gepa run {self.gepa_runs + 1}"
+        kept, keep = progress if progress is not None else ({}, lambda runs: None)
+        # The same call replayed after a kill (same budget) goes on with what is left of it; another call is new.
+        earlier = kept.get(run_name)
+        taken = earlier["taken"] if earlier and not earlier["finished"] and earlier["budget"] == budget else 0
+        if budget - taken > self.ledger.left:
             raise refuse(
                 f"run_gepa: budget={budget} but only {self.ledger.left} unit(s) are left",
                 f"pass budget={self.ledger.left} or less",
@@ -328,14 +333,12 @@ class GepaMoves(MoveContext):
         uses_val = bool(val_ids)
         trainset = [("train", i) for i in train_ids]
         valset = [("val", i) for i in val_ids] if uses_val else trainset
-        run_name = f"gepa run {self.gepa_runs + 1}"
-        kept, keep = progress if progress is not None else ({}, lambda runs: None)
 
-        def taken(units: int) -> None:
-            kept[run_name] = units
+        def record(units: int, finished: bool = False) -> None:
+            kept[run_name] = {"budget": budget, "taken": units, "finished": finished}
             keep(kept)
 
-        slice_ = _Slice(self.ledger, budget, taken=kept.get(run_name, 0), on_change=taken)
+        slice_ = _Slice(self.ledger, budget, taken=taken, on_change=record)
         adapter = _Adapter(self, base, slice_)
         reflection = _Reflection(
             self._lm(),
@@ -387,6 +390,7 @@ class GepaMoves(MoveContext):
             stopped = stop
         if result is None and watch.state is not None:
             result = GEPAResult.from_state(watch.state, seed=seed)
+        record(slice_.units - slice_.left, finished=True)
         return self._gepa_outcome(
             result, watch, adapter, reflection, slice_, stopped, source, steps, uses_val, run_name
         )
