@@ -154,6 +154,12 @@ class BudgetLedger:
         with self._lock:
             return self._available(_MAIN)
 
+    def left_for(self, kind: str) -> int:
+        """Units neither spent nor reserved of the allowance units of ``kind`` draw on (:attr:`left`, or the sub-LM
+        prompts' own)."""
+        with self._lock:
+            return self._available(self.pool_of(kind))
+
     @property
     def spent_by_kind(self) -> dict[str, int]:
         with self._lock:

@@ -78,7 +78,8 @@ def test_sub_lm_prompts_are_not_metric_calls_and_have_an_allowance_of_their_own(
     result, calls, root = compile_with(
         [
             "print('answers', len(llm_query_batched(['why?'] * 5)))",
-            "s = optimization_status()\nprint('left', s['budget_left'], 'sub', s['budget_spent_by_kind']['sub_lm_call'])",
+            "s = optimization_status()\nprint('left', s['budget_left'], 'sub', s['budget_spent_by_kind']['sub_lm_call'],"
+            " s['sub_lm_left'])",
             "print(llm_query_batched(['again?'] * 21))",  # 20 of the 25 allowed are left: refused, nothing charged
             "update_prompt('route', 'Route it.')\nprint('evaluated', evaluate_program(limit=12)['evaluated_count'])",
             SUBMIT,
@@ -88,7 +89,7 @@ def test_sub_lm_prompts_are_not_metric_calls_and_have_an_allowance_of_their_own(
         rlm_max_llm_calls=100,
     )
     outputs = [turn["output"] for turn in result.agent_trajectory]
-    assert "answers 5" in outputs[0] and "left 5 sub 5" in outputs[1]  # the 5 metric calls are all still there
+    assert "answers 5" in outputs[0] and "left 5 sub 5 20" in outputs[1]  # the 5 metric calls are all still there
     assert "20 of the 25 sub-LM prompts allowed besides max_metric_calls left" in outputs[2]
     assert "evaluated 5" in outputs[3]  # 5 of the 12 fit
     assert calls == 25  # every metric call the budget allows was made, none more

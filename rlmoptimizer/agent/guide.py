@@ -62,6 +62,7 @@ class LoopGuide:
         val_size: int = 0,
         train_status: Callable[[], tuple[list[int], int]] | None = None,
         train_size: int = 0,
+        proposals_left: Callable[[], int] | None = None,
     ) -> None:
         self._steps = list(step_names)
         self._left = budget_left
@@ -70,6 +71,8 @@ class LoopGuide:
         self._reserve = val_size or train_size
         # (train ids not yet evaluated with the current instructions, how many evaluated ones fail)
         self._train_status = train_status or (lambda: ([], 1))
+        # sub-LM prompts left for a proposal (with max_metric_calls they have an allowance of their own)
+        self._proposals_left = proposals_left or budget_left
         self._lock = threading.Lock()
         self._proposed: dict[str, int] = dict.fromkeys(self._steps, 0)
         self._pending: dict[str, Any] | None = None  # a proposal not yet compared
@@ -156,6 +159,8 @@ class LoopGuide:
                 if not unevaluated:
                     return SUBMIT_LINE
                 return f"print(evaluate_program(ids='{_ids_text(unevaluated[:free])}')['score'])"
+            if self._proposals_left() <= 0:  # no proposal can be paid: nothing else in the loop to do
+                return SUBMIT_LINE
             step = self._next_step()
             return f"p = propose_instructions({step!r}); print(p['texts'])"
 

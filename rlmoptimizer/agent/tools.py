@@ -21,7 +21,7 @@ import dspy
 from rlmoptimizer.agent.guide import LoopGuide
 from rlmoptimizer.agent.moves import Moves
 from rlmoptimizer.agent.working_program import WorkingProgram, agent_error
-from rlmoptimizer.budget import BudgetLedger, Reservation
+from rlmoptimizer.budget import SUB_LM_CALL, BudgetLedger, Reservation
 from rlmoptimizer.errors import ConfigurationError, StructureChangedError
 from rlmoptimizer.evaluation.runs import Runs
 from rlmoptimizer.events import CandidateAdded, GepaIteration, SubLMAnswered
@@ -154,6 +154,7 @@ class AgentTools:
             val_size=len(runs.splits.get("val", ())),
             train_status=self._train_status,
             train_size=len(runs.splits["train"]),
+            proposals_left=lambda: ledger.left_for(SUB_LM_CALL),
         )
 
     def _evaluate_instructions(
@@ -411,6 +412,11 @@ class AgentTools:
             "budget_spent": budget["spent"],
             "budget_left": budget["left"],
             "budget_spent_by_kind": budget["spent_by_kind"],
+            **(
+                {"sub_lm_limit": budget["sub_lm_limit"], "sub_lm_left": budget["sub_lm_left"]}
+                if "sub_lm_limit" in budget
+                else {}
+            ),
             "step_names": list(self.working.step_names),
             "current_prompts": self.working.instructions(),
             "runs": [

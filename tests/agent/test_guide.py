@@ -272,3 +272,14 @@ def test_a_silent_helper_cell_then_a_cell_that_calls_it_is_not_taken_over():
     assert not any("[Autopilot]" in t["output"] for t in result.agent_trajectory)
     assert "called no tool and printed nothing" in result.agent_trajectory[0]["output"]  # told, not taken over
     assert "called no tool" not in result.agent_trajectory[1]["output"]
+
+
+def test_no_proposal_is_suggested_when_no_sub_lm_prompt_can_be_paid():
+    sub_left = [5]
+    guide = LoopGuide(
+        ["route"], lambda: 30, val_size=4, train_status=lambda: ([], 2), proposals_left=lambda: sub_left[0]
+    )
+    guide.gepa_finished(None)
+    assert guide.next_line() == "p = propose_instructions('route'); print(p['texts'])"
+    sub_left[0] = 0  # with max_metric_calls, the sub-LM prompts' own allowance is spent: metric calls are left
+    assert guide.next_line() == SUBMIT_LINE

@@ -89,8 +89,9 @@ class ProposalMoves(MoveContext):
         proposer = InstructionProposer(additional_instructions=guidance.strip() or None)
         with self.ledger.reserve(n, SUB_LM_CALL) as reservation:
             if reservation.granted == 0:
+                what = "unit" if self.ledger.counts_toward_limit(SUB_LM_CALL) else "sub-LM prompt"
                 raise refuse(
-                    f"budget exhausted: a proposal costs 1 unit, {self.ledger.left} left",
+                    f"budget exhausted: a proposal costs 1 {what}, {self.ledger.left_for(SUB_LM_CALL)} left",
                     "write instructions yourself with update_prompt, or SUBMIT",
                 )
             # Each proposal of the compile() is its own sample: a second call on the same failures (the current
