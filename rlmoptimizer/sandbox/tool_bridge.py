@@ -111,7 +111,7 @@ class ToolBridge:
 
         @functools.wraps(fn)
         def tool(**kwargs: Any) -> Any:
-            check(kwargs)
+            kwargs = check(kwargs)
             watchdog = self._watchdog()
             watchdog.pause()
             try:
@@ -127,10 +127,10 @@ class ToolBridge:
         return tool
 
 
-def _argument_checker(fn: Callable[..., Any]) -> Callable[[dict[str, Any]], None]:
-    """A check of a tool call's arguments against the tool's type hints, raising :class:`AgentToolError` that names
-    the argument, the type it got and the type it takes (dspy's own check raises a pydantic error that says
-    neither in words the agent can act on). Arguments without a hint, or hinted ``Any``, are the tool's to check."""
+def _argument_checker(fn: Callable[..., Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A check of a tool call's arguments against the tool's type hints: the arguments as the hints take them
+    (``"10"`` or ``10.0`` for an ``int`` is 10), or :class:`AgentToolError` naming the argument, the type it got and
+    the type it takes. Arguments without a hint, or hinted ``Any``, are the tool's to check."""
     import typing
 
     target = inspect.unwrap(fn)
@@ -138,7 +138,7 @@ def _argument_checker(fn: Callable[..., Any]) -> Callable[[dict[str, Any]], None
         parameters = inspect.signature(fn).parameters
         hints = typing.get_type_hints(target)
     except Exception:  # no introspectable signature or hints: dspy's own check is all there is
-        return lambda kwargs: None
+        return lambda kwargs: kwargs
     name = getattr(target, "__name__", "the tool")
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     adapters: dict[str, Any] = {}
@@ -151,7 +151,8 @@ def _argument_checker(fn: Callable[..., Any]) -> Callable[[dict[str, Any]], None
             adapters[argument] = None if hint is None or hint is Any else (TypeAdapter(hint), hint)
         return adapters[argument]
 
-    def check(kwargs: dict[str, Any]) -> None:
+    def check(kwargs: dict[str, Any]) -> dict[str, Any]:
+        checked = dict(kwargs)
         for argument, value in kwargs.items():
             if argument not in parameters:
                 if takes_any:
@@ -163,13 +164,14 @@ def _argument_checker(fn: Callable[..., Any]) -> Callable[[dict[str, Any]], None
             from pydantic import ValidationError
 
             try:
-                checker[0].validate_python(value)
+                checked[argument] = checker[0].validate_python(value)
             except ValidationError:
                 wanted = getattr(checker[1], "__name__", None) or str(checker[1]).replace("typing.", "")
                 raise AgentToolError(
                     f"{name}(): argument {argument!r} takes {wanted}, got {type(value).__name__} {value!r:.80}"
                     f" -> pass {argument}= a value of type {wanted}"
                 ) from None
+        return checked
 
     return check
 

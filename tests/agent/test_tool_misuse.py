@@ -97,3 +97,16 @@ def test_a_stray_fence_still_runs_and_a_syntax_error_says_where_and_why():
     assert "after prose" in prose and "a fence: ```" in fenced
     final = result.agent_trajectory[-1]
     assert final["final"] and final["outputs"]["optimized_dspy_program"] == {"route": "Route it.\nCarefully."}
+
+
+def test_a_value_the_tool_takes_after_coercion_reaches_it_coerced():
+    result = compile_with(
+        [
+            {
+                "reasoning": "numbers as text",
+                "code": "r = evaluate_program(limit='2', seed=1.0)\nprint(r['evaluated_count'])",
+            },
+            {"reasoning": "submit", "code": SUBMIT_LINE},
+        ]
+    )
+    assert result.agent_trajectory[0]["output"].strip() == "2"  # limit='2' is the int 2, as dspy's tools took it
