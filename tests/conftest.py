@@ -1,10 +1,14 @@
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-os.environ.setdefault("DSPY_CACHEDIR", tempfile.mkdtemp(prefix="rlmopt-dspy-cache-"))
+if "DSPY_CACHEDIR" not in os.environ:  # a cache of this session's own, removed when it ends
+    os.environ["DSPY_CACHEDIR"] = tempfile.mkdtemp(prefix="rlmopt-dspy-cache-")
+    atexit.register(shutil.rmtree, os.environ["DSPY_CACHEDIR"], ignore_errors=True)
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
