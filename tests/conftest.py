@@ -1,8 +1,10 @@
 import atexit
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -14,6 +16,16 @@ sys.path.insert(0, str(Path(__file__).parent.parent))
 
 import dspy  # noqa: E402
 import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _python_handles_ctrl_c():
+    """Every test starts with Python's own Ctrl-C handler (it raises KeyboardInterrupt): a library an earlier test
+    ran may leave one of its own installed, under which a simulated Ctrl-C (``_thread.interrupt_main``) is
+    swallowed."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
 
 
 @pytest.fixture(autouse=True)
