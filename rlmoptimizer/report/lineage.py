@@ -196,17 +196,7 @@ class Lineage:
             self._root(nodes, order, index)
         else:
             label = f"candidate {index}"
-            nodes[label] = {
-                "label": label,
-                "id": None,
-                "candidate": index,
-                "move": self._written(index),
-                "parents": [],
-                "run": None,
-                "steps": [],
-                "changed_steps": [],
-                "reflected_on": None,
-            }
+            nodes[label] = _outside_node(label, index, self._written(index))
             order.append(label)
         for label in order:  # parents come before their children
             node = nodes[label]
@@ -229,17 +219,7 @@ class Lineage:
 
     def _root(self, nodes: dict[str, dict[str, Any]], order: list[str], index: int | None) -> str:
         if UNCHANGED not in nodes:
-            nodes[UNCHANGED] = {
-                "label": UNCHANGED,
-                "id": None,
-                "candidate": index,
-                "move": "the program as given",
-                "parents": [],
-                "run": None,
-                "steps": [],
-                "changed_steps": [],
-                "reflected_on": None,
-            }
+            nodes[UNCHANGED] = _outside_node(UNCHANGED, index, "the program as given")
             order.append(UNCHANGED)
         return UNCHANGED
 
@@ -297,16 +277,22 @@ class Lineage:
         else:
             label, move = f"edited before {child}", "the agent's own edit of the instructions (not a named candidate)"
         if label not in nodes:
-            nodes[label] = {
-                "label": label,
-                "id": None,
-                "candidate": self.index.get(_key(instructions)) if instructions is not None else None,
-                "move": move,
-                "parents": [],
-                "run": None,
-                "steps": [],
-                "changed_steps": [],
-                "reflected_on": None,
-            }
+            candidate = self.index.get(_key(instructions)) if instructions is not None else None
+            nodes[label] = _outside_node(label, candidate, move)
             order.append(label)
         return label
+
+
+def _outside_node(label: str, candidate: int | None, move: str) -> dict[str, Any]:
+    """An ancestry node for what is no named candidate: the unchanged program, a run's or an edit's instructions."""
+    return {
+        "label": label,
+        "id": None,
+        "candidate": candidate,
+        "move": move,
+        "parents": [],
+        "run": None,
+        "steps": [],
+        "changed_steps": [],
+        "reflected_on": None,
+    }
