@@ -18,10 +18,28 @@ The tree::
                                                 agent inside its REPL as an ``AgentToolError`` of the same name,
                                                 never to the user (formatted by :func:`rlmoptimizer.agent.working_program.agent_error`)
 
-Only systemic failures propagate to the user.
+Only systemic failures propagate to the user. A failure is often wrapped (``raise ... from``, or raised while
+handling another): :func:`exception_chain` lists an error and the ones it was raised from, for the classifiers
+that look for a kind of failure anywhere in that chain.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+
+
+def exception_chain(exc: BaseException | None, limit: int = 16) -> Iterator[BaseException]:
+    """``exc``, then the errors it was raised from or while handling (``__cause__``, ``__context__``), nearest
+    first, each once (a chain may loop), at most ``limit`` of them."""
+    seen: list[BaseException] = []
+    queue = [exc]
+    while queue and len(seen) < limit:
+        current = queue.pop(0)
+        if current is None or any(current is s for s in seen):
+            continue
+        seen.append(current)
+        yield current
+        queue += [current.__cause__, current.__context__]
 
 
 class RLMOptimizerError(Exception):

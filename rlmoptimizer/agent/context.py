@@ -42,6 +42,8 @@ import dspy
 from dspy.adapters.chat_adapter import ChatAdapter
 from dspy.primitives.repl_types import REPLEntry, REPLHistory
 
+from rlmoptimizer.errors import exception_chain
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -100,18 +102,15 @@ def is_context_refusal(exc: BaseException | None) -> bool:
     """Whether ``exc`` (or an exception it was raised from) is an LM refusing a request as too long for its
     context window: dspy's or litellm's ``ContextWindowExceededError``, or a 400-type provider error that says
     so in words."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if type(exc).__name__ == "ContextWindowExceededError":
+    for error in exception_chain(exc):
+        if type(error).__name__ == "ContextWindowExceededError":
             return True
-        code = str(getattr(exc, "code", None) or getattr(exc, "provider_code", None) or "")
+        code = str(getattr(error, "code", None) or getattr(error, "provider_code", None) or "")
         if "context_length" in code or "context_window" in code:
             return True
-        status = getattr(exc, "status", None) or getattr(exc, "status_code", None)
-        if status in (None, 400, 413, 422) and _REFUSAL_PATTERNS.search(str(exc) or ""):
+        status = getattr(error, "status", None) or getattr(error, "status_code", None)
+        if status in (None, 400, 413, 422) and _REFUSAL_PATTERNS.search(str(error) or ""):
             return True
-        exc = exc.__cause__ or exc.__context__
     return False
 
 

@@ -10,7 +10,7 @@ an LM failure at all.
 The evaluator classifies each failure once, when it makes the record, and stores the kind on it
 (:attr:`~rlmoptimizer.records.ExampleResult.error_kind`).
 
-May import: dspy's public exceptions and the standard library.
+May import: dspy's public exceptions, ``rlmoptimizer.errors`` and the standard library.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from __future__ import annotations
 import sys
 
 from dspy.utils import exceptions as dspy_errors
+
+from rlmoptimizer.errors import exception_chain
 
 SYSTEMIC = "systemic"
 TRANSIENT = "lm"
@@ -46,18 +48,6 @@ _REQUEST_LM_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
-def _chain(exc: BaseException, limit: int = 16) -> list[BaseException]:
-    seen: list[BaseException] = []
-    queue = [exc]
-    while queue and len(seen) < limit:
-        current = queue.pop(0)
-        if current is None or any(current is s for s in seen):
-            continue
-        seen.append(current)
-        queue += [current.__cause__, current.__context__]
-    return seen
-
-
 def _is_systemic(exc: BaseException) -> bool:
     if isinstance(exc, _SYSTEMIC_LM_ERRORS):
         return True
@@ -74,7 +64,7 @@ def _is_systemic(exc: BaseException) -> bool:
 def classify_lm_failure(exc: BaseException) -> tuple[str, BaseException] | None:
     """``("systemic", e)`` when the LM is unusable, ``("lm", e)`` when the LM call failed without an
     answer (rate limit, timeout, server error after retries), ``None`` for any other error (charged)."""
-    chain = _chain(exc)
+    chain = list(exception_chain(exc))
     for e in chain:
         if _is_systemic(e):
             return SYSTEMIC, e
