@@ -21,8 +21,8 @@ from typing import Any
 
 from rlmoptimizer.errors import ConfigurationError
 from rlmoptimizer.report.rundir import RunDirectory, read_run_directory
+from rlmoptimizer.storage.layout import RunLayout
 
-PICTURE_NAME = "run.png"
 _COLORS = {"train": "#1f77b4", "val": "#d62728"}
 _NAMES = {"train": "train", "val": "validation"}
 _ANCESTRY = "#2ca02c"
@@ -284,7 +284,7 @@ def write_run_picture(rundir: RunDirectory | str | Path, path: str | Path | None
     """Draw the run and write it as a PNG (default: ``run.png`` in the run directory). Returns the path."""
     if not isinstance(rundir, RunDirectory):
         rundir = read_run_directory(rundir)
-    target = Path(path) if path is not None else Path(rundir.directory) / PICTURE_NAME
+    target = Path(path) if path is not None else RunLayout(rundir.directory).picture
     figure = draw_run(rundir)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp")

@@ -30,8 +30,8 @@ from rlmoptimizer.report.shapes import (
     usage_shape,
     version_shape,
 )
-from rlmoptimizer.storage.candidates import FILE as CANDIDATES_FILE
 from rlmoptimizer.storage.candidates import read_candidates
+from rlmoptimizer.storage.layout import PROMPT_VERSIONS, RUNS, TURNS, Numbered, RunLayout
 from rlmoptimizer.storage.lock import holder_of
 from rlmoptimizer.storage.run_store import read_pending_log
 
@@ -164,15 +164,6 @@ def _read_json(path: Path, problems: list[str]) -> Any:
         return None
 
 
-def _numbered(directory: Path, pattern: str) -> list[Path]:
-    found = []
-    for path in directory.glob(pattern):
-        number = path.stem.split("-")[-1]
-        if number.isdigit():
-            found.append((int(number), path))
-    return [path for _, path in sorted(found)]
-
-
 def _read_pending(path: Path, problems: list[str]) -> PendingRun | None:
     try:
         parsed = read_pending_log(path)
@@ -206,14 +197,15 @@ def read_run_directory(directory: str | Path) -> RunDirectory:
     if not path.is_dir():
         raise ConfigurationError(f"{str(path)!r} is not a directory; pass the run_storage_dir of a compile()")
     problems: list[str] = []
+    layout = RunLayout(path)
     holder = holder_of(path)
-    manifest = manifest_shape(_read_json(path / "manifest.json", problems), problems)
-    ledger = budget_shape(_read_json(path / "ledger.json", problems), "ledger.json", problems)
-    result = result_shape(_read_json(path / "result.json", problems), problems)
-    usage = usage_shape(_read_json(path / "usage.json", problems), "usage.json", problems)
+    manifest = manifest_shape(_read_json(layout.manifest, problems), problems)
+    ledger = budget_shape(_read_json(layout.ledger, problems), layout.ledger.name, problems)
+    result = result_shape(_read_json(layout.result, problems), problems)
+    usage = usage_shape(_read_json(layout.usage, problems), layout.usage.name, problems)
 
     runs: list[EvalRun] = []
-    for file in _numbered(path / "runs", "run-*.json"):
+    for _, file in layout.numbered(RUNS):
         data = _read_json(file, problems)
         if data is None:
             continue
@@ -227,10 +219,10 @@ def read_run_directory(directory: str | Path) -> RunDirectory:
             runs.append(run)
         else:
             problems.append(f"{file.name}: not a run ({problem})")
-    pending = [p for p in (_read_pending(f, problems) for f in sorted((path / "runs").glob("pending-*.jsonl"))) if p]
-    named, lineage = _read_candidates(path, problems)
-    prompt_versions = _records(path / "prompts", "v-*.json", "a prompt version", version_shape, problems)
-    turns = _records(path / "turns", "turn-*.json", "an agent turn", turn_shape, problems)
+    pending = [p for p in (_read_pending(f, problems) for f in layout.pending_logs()) if p]
+    named, lineage = _read_candidates(layout, problems)
+    prompt_versions = _records(layout, PROMPT_VERSIONS, "a prompt version", version_shape, problems)
+    turns = _records(layout, TURNS, "an agent turn", turn_shape, problems)
 
     if result is not None:
         status: Status = "finished"
@@ -258,35 +250,38 @@ def read_run_directory(directory: str | Path) -> RunDirectory:
     )
 
 
-def _read_candidates(path: Path, problems: list[str]) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, Any]]]:
+def _read_candidates(
+    layout: RunLayout, problems: list[str]
+) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, Any]]]:
     """``candidates.json`` as :func:`rlmoptimizer.storage.candidates.read_candidates` reads it, with what it could
     not use named in ``problems``."""
-    if not (path / CANDIDATES_FILE).exists():
+    file = layout.candidates
+    if not file.exists():
         return {}, {}
-    data = _read_json(path / CANDIDATES_FILE, problems)
+    data = _read_json(file, problems)
     if data is None:
         return {}, {}
-    named, lineage = read_candidates(path)
+    named, lineage = read_candidates(layout.directory)
     if not isinstance(data, dict):
-        problems.append(f"{CANDIDATES_FILE}: not the named candidates (a {type(data).__name__})")
+        problems.append(f"{file.name}: not the named candidates (a {type(data).__name__})")
     elif any(
         not isinstance(data.get(part, {}), dict)
         or len(kept) != len(data.get(part, {}))
         or not all(isinstance(v, dict) for v in data.get(part, {}).values())
         for part, kept in (("candidates", named), ("lineage", lineage))
     ):
-        problems.append(f"{CANDIDATES_FILE}: ignored entries that are not {{id: {{...}}}}")
+        problems.append(f"{file.name}: ignored entries that are not {{id: {{...}}}}")
     return named, lineage_shape(lineage, problems)
 
 
-def _records(directory: Path, pattern: str, what: str, shape: Any, problems: list[str]) -> list[dict[str, Any]]:
-    """The numbered JSON objects of ``directory`` in order, each in its ``shape``; a file holding something else
-    is named in ``problems``."""
+def _records(layout: RunLayout, kind: Numbered, what: str, shape: Any, problems: list[str]) -> list[dict[str, Any]]:
+    """The numbered JSON objects of ``kind`` in order, each in its ``shape``; a file holding something else is
+    named in ``problems``."""
     found = []
-    for file in _numbered(directory, pattern):
+    for _, file in layout.numbered(kind):
         data = _read_json(file, problems)
         if isinstance(data, dict):
-            found.append(shape(data, f"{directory.name}/{file.name}", problems))
+            found.append(shape(data, f"{kind.folder}/{file.name}", problems))
         elif data is not None:
-            problems.append(f"{directory.name}/{file.name}: not {what} (a {type(data).__name__})")
+            problems.append(f"{kind.folder}/{file.name}: not {what} (a {type(data).__name__})")
     return found

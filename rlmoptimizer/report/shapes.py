@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlmoptimizer.records import SPLITS, EvalRun
+from rlmoptimizer.storage.layout import MANIFEST, RESULT
 
 Check = Callable[[Any], bool]
 
@@ -112,10 +113,10 @@ def budget_shape(value: Any, where: str, problems: list[str]) -> dict[str, Any] 
 
 
 def manifest_shape(value: Any, problems: list[str]) -> dict[str, Any] | None:
-    manifest = _dict(value, "manifest.json", "a manifest", problems)
+    manifest = _dict(value, MANIFEST, "a manifest", problems)
     if manifest is None:
         return None
-    return _kept(manifest, {"budget_limit": is_count, "created_at": is_number}, "manifest.json", problems)
+    return _kept(manifest, {"budget_limit": is_count, "created_at": is_number}, MANIFEST, problems)
 
 
 def usage_shape(value: Any, where: str, problems: list[str]) -> dict[str, Any] | None:
@@ -137,10 +138,10 @@ def usage_shape(value: Any, where: str, problems: list[str]) -> dict[str, Any] |
 
 def result_shape(value: Any, problems: list[str]) -> dict[str, Any] | None:
     """``result.json``: its returned instructions, selection, budget and usage, each kept when well formed."""
-    result = _dict(value, "result.json", "a result", problems)
+    result = _dict(value, RESULT, "a result", problems)
     if result is None:
         return None
-    result = _kept(result, {"optimized_dspy_program": is_instructions}, "result.json", problems)
+    result = _kept(result, {"optimized_dspy_program": is_instructions}, RESULT, problems)
     if "selection" in result:
         selection = _dict(result["selection"], "result.json selection", "a selection", problems)
         result["selection"] = _kept(selection, _SELECTION, "result.json selection", problems) if selection else None

@@ -5,7 +5,7 @@ key says what was asked (a digest of the prompt and how many times the same prom
 compile), so the same sequence of questions after a resume finds the same answers in the same order. A torn last
 line (a process killed mid-write) is ignored.
 
-May import: the standard library.
+May import: ``rlmoptimizer.storage.layout`` and the standard library.
 """
 
 from __future__ import annotations
@@ -17,13 +17,15 @@ import os
 import threading
 from pathlib import Path
 
+from rlmoptimizer.storage.layout import SUB_LM_ANSWERS
+
 logger = logging.getLogger(__name__)
 
 
 class AnswerStore:
     """Answers by key, in memory and (with a directory) in ``<directory>/<name>``."""
 
-    def __init__(self, directory: str | Path | None = None, name: str = "sub_lm_answers.jsonl") -> None:
+    def __init__(self, directory: str | Path | None = None, name: str = SUB_LM_ANSWERS) -> None:
         self.path = Path(directory) / name if directory is not None else None
         self._lock = threading.Lock()
         self._answers: dict[str, str] = {}

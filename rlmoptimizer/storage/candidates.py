@@ -4,7 +4,7 @@
 whenever a move names a new candidate, so that after a resume the agent's history still means what it says
 (``adopt_candidate('gepa-3')`` works) and the report can show where the returned program came from.
 
-May import: ``rlmoptimizer.storage.files`` and the standard library.
+May import: ``rlmoptimizer.storage.files``, ``.layout`` and the standard library.
 """
 
 from __future__ import annotations
@@ -15,17 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from rlmoptimizer.storage.files import atomic_write_json
+from rlmoptimizer.storage.layout import RunLayout
 
 logger = logging.getLogger(__name__)
-
-FILE = "candidates.json"
 
 
 def read_candidates(directory: str | Path | None) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, Any]]]:
     """``(candidates, lineage)`` as kept in ``directory``; empty when there is no file or it cannot be read."""
     if directory is None:
         return {}, {}
-    path = Path(directory) / FILE
+    path = RunLayout(directory).candidates
     try:
         data = json.loads(path.read_bytes().decode("utf-8", errors="replace"))
     except (OSError, ValueError):
@@ -59,12 +58,11 @@ def write_candidates(
     if directory is None:
         return
     try:
-        atomic_write_json(Path(directory) / FILE, {"candidates": candidates, "lineage": lineage}, durable=False)
+        atomic_write_json(
+            RunLayout(directory).candidates, {"candidates": candidates, "lineage": lineage}, durable=False
+        )
     except OSError as exc:  # the candidates still work in this process
         logger.warning("could not keep the named candidates in %s: %s", directory, exc)
-
-
-PROGRESS_FILE = "gepa_runs.json"
 
 
 def read_gepa_progress(directory: str | Path | None) -> dict[str, dict[str, Any]]:
@@ -73,7 +71,7 @@ def read_gepa_progress(directory: str | Path | None) -> dict[str, dict[str, Any]
     if directory is None:
         return {}
     try:
-        data = json.loads((Path(directory) / PROGRESS_FILE).read_bytes().decode("utf-8", errors="replace"))
+        data = json.loads(RunLayout(directory).gepa_runs.read_bytes().decode("utf-8", errors="replace"))
     except (OSError, ValueError):
         return {}
     if not isinstance(data, dict):
@@ -100,6 +98,6 @@ def write_gepa_progress(directory: str | Path | None, progress: dict[str, dict[s
     if directory is None:
         return
     try:
-        atomic_write_json(Path(directory) / PROGRESS_FILE, dict(progress), durable=False)
+        atomic_write_json(RunLayout(directory).gepa_runs, dict(progress), durable=False)
     except OSError as exc:
         logger.warning("could not keep the GEPA runs' progress in %s: %s", directory, exc)

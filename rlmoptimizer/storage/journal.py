@@ -1,21 +1,7 @@
-"""Everything a compile() paid for, on disk as soon as it exists.
-
-Layout of a run directory (each file written atomically: complete or absent, and there as soon as the write
-returns, so a killed process loses nothing written; turns and prompt versions are made durable against a
-power loss a few milliseconds later, on a background thread, and all of them before ``write_result``
-returns)::
-
-    .lock                    locked (an OS file lock) by the one compile() using the directory
-    holder.json              which process holds the lock (pid, host, since when) while it runs
-    manifest.json            what this directory belongs to (program structure, data, metric, budget) and
-                             what its stored scores depend on (evaluation LM, pass_threshold)
-    ledger.json              the budget ledger, written after every evaluation and every agent turn
-    runs/run-0001.json       every evaluation run (written by RunStore)
-    prompts/v-0001.json      every prompt version the agent made
-    turns/turn-0001.json     every agent turn (reasoning, code, output)
-    usage.json               LM calls, tokens and dollars per role, after every evaluation and agent turn
-    notes.json               the agent's notes (rlmoptimizer.storage.notes)
-    result.json              the final choice, once compile() has returned
+"""Everything a compile() paid for, on disk as soon as it exists: the manifest, the ledger, the usage, the agent's
+turns and prompt versions, and the result (the files of a run directory are named in
+:mod:`rlmoptimizer.storage.layout`; the runs themselves are written by
+:class:`~rlmoptimizer.storage.run_store.RunStore`).
 
 A directory whose manifest differs from the current compile() is refused (RunDirectoryMismatchError)
 rather than mixed in; so is one whose stored scores came from another evaluation LM, unless the caller
@@ -41,6 +27,7 @@ from rlmoptimizer.events import AgentTurn, EvaluationFinished, Event, PromptUpda
 from rlmoptimizer.records import jsonable
 from rlmoptimizer.storage.files import BackgroundSync, atomic_write_json
 from rlmoptimizer.storage.identity import describe_differences
+from rlmoptimizer.storage.layout import PROMPT_VERSIONS, TURNS, Numbered, RunLayout
 from rlmoptimizer.storage.lock import READ_ONLY_ERRNOS
 
 logger = logging.getLogger(__name__)
@@ -75,11 +62,12 @@ class RunJournal:
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
-        for sub in ("turns", "prompts"):  # only when missing: reading back a finished run writes nothing
-            if not (self.directory / sub).is_dir():
-                (self.directory / sub).mkdir(parents=True, exist_ok=True)
+        self.layout = RunLayout(self.directory)
+        for kind in (TURNS, PROMPT_VERSIONS):  # only when missing: reading back a finished run writes nothing
+            if not self.layout.folder(kind).is_dir():
+                self.layout.folder(kind).mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._last_number: dict[str, int] = {}  # per subdirectory, read from disk once
+        self._last_number: dict[Numbered, int] = {}  # per kind, read from disk once
         self._sync = BackgroundSync("journal")
 
     def on_event(self, event: Event) -> None:
@@ -106,7 +94,7 @@ class RunJournal:
         ``allow_eval_lm_change``); a changed ``pass_threshold`` is recorded and logged (the caller recomputes
         ``passed``). ``legacy_examples()`` gives the trainset/valset digests directories written before
         :data:`EXAMPLES_DIGEST_VERSION` recorded. Nothing is written when nothing changed."""
-        path = self.directory / "manifest.json"
+        path = self.layout.manifest
         if not path.exists():
             atomic_write_json(path, manifest)
             return False
@@ -185,29 +173,21 @@ class RunJournal:
         return {"eval_lm": identity, "earlier_eval_lms": earlier}
 
     # -- numbered records -------------------------------------------------------------------------
-    def _numbered(self, sub: str, prefix: str) -> list[tuple[int, Path]]:
-        found = []
-        for path in (self.directory / sub).glob(f"{prefix}-*.json"):
-            number = path.stem.split("-")[-1]
-            if number.isdigit():
-                found.append((int(number), path))
-        return sorted(found)
-
-    def _next_path(self, sub: str, prefix: str) -> Path:
+    def _next_path(self, kind: Numbered) -> Path:
         """The next numbered path (call with the lock held); the directory is listed only the first time."""
-        last = self._last_number.get(sub)
+        last = self._last_number.get(kind)
         if last is None:
-            existing = self._numbered(sub, prefix)
+            existing = self.layout.numbered(kind)
             last = existing[-1][0] if existing else 0
-        self._last_number[sub] = last + 1
-        return self.directory / sub / f"{prefix}-{last + 1:04d}.json"
+        self._last_number[kind] = last + 1
+        return self.layout.numbered_path(kind, last + 1)
 
-    def _read_all(self, sub: str, prefix: str) -> list[dict[str, Any]]:
-        return [json.loads(path.read_text()) for _, path in self._numbered(sub, prefix)]
+    def _read_all(self, kind: Numbered) -> list[dict[str, Any]]:
+        return [json.loads(path.read_text()) for _, path in self.layout.numbered(kind)]
 
-    def _write_numbered(self, sub: str, prefix: str, data: dict[str, Any]) -> None:
+    def _write_numbered(self, kind: Numbered, data: dict[str, Any]) -> None:
         with self._lock:
-            path = self._next_path(sub, prefix)
+            path = self._next_path(kind)
             atomic_write_json(path, data, durable=False)
             self._sync.submit(path)
 
@@ -216,30 +196,30 @@ class RunJournal:
         self._sync.flush()
 
     def write_turn(self, turn: dict[str, Any]) -> None:
-        self._write_numbered("turns", "turn", turn)
+        self._write_numbered(TURNS, turn)
 
     def turns(self) -> list[dict[str, Any]]:
-        return self._read_all("turns", "turn")
+        return self._read_all(TURNS)
 
     def write_prompt_version(self, version: dict[str, Any]) -> None:
-        self._write_numbered("prompts", "v", version)
+        self._write_numbered(PROMPT_VERSIONS, version)
 
     def prompt_versions(self) -> list[dict[str, Any]]:
-        return self._read_all("prompts", "v")
+        return self._read_all(PROMPT_VERSIONS)
 
     # -- ledger and result ------------------------------------------------------------------------
     def write_ledger(self, snapshot: dict[str, Any]) -> None:
         with self._lock:
-            atomic_write_json(self.directory / "ledger.json", snapshot, durable=False)
+            atomic_write_json(self.layout.ledger, snapshot, durable=False)
 
     def write_usage(self, snapshot: dict[str, Any]) -> None:
         """usage.json: LM calls, tokens and dollars per role so far (rlmoptimizer.usage)."""
         with self._lock:
-            atomic_write_json(self.directory / "usage.json", snapshot, durable=False)
+            atomic_write_json(self.layout.usage, snapshot, durable=False)
 
     def read_usage(self) -> dict[str, Any] | None:
         try:
-            return json.loads((self.directory / "usage.json").read_text(encoding="utf-8"))
+            return json.loads(self.layout.usage.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
 
@@ -251,19 +231,19 @@ class RunJournal:
     def stored_manifest_value(self, key: str) -> Any:
         """``key`` of the manifest on disk, or None when there is none (or it cannot be read)."""
         try:
-            return json.loads((self.directory / "manifest.json").read_text(encoding="utf-8")).get(key)
+            return json.loads(self.layout.manifest.read_text(encoding="utf-8")).get(key)
         except (OSError, ValueError, AttributeError):
             return None
 
     def read_ledger(self) -> dict[str, Any] | None:
-        path = self.directory / "ledger.json"
+        path = self.layout.ledger
         return json.loads(path.read_text()) if path.exists() else None
 
     def write_result(self, result: dict[str, Any]) -> None:
         """Write ``result.json`` (after every turn and prompt version is on disk), unless it already holds
         ``result``: returning a finished run again writes nothing."""
         self.flush()
-        path = self.directory / "result.json"
+        path = self.layout.result
         try:
             unchanged = path.exists() and json.loads(path.read_text(encoding="utf-8")) == jsonable(result)
         except (OSError, ValueError):

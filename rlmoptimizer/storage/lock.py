@@ -18,6 +18,8 @@ from typing import Any
 
 from rlmoptimizer.errors import ConfigurationError, RunDirectoryInUseError
 from rlmoptimizer.storage.files import atomic_write_json
+from rlmoptimizer.storage.layout import HOLDER as HOLDER_FILE
+from rlmoptimizer.storage.layout import LOCK as LOCK_FILE
 
 try:  # POSIX
     import fcntl
@@ -30,8 +32,6 @@ except ImportError:
 
 logger = logging.getLogger(__name__)
 
-LOCK_FILE = ".lock"
-HOLDER_FILE = "holder.json"
 READ_ONLY_ERRNOS = {errno.EROFS, errno.EACCES, errno.EPERM}
 
 

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from rlmoptimizer.storage.files import atomic_write_json
+from rlmoptimizer.storage.layout import NOTES as FILENAME
+from rlmoptimizer.storage.layout import RunLayout
 
-FILENAME = "notes.json"
 MAX_NOTE_CHARS = 1_000
 MAX_NOTES = 200
 
@@ -30,7 +31,7 @@ class NotesStore:
     def __init__(
         self, directory: str | Path | None = None, *, max_note_chars: int = MAX_NOTE_CHARS, max_notes: int = MAX_NOTES
     ) -> None:
-        self.path = Path(directory) / FILENAME if directory is not None else None
+        self.path = RunLayout(directory).notes if directory is not None else None
         self.max_note_chars = max_note_chars
         self.max_notes = max_notes
         self._lock = threading.Lock()

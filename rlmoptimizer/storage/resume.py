@@ -58,7 +58,7 @@ def open_run_directory(
         ledger=journal.read_ledger(),
         prompt_versions=tuple(journal.prompt_versions()),
         turns=tuple(journal.turns()),
-        has_result=(journal.directory / "result.json").exists(),
+        has_result=journal.layout.result.exists(),
     )
 
 

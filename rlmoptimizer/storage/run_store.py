@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import tempfile
 import threading
 import uuid
@@ -19,10 +18,9 @@ from typing import Any
 
 from rlmoptimizer.records import SPLITS, EvalRun, ExampleResult
 from rlmoptimizer.storage.files import BackgroundSync, atomic_write_json
+from rlmoptimizer.storage.layout import RUNS, RunLayout
 
 logger = logging.getLogger(__name__)
-
-_RUN_ID = re.compile(r"^run-(\d+)$")
 
 
 class PendingLog:
@@ -54,8 +52,7 @@ class PendingLog:
 
 
 def _run_number(run_id: str) -> int | None:
-    match = _RUN_ID.match(run_id)
-    return int(match.group(1)) if match else None
+    return RUNS.number(run_id)
 
 
 def _json_line(raw: bytes) -> Any:
@@ -129,10 +126,11 @@ class RunStore:
     def __init__(self, directory: str | Path | None = None, *, pass_threshold: float | None = None) -> None:
         self.is_temporary = directory is None
         self.directory = Path(tempfile.mkdtemp(prefix="rlmoptimizer-")) if directory is None else Path(directory)
-        self.runs_dir = self.directory / "runs"
+        self.layout = RunLayout(self.directory)
         self.pass_threshold = pass_threshold
-        if not self.runs_dir.is_dir():  # only when missing: reading back a finished run writes nothing
-            self.runs_dir.mkdir(parents=True, exist_ok=True)
+        runs = self.layout.folder(RUNS)
+        if not runs.is_dir():  # only when missing: reading back a finished run writes nothing
+            runs.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._runs: dict[str, EvalRun] = {}
         self._sync = BackgroundSync("runs")
@@ -143,9 +141,7 @@ class RunStore:
         return f"RunStore({str(self.directory)!r}, runs={len(self)})"
 
     def _load(self) -> None:
-        for path in self.runs_dir.glob("run-*.json"):
-            if _run_number(path.stem) is None:
-                continue
+        for _, path in self.layout.numbered(RUNS):
             try:
                 run = EvalRun.from_dict(json.loads(path.read_text(encoding="utf-8")))
             except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -169,7 +165,7 @@ class RunStore:
         """A new id, one above the highest id handed out or found on disk."""
         with self._lock:
             self._last_number += 1
-            return f"run-{self._last_number:04d}"
+            return RUNS.stem(self._last_number)
 
     def save(self, run: EvalRun, settles: PendingLog | None = None) -> None:
         """Write ``run`` to ``runs/<run_id>.json`` (atomically) and keep it in memory.
@@ -180,7 +176,7 @@ class RunStore:
         number = _run_number(run.run_id)
         if number is None:
             raise ValueError(f"run_id must look like 'run-0001', got {run.run_id!r}")
-        path = self.runs_dir / f"{run.run_id}.json"
+        path = self.layout.run(run.run_id)
         if settles is None:
             atomic_write_json(path, run.to_dict())
         else:
@@ -220,13 +216,13 @@ class RunStore:
     def open_pending(self, header: dict[str, Any]) -> PendingLog:
         """A log of the records of one evaluation as they complete, so that a process killed mid-evaluation
         (SIGKILL, OOM, power cut) loses none of what it paid for. Discard it once the run is saved."""
-        return PendingLog(self.runs_dir / f"pending-{uuid.uuid4().hex}.jsonl", header)
+        return PendingLog(self.layout.pending_log(uuid.uuid4().hex), header)
 
     def pending(self) -> list[tuple[Path, dict[str, Any], list[ExampleResult]]]:
         """Logs left by evaluations that never finished: ``(path, header, records)``; a torn last line is ignored,
         and a log without a readable header (nothing was paid for yet) is removed."""
         found = []
-        for path in sorted(self.runs_dir.glob("pending-*.jsonl")):
+        for path in self.layout.pending_logs():
             try:
                 parsed = read_pending_log(path)
             except ValueError as exc:  # damaged, not torn: kept for a person to look at, never guessed at
