@@ -350,9 +350,3 @@ def examples_digest(examples: list[Any]) -> str:
         inputs = sorted(str(k) for k in (getattr(example, "_input_keys", None) or ()))
         described.append({"fields": _content(fields), "inputs": inputs})
     return sha256_json({"version": EXAMPLES_DIGEST_VERSION, "examples": described})
-
-
-def legacy_examples_digest(examples: list[Any]) -> str:
-    """The digest run directories written before :data:`EXAMPLES_DIGEST_VERSION` recorded (addresses of
-    objects included), to recognise those directories on resume."""
-    return sha256_json([dict(ex) for ex in examples])

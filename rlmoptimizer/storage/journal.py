@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +83,6 @@ class RunJournal:
         self,
         manifest: dict[str, Any],
         *,
-        legacy_examples: Callable[[], dict[str, str]] | None = None,
         allow_eval_lm_change: bool = False,
     ) -> bool:
         """Write the manifest of a new directory, or check it against an existing one.
@@ -92,37 +90,26 @@ class RunJournal:
         Returns True when the directory already held this same compile (a resume). ``manifest["eval_lm"]``
         must equal the stored one (else RunDirectoryMismatchError naming each differing setting, unless
         ``allow_eval_lm_change``); a changed ``pass_threshold`` is recorded and logged (the caller recomputes
-        ``passed``). ``legacy_examples()`` gives the trainset/valset digests directories written before
-        :data:`EXAMPLES_DIGEST_VERSION` recorded. Nothing is written when nothing changed."""
+        ``passed``). Nothing is written when nothing changed."""
         path = self.layout.manifest
         if not path.exists():
             atomic_write_json(path, manifest)
             return False
         stored = json.loads(path.read_text(encoding="utf-8"))
-        legacy = stored.get("examples_digest_version") != manifest.get("examples_digest_version")
-        expected = {**manifest, **(legacy_examples() if legacy and legacy_examples is not None else {})}
         different = [
             key
             for key in MANIFEST_KEYS_THAT_MUST_MATCH
-            if stored.get(key) != expected.get(key) and not (key in _RECORDED_SINCE_LATER and key not in stored)
+            if stored.get(key) != manifest.get(key) and not (key in _RECORDED_SINCE_LATER and key not in stored)
         ]
         if different:
-            hint = (
-                " (This directory was written by an earlier version of rlmoptimizer, which identified examples "
-                "holding objects by their memory address; such a run cannot be resumed in a new process.)"
-                if legacy and {"trainset", "valset"} & set(different)
-                else ""
-            )
             raise RunDirectoryMismatchError(
                 f"run_storage_dir {str(self.directory)!r} holds a run of a different "
                 f"{', '.join(different)}; it cannot be resumed with this compile(). Use a new run_storage_dir "
-                f"(or delete this one) to start over.{_budget_hint(stored, expected)}{hint}"
+                f"(or delete this one) to start over.{_budget_hint(stored, manifest)}"
             )
         updates: dict[str, Any] = {
             key: manifest[key] for key in _RECORDED_SINCE_LATER if key not in stored and key in manifest
         }
-        if legacy:
-            updates.update({key: manifest[key] for key in ("trainset", "valset", "examples_digest_version")})
         updates.update(self._check_eval_lm(stored, manifest["eval_lm"], allow_eval_lm_change))
         old_threshold, new_threshold = stored.get("pass_threshold"), manifest.get("pass_threshold")
         if old_threshold != new_threshold:

@@ -7,7 +7,6 @@ evaluations a killed process never finished are read by :class:`~rlmoptimizer.st
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,11 +46,10 @@ def open_run_directory(
     journal: RunJournal,
     manifest: dict[str, Any],
     *,
-    legacy_examples: Callable[[], dict[str, str]] | None = None,
     allow_eval_lm_change: bool = False,
 ) -> Resume:
     """Write or check the manifest (:meth:`RunJournal.open_manifest`), then read back what a resume needs."""
-    if not journal.open_manifest(manifest, legacy_examples=legacy_examples, allow_eval_lm_change=allow_eval_lm_change):
+    if not journal.open_manifest(manifest, allow_eval_lm_change=allow_eval_lm_change):
         return Resume(resumed=False)
     return Resume(
         resumed=True,

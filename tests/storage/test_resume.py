@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -47,3 +48,13 @@ def test_a_directory_of_another_compile_is_refused(tmp_path):
     open_run_directory(RunJournal(tmp_path), MANIFEST)
     with pytest.raises(RunDirectoryMismatchError, match="metric"):
         open_run_directory(RunJournal(tmp_path), {**MANIFEST, "metric": "other"})
+
+
+def test_a_directory_whose_examples_were_digested_another_way_is_another_run(tmp_path):
+    """0.1.0 reads no earlier digest of the examples: a manifest of another ``examples_digest_version`` holds
+    other trainset/valset digests, so it is refused with the usual message and left as it was."""
+    older = {**MANIFEST, "trainset": "t-v1", "valset": "v-v1", "examples_digest_version": 1}
+    open_run_directory(RunJournal(tmp_path), older)
+    with pytest.raises(RunDirectoryMismatchError, match=r"a run of a different trainset, valset; it cannot be resumed"):
+        open_run_directory(RunJournal(tmp_path), MANIFEST)
+    assert json.loads((tmp_path / "manifest.json").read_text()) == older
