@@ -2,8 +2,8 @@
 
 What it counts: one unit per evaluated example (train or validation) and one unit per sub-LM prompt
 (``llm_query`` / ``llm_query_batched`` inside the agent's REPL, a proposal, a GEPA reflection). What it does not
-count: baseline evaluations, records reused from an identical earlier evaluation, and the optimizer agent's own
-turns. With ``sub_lm_limit`` (a budget of ``max_metric_calls``, counted as dspy.GEPA counts: sub-LM prompts are not
+count: the baseline evaluations paid before the agent starts (:func:`budget_for_metric_calls` says which), records
+reused from an identical earlier evaluation, and the optimizer agent's own turns. With ``sub_lm_limit`` (a budget of ``max_metric_calls``, counted as dspy.GEPA counts: sub-LM prompts are not
 metric calls) sub-LM prompts draw on an allowance of their own, and ``limit``, ``spent`` and ``left`` are metric
 calls only.
 
@@ -33,16 +33,27 @@ def budget_for(max_iterations: int, train_size: int, val_size: int) -> int:
 
 def budget_for_metric_calls(max_metric_calls: int, train_size: int, val_size: int) -> int:
     """The units left of ``max_metric_calls`` (every run of the program on one example counted, as
-    ``dspy.GEPA``'s ``max_metric_calls``) once the baselines on train and validation are paid; at least 1, else
-    :class:`ConfigurationError` saying how many the baselines need."""
-    left = max_metric_calls - train_size - val_size
+    ``dspy.GEPA``'s ``max_metric_calls``) once the baseline on the selection split is paid: the validation set when
+    there is one (``dspy.GEPA`` evaluates its seed there first too; the train baseline is then evaluated on demand
+    and charged like any other evaluation), else the train set. At least 1, else :class:`ConfigurationError`
+    saying how many the baseline needs."""
+    baseline = val_size or train_size
+    left = max_metric_calls - baseline
     if left < 1:
+        split = f"{val_size} validation" if val_size else f"{train_size} train"
         raise ConfigurationError(
-            f"max_metric_calls={max_metric_calls} does not cover the baseline evaluations of the unchanged program "
-            f"({train_size} train + {val_size} validation examples) and one more call: pass max_metric_calls >= "
-            f"{train_size + val_size + 1} (a useful run needs several times the train set more), or use fewer examples"
+            f"max_metric_calls={max_metric_calls} does not cover the baseline evaluation of the unchanged program "
+            f"({split} examples) and one more call: pass max_metric_calls >= {baseline + 1} (a useful run needs "
+            f"several times the train set more), or use fewer examples"
         )
     return left
+
+
+def baseline_on_demand(max_metric_calls: int | None, val_size: int) -> bool:
+    """Whether the train baseline waits until something reads it: with ``max_metric_calls`` and a validation set,
+    where it is paid from the budget (see :func:`budget_for_metric_calls`) and a GEPA run that starts from the
+    unchanged program pays only the train examples it draws, as ``dspy.GEPA`` does."""
+    return bool(max_metric_calls) and val_size > 0
 
 
 class Reservation:

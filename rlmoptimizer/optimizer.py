@@ -35,7 +35,7 @@ from rlmoptimizer.agent.stop import StopRequest
 from rlmoptimizer.agent.tools import AgentTools
 from rlmoptimizer.agent.window import check_root_window
 from rlmoptimizer.agent.working_program import WorkingProgram
-from rlmoptimizer.budget import BudgetLedger, budget_for, budget_for_metric_calls
+from rlmoptimizer.budget import BudgetLedger, baseline_on_demand, budget_for, budget_for_metric_calls
 from rlmoptimizer.display import Display
 from rlmoptimizer.errors import AgentToolError, OptimizationInterrupted, RLMOptimizerError, RunDirectoryMismatchError
 from rlmoptimizer.evaluation.evaluator import Evaluator
@@ -49,7 +49,6 @@ from rlmoptimizer.fingerprint import (
     examples_digest,
     fingerprint_digest,
     get_instructions,
-    legacy_examples_digest,
     structural_fingerprint,
 )
 from rlmoptimizer.inputs import (
@@ -102,7 +101,8 @@ class RLMDocstringOptimizer(Teleprompter):
     The budget is ``max_iterations * len(trainset) + len(valset)`` units: one evaluated example costs 1,
     one sub-LM prompt (the agent's ``llm_query``) costs 1; baseline runs and the agent's own turns are free.
     With ``max_metric_calls`` instead, every run of the program counts (baselines and the final check too),
-    as ``dspy.GEPA`` counts them: the budget is what the baselines leave of it.
+    as ``dspy.GEPA`` counts them: the budget is what the validation baseline leaves of it, and the train baseline
+    is paid from it when first read.
 
     Example:
         ```python
@@ -122,7 +122,7 @@ class RLMDocstringOptimizer(Teleprompter):
             len(valset)`` units, the baselines free. 5 when neither this nor ``max_metric_calls`` is given.
         max_metric_calls: Instead of ``max_iterations``, the budget in metric calls as ``dspy.GEPA`` counts
             them: every run of the program on one example, the baselines and the submission's validation check
-            included. Refused when it does not cover the baselines.
+            included. Refused when it does not cover the baseline on validation (on train without a valset).
         root_lm: Required. The optimizer agent's LM; it writes one code cell per turn, so give it a model that
             writes working Python over several turns.
         sub_lm: The LM behind ``llm_query`` / ``llm_query_batched`` in the REPL and the instruction proposals.
@@ -319,10 +319,6 @@ class _Compile:
             self.resume = open_run_directory(
                 self.journal,
                 manifest,
-                legacy_examples=lambda: {
-                    "trainset": legacy_examples_digest(self.trainset),
-                    "valset": legacy_examples_digest(self.valset),
-                },
                 allow_eval_lm_change=config.allow_eval_lm_change,
             )
         except RunDirectoryMismatchError as exc:
@@ -438,7 +434,10 @@ class _Compile:
         self.observer.on_event(CompileStarted(str(self.directory), self.ledger.snapshot(), self.resume.resumed))
         if self.resume.prompt_versions:
             self.working.restore_versions(list(self.resume.prompt_versions))
-        baseline_train = self._baseline("train")
+        # With max_metric_calls and a validation set, the train baseline is paid from the budget when read
+        # (budget.baseline_on_demand): the agent's REPL reads it on first use, GEPA pays only what it draws.
+        on_demand = baseline_on_demand(self.config.max_metric_calls, len(self.valset))
+        baseline_train = self._stored_baseline("train") if on_demand else self._baseline("train")
         baseline_val = self._baseline("val") if self.valset else None
 
         outcome = self._run_agent(sandbox, baseline_train, baseline_val)
@@ -446,14 +445,26 @@ class _Compile:
         selection = self._choose(submission)
         return self._build_result(selection, outcome)
 
-    def _baseline(self, split: str) -> EvalRun:
+    def _stored_baseline(self, split: str) -> EvalRun | None:
+        size = len(self.runs.splits[split])
         for run in self.runs.all():
-            if run.split == split and run.label == "baseline" and run.instructions == self.initial_instructions:
+            if (
+                run.split == split
+                and run.label == "baseline"
+                and run.instructions == self.initial_instructions
+                and run.evaluated_count == size
+            ):
                 return run
+        return None
+
+    def _baseline(self, split: str) -> EvalRun:
+        stored = self._stored_baseline(split)
+        if stored is not None:
+            return stored
         return self.runs.evaluate(copy_program(self.student), split, label="baseline", charged=False)
 
     def _run_agent(
-        self, sandbox: Sandbox | None, baseline_train: EvalRun, baseline_val: EvalRun | None
+        self, sandbox: Sandbox | None, baseline_train: EvalRun | None, baseline_val: EvalRun | None
     ) -> AgentOutcome:
         final = self.resume.final_turn
         if final is not None:  # the earlier compile got as far as the agent's submission
@@ -474,7 +485,9 @@ class _Compile:
             ),
             ledger=self.ledger,
             setup_code=render_setup_code(
-                baseline_train.run_id, baseline_val.run_id if baseline_val else "", self.working.step_names
+                baseline_train.run_id if baseline_train else "",
+                baseline_val.run_id if baseline_val else "",
+                self.working.step_names,
             ),
             observer=self.observer,
             stop=self.stop,

@@ -1,6 +1,6 @@
 """``max_metric_calls``: a budget counted as dspy.GEPA counts it, every run of the program on one example
-(baselines and the final validation check included), never exceeded; a submission the rest cannot check is not
-returned unchecked."""
+(the baselines and the final validation check included), never exceeded; the train baseline paid only when read;
+a submission the rest cannot check is not returned unchecked."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ def test_every_run_counts_and_a_checked_submission_is_returned():
         ],
         max_metric_calls=40,
     )
-    assert result.budget["limit"] == 40 - 12 - 8  # what the baselines leave
-    assert calls == 12 + 8 + 8  # the baselines and one validation run; the submission was already checked
+    assert result.budget["limit"] == 40 - 8  # what the validation baseline leaves
+    assert calls == 8 + 8  # the validation baseline and one validation run; the submission was already checked
     assert result.route.signature.instructions == POLICY_PROMPT
     assert "max_metric_calls=40, every run of the program counts" in str(root.calls[0])
 
@@ -49,9 +49,9 @@ def test_a_submission_the_rest_cannot_check_is_not_returned_and_the_limit_holds(
             "print(evaluate_program(limit=12)['evaluated_count'])",  # only 8 fit
             SUBMIT,
         ],
-        max_metric_calls=40,
+        max_metric_calls=28,
     )
-    assert calls == 40  # 20 for the baselines, 12 + 8 by the agent; no free check after that
+    assert calls == 28  # 8 for the validation baseline, 12 + 8 by the agent; no free check after that
     assert result.budget["left"] == 0
     # the submission ('Route it.') was never checked on validation: the best checked candidate is the baseline
     assert result.route.signature.instructions == ORIGINAL_ROUTE
@@ -67,10 +67,9 @@ def test_max_metric_calls_is_checked_before_any_lm_call():
     root, task = FunctionLM(lambda m: {}), FunctionLM(task_lm_reply)
     with pytest.raises(
         ConfigurationError,
-        match=r"max_metric_calls=20 does not cover .* \(12 train \+ 8 validation"
-        r" examples\) .* pass max_metric_calls >= 21",
+        match=r"max_metric_calls=8 does not cover .* \(8 validation examples\) .* pass max_metric_calls >= 9",
     ):
-        compile_tickets(root, eval_lm=task, max_metric_calls=20)
+        compile_tickets(root, eval_lm=task, max_metric_calls=8)
     assert root.calls == [] and task.calls == []
 
 
@@ -84,15 +83,42 @@ def test_sub_lm_prompts_are_not_metric_calls_and_have_an_allowance_of_their_own(
             "update_prompt('route', 'Route it.')\nprint('evaluated', evaluate_program(limit=12)['evaluated_count'])",
             SUBMIT,
         ],
-        max_metric_calls=25,
+        max_metric_calls=13,
         sub_lm=FunctionLM(lambda messages: "an answer"),
         rlm_max_llm_calls=100,
     )
     outputs = [turn["output"] for turn in result.agent_trajectory]
-    assert "answers 5" in outputs[0] and "left 5 sub 5 20" in outputs[1]  # the 5 metric calls are all still there
-    assert "20 of the 25 sub-LM prompts allowed besides max_metric_calls left" in outputs[2]
+    assert "answers 5" in outputs[0] and "left 5 sub 5 8" in outputs[1]  # the 5 metric calls are all still there
+    assert "8 of the 13 sub-LM prompts allowed besides max_metric_calls left" in outputs[2]
     assert "evaluated 5" in outputs[3]  # 5 of the 12 fit
-    assert calls == 25  # every metric call the budget allows was made, none more
+    assert calls == 13  # every metric call the budget allows was made, none more
     assert result.budget["spent"] == 5 and result.budget["spent_by_kind"]["sub_lm_call"] == 5
-    assert result.budget["sub_lm_limit"] == 25 and result.budget["sub_lm_left"] == 20
-    assert "Sub-LM prompts (not metric calls): 20 of 25 left." in str(root.calls[-1])
+    assert result.budget["sub_lm_limit"] == 13 and result.budget["sub_lm_left"] == 8
+    assert "Sub-LM prompts (not metric calls): 8 of 13 left." in str(root.calls[-1])
+
+
+def test_the_train_baseline_is_paid_when_read_and_once():
+    result, calls, root = compile_with(
+        [
+            "print('left', optimization_status()['budget_left'])",
+            "print('read', baseline_train['evaluated_count'], optimization_status()['budget_left'])",
+            "print('again', len(baseline_train['examples']), 'run_id' in baseline_train,"
+            " optimization_status()['budget_left'])",
+            SUBMIT,
+        ],
+        max_metric_calls=40,
+    )
+    outputs = [turn["output"] for turn in result.agent_trajectory]
+    assert "left 32" in outputs[0]  # only the validation baseline was paid before the agent started
+    assert "read 12 20" in outputs[1]  # the first read evaluates the 12 train examples, charged
+    assert "again 12 True 20" in outputs[2]  # read again: the same run, free
+    assert calls == 8 + 12
+    baselines = [log for log in result.trial_logs if log["label"] == "baseline"]
+    assert sorted((log["split"], log["budget_spent"]) for log in baselines) == [("train", 12), ("val", 0)]
+    assert "`baseline_train` is evaluated the first time you read it" in str(root.calls[0])
+
+
+def test_a_train_baseline_never_read_is_never_paid():
+    result, calls, _ = compile_with([SUBMIT], max_metric_calls=40)
+    assert calls == 8  # the validation baseline only
+    assert [log["split"] for log in result.trial_logs] == ["val"]

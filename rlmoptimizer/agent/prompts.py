@@ -85,8 +85,72 @@ current_prompts = optimization_status()["current_prompts"]
 """
 """Run once in the REPL before the agent's first turn: loads the names :data:`AGENT_INSTRUCTIONS` promises."""
 
+BASELINE_TRAIN = "baseline_train"
+"""The id ``run_data`` takes for the unchanged program's train run, evaluated then if it has not been yet."""
+
+ON_DEMAND_SETUP_CODE = """\
+class OnFirstRead(dict):
+    \"\"\"A run read from the host the first time it is read (the train baseline: its new examples are charged).\"\"\"
+
+    def __init__(self, run_id):
+        super().__init__()
+        self._run_id = run_id
+
+    def _data(self):
+        if not dict.__len__(self):
+            dict.update(self, run_data(self._run_id))
+        return self
+
+    def __getitem__(self, key):
+        return dict.__getitem__(self._data(), key)
+
+    def get(self, key, default=None):
+        return dict.get(self._data(), key, default)
+
+    def __contains__(self, key):
+        return dict.__contains__(self._data(), key)
+
+    def __iter__(self):
+        return dict.__iter__(self._data())
+
+    def __len__(self):
+        return dict.__len__(self._data())
+
+    def __eq__(self, other):
+        return dict.__eq__(self._data(), other)
+
+    def __repr__(self):
+        return dict.__repr__(self._data())
+
+    __str__ = __repr__
+    __hash__ = None
+
+    def keys(self):
+        return dict.keys(self._data())
+
+    def values(self):
+        return dict.values(self._data())
+
+    def items(self):
+        return dict.items(self._data())
+
+    def copy(self):
+        return dict(self._data())
+
+
+baseline_train = OnFirstRead({baseline_id!r})
+baseline_val = run_data({val_run!r}) if {val_run!r} else None
+step_names = {step_names!r}
+current_prompts = optimization_status()["current_prompts"]
+"""
+"""The setup when the train baseline is evaluated on demand (``train_run`` empty): ``baseline_train`` reads it from
+the host on first use, so a compile whose agent never reads it never pays for it."""
+
 
 def render_setup_code(train_run: str, val_run: str, step_names: list[str]) -> str:
+    """The setup cell; an empty ``train_run`` reads the train baseline on demand (:data:`ON_DEMAND_SETUP_CODE`)."""
+    if not train_run:
+        return ON_DEMAND_SETUP_CODE.format(baseline_id=BASELINE_TRAIN, val_run=val_run, step_names=step_names)
     return SETUP_CODE.format(train_run=train_run, val_run=val_run, step_names=step_names)
 
 
@@ -107,8 +171,14 @@ def budget_note(
     if max_metric_calls is not None:
         check = "validation" if val_size else "train"
         return (
-            f"{new}: max_metric_calls={max_metric_calls}, every run of the program counts, and the baselines took "
-            f"{train_size + val_size}. Sub-LM prompts (llm_query, proposals, GEPA's reflections) are not metric "
+            f"{new}: max_metric_calls={max_metric_calls}, every run of the program counts, and the "
+            + (
+                f"validation baseline took {val_size}; `baseline_train` is evaluated the first time you read it (its "
+                "examples not yet run with the unchanged instructions are charged)"
+                if val_size
+                else f"baseline took {train_size}"
+            )
+            + ". Sub-LM prompts (llm_query, proposals, GEPA's reflections) are not metric "
             f"calls: they have an allowance of {max_metric_calls} of their own. The {check} check of a submission "
             f"not yet evaluated on {check} is paid from the units too, and without the units for it the best "
             f"checked candidate is returned instead, so check what you submit."

@@ -20,6 +20,7 @@ import dspy
 
 from rlmoptimizer.agent.guide import LoopGuide
 from rlmoptimizer.agent.moves import Moves
+from rlmoptimizer.agent.prompts import BASELINE_TRAIN
 from rlmoptimizer.agent.working_program import WorkingProgram, agent_error
 from rlmoptimizer.budget import SUB_LM_CALL, BudgetLedger, Reservation
 from rlmoptimizer.errors import ConfigurationError, StructureChangedError
@@ -33,6 +34,7 @@ from rlmoptimizer.storage.candidates import (
     write_candidates,
     write_gepa_progress,
 )
+from rlmoptimizer.storage.layout import GEPA_REFLECTIONS
 from rlmoptimizer.storage.notes import NotesStore
 
 __all__ = ["AgentTools", "agent_error", "select_ids"]
@@ -131,7 +133,7 @@ class AgentTools:
         store = getattr(runs, "store", None)
         self._directory = None if store is None else store.directory
         # gepa's reflections, kept in the run directory: a resumed compile replays a run_gepa without paying again
-        self.answers = AnswerStore(self._directory, name="gepa_reflections.jsonl")
+        self.answers = AnswerStore(self._directory, name=GEPA_REFLECTIONS)
         # what each GEPA run paid or reserved: a run killed in the middle takes only the rest of its slice on resume
         self._gepa_progress = read_gepa_progress(self._directory)
         # the named candidates of an earlier process of this compile (a resume): their ids keep working
@@ -388,7 +390,18 @@ class AgentTools:
 
     def run_data(self, run_id: str) -> dict:
         """Return an earlier run (baseline runs included) by id: full records for train runs, aggregates for validation runs. Free."""
+        if run_id == BASELINE_TRAIN:
+            return self._baseline_train().agent_view()
         return self._get_run(run_id).agent_view()
+
+    def _baseline_train(self) -> EvalRun:
+        """The unchanged program's train run, evaluated now (examples already run with its instructions are free,
+        the others charged) unless a complete one exists: the REPL's ``baseline_train`` when it is on demand."""
+        size = len(self.runs.splits["train"])
+        for run in reversed(self.runs.all()):
+            if run.split == "train" and run.instructions == self.working.initial and run.evaluated_count == size:
+                return run
+        return self.working.evaluate("train", None, "baseline", instructions=self.working.initial)
 
     def update_prompt(self, step: str, text: str) -> dict:
         """Set the instructions of one step (a name from step_names). Free. Returns {'step', 'previous', 'version'}."""

@@ -133,7 +133,7 @@ def check_root_window(
     train_size = train_size if train_size is not None else 1
     if budget is None:  # its digits are all a request shows of it; a budget too small is refused elsewhere
         budget = (
-            max(1, config.max_metric_calls - train_size - val_size)
+            max(1, config.max_metric_calls - (val_size or train_size))
             if config.max_metric_calls
             else budget_for(config.max_iterations, train_size, val_size)
         )

@@ -54,6 +54,7 @@ class WorkingProgram:
         self.stop = stop
         self.observer = observer
         self.step_names = [name for name, _ in program.named_predictors()]
+        self.initial = get_instructions(program)  # the unchanged program's (before any version is restored)
         self.prompt_versions: list[dict[str, Any]] = []
         self._lock = threading.Lock()
 

@@ -167,9 +167,10 @@ def test_run_gepa_never_spends_past_its_slice_and_every_metric_call_is_one_unit(
         max_iterations=5,
     )
     out = printed(result, 0)
-    # A useless proposal never beats its parent, so gepa keeps proposing until the slice cannot pay the next step.
+    # A useless proposal never beats its parent, so gepa keeps proposing until the slice cannot pay the next step
+    # (mid-iteration, when several proposals are paid at once) or what is left cannot pay a child to keep.
     assert out["spent"] <= 11
-    assert "ran out" in out["stopped"]
+    assert "ran out" in out["stopped"] or "cannot pay a child that could be kept" in out["stopped"]
     evaluations = out["spent_by_kind"].get("train_example", 0) + out["spent_by_kind"].get("val_example", 0)
     baselines = 12 + 8
     # the submission ({}: the current prompts) was the baseline: its check is free; so every metric call after
@@ -178,6 +179,29 @@ def test_run_gepa_never_spends_past_its_slice_and_every_metric_call_is_one_unit(
     assert out["spent_by_kind"].get("sub_lm_call", 0) == out["reflections"] == len(log) >= 1
     assert result.budget["spent"] == out["spent"]
     assert result.route.signature.instructions == ORIGINAL_ROUTE
+
+
+def test_run_gepa_stops_before_an_iteration_whose_child_could_not_be_kept_and_leaves_those_units():
+    turns = [
+        {
+            "reasoning": "gepa",
+            "code": (
+                "import json\n"
+                "r = run_gepa(budget=30)\n"
+                "print(json.dumps({k: r[k] for k in ('spent', 'stopped', 'budget_left')}))"
+            ),
+        },
+        {"reasoning": "left", "code": "print(json.dumps({'left': optimization_status()['budget_left']}))"},
+        {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program={})"},
+    ]
+    # a useless reflection: every child loses on its minibatch, each iteration pays 3 examples and 1 reflection
+    result = compile_with(turns, sub_lm=reflection_lm("Route tickets carefully."), max_iterations=5)
+    out = printed(result, 0)
+    keep_cost = 3 + 8  # a child's minibatch and the 8 validation examples a kept child is scored on
+    assert "cannot pay a child that could be kept" in out["stopped"], out
+    assert 30 - keep_cost < out["spent"] <= 30 and 30 - out["spent"] < keep_cost
+    # what GEPA did not spend is the agent's: nothing of the slice is held back or lost
+    assert printed(result, 1)["left"] == out["budget_left"] == result.budget["limit"] - out["spent"]
 
 
 def test_no_validation_example_reaches_the_agent_or_the_reflection_lm_through_run_gepa():
@@ -306,7 +330,7 @@ def test_a_compile_killed_during_run_gepa_and_resumed_pays_no_completed_call_twi
     second = start(logs[1], kill_at=-1)
     assert second.returncode == 0, second.stderr[-3000:]
     done = json.loads(second.stdout.strip().splitlines()[-1])
-    assert "gepa run 1" in done["out"] and "ran out" in done["out"]
+    assert "gepa run 1" in done["out"] and "cannot pay a child that could be kept" in done["out"]
 
     def entries(path: Path) -> list[list]:
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -326,7 +350,7 @@ def test_a_compile_killed_during_run_gepa_and_resumed_pays_no_completed_call_twi
     completed_before_kill = metric_calls[0] - 20 - 1
     assert metric_calls[1] == evaluations - completed_before_kill
     # the resumed turn calls run_gepa(budget=40) again: the replayed run takes only what is left of its 40, so the
-    # two processes together spent at most 40 (the run's budget ran out)
+    # two processes together spent at most 40 (the run stopped when what was left could not pay a child to keep)
     assert done["spent"] <= 40 and "before the compile was resumed" in done["out"]
 
 

@@ -213,9 +213,16 @@ class _Watch:
     gepa would go round forever once every minibatch it draws already passes."""
 
     def __init__(
-        self, activity: Callable[[], tuple[int, int]], idle_limit: int, ended: Callable[[int, bool], None] | None = None
+        self,
+        activity: Callable[[], tuple[int, int]],
+        idle_limit: int,
+        ended: Callable[[int, bool], None] | None = None,
+        too_little: Callable[[], str | None] | None = None,
     ) -> None:
+        """``too_little()``: why what is left cannot pay an iteration that could be kept, or None."""
         self.state: Any = None
+        self._too_little = too_little or (lambda: None)
+        self.short: str | None = None
         self._ended = ended or (lambda iteration, accepted: None)
         self.merges = 0
         self._activity = activity  # (units spent, reflections answered or replayed) so far
@@ -230,7 +237,8 @@ class _Watch:
         self._last = now
 
     def __call__(self, state: Any) -> bool:  # gepa's StopperProtocol, asked before each iteration
-        return self.idle >= self.idle_limit
+        self.short = self._too_little()
+        return self.idle >= self.idle_limit or self.short is not None
 
     def on_merge_accepted(self, event: Any) -> None:
         self.merges += 1
@@ -350,12 +358,28 @@ class GepaMoves(MoveContext):
         # Idle: as many iterations in a row without a new payment or reflection as one pass over the train set
         # takes in minibatches (every minibatch drawn already passes), and at least 3.
         idle_limit = max(3, -(-len(train_ids) // max(1, minibatch_size)))
+        # A child is kept only once scored on the whole validation set (after its minibatch): with less than that
+        # left, the iteration would pay for a child that can never be kept. Those units stay for the agent. A run
+        # replayed on resume waits until it pays or asks something new (until then it replays stored work, free).
+        keep_cost = min(minibatch_size, len(train_ids)) + len(valset)
+
+        def too_little() -> str | None:
+            caught_up = not taken or slice_.spent or reflection.calls
+            if caught_up and slice_.left < keep_cost:
+                return (
+                    f"the {slice_.left} unit(s) left cannot pay a child that could be kept (its minibatch and the "
+                    f"{len(valset)} {'validation' if uses_val else 'train'} examples it is scored on: {keep_cost}); "
+                    "they stay for your own moves"
+                )
+            return None
+
         watch = _Watch(
             lambda: (slice_.spent, reflection.calls + reflection.replayed),
             idle_limit,
             ended=(lambda i, accepted: iteration_ended(run_name, i, accepted, slice_.spent))
             if iteration_ended is not None
             else None,
+            too_little=too_little,
         )
         log = _Log()
         self.gepa_runs += 1
@@ -461,6 +485,8 @@ class GepaMoves(MoveContext):
         split = "validation" if uses_val else "train"
         if stopped is not None:
             why = stopped.why
+        elif watch.short is not None:
+            why = watch.short
         elif watch.idle >= watch.idle_limit:
             why = (
                 f"{watch.idle} iterations in a row had nothing to do (the minibatches drawn already pass): "
