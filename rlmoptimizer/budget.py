@@ -192,11 +192,12 @@ class BudgetLedger:
             return state
 
     @classmethod
-    def from_snapshot(cls, snapshot: dict[str, Any]) -> BudgetLedger:
+    def from_snapshot(cls, snapshot: dict[str, Any], gate: Any = None) -> BudgetLedger:
         sub = snapshot.get("sub_lm_limit")
         return cls(
             int(snapshot["limit"]),
             spent_by_kind=snapshot.get("spent_by_kind"),
+            gate=gate,
             sub_lm_limit=None if sub is None else int(sub),
         )
 

@@ -326,14 +326,14 @@ class _Compile:
             if stored is not None and stored != manifest["metric"]:
                 raise RunDirectoryMismatchError(f"{exc} {self.metric.mismatch_hint(stored)}") from None
             raise
-        self.ledger = (
-            BudgetLedger.from_snapshot(self.resume.ledger)
-            if self.resume.ledger
-            else BudgetLedger(self.budget_limit, sub_lm_limit=config.max_metric_calls)
-        )
         self.usage = UsageMeter(max_cost_usd=config.max_cost_usd)
         self.usage.restore(self.journal.read_usage() if self.resume.resumed else None)
-        self.ledger.gate = self.usage.gate() if config.max_cost_usd is not None else None
+        gate = self.usage.gate() if config.max_cost_usd is not None else None  # the spending cap on reservations
+        self.ledger = (
+            BudgetLedger.from_snapshot(self.resume.ledger, gate=gate)
+            if self.resume.ledger
+            else BudgetLedger(self.budget_limit, gate=gate, sub_lm_limit=config.max_metric_calls)
+        )
         self.observer = Observers(
             [
                 self.journal,
@@ -437,7 +437,11 @@ class _Compile:
         # With max_metric_calls and a validation set, the train baseline is paid from the budget when read
         # (budget.baseline_on_demand): the agent's REPL reads it on first use, GEPA pays only what it draws.
         on_demand = baseline_on_demand(self.config.max_metric_calls, len(self.valset))
-        baseline_train = self._stored_baseline("train") if on_demand else self._baseline("train")
+        baseline_train = (
+            self.runs.complete_run("train", self.initial_instructions, "baseline")
+            if on_demand
+            else self._baseline("train")
+        )
         baseline_val = self._baseline("val") if self.valset else None
 
         outcome = self._run_agent(sandbox, baseline_train, baseline_val)
@@ -445,20 +449,8 @@ class _Compile:
         selection = self._choose(submission)
         return self._build_result(selection, outcome)
 
-    def _stored_baseline(self, split: str) -> EvalRun | None:
-        size = len(self.runs.splits[split])
-        for run in self.runs.all():
-            if (
-                run.split == split
-                and run.label == "baseline"
-                and run.instructions == self.initial_instructions
-                and run.evaluated_count == size
-            ):
-                return run
-        return None
-
     def _baseline(self, split: str) -> EvalRun:
-        stored = self._stored_baseline(split)
+        stored = self.runs.complete_run(split, self.initial_instructions, "baseline")
         if stored is not None:
             return stored
         return self.runs.evaluate(copy_program(self.student), split, label="baseline", charged=False)
@@ -543,7 +535,7 @@ class _Compile:
         complete = first_sample_complete(self.runs.all(), split, size)
         submitted_run = next((r for r in reversed(complete) if r.instructions == submission), None)
         cap_set = self.usage.max_cost_usd is not None
-        cap = self.usage.cap_message().split(",")[0] if self.usage.cap_reached else ""
+        cap = self.usage.cap_reason
         charged = self.ledger.left >= size - len(self.runs.stored(submission, split, range(size)))  # stored: free
         unpaid = (
             "max_metric_calls left too few calls" if self.config.max_metric_calls and not charged else ""
@@ -560,7 +552,7 @@ class _Compile:
             self.working.set_instructions(submission, source="submission")
             submitted_run = self.working.evaluate(split, None, label="submission", charged=charged)
             if submitted_run.evaluated_count < size:  # cut short (the spending cap): checked on part of the split
-                cap = self.usage.cap_message().split(",")[0] if self.usage.cap_reached else ""
+                cap = self.usage.cap_reason
                 return best_checked(
                     split=split,
                     complete=complete,

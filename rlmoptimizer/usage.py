@@ -321,11 +321,20 @@ class UsageMeter:
         """The :class:`~rlmoptimizer.budget.BudgetLedger` gate that applies ``max_cost_usd`` to budget units."""
         return CostGate(self)
 
-    def cap_message(self) -> str:
+    @property
+    def cap_reason(self) -> str:
+        """Why spending stopped, in a few words (no advice): ``""`` until the cap is reached."""
+        if not self.cap_reached:
+            return ""
         return (
             f"spending cap reached: {dollars(self.spent_usd)} of max_cost_usd={dollars(self.max_cost_usd)} spent on LM "
-            "calls, so no more evaluations or sub-LM calls; you can still analyse, update prompts and SUBMIT"
+            "calls"
         )
+
+    def cap_message(self) -> str:
+        """:attr:`cap_reason` with what the agent can still do."""
+        reason = self.cap_reason or "spending cap not reached"
+        return f"{reason}, so no more evaluations or sub-LM calls; you can still analyse, update prompts and SUBMIT"
 
 
 _ROLE_OF_KIND = {"train_example": EVAL, "val_example": EVAL, "sub_lm_call": SUB}

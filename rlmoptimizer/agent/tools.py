@@ -397,10 +397,9 @@ class AgentTools:
     def _baseline_train(self) -> EvalRun:
         """The unchanged program's train run, evaluated now (examples already run with its instructions are free,
         the others charged) unless a complete one exists: the REPL's ``baseline_train`` when it is on demand."""
-        size = len(self.runs.splits["train"])
-        for run in reversed(self.runs.all()):
-            if run.split == "train" and run.instructions == self.working.initial and run.evaluated_count == size:
-                return run
+        stored = self.runs.complete_run("train", self.working.initial)
+        if stored is not None:
+            return stored
         return self.working.evaluate("train", None, "baseline", instructions=self.working.initial)
 
     def update_prompt(self, step: str, text: str) -> dict:

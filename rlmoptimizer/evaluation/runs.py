@@ -133,6 +133,19 @@ class Runs:
         """Every run so far, in id order."""
         return self.store.all()
 
+    def complete_run(self, split: str, instructions: dict[str, str], label: str | None = None) -> EvalRun | None:
+        """The latest run of ``instructions`` over the whole of ``split`` (with ``label``, when given), or None."""
+        size = len(self.splits[split])
+        for run in reversed(self.all()):
+            if (
+                run.split == split
+                and run.instructions == instructions
+                and run.evaluated_count == size
+                and label in (None, run.label)
+            ):
+                return run
+        return None
+
     def evaluate(
         self,
         program: Any,
