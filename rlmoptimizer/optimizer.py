@@ -348,8 +348,8 @@ class _Compile:
             lm=self.eval_lm,
             num_threads=config.num_threads,
             pass_threshold=config.pass_threshold,
+            booked=lambda fn: self.usage.in_role(EVAL, fn),
         )
-        evaluator.evaluate = self.usage.in_role(EVAL, evaluator.evaluate)  # the program's and the metric's calls
         splits = {"train": self.trainset}
         if self.valset:
             splits["val"] = self.valset

@@ -133,8 +133,12 @@ class Evaluator:
         max_consecutive_lm_failures: int = 3,
         transient_retries: int = 2,
         retry_backoff_s: float = 1.0,
+        booked: Callable[[Callable], Callable] | None = None,
     ) -> None:
+        """``booked(fn)``: ``fn`` with the LM calls it makes booked to whom they are for (the compile's usage
+        meter books the program's and the metric's calls to the evaluation role); None books nothing."""
         self.metric = metric
+        self._booked = booked
         self.lm = lm
         self.num_threads = num_threads
         self.pass_threshold = float(pass_threshold)
@@ -187,7 +191,8 @@ class Evaluator:
         for predictor, original in own:
             predictor.lm = _rollout_copy(original, rollout)
         try:
-            return self._evaluate(program, items, reservation, on_record, lm)
+            run = self._evaluate if self._booked is None else self._booked(self._evaluate)
+            return run(program, items, reservation, on_record, lm)
         finally:
             for predictor, original in own:
                 predictor.lm = original
