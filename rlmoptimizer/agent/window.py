@@ -36,7 +36,7 @@ from rlmoptimizer.agent.context import (
 from rlmoptimizer.agent.prompts import TOOL_NAMES, agent_signature, budget_note, render_task_brief
 from rlmoptimizer.agent.state import render_state_block
 from rlmoptimizer.agent.tools import AgentTools
-from rlmoptimizer.budget import BudgetLedger, budget_for
+from rlmoptimizer.budget import BudgetLedger, budget_for, budget_for_metric_calls
 from rlmoptimizer.errors import ConfigurationError
 
 __all__ = ["TYPICAL_CHARS_PER_TOKEN", "check_root_window", "first_request_chars", "unbound_tools"]
@@ -132,11 +132,14 @@ def check_root_window(
         steps = _ONE_STEP
     train_size = train_size if train_size is not None else 1
     if budget is None:  # its digits are all a request shows of it; a budget too small is refused elsewhere
-        budget = (
-            max(1, config.max_metric_calls - (val_size or train_size))
-            if config.max_metric_calls
-            else budget_for(config.max_iterations, train_size, val_size)
-        )
+        try:
+            budget = (
+                budget_for_metric_calls(config.max_metric_calls, train_size, val_size)
+                if config.max_metric_calls
+                else budget_for(config.max_iterations, train_size, val_size)
+            )
+        except ConfigurationError:
+            budget = 1
     window, source = context_window_of(config.root_lm, config.root_context_window)
     fixed = first_request_chars(config, runtime_rules, steps, train_size, val_size, max(budget, 0))
     learned = LEARNED_SHARE * TYPICAL_CHARS_PER_TOKEN  # what the bounded context counts on for such a tokenizer
