@@ -35,16 +35,18 @@ def budget_for_metric_calls(max_metric_calls: int, train_size: int, val_size: in
     """The units left of ``max_metric_calls`` (every run of the program on one example counted, as
     ``dspy.GEPA``'s ``max_metric_calls``) once the baseline on the selection split is paid: the validation set when
     there is one (``dspy.GEPA`` evaluates its seed there first too; the train baseline is then evaluated on demand
-    and charged like any other evaluation), else the train set. At least 1, else :class:`ConfigurationError`
-    saying how many the baseline needs."""
+    and charged like any other evaluation), else the train set. At least what one more evaluation of that split
+    costs (a changed program is returned only once scored there), else :class:`ConfigurationError` saying how many
+    that needs."""
     baseline = val_size or train_size
     left = max_metric_calls - baseline
-    if left < 1:
+    if left < baseline:
         split = f"{val_size} validation" if val_size else f"{train_size} train"
         raise ConfigurationError(
             f"max_metric_calls={max_metric_calls} does not cover the baseline evaluation of the unchanged program "
-            f"({split} examples) and one more call: pass max_metric_calls >= {baseline + 1} (a useful run needs "
-            f"several times the train set more), or use fewer examples"
+            f"({split} examples) and one check of a changed program there (a changed program is returned only "
+            f"once it scores better there): pass max_metric_calls >= {2 * baseline} (a useful run needs several "
+            "times the train set more), or use fewer examples"
         )
     return left
 

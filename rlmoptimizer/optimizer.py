@@ -30,7 +30,7 @@ from rich.console import Console
 from rlmoptimizer.agent.agent import OptimizerAgent
 from rlmoptimizer.agent.prompts import agent_signature, budget_note, render_setup_code, render_task_brief
 from rlmoptimizer.agent.root_lm import for_attempt
-from rlmoptimizer.agent.state import long_run_options
+from rlmoptimizer.agent.state import long_run_options, no_check_left
 from rlmoptimizer.agent.stop import StopRequest
 from rlmoptimizer.agent.tools import AgentTools
 from rlmoptimizer.agent.window import check_root_window
@@ -504,6 +504,9 @@ class _Compile:
                 self.usage,
                 self.tools.guide,
                 self.config.rlm_autopilot,
+                no_check_left(self.runs, self.ledger, "val" if self.valset else "train")
+                if self.config.max_metric_calls
+                else None,
             ),
         )
         brief = render_task_brief(

@@ -67,9 +67,10 @@ def test_max_metric_calls_is_checked_before_any_lm_call():
     root, task = FunctionLM(lambda m: {}), FunctionLM(task_lm_reply)
     with pytest.raises(
         ConfigurationError,
-        match=r"max_metric_calls=8 does not cover .* \(8 validation examples\) .* pass max_metric_calls >= 9",
+        match=r"max_metric_calls=15 does not cover .* \(8 validation examples\) and one check .* "
+        r"pass max_metric_calls >= 16",
     ):
-        compile_tickets(root, eval_lm=task, max_metric_calls=8)
+        compile_tickets(root, eval_lm=task, max_metric_calls=15)
     assert root.calls == [] and task.calls == []
 
 
@@ -79,22 +80,25 @@ def test_sub_lm_prompts_are_not_metric_calls_and_have_an_allowance_of_their_own(
             "print('answers', len(llm_query_batched(['why?'] * 5)))",
             "s = optimization_status()\nprint('left', s['budget_left'], 'sub', s['budget_spent_by_kind']['sub_lm_call'],"
             " s['sub_lm_left'])",
-            "print(llm_query_batched(['again?'] * 21))",  # 20 of the 25 allowed are left: refused, nothing charged
+            "print(llm_query_batched(['again?'] * 16))",  # 15 of the 20 allowed are left: refused, nothing charged
             "update_prompt('route', 'Route it.')\nprint('evaluated', evaluate_program(limit=12)['evaluated_count'])",
             SUBMIT,
         ],
-        max_metric_calls=13,
+        max_metric_calls=20,
         sub_lm=FunctionLM(lambda messages: "an answer"),
         rlm_max_llm_calls=100,
     )
     outputs = [turn["output"] for turn in result.agent_trajectory]
-    assert "answers 5" in outputs[0] and "left 5 sub 5 8" in outputs[1]  # the 5 metric calls are all still there
-    assert "8 of the 13 sub-LM prompts allowed besides max_metric_calls left" in outputs[2]
-    assert "evaluated 5" in outputs[3]  # 5 of the 12 fit
-    assert calls == 13  # every metric call the budget allows was made, none more
-    assert result.budget["spent"] == 5 and result.budget["spent_by_kind"]["sub_lm_call"] == 5
-    assert result.budget["sub_lm_limit"] == 13 and result.budget["sub_lm_left"] == 8
-    assert "Sub-LM prompts (not metric calls): 8 of 13 left." in str(root.calls[-1])
+    assert "answers 5" in outputs[0] and "left 12 sub 5 15" in outputs[1]  # the 12 metric calls are still there
+    assert "15 of the 20 sub-LM prompts allowed besides max_metric_calls left" in outputs[2]
+    assert "evaluated 12" in outputs[3]
+    assert calls == 20  # every metric call the budget allows was made, none more
+    assert result.budget["spent"] == 12 and result.budget["spent_by_kind"]["sub_lm_call"] == 5
+    assert result.budget["sub_lm_limit"] == 20 and result.budget["sub_lm_left"] == 15
+    assert "Sub-LM prompts (not metric calls): 15 of 20 left." in str(root.calls[-1])
+    # no call is left to check 'Route it.' on validation: the run ended before the SUBMIT turn, with the baseline
+    assert len(result.agent_trajectory) == 4 and result.route.signature.instructions == ORIGINAL_ROUTE
+    assert "no turn could change the result" in result.agent_final_reasoning
 
 
 def test_the_train_baseline_is_paid_when_read_and_once():

@@ -15,10 +15,10 @@ How each budget setting maps to B metric calls (one metric call = the program ru
 * policy (not an optimizer): the unchanged program with the task's ``POLICY_INSTRUCTION``, the instruction that
   states the whole policy, on every predictor; with the unchanged program it measures what the best instruction
   is worth (the ceiling), at no metric call.
-* rlmoptimizer: ``max_metric_calls=B``, counted as GEPA counts it: its baseline evaluations on train and
-  validation and the final validation check of its submission are in B, and the agent's units are what the
-  baselines leave (a unit is one evaluated example or one sub-LM prompt, so sub-LM calls leave fewer metric
-  calls). ``root_context_window`` is the optimizer server's ``--n-ctx`` when that model is local (litellm
+* rlmoptimizer: ``max_metric_calls=B``, counted as GEPA counts it: its baseline on validation, the train
+  baseline when something reads it, and the final validation check of its submission are in B; the agent's units
+  are what the validation baseline leaves. Sub-LM prompts (the agent's questions, GEPA's reflections) are not
+  metric calls, as in GEPA; they have an allowance of B prompts of their own. ``root_context_window`` is the optimizer server's ``--n-ctx`` when that model is local (litellm
   knows no window for it).
 
 Seeds: GEPA and MIPROv2 get ``seed=seed``; rlmoptimizer gets ``attempt=seed`` (its agent's and sub-LM's requests
@@ -188,7 +188,7 @@ def run_rlmoptimizer(ctx: ArmContext) -> tuple[dspy.Module, dict]:
     window = ctx.options.get("root_context_window")
     settings = {
         "max_metric_calls": ctx.budget,
-        "budget_units": ctx.budget - len(ctx.train) - len(ctx.val),
+        "budget_units": ctx.budget - len(ctx.val),
         "rlm_max_iterations": ctx.options["rlm_max_turns"],
         "rlm_max_llm_calls": ctx.options["rlm_max_llm_calls"],
         "root_context_window": window,

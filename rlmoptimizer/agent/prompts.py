@@ -181,7 +181,8 @@ def budget_note(
             + ". Sub-LM prompts (llm_query, proposals, GEPA's reflections) are not metric "
             f"calls: they have an allowance of {max_metric_calls} of their own. The {check} check of a submission "
             f"not yet evaluated on {check} is paid from the units too, and without the units for it the best "
-            f"checked candidate is returned instead, so check what you submit."
+            f"checked candidate is returned instead, so check what you submit. Once fewer units are left than one "
+            f"{check} check costs, the run ends before your next turn (nothing could change the result)."
         )
     return (
         f"{new}, or one sub-LM prompt: enough to evaluate the {train_size} train examples {max_iterations} time(s)"

@@ -9,14 +9,14 @@ May import: ``rlmoptimizer.agent.context``, ``.stop``, ``.guide`` and ``rlmoptim
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rlmoptimizer.agent.context import BoundedContext, ContextBudget, clip
 from rlmoptimizer.agent.stop import SpendingStop
 from rlmoptimizer.usage import ROOT
 
-__all__ = ["long_run_options", "render_state_block", "state_block_of"]
+__all__ = ["long_run_options", "no_check_left", "render_state_block", "state_block_of"]
 
 
 def render_state_block(
@@ -73,10 +73,11 @@ def long_run_options(
     usage: Any,
     guide: Any = None,
     autopilot: bool = True,
+    decided: Callable[[], str | None] | None = None,
 ) -> dict[str, Any]:
     """The :class:`~rlmoptimizer.agent.agent.OptimizerAgent` arguments of a long run: its bounded context (which
     learns the root LM's characters per token from the usage meter), its state block (closed by the ``guide``'s next line of the default loop), the usage meter and the stop after the
-    spending cap."""
+    spending cap (or at once, once ``decided()`` says why no turn can change the result)."""
     return {
         "context": BoundedContext(
             ContextBudget.for_lm(root_lm, window),
@@ -87,7 +88,7 @@ def long_run_options(
         "next_move": guide.next_line if guide is not None else None,
         "autopilot": autopilot,
         "usage": usage,
-        "spending_stop": SpendingStop(lambda: usage.cap_message() if usage.cap_reached else None),
+        "spending_stop": SpendingStop(lambda: usage.cap_message() if usage.cap_reached else None, decided=decided),
     }
 
 
@@ -113,3 +114,20 @@ def state_block_of(runs: Any, working: Any, ledger: Any, notes: Any, usage: Any,
         )
 
     return block
+
+
+def no_check_left(runs: Any, ledger: Any, split: str) -> Callable[[], str | None]:
+    """With ``max_metric_calls``: why no turn can change the result any more (too few calls are left to score a
+    new candidate on the whole selection ``split``, so compile() returns the best candidate scored there), or
+    None while a turn can."""
+
+    def decided() -> str | None:
+        need, left = runs.cheapest_check(split), ledger.left
+        if left >= need:
+            return None
+        return (
+            f"max_metric_calls has {left} call(s) left, fewer than the {need} a check of a new candidate on "
+            f"{'validation' if split == 'val' else split} needs"
+        )
+
+    return decided

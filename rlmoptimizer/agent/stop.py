@@ -5,7 +5,9 @@ here; the agent sees the tool's error in its REPL as usual, and the loop stops a
 the recorded failure, so the work paid for so far is kept and the user gets the real error.
 
 :class:`SpendingStop` ends the run a few turns after spending stopped (the spending cap), if the agent has not
-submitted by then: its turns cost too, and it was told it can only submit.
+submitted by then: its turns cost too, and it was told it can only submit. It ends the run at once when the
+result is decided (``max_metric_calls`` has too few calls left to check any new candidate on the selection split,
+so compile() will return the best candidate checked so far whatever the agent does).
 """
 
 from __future__ import annotations
@@ -46,29 +48,39 @@ class StopRequest:
 
 class SpendingStop:
     """``reason()`` says why spending stopped (None while it goes on); after ``turns_after`` turns taken since,
-    :meth:`ends_run` is True and :meth:`outcome` ends the run with the current instructions, without an LM call."""
+    :meth:`ends_run` is True and :meth:`outcome` ends the run with the current instructions, without an LM call.
+    ``decided()`` says why no turn can change the result any more (None while one can): it ends the run at once."""
 
-    def __init__(self, reason: Callable[[], str | None], turns_after: int = 3) -> None:
+    def __init__(
+        self,
+        reason: Callable[[], str | None],
+        turns_after: int = 3,
+        decided: Callable[[], str | None] | None = None,
+    ) -> None:
         self.reason = reason
         self.turns_after = turns_after
+        self.decided = decided or (lambda: None)
         self._turns = 0
+        self._why: str | None = None
 
     def ends_run(self) -> bool:
         """Called before each turn."""
-        if self.reason() is None:
+        decided = self.decided()
+        if decided is not None:
+            self._why = f"{decided}; the agent was stopped, since no turn could change the result"
+            return True
+        reason = self.reason()
+        if reason is None:
             return False
         self._turns += 1
+        self._why = f"{reason}; the agent did not SUBMIT within {self.turns_after} turns"
         return self._turns > self.turns_after
 
     def outcome(self, history: Any, output_field_names: list[str]) -> Prediction:
-        reason = self.reason()
-        logger.warning(
-            "%s; the agent did not SUBMIT within %d turns, so the current instructions are submitted.",
-            reason,
-            self.turns_after,
-        )
+        why = self._why or str(self.reason())
+        logger.warning("%s, so the current instructions are submitted.", why)
         return Prediction(
             trajectory=[entry.model_dump() for entry in history],
-            final_reasoning=f"{reason}; the current instructions were submitted.",
+            final_reasoning=f"{why}; the current instructions were submitted.",
             **{name: {} for name in output_field_names},
         )

@@ -146,6 +146,18 @@ class Runs:
                 return run
         return None
 
+    def cheapest_check(self, split: str) -> int:
+        """The fewest examples an evaluation must pay to score a candidate not yet scored on the whole ``split`` at
+        its first sample: the whole split for new instructions, less for instructions with stored records of
+        ``split`` (an evaluation that was cut short)."""
+        size = len(self.splits[split])
+        with self._lock:
+            held: dict[str, set[int]] = {}
+            for key_split, example_id, digest, rollout in self._cache:
+                if key_split == split and rollout == 0:
+                    held.setdefault(digest, set()).add(example_id)
+        return size - max((len(ids) for ids in held.values() if len(ids) < size), default=0)
+
     def evaluate(
         self,
         program: Any,
