@@ -77,3 +77,12 @@ def classify_lm_failure(exc: BaseException) -> tuple[str, BaseException] | None:
 def format_error(exc: BaseException) -> str:
     """How an error is stored on a record and shown: ``"TypeName: message"``."""
     return f"{type(exc).__name__}: {exc}"
+
+
+def failure_summary(exc: BaseException) -> str:
+    """One line for a failed LM call: the LM failure found in ``exc``'s chain (:func:`classify_lm_failure`), else
+    ``exc`` itself, as ``"TypeName: first line of its message"``."""
+    failure = classify_lm_failure(exc)
+    cause = failure[1] if failure else exc
+    text = str(cause)
+    return f"{type(cause).__name__}: {text.splitlines()[0] if text else ''}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dspy
 
-from rlmoptimizer.evaluation.lm_failures import classify_lm_failure
+from rlmoptimizer.evaluation.lm_failures import classify_lm_failure, failure_summary
 
 
 def test_classify_lm_failure_tells_systemic_transient_and_content_errors_apart():
@@ -22,6 +22,18 @@ def test_classify_lm_failure_tells_systemic_transient_and_content_errors_apart()
     except RuntimeError as outer:
         kind, cause = classify_lm_failure(outer)
     assert kind == "systemic" and isinstance(cause, dspy.LMAuthError)
+
+
+def test_a_failure_reads_as_the_lm_error_behind_it_on_one_line():
+    try:
+        try:
+            raise dspy.LMAuthError("403 Forbidden\nrequest id abc")
+        except dspy.LMAuthError as inner:
+            raise RuntimeError("the program wrapped it") from inner
+    except RuntimeError as outer:
+        assert failure_summary(outer) == "LMAuthError: 403 Forbidden"
+    assert failure_summary(ValueError("no field 'answer'\nin the reply")) == "ValueError: no field 'answer'"
+    assert failure_summary(KeyError()) == "KeyError: "
 
 
 # -- selecting ids -------------------------------------------------------------------------------

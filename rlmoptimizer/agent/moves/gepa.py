@@ -33,7 +33,7 @@ from rlmoptimizer.agent.moves.context import MoveContext, refuse
 from rlmoptimizer.agent.moves.proposal import reflective_example
 from rlmoptimizer.budget import SUB_LM_CALL, TRAIN_EXAMPLE, VAL_EXAMPLE, BudgetLedger, Reservation
 from rlmoptimizer.errors import AgentToolError, BudgetExhaustedError
-from rlmoptimizer.evaluation.lm_failures import classify_lm_failure
+from rlmoptimizer.evaluation.lm_failures import classify_lm_failure, failure_summary
 from rlmoptimizer.fingerprint import instructions_digest
 from rlmoptimizer.records import ExampleResult
 from rlmoptimizer.storage.answers import AnswerStore
@@ -189,12 +189,9 @@ class _Reflection:
             ask = (lambda: lm(prompt)) if isinstance(prompt, str) else (lambda: lm(messages=messages))
             outputs = self._book(ask)()
         except Exception as exc:
-            failure = classify_lm_failure(exc)
-            if failure is None:  # it answered (e.g. a reply that does not parse): it was a call
+            if classify_lm_failure(exc) is None:  # it answered (e.g. a reply that does not parse): it was a call
                 reservation.spend(1)
-            cause = failure[1] if failure else exc
-            first = str(cause).splitlines()[0] if str(cause) else ""
-            raise _Stop(f"the reflection LM (sub_lm) failed: {type(cause).__name__}: {first}", error=exc) from exc
+            raise _Stop(f"the reflection LM (sub_lm) failed: {failure_summary(exc)}", error=exc) from exc
         else:
             reservation.spend(1)
         finally:

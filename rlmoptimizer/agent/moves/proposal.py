@@ -19,7 +19,7 @@ from dspy.teleprompt.gepa import InstructionProposer
 
 from rlmoptimizer.agent.moves.context import MAX_PROPOSALS, MAX_REFLECTION_EXAMPLES, MoveContext, refuse
 from rlmoptimizer.budget import SUB_LM_CALL, Reservation
-from rlmoptimizer.evaluation.lm_failures import classify_lm_failure
+from rlmoptimizer.evaluation.lm_failures import classify_lm_failure, failure_summary
 from rlmoptimizer.fingerprint import instructions_digest
 from rlmoptimizer.records import ExampleResult, StepTrace
 
@@ -156,11 +156,9 @@ class ProposalMoves(MoveContext):
                 with dspy.context(lm=lm):
                     text = proposer({step: current}, {step: dataset}, [step])[step]
             except Exception as exc:
-                failure = classify_lm_failure(exc)
-                if failure is None:  # the LM answered (e.g. a reply that does not parse): it was a call
+                if classify_lm_failure(exc) is None:  # the LM answered (e.g. a reply that does not parse): a call
                     reservation.spend(1)
-                cause = failure[1] if failure else exc
-                return None, f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+                return None, failure_summary(exc)
             reservation.spend(1)
             return text, None
 
