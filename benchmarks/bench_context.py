@@ -32,8 +32,8 @@ from dspy.primitives.repl_types import REPLHistory  # noqa: E402
 from rlmoptimizer.agent.agent import OptimizerAgent  # noqa: E402
 from rlmoptimizer.agent.context import BoundedContext, ContextBudget  # noqa: E402
 from rlmoptimizer.agent.prompts import render_instructions, render_task_brief  # noqa: E402
+from rlmoptimizer.agent.services import TurnAids, TurnSettings  # noqa: E402
 from rlmoptimizer.agent.state import render_state_block  # noqa: E402
-from rlmoptimizer.budget import BudgetLedger  # noqa: E402
 
 CHECKPOINTS = (10, 50, 200)
 
@@ -82,11 +82,8 @@ def main() -> None:
     )
     agent = OptimizerAgent(
         signature,
-        ledger=BudgetLedger(120),
-        context=context,
-        state_block=lambda: state,
-        max_iters=turns,
-        max_output_chars=args.output_chars,
+        TurnSettings(max_iters=turns, max_output_chars=args.output_chars),
+        aids=TurnAids(context=context, state_block=lambda: state),
     )
     action_signature = agent.generate_action.signature
     adapter = ChatAdapter()

@@ -36,6 +36,7 @@ if (_ROOT / "rlmoptimizer" / "__init__.py").is_file():
 
 import dspy  # noqa: E402
 
+from rlmoptimizer.agent.services import CompileServices  # noqa: E402
 from rlmoptimizer.agent.stop import StopRequest  # noqa: E402
 from rlmoptimizer.agent.tools import AgentTools  # noqa: E402
 from rlmoptimizer.agent.working_program import WorkingProgram  # noqa: E402
@@ -124,7 +125,7 @@ class SandboxedTools:
             stop=StopRequest(),
             observer=observer,
         )
-        self.tools = AgentTools(working=working, runs=runs, ledger=ledger)
+        self.tools = AgentTools(CompileServices(runs=runs, ledger=ledger, working=working))
         out = self.box.execute(
             "import time\n_t = time.perf_counter()\n_run = evaluate_program(split='train')\n"
             "print(time.perf_counter() - _t, _run['passed_count'], len(_run['examples']))"

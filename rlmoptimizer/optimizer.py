@@ -30,7 +30,8 @@ from rich.console import Console
 from rlmoptimizer.agent.agent import OptimizerAgent
 from rlmoptimizer.agent.prompts import agent_signature, budget_note, render_setup_code, render_task_brief
 from rlmoptimizer.agent.root_lm import for_attempt
-from rlmoptimizer.agent.state import long_run_options, no_check_left
+from rlmoptimizer.agent.services import CompileServices, TurnSettings
+from rlmoptimizer.agent.state import long_run_aids, no_check_left
 from rlmoptimizer.agent.stop import StopRequest
 from rlmoptimizer.agent.tools import AgentTools
 from rlmoptimizer.agent.window import check_root_window
@@ -80,7 +81,7 @@ from rlmoptimizer.storage.lock import RunDirectoryLock
 from rlmoptimizer.storage.notes import NotesStore
 from rlmoptimizer.storage.resume import open_run_directory, where_message
 from rlmoptimizer.storage.run_store import RunStore
-from rlmoptimizer.usage import EVAL, ROOT, SUB, UsageMeter, UsageObserver
+from rlmoptimizer.usage import EVAL, ROOT, UsageMeter, UsageObserver
 
 logger = logging.getLogger(__name__)
 
@@ -366,15 +367,17 @@ class _Compile:
             observer=self.observer,
         )
         self.notes = NotesStore(self.directory)
-        self.tools = AgentTools(
-            working=self.working,
+        self.services = CompileServices(
             runs=self.runs,
             ledger=self.ledger,
-            proposal_lm=self.sub_lm,
+            working=self.working,
             notes=self.notes,
-            as_sub=lambda fn: self.usage.in_role(SUB, fn),
-            seed=config.attempt,
+            usage=self.usage,
+            observer=self.observer,
+            sub_lm=self.sub_lm,
+            attempt=config.attempt,
         )
+        self.tools = AgentTools(self.services)
 
     def release(self) -> None:
         """Give the run directory up for the next compile()."""
@@ -475,39 +478,26 @@ class _Compile:
                     len(self.trainset), len(self.valset), self.config.max_iterations, self.config.max_metric_calls
                 ),
             ),
-            ledger=self.ledger,
+            TurnSettings.of(self.config),
+            services=self.services,
+            aids=long_run_aids(
+                self.services,
+                self.root_lm,
+                self.config.root_context_window,
+                self.config.rlm_max_output_chars,
+                self.tools.guide,
+                no_check_left(self.services, "val" if self.valset else "train")
+                if self.config.max_metric_calls
+                else None,
+            ),
+            tools=self.tools.tool_functions(),
+            interpreter_factory=sandbox.as_factory(),
             setup_code=render_setup_code(
                 baseline_train.run_id if baseline_train else "",
                 baseline_val.run_id if baseline_val else "",
                 self.working.step_names,
             ),
-            observer=self.observer,
-            stop=self.stop,
             prior_turns=self.resume.turns,
-            validate_submission=self.working.validate_submission,
-            max_iters=self.config.rlm_max_iterations,
-            max_llm_calls=self.config.rlm_max_llm_calls,
-            max_output_chars=self.config.rlm_max_output_chars,
-            stateful_session=self.config.root_stateful_session,
-            multiturn_history=self.config.rlm_multiturn_history,
-            tools=self.tools.tool_functions(),
-            sub_lm=self.sub_lm,
-            interpreter_factory=sandbox.as_factory(),
-            **long_run_options(
-                self.root_lm,
-                self.config.root_context_window,
-                self.config.rlm_max_output_chars,
-                self.runs,
-                self.working,
-                self.ledger,
-                self.notes,
-                self.usage,
-                self.tools.guide,
-                self.config.rlm_autopilot,
-                no_check_left(self.runs, self.ledger, "val" if self.valset else "train")
-                if self.config.max_metric_calls
-                else None,
-            ),
         )
         brief = render_task_brief(
             {name: str(p.signature.signature) for name, p in self.program.named_predictors()},

@@ -46,15 +46,16 @@ from rlmoptimizer.agent._dspy import (
     format_error_for_lm,
     resolve_interpreter_factory,
 )
-from rlmoptimizer.agent.context import BoundedContext, is_context_refusal, turn_inputs
+from rlmoptimizer.agent.context import is_context_refusal, turn_inputs
 from rlmoptimizer.agent.guide import AUTOPILOT, IDLE_NOTICE, NOTICE, autopilot_step, idle_follow_up, note_repeat
 from rlmoptimizer.agent.prompts import action_signature, extract_signature
 from rlmoptimizer.agent.root_lm import TurnSender
-from rlmoptimizer.agent.stop import SpendingStop, StopRequest
+from rlmoptimizer.agent.services import CompileServices, TurnAids, TurnSettings
+from rlmoptimizer.agent.stop import StopRequest
 from rlmoptimizer.budget import SUB_LM_CALL, BudgetLedger, Reservation
 from rlmoptimizer.errors import BudgetExhaustedError
-from rlmoptimizer.events import NO_OBSERVER, AgentTurn, Observer, SubLMAnswered
-from rlmoptimizer.usage import SUB, UsageMeter
+from rlmoptimizer.events import NO_OBSERVER, AgentTurn, SubLMAnswered
+from rlmoptimizer.usage import SUB
 
 logger = logging.getLogger(__name__)
 
@@ -168,31 +169,34 @@ class OptimizerAgent(dspy.RLM):
     def __init__(
         self,
         signature,
+        settings: TurnSettings | None = None,
         *,
-        ledger: BudgetLedger,
+        services: CompileServices | None = None,
+        aids: TurnAids | None = None,
+        tools: Sequence[Callable] = (),
+        interpreter_factory: Callable[[], CodeInterpreter] | None = None,
         setup_code: str = "",
-        observer: Observer = NO_OBSERVER,
-        stop: StopRequest | None = None,
         prior_turns: Sequence[dict[str, Any]] = (),
-        parse_retries: int = 2,
-        validate_submission: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-        stateful_session: bool = False,
-        multiturn_history: bool = False,
-        context: BoundedContext | None = None,
-        state_block: Callable[[], str] | None = None,
-        next_move: Callable[[], str] | None = None,
-        autopilot: bool = True,
-        usage: UsageMeter | None = None,
-        spending_stop: SpendingStop | None = None,
-        context_refusal_retries: int = 4,
-        **rlm_kwargs: Any,
     ) -> None:
-        super().__init__(signature, **rlm_kwargs)
+        """``services``: the compile the agent works for (its ledger pays the sub-LM calls, its observer hears of
+        every turn, its stop request ends the loop, its working program checks the submission); None for an agent
+        that only measures its requests (no sub-LM budget). ``aids``: what a long run adds to each turn."""
+        settings = settings or TurnSettings()
+        aids = aids or TurnAids()
+        super().__init__(
+            signature,
+            max_iters=settings.max_iters,
+            max_llm_calls=settings.max_llm_calls,
+            max_output_chars=settings.max_output_chars,
+            tools=list(tools),
+            sub_lm=services.sub_lm if services is not None else None,
+            **({"interpreter_factory": interpreter_factory} if interpreter_factory is not None else {}),
+        )
         # The loop below is ours, on dspy's public surface: dspy.RLM gives the module its signature, settings and
         # predictors. The turn's signature is ours too (instructions, how a turn works, each tool once; no dspy
         # sub-agents), and so are the tools, the factory and the extraction at the turn limit.
-        self._factory = rlm_kwargs.get("interpreter_factory")
-        self._tools = list(rlm_kwargs.get("tools") or ())
+        self._factory = interpreter_factory
+        self._tools = list(tools)
         self.generate_action = dspy.Predict(
             action_signature(
                 self.signature.instructions,
@@ -203,26 +207,28 @@ class OptimizerAgent(dspy.RLM):
         self.extract = dspy.Predict(extract_signature(self.signature))
         # What the root LM is sent per turn (rlmoptimizer.agent.root_lm); None keeps dspy's rendering unchanged.
         self._turn_sender = (
-            TurnSender(stateful=stateful_session, multiturn=multiturn_history, max_iters=self.max_iters)
-            if stateful_session or multiturn_history
+            TurnSender(
+                stateful=settings.stateful_session, multiturn=settings.multiturn_history, max_iters=self.max_iters
+            )
+            if settings.stateful_session or settings.multiturn_history
             else None
         )
-        self._ledger = ledger
+        self._ledger = services.ledger if services is not None else BudgetLedger(0)
         self._setup_code = setup_code
-        self._observer = observer
-        self._stop = stop if stop is not None else StopRequest()
+        self._observer = services.observer if services is not None else NO_OBSERVER
+        self._stop = services.stop if services is not None else StopRequest()
         self._prior_turns = [dict(t) for t in prior_turns]
         self.turns: list[dict[str, Any]] = [dict(t) for t in prior_turns]
-        self._parse_retries = parse_retries
-        self._validate_submission = validate_submission
-        self._context = context
-        self._state_block = state_block
-        self._next_move = next_move  # the default loop's next line, named in a repeat notice
-        self._autopilot = autopilot  # run that line in place of a cell known to change nothing
-        self._usage = usage
-        self._spending_stop = spending_stop
-        self._context_refusal_retries = context_refusal_retries
-        self._as_sub = (lambda fn: usage.in_role(SUB, fn)) if usage is not None else (lambda fn: fn)
+        self._parse_retries = settings.parse_retries
+        self._validate_submission = services.working.validate_submission if services is not None else None
+        self._context = aids.context
+        self._state_block = aids.state_block
+        self._next_move = aids.next_move  # the default loop's next line, named in a repeat notice
+        self._autopilot = settings.autopilot  # run that line in place of a cell known to change nothing
+        self._usage = services.usage if services is not None else None
+        self._spending_stop = aids.spending_stop
+        self._context_refusal_retries = settings.context_refusal_retries
+        self._as_sub = services.as_sub if services is not None else (lambda fn: fn)
         self._tool_lock = threading.Lock()
         self._tool_calls = 0  # tool calls so far, to tell a cell that did something from one that did not
         self._idle_steps: set[int] = set()  # the (1-based) steps whose cell ran, called no tool and printed nothing

@@ -4,7 +4,7 @@ The state block holds what the agent must not lose when old turns are compacted 
 far with their scores, the current instructions, the budget, the spending against ``max_cost_usd``, the
 agent's notes, and last the default loop's next line (:class:`~rlmoptimizer.agent.guide.LoopGuide`).
 
-May import: ``rlmoptimizer.agent.context``, ``.stop``, ``.guide`` and ``rlmoptimizer.usage``.
+May import: ``rlmoptimizer.agent.context``, ``.guide``, ``.services``, ``.stop`` and ``rlmoptimizer.usage``.
 """
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rlmoptimizer.agent.context import BoundedContext, ContextBudget, clip
+from rlmoptimizer.agent.guide import LoopGuide
+from rlmoptimizer.agent.services import CompileServices, TurnAids
 from rlmoptimizer.agent.stop import SpendingStop
 from rlmoptimizer.usage import ROOT
 
-__all__ = ["long_run_options", "no_check_left", "render_state_block", "state_block_of"]
+__all__ = ["long_run_aids", "no_check_left", "render_state_block", "state_block_of"]
 
 
 def render_state_block(
@@ -62,39 +64,36 @@ def render_state_block(
     return clip(block, max(0, max_chars - len(next_move) - 2)) + "\n\n" + next_move
 
 
-def long_run_options(
+def long_run_aids(
+    services: CompileServices,
     root_lm: Any,
     window: int | None,
     max_output_chars: int,
-    runs: Any,
-    working: Any,
-    ledger: Any,
-    notes: Any,
-    usage: Any,
-    guide: Any = None,
-    autopilot: bool = True,
+    guide: LoopGuide | None = None,
     decided: Callable[[], str | None] | None = None,
-) -> dict[str, Any]:
-    """The :class:`~rlmoptimizer.agent.agent.OptimizerAgent` arguments of a long run: its bounded context (which
-    learns the root LM's characters per token from the usage meter), its state block (closed by the ``guide``'s next line of the default loop), the usage meter and the stop after the
-    spending cap (or at once, once ``decided()`` says why no turn can change the result)."""
-    return {
-        "context": BoundedContext(
+) -> TurnAids:
+    """What a long run adds to the agent's turns: its bounded context (which learns the root LM's characters per
+    token from the usage meter), its state block (closed by the ``guide``'s next line of the default loop) and the
+    stop after the spending cap (or at once, once ``decided()`` says why no turn can change the result)."""
+    usage = services.usage
+    return TurnAids(
+        context=BoundedContext(
             ContextBudget.for_lm(root_lm, window),
             max_output_chars=max_output_chars,
             input_tokens=(lambda: usage.snapshot()[ROOT]["input_tokens"]) if usage is not None else None,
         ),
-        "state_block": state_block_of(runs, working, ledger, notes, usage, guide),
-        "next_move": guide.next_line if guide is not None else None,
-        "autopilot": autopilot,
-        "usage": usage,
-        "spending_stop": SpendingStop(lambda: usage.cap_message() if usage.cap_reached else None, decided=decided),
-    }
+        state_block=state_block_of(services, guide),
+        next_move=guide.next_line if guide is not None else None,
+        spending_stop=SpendingStop(
+            lambda: usage.cap_message() if usage is not None and usage.cap_reached else None, decided=decided
+        ),
+    )
 
 
-def state_block_of(runs: Any, working: Any, ledger: Any, notes: Any, usage: Any, guide: Any = None) -> Any:
+def state_block_of(services: CompileServices, guide: LoopGuide | None = None) -> Callable[[], str]:
     """The state block of a compile(), read fresh on every turn: its runs, the working program's instructions,
     the budget, the spending against ``max_cost_usd`` (when set) and the agent's notes."""
+    usage = services.usage
 
     def block() -> str:
         spending = ""
@@ -105,10 +104,10 @@ def state_block_of(runs: Any, working: Any, ledger: Any, notes: Any, usage: Any,
                 + "."
             )
         return render_state_block(
-            runs=[r.summary() for r in runs.all()],
-            instructions=working.instructions(),
-            budget=ledger.snapshot(),
-            notes=notes.render(max_chars=3_000),
+            runs=[r.summary() for r in services.runs.all()],
+            instructions=services.working.instructions(),
+            budget=services.ledger.snapshot(),
+            notes=services.notes.render(max_chars=3_000),
             spending=spending,
             next_move=guide.describe() if guide is not None else "",
         )
@@ -116,13 +115,13 @@ def state_block_of(runs: Any, working: Any, ledger: Any, notes: Any, usage: Any,
     return block
 
 
-def no_check_left(runs: Any, ledger: Any, split: str) -> Callable[[], str | None]:
+def no_check_left(services: CompileServices, split: str) -> Callable[[], str | None]:
     """With ``max_metric_calls``: why no turn can change the result any more (too few calls are left to score a
     new candidate on the whole selection ``split``, so compile() returns the best candidate scored there), or
     None while a turn can."""
 
     def decided() -> str | None:
-        need, left = runs.cheapest_check(split), ledger.left
+        need, left = services.runs.cheapest_check(split), services.ledger.left
         if left >= need:
             return None
         return (

@@ -16,15 +16,13 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-import dspy
-
 from rlmoptimizer.agent.guide import LoopGuide
 from rlmoptimizer.agent.moves import Moves
 from rlmoptimizer.agent.prompts import BASELINE_TRAIN
-from rlmoptimizer.agent.working_program import WorkingProgram, agent_error
-from rlmoptimizer.budget import SUB_LM_CALL, BudgetLedger, Reservation
+from rlmoptimizer.agent.services import CompileServices
+from rlmoptimizer.agent.working_program import agent_error
+from rlmoptimizer.budget import SUB_LM_CALL, Reservation
 from rlmoptimizer.errors import ConfigurationError, StructureChangedError
-from rlmoptimizer.evaluation.runs import Runs
 from rlmoptimizer.events import CandidateAdded, GepaIteration, SubLMAnswered
 from rlmoptimizer.records import EvalRun
 from rlmoptimizer.storage.answers import AnswerStore
@@ -35,7 +33,6 @@ from rlmoptimizer.storage.candidates import (
     write_gepa_progress,
 )
 from rlmoptimizer.storage.layout import GEPA_REFLECTIONS
-from rlmoptimizer.storage.notes import NotesStore
 
 __all__ = ["AgentTools", "agent_error", "select_ids"]
 
@@ -103,23 +100,15 @@ def select_ids(
 class AgentTools:
     """The agent's tools: evaluate the working program, read runs, edit prompts, read the status."""
 
-    def __init__(
-        self,
-        *,
-        working: WorkingProgram,
-        runs: Runs,
-        ledger: BudgetLedger,
-        proposal_lm: dspy.BaseLM | None = None,
-        notes: NotesStore | None = None,
-        as_sub: Callable[[Callable], Callable] | None = None,
-        seed: int = 0,
-    ) -> None:
+    def __init__(self, services: CompileServices) -> None:
+        self.services = services
+        working, runs, ledger = services.working, services.runs, services.ledger
         self.working = working
-        self.seed = seed  # run_gepa's default seed: the compile's attempt, so that attempts sample differently
-        self._as_sub = as_sub or (lambda fn: fn)  # books the proposals' LM calls to the sub role
+        self.seed = services.attempt  # run_gepa's default seed: the compile's attempt, so attempts sample differently
+        self._as_sub = services.as_sub  # books the proposals' LM calls to the sub role
         self.runs = runs
         self.ledger = ledger
-        self.notes = notes if notes is not None else NotesStore()
+        self.notes = services.notes
         self.moves = Moves(
             runs=runs,
             evaluate=self._evaluate_instructions,
@@ -127,7 +116,7 @@ class AgentTools:
             step_names=working.step_names,
             current=working.instructions,
             check_map=lambda mapping: working.validate_prompt_map(mapping, what="a candidate"),
-            proposal_lm=proposal_lm,
+            proposal_lm=services.sub_lm,
             pass_threshold=getattr(runs.evaluator, "pass_threshold", 1.0),
         )
         store = getattr(runs, "store", None)

@@ -34,9 +34,10 @@ from rlmoptimizer.agent.context import (
     smallest_window,
 )
 from rlmoptimizer.agent.prompts import TOOL_NAMES, agent_signature, budget_note, render_task_brief
+from rlmoptimizer.agent.services import TurnSettings
 from rlmoptimizer.agent.state import render_state_block
 from rlmoptimizer.agent.tools import AgentTools
-from rlmoptimizer.budget import BudgetLedger, budget_for, budget_for_metric_calls
+from rlmoptimizer.budget import budget_for, budget_for_metric_calls
 from rlmoptimizer.errors import ConfigurationError
 
 __all__ = ["TYPICAL_CHARS_PER_TOKEN", "check_root_window", "first_request_chars", "unbound_tools"]
@@ -72,12 +73,9 @@ def first_request_chars(
     note = budget_note(train_size, val_size, config.max_iterations, config.max_metric_calls)
     agent = OptimizerAgent(
         agent_signature(budget, note),
-        ledger=BudgetLedger(budget),
+        TurnSettings.of(config),
         tools=unbound_tools(),
         interpreter_factory=no_interpreter,
-        max_iters=config.rlm_max_iterations,
-        max_llm_calls=config.rlm_max_llm_calls,
-        max_output_chars=config.rlm_max_output_chars,
     )
     brief = render_task_brief(
         {name: signature for name, (signature, _) in steps.items()},

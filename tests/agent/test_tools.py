@@ -8,6 +8,7 @@ import pytest
 from support.fakes import FunctionLM
 from support.qa import echo_lm, examples, make_evaluator
 
+from rlmoptimizer.agent.services import CompileServices
 from rlmoptimizer.agent.stop import StopRequest
 from rlmoptimizer.agent.tools import AgentTools, select_ids
 from rlmoptimizer.agent.working_program import WorkingProgram
@@ -64,7 +65,7 @@ def make_tools(tmp_path, lm):
     program = dspy.Predict("question -> answer")
     stop = StopRequest()
     working = WorkingProgram(program=program, fingerprint=structural_fingerprint(program), runs=runs, stop=stop)
-    return AgentTools(working=working, runs=runs, ledger=ledger), stop
+    return AgentTools(CompileServices(runs=runs, ledger=ledger, working=working)), stop
 
 
 @pytest.mark.parametrize(
@@ -126,7 +127,7 @@ def test_a_gepa_run_replayed_after_a_kill_takes_only_what_is_left_of_its_budget(
     working = WorkingProgram(
         program=program, fingerprint=structural_fingerprint(program), runs=runs, stop=StopRequest()
     )
-    tools = AgentTools(working=working, runs=runs, ledger=ledger, proposal_lm=proposer("Answer with care."))
+    tools = AgentTools(CompileServices(runs=runs, ledger=ledger, working=working, sub_lm=proposer("Answer with care.")))
 
     replayed = tools.run_gepa(budget=10)  # the same call: it goes on with what is left of its 10
     assert replayed["summary"].startswith("gepa run 2:") and replayed["spent_before_resume"] == 6

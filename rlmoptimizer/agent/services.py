@@ -1,0 +1,103 @@
+"""What one compile() is made of, built once and handed whole to the agent's tools, the agent and its turn aids.
+
+:class:`CompileServices` holds the stateful parts of a compile (its evaluation runs, the budget ledger, the
+working program, the notes, the usage meter, the observer) and the two values that shape the agent's sub-LM work
+(the sub LM and the attempt). :class:`TurnSettings` holds how the agent's turns are run, as the user set them, and
+:class:`TurnAids` what a long run adds to each turn (the bounded context, the state block, the default loop's next
+line, the stop after the spending cap).
+
+May import: ``rlmoptimizer.agent.context``, ``.stop``, ``.working_program``, ``rlmoptimizer.budget``,
+``.evaluation``, ``.events``, ``.storage`` and ``.usage``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from rlmoptimizer.agent.context import BoundedContext
+from rlmoptimizer.agent.stop import SpendingStop, StopRequest
+from rlmoptimizer.agent.working_program import WorkingProgram
+from rlmoptimizer.budget import BudgetLedger
+from rlmoptimizer.evaluation.runs import Runs
+from rlmoptimizer.events import NO_OBSERVER, Observer
+from rlmoptimizer.storage.notes import NotesStore
+from rlmoptimizer.usage import SUB, UsageMeter
+
+__all__ = ["CompileServices", "TurnAids", "TurnSettings"]
+
+
+@dataclass(frozen=True)
+class CompileServices:
+    """The stateful parts of one compile(). ``sub_lm``: the LM of ``llm_query`` and of the proposals (None: the
+    configured LM); ``attempt``: the compile's attempt, ``run_gepa``'s default seed."""
+
+    runs: Runs
+    ledger: BudgetLedger
+    working: WorkingProgram
+    notes: NotesStore = field(default_factory=NotesStore)
+    usage: UsageMeter | None = None
+    observer: Observer = NO_OBSERVER
+    sub_lm: Any = None
+    attempt: int = 0
+
+    @property
+    def stop(self) -> StopRequest:
+        """The compile's stop request (the working program's: a tool that meets a systemic failure sets it)."""
+        return self.working.stop
+
+    def as_sub(self, fn: Callable) -> Callable:
+        """``fn`` with its LM calls booked to the sub-LM role of the usage meter."""
+        return self.usage.in_role(SUB, fn) if self.usage is not None else fn
+
+
+class _AgentConfig(Protocol):  # the optimizer's settings that shape a turn (RLMDocstringOptimizer has them)
+    rlm_max_iterations: int
+    rlm_max_llm_calls: int
+    rlm_max_output_chars: int
+    root_stateful_session: bool
+    rlm_multiturn_history: bool
+    rlm_autopilot: bool
+
+
+@dataclass(frozen=True)
+class TurnSettings:
+    """How the agent's turns run: ``max_iters`` turns at most, ``max_llm_calls`` sub-LM calls, ``max_output_chars``
+    of a cell's output kept; what the root LM is sent (``stateful_session``, ``multiturn_history``); whether a cell
+    known to change nothing is replaced by the default loop's next line (``autopilot``); how often a reply that
+    does not parse (``parse_retries``) and a request the root LM refuses as too long
+    (``context_refusal_retries``) are retried."""
+
+    max_iters: int = 20
+    max_llm_calls: int = 50
+    max_output_chars: int = 10_000
+    stateful_session: bool = False
+    multiturn_history: bool = False
+    autopilot: bool = True
+    parse_retries: int = 2
+    context_refusal_retries: int = 4
+
+    @classmethod
+    def of(cls, config: _AgentConfig) -> TurnSettings:
+        """The settings the user gave the optimizer."""
+        return cls(
+            max_iters=config.rlm_max_iterations,
+            max_llm_calls=config.rlm_max_llm_calls,
+            max_output_chars=config.rlm_max_output_chars,
+            stateful_session=config.root_stateful_session,
+            multiturn_history=config.rlm_multiturn_history,
+            autopilot=config.rlm_autopilot,
+        )
+
+
+@dataclass(frozen=True)
+class TurnAids:
+    """What a long run adds to each turn: the ``context`` fitted to the root LM's window, the ``state_block`` that
+    closes every request, the default loop's ``next_move`` (named in a repeat notice, run by the autopilot) and the
+    ``spending_stop``."""
+
+    context: BoundedContext | None = None
+    state_block: Callable[[], str] | None = None
+    next_move: Callable[[], str] | None = None
+    spending_stop: SpendingStop | None = None
