@@ -8,6 +8,8 @@ the picture, the detailed results, the trajectory display, and MLflow tracking.
 * :mod:`rlmoptimizer.report.lineage` follows the named candidates' lineage to the returned candidate's ancestry;
 * :mod:`rlmoptimizer.report.trajectory` shows ``optimized.agent_trajectory`` turn by turn;
 * :mod:`rlmoptimizer.report.tracking` logs a compile() to MLflow (the optional extra);
+* :mod:`rlmoptimizer.report.compile_state` types what the report reads of a compile() while it runs
+  (:class:`CompileState`), and opens its MLflow run (:func:`tracked`);
 * :mod:`rlmoptimizer.report.finish` attaches these views to the program compile() returns.
 
 May import: ``rlmoptimizer.errors``, ``rlmoptimizer.records``, ``rlmoptimizer.fingerprint``, ``rlmoptimizer.storage``
@@ -16,13 +18,15 @@ May import: ``rlmoptimizer.errors``, ``rlmoptimizer.records``, ``rlmoptimizer.fi
 where it is used, matplotlib and mlflow.
 """
 
+from rlmoptimizer.report.compile_state import CompileState, tracked
 from rlmoptimizer.report.finish import present_result
 from rlmoptimizer.report.results import DetailedResults
 from rlmoptimizer.report.rundir import RunDirectory, read_run_directory
-from rlmoptimizer.report.tracking import MlflowTracker, check_use_mlflow, tracked
+from rlmoptimizer.report.tracking import MlflowTracker, check_use_mlflow
 from rlmoptimizer.report.trajectory import Trajectory
 
 __all__ = [
+    "CompileState",
     "DetailedResults",
     "MlflowTracker",
     "RunDirectory",

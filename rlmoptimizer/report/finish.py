@@ -5,10 +5,10 @@ run in the run directory, and the end of the MLflow run."""
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 from rlmoptimizer.fingerprint import copy_program
+from rlmoptimizer.report.compile_state import CompileState
 from rlmoptimizer.report.plot import write_run_picture
 from rlmoptimizer.report.results import DetailedResults
 from rlmoptimizer.report.trajectory import Trajectory
@@ -16,18 +16,18 @@ from rlmoptimizer.report.trajectory import Trajectory
 logger = logging.getLogger(__name__)
 
 
-def present_result(program: Any, run: Any) -> Any:
-    """Attach the views of the finished run to ``program`` and return it. ``run`` is the compile's state: its
+def present_result(program: Any, state: CompileState) -> Any:
+    """Attach the views of the finished run to ``program`` and return it. ``state`` is the compile's: its
     ``directory``, ``student``, ``tracker`` (or None) and ``read_back`` (a finished run returned again writes
     nothing, so no picture). The picture never fails a finished run."""
-    directory, student, tracker = Path(run.directory), run.student, run.tracker
+    directory, student, tracker = state.directory, state.student, state.tracker
     program.agent_trajectory = Trajectory(program.agent_trajectory)
     detailed = DetailedResults.from_run_directory(directory, program=copy_program(student))
     program.detailed_results = detailed
     program.score = program.selection["chosen_score"]  # MIPROv2's names
     program.candidate_programs = detailed.candidate_programs
     picture = None
-    if not getattr(run, "read_back", False):
+    if not state.read_back:
         try:
             picture = write_run_picture(directory)
         except Exception as exc:  # a view of what is on disk: the run itself is complete

@@ -25,19 +25,18 @@ What it logs:
 Tracking never fails an optimization: the first error from MLflow is reported once as a warning, and tracking
 stops for the rest of that compile() (the run directory still has everything).
 
-The tracker is an observer of a compile()'s events (:meth:`MlflowTracker.on_event`); the compile itself calls
-:meth:`~MlflowTracker.compile_started`, :meth:`~MlflowTracker.compile_finished` and
-:meth:`~MlflowTracker.compile_failed`.
+The tracker is an observer of a compile()'s events (:meth:`MlflowTracker.on_event`); the compile is tracked in
+:func:`~rlmoptimizer.report.compile_state.tracked` (:meth:`~MlflowTracker.compile_started` with
+:func:`~rlmoptimizer.report.compile_state.compile_params`, :meth:`~MlflowTracker.compile_failed`) and ends with
+:meth:`~MlflowTracker.compile_finished` (:func:`~rlmoptimizer.report.finish.present_result`).
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,71 +68,6 @@ def check_use_mlflow(value: Any) -> bool:
     if value:
         require_mlflow()  # fail when the optimizer is built, not after the baseline was paid for
     return value
-
-
-# Constructor arguments that are not logged as themselves: the LMs, the metric and the run directory are logged as
-# what the compile runs with (their names and identity); the console, verbose output and MLflow itself shape nothing.
-_NOT_SETTINGS = frozenset(
-    {"root_lm", "sub_lm", "eval_lm", "metric", "run_storage_dir", "console", "verbose", "use_mlflow"}
-)
-
-
-def optimizer_settings(optimizer: Any) -> dict[str, Any]:
-    """Every keyword argument of the optimizer's constructor that shapes a run, as the optimizer holds it (None
-    included: ``max_iterations=None`` says the budget is ``max_metric_calls``)."""
-    parameters = inspect.signature(type(optimizer).__init__).parameters.values()
-    return {
-        p.name: getattr(optimizer, p.name)
-        for p in parameters
-        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in _NOT_SETTINGS and hasattr(optimizer, p.name)
-    }
-
-
-def _lm_name(lm: Any) -> str | None:
-    if lm is None:
-        return None
-    model = getattr(lm, "model", None)
-    return model if isinstance(model, str) and model else type(lm).__name__
-
-
-def compile_params(optimizer: Any, run: Any) -> dict[str, Any]:
-    """The parameters of one compile(): the optimizer's settings and what the compile runs with (``run`` is the
-    compile's state: its LMs, data sizes, budget and run directory)."""
-    settings = {name: "None" if value is None else value for name, value in optimizer_settings(optimizer).items()}
-    params: dict[str, Any] = {"optimizer": type(optimizer).__name__, **settings}
-    params["budget_mode"] = "max_metric_calls" if getattr(optimizer, "max_metric_calls", None) else "max_iterations"
-    params.update(
-        {
-            "budget_limit": run.budget_limit,
-            "trainset_size": len(run.trainset),
-            "valset_size": len(run.valset),
-            "root_lm": _lm_name(run.root_lm),
-            "sub_lm": _lm_name(run.sub_lm),
-            "eval_lm": _lm_name(run.eval_lm),
-            "metric": getattr(run.metric, "identity", None),
-            "run_storage_dir": str(run.directory),
-        }
-    )
-    return params
-
-
-@contextmanager
-def tracked(tracker: MlflowTracker | None, optimizer: Any, run: Any) -> Iterator[None]:
-    """Open the MLflow run of a compile() for the duration of the block and close it as failed if the block
-    raises (the block's success is closed by :meth:`MlflowTracker.compile_finished`). Nothing is tracked without
-    a tracker, or for a finished run read back (``run.read_back``)."""
-    if tracker is None or getattr(run, "read_back", False):
-        yield
-        return
-    meter = getattr(run, "usage", None)  # rlmoptimizer.usage.UsageMeter: each evaluation logs the cost so far
-    if meter is not None and hasattr(meter, "snapshot"):
-        tracker.cost_source = lambda: meter.snapshot().get("total", {}).get("cost_usd")
-    tracker.compile_started(compile_params(optimizer, run))
-    try:
-        yield
-    except BaseException as exc:
-        tracker.compile_failed(exc)
-        raise
 
 
 def _run_number(run_id: str, fallback: int) -> int:
