@@ -25,6 +25,8 @@ import logging
 import pathlib
 import re
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from rlmoptimizer.errors import ConfigurationError, StructureChangedError
@@ -74,6 +76,30 @@ def apply_instructions(program: Any, mapping: dict[str, str]) -> None:
             raise ConfigurationError(f"instructions for step {name!r} must be a str, got {type(text).__name__}")
         predictor = predictors[name]
         predictor.signature = predictor.signature.with_instructions(text)
+
+
+def save_signatures(program: Any) -> dict[str, Any]:
+    """The signature object of every predictor, by step name, for :func:`restore_signatures`."""
+    return {name: predictor.signature for name, predictor in program.named_predictors()}
+
+
+def restore_signatures(program: Any, saved: dict[str, Any]) -> None:
+    """Put back the very signature objects :func:`save_signatures` took (instructions and all)."""
+    for name, predictor in program.named_predictors():
+        predictor.signature = saved[name]
+
+
+@contextmanager
+def instructions_for_now(program: Any, mapping: dict[str, str]) -> Iterator[None]:
+    """``mapping`` applied to ``program`` in place for the block only (:func:`apply_instructions`): no copy, since a
+    program may hold things that cannot be copied. The very signature objects come back when the block ends, also
+    when it (or applying ``mapping``) raises."""
+    saved = save_signatures(program)
+    try:
+        apply_instructions(program, mapping)
+        yield
+    finally:
+        restore_signatures(program, saved)
 
 
 # -- copying -------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ agent wing's own ``stop``.
 from __future__ import annotations
 
 import threading
+from contextlib import nullcontext
 from typing import Any
 
 import dspy
@@ -22,7 +23,14 @@ from rlmoptimizer.errors import (
 )
 from rlmoptimizer.evaluation.runs import Runs
 from rlmoptimizer.events import NO_OBSERVER, Observer, PromptUpdated
-from rlmoptimizer.fingerprint import apply_instructions, check_structure, get_instructions
+from rlmoptimizer.fingerprint import (
+    apply_instructions,
+    check_structure,
+    get_instructions,
+    instructions_for_now,
+    restore_signatures,
+    save_signatures,
+)
 from rlmoptimizer.records import EvalRun
 
 
@@ -72,20 +80,15 @@ class WorkingProgram:
         for step, text in mapping.items():
             self.check_step(step)
             clean[step] = self.check_text(step, text)
-        # A dry run on the working program itself (no copy: a program may hold things that cannot be copied),
-        # its signatures restored afterwards.
+        # A dry run on the working program itself, its signatures restored afterwards.
         with self._lock:
-            signatures = {name: predictor.signature for name, predictor in self.program.named_predictors()}
             try:
-                apply_instructions(self.program, clean)
-                check_structure(self.fingerprint, self.program)
+                with instructions_for_now(self.program, clean):
+                    check_structure(self.fingerprint, self.program)
             except (StructureChangedError, ConfigurationError) as exc:
                 raise agent_error(
                     f"{what} refused: {exc}", "only change the instructions text of existing steps"
                 ) from None
-            finally:
-                for name, predictor in self.program.named_predictors():
-                    predictor.signature = signatures[name]
         return clean
 
     def check_step(self, step: Any) -> None:
@@ -107,13 +110,12 @@ class WorkingProgram:
         """Apply instructions to the working program, check the structure, record the version."""
         with self._lock:
             before = get_instructions(self.program)
-            signatures = {name: predictor.signature for name, predictor in self.program.named_predictors()}
+            signatures = save_signatures(self.program)
             apply_instructions(self.program, mapping)
             try:
                 check_structure(self.fingerprint, self.program)
             except StructureChangedError:
-                for name, predictor in self.program.named_predictors():  # restore the very signatures
-                    predictor.signature = signatures[name]
+                restore_signatures(self.program, signatures)  # kept only when the structure is unchanged
                 raise
             for step, text in mapping.items():
                 if before.get(step) == text:
@@ -151,11 +153,8 @@ class WorkingProgram:
         only (no copy: a program may hold things that cannot be copied; its signatures are restored afterwards,
         so the current prompts do not change). A systemic failure (the evaluation LM is unusable, the metric is
         broken) propagates and also requests a stop, so the agent loop ends after its current turn."""
-        with self._lock:
-            saved = None
-            if instructions is not None:
-                saved = {name: predictor.signature for name, predictor in self.program.named_predictors()}
-                apply_instructions(self.program, instructions)
+        trial = instructions_for_now(self.program, instructions) if instructions is not None else nullcontext()
+        with self._lock, trial:
             try:
                 return self.runs.evaluate(
                     self.program, split, label=label, charged=charged, ids=ids, rollout=rollout, reservation=reservation
@@ -163,10 +162,6 @@ class WorkingProgram:
             except (EvaluationLMError, MetricError) as exc:
                 self.stop.request(exc)
                 raise
-            finally:
-                if saved is not None:
-                    for name, predictor in self.program.named_predictors():
-                        predictor.signature = saved[name]
 
     def validate_submission(self, outputs: dict[str, Any]) -> dict[str, Any]:
         """The agent's SUBMIT outputs with ``optimized_dspy_program`` checked (:meth:`validate_prompt_map`)."""

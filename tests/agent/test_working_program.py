@@ -1,0 +1,75 @@
+"""The working program tries instructions in place (no copy) and puts back the very signatures it had."""
+
+from __future__ import annotations
+
+import dspy
+import pytest
+from dspy.utils.exceptions import LMAuthError
+from support.fakes import FunctionLM, system_text
+from support.qa import TwoSteps, examples, field, make_evaluator
+
+from rlmoptimizer.agent.stop import StopRequest
+from rlmoptimizer.agent.working_program import WorkingProgram
+from rlmoptimizer.budget import BudgetLedger
+from rlmoptimizer.errors import ConfigurationError, EvaluationLMError
+from rlmoptimizer.evaluation.runs import Runs
+from rlmoptimizer.fingerprint import get_instructions, instructions_for_now, structural_fingerprint
+from rlmoptimizer.storage.run_store import RunStore
+
+
+def exact_when_told(messages):
+    """Answers ``a<i>`` to ``q<i>`` only when the instructions say EXACT."""
+    answer = field(messages, "question").replace("q", "a")
+    return {"answer": answer if "EXACT" in system_text(messages) else "no idea"}
+
+
+def working_program(tmp_path, lm) -> WorkingProgram:
+    runs = Runs(
+        evaluator=make_evaluator(lm), store=RunStore(tmp_path), ledger=BudgetLedger(100), splits={"train": examples(3)}
+    )
+    program = dspy.Predict("question -> answer")
+    return WorkingProgram(program=program, fingerprint=structural_fingerprint(program), runs=runs, stop=StopRequest())
+
+
+def test_a_trial_evaluation_scores_the_trial_instructions_and_leaves_the_very_signature(tmp_path):
+    working = working_program(tmp_path, FunctionLM(exact_when_told))
+    before = working.program.signature
+    trial = working.evaluate("train", None, "trial", instructions={"self": "Give the EXACT answer."})
+    assert trial.score == 1.0 and trial.instructions == {"self": "Give the EXACT answer."}
+    assert working.program.signature is before
+    assert working.evaluate("train", None, "current").score == 0.0
+
+
+def test_a_trial_evaluation_that_fails_leaves_the_very_signature_and_requests_a_stop(tmp_path):
+    working = working_program(tmp_path, FunctionLM(lambda m: LMAuthError("401: no such key")))
+    before = working.program.signature
+    with pytest.raises(EvaluationLMError):
+        working.evaluate("train", None, "trial", instructions={"self": "Give the EXACT answer."})
+    assert working.program.signature is before and working.stop.requested
+
+
+def test_a_checked_map_changes_nothing_and_a_set_one_is_kept_as_a_version(tmp_path):
+    working = working_program(tmp_path, FunctionLM(exact_when_told))
+    before = working.program.signature
+    assert working.validate_prompt_map({"self": "Give the EXACT answer."}) == {"self": "Give the EXACT answer."}
+    assert working.program.signature is before
+    working.set_instructions({"self": "Give the EXACT answer."}, source="update_prompt")
+    assert working.instructions() == {"self": "Give the EXACT answer."}
+    assert [v["previous"] for v in working.prompt_versions] == [before.instructions]
+
+
+def test_instructions_for_now_puts_back_the_very_signatures_also_when_applying_them_fails():
+    program = TwoSteps()
+    before = {name: p.signature for name, p in program.named_predictors()}
+    with instructions_for_now(program, {"draft": "Draft it."}):
+        assert get_instructions(program)["draft"] == "Draft it."
+    assert all(p.signature is before[name] for name, p in program.named_predictors())
+    with pytest.raises(RuntimeError), instructions_for_now(program, {"generate.predict": "Think."}):
+        raise RuntimeError("the block failed")
+    # the first step is applied before the second is refused for not being text
+    with (
+        pytest.raises(ConfigurationError, match="must be a str"),
+        instructions_for_now(program, {"draft": "Draft it.", "generate.predict": 3}),
+    ):
+        pass
+    assert all(p.signature is before[name] for name, p in program.named_predictors())
