@@ -3,6 +3,8 @@ same files back."""
 
 from __future__ import annotations
 
+from support.manifests import MANIFEST
+
 from rlmoptimizer.records import EvalRun, ExampleResult
 from rlmoptimizer.report.rundir import read_run_directory
 from rlmoptimizer.storage import layout
@@ -13,16 +15,6 @@ from rlmoptimizer.storage.layout import PROMPT_VERSIONS, RUNS, TURNS, RunLayout
 from rlmoptimizer.storage.lock import RunDirectoryLock
 from rlmoptimizer.storage.notes import NotesStore
 from rlmoptimizer.storage.run_store import RunStore
-
-MANIFEST = {
-    "program": "p",
-    "trainset": "t",
-    "valset": "v",
-    "metric": "m",
-    "budget_limit": 10,
-    "eval_lm": {"lm": {"model": "task"}, "per_step": {}},
-    "pass_threshold": 1.0,
-}
 
 
 def _record(example_id: int) -> ExampleResult:

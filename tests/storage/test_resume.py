@@ -6,21 +6,11 @@ import dataclasses
 import json
 
 import pytest
+from support.manifests import MANIFEST
 
 from rlmoptimizer.errors import RunDirectoryMismatchError
 from rlmoptimizer.storage.journal import RunJournal
 from rlmoptimizer.storage.resume import Resume, open_run_directory
-
-MANIFEST = {
-    "program": "p",
-    "trainset": "t",
-    "valset": "v",
-    "metric": "m",
-    "budget_limit": 10,
-    "examples_digest_version": 2,
-    "eval_lm": {"lm": {"model": "task"}, "per_step": {}},
-    "pass_threshold": 1.0,
-}
 
 
 def test_a_fresh_directory_is_not_a_resume(tmp_path):
