@@ -203,13 +203,23 @@ def _first_line(text: str, limit: int) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
+@dataclass(frozen=True)
+class Compaction:
+    """What a compacted turn keeps: characters of its reasoning, code and output; and a folded turn's one line."""
+
+    reasoning: int = 300
+    code: int = 500
+    output: int = 600
+    folded_line: int = 160
+
+
 class BoundedContext:
     """Plans, turn by turn, the view of the REPL history that fits :class:`ContextBudget` (see the module
     docstring). One instance per agent run; not thread-safe (the agent takes one turn at a time).
 
     ``keep_recent``: the last turns always shown verbatim when they fit. ``low_water``: the share of the limit a
-    compaction brings the history down to. ``compact_*``: the sizes a compacted turn keeps of its reasoning,
-    code and output.
+    compaction brings the history down to. ``compaction``: what a compacted turn keeps of its reasoning, code
+    and output.
     """
 
     def __init__(
@@ -219,10 +229,7 @@ class BoundedContext:
         max_output_chars: int = 10_000,
         keep_recent: int = 2,
         low_water: float = 0.5,
-        compact_reasoning: int = 300,
-        compact_code: int = 500,
-        compact_output: int = 600,
-        folded_line: int = 160,
+        compaction: Compaction = Compaction(),
         input_tokens: Callable[[], int] | None = None,
     ) -> None:
         self.budget = budget
@@ -234,10 +241,7 @@ class BoundedContext:
         self.max_output_chars = max_output_chars
         self.keep_recent = keep_recent
         self.low_water = low_water
-        self.compact_reasoning = compact_reasoning
-        self.compact_code = compact_code
-        self.compact_output = compact_output
-        self.folded_line = folded_line
+        self.compaction = compaction
         self.scale = 1.0  # lowered by refused()
         self.compactions = 0
         self._folded_upto = 0  # steps [0, folded_upto) are one line each in the header
@@ -331,15 +335,16 @@ class BoundedContext:
         for i in range(len(self._sizes), len(entries)):
             entry = entries[i]
             compact = REPLEntry(
-                reasoning=clip(entry.reasoning, self.compact_reasoning),
-                code=clip(entry.code, self.compact_code),
+                reasoning=clip(entry.reasoning, self.compaction.reasoning),
+                code=clip(entry.code, self.compaction.code),
                 output=_head_tail(
-                    REPLEntry.format_output(entry.output, self.max_output_chars).split("\n", 1)[-1], self.compact_output
+                    REPLEntry.format_output(entry.output, self.max_output_chars).split("\n", 1)[-1],
+                    self.compaction.output,
                 ),
             )
             line = (
-                f"step {i + 1}: {_first_line(entry.reasoning, self.folded_line // 2)} -> "
-                f"{_first_line(entry.output, self.folded_line // 2) or '(no output)'}"
+                f"step {i + 1}: {_first_line(entry.reasoning, self.compaction.folded_line // 2)} -> "
+                f"{_first_line(entry.output, self.compaction.folded_line // 2) or '(no output)'}"
             )
             self._sizes.append(
                 (
@@ -401,17 +406,14 @@ class BoundedContext:
         """The history a request needs room for at the least: the newest turn compacted (a turn that printed all
         it may), so the agent still reads what its last cell did."""
         entry = REPLEntry(
-            reasoning="r" * self.compact_reasoning * 2,
-            code="c" * self.compact_code * 2,
+            reasoning="r" * self.compaction.reasoning * 2,
+            code="c" * self.compaction.code * 2,
             output="o" * self.max_output_chars,
         )
         probe = BoundedContext(
             self.budget,
             max_output_chars=self.max_output_chars,
-            compact_reasoning=self.compact_reasoning,
-            compact_code=self.compact_code,
-            compact_output=self.compact_output,
-            folded_line=self.folded_line,
+            compaction=self.compaction,
         )
         probe._measure([entry])
         return probe._sizes[0][2]
