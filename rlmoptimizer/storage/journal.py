@@ -34,8 +34,6 @@ logger = logging.getLogger(__name__)
 MANIFEST_KEYS_THAT_MUST_MATCH = ("program", "trainset", "valset", "metric", "budget_limit", "budget_mode")
 """What a run directory belongs to. ``budget_mode`` (``{"max_iterations": N}`` or ``{"max_metric_calls": B}``) says
 how its budget counts: the same limit means other work under the other mode (baselines free or paid)."""
-_RECORDED_SINCE_LATER = ("budget_mode",)
-"""Keys manifests did not always hold: one written before matches on them, and they are recorded on its resume."""
 
 
 def _budget_hint(stored: dict[str, Any], expected: dict[str, Any]) -> str:
@@ -96,21 +94,14 @@ class RunJournal:
             atomic_write_json(path, manifest)
             return False
         stored = json.loads(path.read_text(encoding="utf-8"))
-        different = [
-            key
-            for key in MANIFEST_KEYS_THAT_MUST_MATCH
-            if stored.get(key) != manifest.get(key) and not (key in _RECORDED_SINCE_LATER and key not in stored)
-        ]
+        different = [key for key in MANIFEST_KEYS_THAT_MUST_MATCH if stored.get(key) != manifest.get(key)]
         if different:
             raise RunDirectoryMismatchError(
                 f"run_storage_dir {str(self.directory)!r} holds a run of a different "
                 f"{', '.join(different)}; it cannot be resumed with this compile(). Use a new run_storage_dir "
                 f"(or delete this one) to start over.{_budget_hint(stored, manifest)}"
             )
-        updates: dict[str, Any] = {
-            key: manifest[key] for key in _RECORDED_SINCE_LATER if key not in stored and key in manifest
-        }
-        updates.update(self._check_eval_lm(stored, manifest["eval_lm"], allow_eval_lm_change))
+        updates = self._check_eval_lm(stored, manifest["eval_lm"], allow_eval_lm_change)
         old_threshold, new_threshold = stored.get("pass_threshold"), manifest.get("pass_threshold")
         if old_threshold != new_threshold:
             logger.warning(
@@ -131,17 +122,10 @@ class RunJournal:
         return True
 
     def _check_eval_lm(self, stored: dict[str, Any], identity: dict[str, Any], allow_change: bool) -> dict[str, Any]:
-        if "eval_lm" not in stored:
-            logger.warning(
-                "run_storage_dir %s was written before the evaluation LM was recorded; its stored scores are "
-                "taken to come from the current evaluation LM (%s), which is recorded now.",
-                self.directory,
-                identity["lm"].get("model"),
-            )
-            return {"eval_lm": identity}
-        if stored["eval_lm"] == identity:
+        old = stored.get("eval_lm") or {}  # a manifest without one names every setting as changed
+        if old == identity:
             return {}
-        lines = describe_differences(stored["eval_lm"], identity)
+        lines = describe_differences(old, identity)
         listed = "\n".join(f"  - {line}" for line in lines)
         if not allow_change:
             raise RunDirectoryMismatchError(
@@ -156,7 +140,7 @@ class RunJournal:
             self.directory,
             listed,
         )
-        earlier = list(stored.get("earlier_eval_lms", [])) + [stored["eval_lm"]]
+        earlier = list(stored.get("earlier_eval_lms", [])) + [old]
         return {"eval_lm": identity, "earlier_eval_lms": earlier}
 
     # -- numbered records -------------------------------------------------------------------------

@@ -48,3 +48,17 @@ def test_a_directory_whose_examples_were_digested_another_way_is_another_run(tmp
     with pytest.raises(RunDirectoryMismatchError, match=r"a run of a different trainset, valset; it cannot be resumed"):
         open_run_directory(RunJournal(tmp_path), MANIFEST)
     assert json.loads((tmp_path / "manifest.json").read_text()) == older
+
+
+@pytest.mark.parametrize(
+    ("missing", "message"),
+    [("budget_mode", r"a run of a different budget_mode"), ("eval_lm", r"scores from a different evaluation LM")],
+)
+def test_a_manifest_without_a_key_every_manifest_holds_is_another_compiles(tmp_path, missing, message):
+    """0.1.0 reads no manifest written before it: one without ``budget_mode`` or ``eval_lm`` is refused, and left as
+    it was (no key is filled in from this compile)."""
+    older = {key: value for key, value in MANIFEST.items() if key != missing}
+    open_run_directory(RunJournal(tmp_path), older)
+    with pytest.raises(RunDirectoryMismatchError, match=message):
+        open_run_directory(RunJournal(tmp_path), MANIFEST)
+    assert json.loads((tmp_path / "manifest.json").read_text()) == older
