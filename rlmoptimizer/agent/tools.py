@@ -18,6 +18,7 @@ from typing import Any
 
 from rlmoptimizer.agent.guide import LoopGuide
 from rlmoptimizer.agent.moves import Moves
+from rlmoptimizer.agent.moves.context import whole_validation
 from rlmoptimizer.agent.prompts import BASELINE_TRAIN
 from rlmoptimizer.agent.services import CompileServices
 from rlmoptimizer.agent.working_program import agent_error
@@ -211,11 +212,14 @@ class AgentTools:
         if split not in self.runs.splits:
             raise agent_error(f"unknown split {split!r}", f"use one of {sorted(self.runs.splits)}")
         if split == "val":
-            if any(v is not None for v in (limit, sample, ids, failed_from_run)):
-                raise agent_error(
-                    "validation always runs on the whole split and takes no selection",
-                    "call evaluate_program(split='val') with no other arguments",
-                )
+            whole_validation(
+                "evaluate_program",
+                "call evaluate_program(split='val') with no other arguments",
+                limit,
+                sample,
+                ids,
+                failed_from_run,
+            )
             if rollouts != 1:
                 return self.moves.evaluate_rollouts(self.working.instructions(), "val", [], rollouts)  # refuses
             run = self.working.evaluate("val", None, label="agent")
@@ -332,10 +336,9 @@ class AgentTools:
         """Evaluate several instruction sets on the same examples without changing the current prompts. Each candidate: 'current', a run id (that run's instructions), a proposal id or a {step: text} dict (other steps keep their current text). Returns per candidate score, passed_count, wins/losses/ties vs the first, per example scores (train), 'best' (index; ties keep the earlier) and 'best_instructions'. 1 unit per new example per candidate per rollout; stored records are free; refused if the budget cannot cover it all."""
         if split == "train":
             ids = self._select("compare", ids=ids, limit=limit, sample=sample, seed=seed)
-        elif any(v is not None for v in (ids, limit, sample)):
-            raise agent_error(
-                "compare: validation always runs on the whole split and takes no selection",
-                "call compare(candidates, split='val') without ids, limit or sample",
+        else:
+            whole_validation(
+                "compare", "call compare(candidates, split='val') without ids, limit or sample", ids, limit, sample
             )
         result = self.moves.compare(candidates, split=split, ids=ids, rollouts=rollouts)
         self.guide.compared([row["source"] for row in result["candidates"]], result["best"], split)

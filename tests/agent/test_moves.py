@@ -163,8 +163,6 @@ def test_propose_refusals_say_what_to_do_and_charge_nothing(tmp_path):
         AgentToolError, match=r"unknown step name 'generate' -> use one of \['draft', 'generate.predict'\]"
     ):
         world.moves.propose_instructions("generate")
-    with pytest.raises(AgentToolError, match=r"\[99\] are not example ids of train -> use ids from 0 to 5"):
-        world.moves.propose_instructions("generate.predict", ids=[99])
     with pytest.raises(AgentToolError, match=r"n must be an int from 1 to 8"):
         world.moves.propose_instructions("generate.predict", n=0)
     with pytest.raises(AgentToolError, match=r"no run with id 'run-9' -> use one of \['run-0001'\]"):

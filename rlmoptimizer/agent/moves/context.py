@@ -1,7 +1,8 @@
 """What every move works over: the runs, an evaluate function, the ledger and the current instructions; the
 checks and refusals the moves share.
 
-May import: dspy, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.fingerprint``, ``.records``.
+May import: dspy, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.fingerprint``, ``.records`` and the agent
+wing's ``working_program`` (for its one format of a refusal).
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from typing import Any, Protocol
 
 import dspy
 
+from rlmoptimizer.agent.working_program import agent_error as refuse  # the one format of a refusal
 from rlmoptimizer.budget import BudgetLedger
-from rlmoptimizer.errors import AgentToolError
 from rlmoptimizer.records import EvalRun, ExampleResult
 
 MAX_ROLLOUTS = 10
@@ -41,8 +42,11 @@ EvaluateFn = Callable[..., EvalRun]
 """``evaluate(instructions, split, ids, *, rollout, label, reservation) -> EvalRun``."""
 
 
-def refuse(problem: str, fix: str) -> AgentToolError:
-    return AgentToolError(f"{problem} -> {fix}")
+def whole_validation(tool: str, how: str, *selection: Any) -> None:
+    """Validation always runs on the whole split: a selection on it (any of ``selection`` given) is refused;
+    ``how`` says the call without one. The one statement of the rule, for every tool that takes a split."""
+    if any(v is not None for v in selection):
+        raise refuse(f"{tool}: validation always runs on the whole split and takes no selection", how)
 
 
 def mean(values: Sequence[float]) -> float:
@@ -155,22 +159,15 @@ class MoveContext:
         )
 
     def _example_ids(self, split: str, ids: list[int] | None, tool: str) -> list[int]:
-        """The examples of ``split`` a move runs on: ``ids`` (already parsed by the caller), all when None.
-        Validation always runs whole."""
+        """The examples of ``split`` a move runs on: ``ids`` (parsed and range-checked by the tool that took them,
+        :func:`rlmoptimizer.agent.tools.select_ids`), all when None. Validation always runs whole."""
         if split not in self.runs.splits:
             raise refuse(f"{tool}: unknown split {split!r}", f"use one of {sorted(self.runs.splits)}")
         size = len(self.runs.splits[split])
         if split == "val":
-            if ids is not None:
-                raise refuse(
-                    f"{tool}: validation always runs on the whole split and takes no selection",
-                    f"call {tool}(..., split='val') without ids, limit or sample",
-                )
+            whole_validation(tool, f"call {tool}(..., split='val') without ids, limit or sample", ids)
             return list(range(size))
-        selected = list(range(size)) if ids is None else list(dict.fromkeys(ids))
-        bad = [i for i in selected if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < size]
-        if bad:
-            raise refuse(f"{tool}: {bad} are not example ids of {split}", f"use ids from 0 to {size - 1}")
+        selected = list(range(size)) if ids is None else list(dict.fromkeys(ids))  # parsed by the tools, once
         if not selected:
             raise refuse(f"{tool}: the selection is empty", "select at least one example (ids=..., limit=N)")
         return selected
