@@ -327,6 +327,7 @@ class _Compile:
             if stored is not None and stored != manifest["metric"]:
                 raise RunDirectoryMismatchError(f"{exc} {self.metric.mismatch_hint(stored)}") from None
             raise
+        self.read_back = self.resume.finished  # a finished compile: read back, nothing runs
         self.usage = UsageMeter(max_cost_usd=config.max_cost_usd)
         self.usage.restore(self.journal.read_usage() if self.resume.resumed else None)
         gate = self.usage.gate() if config.max_cost_usd is not None else None  # the spending cap on reservations
@@ -411,7 +412,6 @@ class _Compile:
 
     def _run_with_sandbox(self) -> dspy.Module:
         # Reading back a finished run: no agent, so no sandbox (and nothing written).
-        self.read_back = self.resume.finished
         sandbox = None if self.read_back else Sandbox(timeout_s=self.config.sandbox_timeout_s)
         if sandbox is not None:
             sandbox.start_in_background()

@@ -85,24 +85,6 @@ def test_a_directory_keeps_its_budget_mode_and_a_change_is_refused_naming_the_ar
 
 
 @pytest.mark.slow
-def test_a_directory_written_before_the_budget_mode_was_stored_reads_back_and_records_it(tmp_path):
-    trainset, valset = make_splits()
-    task = FunctionLM(task_lm_reply)
-    kwargs = dict(eval_lm=task, run_storage_dir=tmp_path, max_iterations=2)
-    first = RLMDocstringOptimizer(root_lm=scripted_agent(TURNS), **kwargs).compile(
-        student=RouteTicket(), trainset=trainset, valset=valset, metric=metric
-    )
-    manifest = json.loads((tmp_path / "manifest.json").read_text())
-    del manifest["budget_mode"]
-    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
-
-    again = RLMDocstringOptimizer(root_lm=scripted_agent(TURNS), **kwargs).compile(
-        student=RouteTicket(), trainset=trainset, valset=valset, metric=metric
-    )
-    assert again.selection == first.selection
-
-
-@pytest.mark.slow
 def test_mlflow_params_hold_every_setting_that_shapes_a_run(tmp_path):
     mlflow = importlib.import_module("mlflow") if os.environ.get("CI") else pytest.importorskip("mlflow")
     previous = mlflow.get_tracking_uri()

@@ -22,7 +22,7 @@ from support.objects import Attachment, object_splits
 from support.optimizing import TURNS, compile_in, compile_tickets, dies_after
 from support.processes import kill_group, run_script, start_script, wait_for_file
 from support.readonly import read_only_filesystem
-from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, task_lm_reply
+from support.tickets import POLICY_PROMPT, RouteTicket, task_lm_reply
 
 from rlmoptimizer import (
     ConfigurationError,
@@ -343,22 +343,3 @@ def test_the_longest_sandbox_timeout_reaches_the_sandbox_and_the_agents_instruct
 def test_pass_threshold_must_be_a_finite_number(bad):
     with pytest.raises(ConfigurationError, match=r"pass_threshold must be a finite number"):
         RLMDocstringOptimizer(root_lm=FunctionLM(task_lm_reply), pass_threshold=bad)
-
-
-@pytest.mark.slow
-def test_a_directory_written_before_the_evaluation_lm_was_recorded_still_resumes(finished_copy, caplog):
-    trainset, _ = make_splits()
-    manifest = json.loads((finished_copy / "manifest.json").read_text())
-    del manifest["eval_lm"]
-    (finished_copy / "manifest.json").write_text(json.dumps(manifest))
-
-    task = FunctionLM(task_lm_reply)
-    with caplog.at_level(logging.WARNING, logger="rlmoptimizer"):
-        result = compile_in(finished_copy, scripted_agent(TURNS), task, metric=partial_metric)
-    assert task.calls == [] and result.optimized_dspy_program["route"] == POLICY_PROMPT
-    assert "written before the evaluation LM was recorded" in caplog.text
-    upgraded = json.loads((finished_copy / "manifest.json").read_text())
-    assert upgraded["eval_lm"]["lm"]["model"] == "fake"
-    assert upgraded["trainset"] == examples_digest(trainset) and upgraded["examples_digest_version"] == 2
-    with pytest.raises(RunDirectoryMismatchError, match="different evaluation LM"):
-        compile_in(finished_copy, scripted_agent(TURNS), FunctionLM(task_lm_reply, name="x"), metric=partial_metric)

@@ -51,7 +51,7 @@ from rlmoptimizer.agent.guide import AUTOPILOT, IDLE_NOTICE, NOTICE, autopilot_s
 from rlmoptimizer.agent.prompts import action_signature, extract_signature
 from rlmoptimizer.agent.root_lm import TurnSender
 from rlmoptimizer.agent.services import CompileServices, TurnAids, TurnSettings
-from rlmoptimizer.agent.stop import StopRequest
+from rlmoptimizer.agent.stop import StopRequest, current_instructions_submitted
 from rlmoptimizer.budget import SUB_LM_CALL, BudgetLedger, Reservation
 from rlmoptimizer.errors import BudgetExhaustedError
 from rlmoptimizer.events import NO_OBSERVER, AgentTurn, SubLMAnswered
@@ -519,11 +519,8 @@ class OptimizerAgent(dspy.RLM):
                 type(exc).__name__,
                 exc,
             )
-            return Prediction(
-                trajectory=[entry.model_dump() for entry in history],
-                final_reasoning=f"Out of turns; the extraction failed ({type(exc).__name__}), so the current "
-                "instructions were submitted.",
-                **{name: {} for name in output_field_names},
+            return current_instructions_submitted(
+                history, output_field_names, f"Out of turns; the extraction failed ({type(exc).__name__})"
             )
 
     def _after_cell(

@@ -79,8 +79,14 @@ class SpendingStop:
     def outcome(self, history: Any, output_field_names: list[str]) -> Prediction:
         why = self._why or str(self.reason())
         logger.warning("%s, so the current instructions are submitted.", why)
-        return Prediction(
-            trajectory=[entry.model_dump() for entry in history],
-            final_reasoning=f"{why}; the current instructions were submitted.",
-            **{name: {} for name in output_field_names},
-        )
+        return current_instructions_submitted(history, output_field_names, why)
+
+
+def current_instructions_submitted(history: Any, output_field_names: list[str], why: str) -> Prediction:
+    """The agent's outcome when its run ends without a SUBMIT (``why``): empty outputs, so what is submitted is
+    the current instructions (the agent's ``update_prompt`` edits and adopted candidates)."""
+    return Prediction(
+        trajectory=[entry.model_dump() for entry in history],
+        final_reasoning=f"{why}; the current instructions were submitted.",
+        **{name: {} for name in output_field_names},
+    )

@@ -8,5 +8,5 @@
 - ``readonly``: a file system that refuses every write; ``metrics`` and ``objects``: metrics and examples a
   resume must recognise in a new process;
 - ``responses_server``: a fake OpenAI Responses server; ``npm_registry``: the npm registry on 127.0.0.1 that
-  serves what a warm Deno cache holds.
+  serves what a warm Deno cache holds; ``manifests``: a run directory's manifest in the current format.
 """
