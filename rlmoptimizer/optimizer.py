@@ -38,7 +38,7 @@ from rlmoptimizer.agent.window import check_root_window
 from rlmoptimizer.agent.working_program import WorkingProgram
 from rlmoptimizer.budget import BudgetLedger, baseline_on_demand, budget_for, budget_for_metric_calls
 from rlmoptimizer.display import Display
-from rlmoptimizer.errors import AgentToolError, OptimizationInterrupted, RLMOptimizerError, RunDirectoryMismatchError
+from rlmoptimizer.errors import AgentToolError, OptimizationInterrupted, RLMOptimizerError
 from rlmoptimizer.evaluation.evaluator import Evaluator
 from rlmoptimizer.evaluation.runs import Runs
 from rlmoptimizer.events import CompileFinished, CompileStarted, Observers, UserCallbacks
@@ -316,17 +316,12 @@ class _Compile:
         self.directory = Path(self.store.directory)
         self.journal = RunJournal(self.directory)
         manifest = self._manifest()
-        try:
-            self.resume = open_run_directory(
-                self.journal,
-                manifest,
-                allow_eval_lm_change=config.allow_eval_lm_change,
-            )
-        except RunDirectoryMismatchError as exc:
-            stored = self.journal.stored_manifest_value("metric")
-            if stored is not None and stored != manifest["metric"]:
-                raise RunDirectoryMismatchError(f"{exc} {self.metric.mismatch_hint(stored)}") from None
-            raise
+        self.resume = open_run_directory(
+            self.journal,
+            manifest,
+            allow_eval_lm_change=config.allow_eval_lm_change,
+            hints={"metric": self.metric.mismatch_hint},
+        )
         self.read_back = self.resume.finished  # a finished compile: read back, nothing runs
         self.usage = UsageMeter(max_cost_usd=config.max_cost_usd)
         self.usage.restore(self.journal.read_usage() if self.resume.resumed else None)

@@ -1,6 +1,9 @@
 """The optimizer agent: a ``dspy.RLM`` in the sandbox, its root-LM calls, its instructions and its tools.
 
 Rooms:
+    services.py         one compile's services (runs, ledger, working program, notes, usage, observer, sub LM,
+                        attempt) as one typed value handed to the tools and the agent; how turns run
+                        (``TurnSettings``) and what a long run adds to them (``TurnAids``)
     agent.py            :class:`OptimizerAgent`, the ``dspy.RLM`` subclass: budgeted sub-LM calls, tolerant
                         turns, per-turn events, the stop request, resume
     root_lm.py          what the root LM is sent per turn: multi-turn rendering, the Responses-API chain
@@ -9,10 +12,11 @@ Rooms:
     moves/              the moves the tools offer: GEPA's reflective proposal, paired comparison, rollouts,
                         the candidate pool and its Pareto front, the failure replay set, run diffs
     working_program.py  the program the tools edit and its prompt versions
-    stop.py             the stop request the loop checks after each turn, and the stop after the spending cap
+    stop.py             the stop request the loop checks after each turn; the stop after the spending cap, or as
+                        soon as no turn can change the result
     context.py          the bounded context: the view of the REPL history that fits the root LM's window
                         (learning its tokenizer's characters per token from reported usage), context refusals
-    state.py            the state block closing every request, and the arguments of a long run
+    state.py            the state block closing every request, and the turn aids of a long run
     guide.py            the default loop's next line, runnable as written, and the notice for a repeated cell
     _dspy.py            every private dspy name this wing uses, checked at import
 

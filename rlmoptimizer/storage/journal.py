@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -82,8 +83,10 @@ class RunJournal:
         manifest: dict[str, Any],
         *,
         allow_eval_lm_change: bool = False,
+        hints: Mapping[str, Callable[[Any], str]] | None = None,
     ) -> bool:
-        """Write the manifest of a new directory, or check it against an existing one.
+        """Write the manifest of a new directory, or check it against an existing one. ``hints``: for a setting
+        that differs, what to tell the user about it, from its stored value (e.g. the metric's own hint).
 
         Returns True when the directory already held this same compile (a resume). ``manifest["eval_lm"]``
         must equal the stored one (else RunDirectoryMismatchError naming each differing setting, unless
@@ -100,6 +103,9 @@ class RunJournal:
                 f"run_storage_dir {str(self.directory)!r} holds a run of a different "
                 f"{', '.join(different)}; it cannot be resumed with this compile(). Use a new run_storage_dir "
                 f"(or delete this one) to start over.{_budget_hint(stored, manifest)}"
+                + "".join(
+                    f" {hints[key](stored[key])}" for key in different if key in (hints or {}) and stored.get(key)
+                )
             )
         updates = self._check_eval_lm(stored, manifest["eval_lm"], allow_eval_lm_change)
         old_threshold, new_threshold = stored.get("pass_threshold"), manifest.get("pass_threshold")
@@ -198,13 +204,6 @@ class RunJournal:
         """:meth:`write_ledger` unless ``ledger.json`` already holds ``snapshot``."""
         if self.read_ledger() != snapshot:
             self.write_ledger(snapshot)
-
-    def stored_manifest_value(self, key: str) -> Any:
-        """``key`` of the manifest on disk, or None when there is none (or it cannot be read)."""
-        try:
-            return json.loads(self.layout.manifest.read_text(encoding="utf-8")).get(key)
-        except (OSError, ValueError, AttributeError):
-            return None
 
     def read_ledger(self) -> dict[str, Any] | None:
         path = self.layout.ledger

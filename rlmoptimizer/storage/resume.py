@@ -7,6 +7,7 @@ evaluations a killed process never finished are read by :class:`~rlmoptimizer.st
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,9 +48,11 @@ def open_run_directory(
     manifest: dict[str, Any],
     *,
     allow_eval_lm_change: bool = False,
+    hints: Mapping[str, Callable[[Any], str]] | None = None,
 ) -> Resume:
-    """Write or check the manifest (:meth:`RunJournal.open_manifest`), then read back what a resume needs."""
-    if not journal.open_manifest(manifest, allow_eval_lm_change=allow_eval_lm_change):
+    """Write or check the manifest (:meth:`RunJournal.open_manifest`, with its ``hints``), then read back what a
+    resume needs."""
+    if not journal.open_manifest(manifest, allow_eval_lm_change=allow_eval_lm_change, hints=hints):
         return Resume(resumed=False)
     return Resume(
         resumed=True,
