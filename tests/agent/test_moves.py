@@ -3,6 +3,7 @@ and the candidate pool. Real dspy.Predict / ChainOfThought programs over fake LM
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import threading
@@ -97,18 +98,28 @@ def proposal_reply(text: str = "Answer with a<i>. PASS:0,1,2,3,4,5") -> Function
 # -- reflective dataset -----------------------------------------------------------------------------------
 
 
-def test_reflective_example_carries_the_steps_io_expected_score_error_and_metric_feedback(tmp_path):
+def test_reflective_example_gives_the_metrics_feedback_as_dspy_gepa_does(tmp_path):
     world = World(tmp_path)
-    record = world.baseline.records[1]  # q1 fails at baseline
+    record = world.baseline.records[1]  # q1 fails at baseline; the metric says why
     entry = reflective_example("generate.predict", record)
     assert entry["Inputs"] == {"question": "q1", "draft": "D:q1"}
     assert entry["Generated Outputs"] == {"reasoning": "r", "answer": "wrong"}
-    assert "Score: 0 (did not pass)" in entry["Feedback"]
-    assert '"answer": "a1"' in entry["Feedback"] and "Metric feedback: expected a1, not wrong" in entry["Feedback"]
-    assert "final output" not in entry["Feedback"]  # `generate` is the last step: its outputs are the final ones
+    assert entry["Feedback"] == "expected a1, not wrong"  # `generate` is the last step: its outputs are the final ones
     draft = reflective_example("draft", record)
     assert draft["Generated Outputs"] == {"draft": "D:q1"}
-    assert "The program's final output" in draft["Feedback"]
+    assert draft["Feedback"].splitlines() == [
+        'The program\'s final output: {"answer": "wrong", "reasoning": "r"}',
+        "expected a1, not wrong",
+    ]
+
+
+def test_reflective_example_without_metric_feedback_gives_the_score_and_the_expected_fields(tmp_path):
+    world = World(tmp_path)
+    record = dataclasses.replace(world.baseline.records[1], feedback="", error="ValueError: no answer")
+    feedback = reflective_example("generate.predict", record)["Feedback"].splitlines()
+    assert feedback[0] == "Score: 0 (did not pass)."
+    assert feedback[1].startswith("Expected (the example's labels): ") and '"answer": "a1"' in feedback[1]
+    assert feedback[2:] == ["Error: ValueError: no answer"]
 
 
 # -- propose_instructions ----------------------------------------------------------------------------------

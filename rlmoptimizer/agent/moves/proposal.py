@@ -33,23 +33,27 @@ def reflective_example(step: str, record: ExampleResult) -> dict[str, Any] | Non
     not run on that example.
 
     As ``dspy.GEPA`` builds it: the step's own inputs and generated outputs (its last call, when the program
-    called it more than once) and a feedback text. Ours carries what GEPA's default feedback ("This
-    trajectory got a score of ...") leaves out: the expected fields, the program's final output when it is
-    not this step's, the error, and the metric's own feedback.
+    called it more than once) and a feedback text. When the metric wrote feedback, that text is the feedback, as
+    ``dspy.GEPA`` gives it (so a GEPA run here reflects on what ``dspy.GEPA`` would show the same reflection LM),
+    with the program's final output when it is not this step's and the error, if any. When it wrote none, the
+    feedback is what GEPA's default ("This trajectory got a score of ...") leaves out: the score, the expected
+    fields, the program's final output when it is not this step's, and the error.
     """
     calls: list[StepTrace] = [s for s in record.steps if s.step_name == step]
     if not calls:
         return None
     call = calls[-1]
-    lines = [f"Score: {record.score:g} ({'passed' if record.passed else 'did not pass'})."]
-    if record.expected:
-        lines.append(f"Expected (the example's labels): {_json(record.expected)}")
+    lines = []
+    if not record.feedback:
+        lines.append(f"Score: {record.score:g} ({'passed' if record.passed else 'did not pass'}).")
+        if record.expected:
+            lines.append(f"Expected (the example's labels): {_json(record.expected)}")
     if record.predicted and record.predicted != call.outputs:
         lines.append(f"The program's final output: {_json(record.predicted)}")
     if record.error:
         lines.append(f"Error: {record.error}")
     if record.feedback:
-        lines.append(f"Metric feedback: {record.feedback}")
+        lines.append(record.feedback)
     return {"Inputs": dict(call.inputs), "Generated Outputs": dict(call.outputs), "Feedback": "\n".join(lines)}
 
 
