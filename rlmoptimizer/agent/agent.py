@@ -54,6 +54,7 @@ from rlmoptimizer.agent.services import CompileServices, TurnAids, TurnSettings
 from rlmoptimizer.agent.stop import StopRequest, current_instructions_submitted
 from rlmoptimizer.budget import SUB_LM_CALL, BudgetLedger, Reservation
 from rlmoptimizer.errors import BudgetExhaustedError
+from rlmoptimizer.evaluation.lm_failures import SYSTEMIC, classify_lm_failure
 from rlmoptimizer.events import NO_OBSERVER, AgentTurn, SubLMAnswered
 from rlmoptimizer.usage import SUB
 
@@ -257,10 +258,21 @@ class OptimizerAgent(dspy.RLM):
             """Query the sub-LM with a prompt string (costs 1 budget unit)."""
             if not prompt:
                 raise ValueError("prompt cannot be empty")
-            with charged.take(1) as reservation:
-                text = query(prompt)
-                reservation.spend(1)
-            self._observer.on_event(SubLMAnswered(1, self._ledger.snapshot()))  # on disk before the turn ends
+            answered = False
+            try:
+                with charged.take(1) as reservation:
+                    try:
+                        text = query(prompt)
+                        answered = True
+                    except Exception as exc:
+                        answered = classify_lm_failure(exc) is None  # it answered, but not with text: paid
+                        raise
+                    finally:
+                        if answered:
+                            reservation.spend(1)
+            finally:
+                if answered:  # on disk before the turn ends
+                    self._observer.on_event(SubLMAnswered(1, self._ledger.snapshot()))
             return text
 
         def llm_query_batched(prompts: list[str]) -> list[str]:
@@ -270,18 +282,28 @@ class OptimizerAgent(dspy.RLM):
             if any(not p for p in prompts):
                 raise ValueError("prompts cannot contain empty strings")
             results: dict[int, str] = {}
+            unusable: BaseException | None = None  # the sub LM cannot be used (a bad key): raised once all are paid
             with charged.take(len(prompts)) as reservation, ThreadPoolExecutor(max_workers=max_workers) as pool:
                 futures = {
                     pool.submit(contextvars.copy_context().run, query, prompt): index
                     for index, prompt in enumerate(prompts)
                 }
-                for future, index in futures.items():
+                for future, index in futures.items():  # every prompt gets its answer or its error
                     try:
                         results[index] = future.result()
                         reservation.spend(1)
-                    except dspy.LMError as exc:
+                    except Exception as exc:
+                        failure = classify_lm_failure(exc)
+                        if failure is None:  # it answered, but not with text: a paid call
+                            reservation.spend(1)
+                        elif failure[0] == SYSTEMIC and unusable is None:
+                            unusable = exc
                         results[index] = f"[ERROR] {format_error_for_lm(exc)}"
-            self._observer.on_event(SubLMAnswered(len(prompts), self._ledger.snapshot()))
+                answered = reservation.spent
+            if answered:
+                self._observer.on_event(SubLMAnswered(answered, self._ledger.snapshot()))
+            if unusable is not None:
+                raise unusable
             return [results[i] for i in range(len(prompts))]
 
         return {"llm_query": llm_query, "llm_query_batched": llm_query_batched}

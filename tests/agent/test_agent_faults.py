@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import dspy
 import pytest
 from support.fakes import FunctionLM, scripted_agent
 from support.optimizing import SUBMIT_POLICY, compile_tickets, outputs
@@ -90,6 +91,41 @@ def test_sub_lm_calls_are_charged_to_the_budget():
     assert result.budget["spent_by_kind"]["sub_lm_call"] == 4
     assert len(sub.calls) == 4
     assert "short answer" in outputs(result)[0]
+
+
+class _NoTextSometimes(FunctionLM):
+    """A sub LM that answers 'no text' prompts with an output that holds no text (as a provider may, e.g. a reply
+    that is only a tool call): the call was made and answered."""
+
+    def __call__(self, prompt=None, *, messages=None, **kwargs):
+        if prompt is not None and "no text" in prompt:
+            self.calls.append([{"role": "user", "content": prompt}])
+            return [None]
+        return super().__call__(prompt, messages=messages, **kwargs)
+
+
+def test_a_failed_prompt_of_a_batch_is_its_own_error_and_every_answered_call_is_charged():
+    def reply(messages):
+        if "rate limited" in str(messages[-1]["content"]):  # no answer this time: not charged
+            return dspy.LMRateLimitError("slow down", model="sub", provider="fake")
+        return "short answer"
+
+    sub = _NoTextSometimes(reply)
+    result = compile_tickets(
+        [
+            {
+                "reasoning": "ask",
+                "code": "r = llm_query_batched(['one', 'no text', 'rate limited', 'two'])\nprint([x[:16] for x in r])",
+            },
+            SUBMIT_POLICY,
+        ],
+        sub_lm=sub,
+        max_iterations=1,
+    )
+    out = outputs(result)[0]
+    assert out.count("short answer") == 2 and out.count("[ERROR]") == 2  # every prompt has its answer or error
+    assert {call[0]["content"] for call in sub.calls} == {"one", "no text", "rate limited", "two"}
+    assert result.budget["spent_by_kind"]["sub_lm_call"] == 3  # the two answers and the one without text
 
 
 def test_sub_lm_calls_are_on_disk_before_the_turn_ends(tmp_path):
