@@ -502,8 +502,7 @@ class _Compile:
             resumed=bool(self.resume.turns),
             pass_threshold=self.config.pass_threshold,
         )
-        with dspy.context(lm=self.root_lm):
-            prediction = self.usage.in_role(ROOT, agent)(task_brief=brief)
+        prediction = self.usage.in_role(ROOT, agent)(task_brief=brief)  # the agent asks self.root_lm, its aids'
         try:
             submitted = self.working.validate_prompt_map(prediction.optimized_dspy_program)
         except AgentToolError as exc:

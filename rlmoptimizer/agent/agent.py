@@ -206,6 +206,8 @@ class OptimizerAgent(dspy.RLM):
             )
         )
         self.extract = dspy.Predict(extract_signature(self.signature))
+        if aids.root_lm is not None:  # the LM the context was fitted to answers every turn
+            self.generate_action.lm = self.extract.lm = aids.root_lm
         # What the root LM is sent per turn (rlmoptimizer.agent.root_lm); None keeps dspy's rendering unchanged.
         self._turn_sender = (
             TurnSender(

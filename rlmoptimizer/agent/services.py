@@ -93,10 +93,12 @@ class TurnSettings:
 
 @dataclass(frozen=True)
 class TurnAids:
-    """What a long run adds to each turn: the ``context`` fitted to the root LM's window, the ``state_block`` that
-    closes every request, the default loop's ``next_move`` (named in a repeat notice, run by the autopilot) and the
-    ``spending_stop``."""
+    """What a long run adds to each turn: the ``root_lm`` every turn is asked of (the one the ``context`` is
+    fitted to: one LM for both, never one for the window and another for the calls), the ``context`` fitted to
+    its window, the ``state_block`` that closes every request, the default loop's ``next_move`` (named in a
+    repeat notice, run by the autopilot) and the ``spending_stop``."""
 
+    root_lm: Any = None
     context: BoundedContext | None = None
     state_block: Callable[[], str] | None = None
     next_move: Callable[[], str] | None = None

@@ -77,6 +77,7 @@ def long_run_aids(
     stop after the spending cap (or at once, once ``decided()`` says why no turn can change the result)."""
     usage = services.usage
     return TurnAids(
+        root_lm=root_lm,
         context=BoundedContext(
             ContextBudget.for_lm(root_lm, window),
             max_output_chars=max_output_chars,
