@@ -290,6 +290,11 @@ class Selection:
     reason: str
     candidates: tuple[dict[str, Any], ...]
     spending_cap_reached: bool | None = None  # None: no max_cost_usd
+    # what was returned, as a value a program can test (``reason`` says why in words): "submission" (the agent's
+    # submission), "unchanged" (the unchanged program: the submission scored no better), "other candidate" (another
+    # checked candidate scored better than the submission), "best checked" (the submission could not be checked:
+    # the budget or the spending cap; the best checked candidate)
+    basis: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """What ``result.json`` and ``program.selection`` hold (everything but ``instructions``)."""
@@ -302,6 +307,7 @@ class Selection:
             "submission_score": self.submission_score,
             "baseline_score": self.baseline_score,
             "reason": self.reason,
+            "basis": self.basis,
             "candidates": [dict(c) for c in self.candidates],
             **({} if self.spending_cap_reached is None else {"spending_cap_reached": self.spending_cap_reached}),
         }

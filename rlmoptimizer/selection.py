@@ -36,6 +36,10 @@ def never_worse(
     chosen_run = ranked(complete, initial=initial, preferred=submitted_run)[0]
     others = [r for r in complete if r.instructions != submission]
     best = max(others, key=lambda r: r.score, default=None)
+    if chosen_run is submitted_run:
+        basis = "submission"
+    else:
+        basis = "unchanged" if chosen_run.instructions == initial else "other candidate"
     if chosen_run is submitted_run and submission == initial:
         reason = f"the agent submitted the unchanged instructions, which score {submitted_run.score:.4f} on {split}"
     elif chosen_run is submitted_run:
@@ -56,7 +60,7 @@ def never_worse(
             f"the agent's submission scored {submitted_run.score:.4f} on {split}, below {chosen_run.run_id} "
             f"({chosen_run.label}) at {chosen_run.score:.4f}; returning that candidate instead"
         )
-    return _selection(split, chosen_run, complete, reason, submitted_run)
+    return _selection(split, chosen_run, complete, reason, submitted_run, basis)
 
 
 def best_checked(
@@ -83,11 +87,18 @@ def best_checked(
         f"{why} {when}; returning the best checked candidate, {chosen_run.run_id} ({chosen_run.label}) at "
         f"{chosen_run.score:.4f}"
     )
-    return replace(_selection(split, chosen_run, complete, reason, None), spending_cap_reached=spending_cap)
+    return replace(
+        _selection(split, chosen_run, complete, reason, None, "best checked"), spending_cap_reached=spending_cap
+    )
 
 
 def _selection(
-    split: str, chosen_run: EvalRun, complete: Sequence[EvalRun], reason: str, submitted_run: EvalRun | None
+    split: str,
+    chosen_run: EvalRun,
+    complete: Sequence[EvalRun],
+    reason: str,
+    submitted_run: EvalRun | None,
+    basis: str,
 ) -> Selection:
     return Selection(
         split=split,
@@ -99,6 +110,7 @@ def _selection(
         submission_score=submitted_run.score if submitted_run is not None else None,
         baseline_score=next((r.score for r in complete if r.label == "baseline"), None),
         reason=reason,
+        basis=basis,
         candidates=tuple(
             {"run_id": r.run_id, "label": r.label, "score": r.score, "instructions": r.instructions} for r in complete
         ),

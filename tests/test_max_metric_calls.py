@@ -56,7 +56,7 @@ def test_a_submission_the_rest_cannot_check_is_not_returned_and_the_limit_holds(
     # the submission ('Route it.') was never checked on validation: the best checked candidate is the baseline
     assert result.route.signature.instructions == ORIGINAL_ROUTE
     assert "max_metric_calls left too few calls" in result.selection["reason"]
-    assert result.selection["spending_cap_reached"] is False
+    assert result.selection["basis"] == "best checked" and result.selection["spending_cap_reached"] is False
 
 
 def test_max_metric_calls_is_checked_before_any_lm_call():

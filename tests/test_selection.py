@@ -27,6 +27,7 @@ def test_a_better_submission_is_chosen_with_the_reason_and_every_candidate():
     assert selection.baseline_score == 0.5 and "more than the unchanged program" in selection.reason
     assert [c["run_id"] for c in selection.to_dict()["candidates"]] == ["run-0001", "run-0002"]
     assert "instructions" not in selection.to_dict()
+    assert selection.to_dict()["basis"] == "submission"
 
 
 def test_a_tie_with_the_unchanged_program_returns_the_unchanged_instructions():
@@ -40,6 +41,7 @@ def test_a_tie_with_the_unchanged_program_returns_the_unchanged_instructions():
         initial=INITIAL,
     )
     assert selection.instructions == INITIAL and "the same as the unchanged program" in selection.reason
+    assert selection.basis == "unchanged"
 
 
 def test_a_worse_submission_loses_to_the_best_other_candidate():
@@ -54,3 +56,4 @@ def test_a_worse_submission_loses_to_the_best_other_candidate():
         initial=INITIAL,
     )
     assert selection.instructions == {"step": "mid"} and "returning that candidate instead" in selection.reason
+    assert selection.basis == "other candidate"
