@@ -7,6 +7,17 @@ import dspy
 from rlmoptimizer.evaluation.lm_failures import classify_lm_failure, failure_summary
 
 
+def wrapped(inner: BaseException) -> RuntimeError:
+    """``inner`` raised, and the program's own error raised from it (as a program that catches and re-raises)."""
+    try:
+        try:
+            raise inner
+        except type(inner) as caught:
+            raise RuntimeError("the program wrapped it") from caught
+    except RuntimeError as outer:
+        return outer
+
+
 def test_classify_lm_failure_tells_systemic_transient_and_content_errors_apart():
     assert classify_lm_failure(dspy.LMNotConfiguredError("no key"))[0] == "systemic"
     assert classify_lm_failure(dspy.LMUnsupportedModelError("no such model"))[0] == "systemic"
@@ -14,24 +25,12 @@ def test_classify_lm_failure_tells_systemic_transient_and_content_errors_apart()
     assert classify_lm_failure(dspy.LMServerError("500"))[0] == "lm"
     assert classify_lm_failure(dspy.ContextWindowExceededError(model="m")) is None
     assert classify_lm_failure(ValueError("bad parse")) is None
-    try:
-        try:
-            raise dspy.LMAuthError("denied")
-        except dspy.LMAuthError as inner:
-            raise RuntimeError("program wrapped it") from inner
-    except RuntimeError as outer:
-        kind, cause = classify_lm_failure(outer)
+    kind, cause = classify_lm_failure(wrapped(dspy.LMAuthError("denied")))
     assert kind == "systemic" and isinstance(cause, dspy.LMAuthError)
 
 
 def test_a_failure_reads_as_the_lm_error_behind_it_on_one_line():
-    try:
-        try:
-            raise dspy.LMAuthError("403 Forbidden\nrequest id abc")
-        except dspy.LMAuthError as inner:
-            raise RuntimeError("the program wrapped it") from inner
-    except RuntimeError as outer:
-        assert failure_summary(outer) == "LMAuthError: 403 Forbidden"
+    assert failure_summary(wrapped(dspy.LMAuthError("403 Forbidden\nrequest id abc"))) == "LMAuthError: 403 Forbidden"
     assert failure_summary(ValueError("no field 'answer'\nin the reply")) == "ValueError: no field 'answer'"
     assert failure_summary(KeyError()) == "KeyError: "
 
