@@ -204,6 +204,47 @@ def test_run_gepa_stops_before_an_iteration_whose_child_could_not_be_kept_and_le
     assert printed(result, 1)["left"] == out["budget_left"] == result.budget["limit"] - out["spent"]
 
 
+def test_a_child_that_cannot_beat_its_parent_on_the_minibatch_is_not_run_on_the_rest_of_it():
+    turns = [
+        {
+            "reasoning": "gepa",
+            "code": (
+                "import json\n"
+                "r = run_gepa(budget=30)\n"
+                "print(json.dumps({k: r[k] for k in ('spent', 'spent_by_kind', 'children_cut_short', "
+                "'examples_not_run')}))"
+            ),
+        },
+        {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program={})"},
+    ]
+    counting = CountingMetric()
+    # a useless reflection: the fake task LM answers as it did under the parent, so each child fails where its
+    # parent failed and can never win a minibatch on which its parent passed something
+    result = compile_with(turns, sub_lm=reflection_lm("Route tickets carefully."), metric_fn=counting)
+    out = printed(result, 0)
+
+    runs = [json.loads(p.read_text()) for p in sorted(Path(result.run_storage_dir, "runs").glob("run-*.json"))]
+    gepa_runs = [run for run in runs if run["label"] == "gepa"]
+    scored = {}  # (instructions, train example id) -> passed, over every train run
+    for run in runs:
+        for record in run["records"] if run["split"] == "train" else []:
+            scored[(json.dumps(run["instructions"], sort_keys=True), record["example_id"])] = record["passed"]
+    original = json.dumps(next(run for run in runs if run["label"] == "baseline")["instructions"], sort_keys=True)
+    children = [run for run in gepa_runs if json.dumps(run["instructions"], sort_keys=True) != original]
+    assert children, gepa_runs
+    for child in children:
+        ids = [record["example_id"] for record in child["records"]]
+        # a child runs only where its parent failed (the fake task LM fails it there too), then stops: on the
+        # parent's passes it could at best tie, and gepa keeps only a child that scores higher
+        assert all(not scored[(original, i)] for i in ids), child
+        assert not any(record["passed"] for record in child["records"]), child
+    assert out["children_cut_short"] >= 1 and out["examples_not_run"] >= 1
+    # what was not run was not paid: every charged example is one metric call, nothing more
+    charged = out["spent_by_kind"].get("train_example", 0) + out["spent_by_kind"].get("val_example", 0)
+    assert counting.calls - (12 + 8) == charged
+    assert result.route.signature.instructions == ORIGINAL_ROUTE
+
+
 def test_no_validation_example_reaches_the_agent_or_the_reflection_lm_through_run_gepa():
     _, valset = make_splits()
     log: list[str] = []

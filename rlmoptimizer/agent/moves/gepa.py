@@ -99,18 +99,36 @@ class _Slice:
 
 class _Adapter:
     """gepa's view of this compile's program: a candidate is a ``{step: text}`` map over the run's steps (the
-    other steps keep the text they had when the run started); a data instance is ``(split, example id)``."""
+    other steps keep the text they had when the run started); a data instance is ``(split, example id)``.
+
+    A child of a reflective proposal is scored on its parent's minibatch in two waves: first the examples its
+    parent did not score perfectly on, then the others, only while the child can still beat its parent there
+    (gepa keeps a child only when its minibatch sum is strictly higher). The examples a child could not win on
+    are not run; gepa is told the best score they could have had, so the sum it compares is an upper bound, and
+    the child is rejected as it would have been."""
 
     propose_new_texts = None  # gepa's own reflection prompt, through the reflection LM below
 
-    def __init__(self, moves: GepaMoves, base: dict[str, str], budget: _Slice) -> None:
+    def __init__(
+        self, moves: GepaMoves, base: dict[str, str], budget: _Slice, score_bound: Callable[[], float]
+    ) -> None:
+        """``score_bound()``: the highest score one example can have (see :meth:`GepaMoves._score_bound`)."""
         self._moves = moves
         self._base = base
         self._budget = budget
+        self._score_bound = score_bound
         self.unevaluated: list[dict[str, str]] = []  # proposals the budget stopped before their evaluation
+        self._children: dict[tuple, list[dict[str, str]]] = {}  # minibatch -> parents of the children to score
+        self.cut_short = 0  # children stopped once they could not beat their parent
+        self.not_run = 0  # the examples those children were not run on
 
     def instructions(self, candidate: dict[str, str]) -> dict[str, str]:
         return {**self._base, **candidate}
+
+    def expect_child(self, batch: Sequence[tuple[str, int]], parent: dict[str, str]) -> None:
+        """gepa announced (``on_evaluation_start``) that the next evaluation on ``batch`` scores a child of
+        ``parent``."""
+        self._children.setdefault(tuple(batch), []).append(dict(parent))
 
     def evaluate(self, batch: list[tuple[str, int]], candidate: dict[str, str], capture_traces: bool = False) -> Any:
         if not batch:
@@ -118,9 +136,49 @@ class _Adapter:
         split = batch[0][0]
         ids = [i for _, i in batch]
         instructions = self.instructions(candidate)
+        parents = self._children.get(tuple(batch))
+        parent = parents.pop(0) if parents else None
+        if parent is not None:
+            before = self._moves.runs.stored(self.instructions(parent), split, ids)
+            if len(before) == len(ids):
+                return self._evaluate_child(split, ids, instructions, before, capture_traces)
+        records, charged = self._run(split, ids, instructions)
+        return _batch([records[i] for i in ids], capture_traces, charged)
+
+    def _evaluate_child(
+        self,
+        split: str,
+        ids: list[int],
+        instructions: dict[str, str],
+        parent: dict[int, ExampleResult],
+        capture_traces: bool,
+    ) -> Any:
+        bound = self._score_bound()
+        to_beat = sum(parent[i].score for i in ids)
+        below = sorted((i for i in ids if parent[i].score < bound), key=lambda i: parent[i].score)
+        perfect = [i for i in ids if parent[i].score >= bound]
+        records, charged = self._run(split, below, instructions) if below else ({}, 0)
+        best_possible = sum(records[i].score for i in below) + bound * len(perfect)
+        if perfect and best_possible <= to_beat:  # it cannot win: the parent's perfect examples are not run
+            self.cut_short += 1
+            self.not_run += len([i for i in perfect if i not in self._moves.runs.stored(instructions, split, perfect)])
+            scores = [records[i].score if i in records else bound for i in ids]
+            outputs = [records[i].predicted if i in records else None for i in ids]
+            from gepa.core.adapter import EvaluationBatch
+
+            return EvaluationBatch(outputs=outputs, scores=scores, trajectories=None, num_metric_calls=charged)
+        if perfect:
+            more, paid = self._run(split, perfect, instructions)
+            records.update(more)
+            charged += paid
+        return _batch([records[i] for i in ids], capture_traces, charged)
+
+    def _run(self, split: str, ids: list[int], instructions: dict[str, str]) -> tuple[dict[int, ExampleResult], int]:
+        """``instructions`` on ``ids`` of ``split``: every record by id, and the units paid (stored ones are
+        free)."""
         stored = self._moves.runs.stored(instructions, split, ids)
         if len(stored) == len(ids):  # every record is stored: free, and no new run to list
-            return _batch([stored[i] for i in ids], capture_traces, 0)
+            return stored, 0
         cost = len(ids) - len(stored)
         kind = TRAIN_EXAMPLE if split == "train" else VAL_EXAMPLE
         what = f"an evaluation on {len(ids)} {split} example(s)"
@@ -137,10 +195,9 @@ class _Adapter:
         finally:
             self._budget.settle(reservation)
         by_id = {record.example_id: record for record in run.records}
-        records: list[ExampleResult | None] = [by_id.get(i) for i in ids]
-        if any(record is None for record in records):
+        if any(i not in by_id for i in ids):
             raise _Stop(f"an evaluation stopped early ({run.note or 'not every example ran'})")
-        return _batch(records, capture_traces, reservation.spent)
+        return by_id, reservation.spent
 
     def make_reflective_dataset(
         self, candidate: dict[str, str], eval_batch: Any, components_to_update: list[str]
@@ -215,9 +272,12 @@ class _Watch:
         idle_limit: int,
         ended: Callable[[int, bool], None] | None = None,
         too_little: Callable[[], str | None] | None = None,
+        child: Callable[[Sequence[Any], dict[str, str]], None] | None = None,
     ) -> None:
-        """``too_little()``: why what is left cannot pay an iteration that could be kept, or None."""
+        """``too_little()``: why what is left cannot pay an iteration that could be kept, or None;
+        ``child(batch, parent)``: told that a child of ``parent`` is about to be scored on ``batch``."""
         self.state: Any = None
+        self._child = child or (lambda batch, parent: None)
         self._too_little = too_little or (lambda: None)
         self.short: str | None = None
         self._ended = ended or (lambda iteration, accepted: None)
@@ -232,6 +292,12 @@ class _Watch:
         now = self._activity()
         self.idle = self.idle + 1 if now == self._last else 0
         self._last = now
+
+    def on_evaluation_start(self, event: Any) -> None:
+        parents = list(event.get("parent_ids") or [])
+        # A reflective child (one parent, no index yet). A merge names two parents; it is scored in full.
+        if event.get("candidate_idx") is None and len(parents) == 1 and self.state is not None:
+            self._child(list(event.get("inputs") or []), self.state.program_candidates[parents[0]])
 
     def __call__(self, state: Any) -> bool:  # gepa's StopperProtocol, asked before each iteration
         self.short = self._too_little()
@@ -258,6 +324,12 @@ class GepaMoves(MoveContext):
 
     def is_known(self, instructions: dict[str, str]) -> bool:
         return any({**self._current(), **m} == instructions for m in self.proposals.values())
+
+    def _score_bound(self) -> float:
+        """The highest score one example is taken to be able to have: 1.0 (a metric's usual scale), the pass
+        threshold when it is higher (gepa's perfect score), or a higher score some example already had."""
+        seen = (record.score for run in self.runs.all() for record in run.records)
+        return max(1.0, float(self.perfect_score), *seen)
 
     def _register(self, instructions: dict[str, str], lineage: dict[str, Any]) -> str:
         """An id for ``instructions`` (a new ``gepa-N`` unless a candidate with the same text has one)."""
@@ -344,7 +416,7 @@ class GepaMoves(MoveContext):
             keep(kept)
 
         slice_ = _Slice(self.ledger, budget, taken=taken, on_change=record)
-        adapter = _Adapter(self, base, slice_)
+        adapter = _Adapter(self, base, slice_, self._score_bound)
         reflection = _Reflection(
             self._lm(),
             slice_,
@@ -377,6 +449,7 @@ class GepaMoves(MoveContext):
             if iteration_ended is not None
             else None,
             too_little=too_little,
+            child=adapter.expect_child,
         )
         log = _Log()
         self.gepa_runs += 1
@@ -516,6 +589,8 @@ class GepaMoves(MoveContext):
             "reflections": reflection.calls,
             "reflections_replayed": reflection.replayed,
             "merges": watch.merges,
+            "children_cut_short": adapter.cut_short,
+            "examples_not_run": adapter.not_run,
             "stopped": why,
             "not_evaluated": unevaluated,
             "summary": summary,
