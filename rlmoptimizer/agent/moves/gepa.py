@@ -1,6 +1,6 @@
 """GEPA's own engine as a move: :meth:`GepaMoves.run_gepa` runs the gepa package's optimization loop (Pareto
 candidate selection, reflective mutation with gepa's own reflection prompt, merge) over this compile's
-evaluations, through a :class:`gepa.core.adapter.GEPAAdapter`.
+evaluations, through a :class:`gepa.core.adapter.GEPAAdapter` (:mod:`rlmoptimizer.agent.moves.gepa_adapter`).
 
 What the adapter guarantees, beyond what ``dspy.GEPA`` does:
 
@@ -15,27 +15,26 @@ What the adapter guarantees, beyond what ``dspy.GEPA`` does:
   candidates found so far come back;
 * a reflection LM that fails (no answer: a bad key, a 5xx after retries) stops the run with that error, instead
   of being taken as "no proposal" (gepa catches exceptions around reflection);
+* a child of a reflective proposal runs first where its parent failed on the minibatch, and stops there when it
+  can no longer beat its parent (gepa keeps only a strictly higher sum): the metric calls it could not win with
+  go to more proposals;
 * validation stays in the host: with a validation split, gepa tracks its Pareto front on per-example validation
   scores (as ``dspy.GEPA`` uses ``valset``); the agent sees aggregates only.
 
-May import: gepa, dspy, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.fingerprint``, ``.records``,
-``.storage`` and ``rlmoptimizer.agent.moves``' own modules.
+May import: gepa, dspy, ``rlmoptimizer.errors``, ``.fingerprint``, ``.storage`` and ``rlmoptimizer.agent.moves``'
+own modules.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlmoptimizer.agent.moves.context import MoveContext, refuse
-from rlmoptimizer.agent.moves.proposal import reflective_example
-from rlmoptimizer.budget import SUB_LM_CALL, TRAIN_EXAMPLE, VAL_EXAMPLE, BudgetLedger, Reservation
-from rlmoptimizer.errors import AgentToolError, BudgetExhaustedError
-from rlmoptimizer.evaluation.lm_failures import classify_lm_failure, failure_summary
+from rlmoptimizer.agent.moves.gepa_adapter import Adapter, Reflection, Slice, Stop
+from rlmoptimizer.errors import AgentToolError
 from rlmoptimizer.fingerprint import instructions_digest
-from rlmoptimizer.records import ExampleResult
 from rlmoptimizer.storage.answers import AnswerStore
 
 logger = logging.getLogger(__name__)
@@ -43,222 +42,6 @@ logger = logging.getLogger(__name__)
 MINIBATCH_SIZE = 3  # examples per reflection, gepa's and dspy.GEPA's default
 MAX_MERGE_INVOCATIONS = 5  # merges per run, dspy.GEPA's default
 MAX_PROPOSALS_PER_ITERATION = 8
-
-
-class _Stop(BaseException):  # noqa: N818 - a stop of gepa's loop, not an error of its own
-    """Ends gepa's loop mid-iteration. A BaseException, so that gepa's ``except Exception`` around reflection and
-    around each iteration does not take it for a failed proposal and go on."""
-
-    def __init__(self, why: str, error: BaseException | None = None) -> None:
-        super().__init__(why)
-        self.why = why
-        self.error = error
-
-
-class _Slice:
-    """The units one run may spend, taken from the ledger one whole evaluation or reflection at a time."""
-
-    def __init__(
-        self, ledger: BudgetLedger, units: int, taken: int = 0, on_change: Callable[[int], None] | None = None
-    ) -> None:
-        """``taken``: units an earlier process already paid or reserved for this run (a run replayed on resume);
-        ``on_change(taken)`` is told what is paid or reserved of the slice after every change, before the work."""
-        self.ledger = ledger
-        self.units = units
-        self.left = max(0, units - taken)
-        self.before = taken
-        self.spent = 0
-        self.by_kind = {TRAIN_EXAMPLE: 0, VAL_EXAMPLE: 0, SUB_LM_CALL: 0}
-        self._lock = threading.Lock()
-        self._on_change = on_change or (lambda taken: None)
-
-    def reserve(self, n: int, kind: str, what: str) -> Reservation:
-        sliced = self.ledger.counts_toward_limit(kind)  # (with max_metric_calls, reflections are not metric calls)
-        with self._lock:
-            if sliced and n > self.left:
-                raise _Stop(f"its budget of {self.units} unit(s) ran out: {what} needs {n}, {self.left} left")
-            try:
-                reservation = self.ledger.reserve_exactly(n, kind)
-            except BudgetExhaustedError as exc:
-                raise _Stop(f"{what} could not be paid: {exc}") from None
-            if sliced:
-                self.left -= n
-                self._on_change(self.units - self.left)
-        return reservation
-
-    def settle(self, reservation: Reservation) -> None:
-        reservation.release()
-        sliced = self.ledger.counts_toward_limit(reservation.kind)
-        with self._lock:
-            if sliced:
-                self.left += reservation.granted - reservation.spent
-                self.spent += reservation.spent
-                self._on_change(self.units - self.left)
-            self.by_kind[reservation.kind] += reservation.spent
-
-
-class _Adapter:
-    """gepa's view of this compile's program: a candidate is a ``{step: text}`` map over the run's steps (the
-    other steps keep the text they had when the run started); a data instance is ``(split, example id)``.
-
-    A child of a reflective proposal is scored on its parent's minibatch in two waves: first the examples its
-    parent did not score perfectly on, then the others, only while the child can still beat its parent there
-    (gepa keeps a child only when its minibatch sum is strictly higher). The examples a child could not win on
-    are not run; gepa is told the best score they could have had, so the sum it compares is an upper bound, and
-    the child is rejected as it would have been."""
-
-    propose_new_texts = None  # gepa's own reflection prompt, through the reflection LM below
-
-    def __init__(
-        self, moves: GepaMoves, base: dict[str, str], budget: _Slice, score_bound: Callable[[], float]
-    ) -> None:
-        """``score_bound()``: the highest score one example can have (see :meth:`GepaMoves._score_bound`)."""
-        self._moves = moves
-        self._base = base
-        self._budget = budget
-        self._score_bound = score_bound
-        self.unevaluated: list[dict[str, str]] = []  # proposals the budget stopped before their evaluation
-        self._children: dict[tuple, list[dict[str, str]]] = {}  # minibatch -> parents of the children to score
-        self.cut_short = 0  # children stopped once they could not beat their parent
-        self.not_run = 0  # the examples those children were not run on
-
-    def instructions(self, candidate: dict[str, str]) -> dict[str, str]:
-        return {**self._base, **candidate}
-
-    def expect_child(self, batch: Sequence[tuple[str, int]], parent: dict[str, str]) -> None:
-        """gepa announced (``on_evaluation_start``) that the next evaluation on ``batch`` scores a child of
-        ``parent``."""
-        self._children.setdefault(tuple(batch), []).append(dict(parent))
-
-    def evaluate(self, batch: list[tuple[str, int]], candidate: dict[str, str], capture_traces: bool = False) -> Any:
-        if not batch:
-            return _batch([], capture_traces, 0)
-        split = batch[0][0]
-        ids = [i for _, i in batch]
-        instructions = self.instructions(candidate)
-        parents = self._children.get(tuple(batch))
-        parent = parents.pop(0) if parents else None
-        if parent is not None:
-            before = self._moves.runs.stored(self.instructions(parent), split, ids)
-            if len(before) == len(ids):
-                return self._evaluate_child(split, ids, instructions, before, capture_traces)
-        records, charged = self._run(split, ids, instructions)
-        return _batch([records[i] for i in ids], capture_traces, charged)
-
-    def _evaluate_child(
-        self,
-        split: str,
-        ids: list[int],
-        instructions: dict[str, str],
-        parent: dict[int, ExampleResult],
-        capture_traces: bool,
-    ) -> Any:
-        bound = self._score_bound()
-        to_beat = sum(parent[i].score for i in ids)
-        below = sorted((i for i in ids if parent[i].score < bound), key=lambda i: parent[i].score)
-        perfect = [i for i in ids if parent[i].score >= bound]
-        records, charged = self._run(split, below, instructions) if below else ({}, 0)
-        best_possible = sum(records[i].score for i in below) + bound * len(perfect)
-        if perfect and best_possible <= to_beat:  # it cannot win: the parent's perfect examples are not run
-            self.cut_short += 1
-            self.not_run += len([i for i in perfect if i not in self._moves.runs.stored(instructions, split, perfect)])
-            scores = [records[i].score if i in records else bound for i in ids]
-            outputs = [records[i].predicted if i in records else None for i in ids]
-            from gepa.core.adapter import EvaluationBatch
-
-            return EvaluationBatch(outputs=outputs, scores=scores, trajectories=None, num_metric_calls=charged)
-        if perfect:
-            more, paid = self._run(split, perfect, instructions)
-            records.update(more)
-            charged += paid
-        return _batch([records[i] for i in ids], capture_traces, charged)
-
-    def _run(self, split: str, ids: list[int], instructions: dict[str, str]) -> tuple[dict[int, ExampleResult], int]:
-        """``instructions`` on ``ids`` of ``split``: every record by id, and the units paid (stored ones are
-        free)."""
-        stored = self._moves.runs.stored(instructions, split, ids)
-        if len(stored) == len(ids):  # every record is stored: free, and no new run to list
-            return stored, 0
-        cost = len(ids) - len(stored)
-        kind = TRAIN_EXAMPLE if split == "train" else VAL_EXAMPLE
-        what = f"an evaluation on {len(ids)} {split} example(s)"
-        try:
-            reservation = self._budget.reserve(cost, kind, what)
-        except _Stop:
-            if not self._moves.is_known(instructions):
-                self.unevaluated.append(dict(instructions))
-            raise
-        try:
-            run = self._moves._evaluate(instructions, split, ids, label="gepa", reservation=reservation)
-        except Exception as exc:  # a systemic failure (the evaluation LM, the metric): stop with it
-            raise _Stop(f"an evaluation failed: {type(exc).__name__}", error=exc) from exc
-        finally:
-            self._budget.settle(reservation)
-        by_id = {record.example_id: record for record in run.records}
-        if any(i not in by_id for i in ids):
-            raise _Stop(f"an evaluation stopped early ({run.note or 'not every example ran'})")
-        return by_id, reservation.spent
-
-    def make_reflective_dataset(
-        self, candidate: dict[str, str], eval_batch: Any, components_to_update: list[str]
-    ) -> dict:
-        records = eval_batch.trajectories or []
-        dataset = {}
-        for step in components_to_update:
-            entries = [entry for entry in (reflective_example(step, record) for record in records) if entry is not None]
-            if entries:
-                dataset[step] = entries
-        return dataset
-
-
-class _Reflection:
-    """gepa's reflection LM: the sub-LM, 1 unit per call that answered, answers kept for a resume. Each asking of
-    a prompt already asked is another sample (its own rollout id), as proposals are."""
-
-    def __init__(
-        self,
-        lm: Any,
-        budget: _Slice,
-        answers: AnswerStore,
-        book: Callable[[Callable], Callable],
-        answered: Callable[[], None],
-    ) -> None:
-        self._lm = lm
-        self._budget = budget
-        self._answers = answers
-        self._book = book
-        self._answered = answered  # puts the charge on disk before the answer is kept (never counted short)
-        self.calls = 0
-        self.replayed = 0
-
-    def __call__(self, prompt: str | list[dict[str, Any]]) -> str:
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-        key, seen = self._answers.key_for(repr(messages))
-        stored = self._answers.get(key)
-        if stored is not None:
-            self.replayed += 1
-            return stored
-        reservation = self._budget.reserve(1, SUB_LM_CALL, "a reflection")
-        lm = self._lm
-        if seen:
-            lm = lm.copy(rollout_id=((lm.kwargs or {}).get("rollout_id") or 0) + seen)
-        try:
-            ask = (lambda: lm(prompt)) if isinstance(prompt, str) else (lambda: lm(messages=messages))
-            outputs = self._book(ask)()
-        except Exception as exc:
-            if classify_lm_failure(exc) is None:  # it answered (e.g. a reply that does not parse): it was a call
-                reservation.spend(1)
-            raise _Stop(f"the reflection LM (sub_lm) failed: {failure_summary(exc)}", error=exc) from exc
-        else:
-            reservation.spend(1)
-        finally:
-            self._budget.settle(reservation)
-        self.calls += 1
-        self._answered()
-        output = outputs[0] if outputs else ""
-        text = output.get("text", "") if isinstance(output, dict) else str(output or "")
-        self._answers.put(key, text)
-        return text
 
 
 class _Watch:
@@ -415,9 +198,9 @@ class GepaMoves(MoveContext):
             kept[run_name] = {"budget": budget, "taken": units, "finished": finished}
             keep(kept)
 
-        slice_ = _Slice(self.ledger, budget, taken=taken, on_change=record)
-        adapter = _Adapter(self, base, slice_, self._score_bound)
-        reflection = _Reflection(
+        slice_ = Slice(self.ledger, budget, taken=taken, on_change=record)
+        adapter = Adapter(self.runs, self._evaluate, self.is_known, base, slice_, self._score_bound)
+        reflection = Reflection(
             self._lm(),
             slice_,
             answers if answers is not None else AnswerStore(),
@@ -453,7 +236,7 @@ class GepaMoves(MoveContext):
         )
         log = _Log()
         self.gepa_runs += 1
-        stopped: _Stop | None = None
+        stopped: Stop | None = None
         result = None
         try:
             result = gepa.optimize(
@@ -480,7 +263,7 @@ class GepaMoves(MoveContext):
                 display_progress_bar=False,
                 sampling_strategy=PxNSampling(1, proposals_per_iteration) if proposals_per_iteration > 1 else None,
             )
-        except _Stop as stop:
+        except Stop as stop:
             stopped = stop
         if result is None and watch.state is not None:
             result = GEPAResult.from_state(watch.state, seed=seed)
@@ -493,10 +276,10 @@ class GepaMoves(MoveContext):
         self,
         result: Any,
         watch: _Watch,
-        adapter: _Adapter,
-        reflection: _Reflection,
-        slice_: _Slice,
-        stopped: _Stop | None,
+        adapter: Adapter,
+        reflection: Reflection,
+        slice_: Slice,
+        stopped: Stop | None,
         source: str,
         steps: list[str],
         uses_val: bool,
@@ -606,17 +389,6 @@ class GepaMoves(MoveContext):
                 ) from error
             raise error
         return outcome
-
-
-def _batch(records: Sequence[ExampleResult], capture_traces: bool, charged: int) -> Any:
-    from gepa.core.adapter import EvaluationBatch
-
-    return EvaluationBatch(
-        outputs=[record.predicted for record in records],
-        scores=[float(record.score) for record in records],
-        trajectories=list(records) if capture_traces else None,
-        num_metric_calls=charged,
-    )
 
 
 def _int_arg(name: str, value: Any, minimum: int, maximum: int | None = None) -> int:

@@ -1,0 +1,257 @@
+"""What gepa's engine sees of a compile: the :class:`Adapter` over its stored, charged evaluations, the exact
+:class:`Slice` of the budget a run may spend, and the :class:`Reflection` LM (the sub-LM, charged and kept for a
+resume). :mod:`rlmoptimizer.agent.moves.gepa` runs the engine over them.
+
+May import: gepa, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.records``, ``.storage`` and
+``rlmoptimizer.agent.moves``' own modules.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rlmoptimizer.agent.moves.context import EvaluateFn, RunAccess
+from rlmoptimizer.agent.moves.proposal import reflective_example
+from rlmoptimizer.budget import SUB_LM_CALL, TRAIN_EXAMPLE, VAL_EXAMPLE, BudgetLedger, Reservation
+from rlmoptimizer.errors import BudgetExhaustedError
+from rlmoptimizer.evaluation.lm_failures import classify_lm_failure, failure_summary
+from rlmoptimizer.records import ExampleResult
+from rlmoptimizer.storage.answers import AnswerStore
+
+
+class Stop(BaseException):  # noqa: N818 - a stop of gepa's loop, not an error of its own
+    """Ends gepa's loop mid-iteration. A BaseException, so that gepa's ``except Exception`` around reflection and
+    around each iteration does not take it for a failed proposal and go on."""
+
+    def __init__(self, why: str, error: BaseException | None = None) -> None:
+        super().__init__(why)
+        self.why = why
+        self.error = error
+
+
+class Slice:
+    """The units one run may spend, taken from the ledger one whole evaluation or reflection at a time."""
+
+    def __init__(
+        self, ledger: BudgetLedger, units: int, taken: int = 0, on_change: Callable[[int], None] | None = None
+    ) -> None:
+        """``taken``: units an earlier process already paid or reserved for this run (a run replayed on resume);
+        ``on_change(taken)`` is told what is paid or reserved of the slice after every change, before the work."""
+        self.ledger = ledger
+        self.units = units
+        self.left = max(0, units - taken)
+        self.before = taken
+        self.spent = 0
+        self.by_kind = {TRAIN_EXAMPLE: 0, VAL_EXAMPLE: 0, SUB_LM_CALL: 0}
+        self._lock = threading.Lock()
+        self._on_change = on_change or (lambda taken: None)
+
+    def reserve(self, n: int, kind: str, what: str) -> Reservation:
+        sliced = self.ledger.counts_toward_limit(kind)  # (with max_metric_calls, reflections are not metric calls)
+        with self._lock:
+            if sliced and n > self.left:
+                raise Stop(f"its budget of {self.units} unit(s) ran out: {what} needs {n}, {self.left} left")
+            try:
+                reservation = self.ledger.reserve_exactly(n, kind)
+            except BudgetExhaustedError as exc:
+                raise Stop(f"{what} could not be paid: {exc}") from None
+            if sliced:
+                self.left -= n
+                self._on_change(self.units - self.left)
+        return reservation
+
+    def settle(self, reservation: Reservation) -> None:
+        reservation.release()
+        sliced = self.ledger.counts_toward_limit(reservation.kind)
+        with self._lock:
+            if sliced:
+                self.left += reservation.granted - reservation.spent
+                self.spent += reservation.spent
+                self._on_change(self.units - self.left)
+            self.by_kind[reservation.kind] += reservation.spent
+
+
+class Adapter:
+    """gepa's view of this compile's program: a candidate is a ``{step: text}`` map over the run's steps (the
+    other steps keep the text they had when the run started); a data instance is ``(split, example id)``.
+
+    A child of a reflective proposal is scored on its parent's minibatch in two waves: first the examples its
+    parent did not score perfectly on, then the others, only while the child can still beat its parent there
+    (gepa keeps a child only when its minibatch sum is strictly higher). The examples a child could not win on
+    are not run; gepa is told the best score they could have had, so the sum it compares is an upper bound, and
+    the child is rejected as it would have been."""
+
+    propose_new_texts = None  # gepa's own reflection prompt, through the reflection LM below
+
+    def __init__(
+        self,
+        runs: RunAccess,
+        evaluate: EvaluateFn,
+        is_known: Callable[[dict[str, str]], bool],
+        base: dict[str, str],
+        budget: Slice,
+        score_bound: Callable[[], float],
+    ) -> None:
+        """``is_known(instructions)``: whether a candidate already has those instructions; ``score_bound()``: the
+        highest score one example can have."""
+        self._runs = runs
+        self._evaluate = evaluate
+        self._is_known = is_known
+        self._base = base
+        self._budget = budget
+        self._score_bound = score_bound
+        self.unevaluated: list[dict[str, str]] = []  # proposals the budget stopped before their evaluation
+        self._children: dict[tuple, list[dict[str, str]]] = {}  # minibatch -> parents of the children to score
+        self.cut_short = 0  # children stopped once they could not beat their parent
+        self.not_run = 0  # the examples those children were not run on
+
+    def instructions(self, candidate: dict[str, str]) -> dict[str, str]:
+        return {**self._base, **candidate}
+
+    def expect_child(self, batch: Sequence[tuple[str, int]], parent: dict[str, str]) -> None:
+        """gepa announced (``on_evaluation_start``) that the next evaluation on ``batch`` scores a child of
+        ``parent``."""
+        self._children.setdefault(tuple(batch), []).append(dict(parent))
+
+    def evaluate(self, batch: list[tuple[str, int]], candidate: dict[str, str], capture_traces: bool = False) -> Any:
+        if not batch:
+            return evaluation_batch([], capture_traces, 0)
+        split = batch[0][0]
+        ids = [i for _, i in batch]
+        instructions = self.instructions(candidate)
+        parents = self._children.get(tuple(batch))
+        parent = parents.pop(0) if parents else None
+        if parent is not None:
+            before = self._runs.stored(self.instructions(parent), split, ids)
+            if len(before) == len(ids):
+                return self._evaluate_child(split, ids, instructions, before, capture_traces)
+        records, charged = self._run(split, ids, instructions)
+        return evaluation_batch([records[i] for i in ids], capture_traces, charged)
+
+    def _evaluate_child(
+        self,
+        split: str,
+        ids: list[int],
+        instructions: dict[str, str],
+        parent: dict[int, ExampleResult],
+        capture_traces: bool,
+    ) -> Any:
+        bound = self._score_bound()
+        to_beat = sum(parent[i].score for i in ids)
+        below = sorted((i for i in ids if parent[i].score < bound), key=lambda i: parent[i].score)
+        perfect = [i for i in ids if parent[i].score >= bound]
+        records, charged = self._run(split, below, instructions) if below else ({}, 0)
+        best_possible = sum(records[i].score for i in below) + bound * len(perfect)
+        if perfect and best_possible <= to_beat:  # it cannot win: the parent's perfect examples are not run
+            self.cut_short += 1
+            self.not_run += len([i for i in perfect if i not in self._runs.stored(instructions, split, perfect)])
+            scores = [records[i].score if i in records else bound for i in ids]
+            outputs = [records[i].predicted if i in records else None for i in ids]
+            from gepa.core.adapter import EvaluationBatch
+
+            return EvaluationBatch(outputs=outputs, scores=scores, trajectories=None, num_metric_calls=charged)
+        if perfect:
+            more, paid = self._run(split, perfect, instructions)
+            records.update(more)
+            charged += paid
+        return evaluation_batch([records[i] for i in ids], capture_traces, charged)
+
+    def _run(self, split: str, ids: list[int], instructions: dict[str, str]) -> tuple[dict[int, ExampleResult], int]:
+        """``instructions`` on ``ids`` of ``split``: every record by id, and the units paid (stored ones are
+        free)."""
+        stored = self._runs.stored(instructions, split, ids)
+        if len(stored) == len(ids):  # every record is stored: free, and no new run to list
+            return stored, 0
+        cost = len(ids) - len(stored)
+        kind = TRAIN_EXAMPLE if split == "train" else VAL_EXAMPLE
+        what = f"an evaluation on {len(ids)} {split} example(s)"
+        try:
+            reservation = self._budget.reserve(cost, kind, what)
+        except Stop:
+            if not self._is_known(instructions):
+                self.unevaluated.append(dict(instructions))
+            raise
+        try:
+            run = self._evaluate(instructions, split, ids, label="gepa", reservation=reservation)
+        except Exception as exc:  # a systemic failure (the evaluation LM, the metric): stop with it
+            raise Stop(f"an evaluation failed: {type(exc).__name__}", error=exc) from exc
+        finally:
+            self._budget.settle(reservation)
+        by_id = {record.example_id: record for record in run.records}
+        if any(i not in by_id for i in ids):
+            raise Stop(f"an evaluation stopped early ({run.note or 'not every example ran'})")
+        return by_id, reservation.spent
+
+    def make_reflective_dataset(
+        self, candidate: dict[str, str], eval_batch: Any, components_to_update: list[str]
+    ) -> dict:
+        records = eval_batch.trajectories or []
+        dataset = {}
+        for step in components_to_update:
+            entries = [entry for entry in (reflective_example(step, record) for record in records) if entry is not None]
+            if entries:
+                dataset[step] = entries
+        return dataset
+
+
+class Reflection:
+    """gepa's reflection LM: the sub-LM, 1 unit per call that answered, answers kept for a resume. Each asking of
+    a prompt already asked is another sample (its own rollout id), as proposals are."""
+
+    def __init__(
+        self,
+        lm: Any,
+        budget: Slice,
+        answers: AnswerStore,
+        book: Callable[[Callable], Callable],
+        answered: Callable[[], None],
+    ) -> None:
+        self._lm = lm
+        self._budget = budget
+        self._answers = answers
+        self._book = book
+        self._answered = answered  # puts the charge on disk before the answer is kept (never counted short)
+        self.calls = 0
+        self.replayed = 0
+
+    def __call__(self, prompt: str | list[dict[str, Any]]) -> str:
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        key, seen = self._answers.key_for(repr(messages))
+        stored = self._answers.get(key)
+        if stored is not None:
+            self.replayed += 1
+            return stored
+        reservation = self._budget.reserve(1, SUB_LM_CALL, "a reflection")
+        lm = self._lm
+        if seen:
+            lm = lm.copy(rollout_id=((lm.kwargs or {}).get("rollout_id") or 0) + seen)
+        try:
+            ask = (lambda: lm(prompt)) if isinstance(prompt, str) else (lambda: lm(messages=messages))
+            outputs = self._book(ask)()
+        except Exception as exc:
+            if classify_lm_failure(exc) is None:  # it answered (e.g. a reply that does not parse): it was a call
+                reservation.spend(1)
+            raise Stop(f"the reflection LM (sub_lm) failed: {failure_summary(exc)}", error=exc) from exc
+        else:
+            reservation.spend(1)
+        finally:
+            self._budget.settle(reservation)
+        self.calls += 1
+        self._answered()
+        output = outputs[0] if outputs else ""
+        text = output.get("text", "") if isinstance(output, dict) else str(output or "")
+        self._answers.put(key, text)
+        return text
+
+
+def evaluation_batch(records: Sequence[ExampleResult], capture_traces: bool, charged: int) -> Any:
+    from gepa.core.adapter import EvaluationBatch
+
+    return EvaluationBatch(
+        outputs=[record.predicted for record in records],
+        scores=[float(record.score) for record in records],
+        trajectories=list(records) if capture_traces else None,
+        num_metric_calls=charged,
+    )
