@@ -229,7 +229,7 @@ class OptimizerAgent(dspy.RLM):
         self._next_move = aids.next_move  # the default loop's next line, named in a repeat notice
         self._autopilot = settings.autopilot  # run that line in place of a cell known to change nothing
         self._usage = services.usage if services is not None else None
-        self._spending_stop = aids.spending_stop
+        self._run_end = aids.run_end
         self._context_refusal_retries = settings.context_refusal_retries
         self._as_sub = services.as_sub if services is not None else (lambda fn: fn)
         self._tool_lock = threading.Lock()
@@ -333,9 +333,9 @@ class OptimizerAgent(dspy.RLM):
                 history = history.append(reasoning=turn.get("reasoning", ""), code=turn["code"], output=turn["output"])
 
             for iteration in range(len(history), self.max_iters):
-                if self._spending_stop is not None and self._spending_stop.ends_run():
+                if self._run_end is not None and self._run_end.ends_run():
                     setup.result()
-                    return self._spending_stop.outcome(history, output_field_names)
+                    return self._run_end.outcome(history, output_field_names)
                 action = self._next_action(variables, history, iteration)
                 if regular_args is None:
                     regular_args = setup.result()

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rlmoptimizer.agent.context import BoundedContext
-from rlmoptimizer.agent.stop import SpendingStop, StopRequest
+from rlmoptimizer.agent.stop import RunEnd, StopRequest
 from rlmoptimizer.agent.working_program import WorkingProgram
 from rlmoptimizer.budget import BudgetLedger
 from rlmoptimizer.evaluation.runs import Runs
@@ -96,10 +96,10 @@ class TurnAids:
     """What a long run adds to each turn: the ``root_lm`` every turn is asked of (the one the ``context`` is
     fitted to: one LM for both, never one for the window and another for the calls), the ``context`` fitted to
     its window, the ``state_block`` that closes every request, the default loop's ``next_move`` (named in a
-    repeat notice, run by the autopilot) and the ``spending_stop``."""
+    repeat notice, run by the autopilot) and the ``run_end`` (spending stopped, or the result is decided)."""
 
     root_lm: Any = None
     context: BoundedContext | None = None
     state_block: Callable[[], str] | None = None
     next_move: Callable[[], str] | None = None
-    spending_stop: SpendingStop | None = None
+    run_end: RunEnd | None = None

@@ -15,7 +15,7 @@ from typing import Any
 from rlmoptimizer.agent.context import BoundedContext, ContextBudget, clip
 from rlmoptimizer.agent.guide import LoopGuide
 from rlmoptimizer.agent.services import CompileServices, TurnAids
-from rlmoptimizer.agent.stop import SpendingStop
+from rlmoptimizer.agent.stop import RunEnd
 from rlmoptimizer.usage import ROOT
 
 __all__ = ["long_run_aids", "no_check_left", "render_state_block", "state_block_of"]
@@ -85,7 +85,7 @@ def long_run_aids(
         ),
         state_block=state_block_of(services, guide),
         next_move=guide.next_line if guide is not None else None,
-        spending_stop=SpendingStop(
+        run_end=RunEnd(
             lambda: usage.cap_message() if usage is not None and usage.cap_reached else None, decided=decided
         ),
     )

@@ -4,7 +4,7 @@ A tool that meets a systemic failure (the evaluation LM is unusable, the metric 
 here; the agent sees the tool's error in its REPL as usual, and the loop stops after that turn and raises
 the recorded failure, so the work paid for so far is kept and the user gets the real error.
 
-:class:`SpendingStop` ends the run a few turns after spending stopped (the spending cap), if the agent has not
+:class:`RunEnd` ends the run a few turns after spending stopped (the spending cap), if the agent has not
 submitted by then: its turns cost too, and it was told it can only submit. It ends the run at once when the
 result is decided (``max_metric_calls`` has too few calls left to check any new candidate on the selection split,
 so compile() will return the best candidate checked so far whatever the agent does).
@@ -46,7 +46,7 @@ class StopRequest:
             raise self.reason
 
 
-class SpendingStop:
+class RunEnd:
     """``reason()`` says why spending stopped (None while it goes on); after ``turns_after`` turns taken since,
     :meth:`ends_run` is True and :meth:`outcome` ends the run with the current instructions, without an LM call.
     ``decided()`` says why no turn can change the result any more (None while one can): it ends the run at once."""
