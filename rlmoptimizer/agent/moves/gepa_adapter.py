@@ -116,6 +116,8 @@ class Adapter:
         self._children.setdefault(tuple(batch), []).append(dict(parent))
 
     def evaluate(self, batch: list[tuple[str, int]], candidate: dict[str, str], capture_traces: bool = False) -> Any:
+        """``candidate`` on ``batch``. An example drawn twice in one minibatch (gepa's sampler pads the last one of
+        an epoch) runs once: it counts twice in gepa's sums, as it would have scored the same."""
         if not batch:
             return evaluation_batch([], capture_traces, 0)
         split = batch[0][0]
@@ -125,7 +127,7 @@ class Adapter:
         parent = parents.pop(0) if parents else None
         if parent is not None:
             before = self._runs.stored(self.instructions(parent), split, ids)
-            if len(before) == len(ids):
+            if len(before) == len(set(ids)):
                 return self._evaluate_child(split, ids, instructions, before, capture_traces)
         records, charged = self._run(split, ids, instructions)
         return evaluation_batch([records[i] for i in ids], capture_traces, charged)
@@ -140,13 +142,14 @@ class Adapter:
     ) -> Any:
         bound = self._score_bound()
         to_beat = sum(parent[i].score for i in ids)
-        below = sorted((i for i in ids if parent[i].score < bound), key=lambda i: parent[i].score)
-        perfect = [i for i in ids if parent[i].score >= bound]
+        unique = list(dict.fromkeys(ids))
+        below = sorted((i for i in unique if parent[i].score < bound), key=lambda i: parent[i].score)
+        perfect = [i for i in unique if parent[i].score >= bound]
         records, charged = self._run(split, below, instructions) if below else ({}, 0)
-        best_possible = sum(records[i].score for i in below) + bound * len(perfect)
+        best_possible = sum(records[i].score if i in records else bound for i in ids)
         if perfect and best_possible <= to_beat:  # it cannot win: the parent's perfect examples are not run
             self.cut_short += 1
-            self.not_run += len([i for i in perfect if i not in self._runs.stored(instructions, split, perfect)])
+            self.not_run += len(perfect) - len(self._runs.stored(instructions, split, perfect))
             scores = [records[i].score if i in records else bound for i in ids]
             outputs = [records[i].predicted if i in records else None for i in ids]
             from gepa.core.adapter import EvaluationBatch
@@ -159,8 +162,9 @@ class Adapter:
         return evaluation_batch([records[i] for i in ids], capture_traces, charged)
 
     def _run(self, split: str, ids: list[int], instructions: dict[str, str]) -> tuple[dict[int, ExampleResult], int]:
-        """``instructions`` on ``ids`` of ``split``: every record by id, and the units paid (stored ones are
-        free)."""
+        """``instructions`` on each of ``ids`` of ``split`` once: every record by id, and the units paid (stored
+        ones are free)."""
+        ids = list(dict.fromkeys(ids))
         stored = self._runs.stored(instructions, split, ids)
         if len(stored) == len(ids):  # every record is stored: free, and no new run to list
             return stored, 0
@@ -187,7 +191,8 @@ class Adapter:
     def make_reflective_dataset(
         self, candidate: dict[str, str], eval_batch: Any, components_to_update: list[str]
     ) -> dict:
-        records = eval_batch.trajectories or []
+        # an example drawn twice in one minibatch is shown once
+        records = list({record.example_id: record for record in eval_batch.trajectories or []}.values())
         dataset = {}
         for step in components_to_update:
             entries = [entry for entry in (reflective_example(step, record) for record in records) if entry is not None]
