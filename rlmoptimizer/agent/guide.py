@@ -12,7 +12,9 @@ An adoption and its validation checkpoint are one line (one turn, when the check
 small root LM costs its whole request again.
 
 GEPA gets everything unless what is left after it can pay one targeted round (a proposal, a comparison and a
-validation check): a root LM that only copies the line it is shown therefore gets GEPA's result.
+validation check): a root LM that only copies the line it is shown therefore gets GEPA's result. GEPA stops when
+what is left cannot pay a child it could keep (a minibatch and the whole validation set); when that still pays one
+validation check, the last line is one more proposal, adopted and checked on validation at once.
 
 The moves never spend the units one check of the submission needs (on validation, or on train without a
 validation split), so what gets adopted can still be checked (with ``max_metric_calls`` nothing unchecked is
@@ -63,8 +65,12 @@ class LoopGuide:
         train_status: Callable[[], tuple[list[int], int]] | None = None,
         train_size: int = 0,
         proposals_left: Callable[[], int] | None = None,
+        proposals_share_budget: bool = True,
     ) -> None:
+        """``proposals_share_budget``: a proposal is paid from the same units as an evaluation (False with
+        ``max_metric_calls``, where sub-LM prompts have an allowance of their own)."""
         self._steps = list(step_names)
+        self._proposal_units = 1 if proposals_share_budget else 0
         self._left = budget_left
         self._val_size = val_size
         # Units the moves leave for one check of what gets submitted: on validation, else on the whole train set.
@@ -79,6 +85,7 @@ class LoopGuide:
         self._winner: str | None = None  # a compared candidate that beat the current prompts, not yet adopted
         self._unchecked = False  # the current prompts changed since the last validation run
         self._gepa_ran = False
+        self._proposals_before_gepa_ended = 0  # proposals made when the last GEPA run ended
 
     # -- what the tools report ------------------------------------------------------------------------
     def proposed(
@@ -110,6 +117,7 @@ class LoopGuide:
         """A GEPA run ended; ``best_new`` is its best candidate when that is not where it started."""
         with self._lock:
             self._gepa_ran = True
+            self._proposals_before_gepa_ended = sum(self._proposed.values())
             self._pending = None
             self._winner = best_new
 
@@ -152,9 +160,9 @@ class LoopGuide:
                 if check:
                     names = ", ".join(repr(i) for i in ["current", *pending["ids"]])
                     return f"r = compare([{names}], ids='{_ids_text(check)}'); print(r['summary'])"
-            if free < MIN_USEFUL_BUDGET:
-                return SUBMIT_LINE
             unevaluated, failing = self._train_status()
+            if free < MIN_USEFUL_BUDGET:
+                return self._last_draw(left, failing)
             if not failing:  # nothing to reflect on: find failures first, or stop when train has none
                 if not unevaluated:
                     return SUBMIT_LINE
@@ -163,6 +171,26 @@ class LoopGuide:
                 return SUBMIT_LINE
             step = self._next_step()
             return f"p = propose_instructions({step!r}); print(p['texts'])"
+
+    def _last_draw(self, left: int, failing: int) -> str:
+        """What is left after GEPA cannot pay a proposal's comparison on train besides the submission's check, but
+        it may pay one proposal checked on validation directly: its only other use is none (GEPA spends past its
+        budget on such a check; never-worse returns the better of the two). Once, after GEPA, with failures to
+        learn from."""
+        if (
+            not self._gepa_ran
+            or not self._val_size
+            or not failing
+            or sum(self._proposed.values()) != self._proposals_before_gepa_ended
+            or left < self._val_size + self._proposal_units
+            or self._proposals_left() <= 0
+        ):
+            return SUBMIT_LINE
+        step = self._next_step()
+        return (
+            f"p = propose_instructions({step!r}); print(adopt_candidate(p['candidate_ids'][0])); "
+            "print(evaluate_program(split='val'))"
+        )
 
     def _next_step(self) -> str:
         """Round robin over the steps, as GEPA selects components: the step proposed for least often; on a

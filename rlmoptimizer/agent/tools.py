@@ -147,6 +147,7 @@ class AgentTools:
             train_status=self._train_status,
             train_size=len(runs.splits["train"]),
             proposals_left=lambda: ledger.left_for(SUB_LM_CALL),
+            proposals_share_budget=ledger.counts_toward_limit(SUB_LM_CALL),
         )
 
     def _evaluate_instructions(

@@ -4,10 +4,11 @@ names the line that moves it on."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
-from support.fakes import FunctionLM
+from support.fakes import FunctionLM, last_user_text
 from support.optimizing import ORIGINAL_ROUTE, compile_tickets, copier, proposer, steps_seen
 from support.tickets import POLICY_PROMPT, make_splits, metric
 
@@ -281,3 +282,57 @@ def test_no_proposal_is_suggested_when_no_sub_lm_prompt_can_be_paid():
     assert guide.next_line() == "p = propose_instructions('route'); print(p['texts'])"
     sub_left[0] = 0  # with max_metric_calls, the sub-LM prompts' own allowance is spent: metric calls are left
     assert guide.next_line() == SUBMIT_LINE
+
+
+LAST_DRAW = (
+    "p = propose_instructions('route'); print(adopt_candidate(p['candidate_ids'][0])); "
+    "print(evaluate_program(split='val'))"
+)
+
+
+def test_what_gepa_leaves_that_pays_a_validation_check_buys_one_more_proposal_checked_there():
+    def sub_lm(messages):  # gepa's reflections (``` fences asked for) are useless; propose_instructions' is the fix
+        if "```" in last_user_text(messages):
+            return "```\nRoute tickets carefully.\n```"
+        return json.dumps({"new_instruction": POLICY_PROMPT})
+
+    seen: list[str] = []
+    # 30 calls: 8 for the validation baseline, 22 for GEPA, which stops with 8 left: too few for a child it could
+    # keep (a minibatch of 3 and the 8 validation examples), exactly one validation check
+    result = compile_with(copier(seen), FunctionLM(sub_lm, name="sub"), max_metric_calls=30, rlm_max_iterations=8)
+
+    codes = [turn["code"] for turn in result.agent_trajectory]
+    assert "the 8 unit(s) left cannot pay a child that could be kept" in result.agent_trajectory[0]["output"]
+    assert codes == ["r = run_gepa(budget=22); print(r['summary'])", LAST_DRAW]  # then no call was left: it ended
+    assert result.route.signature.instructions == POLICY_PROMPT
+    assert result.selection["basis"] == "submission" and result.selection["chosen_score"] == 1.0
+    assert result.budget["spent"] == result.budget["limit"] == 22
+
+
+def test_the_last_draw_is_offered_once_after_gepa_and_only_when_its_check_can_be_paid():
+    left, failing = [22], [2]
+    guide = LoopGuide(
+        ["a", "route"],
+        lambda: left[0],
+        val_size=20,
+        train_status=lambda: ([], failing[0]),
+        proposals_share_budget=False,
+    )
+    assert guide.next_line().startswith("r = run_gepa(")  # GEPA first
+    guide.gepa_finished(None)
+    assert guide.next_line() == LAST_DRAW
+    left[0] = 19  # the check cannot be paid
+    assert guide.next_line() == SUBMIT_LINE
+    left[0], failing[0] = 20, 0  # nothing failing to learn from
+    assert guide.next_line() == SUBMIT_LINE
+    failing[0] = 2
+    assert guide.next_line() == LAST_DRAW
+    guide.proposed("route", ["proposal-1"], [1, 2], failure_ids=[1])
+    guide.changed()
+    guide.validated()
+    assert guide.next_line() == SUBMIT_LINE  # once
+
+    # when a proposal is paid from the same units, the check needs one more
+    shared = LoopGuide(["route"], lambda: 20, val_size=20, train_status=lambda: ([], 2))
+    shared.gepa_finished(None)
+    assert shared.next_line() == SUBMIT_LINE
