@@ -203,7 +203,8 @@ class LoopGuide:
 
 # -- the notice for a turn that repeated an earlier one ---------------------------------------------------
 NOTICE = "\n[Notice] "
-_NO_OP = "with this same output: running it again changes nothing"
+_NO_OP = "running it again changes nothing"
+_REFUSED = "[Error] AgentToolError"  # a tool refused the call (bad arguments, nothing left to pay it with)
 AUTOPILOT = "[Autopilot]"
 
 
@@ -242,7 +243,7 @@ IDLE_NOTICE = (
 
 def known_no_op(history: REPLHistory, code: str) -> int | None:
     """The step that first ran ``code``, when running it again is known to change nothing (an earlier repeat of it
-    got the same output and the notice said so), else None. The agent has then been told once, with the
+    got the same output, or a tool refused it, and the notice said so), else None. The agent has then been told once, with the
     line to run instead, and did not act on it: the autopilot runs that line in its place."""
     code = _same_code(code)
     runs = [i for i, entry in enumerate(history.entries) if code and _same_code(entry.code) == code]
@@ -268,7 +269,10 @@ def note_repeat(history: REPLHistory, new: REPLHistory, next_line: str | None = 
         return new  # new code, or a cell run again on purpose (the loop's own next line): nothing to say
     earlier = same_output or same_code
     where = f"step {earlier[0]}" if len(earlier) == 1 else f"steps {', '.join(map(str, earlier))}"
-    if not same_output:
+    if not same_output and last.output.startswith(_REFUSED):
+        # run again, it was refused: as good as the same output, and the next repeat is the autopilot's
+        notice = f"This code ran at {where}; run again, a tool refused it: {_NO_OP}. Run this next instead: {next_line}"
+    elif not same_output:
         notice = f"The same code ran at {where}. The default loop's next line is: {next_line}"
     else:
         times = "once" if len(earlier) == 1 else f"{len(earlier)} times"
@@ -278,5 +282,5 @@ def note_repeat(history: REPLHistory, new: REPLHistory, next_line: str | None = 
             else "Do something different: analyse `baseline_train['examples']` or a run from `run_data(...)`, write "
             "new instructions with `update_prompt`, check them with `evaluate_program`, or SUBMIT."
         )
-        notice = f"This code already ran {times} ({where}) {_NO_OP}. {todo}"
+        notice = f"This code already ran {times} ({where}) with this same output: {_NO_OP}. {todo}"
     return history.append(reasoning=last.reasoning, code=last.code, output=f"{last.output}{NOTICE}{notice}")

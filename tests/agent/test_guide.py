@@ -336,3 +336,20 @@ def test_the_last_draw_is_offered_once_after_gepa_and_only_when_its_check_can_be
     shared = LoopGuide(["route"], lambda: 20, val_size=20, train_status=lambda: ([], 2))
     shared.gepa_finished(None)
     assert shared.next_line() == SUBMIT_LINE
+
+
+def test_a_cell_repeated_and_refused_is_a_known_no_op_and_its_next_repeat_is_the_autopilots():
+    # what a 1.5B root does after GEPA: it runs its last cell again, whose budget is no longer there
+    gepa = {"reasoning": "GEPA", "code": "r = run_gepa(budget=40); print(r['summary'])"}
+    result = compile_with(
+        FunctionLM(lambda messages: gepa),
+        FunctionLM(lambda messages: "```\nRoute tickets carefully.\n```", name="sub"),
+        max_iterations=4,
+        rlm_max_iterations=6,
+    )
+    turns = result.agent_trajectory
+    assert [t["code"] for t in turns[:2]] == [gepa["code"]] * 2
+    assert "[Error] AgentToolError" in turns[1]["output"]  # run again, refused: the budget is not there any more
+    assert "a tool refused it: running it again changes nothing. Run this next instead: " in turns[1]["output"]
+    # the next repeat is run by the autopilot: the loop's next line in its place
+    assert turns[2]["code"] != gepa["code"] and "[Autopilot]" in turns[2]["reasoning"], turns[2]
