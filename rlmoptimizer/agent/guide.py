@@ -173,10 +173,10 @@ class LoopGuide:
             return f"p = propose_instructions({step!r}); print(p['texts'])"
 
     def _last_draw(self, left: int, failing: int) -> str:
-        """What is left after GEPA cannot pay a proposal's comparison on train besides the submission's check, but
-        it may pay one proposal checked on validation directly: its only other use is none (GEPA spends past its
-        budget on such a check; never-worse returns the better of the two). Once, after GEPA, with failures to
-        learn from."""
+        """What is left after GEPA cannot pay a comparison on train besides the submission's check, but it may pay
+        one proposal checked on validation directly. Those units have no other use (``dspy.GEPA`` spends past its
+        budget on such a check), and never-worse returns the better of the two checked programs. Once, after GEPA,
+        when there are failures to learn from."""
         if (
             not self._gepa_ran
             or not self._val_size
@@ -243,8 +243,8 @@ IDLE_NOTICE = (
 
 def known_no_op(history: REPLHistory, code: str) -> int | None:
     """The step that first ran ``code``, when running it again is known to change nothing (an earlier repeat of it
-    got the same output, or a tool refused it, and the notice said so), else None. The agent has then been told once, with the
-    line to run instead, and did not act on it: the autopilot runs that line in its place."""
+    got the same output, or a tool refused it, and the notice said so), else None. The agent has then been told
+    once, with the line to run instead, and did not act on it: the autopilot runs that line in its place."""
     code = _same_code(code)
     runs = [i for i, entry in enumerate(history.entries) if code and _same_code(entry.code) == code]
     return runs[0] + 1 if any(_NO_OP in history.entries[i].output for i in runs) else None
