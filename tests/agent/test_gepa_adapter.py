@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlmoptimizer.agent.moves.gepa_adapter import Adapter, Slice
+from rlmoptimizer.agent.moves.gepa_adapter import Adapter, Slice, Stop
 from rlmoptimizer.budget import BudgetLedger
 from rlmoptimizer.records import ExampleResult
 
@@ -43,9 +43,9 @@ class Program:
         return SimpleNamespace(records=[self.kept[(text, i)] for i in ids], note="")
 
 
-def adapter_over(program: Program, units: int = 100) -> tuple[Adapter, Slice]:
+def adapter_over(program: Program, units: int = 100, bound: float | None = 1.0) -> tuple[Adapter, Slice]:
     budget = Slice(BudgetLedger(units), units)
-    adapter = Adapter(program, program.evaluate, lambda instructions: False, {}, budget, lambda: 1.0)
+    adapter = Adapter(program, program.evaluate, lambda instructions: False, {}, budget, lambda: bound)
     return adapter, budget
 
 
@@ -113,3 +113,39 @@ def test_a_child_whose_parent_has_no_stored_minibatch_is_scored_whole():
 
     assert program.runs == [(CHILD["route"], [0, 1, 2])] and after.scores == [1.0, 0.0, 1.0]
     assert adapter.cut_short == 0
+
+
+def test_without_a_known_highest_score_a_child_runs_whole():
+    program = Program({PARENT["route"]: {0: 1.0, 1: 0.0, 2: 1.0}, CHILD["route"]: {0: 1.0, 1: 0.0, 2: 1.0}})
+    adapter, _ = adapter_over(program, bound=None)  # e.g. a metric on 0-5 (pass_threshold=5)
+
+    propose(adapter, [0, 1, 2])
+
+    assert program.runs[-1] == (CHILD["route"], [0, 1, 2]) and adapter.cut_short == 0
+
+
+def test_a_child_whose_minibatch_the_slice_cannot_pay_whole_pays_nothing():
+    program = Program({PARENT["route"]: {0: 1.0, 1: 0.0, 2: 1.0}, CHILD["route"]: {0: 1.0, 1: 1.0, 2: 1.0}})
+    adapter, budget = adapter_over(program, units=5)  # the parent takes 3: 2 left, the child needs 3
+    data = [("train", i) for i in (0, 1, 2)]
+    adapter.evaluate(data, PARENT, capture_traces=True)
+    adapter.expect_child(data, PARENT)
+
+    with pytest.raises(Stop, match="ran out"):
+        adapter.evaluate(data, CHILD, capture_traces=True)
+
+    # not its first wave either: a child that might win is never paid for in part and then left unjudged
+    assert [text for text, _ in program.runs] == [PARENT["route"]] and budget.spent == 3
+
+
+def test_an_announcement_is_for_its_own_iteration_only():
+    program = Program({PARENT["route"]: {0: 1.0, 1: 0.0, 2: 1.0}, CHILD["route"]: {0: 1.0, 1: 0.0, 2: 1.0}})
+    adapter, _ = adapter_over(program)
+    data = [("train", i) for i in (0, 1, 2)]
+    adapter.evaluate(data, PARENT, capture_traces=True)
+    adapter.expect_child(data, PARENT)
+    adapter.new_iteration()  # the announced child was never scored (its iteration stopped)
+
+    adapter.evaluate(data, CHILD, capture_traces=True)
+
+    assert program.runs[-1] == (CHILD["route"], [0, 1, 2]) and adapter.cut_short == 0

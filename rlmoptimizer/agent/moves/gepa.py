@@ -56,11 +56,14 @@ class _Watch:
         ended: Callable[[int, bool], None] | None = None,
         too_little: Callable[[], str | None] | None = None,
         child: Callable[[Sequence[Any], dict[str, str]], None] | None = None,
+        iteration_started: Callable[[], None] | None = None,
     ) -> None:
         """``too_little()``: why what is left cannot pay an iteration that could be kept, or None;
-        ``child(batch, parent)``: told that a child of ``parent`` is about to be scored on ``batch``."""
+        ``child(batch, parent)``: told that a child of ``parent`` is about to be scored on ``batch``;
+        ``iteration_started()``: told when gepa starts an iteration."""
         self.state: Any = None
         self._child = child or (lambda batch, parent: None)
+        self._iteration_started = iteration_started or (lambda: None)
         self._too_little = too_little or (lambda: None)
         self.short: str | None = None
         self._ended = ended or (lambda iteration, accepted: None)
@@ -72,6 +75,7 @@ class _Watch:
 
     def on_iteration_start(self, event: Any) -> None:
         self.state = event["state"]
+        self._iteration_started()
         now = self._activity()
         self.idle = self.idle + 1 if now == self._last else 0
         self._last = now
@@ -108,11 +112,14 @@ class GepaMoves(MoveContext):
     def is_known(self, instructions: dict[str, str]) -> bool:
         return any({**self._current(), **m} == instructions for m in self.proposals.values())
 
-    def _score_bound(self) -> float:
-        """The highest score one example is taken to be able to have: 1.0 (a metric's usual scale), the pass
-        threshold when it is higher (gepa's perfect score), or a higher score some example already had."""
-        seen = (record.score for run in self.runs.all() for record in run.records)
-        return max(1.0, float(self.perfect_score), *seen)
+    def _score_bound(self) -> float | None:
+        """The highest score one example can have: 1.0, a metric's usual scale, unless the pass threshold or a score
+        some example had says the metric's scale is another (then None: not known)."""
+        if self.perfect_score > 1.0:
+            return None
+        if any(record.score > 1.0 for run in self.runs.all() for record in run.records):
+            return None
+        return 1.0
 
     def _register(self, instructions: dict[str, str], lineage: dict[str, Any]) -> str:
         """An id for ``instructions`` (a new ``gepa-N`` unless a candidate with the same text has one)."""
@@ -233,6 +240,7 @@ class GepaMoves(MoveContext):
             else None,
             too_little=too_little,
             child=adapter.expect_child,
+            iteration_started=adapter.new_iteration,
         )
         log = _Log()
         self.gepa_runs += 1

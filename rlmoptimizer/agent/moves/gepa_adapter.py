@@ -48,6 +48,12 @@ class Slice:
         self._lock = threading.Lock()
         self._on_change = on_change or (lambda taken: None)
 
+    def covers(self, n: int, kind: str) -> bool:
+        """Whether ``n`` units of ``kind`` can be reserved now (the spending cap aside)."""
+        sliced = self.ledger.counts_toward_limit(kind)
+        with self._lock:
+            return (not sliced or n <= self.left) and n <= self.ledger.left_for(kind)
+
     def reserve(self, n: int, kind: str, what: str) -> Reservation:
         sliced = self.ledger.counts_toward_limit(kind)  # (with max_metric_calls, reflections are not metric calls)
         with self._lock:
@@ -92,10 +98,10 @@ class Adapter:
         is_known: Callable[[dict[str, str]], bool],
         base: dict[str, str],
         budget: Slice,
-        score_bound: Callable[[], float],
+        score_bound: Callable[[], float | None],
     ) -> None:
         """``is_known(instructions)``: whether a candidate already has those instructions; ``score_bound()``: the
-        highest score one example can have."""
+        highest score one example can have, or None when that is not known (then every child runs whole)."""
         self._runs = runs
         self._evaluate = evaluate
         self._is_known = is_known
@@ -115,6 +121,10 @@ class Adapter:
         ``parent``."""
         self._children.setdefault(tuple(batch), []).append(dict(parent))
 
+    def new_iteration(self) -> None:
+        """An announcement is for its own iteration only."""
+        self._children.clear()
+
     def evaluate(self, batch: list[tuple[str, int]], candidate: dict[str, str], capture_traces: bool = False) -> Any:
         """``candidate`` on ``batch``. An example drawn twice in one minibatch (gepa's sampler pads the last one of
         an epoch) runs once: it counts twice in gepa's sums, as it would have scored the same."""
@@ -124,11 +134,17 @@ class Adapter:
         ids = [i for _, i in batch]
         instructions = self.instructions(candidate)
         parents = self._children.get(tuple(batch))
-        parent = parents.pop(0) if parents else None
-        if parent is not None:
-            before = self._runs.stored(self.instructions(parent), split, ids)
-            if len(before) == len(set(ids)):
-                return self._evaluate_child(split, ids, instructions, before, capture_traces)
+        parent = self.instructions(parents.pop(0)) if parents else None
+        bound = self._score_bound() if parent is not None and parent != instructions else None
+        if parent is not None and bound is not None:
+            before = self._runs.stored(parent, split, ids)
+            unique = list(dict.fromkeys(ids))
+            cost = len(unique) - len(self._runs.stored(instructions, split, unique))
+            kind = TRAIN_EXAMPLE if split == "train" else VAL_EXAMPLE
+            # with its parent's scores at hand, and its whole minibatch paid for if it has to run whole (else the
+            # run stops before paying anything, as it would have)
+            if len(before) == len(unique) and self._budget.covers(cost, kind):
+                return self._evaluate_child(split, ids, instructions, before, bound, capture_traces)
         records, charged = self._run(split, ids, instructions)
         return evaluation_batch([records[i] for i in ids], capture_traces, charged)
 
@@ -138,9 +154,9 @@ class Adapter:
         ids: list[int],
         instructions: dict[str, str],
         parent: dict[int, ExampleResult],
+        bound: float,
         capture_traces: bool,
     ) -> Any:
-        bound = self._score_bound()
         to_beat = sum(parent[i].score for i in ids)
         unique = list(dict.fromkeys(ids))
         below = sorted((i for i in unique if parent[i].score < bound), key=lambda i: parent[i].score)
