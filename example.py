@@ -112,11 +112,9 @@ POLICY_PROMPT = (
 
 
 def proposal_reply(messages):
-    """The offline sub-LM: answers GEPA's reflection (new instructions between ``` fences), or dspy's instruction
-    proposal (a JSON object), with the policy the failures reveal."""
-    if "new_instruction" in system_text(messages):
-        return json.dumps({"new_instruction": POLICY_PROMPT})
-    return f"```\n{POLICY_PROMPT}\n```"
+    """The offline sub-LM: answers dspy's instruction proposal (a JSON object; GEPA's reflection inside
+    ``run_gepa`` is one, as in dspy.GEPA) with the policy the failures reveal."""
+    return json.dumps({"new_instruction": POLICY_PROMPT})
 
 
 AGENT_TURNS = [

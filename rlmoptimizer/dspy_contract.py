@@ -173,13 +173,13 @@ REQUIREMENTS: dict[str, tuple[Requirement, ...]] = {
     # The optimizer agent (rlmoptimizer/agent/): a dspy.RLM subclass, its root-LM calls and its moves.
     "agent": (
         Requirement("dspy", "RLM"),
-        Requirement("dspy", "AdapterParseError"),  # from dspy import (agent.py, root_lm.py)
+        Requirement("dspy", "AdapterParseError"),  # from dspy import (agent.py, root_lm.py, moves/gepa_adapter.py)
         Requirement("dspy", "ChatAdapter"),
         Requirement("dspy", "CodeInterpreter"),
         Requirement("dspy", "LMError"),
         Requirement("dspy", "Prediction"),
         Requirement("dspy.adapters.chat_adapter", "ChatAdapter"),  # context.py
-        Requirement("dspy.teleprompt.gepa", "InstructionProposer"),  # moves/proposal.py
+        Requirement("dspy.teleprompt.gepa", "InstructionProposer"),  # moves/proposal.py, moves/gepa_adapter.py
         Requirement("dspy.lm15", "Message"),  # root_lm.py: the Responses-API chain
         Requirement("dspy.lm15", "Request"),
         Requirement("dspy.lm15", "Response"),

@@ -31,12 +31,12 @@ TESTS = Path(__file__).resolve().parent.parent
 
 
 def reflection_lm(text: str = POLICY_PROMPT, log: list | None = None) -> FunctionLM:
-    """The sub-LM answering gepa's reflection prompt (new instructions between ``` fences) with ``text``."""
+    """The sub-LM answering the reflection (dspy's InstructionProposer, as dspy.GEPA reflects) with ``text``."""
 
     def reply(messages):
         if log is not None:
             log.append(last_user_text(messages))
-        return f"```\n{text}\n```"
+        return json.dumps({"new_instruction": text})
 
     return FunctionLM(reply, name="reflection")
 
@@ -340,7 +340,7 @@ KILLED_COMPILE = textwrap.dedent("""
 
     def reflect(messages):
         log.write(json.dumps(["reflect", last_user_text(messages)]) + "\\n"); log.flush()
-        return "```\\nRoute carefully. " + str(len(last_user_text(messages))) + "\\n```"
+        return json.dumps({{"new_instruction": "Route carefully. " + str(len(last_user_text(messages)))}})
 
     turns = [{{"reasoning": "gepa", "code": "r = run_gepa(budget=40, use_merge=False); print(r['summary'])"}},
              {{"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program={{}})"}}]
@@ -443,3 +443,34 @@ def test_a_root_lm_that_repeats_one_cell_ends_with_gepas_best():
     assert any(code.startswith("r = run_gepa(") for code in codes), codes
     assert result.route.signature.instructions == POLICY_PROMPT
     assert result.selection["chosen_score"] == 1.0
+
+
+def test_a_reflection_without_an_instruction_in_it_is_charged_and_proposes_no_child():
+    asked: list[str] = []
+
+    def chatty(messages):  # what a 1.5B reflection LM often answers
+        asked.append(last_user_text(messages))
+        return "Certainly! Please provide the inputs so that I can write the new instruction."
+
+    turns = [
+        {
+            "reasoning": "gepa",
+            "code": (
+                "import json\nr = run_gepa(budget=16)\n"
+                "print(json.dumps({k: r[k] for k in ('spent_by_kind', 'reflections', 'candidate_ids', 'stopped')}))"
+            ),
+        },
+        {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program={})"},
+    ]
+    result = compile_with(turns, sub_lm=FunctionLM(chatty, name="chatty"))
+    out = printed(result, 0)
+
+    runs = [json.loads(p.read_text()) for p in Path(result.run_storage_dir, "runs").glob("run-*.json")]
+    children = [run for run in runs if run["label"] == "gepa" and run["instructions"]["route"] != ORIGINAL_ROUTE]
+    assert not children  # no child was ever scored: the parents' minibatches were the only runs
+    assert out["candidate_ids"] == [] and out["reflections"] >= 1
+    # every answer was a call, charged once, whatever the adapter retried on the way
+    assert out["spent_by_kind"]["sub_lm_call"] == out["reflections"] and len(asked) >= out["reflections"]
+    # the parents' minibatches were the train baseline's records: nothing but the reflections was paid
+    assert out["spent_by_kind"] == {"sub_lm_call": out["reflections"]}
+    assert result.route.signature.instructions == ORIGINAL_ROUTE

@@ -45,7 +45,9 @@ class Program:
 
 def adapter_over(program: Program, units: int = 100, bound: float | None = 1.0) -> tuple[Adapter, Slice]:
     budget = Slice(BudgetLedger(units), units)
-    adapter = Adapter(program, program.evaluate, lambda instructions: False, {}, budget, lambda: bound)
+    adapter = Adapter(
+        program, program.evaluate, lambda instructions: False, {}, budget, lambda: bound, propose=lambda *a: ""
+    )
     return adapter, budget
 
 

@@ -8,7 +8,7 @@ import json
 import re
 
 import pytest
-from support.fakes import FunctionLM, last_user_text
+from support.fakes import FunctionLM
 from support.optimizing import ORIGINAL_ROUTE, compile_tickets, copier, proposer, steps_seen
 from support.tickets import POLICY_PROMPT, make_splits, metric
 
@@ -291,15 +291,16 @@ LAST_DRAW = (
 
 
 def test_what_gepa_leaves_that_pays_a_validation_check_buys_one_more_proposal_checked_there():
-    def sub_lm(messages):  # gepa's reflections (``` fences asked for) are useless; propose_instructions' is the fix
-        if "```" in last_user_text(messages):
-            return "```\nRoute tickets carefully.\n```"
-        return json.dumps({"new_instruction": POLICY_PROMPT})
-
     seen: list[str] = []
+    copying = copier(seen)
+
+    def sub_lm(messages):  # GEPA's reflections are useless; the proposal of the last-draw line is the fix
+        last_draw = bool(seen) and seen[-1].startswith("p = propose_instructions(")
+        return json.dumps({"new_instruction": POLICY_PROMPT if last_draw else "Route tickets carefully."})
+
     # 30 calls: 8 for the validation baseline, 22 for GEPA, which stops with 8 left: too few for a child it could
     # keep (a minibatch of 3 and the 8 validation examples), exactly one validation check
-    result = compile_with(copier(seen), FunctionLM(sub_lm, name="sub"), max_metric_calls=30, rlm_max_iterations=8)
+    result = compile_with(copying, FunctionLM(sub_lm, name="sub"), max_metric_calls=30, rlm_max_iterations=8)
 
     codes = [turn["code"] for turn in result.agent_trajectory]
     assert "the 8 unit(s) left cannot pay a child that could be kept" in result.agent_trajectory[0]["output"]
@@ -343,7 +344,7 @@ def test_a_cell_repeated_and_refused_is_a_known_no_op_and_its_next_repeat_is_the
     gepa = {"reasoning": "GEPA", "code": "r = run_gepa(budget=40); print(r['summary'])"}
     result = compile_with(
         FunctionLM(lambda messages: gepa),
-        FunctionLM(lambda messages: "```\nRoute tickets carefully.\n```", name="sub"),
+        FunctionLM(lambda messages: json.dumps({"new_instruction": "Route tickets carefully."}), name="sub"),
         max_iterations=4,
         rlm_max_iterations=6,
     )

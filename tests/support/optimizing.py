@@ -106,8 +106,8 @@ def outputs(result: Any) -> list[str]:
 
 
 def proposer(*texts: str, name: str = "proposer") -> FunctionLM:
-    """The sub-LM answering dspy's instruction proposer (JSON) and gepa's reflection prompt (new instructions
-    between ``` fences): ``texts`` in order, then the last one again."""
+    """The sub-LM answering dspy's instruction proposer (JSON; ``run_gepa`` reflects through it too, as dspy.GEPA
+    does): ``texts`` in order, then the last one again."""
     texts = texts or (POLICY_PROMPT,)
     answered = []
     lock = threading.Lock()
@@ -116,8 +116,6 @@ def proposer(*texts: str, name: str = "proposer") -> FunctionLM:
         with lock:
             answered.append(1)
             text = texts[min(len(answered), len(texts)) - 1]
-        if "```" in last_user_text(messages):  # gepa asks for the instructions within ``` blocks
-            return f"```\n{text}\n```"
         return json.dumps({"new_instruction": text})
 
     return FunctionLM(reply, name=name)

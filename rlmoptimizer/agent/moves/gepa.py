@@ -1,13 +1,13 @@
 """GEPA's own engine as a move: :meth:`GepaMoves.run_gepa` runs the gepa package's optimization loop (Pareto
-candidate selection, reflective mutation with gepa's own reflection prompt, merge) over this compile's
-evaluations, through a :class:`gepa.core.adapter.GEPAAdapter` (:mod:`rlmoptimizer.agent.moves.gepa_adapter`).
+candidate selection, reflective mutation through dspy's ``InstructionProposer`` as ``dspy.GEPA`` runs it, merge)
+over this compile's evaluations, through a :class:`gepa.core.adapter.GEPAAdapter` (:mod:`rlmoptimizer.agent.moves.gepa_adapter`).
 
 What the adapter guarantees, beyond what ``dspy.GEPA`` does:
 
 * every program run is one of our evaluations: stored as a run labelled ``gepa``, reused free when the same
   instructions meet the same example again (a parent's minibatch, the seed's validation), charged 1 unit per
   new example, and told to gepa as its metric calls (``EvaluationBatch.num_metric_calls``);
-* every reflection is a sub-LM call charged 1 unit, as a proposal of ``propose_instructions`` is, and its answer is
+* every reflection is a proposal charged 1 unit, as one of ``propose_instructions`` is, and its answer is
   kept in the run directory: a resumed compile replays the same run without paying for it again;
 * the slice is exact: each evaluation and each reflection reserves all it needs before it starts. When the slice,
   the ledger or the spending cap cannot cover it, gepa's loop is stopped right there (gepa's own stopper looks at
@@ -206,13 +206,15 @@ class GepaMoves(MoveContext):
             keep(kept)
 
         slice_ = Slice(self.ledger, budget, taken=taken, on_change=record)
-        adapter = Adapter(self.runs, self._evaluate, self.is_known, base, slice_, self._score_bound)
         reflection = Reflection(
             self._lm(),
             slice_,
             answers if answers is not None else AnswerStore(),
             book or (lambda fn: fn),
             answered or (lambda: None),
+        )
+        adapter = Adapter(
+            self.runs, self._evaluate, self.is_known, base, slice_, self._score_bound, propose=reflection.propose
         )
         # Idle: as many iterations in a row without a new payment or reflection as one pass over the train set
         # takes in minibatches (every minibatch drawn already passes), and at least 3.
@@ -252,7 +254,7 @@ class GepaMoves(MoveContext):
                 trainset=trainset,
                 valset=valset,
                 adapter=adapter,
-                reflection_lm=reflection,
+                reflection_lm=None,  # the adapter reflects (propose_new_texts), as dspy.GEPA's does
                 candidate_selection_strategy="pareto",
                 reflection_minibatch_size=min(minibatch_size, len(train_ids)),
                 perfect_score=self.perfect_score,

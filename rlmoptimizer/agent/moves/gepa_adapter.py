@@ -2,15 +2,19 @@
 :class:`Slice` of the budget a run may spend, and the :class:`Reflection` LM (the sub-LM, charged and kept for a
 resume). :mod:`rlmoptimizer.agent.moves.gepa` runs the engine over them.
 
-May import: gepa, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.records``, ``.storage`` and
+May import: gepa, dspy, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.records``, ``.storage`` and
 ``rlmoptimizer.agent.moves``' own modules.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import dspy
+from dspy import AdapterParseError
 
 from rlmoptimizer.agent.moves.context import EvaluateFn, RunAccess
 from rlmoptimizer.agent.moves.proposal import reflective_example
@@ -89,8 +93,6 @@ class Adapter:
     are not run; gepa is told the best score they could have had, so the sum it compares is an upper bound, and
     the child is rejected as it would have been."""
 
-    propose_new_texts = None  # gepa's own reflection prompt, through the reflection LM below
-
     def __init__(
         self,
         runs: RunAccess,
@@ -99,9 +101,12 @@ class Adapter:
         base: dict[str, str],
         budget: Slice,
         score_bound: Callable[[], float | None],
+        propose: Callable[[str, str, list[dict[str, Any]]], str],
     ) -> None:
         """``is_known(instructions)``: whether a candidate already has those instructions; ``score_bound()``: the
-        highest score one example can have, or None when that is not known (then every child runs whole)."""
+        highest score one example can have, or None when that is not known (then every child runs whole);
+        ``propose(step, text, dataset)``: new instructions for ``step`` (:meth:`Reflection.propose`)."""
+        self._propose = propose
         self._runs = runs
         self._evaluate = evaluate
         self._is_known = is_known
@@ -204,6 +209,19 @@ class Adapter:
             raise Stop(f"an evaluation stopped early ({run.note or 'not every example ran'})")
         return by_id, reservation.spent
 
+    def propose_new_texts(
+        self, candidate: dict[str, str], reflective_dataset: dict[str, list[dict[str, Any]]], components: list[str]
+    ) -> dict[str, str]:
+        """gepa's reflection step, as ``dspy.GEPA`` takes it: dspy's ``InstructionProposer`` per step. A step
+        whose proposal is empty or unchanged gets none (gepa then scores no child for it)."""
+        texts = {}
+        for step in components:
+            if reflective_dataset.get(step):
+                text = self._propose(step, candidate[step], reflective_dataset[step])
+                if text.strip() and text.strip() != candidate[step].strip():
+                    texts[step] = text
+        return texts
+
     def make_reflective_dataset(
         self, candidate: dict[str, str], eval_batch: Any, components_to_update: list[str]
     ) -> dict:
@@ -218,8 +236,9 @@ class Adapter:
 
 
 class Reflection:
-    """gepa's reflection LM: the sub-LM, 1 unit per call that answered, answers kept for a resume. Each asking of
-    a prompt already asked is another sample (its own rollout id), as proposals are."""
+    """gepa's reflection, as ``dspy.GEPA`` makes it: dspy's ``InstructionProposer`` on the sub-LM (a structured
+    ``new_instruction`` field), 1 unit per proposal that answered, as a proposal of ``propose_instructions`` is;
+    its text kept for a resume. Each asking of what was already asked is another sample (its own rollout id)."""
 
     def __init__(
         self,
@@ -237,9 +256,12 @@ class Reflection:
         self.calls = 0
         self.replayed = 0
 
-    def __call__(self, prompt: str | list[dict[str, Any]]) -> str:
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-        key, seen = self._answers.key_for(repr(messages))
+    def propose(self, step: str, text: str, dataset: list[dict[str, Any]]) -> str:
+        """New instructions for ``step`` (now ``text``) from gepa's reflective ``dataset``; "" when the LM answered
+        with nothing usable (charged: it was a call). An LM that does not answer stops the run."""
+        from dspy.teleprompt.gepa import InstructionProposer
+
+        key, seen = self._answers.key_for(json.dumps([step, text, dataset], sort_keys=True, default=repr))
         stored = self._answers.get(key)
         if stored is not None:
             self.replayed += 1
@@ -248,23 +270,30 @@ class Reflection:
         lm = self._lm
         if seen:
             lm = lm.copy(rollout_id=((lm.kwargs or {}).get("rollout_id") or 0) + seen)
+
+        def ask() -> str:
+            with dspy.context(lm=lm):
+                return str(InstructionProposer()({step: text}, {step: dataset}, [step])[step] or "")
+
+        failed: BaseException | None = None
+        new = ""
         try:
-            ask = (lambda: lm(prompt)) if isinstance(prompt, str) else (lambda: lm(messages=messages))
-            outputs = self._book(ask)()
-        except Exception as exc:
-            if classify_lm_failure(exc) is None:  # it answered (e.g. a reply that does not parse): it was a call
-                reservation.spend(1)
-            raise Stop(f"the reflection LM (sub_lm) failed: {failure_summary(exc)}", error=exc) from exc
-        else:
+            new = self._book(ask)()
             reservation.spend(1)
+        except AdapterParseError:  # it answered, with no instruction in it: a call, and no proposal
+            reservation.spend(1)
+        except Exception as exc:  # no answer (a bad key, a 5xx after retries), or a failure of the proposer
+            if classify_lm_failure(exc) is None:  # it answered: it was a call
+                reservation.spend(1)
+            failed = exc
         finally:
             self._budget.settle(reservation)
+        if failed is not None:
+            raise Stop(f"the reflection LM (sub_lm) failed: {failure_summary(failed)}", error=failed) from failed
         self.calls += 1
         self._answered()
-        output = outputs[0] if outputs else ""
-        text = output.get("text", "") if isinstance(output, dict) else str(output or "")
-        self._answers.put(key, text)
-        return text
+        self._answers.put(key, new)
+        return new
 
 
 def evaluation_batch(records: Sequence[ExampleResult], capture_traces: bool, charged: int) -> Any:
