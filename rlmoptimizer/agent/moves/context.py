@@ -7,6 +7,7 @@ wing's ``working_program`` (for its one format of a refusal).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -77,6 +78,7 @@ class MoveContext:
         self._proposal_lm = proposal_lm
         # Every proposal of this compile() by id ('proposal-1', ...): a candidate the other moves accept by name.
         self.proposals: dict[str, dict[str, str]] = {}
+        self._naming = threading.Lock()  # one id per candidate when moves run in parallel threads
         self.proposal_calls = 0  # proposal LM calls made, each with its own rollout id
         # How each named candidate came to be: {'parents': [ids], 'move': ..., ...}, for the agent and the report.
         self.lineage: dict[str, dict[str, Any]] = {}
@@ -120,7 +122,7 @@ class MoveContext:
         """The first candidate id whose instructions are ``instructions``, else 'current' when they are the current
         ones, else 'unnamed'."""
         full = {**self._current(), **instructions}
-        for name, mapping in self.proposals.items():
+        for name, mapping in list(self.proposals.items()):  # (a snapshot: another thread may add one)
             if {**self._current(), **mapping} == full:
                 return name
         return "current" if full == self._current() else "unnamed"

@@ -110,7 +110,7 @@ class GepaMoves(MoveContext):
     """``run_gepa`` and the lineage of the candidates it and the other moves made."""
 
     def is_known(self, instructions: dict[str, str]) -> bool:
-        return any({**self._current(), **m} == instructions for m in self.proposals.values())
+        return any({**self._current(), **m} == instructions for m in list(self.proposals.values()))
 
     def _score_bound(self) -> float | None:
         """The highest score one example can have: 1.0, a metric's usual scale, unless the pass threshold or a score
@@ -124,13 +124,14 @@ class GepaMoves(MoveContext):
     def _register(self, instructions: dict[str, str], lineage: dict[str, Any]) -> str:
         """An id for ``instructions`` (a new ``gepa-N`` unless a candidate with the same text has one)."""
         digest = instructions_digest(instructions)
-        for known, mapping in self.proposals.items():
-            if known.startswith("gepa-") and instructions_digest(mapping) == digest:
-                return known
-        self.gepa_candidates += 1
-        candidate_id = f"gepa-{self.gepa_candidates}"
-        self.proposals[candidate_id] = dict(instructions)
-        self.lineage[candidate_id] = lineage
+        with self._naming:
+            for known, mapping in self.proposals.items():
+                if known.startswith("gepa-") and instructions_digest(mapping) == digest:
+                    return known
+            self.gepa_candidates += 1
+            candidate_id = f"gepa-{self.gepa_candidates}"
+            self.proposals[candidate_id] = dict(instructions)
+            self.lineage[candidate_id] = lineage
         return candidate_id
 
     def run_gepa(

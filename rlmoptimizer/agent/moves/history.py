@@ -121,7 +121,7 @@ class HistoryMoves(MoveContext):
         best, best_split = self._best(cands)
         current = instructions_digest(self._current())
         names: dict[str, list[str]] = {}
-        for name in self.proposals:
+        for name in list(self.proposals):
             names.setdefault(instructions_digest(self.instructions_of(name)), []).append(name)
         rows = []
         for c in cands:

@@ -129,16 +129,17 @@ class ProposalMoves(MoveContext):
         parent = self.name_of(self._current())
         parent_digest = instructions_digest(self._current())  # which instructions 'current' was, exactly
         for text in unique:
-            candidate_ids.append(f"proposal-{sum(1 for k in self.proposals if k.startswith('proposal-')) + 1}")
-            self.proposals[candidate_ids[-1]] = {step: text}
-            self.lineage[candidate_ids[-1]] = {
-                "parents": [parent],
-                "move": "reflective proposal (propose_instructions)",
-                "steps": [step],
-                "reflected_on": used,
-                "from": source,
-                "parent_digests": [parent_digest],
-            }
+            with self._naming:
+                candidate_ids.append(f"proposal-{sum(1 for k in self.proposals if k.startswith('proposal-')) + 1}")
+                self.proposals[candidate_ids[-1]] = {step: text}
+                self.lineage[candidate_ids[-1]] = {
+                    "parents": [parent],
+                    "move": "reflective proposal (propose_instructions)",
+                    "steps": [step],
+                    "reflected_on": used,
+                    "from": source,
+                    "parent_digests": [parent_digest],
+                }
         return {
             "step": step,
             "from": source,
