@@ -150,8 +150,10 @@ class RLMDocstringOptimizer(Teleprompter):
             more than 0 and at most 86400 (one day).
         root_context_window: The root LM's input window in tokens (at least 4000). None takes it from
             litellm's model information, or 32,000 for a model litellm does not know.
-        rlm_autopilot: When the agent runs a cell again that is already known to change nothing, run the
-            default loop's next line in its place (marked ``[Autopilot]``). False leaves every turn to the agent.
+        rlm_autopilot: Run the default loop's lines that decide nothing without a root-LM turn (marked
+            ``[Autopilot]``): after a cell that ran the loop's line as shown, the adoption of GEPA's best and the
+            last draw; after a repeated cell a tool refused, and in place of a cell known to change nothing, the
+            loop's next line. False leaves every turn to the agent.
         max_cost_usd: A spending cap in dollars on the run's LM calls, priced by litellm; None for no cap.
         attempt: ``attempt=N`` (N > 0) sends the agent's and the sub-LM's requests with dspy's
             ``rollout_id=N``, so a run identical to an earlier one asks afresh past dspy's cache; 0 replays it.

@@ -5,9 +5,12 @@ Differences from a plain ``dspy.RLM``:
 - The turn's signature is ours (:func:`~rlmoptimizer.agent.prompts.action_signature`): the instructions, how a
   turn works and each tool once; dspy's sandbox sub-agents are not installed (``llm_query`` and the moves are
   the agent's sub-LM). The code of a reply is read by :func:`code_of`, which drops a stray fence line.
-- ``llm_query`` / ``llm_query_batched`` charge one budget unit per
-  prompt to the :class:`~rlmoptimizer.budget.BudgetLedger` (reserve first, so nothing is overspent). With no
-  budget left they answer with an error the agent can read, and the agent goes on working.
+- ``llm_query`` / ``llm_query_batched`` (:func:`~rlmoptimizer.agent.sub_lm.sub_lm_tools`) charge one budget
+  unit per prompt to the :class:`~rlmoptimizer.budget.BudgetLedger` (reserve first, so nothing is overspent).
+  With no budget left they answer with an error the agent can read, and the agent goes on working.
+- The autopilot runs the default loop's lines that decide nothing without asking the root LM for a turn: after
+  a cell that ran the loop's line as shown (:meth:`~rlmoptimizer.agent.guide.LoopGuide.follow_on`), after a
+  repeated cell a tool refused, after idle cells, and in place of a cell known to change nothing.
 - A root-LM reply that does not parse is retried, then shown to the agent as an error turn; it does not end
   the run.
 - Each turn is sent to the observer as :class:`~rlmoptimizer.events.AgentTurn` as soon as it exists (and each
@@ -47,57 +50,28 @@ from rlmoptimizer.agent._dspy import (
     resolve_interpreter_factory,
 )
 from rlmoptimizer.agent.context import is_context_refusal, turn_inputs
-from rlmoptimizer.agent.guide import AUTOPILOT, IDLE_NOTICE, NOTICE, autopilot_step, idle_follow_up, note_repeat
+from rlmoptimizer.agent.guide import (
+    AUTOPILOT,
+    IDLE_NOTICE,
+    NOTICE,
+    autopilot_step,
+    follows_the_loop,
+    idle_follow_up,
+    note_repeat,
+    refused_repeat,
+)
 from rlmoptimizer.agent.prompts import action_signature, extract_signature
 from rlmoptimizer.agent.root_lm import TurnSender
 from rlmoptimizer.agent.services import CompileServices, TurnAids, TurnSettings
 from rlmoptimizer.agent.stop import StopRequest, current_instructions_submitted
-from rlmoptimizer.budget import SUB_LM_CALL, BudgetLedger, Reservation
-from rlmoptimizer.errors import BudgetExhaustedError
-from rlmoptimizer.evaluation.lm_failures import SYSTEMIC, classify_lm_failure
-from rlmoptimizer.events import NO_OBSERVER, AgentTurn, SubLMAnswered
-from rlmoptimizer.usage import SUB
+from rlmoptimizer.agent.sub_lm import sub_lm_tools
+from rlmoptimizer.budget import BudgetLedger
+from rlmoptimizer.events import NO_OBSERVER, AgentTurn
 
 logger = logging.getLogger(__name__)
 
-
-class _CallCeiling:
-    """``max_llm_calls``: the most sub-LM prompts one run of the agent may send (as dspy.RLM's own ceiling)."""
-
-    def __init__(self, limit: int) -> None:
-        self._limit = limit
-        self._count = 0
-        self._lock = threading.Lock()
-
-    def reserve(self, n: int) -> None:
-        with self._lock:
-            if self._count + n > self._limit:
-                raise RuntimeError(
-                    f"LLM call limit exceeded: {self._count} + {n} > {self._limit} (max_llm_calls). "
-                    "Use Python code for aggregation instead of making more LLM calls."
-                )
-            self._count += n
-
-
-class _ChargedBudget:
-    """The per-run call ceiling plus our ledger: a reservation is taken from both or from neither."""
-
-    def __init__(self, ceiling: _CallCeiling, ledger: BudgetLedger) -> None:
-        self._rlm_budget = ceiling
-        self._ledger = ledger
-
-    def take(self, n: int) -> Reservation:
-        """Reserve ``n`` sub-LM calls; spend each one that produced an answer, release the rest."""
-        try:
-            reservation = self._ledger.reserve_exactly(n, SUB_LM_CALL)
-        except BudgetExhaustedError as exc:
-            raise RuntimeError(_budget_message(exc)) from None
-        try:
-            self._rlm_budget.reserve(n)
-        except Exception:
-            reservation.release()
-            raise
-        return reservation
+MAX_FOLLOW_ONS = 3
+"""Lines of the default loop the autopilot runs after one cell, at most (an adoption, a last draw, a SUBMIT)."""
 
 
 def _root_adapter(*, last_attempt: bool):
@@ -153,13 +127,6 @@ def _json_object(value: Any) -> Any:
             if isinstance(parsed, dict):
                 return parsed
     return value
-
-
-def _budget_message(exc: BaseException) -> str:
-    return (
-        f"{exc}. Sub-LM calls cost 1 unit each and the optimization budget cannot cover this. "
-        "Analyse with Python code instead, update prompts, and SUBMIT when ready."
-    )
 
 
 class OptimizerAgent(dspy.RLM):
@@ -228,6 +195,7 @@ class OptimizerAgent(dspy.RLM):
         self._state_block = aids.state_block
         self._next_move = aids.next_move  # the default loop's next line, named in a repeat notice
         self._autopilot = settings.autopilot  # run that line in place of a cell known to change nothing
+        self._follow_on = aids.follow_on  # the loop's next line when it asks for no decision (run in the same turn)
         self._usage = services.usage if services is not None else None
         self._run_end = aids.run_end
         self._context_refusal_retries = settings.context_refusal_retries
@@ -235,80 +203,6 @@ class OptimizerAgent(dspy.RLM):
         self._tool_lock = threading.Lock()
         self._tool_calls = 0  # tool calls so far, to tell a cell that did something from one that did not
         self._idle_steps: set[int] = set()  # the (1-based) steps whose cell ran, called no tool and printed nothing
-
-    # -- budgeted sub-LM tools ------------------------------------------------------------------------
-    def _llm_tools(self, max_workers: int = 8) -> dict[str, Callable]:
-        charged = _ChargedBudget(_CallCeiling(self.max_llm_calls), self._ledger)
-        sub_lm = self.sub_lm
-
-        def query(prompt: str) -> str:
-            lm = sub_lm if sub_lm is not None else dspy.settings.lm
-            if lm is None:
-                raise dspy.LMNotConfiguredError("No sub-LM configured for llm_query.")
-            response = self._as_sub(lm)(prompt)
-            if self._usage is not None:
-                self._usage.add_units(SUB, 1)
-            text = response.text if isinstance(response, dspy.lm15.Response) else None
-            if text is None and isinstance(response, list) and response:
-                first = response[0]
-                text = first.get("text") if isinstance(first, dict) else first
-            if not isinstance(text, str):
-                raise TypeError(f"Sub-LM returned no text (got {type(response).__name__}).")
-            return text
-
-        def llm_query(prompt: str) -> str:
-            """Query the sub-LM with a prompt string (costs 1 budget unit)."""
-            if not prompt:
-                raise ValueError("prompt cannot be empty")
-            answered = False
-            try:
-                with charged.take(1) as reservation:
-                    try:
-                        text = query(prompt)
-                        answered = True
-                    except Exception as exc:
-                        answered = classify_lm_failure(exc) is None  # it answered, but not with text: paid
-                        raise
-                    finally:
-                        if answered:
-                            reservation.spend(1)
-            finally:
-                if answered:  # on disk before the turn ends
-                    self._observer.on_event(SubLMAnswered(1, self._ledger.snapshot()))
-            return text
-
-        def llm_query_batched(prompts: list[str]) -> list[str]:
-            """Query the sub-LM with several prompts concurrently (1 budget unit per prompt)."""
-            if not prompts:
-                return []
-            if any(not p for p in prompts):
-                raise ValueError("prompts cannot contain empty strings")
-            results: dict[int, str] = {}
-            unusable: BaseException | None = None  # the sub LM cannot be used (a bad key): raised once all are paid
-            with charged.take(len(prompts)) as reservation, ThreadPoolExecutor(max_workers=max_workers) as pool:
-                futures = {
-                    pool.submit(contextvars.copy_context().run, query, prompt): index
-                    for index, prompt in enumerate(prompts)
-                }
-                for future, index in futures.items():  # every prompt gets its answer or its error
-                    try:
-                        results[index] = future.result()
-                        reservation.spend(1)
-                    except Exception as exc:
-                        failure = classify_lm_failure(exc)
-                        if failure is None:  # it answered, but not with text: a paid call
-                            reservation.spend(1)
-                        elif failure[0] == SYSTEMIC and unusable is None:
-                            unusable = exc
-                        results[index] = f"[ERROR] {format_error_for_lm(exc)}"
-                answered = reservation.spent
-            if answered:
-                self._observer.on_event(SubLMAnswered(answered, self._ledger.snapshot()))
-            if unusable is not None:
-                raise unusable
-            return [results[i] for i in range(len(prompts))]
-
-        return {"llm_query": llm_query, "llm_query_batched": llm_query_batched}
 
     # -- the loop ---------------------------------------------------------------------------------------
     def forward(self, *, interpreter_factory: Callable[[], CodeInterpreter] | None = None, **input_args) -> Prediction:
@@ -368,7 +262,15 @@ class OptimizerAgent(dspy.RLM):
         output fields ``SUBMIT`` takes; shut down at the end."""
         repl = factory()
         try:
-            tools = {**self._llm_tools(), **{tool.__name__: tool for tool in self._tools}}
+            llm_tools = sub_lm_tools(
+                self.sub_lm,
+                max_llm_calls=self.max_llm_calls,
+                ledger=self._ledger,
+                usage=self._usage,
+                observer=self._observer,
+                as_sub=self._as_sub,
+            )
+            tools = {**llm_tools, **{tool.__name__: tool for tool in self._tools}}
             repl.tools.update({name: self._counted(tool) for name, tool in tools.items()})
             if hasattr(repl, "output_fields"):
                 repl.output_fields = [{"name": name} for name in self.signature.output_fields]
@@ -468,7 +370,7 @@ class OptimizerAgent(dspy.RLM):
             code = action.code
             result = f"[Error] {format_error_for_lm(exc)}"
             return self._after_cell(action, code, result, history, output_field_names)
-        line = self._next_move() if self._next_move is not None else None
+        shown = line = self._line()
         why = autopilot_step(history, code, line) if self._autopilot else None
         auto = why is not None
         if auto:
@@ -491,27 +393,67 @@ class OptimizerAgent(dspy.RLM):
                 code=last.code,
                 output=f"{AUTOPILOT} this line ran in place of a cell that {why}.\n{last.output}",
             )
-        line = self._next_move() if self._next_move is not None else None
-        follow = idle_follow_up(history, code, line, self._idle_steps) if idle and self._autopilot else None
-        if follow is not None:  # the cell stays run; the default loop's next line runs after it, in the same turn
-            after = self._execute(repl, line, input_args)
-            shown = "\n".join(map(str, after)) if isinstance(after, list) else str(after) if after else ""
-            result = history.append(
-                reasoning=f"{last.reasoning}\n{AUTOPILOT} ran the default loop's next line after a cell that {follow}.",
-                code=f"{last.code}\n{line}",
-                output=f"{last.output}\n{AUTOPILOT} the cell above {follow}; the default loop's next line ran after "
-                f"it: {line}\n{shown or '(no output)'}",
-            )
-            line = self._next_move() if self._next_move is not None else None
-        elif idle:
+        line = self._line()
+        follow = None
+        if self._autopilot:
+            if idle:
+                follow = idle_follow_up(history, code, line, self._idle_steps)
+            else:
+                follow = refused_repeat(history, code, last.output, line)
+            if follow is None and not idle and (auto or follows_the_loop(code, shown)):
+                follow = self._follow_on_reason(line)
+        followed = 0
+        while follow is not None:
+            # the cell stays run; the default loop's next line runs after it, in the same turn
+            result, failed = self._follow(repl, history, result, line, follow, input_args, output_field_names)
+            if not isinstance(result, REPLHistory):
+                return result
+            followed += 1
+            ran, line = line, self._line()
+            follow = None
+            if followed < MAX_FOLLOW_ONS and line != ran and not failed:
+                follow = self._follow_on_reason(line)
+        if idle and not followed:
             self._idle_steps.add(len(history.entries) + 1)
         result = note_repeat(history, result, line)
         last = result.entries[-1]
-        if line is not None and idle and follow is None and NOTICE not in last.output:
+        if line is not None and idle and not followed and NOTICE not in last.output:
             result = history.append(
                 reasoning=last.reasoning, code=last.code, output=f"{last.output}{NOTICE}{IDLE_NOTICE}{line}"
             )
         return result
+
+    def _line(self) -> str | None:
+        return self._next_move() if self._next_move is not None else None
+
+    def _follow_on_reason(self, line: str | None) -> str | None:
+        """Why ``line`` runs after the cell that followed the default loop, or None: it asks for no decision."""
+        if line is None or self._follow_on is None or self._follow_on() != line:
+            return None
+        return "ran the default loop's line, and the next one asks for no decision"
+
+    def _follow(
+        self, repl, history, result: REPLHistory, line: str, why: str, input_args, output_field_names
+    ) -> tuple[REPLHistory | Prediction, bool]:
+        """``result``'s last turn with ``line`` run after it, as one turn (the root LM was asked once): the new
+        history, or the final Prediction when the line was a SUBMIT that passed its checks; and whether the line
+        failed (an error, a refused SUBMIT)."""
+        last = result.entries[-1]
+        after = self._execute(repl, line, input_args)
+        reasoning = f"{last.reasoning}\n{AUTOPILOT} ran the default loop's next line after a cell that {why}."
+        code = f"{last.code}\n{line}"
+        head = f"{last.output}\n{AUTOPILOT} the cell above {why}; the default loop's next line ran after it: {line}\n"
+        if isinstance(after, FinalOutput):
+            parsed, error = self._submission(after.output, output_field_names)
+            if error is None:
+                final = history.append(reasoning=reasoning, code=code, output=f"{head}FINAL: {parsed}")
+                trajectory = [entry.model_dump() for entry in final]
+                return Prediction(**parsed, trajectory=trajectory, final_reasoning=reasoning), False
+            shown, failed = error, True
+        else:
+            shown = "\n".join(map(str, after)) if isinstance(after, list) else str(after) if after else ""
+            failed = shown.startswith("[Error]")
+        return history.append(reasoning=reasoning, code=code, output=f"{head}{shown or '(no output)'}"), failed
 
     @staticmethod
     def _execute(repl: CodeInterpreter, code: str, input_args: dict[str, Any]) -> Any:

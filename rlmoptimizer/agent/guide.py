@@ -22,7 +22,9 @@ returned). A proposal learns from failures: when the current instructions fail n
 next line evaluates the train examples they have not seen yet, and SUBMIT once they pass every one.
 
 The line closes the state block of every turn and every repeat notice. It is a suggestion: an agent that
-does its own analysis is never held to it, and the guide picks up from whatever it did last.
+does its own analysis is never held to it, and the guide picks up from whatever it did last. Some lines ask for no
+decision (:meth:`LoopGuide.follow_on`: the adoption of GEPA's best, the last draw); after a cell that ran the line
+as shown, the agent runs them in the same turn rather than asking the root LM for one more.
 
 May import: ``rlmoptimizer.agent._dspy`` (the history type); it sees the moves only as the values the tools pass it.
 """
@@ -138,20 +140,33 @@ class LoopGuide:
     # -- what the agent is shown ----------------------------------------------------------------------
     def next_line(self) -> str:
         """The next line of the default loop, runnable as written."""
+        return self._next()[0]
+
+    def follow_on(self) -> str | None:
+        """The next line when it asks for no decision of the agent's, else None: the adoption of the best candidate
+        of the GEPA run that just ended, with its validation check (free: GEPA scored it there), or the last draw
+        (the one move of the loop that what is left after GEPA pays). The agent runs it in the same turn after a
+        cell that ran the loop's line as shown (a root LM that follows the loop): each turn costs a whole request."""
+        line, decided = self._next()
+        return line if decided else None
+
+    def _next(self) -> tuple[str, bool]:
+        """The next line, and whether it asks for no decision (see :meth:`follow_on`)."""
         left = self._left()
         with self._lock:
             if left <= 0:
-                return SUBMIT_LINE
+                return SUBMIT_LINE, False
             if self._winner is not None:
                 adopt = f"print(adopt_candidate({self._winner!r}))"
+                gepa_best = self._winner.startswith("gepa-")
                 # the checkpoint goes with the adoption when it can be paid (GEPA's best: already scored there, free)
-                if self._val_size and (self._winner.startswith("gepa-") or left >= self._val_size):
-                    return f"{adopt}; print(evaluate_program(split='val'))"
-                return adopt
+                if self._val_size and (gepa_best or left >= self._val_size):
+                    return f"{adopt}; print(evaluate_program(split='val'))", gepa_best
+                return adopt, gepa_best and not self._val_size
             if self._unchecked and self._val_size and left >= self._val_size:
-                return "print(evaluate_program(split='val'))"
+                return "print(evaluate_program(split='val'))", False
             if not self._gepa_ran:
-                return f"r = run_gepa(budget={self.gepa_budget(left)}); print(r['summary'])"
+                return f"r = run_gepa(budget={self.gepa_budget(left)}); print(r['summary'])", False
             free = left - self._reserve  # what moves may spend
             pending = self._pending
             if pending is not None and free > 0:
@@ -159,18 +174,19 @@ class LoopGuide:
                 check = pending["check"][: min(per_candidate, max(MIN_CHECK, per_candidate // PROPOSALS_PER_BUDGET))]
                 if check:
                     names = ", ".join(repr(i) for i in ["current", *pending["ids"]])
-                    return f"r = compare([{names}], ids='{_ids_text(check)}'); print(r['summary'])"
+                    return f"r = compare([{names}], ids='{_ids_text(check)}'); print(r['summary'])", False
             unevaluated, failing = self._train_status()
             if free < MIN_USEFUL_BUDGET:
-                return self._last_draw(left, failing)
+                line = self._last_draw(left, failing)
+                return line, line != SUBMIT_LINE
             if not failing:  # nothing to reflect on: find failures first, or stop when train has none
                 if not unevaluated:
-                    return SUBMIT_LINE
-                return f"print(evaluate_program(ids='{_ids_text(unevaluated[:free])}')['score'])"
+                    return SUBMIT_LINE, False
+                return f"print(evaluate_program(ids='{_ids_text(unevaluated[:free])}')['score'])", False
             if self._proposals_left() <= 0:  # no proposal can be paid: nothing else in the loop to do
-                return SUBMIT_LINE
+                return SUBMIT_LINE, False
             step = self._next_step()
-            return f"p = propose_instructions({step!r}); print(p['texts'])"
+            return f"p = propose_instructions({step!r}); print(p['texts'])", False
 
     def _last_draw(self, left: int, failing: int) -> str:
         """What is left after GEPA cannot pay a comparison on train besides the submission's check, but it may pay
@@ -233,6 +249,23 @@ def idle_follow_up(history: REPLHistory, code: str, next_line: str | None, idle_
     if len(history.entries) in idle_steps:
         return f"called no tool and printed nothing, as step {len(history.entries)} did"
     return None
+
+
+def refused_repeat(history: REPLHistory, code: str, output: str, next_line: str | None) -> str | None:
+    """Why the autopilot runs ``next_line`` after the cell ``code``, which has just run with ``output``, or None. It
+    does when the cell repeated an earlier step's code and a tool refused it (its budget is spent, its candidate
+    is gone): a small root LM copies its last cell, and a refused copy changed nothing. The next line may be
+    SUBMIT, as in place of a known no-op."""
+    if next_line is None or _same_code(next_line) == _same_code(code) or not output.startswith(_REFUSED):
+        return None
+    code = _same_code(code)
+    runs = [i + 1 for i, entry in enumerate(history.entries) if code and _same_code(entry.code) == code]
+    return f"repeated step {runs[0]} and a tool refused it" if runs else None
+
+
+def follows_the_loop(code: str, shown: str | None) -> bool:
+    """Whether the cell ``code`` is the default loop's line ``shown`` at the start of its turn, as written."""
+    return shown is not None and _same_code(code) == _same_code(shown)
 
 
 IDLE_NOTICE = (

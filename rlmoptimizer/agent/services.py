@@ -96,10 +96,13 @@ class TurnAids:
     """What a long run adds to each turn: the ``root_lm`` every turn is asked of (the one the ``context`` is
     fitted to: one LM for both, never one for the window and another for the calls), the ``context`` fitted to
     its window, the ``state_block`` that closes every request, the default loop's ``next_move`` (named in a
-    repeat notice, run by the autopilot) and the ``run_end`` (spending stopped, or the result is decided)."""
+    repeat notice, run by the autopilot), its ``follow_on`` (that line when it asks for no decision: run in the
+    same turn after a cell that followed the loop) and the ``run_end`` (spending stopped, or the result is
+    decided)."""
 
     root_lm: Any = None
     context: BoundedContext | None = None
     state_block: Callable[[], str] | None = None
     next_move: Callable[[], str] | None = None
+    follow_on: Callable[[], str | None] | None = None
     run_end: RunEnd | None = None

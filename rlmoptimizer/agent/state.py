@@ -85,6 +85,7 @@ def long_run_aids(
         ),
         state_block=state_block_of(services, guide),
         next_move=guide.next_line if guide is not None else None,
+        follow_on=guide.follow_on if guide is not None else None,
         run_end=RunEnd(
             lambda: usage.cap_message() if usage is not None and usage.cap_reached else None, decided=decided
         ),

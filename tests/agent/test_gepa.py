@@ -63,11 +63,20 @@ def test_a_root_lm_that_only_copies_the_suggested_line_gets_gepas_best():
     result = compile_with(copier(seen), max_iterations=3, rlm_max_iterations=8)
 
     codes = [turn["code"] for turn in result.agent_trajectory]
-    # 3 * 12 + 8 = 44 units: too few for a targeted round after GEPA as well, so GEPA gets them all
-    assert codes[0] == "r = run_gepa(budget=44); print(r['summary'])"
-    assert codes[1] == "print(adopt_candidate('gepa-1')); print(evaluate_program(split='val'))"
-    assert codes[2] == SUBMIT_LINE and len(codes) == 3
-    assert "best gepa-1 (validation score 1.000, the start scored 0.500)" in result.agent_trajectory[0]["output"]
+    # 3 * 12 + 8 = 44 units: too few for a targeted round after GEPA as well, so GEPA gets them all. The adoption
+    # of its best asks for no decision: it runs in the same turn, after the line the root LM copied
+    adopt = "print(adopt_candidate('gepa-1')); print(evaluate_program(split='val'))"
+    assert codes[0] == f"r = run_gepa(budget=44); print(r['summary'])\n{adopt}"
+    assert codes[1] == SUBMIT_LINE and len(codes) == 2
+    assert seen == ["r = run_gepa(budget=44); print(r['summary'])", SUBMIT_LINE]
+    first = result.agent_trajectory[0]["output"]
+    assert "best gepa-1 (validation score 1.000, the start scored 0.500)" in first
+    assert (
+        "[Autopilot] the cell above ran the default loop's line, and the next one asks for no decision; the default "
+        f"loop's next line ran after it: {adopt}" in first
+    )
+    # adopted, and its check was free: GEPA had scored it on the whole validation split
+    assert "'changed_steps': ['route']" in first and "'score': 1," in first and "'budget_spent': 0" in first
     assert all("Error" not in turn["output"] for turn in result.agent_trajectory), result.agent_trajectory
     # the checkpoint was free: GEPA had scored its best on the whole validation split
     assert result.optimized_dspy_program["route"] == POLICY_PROMPT

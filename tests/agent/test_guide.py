@@ -4,8 +4,10 @@ names the line that moves it on."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
+from pathlib import Path
 
 import pytest
 from support.fakes import FunctionLM
@@ -214,16 +216,17 @@ def test_an_agent_stuck_on_a_cell_that_changes_nothing_is_driven_by_the_autopilo
         assert result.route.signature.instructions == ORIGINAL_ROUTE
         return
     # from then on each turn runs the default loop's next line in place of the stuck cell, and says so: GEPA with
-    # the whole budget (too small for a targeted round after it), its best adopted, checked, submitted
-    assert turns[2]["code"] == "r = run_gepa(budget=44); print(r['summary'])"
+    # the whole budget (too small for a targeted round after it), then in the same turn its best adopted and
+    # checked (a line that asks for no decision), then SUBMIT
+    adopt = "print(adopt_candidate('gepa-1')); print(evaluate_program(split='val'))"
+    assert turns[2]["code"] == f"r = run_gepa(budget=44); print(r['summary'])\n{adopt}"
     assert (
         "[Autopilot] ran the default loop's next line in place of a cell that repeated step 1" in turns[2]["reasoning"]
     )
     assert turns[2]["output"].startswith(
         "[Autopilot] this line ran in place of a cell that repeated step 1 and changed nothing.\n"
     )
-    assert turns[3]["code"] == "print(adopt_candidate('gepa-1')); print(evaluate_program(split='val'))"
-    assert turns[4]["final"] and turns[4]["code"] == SUBMIT_LINE and len(turns) == 5
+    assert turns[3]["final"] and turns[3]["code"] == SUBMIT_LINE and len(turns) == 4
     assert result.route.signature.instructions == POLICY_PROMPT
     assert result.selection["chosen_score"] == 1.0
 
@@ -246,14 +249,17 @@ def test_cells_that_do_nothing_are_told_once_then_the_autopilot_runs_the_loop_af
         "[Notice] This cell called no tool and printed nothing: it changed nothing. After a next cell like it, the "
         "default loop's next line runs: r = run_gepa(budget=44)"
     ) in turns[0]["output"]
-    # the second such cell runs (its function is defined), then the next line runs after it, in the same turn
+    # the second such cell runs (its function is defined), then the next line runs after it, in the same turn, and
+    # the adoption of GEPA's best after that (a line that asks for no decision)
     gepa = "r = run_gepa(budget=44); print(r['summary'])"
-    assert turns[1]["code"] == f"{idle[1]['code']}\n{gepa}"
+    adopt = "print(adopt_candidate('gepa-1')); print(evaluate_program(split='val'))"
+    assert turns[1]["code"] == f"{idle[1]['code']}\n{gepa}\n{adopt}"
     assert "the cell above called no tool and printed nothing, as step 1 did" in turns[1]["output"]
     assert "gepa run 1: best gepa-1" in turns[1]["output"]
-    # and after every idle cell from then on, but never SUBMIT: ending the run is the agent's (or the turn limit's)
-    assert turns[2]["code"].endswith("print(adopt_candidate('gepa-1')); print(evaluate_program(split='val'))")
-    assert all(t["code"] in (idle[0]["code"], idle[1]["code"]) for t in turns[3:]) and len(turns) == 5
+    # then the next line is SUBMIT, which is never run after an idle cell: ending the run is the agent's
+    assert [t["code"] for t in turns[2:4]] == [idle[0]["code"], idle[1]["code"]]
+    # ... or the autopilot's, in place of a cell known to change nothing (step 3 was told so)
+    assert turns[4]["code"] == SUBMIT_LINE and "in place of a cell that repeated step 1" in turns[4]["reasoning"]
     assert result.route.signature.instructions == POLICY_PROMPT
 
 
@@ -295,8 +301,8 @@ def test_what_gepa_leaves_that_pays_a_validation_check_buys_one_more_proposal_ch
     copying = copier(seen)
 
     def sub_lm(messages):  # GEPA's reflections are useless; the proposal of the last-draw line is the fix
-        last_draw = bool(seen) and seen[-1].startswith("p = propose_instructions(")
-        return json.dumps({"new_instruction": POLICY_PROMPT if last_draw else "Route tickets carefully."})
+        gepa = any(Path(frame.filename).name == "gepa_adapter.py" for frame in inspect.stack())
+        return json.dumps({"new_instruction": "Route tickets carefully." if gepa else POLICY_PROMPT})
 
     # 30 calls: 8 for the validation baseline, 22 for GEPA, which stops with 8 left: too few for a child it could
     # keep (a minibatch of 3 and the 8 validation examples), exactly one validation check
@@ -304,7 +310,9 @@ def test_what_gepa_leaves_that_pays_a_validation_check_buys_one_more_proposal_ch
 
     codes = [turn["code"] for turn in result.agent_trajectory]
     assert "the 8 unit(s) left cannot pay a child that could be kept" in result.agent_trajectory[0]["output"]
-    assert codes == ["r = run_gepa(budget=22); print(r['summary'])", LAST_DRAW]  # then no call was left: it ended
+    # the last draw asks for no decision: it runs in the same turn; then no call was left, and the run ended
+    assert codes == [f"r = run_gepa(budget=22); print(r['summary'])\n{LAST_DRAW}"]
+    assert seen == ["r = run_gepa(budget=22); print(r['summary'])"]  # the root LM was asked once
     assert result.route.signature.instructions == POLICY_PROMPT
     assert result.selection["basis"] == "submission" and result.selection["chosen_score"] == 1.0
     assert result.budget["spent"] == result.budget["limit"] == 22
@@ -320,10 +328,13 @@ def test_the_last_draw_is_offered_once_after_gepa_and_only_when_its_check_can_be
         proposals_share_budget=False,
     )
     assert guide.next_line().startswith("r = run_gepa(")  # GEPA first
+    assert guide.follow_on() is None  # how much to give GEPA is the agent's decision
     guide.gepa_finished(None)
     assert guide.next_line() == LAST_DRAW
+    assert guide.follow_on() == LAST_DRAW  # the one move left: it asks for no decision
     left[0] = 19  # the check cannot be paid
     assert guide.next_line() == SUBMIT_LINE
+    assert guide.follow_on() is None  # ending the run is never run after a cell
     left[0], failing[0] = 20, 0  # nothing failing to learn from
     assert guide.next_line() == SUBMIT_LINE
     failing[0] = 2
@@ -333,13 +344,21 @@ def test_the_last_draw_is_offered_once_after_gepa_and_only_when_its_check_can_be
     guide.validated()
     assert guide.next_line() == SUBMIT_LINE  # once
 
+    # GEPA's best is adopted with its check, free (GEPA scored it on validation): no decision either
+    guide.gepa_finished("gepa-3")
+    adopt = "print(adopt_candidate('gepa-3')); print(evaluate_program(split='val'))"
+    assert guide.next_line() == guide.follow_on() == adopt
+    guide.compared(["current", "proposal-2"], 1, "train")  # a winner of the agent's own comparison: its decision
+    assert guide.next_line() == "print(adopt_candidate('proposal-2')); print(evaluate_program(split='val'))"
+    assert guide.follow_on() is None
+
     # when a proposal is paid from the same units, the check needs one more
     shared = LoopGuide(["route"], lambda: 20, val_size=20, train_status=lambda: ([], 2))
     shared.gepa_finished(None)
     assert shared.next_line() == SUBMIT_LINE
 
 
-def test_a_cell_repeated_and_refused_is_a_known_no_op_and_its_next_repeat_is_the_autopilots():
+def test_a_cell_repeated_and_refused_is_followed_by_the_next_line_in_the_same_turn():
     # what a 1.5B root does after GEPA: it runs its last cell again, whose budget is no longer there
     gepa = {"reasoning": "GEPA", "code": "r = run_gepa(budget=40); print(r['summary'])"}
     result = compile_with(
@@ -349,8 +368,27 @@ def test_a_cell_repeated_and_refused_is_a_known_no_op_and_its_next_repeat_is_the
         rlm_max_iterations=6,
     )
     turns = result.agent_trajectory
-    assert [t["code"] for t in turns[:2]] == [gepa["code"]] * 2
-    assert "[Error] AgentToolError" in turns[1]["output"]  # run again, refused: the budget is not there any more
-    assert "a tool refused it: running it again changes nothing. Run this next instead: " in turns[1]["output"]
-    # the next repeat is run by the autopilot: the loop's next line in its place
-    assert turns[2]["code"] != gepa["code"] and "[Autopilot]" in turns[2]["reasoning"], turns[2]
+    assert turns[0]["code"] == gepa["code"]  # its own budget, not the line shown: nothing runs after it
+    # run again, refused (the budget is not there any more): it changed nothing, and the loop's next line runs
+    # after it in the same turn
+    propose = "p = propose_instructions('route'); print(p['texts'])"
+    assert turns[1]["code"] == f"{gepa['code']}\n{propose}"
+    output = turns[1]["output"]
+    assert output.startswith("[Error] AgentToolError: ['run_gepa: budget=40 but only ")
+    assert (
+        "[Autopilot] the cell above repeated step 1 and a tool refused it; the default loop's next line ran after "
+        f"it: {propose}\n['Route tickets carefully.']"
+    ) in output
+    assert "[Autopilot]" in turns[1]["reasoning"]
+    assert result.budget["spent_by_kind"]["sub_lm_call"] >= 1
+
+
+def test_a_refused_cell_that_repeats_nothing_is_left_to_the_agent():
+    bad = {"reasoning": "too much", "code": "r = run_gepa(budget=100000); print(r['summary'])"}
+    result = compile_with(
+        playing(bad, {"reasoning": "done", "code": SUBMIT_LINE}), proposer(POLICY_PROMPT), max_iterations=3
+    )
+    turns = result.agent_trajectory
+    assert turns[1]["code"] == bad["code"] and turns[1]["output"].startswith("[Error] AgentToolError")
+    assert "[Autopilot]" not in turns[1]["output"]  # a first refusal is the agent's to fix
+    assert turns[2]["code"] == SUBMIT_LINE and len(turns) == 3

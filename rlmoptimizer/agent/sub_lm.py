@@ -1,0 +1,158 @@
+"""The agent's budgeted sub-LM tools: ``llm_query`` and ``llm_query_batched`` in its REPL.
+
+Each prompt is paid from the compile's budget (one unit) and from dspy.RLM's own per-run ceiling
+(``max_llm_calls``), both reserved before the prompt is sent, or neither; a prompt that got no answer (the LM
+failed) is released, one that got an answer is kept, also when that answer is not text. A sub LM that cannot be
+used at all (a bad key) raises once every prompt of a batch has its answer or its error.
+
+May import: ``rlmoptimizer.agent._dspy``, the budget, the events, the usage meter and the LM failure classes.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import dspy
+
+from rlmoptimizer.agent._dspy import format_error_for_lm
+from rlmoptimizer.budget import SUB_LM_CALL, BudgetLedger, Reservation
+from rlmoptimizer.errors import BudgetExhaustedError
+from rlmoptimizer.evaluation.lm_failures import SYSTEMIC, classify_lm_failure
+from rlmoptimizer.events import Observer, SubLMAnswered
+from rlmoptimizer.usage import SUB, UsageMeter
+
+
+class _CallCeiling:
+    """``max_llm_calls``: the most sub-LM prompts one run of the agent may send (as dspy.RLM's own ceiling)."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def reserve(self, n: int) -> None:
+        with self._lock:
+            if self._count + n > self._limit:
+                raise RuntimeError(
+                    f"LLM call limit exceeded: {self._count} + {n} > {self._limit} (max_llm_calls). "
+                    "Use Python code for aggregation instead of making more LLM calls."
+                )
+            self._count += n
+
+
+class _ChargedBudget:
+    """The per-run call ceiling plus our ledger: a reservation is taken from both or from neither."""
+
+    def __init__(self, ceiling: _CallCeiling, ledger: BudgetLedger) -> None:
+        self._rlm_budget = ceiling
+        self._ledger = ledger
+
+    def take(self, n: int) -> Reservation:
+        """Reserve ``n`` sub-LM calls; spend each one that produced an answer, release the rest."""
+        try:
+            reservation = self._ledger.reserve_exactly(n, SUB_LM_CALL)
+        except BudgetExhaustedError as exc:
+            raise RuntimeError(_budget_message(exc)) from None
+        try:
+            self._rlm_budget.reserve(n)
+        except Exception:
+            reservation.release()
+            raise
+        return reservation
+
+
+def _budget_message(exc: BaseException) -> str:
+    return (
+        f"{exc}. Sub-LM calls cost 1 unit each and the optimization budget cannot cover this. "
+        "Analyse with Python code instead, update prompts, and SUBMIT when ready."
+    )
+
+
+def sub_lm_tools(
+    sub_lm: dspy.BaseLM | None,
+    *,
+    max_llm_calls: int,
+    ledger: BudgetLedger,
+    usage: UsageMeter | None,
+    observer: Observer,
+    as_sub: Callable[[Any], Any],
+    max_workers: int = 8,
+) -> dict[str, Callable]:
+    """The REPL's ``llm_query`` and ``llm_query_batched`` for one run of the agent: each prompt costs one unit of
+    ``ledger`` and one of ``max_llm_calls``, taken before it is sent and kept only when it was answered (an
+    answer that is not text is paid too); ``observer`` hears of every answered call before the turn ends. A
+    ``sub_lm`` of None is dspy's configured LM."""
+    charged = _ChargedBudget(_CallCeiling(max_llm_calls), ledger)
+
+    def query(prompt: str) -> str:
+        lm = sub_lm if sub_lm is not None else dspy.settings.lm
+        if lm is None:
+            raise dspy.LMNotConfiguredError("No sub-LM configured for llm_query.")
+        response = as_sub(lm)(prompt)
+        if usage is not None:
+            usage.add_units(SUB, 1)
+        text = response.text if isinstance(response, dspy.lm15.Response) else None
+        if text is None and isinstance(response, list) and response:
+            first = response[0]
+            text = first.get("text") if isinstance(first, dict) else first
+        if not isinstance(text, str):
+            raise TypeError(f"Sub-LM returned no text (got {type(response).__name__}).")
+        return text
+
+    def llm_query(prompt: str) -> str:
+        """Query the sub-LM with a prompt string (costs 1 budget unit)."""
+        if not prompt:
+            raise ValueError("prompt cannot be empty")
+        answered = False
+        try:
+            with charged.take(1) as reservation:
+                try:
+                    text = query(prompt)
+                    answered = True
+                except Exception as exc:
+                    answered = classify_lm_failure(exc) is None  # it answered, but not with text: paid
+                    raise
+                finally:
+                    if answered:
+                        reservation.spend(1)
+        finally:
+            if answered:  # on disk before the turn ends
+                observer.on_event(SubLMAnswered(1, ledger.snapshot()))
+        return text
+
+    def llm_query_batched(prompts: list[str]) -> list[str]:
+        """Query the sub-LM with several prompts concurrently (1 budget unit per prompt)."""
+        if not prompts:
+            return []
+        if any(not p for p in prompts):
+            raise ValueError("prompts cannot contain empty strings")
+        results: dict[int, str] = {}
+        unusable: BaseException | None = None  # the sub LM cannot be used (a bad key): raised once all are paid
+        with charged.take(len(prompts)) as reservation, ThreadPoolExecutor(max_workers=max_workers) as pool:
+            futures = {
+                pool.submit(contextvars.copy_context().run, query, prompt): index
+                for index, prompt in enumerate(prompts)
+            }
+            for future, index in futures.items():  # every prompt gets its answer or its error
+                try:
+                    results[index] = future.result()
+                    reservation.spend(1)
+                except Exception as exc:
+                    failure = classify_lm_failure(exc)
+                    if failure is None:  # it answered, but not with text: a paid call
+                        reservation.spend(1)
+                    elif failure[0] == SYSTEMIC and unusable is None:
+                        unusable = exc
+                    results[index] = f"[ERROR] {format_error_for_lm(exc)}"
+            answered = reservation.spent
+        if answered:
+            observer.on_event(SubLMAnswered(answered, ledger.snapshot()))
+        if unusable is not None:
+            raise unusable
+        return [results[i] for i in range(len(prompts))]
+
+    return {"llm_query": llm_query, "llm_query_batched": llm_query_batched}
