@@ -26,6 +26,11 @@ SUB_LM_CALL = "sub_lm_call"
 KINDS: tuple[str, ...] = (TRAIN_EXAMPLE, VAL_EXAMPLE, SUB_LM_CALL)
 
 
+def example_kind(split: str) -> str:
+    """The kind of unit one evaluation of an example of ``split`` ("train" or "val") costs."""
+    return TRAIN_EXAMPLE if split == "train" else VAL_EXAMPLE
+
+
 def budget_for(max_iterations: int, train_size: int, val_size: int) -> int:
     """``max_iterations * len(trainset) + len(valset)``: the number of units one ``compile()`` may spend."""
     return max_iterations * train_size + val_size

@@ -57,8 +57,10 @@ from rlmoptimizer.agent.guide import (
     autopilot_step,
     follows_the_loop,
     idle_follow_up,
+    import_hint,
     note_repeat,
     refused_repeat,
+    same_code,
 )
 from rlmoptimizer.agent.prompts import action_signature, extract_signature
 from rlmoptimizer.agent.root_lm import TurnSender
@@ -71,7 +73,8 @@ from rlmoptimizer.events import NO_OBSERVER, AgentTurn
 logger = logging.getLogger(__name__)
 
 MAX_FOLLOW_ONS = 3
-"""Lines of the default loop the autopilot runs after one cell, at most (an adoption, a last draw, a SUBMIT)."""
+"""Lines of the default loop the autopilot runs after one cell, at most (the line after an idle or refused cell,
+the adoption of GEPA's best, the last draw)."""
 
 
 def _root_adapter(*, last_attempt: bool):
@@ -203,6 +206,8 @@ class OptimizerAgent(dspy.RLM):
         self._tool_lock = threading.Lock()
         self._tool_calls = 0  # tool calls so far, to tell a cell that did something from one that did not
         self._idle_steps: set[int] = set()  # the (1-based) steps whose cell ran, called no tool and printed nothing
+        # the steps the autopilot drove for a stuck agent (a line in place of its cell, or after an idle or refused one)
+        self._driven_steps: set[int] = set()
 
     # -- the loop ---------------------------------------------------------------------------------------
     def forward(self, *, interpreter_factory: Callable[[], CodeInterpreter] | None = None, **input_args) -> Prediction:
@@ -382,6 +387,8 @@ class OptimizerAgent(dspy.RLM):
             code = line
         calls_before = self._tool_calls
         result = self._execute(repl, code, input_args)
+        if isinstance(result, str):
+            result = import_hint(code, result, {"llm_query", "llm_query_batched", *(t.__name__ for t in self._tools)})
         idle = not auto and self._tool_calls == calls_before and result in (None, "", [])
         result = self._after_cell(action, code, result, history, output_field_names)
         if not isinstance(result, REPLHistory):
@@ -393,17 +400,26 @@ class OptimizerAgent(dspy.RLM):
                 code=last.code,
                 output=f"{AUTOPILOT} this line ran in place of a cell that {why}.\n{last.output}",
             )
+        step = len(history.entries) + 1
+        if auto:
+            self._driven_steps.add(step)
         line = self._line()
         follow = None
-        if self._autopilot:
+        if self._autopilot and not self._stop.requested:
             if idle:
-                follow = idle_follow_up(history, code, line, self._idle_steps)
+                follow = idle_follow_up(history, code, line, self._idle_steps, self._driven_steps)
             else:
                 follow = refused_repeat(history, code, last.output, line)
-            if follow is None and not idle and (auto or follows_the_loop(code, shown)):
+            if follow is not None:
+                self._driven_steps.add(step)  # a stuck agent's turn: an idle cell after it is followed at once
+            elif (
+                (auto or follows_the_loop(code, shown))
+                and not last.output.startswith("[Error]")
+                and same_code(line) != same_code(code)
+            ):
                 follow = self._follow_on_reason(line)
         followed = 0
-        while follow is not None:
+        while follow is not None and not self._stop.requested:
             # the cell stays run; the default loop's next line runs after it, in the same turn
             result, failed = self._follow(repl, history, result, line, follow, input_args, output_field_names)
             if not isinstance(result, REPLHistory):
@@ -414,7 +430,7 @@ class OptimizerAgent(dspy.RLM):
             if followed < MAX_FOLLOW_ONS and line != ran and not failed:
                 follow = self._follow_on_reason(line)
         if idle and not followed:
-            self._idle_steps.add(len(history.entries) + 1)
+            self._idle_steps.add(step)
         result = note_repeat(history, result, line)
         last = result.entries[-1]
         if line is not None and idle and not followed and NOTICE not in last.output:

@@ -31,6 +31,7 @@ May import: ``rlmoptimizer.agent._dspy`` (the history type); it sees the moves o
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
@@ -154,11 +155,11 @@ class LoopGuide:
         """The next line, and whether it asks for no decision (see :meth:`follow_on`)."""
         left = self._left()
         with self._lock:
-            if left <= 0:
+            gepa_best = self._winner is not None and self._winner.startswith("gepa-")
+            if left <= 0 and not gepa_best:  # (GEPA's best is adopted and checked for free)
                 return SUBMIT_LINE, False
             if self._winner is not None:
                 adopt = f"print(adopt_candidate({self._winner!r}))"
-                gepa_best = self._winner.startswith("gepa-")
                 # the checkpoint goes with the adoption when it can be paid (GEPA's best: already scored there, free)
                 if self._val_size and (gepa_best or left >= self._val_size):
                     return f"{adopt}; print(evaluate_program(split='val'))", gepa_best
@@ -220,6 +221,7 @@ class LoopGuide:
 # -- the notice for a turn that repeated an earlier one ---------------------------------------------------
 NOTICE = "\n[Notice] "
 _NO_OP = "running it again changes nothing"
+_ERROR = "[Error]"
 _REFUSED = "[Error] AgentToolError"  # a tool refused the call (bad arguments, nothing left to pay it with)
 AUTOPILOT = "[Autopilot]"
 
@@ -228,23 +230,31 @@ def autopilot_step(history: REPLHistory, code: str, next_line: str | None) -> st
     """Why the autopilot runs ``next_line`` in place of the cell ``code``, or None: running ``code`` again is
     known to change nothing (it repeats a cell that already proved so, and the notice said so once), and the next
     line is something else."""
-    if next_line is None or _same_code(next_line) == _same_code(code):
+    if next_line is None or same_code(next_line) == same_code(code):
         return None
     repeated = known_no_op(history, code)
     return f"repeated step {repeated} and changed nothing" if repeated is not None else None
 
 
-def idle_follow_up(history: REPLHistory, code: str, next_line: str | None, idle_steps: Collection[int]) -> str | None:
+def idle_follow_up(
+    history: REPLHistory,
+    code: str,
+    next_line: str | None,
+    idle_steps: Collection[int],
+    driven_steps: Collection[int] = (),
+) -> str | None:
     """Why the autopilot runs ``next_line`` after the cell ``code``, which has just run, called no tool and printed
     nothing, or None. It does when the turn before was such a cell too (one of ``idle_steps``, 1-based) or a turn
-    the autopilot ran: a small root LM writes cell after cell that cannot act (a comment, a function it never
-    calls). The cell's own effects stay (a capable agent's silent helper cell loses nothing), and the line is
-    never SUBMIT: ending the run is left to the agent, or to the turn limit."""
-    if next_line is None or next_line == SUBMIT_LINE or _same_code(next_line) == _same_code(code):
+    the autopilot drove for a stuck agent (one of ``driven_steps``: a line in place of its cell, or after an idle
+    or refused one): a small root LM writes cell after cell that cannot act (a comment, a function it never
+    calls). A turn that followed the loop's line as shown is not one: a capable agent's helper cell after it is
+    its own. The cell's own effects stay (a silent helper cell loses nothing), and the line is never SUBMIT:
+    ending the run is left to the agent, or to the turn limit."""
+    if next_line is None or next_line == SUBMIT_LINE or same_code(next_line) == same_code(code):
         return None
     if not history.entries:
         return None
-    if AUTOPILOT in history.entries[-1].reasoning:
+    if len(history.entries) in driven_steps:
         return "called no tool and printed nothing"
     if len(history.entries) in idle_steps:
         return f"called no tool and printed nothing, as step {len(history.entries)} did"
@@ -254,18 +264,38 @@ def idle_follow_up(history: REPLHistory, code: str, next_line: str | None, idle_
 def refused_repeat(history: REPLHistory, code: str, output: str, next_line: str | None) -> str | None:
     """Why the autopilot runs ``next_line`` after the cell ``code``, which has just run with ``output``, or None. It
     does when the cell repeated an earlier step's code and a tool refused it (its budget is spent, its candidate
-    is gone): a small root LM copies its last cell, and a refused copy changed nothing. The next line may be
-    SUBMIT, as in place of a known no-op."""
-    if next_line is None or _same_code(next_line) == _same_code(code) or not output.startswith(_REFUSED):
+    is gone), or it failed with the very error it failed with before: a small root LM copies its last cell, and
+    such a copy changed nothing. The next line may be SUBMIT, as in place of a known no-op, unless the earlier run
+    failed too (bad arguments, likely): that gets the notice first, and ending the run waits for another repeat."""
+    if next_line is None or same_code(next_line) == same_code(code) or not output.startswith(_ERROR):
         return None
-    code = _same_code(code)
-    runs = [i + 1 for i, entry in enumerate(history.entries) if code and _same_code(entry.code) == code]
-    return f"repeated step {runs[0]} and a tool refused it" if runs else None
+    code = same_code(code)
+    runs = [i + 1 for i, entry in enumerate(history.entries) if code and same_code(entry.code) == code]
+    earlier = [history.entries[i - 1].output.split(NOTICE)[0] for i in runs]
+    if not runs or not (output.startswith(_REFUSED) or output in earlier):
+        return None
+    if next_line == SUBMIT_LINE and any(out.startswith(_ERROR) for out in earlier):
+        return None
+    how = "a tool refused it" if output.startswith(_REFUSED) else "it failed as it did then"
+    return f"repeated step {runs[0]} and {how}"
+
+
+def import_hint(code: str, output: str, tool_names: Collection[str]) -> str:
+    """``output`` with a hint when the cell failed importing one of the REPL's tools (``from gepa import run_gepa``:
+    small root LMs write it, and no such module is in the sandbox): they are defined already."""
+    if not output.startswith(("[Error] ModuleNotFoundError", "[Error] ImportError")):
+        return output
+    imports = " ".join(re.findall(r"^[ \t]*(?:from[ \t]+\S+[ \t]+)?import[ \t]+([^\n#]+)", code, re.MULTILINE))
+    named = sorted(name for name in tool_names if re.search(rf"\b{re.escape(name)}\b", imports))
+    if not named:
+        return output
+    what = f"{named[0]} is a tool" if len(named) == 1 else f"{', '.join(named)} are tools"
+    return f"{output}\n[Hint] {what} of this REPL, already defined: call {'it' if len(named) == 1 else 'them'} without an import."
 
 
 def follows_the_loop(code: str, shown: str | None) -> bool:
     """Whether the cell ``code`` is the default loop's line ``shown`` at the start of its turn, as written."""
-    return shown is not None and _same_code(code) == _same_code(shown)
+    return shown is not None and same_code(code) == same_code(shown)
 
 
 IDLE_NOTICE = (
@@ -278,12 +308,13 @@ def known_no_op(history: REPLHistory, code: str) -> int | None:
     """The step that first ran ``code``, when running it again is known to change nothing (an earlier repeat of it
     got the same output, or a tool refused it, and the notice said so), else None. The agent has then been told
     once, with the line to run instead, and did not act on it: the autopilot runs that line in its place."""
-    code = _same_code(code)
-    runs = [i for i, entry in enumerate(history.entries) if code and _same_code(entry.code) == code]
+    code = same_code(code)
+    runs = [i for i, entry in enumerate(history.entries) if code and same_code(entry.code) == code]
     return runs[0] + 1 if any(_NO_OP in history.entries[i].output for i in runs) else None
 
 
-def _same_code(code: str) -> str:
+def same_code(code: str) -> str:
+    """``code`` with its whitespace normalized: two cells are the same cell when these are equal."""
     return " ".join(code.split())
 
 
@@ -295,12 +326,12 @@ def note_repeat(history: REPLHistory, new: REPLHistory, next_line: str | None = 
     its turns, and budget, on the same cell. The notice goes at the end, which the history's head+tail
     truncation keeps."""
     last = new.entries[-1]
-    code = _same_code(last.code)
-    same_code = [i + 1 for i, entry in enumerate(history.entries) if code and _same_code(entry.code) == code]
-    same_output = [i for i in same_code if history.entries[i - 1].output.split(NOTICE)[0] == last.output]
-    if not same_output and (not same_code or next_line is None or _same_code(next_line) == code):
+    code = same_code(last.code)
+    runs = [i + 1 for i, entry in enumerate(history.entries) if code and same_code(entry.code) == code]
+    same_output = [i for i in runs if history.entries[i - 1].output.split(NOTICE)[0] == last.output]
+    if not same_output and (not runs or next_line is None or same_code(next_line) == code):
         return new  # new code, or a cell run again on purpose (the loop's own next line): nothing to say
-    earlier = same_output or same_code
+    earlier = same_output or runs
     where = f"step {earlier[0]}" if len(earlier) == 1 else f"steps {', '.join(map(str, earlier))}"
     if not same_output and last.output.startswith(_REFUSED):
         # run again, it was refused: as good as the same output, and the next repeat is the autopilot's

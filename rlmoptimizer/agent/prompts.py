@@ -51,8 +51,8 @@ The default loop. The optimizer state at the end of every turn closes with its n
 you have nothing better, run that line as written.
 1. `r = run_gepa(budget=N); print(r['summary'])`: GEPA with most of the budget.
 2. `print(adopt_candidate('gepa-3')); print(evaluate_program(split='val'))`: its best, when it found a better
-   one, and the checkpoint (free: GEPA already scored it there). Line 1 run as written is followed by this in
-   the same turn; write your own `run_gepa(...)` call to decide what follows it.
+   one, and the checkpoint (free: GEPA already scored it there). Line 1 run as written may be followed by this in
+   the same turn (the output says so); write your own `run_gepa(...)` call to decide what follows it.
 3. With what is left, targeted work on what the best still fails: `propose_instructions`, `compare` against
    'current', adopt the winner, check on val.
 4. `SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])` when the budget is spent.

@@ -20,7 +20,7 @@ from typing import Any
 
 import dspy
 
-from rlmoptimizer.budget import TRAIN_EXAMPLE, VAL_EXAMPLE, BudgetLedger, Reservation
+from rlmoptimizer.budget import BudgetLedger, Reservation, example_kind
 from rlmoptimizer.errors import EvaluationLMError, MetricError
 from rlmoptimizer.evaluation.evaluator import EvaluationStopped, Evaluator
 from rlmoptimizer.events import (
@@ -95,7 +95,7 @@ class Runs:
             )
             if not settled:
                 charged = sum(1 for r in records if r.reusable) if header.get("charged") else 0
-                kind = TRAIN_EXAMPLE if header["split"] == "train" else VAL_EXAMPLE
+                kind = example_kind(header["split"])
                 with self.ledger.reserve(charged, kind) as reservation:
                     reservation.spend(reservation.granted)
                 self._save(
@@ -185,7 +185,7 @@ class Runs:
             cached = {i: self._cache.get((split, i, digest, rollout)) for i in ids}
         reused = [record for record in cached.values() if record is not None]
         todo = [i for i in ids if cached[i] is None]
-        kind = TRAIN_EXAMPLE if split == "train" else VAL_EXAMPLE
+        kind = example_kind(split)
         notes: list[str] = []
         spent = 0
         pending = (

@@ -14,7 +14,8 @@ from support.fakes import FunctionLM
 from support.optimizing import ORIGINAL_ROUTE, compile_tickets, copier, proposer, steps_seen
 from support.tickets import POLICY_PROMPT, make_splits, metric
 
-from rlmoptimizer.agent.guide import SUBMIT_LINE, LoopGuide
+from rlmoptimizer.agent._dspy import REPLHistory
+from rlmoptimizer.agent.guide import SUBMIT_LINE, LoopGuide, refused_repeat
 
 pytestmark = pytest.mark.slow
 
@@ -392,3 +393,107 @@ def test_a_refused_cell_that_repeats_nothing_is_left_to_the_agent():
     assert turns[1]["code"] == bad["code"] and turns[1]["output"].startswith("[Error] AgentToolError")
     assert "[Autopilot]" not in turns[1]["output"]  # a first refusal is the agent's to fix
     assert turns[2]["code"] == SUBMIT_LINE and len(turns) == 3
+
+
+def _history(*cells: tuple[str, str]) -> REPLHistory:
+    history = REPLHistory()
+    for code, output in cells:
+        history = history.append(reasoning="", code=code, output=output)
+    return history
+
+
+def test_a_refused_repeat_ends_the_run_only_when_the_cell_once_ran():
+    gepa = "r = run_gepa(budget=40); print(r['summary'])"
+    refused = "[Error] AgentToolError: ['run_gepa: budget=40 but only 0 unit(s) are left -> pass budget=0 or less']"
+    ran_once = _history((gepa, "gepa run 1: best gepa-1"))
+    # run, then copied and refused: it changed nothing, the next line runs after it, SUBMIT included
+    assert refused_repeat(ran_once, gepa, refused, SUBMIT_LINE) == "repeated step 1 and a tool refused it"
+    assert refused_repeat(ran_once, gepa, refused, "print(evaluate_program(split='val'))") is not None
+    # refused both times (bad arguments, likely): the loop may go on, but ending the run waits for the notice
+    refused_twice = _history((gepa, refused))
+    assert refused_repeat(refused_twice, gepa, refused, SUBMIT_LINE) is None
+    assert refused_repeat(refused_twice, gepa, refused, "print(evaluate_program(split='val'))") is not None
+    # not a repeat, not refused, or the next line is the cell itself: nothing runs after it
+    assert refused_repeat(ran_once, "r = run_gepa(budget=41); print(r['summary'])", refused, SUBMIT_LINE) is None
+    assert refused_repeat(ran_once, gepa, "gepa run 2: best current", SUBMIT_LINE) is None
+    assert refused_repeat(ran_once, gepa, refused, gepa) is None
+
+
+def test_a_helper_cell_after_a_turn_that_followed_the_loop_is_the_agents_own():
+    seen: list[str] = []
+    copying = copier(seen)
+    helper = {"reasoning": "a helper", "code": "def failing(run):\n    return [e for e in run if not e['passed']]"}
+
+    def root(messages):
+        step = steps_seen(messages)
+        return (
+            copying.fn(messages) if step == 0 else helper if step == 1 else {"reasoning": "done", "code": SUBMIT_LINE}
+        )
+
+    result = compile_with(FunctionLM(root, name="agent"), proposer(POLICY_PROMPT), max_iterations=3)
+    turns = result.agent_trajectory
+    assert "[Autopilot]" in turns[0]["output"]  # GEPA's line as shown: its adoption followed in the same turn
+    # the silent helper cell after it is not taken over: nothing ran after it, it was told once
+    assert turns[1]["code"] == helper["code"] and "[Autopilot]" not in turns[1]["output"]
+    assert "This cell called no tool and printed nothing" in turns[1]["output"]
+    assert turns[2]["code"] == SUBMIT_LINE and len(turns) == 3
+
+
+def test_a_line_that_failed_is_not_run_again_in_the_same_turn():
+    seen: list[str] = []
+    copying = copier(seen)
+    own_gepa = {"reasoning": "GEPA, my way", "code": "r = run_gepa(budget=22)\nprint(r['summary'])"}
+
+    def root(messages):
+        return own_gepa if steps_seen(messages) == 0 else copying.fn(messages)
+
+    def sub_lm(messages):  # GEPA's reflections are useless; the last draw's proposal does not parse
+        gepa = any(Path(frame.filename).name == "gepa_adapter.py" for frame in inspect.stack())
+        return json.dumps({"new_instruction": "Route tickets carefully."}) if gepa else "no instruction here"
+
+    result = compile_with(
+        FunctionLM(root, name="agent"), FunctionLM(sub_lm, name="sub"), max_metric_calls=30, rlm_max_iterations=2
+    )
+    turns = result.agent_trajectory
+    assert turns[0]["code"] == own_gepa["code"]  # its own cell: what follows is its decision, nothing ran after it
+    assert "[Autopilot]" not in turns[0]["output"]
+    # the last draw as shown, refused (no usable instructions); still the next line, but not run again in the turn
+    assert seen == [LAST_DRAW] and turns[1]["code"] == LAST_DRAW
+    assert turns[1]["output"].startswith("[Error] AgentToolError") and "[Autopilot]" not in turns[1]["output"]
+
+
+def test_gepas_best_is_adopted_and_checked_even_with_nothing_left():
+    guide = LoopGuide(["route"], lambda: 0, val_size=20, train_status=lambda: ([], 2))
+    assert guide.next_line() == SUBMIT_LINE
+    guide.gepa_finished("gepa-2")  # scored on the whole validation split by GEPA: the check is free
+    adopt = "print(adopt_candidate('gepa-2')); print(evaluate_program(split='val'))"
+    assert guide.next_line() == guide.follow_on() == adopt
+    guide.changed()
+    guide.validated()
+    assert guide.next_line() == SUBMIT_LINE
+
+
+def test_a_tool_imported_gets_a_hint_and_its_copy_is_followed_by_the_loop_at_once():
+    # what a 1.5B root wrote on the real-model benchmark, twice: the tools are defined in the REPL, not a module
+    importing = {
+        "reasoning": "run GEPA",
+        "code": "from gepa import run_gepa\nr = run_gepa(budget=44)\nprint(r['summary'])",
+    }
+    result = compile_with(
+        FunctionLM(lambda messages: importing, name="agent"), proposer(POLICY_PROMPT), max_iterations=3
+    )
+    turns = result.agent_trajectory
+    assert turns[0]["output"].startswith("[Error] ModuleNotFoundError")
+    assert "[Hint] run_gepa is a tool of this REPL, already defined: call it without an import." in turns[0]["output"]
+    assert "[Autopilot]" not in turns[0]["output"]  # a first error is the agent's to fix
+    # the same cell, the same error: it changed nothing, and the loop's line runs after it in the same turn, then
+    # the adoption of GEPA's best (a line that asks for no decision)
+    gepa = "r = run_gepa(budget=44); print(r['summary'])"
+    adopt = "print(adopt_candidate('gepa-1')); print(evaluate_program(split='val'))"
+    assert turns[1]["code"] == f"{importing['code']}\n{gepa}\n{adopt}"
+    assert "the cell above repeated step 1 and it failed as it did then" in turns[1]["output"]
+    assert "gepa run 1: best gepa-1" in turns[1]["output"]
+    # the next copy is followed by SUBMIT only after the notice (the cell failed every time)
+    assert "[Autopilot]" not in turns[2]["output"] and "running it again changes nothing" in turns[2]["output"]
+    assert turns[3]["code"] == SUBMIT_LINE and len(turns) == 4
+    assert result.route.signature.instructions == POLICY_PROMPT

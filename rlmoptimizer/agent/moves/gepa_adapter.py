@@ -13,14 +13,13 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import dspy
 from dspy import AdapterParseError
 
 from rlmoptimizer.agent.moves.context import EvaluateFn, RunAccess
-from rlmoptimizer.agent.moves.proposal import reflective_example
-from rlmoptimizer.budget import SUB_LM_CALL, TRAIN_EXAMPLE, VAL_EXAMPLE, BudgetLedger, Reservation
+from rlmoptimizer.agent.moves.proposal import ask_proposer, nth_sample, reflective_example
+from rlmoptimizer.budget import SUB_LM_CALL, TRAIN_EXAMPLE, VAL_EXAMPLE, BudgetLedger, Reservation, example_kind
 from rlmoptimizer.errors import BudgetExhaustedError
-from rlmoptimizer.evaluation.lm_failures import classify_lm_failure, failure_summary
+from rlmoptimizer.evaluation.lm_failures import failure_summary
 from rlmoptimizer.records import ExampleResult
 from rlmoptimizer.storage.answers import AnswerStore
 
@@ -145,7 +144,7 @@ class Adapter:
             before = self._runs.stored(parent, split, ids)
             unique = list(dict.fromkeys(ids))
             cost = len(unique) - len(self._runs.stored(instructions, split, unique))
-            kind = TRAIN_EXAMPLE if split == "train" else VAL_EXAMPLE
+            kind = example_kind(split)
             # with its parent's scores at hand, and its whole minibatch paid for if it has to run whole (else the
             # run stops before paying anything, as it would have)
             if len(before) == len(unique) and self._budget.covers(cost, kind):
@@ -190,7 +189,7 @@ class Adapter:
         if len(stored) == len(ids):  # every record is stored: free, and no new run to list
             return stored, 0
         cost = len(ids) - len(stored)
-        kind = TRAIN_EXAMPLE if split == "train" else VAL_EXAMPLE
+        kind = example_kind(split)
         what = f"an evaluation on {len(ids)} {split} example(s)"
         try:
             reservation = self._budget.reserve(cost, kind, what)
@@ -267,24 +266,18 @@ class Reflection:
             self.replayed += 1
             return stored
         reservation = self._budget.reserve(1, SUB_LM_CALL, "a reflection")
-        lm = self._lm
-        if seen:
-            lm = lm.copy(rollout_id=((lm.kwargs or {}).get("rollout_id") or 0) + seen)
+        lm = nth_sample(self._lm, seen)
 
         def ask() -> str:
-            with dspy.context(lm=lm):
-                return str(InstructionProposer()({step: text}, {step: dataset}, [step])[step] or "")
+            return str(ask_proposer(InstructionProposer(), lm, step, text, dataset, reservation) or "")
 
         failed: BaseException | None = None
         new = ""
         try:
             new = self._book(ask)()
-            reservation.spend(1)
-        except AdapterParseError:  # it answered, with no instruction in it: a call, and no proposal
-            reservation.spend(1)
+        except AdapterParseError:  # it answered (charged), with no instruction in it: no proposal
+            pass
         except Exception as exc:  # no answer (a bad key, a 5xx after retries), or a failure of the proposer
-            if classify_lm_failure(exc) is None:  # it answered: it was a call
-                reservation.spend(1)
             failed = exc
         finally:
             self._budget.settle(reservation)

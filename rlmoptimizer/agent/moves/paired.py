@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlmoptimizer.agent.moves.context import MoveContext, mean, refuse
-from rlmoptimizer.budget import TRAIN_EXAMPLE, VAL_EXAMPLE
+from rlmoptimizer.budget import example_kind
 from rlmoptimizer.errors import BudgetExhaustedError
 from rlmoptimizer.fingerprint import instructions_digest
 from rlmoptimizer.records import EvalRun, ExampleResult
@@ -122,7 +122,7 @@ class PairedMoves(MoveContext):
             for instr in distinct.values()
             for r in range(rollouts)
         )
-        kind = TRAIN_EXAMPLE if split == "train" else VAL_EXAMPLE
+        kind = example_kind(split)
         try:
             reservation = self.ledger.reserve_exactly(cost, kind)
         except BudgetExhaustedError:

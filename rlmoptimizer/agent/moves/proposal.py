@@ -57,6 +57,27 @@ def reflective_example(step: str, record: ExampleResult) -> dict[str, Any] | Non
     return {"Inputs": dict(call.inputs), "Generated Outputs": dict(call.outputs), "Feedback": "\n".join(lines)}
 
 
+def nth_sample(lm: Any, k: int) -> Any:
+    """``lm`` for the first sample (``k`` = 0), else a copy whose requests carry dspy's rollout id ``k`` past the
+    LM's own: asked the same prompt again, it answers a new sample, not dspy's cached reply to the first."""
+    return lm if k == 0 else lm.copy(rollout_id=((lm.kwargs or {}).get("rollout_id") or 0) + k)
+
+
+def ask_proposer(proposer: Any, lm: Any, step: str, text: str, dataset: list[dict[str, Any]], paid: Reservation) -> Any:
+    """One proposal of ``proposer`` (dspy's ``InstructionProposer``) for ``step``, now ``text``, from the reflective
+    ``dataset``, asked of ``lm``. One unit of ``paid`` is spent when the LM answered, also with a reply that does
+    not parse (it was a call); what failed is raised."""
+    try:
+        with dspy.context(lm=lm):
+            new = proposer({step: text}, {step: dataset}, [step])[step]
+    except Exception as exc:
+        if classify_lm_failure(exc) is None:  # the LM answered (e.g. a reply that does not parse): a call
+            paid.spend(1)
+        raise
+    paid.spend(1)
+    return new
+
+
 class ProposalMoves(MoveContext):
     # -- propose --------------------------------------------------------------------------------------
     def propose_instructions(
@@ -101,10 +122,7 @@ class ProposalMoves(MoveContext):
             # Each proposal of the compile() is its own sample: a second call on the same failures (the current
             # prompts won the comparison) gets a new text, not dspy's cached answer to the first.
             first, self.proposal_calls = self.proposal_calls, self.proposal_calls + reservation.granted
-            lms = [
-                lm if first + i == 0 else lm.copy(rollout_id=((lm.kwargs or {}).get("rollout_id") or 0) + first + i)
-                for i in range(reservation.granted)
-            ]
+            lms = [nth_sample(lm, first + i) for i in range(reservation.granted)]
             outcomes = self._propose_all(proposer, lms, step, current, dataset, reservation)
             spent = reservation.spent
         texts = [text for text, _ in outcomes if text is not None]
@@ -158,14 +176,9 @@ class ProposalMoves(MoveContext):
     ) -> list[tuple[str | None, str | None]]:
         def one(lm) -> tuple[str | None, str | None]:
             try:
-                with dspy.context(lm=lm):
-                    text = proposer({step: current}, {step: dataset}, [step])[step]
+                return ask_proposer(proposer, lm, step, current, dataset, reservation), None
             except Exception as exc:
-                if classify_lm_failure(exc) is None:  # the LM answered (e.g. a reply that does not parse): a call
-                    reservation.spend(1)
                 return None, failure_summary(exc)
-            reservation.spend(1)
-            return text, None
 
         if len(lms) == 1:
             return [one(lms[0])]
