@@ -129,6 +129,15 @@ class LoopGuide:
         tail = left // TARGETED_SHARE
         return left - tail if tail >= self._reserve + 1 + 2 * MIN_CHECK else left
 
+    def adopted(self, candidate: Any) -> None:
+        """``candidate`` was adopted, whether or not that changed the instructions (a proposal may repeat them):
+        neither its comparison nor its adoption is a next line any more."""
+        with self._lock:
+            if self._winner is not None and self._winner == candidate:
+                self._winner = None
+            if self._pending is not None and candidate in self._pending["ids"]:
+                self._pending = None
+
     def changed(self) -> None:
         with self._lock:
             self._winner = None

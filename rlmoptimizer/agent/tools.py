@@ -361,6 +361,7 @@ class AgentTools:
                     f"adopt refused: {exc}", "only change the instructions text of existing steps"
                 ) from None
             self.guide.changed()
+        self.guide.adopted(candidate)
         return {"changed_steps": changed, "version": len(self.working.prompt_versions)}
 
     def _select(self, tool: str, **selection: Any) -> list[int]:

@@ -497,3 +497,31 @@ def test_a_tool_imported_gets_a_hint_and_its_copy_is_followed_by_the_loop_at_onc
     assert "[Autopilot]" not in turns[2]["output"] and "running it again changes nothing" in turns[2]["output"]
     assert turns[3]["code"] == SUBMIT_LINE and len(turns) == 4
     assert result.route.signature.instructions == POLICY_PROMPT
+
+
+def test_a_last_draw_that_repeats_the_current_instructions_leaves_nothing_to_compare():
+    seen: list[str] = []
+
+    def sub_lm(messages):  # GEPA's reflections are useless; the last draw writes the current instructions again
+        gepa = any(Path(frame.filename).name == "gepa_adapter.py" for frame in inspect.stack())
+        return json.dumps({"new_instruction": "Route tickets carefully." if gepa else ORIGINAL_ROUTE})
+
+    result = compile_with(copier(seen), FunctionLM(sub_lm, name="sub"), max_metric_calls=30, rlm_max_iterations=4)
+    turns = result.agent_trajectory
+    assert turns[0]["code"] == f"r = run_gepa(budget=22); print(r['summary'])\n{LAST_DRAW}"
+    assert "{'changed_steps': [], 'version': 0}" in turns[0]["output"]  # adopted: nothing changed, its check free
+    # the proposal was adopted: comparing it with the current instructions (itself) is no next line
+    assert seen == ["r = run_gepa(budget=22); print(r['summary'])", SUBMIT_LINE] and len(turns) == 2
+    assert result.route.signature.instructions == ORIGINAL_ROUTE
+
+
+def test_an_adopted_candidate_is_neither_compared_nor_adopted_again():
+    guide = LoopGuide(["route"], lambda: 40, val_size=8, train_status=lambda: ([], 2))
+    guide.gepa_finished(None)
+    guide.proposed("route", ["proposal-1"], [1, 2, 3], failure_ids=[1])
+    assert guide.next_line().startswith("r = compare(['current', 'proposal-1']")
+    guide.adopted("proposal-1")  # the same text as the current instructions: nothing changed
+    assert "proposal-1" not in guide.next_line()
+    guide.gepa_finished("gepa-2")
+    guide.adopted("gepa-2")
+    assert "gepa-2" not in guide.next_line()
