@@ -126,7 +126,8 @@ AGENT_TURNS = [
             "print('baseline score', baseline_train['score'], 'failures', len(fails))\n"
             "print(Counter((e['expected']['queue'], e['predicted'].get('queue')) for e in fails))\n"
             "for e in fails[:4]:\n"
-            "    print(e['example_id'], '|', e['inputs']['ticket'], '->', e['steps'][-1]['outputs'])"
+            "    print(e['example_id'], '|', e['inputs']['ticket'], '->', e['steps'][-1]['outputs'])\n"
+            "print(add_note(f'{len(fails)} baseline failures, all decided by the route step'))"
         ),
     },
     {

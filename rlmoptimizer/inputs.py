@@ -181,6 +181,23 @@ def check_flag(name: str, value: Any) -> bool:
     return value
 
 
+PILOT_MODES = ("off", "assist", "loop")
+
+
+def check_pilot_mode(value: Any) -> str:
+    """``rlm_autopilot`` as one of :data:`PILOT_MODES` (True means ``"assist"``, False ``"off"``), else
+    :class:`ConfigurationError`."""
+    if value is True or value is False:
+        return "assist" if value else "off"
+    if isinstance(value, str) and value in PILOT_MODES:
+        return value
+    raise ConfigurationError(
+        f"rlm_autopilot must be 'off' (the agent decides every turn), 'assist' (the default: the default loop's next "
+        f"step runs after a turn that made no progress) or 'loop' (the default loop runs to the end with no agent "
+        f"turn), or True/False for 'assist'/'off'; got {type(value).__name__} {value!r}"
+    )
+
+
 def check_lm(name: str, lm: Any, required: bool) -> Any:
     if lm is None:
         if required:

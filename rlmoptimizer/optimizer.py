@@ -28,6 +28,7 @@ from dspy.teleprompt.teleprompt import Teleprompter
 from rich.console import Console
 
 from rlmoptimizer.agent.agent import OptimizerAgent
+from rlmoptimizer.agent.pilot import run_loop
 from rlmoptimizer.agent.prompts import agent_signature, budget_note, render_setup_code, render_task_brief
 from rlmoptimizer.agent.root_lm import for_attempt
 from rlmoptimizer.agent.services import CompileServices, TurnSettings
@@ -63,6 +64,7 @@ from rlmoptimizer.inputs import (
     check_max_cost,
     check_metric,
     check_pass_threshold,
+    check_pilot_mode,
     check_positive_int,
     check_program,
     check_timeout,
@@ -124,10 +126,11 @@ class RLMDocstringOptimizer(Teleprompter):
         max_metric_calls: Instead of ``max_iterations``, the budget in metric calls as ``dspy.GEPA`` counts
             them: every run of the program on one example, the baselines and the submission's validation check
             included. Refused when it does not cover the baseline on validation (on train without a valset).
-        root_lm: Required. The optimizer agent's LM; it writes one code cell per turn, so give it a model that
-            writes working Python over several turns.
-        sub_lm: The LM behind ``llm_query`` / ``llm_query_batched`` in the REPL and the instruction proposals.
-            Defaults to ``root_lm``.
+        root_lm: The optimizer agent's LM; it writes one code cell per turn, so give it a model that writes
+            working Python over several turns. Required, except with ``rlm_autopilot="loop"``, which never calls it
+            (``sub_lm`` is then required).
+        sub_lm: The LM behind ``llm_query`` / ``llm_query_batched`` in the REPL, the instruction proposals and
+            GEPA's reflections. Defaults to ``root_lm``.
         eval_lm: The LM the program runs with during optimization, pinned for the whole run (an LLM-judge
             metric using ``dspy.settings.lm`` gets it too). Defaults to ``dspy.settings.lm``; a predictor with
             its own LM (``set_lm``) keeps it.
@@ -150,10 +153,13 @@ class RLMDocstringOptimizer(Teleprompter):
             more than 0 and at most 86400 (one day).
         root_context_window: The root LM's input window in tokens (at least 4000). None takes it from
             litellm's model information, or 32,000 for a model litellm does not know.
-        rlm_autopilot: Run the default loop's lines that decide nothing without a root-LM turn (marked
-            ``[Autopilot]``): after a cell that ran the loop's line as shown, the adoption of GEPA's best and the
-            last draw; after a repeated cell a tool refused, and in place of a cell known to change nothing, the
-            loop's next line. False leaves every turn to the agent.
+        rlm_autopilot: Who runs the default loop (GEPA first, its best adopted and checked, targeted rounds,
+            SUBMIT; the agent takes its next step with the ``next_step()`` tool). ``"assist"`` (the default):
+            after a turn that made no progress (spent nothing, made no candidate, added no note, changed no
+            prompt) the loop's next step runs, marked ``[pilot]``. ``"off"``: every turn is the agent's; the next
+            step is only shown. ``"loop"``: the loop runs to its end in Python, with no agent turn, no root-LM call
+            and no sandbox (for a weak or costly root LM, and the baseline the agent is measured against). True
+            and False mean ``"assist"`` and ``"off"``.
         max_cost_usd: A spending cap in dollars on the run's LM calls, priced by litellm; None for no cap.
         attempt: ``attempt=N`` (N > 0) sends the agent's and the sub-LM's requests with dspy's
             ``rollout_id=N``, so a run identical to an earlier one asks afresh past dspy's cache; 0 replays it.
@@ -201,7 +207,7 @@ class RLMDocstringOptimizer(Teleprompter):
         rlm_multiturn_history: bool = False,
         sandbox_timeout_s: float = 120.0,
         root_context_window: int | None = None,
-        rlm_autopilot: bool = True,
+        rlm_autopilot: bool | str = "assist",
         max_cost_usd: float | None = None,
         attempt: int = 0,
         # output and storage
@@ -214,8 +220,9 @@ class RLMDocstringOptimizer(Teleprompter):
     ) -> None:
         super().__init__()
         self.max_iterations, self.max_metric_calls = check_budget(max_iterations, max_metric_calls)
-        self.root_lm = check_lm("root_lm", root_lm, required=True)
-        self.sub_lm = check_lm("sub_lm", sub_lm, required=False)
+        self.rlm_autopilot = check_pilot_mode(rlm_autopilot)
+        self.root_lm = check_lm("root_lm", root_lm, required=self.rlm_autopilot != "loop")
+        self.sub_lm = check_lm("sub_lm", sub_lm, required=self.rlm_autopilot == "loop" and root_lm is None)
         self.eval_lm = check_lm("eval_lm", eval_lm, required=False)
         self.metric = check_metric(metric)
         self.metric_id = metric_id
@@ -230,7 +237,7 @@ class RLMDocstringOptimizer(Teleprompter):
         self.root_context_window = check_context_window(root_context_window)
         self.max_cost_usd = check_max_cost(max_cost_usd)
         self.attempt = check_positive_int("attempt", attempt, minimum=0)
-        self.verbose, self.rlm_autopilot = check_flag("verbose", verbose), check_flag("rlm_autopilot", rlm_autopilot)
+        self.verbose = check_flag("verbose", verbose)
         self.run_storage_dir = Path(run_storage_dir) if run_storage_dir is not None else None
         self.allow_eval_lm_change = check_flag("allow_eval_lm_change", allow_eval_lm_change)
         self.console = console
@@ -283,7 +290,7 @@ class _Compile:
         self.step_lms = step_lms(student, eval_lm, "eval_lm" if config.eval_lm is not None else "dspy.settings.lm")
         # attempt=N sends the agent's requests with dspy's rollout_id=N: they miss the cache entries of every
         # other attempt (an identical compile() otherwise replays the whole agent from dspy's cache).
-        self.root_lm = for_attempt(config.root_lm, config.attempt)
+        self.root_lm = for_attempt(config.root_lm, config.attempt) if config.root_lm is not None else None
         self.sub_lm = for_attempt(config.sub_lm or config.root_lm, config.attempt)
         self.display = Display(config.verbose, config.console)
         self.tracker = MlflowTracker() if config.use_mlflow else None
@@ -409,7 +416,9 @@ class _Compile:
 
     def _run_with_sandbox(self) -> dspy.Module:
         # Reading back a finished run: no agent, so no sandbox (and nothing written).
-        sandbox = None if self.read_back else Sandbox(timeout_s=self.config.sandbox_timeout_s)
+        # Nor in the "loop" mode: the default loop runs in Python, with no agent turn.
+        no_agent = self.read_back or self.config.rlm_autopilot == "loop"
+        sandbox = None if no_agent else Sandbox(timeout_s=self.config.sandbox_timeout_s)
         if sandbox is not None:
             sandbox.start_in_background()
         try:
@@ -465,6 +474,21 @@ class _Compile:
                 trajectory=self.resume.turns,
                 final_reasoning=final.get("reasoning", ""),
             )
+        decided = (
+            no_check_left(self.services, "val" if self.valset else "train") if self.config.max_metric_calls else None
+        )
+        if self.config.rlm_autopilot == "loop":
+            return run_loop(
+                self.tools.pilot,
+                self.observer,
+                self.ledger.snapshot,
+                prior_turns=self.resume.turns,
+                ends_run=lambda: (
+                    (decided and decided()) or (self.usage.cap_message() if self.usage.cap_reached else None)
+                ),
+                raise_if_stopped=self.stop.raise_if_requested,
+                current=self.working.instructions,
+            )
         if sandbox is None:
             raise RuntimeError("a run that is not finished needs its sandbox")
 
@@ -482,10 +506,8 @@ class _Compile:
                 self.root_lm,
                 self.config.root_context_window,
                 self.config.rlm_max_output_chars,
-                self.tools.guide,
-                no_check_left(self.services, "val" if self.valset else "train")
-                if self.config.max_metric_calls
-                else None,
+                self.tools.pilot,
+                decided,
             ),
             tools=self.tools.tool_functions(),
             interpreter_factory=sandbox.as_factory(),

@@ -1,38 +1,38 @@
-"""The optimizer agent: a ``dspy.RLM`` whose sub-LM calls draw on the optimization budget.
+"""The optimizer agent: a ``dspy.Module`` that owns its turn loop in the sandbox, on the optimization budget.
 
-Differences from a plain ``dspy.RLM``:
+It is not a ``dspy.RLM`` subclass: it keeps dspy's REPL types and the RLM field names (so histories render as
+dspy renders them) but none of RLM's loop, predictors or sub-agents.
 
 - The turn's signature is ours (:func:`~rlmoptimizer.agent.prompts.action_signature`): the instructions, how a
-  turn works and each tool once; dspy's sandbox sub-agents are not installed (``llm_query`` and the moves are
-  the agent's sub-LM). The code of a reply is read by :func:`code_of`, which drops a stray fence line.
+  turn works and each tool once. The code of a reply is read by :func:`code_of`, which drops a stray fence line.
 - ``llm_query`` / ``llm_query_batched`` (:func:`~rlmoptimizer.agent.sub_lm.sub_lm_tools`) charge one budget
   unit per prompt to the :class:`~rlmoptimizer.budget.BudgetLedger` (reserve first, so nothing is overspent).
-  With no budget left they answer with an error the agent can read, and the agent goes on working.
-- The autopilot runs the default loop's lines that decide nothing without asking the root LM for a turn: after
-  a cell that ran the loop's line as shown (:meth:`~rlmoptimizer.agent.guide.LoopGuide.follow_on`), after a
-  repeated cell a tool refused, after idle cells, and in place of a cell known to change nothing.
+- The pilot (:class:`~rlmoptimizer.agent.pilot.Pilot`) runs the default policy: the agent takes its next step with
+  the ``next_step()`` tool; with ``pilot_mode="assist"`` the loop takes one itself after a turn that made no
+  progress (nothing spent, no candidate, no note, no prompt change: measured from the services, never from the
+  cell's text). A submission the pilot makes ends the run after that turn.
 - A root-LM reply that does not parse is retried, then shown to the agent as an error turn; it does not end
   the run.
-- Each turn is sent to the observer as :class:`~rlmoptimizer.events.AgentTurn` as soon as it exists (and each
-  charged sub-LM call as ``SubLMAnswered``), kept in :attr:`OptimizerAgent.turns`; a run can resume from them.
+- Each turn is sent to the observer as :class:`~rlmoptimizer.events.AgentTurn` as soon as it exists, kept in
+  :attr:`OptimizerAgent.turns`; a run can resume from them.
 - After each turn the loop checks its :class:`~rlmoptimizer.agent.stop.StopRequest`: a tool that met a
   systemic failure asked it to stop, and the loop raises that failure.
-- Setup code (loading the evaluation data) runs once per sandbox process, after dspy's own setup, and is
-  replayed by the sandbox after a restart.
+- Setup code (loading the evaluation data) runs once per sandbox process and is replayed by the sandbox after a
+  restart.
 - A :class:`~rlmoptimizer.agent.context.BoundedContext` fits each request to the root LM's window (a refusal
   compacts harder); a :class:`~rlmoptimizer.usage.UsageMeter` books sub-LM calls to the ``sub`` role.
+- ``acall`` / ``aforward`` run the same budgeted loop in a worker thread.
 """
 
 from __future__ import annotations
 
 import ast
+import asyncio
 import contextlib
 import contextvars
-import functools
 import json
 import logging
 import re
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -50,18 +50,6 @@ from rlmoptimizer.agent._dspy import (
     resolve_interpreter_factory,
 )
 from rlmoptimizer.agent.context import is_context_refusal, turn_inputs
-from rlmoptimizer.agent.guide import (
-    AUTOPILOT,
-    IDLE_NOTICE,
-    NOTICE,
-    autopilot_step,
-    follows_the_loop,
-    idle_follow_up,
-    import_hint,
-    note_repeat,
-    refused_repeat,
-    same_code,
-)
 from rlmoptimizer.agent.prompts import action_signature, extract_signature
 from rlmoptimizer.agent.root_lm import TurnSender
 from rlmoptimizer.agent.services import CompileServices, TurnAids, TurnSettings
@@ -72,9 +60,9 @@ from rlmoptimizer.events import NO_OBSERVER, AgentTurn
 
 logger = logging.getLogger(__name__)
 
-MAX_FOLLOW_ONS = 3
-"""Lines of the default loop the autopilot runs after one cell, at most (the line after an idle or refused cell,
-the adoption of GEPA's best, the last draw)."""
+PILOT = "[pilot]"
+"""Opens what the pilot adds to a turn's output (the host writes it; the root LM cannot copy it into a turn)."""
+NO_PROGRESS = "this turn spent nothing, made no candidate, added no note and changed no prompt"
 
 
 def _root_adapter(*, last_attempt: bool):
@@ -132,8 +120,9 @@ def _json_object(value: Any) -> Any:
     return value
 
 
-class OptimizerAgent(dspy.RLM):
-    """``dspy.RLM`` with budgeted sub-LM calls, tolerant turns, per-turn events, a stop request and resume.
+class OptimizerAgent(dspy.Module):
+    """The optimizer agent: its turn loop in a REPL, budgeted sub-LM calls, tolerant turns, per-turn events, the
+    pilot, a stop request and resume.
 
     Built for one compile(): :attr:`turns` holds the trajectory (earlier turns first, on a resume)."""
 
@@ -152,20 +141,14 @@ class OptimizerAgent(dspy.RLM):
         """``services``: the compile the agent works for (its ledger pays the sub-LM calls, its observer hears of
         every turn, its stop request ends the loop, its working program checks the submission); None for an agent
         that only measures its requests (no sub-LM budget). ``aids``: what a long run adds to each turn."""
+        super().__init__()
         settings = settings or TurnSettings()
         aids = aids or TurnAids()
-        super().__init__(
-            signature,
-            max_iters=settings.max_iters,
-            max_llm_calls=settings.max_llm_calls,
-            max_output_chars=settings.max_output_chars,
-            tools=list(tools),
-            sub_lm=services.sub_lm if services is not None else None,
-            **({"interpreter_factory": interpreter_factory} if interpreter_factory is not None else {}),
-        )
-        # The loop below is ours, on dspy's public surface: dspy.RLM gives the module its signature, settings and
-        # predictors. The turn's signature is ours too (instructions, how a turn works, each tool once; no dspy
-        # sub-agents), and so are the tools, the factory and the extraction at the turn limit.
+        self.signature = dspy.ensure_signature(signature)
+        self.max_iters = settings.max_iters
+        self.max_llm_calls = settings.max_llm_calls
+        self.max_output_chars = settings.max_output_chars
+        self.sub_lm = services.sub_lm if services is not None else None
         self._factory = interpreter_factory
         self._tools = list(tools)
         self.generate_action = dspy.Predict(
@@ -194,20 +177,20 @@ class OptimizerAgent(dspy.RLM):
         self.turns: list[dict[str, Any]] = [dict(t) for t in prior_turns]
         self._parse_retries = settings.parse_retries
         self._validate_submission = services.working.validate_submission if services is not None else None
+        self._current = services.working.instructions if services is not None else dict
         self._context = aids.context
         self._state_block = aids.state_block
-        self._next_move = aids.next_move  # the default loop's next line, named in a repeat notice
-        self._autopilot = settings.autopilot  # run that line in place of a cell known to change nothing
-        self._follow_on = aids.follow_on  # the loop's next line when it asks for no decision (run in the same turn)
+        self._pilot = aids.pilot
+        self._assist = settings.pilot_mode == "assist" and aids.pilot is not None
         self._usage = services.usage if services is not None else None
         self._run_end = aids.run_end
         self._context_refusal_retries = settings.context_refusal_retries
         self._as_sub = services.as_sub if services is not None else (lambda fn: fn)
-        self._tool_lock = threading.Lock()
-        self._tool_calls = 0  # tool calls so far, to tell a cell that did something from one that did not
-        self._idle_steps: set[int] = set()  # the (1-based) steps whose cell ran, called no tool and printed nothing
-        # the steps the autopilot drove for a stuck agent (a line in place of its cell, or after an idle or refused one)
-        self._driven_steps: set[int] = set()
+        self._pilot_ran: list[str] = []  # the pilot's actions in the current turn
+
+    async def aforward(self, **input_args: Any) -> Prediction:
+        """The same budgeted loop as :meth:`forward`, in a worker thread (the sandbox and the tools block)."""
+        return await asyncio.to_thread(contextvars.copy_context().run, lambda: self.forward(**input_args))
 
     # -- the loop ---------------------------------------------------------------------------------------
     def forward(self, *, interpreter_factory: Callable[[], CodeInterpreter] | None = None, **input_args) -> Prediction:
@@ -235,6 +218,8 @@ class OptimizerAgent(dspy.RLM):
                 if self._run_end is not None and self._run_end.ends_run():
                     setup.result()
                     return self._run_end.outcome(history, output_field_names)
+                self._pilot_ran = []
+                progress = self._pilot.progress() if self._pilot is not None else None
                 action = self._next_action(variables, history, iteration)
                 if regular_args is None:
                     regular_args = setup.result()
@@ -242,6 +227,8 @@ class OptimizerAgent(dspy.RLM):
                     result = action
                 else:
                     result = self._run_action(repl, action, history, regular_args, output_field_names)
+                if isinstance(result, REPLHistory):
+                    result = self._after_turn(history, result, progress, output_field_names)
                 if isinstance(result, Prediction):
                     outputs = {name: result[name] for name in output_field_names}
                     self._report(result.trajectory[-1], iteration, final=True, outputs=outputs)
@@ -275,24 +262,12 @@ class OptimizerAgent(dspy.RLM):
                 observer=self._observer,
                 as_sub=self._as_sub,
             )
-            tools = {**llm_tools, **{tool.__name__: tool for tool in self._tools}}
-            repl.tools.update({name: self._counted(tool) for name, tool in tools.items()})
+            repl.tools.update({**llm_tools, **{tool.__name__: tool for tool in self._tools}})
             if hasattr(repl, "output_fields"):
                 repl.output_fields = [{"name": name} for name in self.signature.output_fields]
             yield repl
         finally:
             repl.shutdown()
-
-    def _counted(self, tool: Callable) -> Callable:
-        """``tool``, counting its calls: a cell that called a tool did something, whatever it printed."""
-
-        @functools.wraps(tool)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            with self._tool_lock:
-                self._tool_calls += 1
-            return tool(*args, **kwargs)
-
-        return call
 
     def _prepare_repl(self, repl, input_args) -> dict[str, Any]:
         """Start the REPL, run our data-loading setup code, then mark it for replay after a restart. (dspy's sandbox
@@ -372,104 +347,47 @@ class OptimizerAgent(dspy.RLM):
         try:
             code = code_of(action.code)
         except SyntaxError as exc:
-            code = action.code
-            result = f"[Error] {format_error_for_lm(exc)}"
-            return self._after_cell(action, code, result, history, output_field_names)
-        shown = line = self._line()
-        why = autopilot_step(history, code, line) if self._autopilot else None
-        auto = why is not None
-        if auto:
-            # The cell is known to change nothing: the turn runs the default loop's next line instead.
-            action = Prediction(
-                reasoning=f"{action.reasoning}\n{AUTOPILOT} ran the default loop's next line in place of a cell that {why}.",
-                code=line,
+            return self._after_cell(
+                action, action.code, f"[Error] {format_error_for_lm(exc)}", history, output_field_names
             )
-            code = line
-        calls_before = self._tool_calls
         result = self._execute(repl, code, input_args)
-        if isinstance(result, str):
-            result = import_hint(code, result, {"llm_query", "llm_query_batched", *(t.__name__ for t in self._tools)})
-        idle = not auto and self._tool_calls == calls_before and result in (None, "", [])
-        result = self._after_cell(action, code, result, history, output_field_names)
-        if not isinstance(result, REPLHistory):
+        return self._after_cell(action, code, result, history, output_field_names)
+
+    def _after_turn(
+        self, history: REPLHistory, result: REPLHistory, progress: Any, output_field_names: list[str]
+    ) -> REPLHistory | Prediction:
+        """The turn's history once the pilot had its say: with ``assist``, a turn that made no progress is followed
+        by the policy's next step; a submission the pilot made (there, or in the agent's own ``next_step()`` call)
+        ends the run with the current instructions."""
+        pilot = self._pilot
+        if pilot is None:
             return result
-        last = result.entries[-1]
-        if auto:  # said in the output too: the host writes it, the root LM cannot copy it into a turn
+        if self._assist and pilot.submitted is None and not self._stop.requested and pilot.progress() == progress:
+            last = result.entries[-1]
+            try:
+                report = pilot.step()
+                taken = f"{report['summary']}"
+            except Exception as exc:  # a systemic failure is raised after the turn; the rest is shown
+                report = {"ran": []}
+                taken = f"[Error] {type(exc).__name__}: {exc}"
+            self._pilot_ran = list(report["ran"])
             result = history.append(
                 reasoning=last.reasoning,
                 code=last.code,
-                output=f"{AUTOPILOT} this line ran in place of a cell that {why}.\n{last.output}",
+                output=f"{last.output}\n{PILOT} {NO_PROGRESS}, so the default loop's next step ran:\n{taken}",
             )
-        step = len(history.entries) + 1
-        if auto:
-            self._driven_steps.add(step)
-        line = self._line()
-        follow = None
-        if self._autopilot and not self._stop.requested:
-            if idle:
-                follow = idle_follow_up(history, code, line, self._idle_steps, self._driven_steps)
-            else:
-                follow = refused_repeat(history, code, last.output, line)
-            if follow is not None:
-                self._driven_steps.add(step)  # a stuck agent's turn: an idle cell after it is followed at once
-            elif (
-                (auto or follows_the_loop(code, shown))
-                and not last.output.startswith("[Error]")
-                and same_code(line) != same_code(code)
-            ):
-                follow = self._follow_on_reason(line)
-        followed = 0
-        while follow is not None and not self._stop.requested:
-            # the cell stays run; the default loop's next line runs after it, in the same turn
-            result, failed = self._follow(repl, history, result, line, follow, input_args, output_field_names)
-            if not isinstance(result, REPLHistory):
-                return result
-            followed += 1
-            ran, line = line, self._line()
-            follow = None
-            if followed < MAX_FOLLOW_ONS and line != ran and not failed:
-                follow = self._follow_on_reason(line)
-        if idle and not followed:
-            self._idle_steps.add(step)
-        result = note_repeat(history, result, line)
+        if pilot.submitted is None:
+            return result
         last = result.entries[-1]
-        if line is not None and idle and not followed and NOTICE not in last.output:
-            result = history.append(
-                reasoning=last.reasoning, code=last.code, output=f"{last.output}{NOTICE}{IDLE_NOTICE}{line}"
-            )
-        return result
-
-    def _line(self) -> str | None:
-        return self._next_move() if self._next_move is not None else None
-
-    def _follow_on_reason(self, line: str | None) -> str | None:
-        """Why ``line`` runs after the cell that followed the default loop, or None: it asks for no decision."""
-        if line is None or self._follow_on is None or self._follow_on() != line:
-            return None
-        return "ran the default loop's line, and the next one asks for no decision"
-
-    def _follow(
-        self, repl, history, result: REPLHistory, line: str, why: str, input_args, output_field_names
-    ) -> tuple[REPLHistory | Prediction, bool]:
-        """``result``'s last turn with ``line`` run after it, as one turn (the root LM was asked once): the new
-        history, or the final Prediction when the line was a SUBMIT that passed its checks; and whether the line
-        failed (an error, a refused SUBMIT)."""
-        last = result.entries[-1]
-        after = self._execute(repl, line, input_args)
-        reasoning = f"{last.reasoning}\n{AUTOPILOT} ran the default loop's next line after a cell that {why}."
-        code = f"{last.code}\n{line}"
-        head = f"{last.output}\n{AUTOPILOT} the cell above {why}; the default loop's next line ran after it: {line}\n"
-        if isinstance(after, FinalOutput):
-            parsed, error = self._submission(after.output, output_field_names)
-            if error is None:
-                final = history.append(reasoning=reasoning, code=code, output=f"{head}FINAL: {parsed}")
-                trajectory = [entry.model_dump() for entry in final]
-                return Prediction(**parsed, trajectory=trajectory, final_reasoning=reasoning), False
-            shown, failed = error, True
-        else:
-            shown = "\n".join(map(str, after)) if isinstance(after, list) else str(after) if after else ""
-            failed = shown.startswith("[Error]")
-        return history.append(reasoning=reasoning, code=code, output=f"{head}{shown or '(no output)'}"), failed
+        outputs, error = self._submission({name: self._current() for name in output_field_names}, output_field_names)
+        if error is not None:  # (the working program's own instructions always pass; kept for a custom check)
+            return history.append(reasoning=last.reasoning, code=last.code, output=f"{last.output}\n{error}")
+        final = history.append(reasoning=last.reasoning, code=last.code, output=f"{last.output}\nFINAL: {outputs}")
+        return Prediction(
+            **outputs,
+            trajectory=[entry.model_dump() for entry in final],
+            final_reasoning=f"The default loop submitted: {pilot.submitted}.",
+        )
 
     @staticmethod
     def _execute(repl: CodeInterpreter, code: str, input_args: dict[str, Any]) -> Any:
@@ -479,7 +397,7 @@ class OptimizerAgent(dspy.RLM):
             return f"[Error] {format_error_for_lm(exc)}"
 
     def _extract_fallback(self, variables, history, output_field_names) -> Prediction:
-        """Out of turns without a SUBMIT: dspy asks the root LM to extract the outputs from the history. When that
+        """Out of turns without a SUBMIT: the root LM is asked to extract the outputs from the history. When that
         reply is unusable (a small model's often is), the run does not fail: the outputs are left empty, so the
         current instructions (the agent's ``update_prompt`` edits) are what was submitted."""
         shown = history
@@ -551,6 +469,8 @@ class OptimizerAgent(dspy.RLM):
             "output": entry.get("output", ""),
             "final": final,
         }
+        if self._pilot_ran:  # the default loop's actions the pilot took in this turn
+            turn["pilot"] = list(self._pilot_ran)
         if outputs is not None:
             turn["outputs"] = outputs
         turn["created_at"] = time.time()

@@ -3,10 +3,10 @@
 :class:`CompileServices` holds the stateful parts of a compile (its evaluation runs, the budget ledger, the
 working program, the notes, the usage meter, the observer) and the two values that shape the agent's sub-LM work
 (the sub LM and the attempt). :class:`TurnSettings` holds how the agent's turns are run, as the user set them, and
-:class:`TurnAids` what a long run adds to each turn (the bounded context, the state block, the default loop's next
-line, the stop after the spending cap).
+:class:`TurnAids` what a long run adds to each turn (the bounded context, the state block, the pilot of the default
+loop, the stop after the spending cap).
 
-May import: ``rlmoptimizer.agent.context``, ``.stop``, ``.working_program``, ``rlmoptimizer.budget``,
+May import: ``rlmoptimizer.agent.context``, ``.pilot``, ``.stop``, ``.working_program``, ``rlmoptimizer.budget``,
 ``.evaluation``, ``.events``, ``.storage`` and ``.usage``.
 """
 
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rlmoptimizer.agent.context import BoundedContext
+from rlmoptimizer.agent.pilot import Pilot
 from rlmoptimizer.agent.stop import RunEnd, StopRequest
 from rlmoptimizer.agent.working_program import WorkingProgram
 from rlmoptimizer.budget import BudgetLedger
@@ -58,14 +59,15 @@ class _AgentConfig(Protocol):  # the optimizer's settings that shape a turn (RLM
     rlm_max_output_chars: int
     root_stateful_session: bool
     rlm_multiturn_history: bool
-    rlm_autopilot: bool
+    rlm_autopilot: str
 
 
 @dataclass(frozen=True)
 class TurnSettings:
     """How the agent's turns run: ``max_iters`` turns at most, ``max_llm_calls`` sub-LM calls, ``max_output_chars``
-    of a cell's output kept; what the root LM is sent (``stateful_session``, ``multiturn_history``); whether a cell
-    known to change nothing is replaced by the default loop's next line (``autopilot``); how often a reply that
+    of a cell's output kept; what the root LM is sent (``stateful_session``, ``multiturn_history``); whether the pilot
+    takes the default loop's next step after a turn that made no progress (``pilot_mode="assist"``; ``"off"``
+    leaves every turn to the agent); how often a reply that
     does not parse (``parse_retries``) and a request the root LM refuses as too long
     (``context_refusal_retries``) are retried."""
 
@@ -74,7 +76,7 @@ class TurnSettings:
     max_output_chars: int = 10_000
     stateful_session: bool = False
     multiturn_history: bool = False
-    autopilot: bool = True
+    pilot_mode: str = "assist"
     parse_retries: int = 2
     context_refusal_retries: int = 4
 
@@ -87,7 +89,7 @@ class TurnSettings:
             max_output_chars=config.rlm_max_output_chars,
             stateful_session=config.root_stateful_session,
             multiturn_history=config.rlm_multiturn_history,
-            autopilot=config.rlm_autopilot,
+            pilot_mode=config.rlm_autopilot,
         )
 
 
@@ -95,14 +97,11 @@ class TurnSettings:
 class TurnAids:
     """What a long run adds to each turn: the ``root_lm`` every turn is asked of (the one the ``context`` is
     fitted to: one LM for both, never one for the window and another for the calls), the ``context`` fitted to
-    its window, the ``state_block`` that closes every request, the default loop's ``next_move`` (named in a
-    repeat notice, run by the autopilot), its ``follow_on`` (that line when it asks for no decision: run in the
-    same turn after a cell that followed the loop) and the ``run_end`` (spending stopped, or the result is
-    decided)."""
+    its window, the ``state_block`` that closes every request, the ``pilot`` of the default loop (its
+    :class:`~rlmoptimizer.agent.pilot.Pilot`) and the ``run_end`` (spending stopped, or the result is decided)."""
 
     root_lm: Any = None
     context: BoundedContext | None = None
     state_block: Callable[[], str] | None = None
-    next_move: Callable[[], str] | None = None
-    follow_on: Callable[[], str | None] | None = None
+    pilot: Pilot | None = None
     run_end: RunEnd | None = None

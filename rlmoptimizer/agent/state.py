@@ -2,9 +2,9 @@
 
 The state block holds what the agent must not lose when old turns are compacted out of its view: the runs so
 far with their scores, the current instructions, the budget, the spending against ``max_cost_usd``, the
-agent's notes, and last the default loop's next line (:class:`~rlmoptimizer.agent.guide.LoopGuide`).
+agent's notes, and last the default loop's next step (:meth:`~rlmoptimizer.agent.pilot.Pilot.describe`).
 
-May import: ``rlmoptimizer.agent.context``, ``.guide``, ``.services``, ``.stop`` and ``rlmoptimizer.usage``.
+May import: ``rlmoptimizer.agent.context``, ``.pilot``, ``.services``, ``.stop`` and ``rlmoptimizer.usage``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rlmoptimizer.agent.context import BoundedContext, ContextBudget, clip
-from rlmoptimizer.agent.guide import LoopGuide
+from rlmoptimizer.agent.pilot import Pilot
 from rlmoptimizer.agent.services import CompileServices, TurnAids
 from rlmoptimizer.agent.stop import RunEnd
 from rlmoptimizer.usage import ROOT
@@ -28,12 +28,13 @@ def render_state_block(
     budget: Mapping[str, Any] | None = None,
     notes: str = "",
     spending: str = "",
-    next_move: str = "",
+    next_step: str = "",
     max_chars: int = 8_000,
 ) -> str:
     """The state the agent must not lose to compaction, at most ``max_chars`` characters: the runs so far with
     their scores (newest last), the current instructions, the budget, the spending and the agent's notes, then
-    ``next_move`` (the default loop's next line), never clipped: it is the last thing the root LM reads."""
+    ``next_step`` (the default loop's next step and the line that takes it), never clipped: it is the last thing
+    the root LM reads."""
     sections: list[str] = []
     run_lines = [
         f"{r.get('run_id')} {r.get('split')} {r.get('label') or ''}: score {float(r.get('score') or 0):.4f} "
@@ -59,9 +60,9 @@ def render_state_block(
         )
     sections.append("Your notes (add_note(text) adds one):\n" + (notes or "(none yet)"))
     block = "=== Optimizer state (always current) ===\n" + "\n\n".join(sections)
-    if not next_move:
+    if not next_step:
         return clip(block, max_chars)
-    return clip(block, max(0, max_chars - len(next_move) - 2)) + "\n\n" + next_move
+    return clip(block, max(0, max_chars - len(next_step) - 2)) + "\n\n" + next_step
 
 
 def long_run_aids(
@@ -69,11 +70,11 @@ def long_run_aids(
     root_lm: Any,
     window: int | None,
     max_output_chars: int,
-    guide: LoopGuide | None = None,
+    pilot: Pilot | None = None,
     decided: Callable[[], str | None] | None = None,
 ) -> TurnAids:
     """What a long run adds to the agent's turns: its bounded context (which learns the root LM's characters per
-    token from the usage meter), its state block (closed by the ``guide``'s next line of the default loop) and the
+    token from the usage meter), its state block (closed by the ``pilot``'s next step of the default loop) and the
     stop after the spending cap (or at once, once ``decided()`` says why no turn can change the result)."""
     usage = services.usage
     return TurnAids(
@@ -83,16 +84,15 @@ def long_run_aids(
             max_output_chars=max_output_chars,
             input_tokens=(lambda: usage.snapshot()[ROOT]["input_tokens"]) if usage is not None else None,
         ),
-        state_block=state_block_of(services, guide),
-        next_move=guide.next_line if guide is not None else None,
-        follow_on=guide.follow_on if guide is not None else None,
+        state_block=state_block_of(services, pilot),
+        pilot=pilot,
         run_end=RunEnd(
             lambda: usage.cap_message() if usage is not None and usage.cap_reached else None, decided=decided
         ),
     )
 
 
-def state_block_of(services: CompileServices, guide: LoopGuide | None = None) -> Callable[[], str]:
+def state_block_of(services: CompileServices, pilot: Pilot | None = None) -> Callable[[], str]:
     """The state block of a compile(), read fresh on every turn: its runs, the working program's instructions,
     the budget, the spending against ``max_cost_usd`` (when set) and the agent's notes."""
     usage = services.usage
@@ -111,7 +111,7 @@ def state_block_of(services: CompileServices, guide: LoopGuide | None = None) ->
             budget=services.ledger.snapshot(),
             notes=services.notes.render(max_chars=3_000),
             spending=spending,
-            next_move=guide.describe() if guide is not None else "",
+            next_step=pilot.describe() if pilot is not None else "",
         )
 
     return block

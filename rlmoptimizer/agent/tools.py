@@ -16,9 +16,18 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from rlmoptimizer.agent.guide import LoopGuide
 from rlmoptimizer.agent.moves import Moves
 from rlmoptimizer.agent.moves.context import whole_validation
+from rlmoptimizer.agent.pilot import Pilot
+from rlmoptimizer.agent.policy import (
+    Adopted,
+    BudgetView,
+    Compared,
+    GepaFinished,
+    PromptEdited,
+    Proposed,
+    Validated,
+)
 from rlmoptimizer.agent.prompts import BASELINE_TRAIN
 from rlmoptimizer.agent.services import CompileServices
 from rlmoptimizer.agent.working_program import agent_error
@@ -140,15 +149,9 @@ class AgentTools:
             sum(1 for entry in self._gepa_progress.values() if entry["finished"]),
             len({entry.get("run") for entry in lineage.values() if entry.get("move", "").startswith("gepa")}),
         )
-        self.guide = LoopGuide(
-            working.step_names,
-            lambda: ledger.left,
-            val_size=len(runs.splits.get("val", ())),
-            train_status=self._train_status,
-            train_size=len(runs.splits["train"]),
-            proposals_left=lambda: ledger.left_for(SUB_LM_CALL),
-            proposals_share_budget=ledger.counts_toward_limit(SUB_LM_CALL),
-        )
+        # the default policy's runner: the moves below report their outcomes to it
+        self.pilot = Pilot(working.step_names, self._budget_view, self._progress, gepa_ran=self.moves.gepa_runs > 0)
+        self.pilot.attach(self)
 
     def _evaluate_instructions(
         self,
@@ -164,6 +167,27 @@ class AgentTools:
             split, ids, label, instructions=instructions, rollout=rollout, reservation=reservation
         )
 
+    def _budget_view(self) -> BudgetView:
+        """What the default policy needs to know of the budget and the train runs now."""
+        val_size, train_size = len(self.runs.splits.get("val", ())), len(self.runs.splits["train"])
+        unevaluated, failing = self._train_status()
+        return BudgetView(
+            left=self.ledger.left,
+            val_size=val_size,
+            reserve=val_size or train_size,  # the units one check of the submission needs
+            proposals_left=self.ledger.left_for(SUB_LM_CALL),
+            proposal_units=1 if self.ledger.counts_toward_limit(SUB_LM_CALL) else 0,
+            unevaluated=tuple(unevaluated),
+            failing=failing,
+        )
+
+    def _progress(self) -> tuple[int, ...]:
+        """Units spent (every kind), evaluation runs (one of stored records is free, but it checked something),
+        candidates named, notes and prompt versions: a turn that changes none of them made no progress."""
+        spent = sum(self.ledger.snapshot()["spent_by_kind"].values())
+        counts = (len(self.runs.all()), len(self.moves.proposals), len(self.notes.all()))
+        return (spent, *counts, len(self.working.prompt_versions))
+
     def _train_status(self) -> tuple[list[int], int]:
         """Train ids the current instructions have not been evaluated on, and how many evaluated ones fail."""
         ids = range(len(self.runs.splits["train"]))
@@ -173,6 +197,7 @@ class AgentTools:
     def tool_functions(self) -> list[Callable]:
         """The agent's tools, in the order the instructions describe them."""
         return [
+            self.next_step,
             self.evaluate_program,
             self.run_data,
             self.update_prompt,
@@ -187,6 +212,10 @@ class AgentTools:
             self.add_note,
             self.read_notes,
         ]
+
+    def next_step(self) -> dict:
+        """Take the default loop's next step: its next action (the state block names it) and the ones after it that ask for no decision: GEPA's phase (the run, its best adopted and checked on validation), or the targeted rounds (propose, compare with 'current', adopt the winner, check on validation) up to SUBMIT once nothing is left to pay for; a SUBMIT it makes ends the run after this cell. Spends what those tools spend. Returns {'ran': [the calls made], 'summary', 'submitted'}."""
+        return self.pilot.step()
 
     def add_note(self, text: str) -> str:
         """Keep a short conclusion (what you found, tried, what worked) in your notes: they are shown to you on every turn, also after old turns are compacted or the run resumes. Free."""
@@ -224,7 +253,7 @@ class AgentTools:
             if rollouts != 1:
                 return self.moves.evaluate_rollouts(self.working.instructions(), "val", [], rollouts)  # refuses
             run = self.working.evaluate("val", None, label="agent")
-            self.guide.validated()
+            self.pilot.record(Validated())
             return run.agent_view()
         failed: list[int] | None = None
         if failed_from_run is not None:
@@ -291,7 +320,7 @@ class AgentTools:
             )
         finally:
             self._keep_candidates()
-        self.guide.gepa_finished(result["best"] if result["best_is_new"] else None)
+        self.pilot.record(GepaFinished(result["best"] if result["best_is_new"] else None))
         return result
 
     def _keep_candidates(self) -> None:
@@ -321,7 +350,9 @@ class AgentTools:
             ids = self._select("propose_instructions", ids=ids)
         result = self._as_sub(self.moves.propose_instructions)(step, run_id=run_id, ids=ids, n=n, guidance=guidance)
         self._keep_candidates()
-        self.guide.proposed(step, result["candidate_ids"], result["check_ids"], result["example_ids"])
+        self.pilot.record(
+            Proposed(step, tuple(result["candidate_ids"]), tuple(result["check_ids"]), tuple(result["example_ids"]))
+        )
         return result
 
     def compare(
@@ -342,7 +373,7 @@ class AgentTools:
                 "compare", "call compare(candidates, split='val') without ids, limit or sample", ids, limit, sample
             )
         result = self.moves.compare(candidates, split=split, ids=ids, rollouts=rollouts)
-        self.guide.compared([row["source"] for row in result["candidates"]], result["best"], split)
+        self.pilot.record(Compared(tuple(str(row["source"]) for row in result["candidates"]), result["best"], split))
         return result
 
     def adopt_candidate(self, candidate: Any) -> dict:
@@ -360,8 +391,7 @@ class AgentTools:
                 raise agent_error(
                     f"adopt refused: {exc}", "only change the instructions text of existing steps"
                 ) from None
-            self.guide.changed()
-        self.guide.adopted(candidate)
+        self.pilot.record(Adopted(candidate if isinstance(candidate, str) else None, bool(changed)))
         return {"changed_steps": changed, "version": len(self.working.prompt_versions)}
 
     def _select(self, tool: str, **selection: Any) -> list[int]:
@@ -407,7 +437,7 @@ class AgentTools:
             raise agent_error(
                 f"update refused: {exc}", "only change the instructions text of an existing step"
             ) from None
-        self.guide.changed()
+        self.pilot.record(PromptEdited())
         return {"step": step, "previous": previous, "version": len(self.working.prompt_versions)}
 
     def optimization_status(self) -> dict:

@@ -33,6 +33,8 @@ from rlmoptimizer.agent.context import (
     context_window_of,
     smallest_window,
 )
+from rlmoptimizer.agent.pilot import describe
+from rlmoptimizer.agent.policy import RunGepa
 from rlmoptimizer.agent.prompts import TOOL_NAMES, agent_signature, budget_note, render_task_brief
 from rlmoptimizer.agent.services import TurnSettings
 from rlmoptimizer.agent.state import render_state_block
@@ -97,10 +99,7 @@ def first_request_chars(
         instructions={name: text for name, (_, text) in steps.items()},
         budget={"spent": 0, "limit": budget, "left": budget},
         spending=spending,
-        next_move=(
-            "Next line of the default loop (or your own move): "
-            f"p = propose_instructions({list(steps)[-1]!r}); print(p['texts'])"
-        ),
+        next_step=describe(RunGepa(budget)),
     )
     inputs = {
         "variables_info": variables_info,
@@ -124,6 +123,8 @@ def check_root_window(
 
     Without ``program`` (the constructor) the smallest program is measured: a window refused then is too small
     for any; ``compile()`` measures again with its program, data and budget."""
+    if getattr(config, "rlm_autopilot", None) == "loop":  # no request is ever sent to the root LM
+        return
     if program is not None:
         steps = {name: (str(p.signature.signature), p.signature.instructions) for name, p in program.named_predictors()}
     else:

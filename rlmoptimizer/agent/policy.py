@@ -1,0 +1,374 @@
+"""The default policy: the optimization loop as code, a pure function from the loop's state to its next action.
+
+The loop, in the order it plays out::
+
+    run GEPA (the gepa package's engine) with most of the budget -> adopt its best and check it on validation ->
+    (what GEPA leaves too little for a targeted round: one last proposal, adopted and checked on validation) ->
+    targeted rounds on what the best still fails: propose for a step -> compare against the current instructions
+    on its check ids -> adopt the winner and check it on validation -> ... -> submit when nothing can be paid
+
+:class:`LoopState` holds everything the choice depends on: what the moves reported (:class:`LoopMemory`, folded
+from the typed outcomes below by :func:`fold`) and what the budget and the train runs say now
+(:class:`BudgetView`). :func:`next_action` returns a typed action (:class:`RunGepa`, :class:`Adopt`, ...); the
+pilot (``pilot.py``) runs it through the same tools the agent calls, and the tools report each outcome. Nothing
+here reads text, calls an LM or touches the sandbox: every branch is tested by value.
+
+Budget rules the policy keeps:
+
+- The units one check of the submission needs (the whole validation split, or train without one) are never
+  spent on moves, so what gets adopted can still be checked.
+- GEPA gets everything unless what is left after it pays one targeted round (:data:`TARGETED_SHARE`).
+- A comparison takes at most a third of what the moves may spend (:data:`PROPOSALS_PER_BUDGET`), down to
+  :data:`MIN_CHECK` examples, so a small budget still buys several proposals, as GEPA's minibatches do.
+- A proposal learns from failures: when the current instructions fail no train example evaluated with them, the
+  unseen train examples are evaluated first, and the loop submits once they pass every one.
+
+May import: nothing of the package (it is pure).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+__all__ = [
+    "MIN_CHECK",
+    "Action",
+    "Adopt",
+    "Adopted",
+    "BudgetView",
+    "CheckValidation",
+    "Compare",
+    "Compared",
+    "EvaluateTrain",
+    "GepaFinished",
+    "LastDraw",
+    "LoopMemory",
+    "LoopState",
+    "Outcome",
+    "Pending",
+    "Proposed",
+    "PromptEdited",
+    "Propose",
+    "RunGepa",
+    "Submit",
+    "Validated",
+    "fold",
+    "gepa_budget",
+    "next_action",
+]
+
+PROPOSALS_PER_BUDGET = 3
+"""A comparison takes at most this share of what the moves may spend (down to :data:`MIN_CHECK` examples)."""
+MIN_CHECK = 3
+"""The fewest examples a comparison is cut to (GEPA's default minibatch)."""
+MIN_USEFUL_BUDGET = 3
+"""Below this many units to spend (beyond one validation check), a proposal and its comparison cannot both be
+paid: only the last draw is left, or submitting."""
+TARGETED_SHARE = 5
+"""After GEPA, the targeted rounds get a fifth of what is left, when that pays a whole round (a proposal, a
+comparison on :data:`MIN_CHECK` examples against the current instructions, and a validation check)."""
+
+GEPA, TARGETED, END = "gepa", "targeted", "end"
+"""The phases of the loop. The pilot's ``next_step()`` runs one phase: the actions after the first one that belong
+to the same phase (or end the run) ask for no decision of the agent's."""
+
+
+# -- the actions --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunGepa:
+    """Run GEPA on every step with ``budget`` units."""
+
+    budget: int
+    phase = GEPA
+
+    @property
+    def call(self) -> str:
+        return f"run_gepa(budget={self.budget})"
+
+
+@dataclass(frozen=True)
+class Adopt:
+    """Make ``candidate`` the current instructions; then check them on validation when ``check``."""
+
+    candidate: str
+    check: bool
+
+    @property
+    def phase(self) -> str:
+        return GEPA if self.candidate.startswith("gepa-") else TARGETED
+
+    @property
+    def call(self) -> str:
+        adopt = f"adopt_candidate({self.candidate!r})"
+        return f"{adopt}; evaluate_program(split='val')" if self.check else adopt
+
+
+@dataclass(frozen=True)
+class CheckValidation:
+    """Evaluate the current instructions on validation (they changed since the last check)."""
+
+    phase = TARGETED
+    call = "evaluate_program(split='val')"
+
+
+@dataclass(frozen=True)
+class Propose:
+    """Ask the sub LM for new instructions for ``step``, from what the current instructions fail."""
+
+    step: str
+    phase = TARGETED
+
+    @property
+    def call(self) -> str:
+        return f"propose_instructions({self.step!r})"
+
+
+@dataclass(frozen=True)
+class Compare:
+    """Compare the current instructions with ``candidates`` on the train examples ``ids``."""
+
+    candidates: tuple[str, ...]
+    ids: tuple[int, ...]
+    phase = TARGETED
+
+    @property
+    def call(self) -> str:
+        names = ", ".join(repr(c) for c in ("current", *self.candidates))
+        return f"compare([{names}], ids='{','.join(map(str, self.ids))}')"
+
+
+@dataclass(frozen=True)
+class EvaluateTrain:
+    """Evaluate the current instructions on the train examples ``ids`` (to find failures to learn from)."""
+
+    ids: tuple[int, ...]
+    phase = TARGETED
+
+    @property
+    def call(self) -> str:
+        return f"evaluate_program(ids='{','.join(map(str, self.ids))}')"
+
+
+@dataclass(frozen=True)
+class LastDraw:
+    """What GEPA leaves pays one validation check but no comparison: one proposal for ``step``, adopted and checked
+    on validation at once (the selection returns the better of the two checked programs)."""
+
+    step: str
+    phase = GEPA
+
+    @property
+    def call(self) -> str:
+        return (
+            f"p = propose_instructions({self.step!r}); adopt_candidate(p['candidate_ids'][0]); "
+            "evaluate_program(split='val')"
+        )
+
+
+@dataclass(frozen=True)
+class Submit:
+    """End the run with the current instructions; ``why`` nothing else is worth paying for."""
+
+    why: str
+    phase = END
+    call = "SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])"
+
+
+Action = RunGepa | Adopt | CheckValidation | Propose | Compare | EvaluateTrain | LastDraw | Submit
+
+
+# -- what the moves report ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GepaFinished:
+    """A GEPA run ended; ``best_new`` is its best candidate when that is not where it started."""
+
+    best_new: str | None
+
+
+@dataclass(frozen=True)
+class Proposed:
+    """A proposal for ``step``: ``candidate_ids`` to compare on ``check_ids``, of which ``failure_ids`` failed."""
+
+    step: str
+    candidate_ids: tuple[str, ...]
+    check_ids: tuple[int, ...]
+    failure_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Compared:
+    """A comparison of ``sources`` (``"current"``, candidate ids, ...) on ``split``; ``best`` is the winner's index."""
+
+    sources: tuple[str, ...]
+    best: int
+    split: str
+
+
+@dataclass(frozen=True)
+class Adopted:
+    """``candidate`` (an id, or None for a dict of instructions) was adopted; ``changed``: the instructions changed."""
+
+    candidate: str | None
+    changed: bool
+
+
+@dataclass(frozen=True)
+class PromptEdited:
+    """The agent changed instructions itself (``update_prompt``)."""
+
+
+@dataclass(frozen=True)
+class Validated:
+    """The current instructions were evaluated on the whole validation split."""
+
+
+Outcome = GepaFinished | Proposed | Compared | Adopted | PromptEdited | Validated
+
+
+# -- the state ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Pending:
+    """A proposal not compared yet: its candidates and the order to check them in (failures and others in turn)."""
+
+    step: str
+    candidate_ids: tuple[str, ...]
+    check_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class LoopMemory:
+    """What the moves reported so far, as the policy needs it."""
+
+    steps: tuple[str, ...]
+    proposed: Mapping[str, int] = field(default_factory=dict)
+    pending: Pending | None = None
+    winner: str | None = None  # a candidate that beat the current instructions (or GEPA's best), not yet adopted
+    unchecked: bool = False  # the current instructions changed since the last validation run
+    gepa_ran: bool = False
+    proposals_at_gepa_end: int = 0  # proposals made when the last GEPA run ended
+
+    @classmethod
+    def start(cls, steps: Sequence[str]) -> LoopMemory:
+        return cls(steps=tuple(steps), proposed=dict.fromkeys(steps, 0))
+
+    @property
+    def proposals(self) -> int:
+        return sum(self.proposed.values())
+
+
+@dataclass(frozen=True)
+class BudgetView:
+    """What the budget and the train runs say now. ``reserve``: the units one check of the submission needs;
+    ``proposal_units``: what one proposal costs of ``left`` (0 when sub-LM prompts have an allowance of their own);
+    ``unevaluated``: train ids the current instructions were not evaluated on; ``failing``: how many evaluated
+    ones fail."""
+
+    left: int
+    val_size: int = 0
+    reserve: int = 0
+    proposals_left: int = 0
+    proposal_units: int = 1
+    unevaluated: tuple[int, ...] = ()
+    failing: int = 1
+
+
+@dataclass(frozen=True)
+class LoopState:
+    memory: LoopMemory
+    budget: BudgetView
+
+
+def fold(memory: LoopMemory, outcome: Outcome) -> LoopMemory:
+    """``memory`` after ``outcome``."""
+    if isinstance(outcome, GepaFinished):
+        return replace(
+            memory, gepa_ran=True, proposals_at_gepa_end=memory.proposals, pending=None, winner=outcome.best_new
+        )
+    if isinstance(outcome, Proposed):
+        failures = [i for i in outcome.check_ids if i in set(outcome.failure_ids)]
+        others = [i for i in outcome.check_ids if i not in set(outcome.failure_ids)]
+        order = [i for pair in zip(failures, others, strict=False) for i in pair]
+        order += failures[len(others) :] + others[len(failures) :]
+        proposed = {**memory.proposed, outcome.step: memory.proposed.get(outcome.step, 0) + 1}
+        pending = Pending(outcome.step, tuple(outcome.candidate_ids), tuple(order))
+        return replace(memory, proposed=proposed, pending=pending, winner=None)
+    if isinstance(outcome, Compared):
+        if outcome.split == "val":  # a comparison on validation checks the current instructions when it has them
+            return replace(memory, unchecked=memory.unchecked and "current" not in outcome.sources)
+        source = outcome.sources[outcome.best] if 0 <= outcome.best < len(outcome.sources) else "current"
+        first = outcome.sources[0] if outcome.sources else "current"
+        # a winner other than what the comparison measured against, named so that adopt_candidate takes it
+        winner = source if source != first and source.startswith(("proposal-", "run-")) else None
+        return replace(memory, pending=None, winner=winner)
+    if isinstance(outcome, Adopted):
+        winner = None if outcome.changed or memory.winner == outcome.candidate else memory.winner
+        pending = memory.pending
+        if pending is not None and outcome.candidate in pending.candidate_ids:
+            pending = None
+        return replace(memory, winner=winner, pending=pending, unchecked=memory.unchecked or outcome.changed)
+    if isinstance(outcome, PromptEdited):
+        return replace(memory, winner=None, unchecked=True)
+    if isinstance(outcome, Validated):
+        return replace(memory, unchecked=False)
+    raise TypeError(f"not an outcome of a move: {outcome!r}")
+
+
+# -- the policy --------------------------------------------------------------------------------------------
+def gepa_budget(budget: BudgetView) -> int:
+    """What GEPA gets of what is left: all of it, unless a fifth pays a whole targeted round."""
+    tail = budget.left // TARGETED_SHARE
+    return budget.left - tail if tail >= budget.reserve + 1 + 2 * MIN_CHECK else budget.left
+
+
+def next_action(state: LoopState) -> Action:
+    """The loop's next action in ``state``."""
+    memory, budget = state.memory, state.budget
+    gepa_best = memory.winner is not None and memory.winner.startswith("gepa-")
+    if budget.left <= 0 and not gepa_best:  # (GEPA's best is adopted and checked for free: GEPA scored it there)
+        return Submit("the budget is spent")
+    if memory.winner is not None:
+        return Adopt(memory.winner, check=bool(budget.val_size) and (gepa_best or budget.left >= budget.val_size))
+    if memory.unchecked and budget.val_size and budget.left >= budget.val_size:
+        return CheckValidation()
+    if not memory.gepa_ran:
+        return RunGepa(gepa_budget(budget))
+    free = budget.left - budget.reserve  # what moves may spend
+    pending = memory.pending
+    if pending is not None and free > 0:
+        per_candidate = free // max(1, len(pending.candidate_ids))
+        check = pending.check_ids[: min(per_candidate, max(MIN_CHECK, per_candidate // PROPOSALS_PER_BUDGET))]
+        if check:
+            return Compare(pending.candidate_ids, check)
+    if free < MIN_USEFUL_BUDGET:
+        return _last_draw(state) or Submit("what is left pays no proposal with its comparison")
+    if not budget.failing:  # nothing to reflect on: find failures first, or stop when train has none
+        if not budget.unevaluated:
+            return Submit("the current instructions pass every train example")
+        return EvaluateTrain(budget.unevaluated[:free])
+    if budget.proposals_left <= 0:
+        return Submit("no sub-LM prompt is left for a proposal")
+    return Propose(_next_step(memory))
+
+
+def _last_draw(state: LoopState) -> LastDraw | None:
+    """One proposal, adopted and checked on validation at once, when what is left after GEPA cannot pay a
+    comparison on train besides the submission's check but pays that check: those units have no other use. Once,
+    after GEPA, when there are failures to learn from."""
+    memory, budget = state.memory, state.budget
+    if (
+        not memory.gepa_ran
+        or not budget.val_size
+        or not budget.failing
+        or memory.proposals != memory.proposals_at_gepa_end
+        or budget.left < budget.val_size + budget.proposal_units
+        or budget.proposals_left <= 0
+    ):
+        return None
+    return LastDraw(_next_step(memory))
+
+
+def _next_step(memory: LoopMemory) -> str:
+    """Round robin over the steps, as GEPA selects components: the step proposed for least often; on a tie the
+    later step (the last one writes the program's output, which the metric judges)."""
+    return min(reversed(memory.steps), key=lambda s: memory.proposed.get(s, 0))
