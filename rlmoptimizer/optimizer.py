@@ -498,6 +498,7 @@ class _Compile:
                 budget_note(
                     len(self.trainset), len(self.valset), self.config.max_iterations, self.config.max_metric_calls
                 ),
+                self.config.rlm_autopilot,
             ),
             TurnSettings.of(self.config),
             services=self.services,

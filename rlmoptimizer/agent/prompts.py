@@ -16,6 +16,7 @@ import string
 from collections.abc import Callable, Mapping, Sequence
 
 TOOL_NAMES: tuple[str, ...] = (
+    "next_step",
     "evaluate_program",
     "run_data",
     "update_prompt",
@@ -47,15 +48,11 @@ In the REPL:
 Budget: $budget units. $budget_note Your turns are free. With the budget spent you can still analyse, update
 prompts and SUBMIT.
 
-The default loop. The optimizer state at the end of every turn closes with its next line, ids filled in: when
-you have nothing better, run that line as written.
-1. `r = run_gepa(budget=N); print(r['summary'])`: GEPA with most of the budget.
-2. `print(adopt_candidate('gepa-3')); print(evaluate_program(split='val'))`: its best, when it found a better
-   one, and the checkpoint (free: GEPA already scored it there). Line 1 run as written may be followed by this in
-   the same turn (the output says so); write your own `run_gepa(...)` call to decide what follows it.
-3. With what is left, targeted work on what the best still fails: `propose_instructions`, `compare` against
-   'current', adopt the winner, check on val.
-4. `SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])` when the budget is spent.
+The default loop, as code: `print(next_step()['summary'])` takes its next step (the optimizer state at the end of
+every turn names it). Its steps: GEPA with most of the budget; its best adopted and checked on validation (free:
+GEPA scored it there); with what is left, targeted rounds on what the best still fails (propose, compare against
+'current', adopt the winner, check on validation); SUBMIT when nothing is left to pay for. A step that SUBMITs ends
+the run after your cell.$pilot_note
 Do better than the loop when you can: run GEPA on the step at fault only (`steps=[...]`), restart it from your
 own edited prompts (`start=`), or split the budget into several runs with analysis in between. Read what the best
 still fails (`hard_examples()`, `evaluate_program(failed_from_run=...)`, `diff_runs`); group failures with code
@@ -76,7 +73,13 @@ Tools (call them in your code; they return plain dicts and lists; a refused call
 message says what to do):
 $tools"""
 
-_REQUIRED_PLACEHOLDERS = frozenset({"budget", "budget_note"})
+_REQUIRED_PLACEHOLDERS = frozenset({"budget", "budget_note", "pilot_note"})
+
+ASSIST_NOTE = (
+    " A turn that spends nothing, evaluates nothing, makes no candidate, adds no note and changes no prompt is\n"
+    "followed by the loop's next step: when you only analyse, end the turn with `add_note(...)`."
+)
+"""What ``rlm_autopilot="assist"`` adds to the instructions (with ``"off"`` every turn is the agent's)."""
 
 SETUP_CODE = """\
 baseline_train = run_data({train_run!r})
@@ -155,13 +158,15 @@ def render_setup_code(train_run: str, val_run: str, step_names: list[str]) -> st
     return SETUP_CODE.format(train_run=train_run, val_run=val_run, step_names=step_names)
 
 
-def render_instructions(budget: int, budget_note: str) -> str:
+def render_instructions(budget: int, budget_note: str, pilot_mode: str = "assist") -> str:
     """Fill the ``$placeholders`` of :data:`AGENT_INSTRUCTIONS`; every placeholder must be given."""
     template = string.Template(AGENT_INSTRUCTIONS)
     names = set(re.findall(r"\$(\w+)", AGENT_INSTRUCTIONS))
     if names != _REQUIRED_PLACEHOLDERS:
         raise RuntimeError(f"AGENT_INSTRUCTIONS placeholders changed: {sorted(names)}")
-    return template.substitute(budget=budget, budget_note=budget_note)
+    return template.substitute(
+        budget=budget, budget_note=budget_note, pilot_note=ASSIST_NOTE if pilot_mode == "assist" else ""
+    )
 
 
 def budget_note(
@@ -250,12 +255,12 @@ def extract_signature(signature):
     )
 
 
-def agent_signature(budget: int, note: str):
+def agent_signature(budget: int, note: str, pilot_mode: str = "assist"):
     """The agent's signature: the task brief in, the submission out, :data:`AGENT_INSTRUCTIONS` filled in."""
     import dspy
 
     return dspy.Signature(
-        "task_brief: str -> optimized_dspy_program: dict[str, str]", render_instructions(budget, note)
+        "task_brief: str -> optimized_dspy_program: dict[str, str]", render_instructions(budget, note, pilot_mode)
     )
 
 

@@ -44,8 +44,9 @@ TURNS = [
     SUBMIT_POLICY,
 ]
 
-NEXT_LINE = re.compile(r"Next line of the default loop \(or your own move\): (.+)")
-"""The line the optimizer state suggests at the end of every turn."""
+NEXT_LINE = re.compile(r"^Next line: (.+)$", re.MULTILINE)
+"""The line the optimizer state suggests at the end of every turn (the call that takes the default loop's next
+step)."""
 
 _DEFAULT: Any = object()
 

@@ -1,0 +1,163 @@
+"""The default policy by value: every action it can return, from a state built by hand (no sandbox, no LM), and
+the memory each move's outcome leaves."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from rlmoptimizer.agent.policy import (
+    END,
+    GEPA,
+    TARGETED,
+    Adopt,
+    Adopted,
+    BudgetView,
+    CheckValidation,
+    Compare,
+    Compared,
+    EvaluateTrain,
+    GepaFinished,
+    LastDraw,
+    LoopMemory,
+    LoopState,
+    PromptEdited,
+    Propose,
+    Proposed,
+    RunGepa,
+    Submit,
+    Validated,
+    fold,
+    gepa_budget,
+    next_action,
+)
+
+STEPS = ("summarize", "route")
+
+
+def state(memory: LoopMemory | None = None, **budget) -> LoopState:
+    budget.setdefault("left", 40)
+    budget.setdefault("val_size", 8)
+    budget.setdefault("reserve", budget["val_size"] or 12)
+    budget.setdefault("proposals_left", budget["left"])
+    budget.setdefault("failing", 2)
+    return LoopState(memory or LoopMemory.start(STEPS), BudgetView(**budget))
+
+
+def after(*outcomes) -> LoopMemory:
+    memory = LoopMemory.start(STEPS)
+    for outcome in outcomes:
+        memory = fold(memory, outcome)
+    return memory
+
+
+def test_gepa_comes_first_with_all_the_budget_unless_a_fifth_pays_a_targeted_round():
+    assert next_action(state(left=40)) == RunGepa(40)  # a fifth (8) does not pay a check (8), a proposal and 2x3
+    assert next_action(state(left=100)) == RunGepa(80)  # a fifth (20) does
+    assert gepa_budget(BudgetView(left=100, reserve=8)) == 80
+    assert RunGepa(80).phase == GEPA and RunGepa(80).call == "run_gepa(budget=80)"
+
+
+def test_gepas_best_is_adopted_and_checked_even_with_nothing_left():
+    memory = after(GepaFinished("gepa-2"))
+    action = next_action(state(memory, left=0))
+    assert action == Adopt("gepa-2", check=True)  # GEPA scored it on validation: the check is free
+    assert action.phase == GEPA
+    assert action.call == "adopt_candidate('gepa-2'); evaluate_program(split='val')"
+    memory = fold(fold(memory, Adopted("gepa-2", changed=True)), Validated())
+    assert next_action(state(memory, left=0)) == Submit("the budget is spent")
+
+
+def test_a_compared_winner_is_adopted_with_its_check_when_the_check_can_be_paid():
+    memory = after(GepaFinished(None), Proposed("route", ("proposal-1",), (1, 2, 3)))
+    memory = fold(memory, Compared(("current", "proposal-1"), 1, "train"))
+    assert next_action(state(memory, left=20)) == Adopt("proposal-1", check=True)
+    assert next_action(state(memory, left=7)) == Adopt("proposal-1", check=False)  # validation no longer fits
+    assert Adopt("proposal-1", check=True).phase == TARGETED
+    # a comparison the current instructions won leaves nothing to adopt
+    lost = fold(
+        after(GepaFinished(None), Proposed("route", ("proposal-1",), (1,))),
+        Compared(("current", "proposal-1"), 0, "train"),
+    )
+    assert lost.winner is None and lost.pending is None
+
+
+def test_an_unchecked_change_is_checked_on_validation_when_that_can_be_paid():
+    memory = after(GepaFinished(None), PromptEdited())
+    assert next_action(state(memory, left=20)) == CheckValidation()
+    assert next_action(state(memory, left=20, val_size=0)) != CheckValidation()  # no validation split
+    assert next_action(state(fold(memory, Validated()), left=20)) == Propose("route")
+    # a comparison on validation that includes the current instructions checks them too
+    assert not fold(memory, Compared(("current", "proposal-1"), 0, "val")).unchecked
+    assert fold(memory, Compared(("proposal-1",), 0, "val")).unchecked
+
+
+def test_a_proposal_is_compared_on_its_failures_and_other_examples_in_turn_cut_to_what_pays():
+    memory = after(GepaFinished(None), Proposed("route", ("proposal-1", "proposal-2"), (1, 2, 3, 4, 5, 6, 7), (1, 2)))
+    assert memory.pending.check_ids == (1, 3, 2, 4, 5, 6, 7)
+    # 20 left, 8 kept for validation: 6 units per candidate, a third of it (at least 3 examples)
+    assert next_action(state(memory, left=20)) == Compare(("proposal-1", "proposal-2"), (1, 3, 2))
+    assert next_action(state(memory, left=200)) == Compare(("proposal-1", "proposal-2"), (1, 3, 2, 4, 5, 6, 7))
+    assert Compare(("proposal-1",), (1, 3)).call == "compare(['current', 'proposal-1'], ids='1,3')"
+
+
+def test_an_adopted_candidate_is_neither_compared_nor_adopted_again():
+    memory = after(GepaFinished(None), Proposed("route", ("proposal-1",), (1, 2, 3), (1,)))
+    memory = fold(memory, Adopted("proposal-1", changed=False))  # the same text as the current instructions
+    assert memory.pending is None and not isinstance(next_action(state(memory)), Compare)
+    memory = fold(memory, GepaFinished("gepa-2"))
+    memory = fold(memory, Adopted("gepa-2", changed=False))
+    assert memory.winner is None and next_action(state(memory)) == Propose("summarize")
+
+
+def test_proposals_go_round_robin_over_the_steps_the_last_step_first():
+    memory = after(GepaFinished(None))
+    assert next_action(state(memory)) == Propose("route")
+    memory = fold(memory, Proposed("route", ("proposal-1",), ()))
+    memory = fold(memory, Compared(("current", "proposal-1"), 0, "train"))
+    assert next_action(state(memory)) == Propose("summarize")
+    assert Propose("route").call == "propose_instructions('route')"
+
+
+def test_train_is_evaluated_further_when_the_current_instructions_fail_nothing_seen():
+    memory = after(GepaFinished(None))
+    assert next_action(state(memory, left=20, failing=0, unevaluated=(4, 5, 6, 7, 8))) == EvaluateTrain((4, 5, 6, 7, 8))
+    # what the moves may spend (20 - 8 kept for validation) cuts the ids
+    assert next_action(state(memory, left=11, failing=0, unevaluated=(4, 5, 6, 7, 8))) == EvaluateTrain((4, 5, 6))
+    assert next_action(state(memory, failing=0, unevaluated=())) == Submit(
+        "the current instructions pass every train example"
+    )
+
+
+def test_no_proposal_is_made_when_no_sub_lm_prompt_can_be_paid():
+    memory = after(GepaFinished(None))
+    assert next_action(state(memory, left=30, proposals_left=5)) == Propose("route")
+    assert next_action(state(memory, left=30, proposals_left=0)) == Submit("no sub-LM prompt is left for a proposal")
+
+
+def test_the_last_draw_is_offered_once_after_gepa_and_only_when_its_check_can_be_paid():
+    memory = after(GepaFinished(None))
+    draw = state(memory, left=22, val_size=20, proposal_units=0)
+    assert next_action(draw) == LastDraw("route") and LastDraw("route").phase == GEPA
+    assert next_action(replace(draw, budget=replace(draw.budget, left=19))).phase == END  # the check cannot be paid
+    assert next_action(replace(draw, budget=replace(draw.budget, failing=0, unevaluated=()))).phase == END
+    # a proposal paid from the same units needs one more for the check
+    assert next_action(state(memory, left=20, val_size=20, proposal_units=1)).phase == END
+    assert next_action(state(memory, left=21, val_size=20, proposal_units=1)) == LastDraw("route")
+    # once: after a proposal made since GEPA ended, what is left ends the run
+    drawn = fold(fold(memory, Proposed("route", ("proposal-1",), (1, 2), (1,))), Adopted("proposal-1", changed=True))
+    assert next_action(replace(draw, memory=fold(drawn, Validated()))) == Submit(
+        "what is left pays no proposal with its comparison"
+    )
+    assert next_action(state(LoopMemory.start(STEPS), left=22, val_size=20)) == RunGepa(22)  # before GEPA: GEPA
+
+
+def test_a_submission_ends_the_run():
+    assert next_action(state(left=0)) == Submit("the budget is spent")
+    assert Submit("x").phase == END and Submit("x").call.startswith("SUBMIT(")
+
+
+def test_an_outcome_the_policy_does_not_know_is_refused():
+    with pytest.raises(TypeError, match="not an outcome"):
+        fold(LoopMemory.start(STEPS), "proposal-1")
