@@ -3,9 +3,8 @@
 The flow of one ``compile()``: check the inputs and fail fast (before any LM call) with a message that says what
 to fix; copy the student (as leniently as dspy's Module.deepcopy, refused if it cannot be copied apart) and take
 its structural fingerprint; start the sandbox in the background while the baseline runs on train and validation;
-run the agent (a ``dspy.RLM``) with the tools until it SUBMITs or runs out of turns; check the submission,
-evaluate it on validation if needed, and return the best of it and every candidate checked on validation (never
-worse than the student), with the result attributes attached.
+run the agent with the tools until it SUBMITs (or the default loop in Python); check the submission on validation,
+and return the best of it and every candidate checked there (never worse than the student), with the result.
 
 Per-compile state lives in a :class:`_Compile` local to ``compile()``, so one optimizer can compile twice. This
 module only wires the rooms and runs the flow: checks in :mod:`rlmoptimizer.inputs`, the choice in
@@ -91,7 +90,7 @@ logger = logging.getLogger(__name__)
 class RLMDocstringOptimizer(Teleprompter):
     """Optimize the instructions of every predictor of a DSPy program with an RLM agent.
 
-    The agent is a ``dspy.RLM`` working in a sandboxed Python REPL (Deno + Pyodide) that holds the evaluation
+    The agent is an RLM (a ``dspy.Module``) working in a sandboxed Python REPL (Deno + Pyodide) that holds the evaluation
     data of the program: it analyses the failures with code, asks the sub-LM about them, proposes and compares
     instructions with GEPA's moves, and submits a ``{step name: instructions}`` map. Only instructions change;
     fields, demos and the program's structure stay as they are.
@@ -478,17 +477,9 @@ class _Compile:
             no_check_left(self.services, "val" if self.valset else "train") if self.config.max_metric_calls else None
         )
         if self.config.rlm_autopilot == "loop":
-            return run_loop(
-                self.tools.pilot,
-                self.observer,
-                self.ledger.snapshot,
-                prior_turns=self.resume.turns,
-                ends_run=lambda: (
-                    (decided and decided()) or (self.usage.cap_message() if self.usage.cap_reached else None)
-                ),
-                raise_if_stopped=self.stop.raise_if_requested,
-                current=self.working.instructions,
-            )
+            cap = self.usage.cap_message
+            ends = lambda: (decided and decided()) or (cap() if self.usage.cap_reached else None)  # noqa: E731
+            return run_loop(self.tools.pilot, self.services, prior_turns=self.resume.turns, ends_run=ends)
         if sandbox is None:
             raise RuntimeError("a run that is not finished needs its sandbox")
 

@@ -22,7 +22,6 @@ from rlmoptimizer import ConfigurationError, RLMDocstringOptimizer, RunDirectory
 FLAGS = (
     "root_stateful_session",
     "rlm_multiturn_history",
-    "rlm_autopilot",
     "verbose",
     "allow_eval_lm_change",
     "use_mlflow",
@@ -48,7 +47,11 @@ def test_every_boolean_argument_is_and_stays_a_bool():
         for wrong in ("false", "True", 0, 1, None):
             with pytest.raises(ConfigurationError, match=f"{name} must be True or False"):
                 RLMDocstringOptimizer(root_lm=root, **{name: wrong})
-    assert RLMDocstringOptimizer(root_lm=root, rlm_autopilot=False).rlm_autopilot is False
+    # rlm_autopilot takes a mode, or True/False for "assist"/"off"; nothing that only looks like one
+    for wrong in ("false", "True", 0, 1, None, "Loop"):
+        with pytest.raises(ConfigurationError, match="rlm_autopilot must be 'off'"):
+            RLMDocstringOptimizer(root_lm=root, rlm_autopilot=wrong)
+    assert RLMDocstringOptimizer(root_lm=root, rlm_autopilot=False).rlm_autopilot == "off"
     assert not root.calls
 
 
@@ -112,7 +115,7 @@ def test_mlflow_params_hold_every_setting_that_shapes_a_run(tmp_path):
     assert params["max_metric_calls"] == "60" and params["max_iterations"] == "None"
     assert params["budget_mode"] == "max_metric_calls"
     assert params["max_cost_usd"] == "5.0" and params["root_context_window"] == "64000"
-    assert params["rlm_autopilot"] == "False" and params["metric_id"] == "queue-match"
+    assert params["rlm_autopilot"] == "off" and params["metric_id"] == "queue-match"
     # every constructor argument is there, but the objects logged as what the run uses and the display switches
     shown_elsewhere = {"root_lm", "sub_lm", "eval_lm", "metric", "run_storage_dir", "console", "verbose", "use_mlflow"}
     arguments = set(inspect.signature(RLMDocstringOptimizer.__init__).parameters) - {"self"}

@@ -217,18 +217,14 @@ LOOP_REASONING = "rlm_autopilot='loop': the default policy's next step (no root-
 
 
 def run_loop(
-    pilot: Pilot,
-    observer: Observer,
-    ledger_snapshot: Callable[[], dict],
-    *,
-    prior_turns: Sequence[dict] = (),
-    ends_run: Callable[[], str | None] = lambda: None,
-    raise_if_stopped: Callable[[], None] = lambda: None,
-    current: Callable[[], dict[str, str]],
+    pilot: Pilot, services: Any, *, prior_turns: Sequence[dict] = (), ends_run: Callable[[], str | None] = lambda: None
 ) -> AgentOutcome:
     """``rlm_autopilot="loop"``: the pilot takes steps until the policy submits (or ``ends_run()`` says why the run
-    ends, or a step changes nothing). Each step is one turn of the trajectory, sent to ``observer`` as it ends;
-    a systemic failure a tool met ends the loop (``raise_if_stopped``)."""
+    ends, or a step changes nothing). Each step is one turn of the trajectory, sent to the observer of ``services``
+    (the compile's :class:`~rlmoptimizer.agent.services.CompileServices`) as it ends; a systemic failure a tool
+    met ends the loop (its stop request)."""
+    observer: Observer = services.observer
+    raise_if_stopped, current = services.stop.raise_if_requested, services.working.instructions
     turns = [dict(t) for t in prior_turns]
     while True:
         why = ends_run()
@@ -264,7 +260,7 @@ def run_loop(
             turn["outputs"] = {"optimized_dspy_program": current()}
         turn["created_at"] = time.time()
         turns.append(turn)
-        observer.on_event(AgentTurn(turn, ledger_snapshot()))
+        observer.on_event(AgentTurn(turn, services.ledger.snapshot()))
         if final:
             return AgentOutcome(
                 submitted=dict(current()),

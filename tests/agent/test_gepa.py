@@ -18,11 +18,10 @@ import dspy
 import pytest
 from support.fakes import FunctionLM, last_user_text, scripted_agent
 from support.metrics import CountingMetric
-from support.optimizing import copier
+from support.optimizing import SUBMIT_LINE, copier
 from support.tickets import POLICY_PROMPT, TICKETS, RouteTicket, make_splits, metric, task_lm_reply
 
 from rlmoptimizer import RLMDocstringOptimizer
-from rlmoptimizer.agent.guide import SUBMIT_LINE
 
 pytestmark = pytest.mark.slow
 
@@ -62,22 +61,15 @@ def test_a_root_lm_that_only_copies_the_suggested_line_gets_gepas_best():
     seen: list[str] = []
     result = compile_with(copier(seen), max_iterations=3, rlm_max_iterations=8)
 
-    codes = [turn["code"] for turn in result.agent_trajectory]
-    # 3 * 12 + 8 = 44 units: too few for a targeted round after GEPA as well, so GEPA gets them all. The adoption
-    # of its best asks for no decision: it runs in the same turn, after the line the root LM copied
-    adopt = "print(adopt_candidate('gepa-1')); print(evaluate_program(split='val'))"
-    assert codes[0] == f"r = run_gepa(budget=44); print(r['summary'])\n{adopt}"
-    assert codes[1] == SUBMIT_LINE and len(codes) == 2
-    assert seen == ["r = run_gepa(budget=44); print(r['summary'])", SUBMIT_LINE]
-    first = result.agent_trajectory[0]["output"]
-    assert "best gepa-1 (validation score 1.000, the start scored 0.500)" in first
-    assert (
-        "[Autopilot] the cell above ran the default loop's line, and the next one asks for no decision; the default "
-        f"loop's next line ran after it: {adopt}" in first
-    )
-    # adopted, and its check was free: GEPA had scored it on the whole validation split
-    assert "'changed_steps': ['route']" in first and "'score': 1," in first and "'budget_spent': 0" in first
-    assert all("Error" not in turn["output"] for turn in result.agent_trajectory), result.agent_trajectory
+    turns = result.agent_trajectory
+    # 3 * 12 + 8 = 44 units: too few for a targeted round after GEPA as well, so GEPA gets them all. One next_step()
+    # takes GEPA's phase: the run, the adoption of its best with its check, and SUBMIT (nothing is left to pay for)
+    assert seen == ["print(next_step()['summary'])"] and len(turns) == 1 and turns[0]["final"]
+    assert turns[0]["code"] == "print(next_step()['summary'])"
+    first = turns[0]["output"]
+    assert "run_gepa(budget=44) -> gepa run 1: best gepa-1 (validation score 1.000, the start scored 0.500)" in first
+    assert "adopt_candidate('gepa-1'); evaluate_program(split='val') -> adopted gepa-1 (changed: route)" in first
+    assert all("Error" not in turn["output"] for turn in turns), turns
     # the checkpoint was free: GEPA had scored its best on the whole validation split
     assert result.optimized_dspy_program["route"] == POLICY_PROMPT
     assert result.route.signature.instructions == POLICY_PROMPT
@@ -442,13 +434,12 @@ def test_candidate_ids_and_their_lineage_survive_a_resume(tmp_path):
 
 
 def test_a_root_lm_that_repeats_one_cell_ends_with_gepas_best():
-    """The autopilot runs the default loop's next line in place of a cell known to change nothing: the first such
-    line is GEPA, so a root LM stuck on one cell still gets GEPA's result."""
+    """A turn that makes no progress is followed by the default loop's next step: the first is GEPA's phase, so a
+    root LM stuck on one cell still gets GEPA's result."""
     stuck = {"reasoning": "look again", "code": "print(baseline_train['score'])"}
     result = compile_with([stuck], max_iterations=3, rlm_max_iterations=8)
-    codes = [turn["code"] for turn in result.agent_trajectory]
-    autopilot = [turn for turn in result.agent_trajectory if "[Autopilot]" in turn["output"]]
-    assert autopilot, codes
+    codes = [call for turn in result.agent_trajectory for call in turn.get("pilot", [])]
+    assert "[pilot]" in result.agent_trajectory[0]["output"], codes
     assert any(code.startswith("r = run_gepa(") for code in codes), codes
     assert result.route.signature.instructions == POLICY_PROMPT
     assert result.selection["chosen_score"] == 1.0

@@ -16,7 +16,7 @@ import pytest
 from support.fakes import FunctionLM
 from support.metrics import CountingMetric
 from support.optimizing import ORIGINAL_ROUTE, compile_tickets, copier, proposer, steps_seen
-from support.tickets import POLICY_PROMPT, metric
+from support.tickets import POLICY_PROMPT, make_splits, metric
 
 import rlmoptimizer
 from rlmoptimizer import RLMDocstringOptimizer
@@ -83,6 +83,7 @@ def test_the_loop_mode_needs_no_root_lm_but_an_lm_to_propose_with(monkeypatch):
 
 def test_a_budget_that_pays_targeted_rounds_gets_them_in_a_step_of_their_own(monkeypatch):
     no_sandbox(monkeypatch)
+
     def sub_lm(messages):  # GEPA's reflections never help; the targeted round's proposal is the fix
         gepa = any(Path(frame.filename).name == "gepa_adapter.py" for frame in inspect.stack())
         return json.dumps({"new_instruction": "Route tickets carefully." if gepa else POLICY_PROMPT})
@@ -222,3 +223,70 @@ def test_an_agent_that_analyses_and_takes_notes_is_not_taken_over():
     assert "[pilot]" not in trajectory[0]["output"]
     assert "run_gepa(budget=" in trajectory[1]["output"]
     assert result.route.signature.instructions == POLICY_PROMPT
+
+
+# -- the loop's budget rules, end to end (loop mode: no sandbox) -------------------------------------------------
+def test_without_a_validation_split_the_loop_stays_inside_max_metric_calls(monkeypatch):
+    no_sandbox(monkeypatch)
+    trainset, _ = make_splits()
+    counting = CountingMetric()
+
+    def sub_lm(messages):  # GEPA's reflections never help; the targeted round's proposal is the fix
+        gepa = any(Path(frame.filename).name == "gepa_adapter.py" for frame in inspect.stack())
+        return json.dumps({"new_instruction": "Route tickets carefully." if gepa else POLICY_PROMPT})
+
+    result = compile_tickets(
+        FunctionLM(never_called),
+        sub_lm=FunctionLM(sub_lm, name="sub"),
+        rlm_autopilot="loop",
+        max_metric_calls=60,
+        trainset=trainset,
+        valset=None,
+        metric=counting,
+    )
+    assert counting.calls <= 60
+    assert result.selection["split"] == "train"
+    assert result.route.signature.instructions == POLICY_PROMPT
+    # the proposal is a sub-LM prompt, not a metric call: counted apart, as dspy.GEPA counts
+    assert result.budget["spent_by_kind"]["sub_lm_call"] >= 1 and "sub_lm_left" in result.budget
+
+
+def test_what_gepa_leaves_that_pays_a_validation_check_buys_one_more_proposal_checked_there(monkeypatch):
+    no_sandbox(monkeypatch)
+
+    def sub_lm(messages):  # GEPA's reflections are useless; the proposal of the last draw is the fix
+        gepa = any(Path(frame.filename).name == "gepa_adapter.py" for frame in inspect.stack())
+        return json.dumps({"new_instruction": "Route tickets carefully." if gepa else POLICY_PROMPT})
+
+    # 30 calls: 8 for the validation baseline, 22 for GEPA, which stops with 8 left: too few for a child it could
+    # keep (a minibatch of 3 and the 8 validation examples), exactly one validation check
+    result = compile_tickets(
+        FunctionLM(never_called), sub_lm=FunctionLM(sub_lm, name="sub"), max_metric_calls=30, rlm_autopilot="loop"
+    )
+    turns = result.agent_trajectory
+    assert "the 8 unit(s) left cannot pay a child that could be kept" in turns[0]["output"]
+    # the last draw belongs to GEPA's phase: one step
+    assert turns[0]["pilot"][:2] == [
+        "run_gepa(budget=22)",
+        "p = propose_instructions('route'); adopt_candidate(p['candidate_ids'][0]); evaluate_program(split='val')",
+    ]
+    assert result.route.signature.instructions == POLICY_PROMPT
+    assert result.selection["basis"] == "submission" and result.selection["chosen_score"] == 1.0
+    assert result.budget["spent"] == result.budget["limit"] == 22
+
+
+def test_a_last_draw_that_repeats_the_current_instructions_changes_nothing(monkeypatch):
+    no_sandbox(monkeypatch)
+
+    def sub_lm(messages):  # GEPA's reflections are useless; the last draw writes the current instructions again
+        gepa = any(Path(frame.filename).name == "gepa_adapter.py" for frame in inspect.stack())
+        return json.dumps({"new_instruction": "Route tickets carefully." if gepa else ORIGINAL_ROUTE})
+
+    result = compile_tickets(
+        FunctionLM(never_called), sub_lm=FunctionLM(sub_lm, name="sub"), max_metric_calls=30, rlm_autopilot="loop"
+    )
+    turns = result.agent_trajectory
+    assert "adopted proposal-1 (changed: nothing)" in turns[0]["output"]
+    # the proposal was adopted: comparing it with the current instructions (itself) is no next action
+    assert not any(call.startswith("compare(") for turn in turns for call in turn["pilot"])
+    assert result.route.signature.instructions == ORIGINAL_ROUTE

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 from support.fakes import FunctionLM, scripted_agent
+from support.optimizing import SUBMIT_LINE
 from support.tickets import RouteTicket, make_splits, metric, task_lm_reply
 
 from rlmoptimizer import RLMDocstringOptimizer
-from rlmoptimizer.agent.guide import SUBMIT_LINE
 
 pytestmark = pytest.mark.slow
 
@@ -110,3 +110,22 @@ def test_a_value_the_tool_takes_after_coercion_reaches_it_coerced():
         ]
     )
     assert result.agent_trajectory[0]["output"].strip() == "2"  # limit='2' is the int 2, as dspy's tools took it
+
+
+def test_adopt_candidate_refuses_what_it_cannot_adopt_and_names_what_it_takes():
+    bad = (
+        "for c in ['proposal-9', 'current', 'run-0099', {'routing': 'x'}, 42]:\n"
+        "    try:\n        adopt_candidate(c)\n    except Exception as e:\n        print('REFUSED', e)\n"
+    )
+    result = compile_with([{"reasoning": "try", "code": bad}, {"reasoning": "done", "code": SUBMIT_LINE}])
+    refused = [line for line in result.agent_trajectory[0]["output"].splitlines() if line.startswith("REFUSED")]
+    assert len(refused) == 5
+    assert (
+        "no candidate with id 'proposal-9' -> use an id propose_instructions or run_gepa returned: none yet"
+        in refused[0]
+    )
+    assert "'current' is already the current instructions" in refused[1]
+    assert "no run with id 'run-0099' -> use one of ['run-0001', 'run-0002']" in refused[2]
+    assert "routing" in refused[3] and "route" in refused[3]
+    assert "the candidate is int 42" in refused[4]
+    assert result.route.signature.instructions == RouteTicket().route.signature.instructions

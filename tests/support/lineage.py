@@ -12,8 +12,7 @@ from typing import Any
 
 import dspy
 
-from rlmoptimizer.agent.guide import SUBMIT_LINE
-from support.optimizing import compile_tickets, proposer
+from support.optimizing import SUBMIT_LINE, compile_tickets, proposer
 from support.tickets import POLICY_PROMPT
 
 REWORDED = "Given the ticket summary, answer with exactly one queue: billing, technical, how-to, disputes or security."

@@ -23,10 +23,8 @@ from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, tas
 ORIGINAL_ROUTE = RouteTicket().route.signature.instructions
 
 SUBMIT_POLICY = {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"}
-SUBMIT_CURRENT = {
-    "reasoning": "submit",
-    "code": "SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])",
-}
+SUBMIT_LINE = "SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])"
+SUBMIT_CURRENT = {"reasoning": "submit", "code": SUBMIT_LINE}
 FIX_AND_SUBMIT = {
     "reasoning": "state the policy and submit",
     "code": f"update_prompt('route', {POLICY_PROMPT!r})\nSUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})",
