@@ -1,8 +1,8 @@
 """The dspy rlmoptimizer works with: the supported version range and every dspy name it relies on, checked
 once, when ``rlmoptimizer`` is imported and before anything else in it is.
 
-rlmoptimizer subclasses ``dspy.RLM`` and ``dspy.PythonInterpreter``, overrides or calls some of their private
-members, and imports names from dspy's submodules; a dspy release may rename or remove any of them (3.4.0 ->
+rlmoptimizer subclasses ``dspy.PythonInterpreter``, overrides or calls some of its private members, builds its
+agent on dspy's REPL types (as ``dspy.RLM`` does), and imports names from dspy's submodules; a dspy release may rename or remove any of them (3.4.0 ->
 3.4.1 renamed several private members, 3.3.1 -> 3.4.1 removed ``dspy.LMResponse`` and changed
 ``RLM.forward``). :data:`REQUIREMENTS` lists, wing by wing, every name imported from dspy (top-level names
 imported with ``from dspy import ...`` included) and every private member used, as :class:`Requirement` rows.
@@ -165,14 +165,16 @@ def _stores_attribute(code: types.CodeType, name: str) -> bool:
 
 # ------------------------------------------------------------------------------------------------ the rows
 
-_RLM = "dspy.predict.rlm:RLM"
 _PI = "dspy.primitives.python_interpreter:PythonInterpreter"
 _EXC = "dspy.utils.exceptions"
 
 REQUIREMENTS: dict[str, tuple[Requirement, ...]] = {
-    # The optimizer agent (rlmoptimizer/agent/): a dspy.RLM subclass, its root-LM calls and its moves.
+    # The optimizer agent (rlmoptimizer/agent/): a dspy.Module with its own turn loop on dspy's REPL types, its
+    # root-LM calls and its moves.
     "agent": (
-        Requirement("dspy", "RLM"),
+        Requirement("dspy", "Module"),
+        Requirement("dspy", "Predict"),
+        Requirement("dspy", "ensure_signature"),
         Requirement("dspy", "AdapterParseError"),  # from dspy import (agent.py, root_lm.py, moves/gepa_adapter.py)
         Requirement("dspy", "ChatAdapter"),
         Requirement("dspy", "CodeInterpreter"),
@@ -193,7 +195,6 @@ REQUIREMENTS: dict[str, tuple[Requirement, ...]] = {
             "from_value",
             params=("name", "value", "field_info", "preview_chars"),
         ),
-        Requirement(_RLM, "forward", params=("interpreter_factory", "input_args")),  # overridden
         Requirement("dspy.primitives.repl_types", "REPLHistory"),
         Requirement("dspy.primitives.repl_types:REPLHistory", "append", params=("reasoning", "code", "output")),
         Requirement("dspy.primitives.repl_types", "REPLEntry"),

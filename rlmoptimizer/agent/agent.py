@@ -19,7 +19,7 @@ dspy renders them) but none of RLM's loop, predictors or sub-agents.
   systemic failure asked it to stop, and the loop raises that failure.
 - Setup code (loading the evaluation data) runs once per sandbox process and is replayed by the sandbox after a
   restart.
-- A :class:`~rlmoptimizer.agent.context.BoundedContext` fits each request to the root LM's window (a refusal
+- A :class:`~rlmoptimizer.agent.bounded_context.BoundedContext` fits each request to the root LM's window (a refusal
   compacts harder); a :class:`~rlmoptimizer.usage.UsageMeter` books sub-LM calls to the ``sub`` role.
 - ``acall`` / ``aforward`` run the same budgeted loop in a worker thread.
 """
@@ -49,7 +49,7 @@ from rlmoptimizer.agent._dspy import (
     format_error_for_lm,
     resolve_interpreter_factory,
 )
-from rlmoptimizer.agent.context import is_context_refusal, turn_inputs
+from rlmoptimizer.agent.bounded_context import is_context_refusal, turn_inputs
 from rlmoptimizer.agent.prompts import action_signature, extract_signature
 from rlmoptimizer.agent.root_lm import TurnSender
 from rlmoptimizer.agent.services import CompileServices, TurnAids, TurnSettings

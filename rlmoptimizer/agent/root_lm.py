@@ -45,9 +45,16 @@ from typing import Any
 
 import dspy
 from dspy import AdapterParseError, ChatAdapter, LMError, Prediction
-from dspy.lm15 import Message, Request, Response, request_from_openai_chat
 
-from rlmoptimizer.agent._dspy import CLIENT_KEYS, REPLEntry, REPLHistory
+from rlmoptimizer.agent._dspy import (
+    CLIENT_KEYS,
+    Message,
+    REPLEntry,
+    REPLHistory,
+    Request,
+    Response,
+    request_from_openai_chat,
+)
 
 logger = logging.getLogger(__name__)
 

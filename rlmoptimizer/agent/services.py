@@ -6,7 +6,7 @@ working program, the notes, the usage meter, the observer) and the two values th
 :class:`TurnAids` what a long run adds to each turn (the bounded context, the state block, the pilot of the default
 loop, the stop after the spending cap).
 
-May import: ``rlmoptimizer.agent.context``, ``.pilot``, ``.stop``, ``.working_program``, ``rlmoptimizer.budget``,
+May import: ``rlmoptimizer.agent.bounded_context``, ``.pilot``, ``.stop``, ``.working_program``, ``rlmoptimizer.budget``,
 ``.evaluation``, ``.events``, ``.storage`` and ``.usage``.
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rlmoptimizer.agent.context import BoundedContext
+from rlmoptimizer.agent.bounded_context import BoundedContext
 from rlmoptimizer.agent.pilot import Pilot
 from rlmoptimizer.agent.stop import RunEnd, StopRequest
 from rlmoptimizer.agent.working_program import WorkingProgram

@@ -4,7 +4,7 @@ The state block holds what the agent must not lose when old turns are compacted 
 far with their scores, the current instructions, the budget, the spending against ``max_cost_usd``, the
 agent's notes, and last the default loop's next step (:meth:`~rlmoptimizer.agent.pilot.Pilot.describe`).
 
-May import: ``rlmoptimizer.agent.context``, ``.pilot``, ``.services``, ``.stop`` and ``rlmoptimizer.usage``.
+May import: ``rlmoptimizer.agent.bounded_context``, ``.pilot``, ``.services``, ``.stop`` and ``rlmoptimizer.usage``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from rlmoptimizer.agent.context import BoundedContext, ContextBudget, clip
+from rlmoptimizer.agent.bounded_context import BoundedContext, ContextBudget, clip
 from rlmoptimizer.agent.pilot import Pilot
 from rlmoptimizer.agent.services import CompileServices, TurnAids
 from rlmoptimizer.agent.stop import RunEnd

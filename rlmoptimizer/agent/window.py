@@ -2,7 +2,7 @@
 
 Part of every request to the root LM cannot be compacted away: the agent's instructions and tool list, dspy's
 REPL rules, the task brief and the optimizer state (the *fixed part*). The bounded context
-(:mod:`rlmoptimizer.agent.context`) fits the history into what the window leaves of it, so a window that does not
+(:mod:`rlmoptimizer.agent.bounded_context`) fits the history into what the window leaves of it, so a window that does not
 hold the fixed part, the reply kept free and the agent's last turn (compacted) cannot work: the root LM would
 refuse the same request turn after turn. :func:`check_root_window` builds that first request as the agent sends it
 (the real signature, tools and runtime rules; the brief and state of the program at hand) and refuses such a
@@ -22,11 +22,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import dspy
-from dspy.adapters.chat_adapter import ChatAdapter
 
-from rlmoptimizer.agent._dspy import REPLHistory
+from rlmoptimizer.agent._dspy import ChatAdapter, REPLHistory
 from rlmoptimizer.agent.agent import OptimizerAgent
-from rlmoptimizer.agent.context import (
+from rlmoptimizer.agent.bounded_context import (
     LEARNED_SHARE,
     BoundedContext,
     ContextBudget,

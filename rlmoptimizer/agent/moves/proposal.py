@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import dspy
-from dspy.teleprompt.gepa import InstructionProposer
 
+from rlmoptimizer.agent._dspy import InstructionProposer
 from rlmoptimizer.agent.moves.context import MAX_PROPOSALS, MAX_REFLECTION_EXAMPLES, MoveContext, refuse
 from rlmoptimizer.budget import SUB_LM_CALL, Reservation
 from rlmoptimizer.evaluation.lm_failures import classify_lm_failure, failure_summary

@@ -10,7 +10,7 @@ from dspy.adapters.chat_adapter import ChatAdapter
 from dspy.primitives.repl_types import REPLHistory
 from dspy.utils.exceptions import LMInvalidRequestError
 
-from rlmoptimizer.agent.context import (
+from rlmoptimizer.agent.bounded_context import (
     DEFAULT_CONTEXT_WINDOW,
     BoundedContext,
     ContextBudget,

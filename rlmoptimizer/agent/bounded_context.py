@@ -39,9 +39,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import dspy
-from dspy.adapters.chat_adapter import ChatAdapter
-from dspy.primitives.repl_types import REPLEntry, REPLHistory
 
+from rlmoptimizer.agent._dspy import ChatAdapter, REPLEntry, REPLHistory
 from rlmoptimizer.errors import exception_chain
 
 logger = logging.getLogger(__name__)
