@@ -153,10 +153,10 @@ class RLMDocstringOptimizer(Teleprompter):
         root_context_window: The root LM's input window in tokens (at least 4000). None takes it from
             litellm's model information, or 32,000 for a model litellm does not know.
         rlm_autopilot: Who runs the default loop (GEPA first, its best adopted and checked, targeted rounds,
-            SUBMIT; the agent takes its next step with the ``next_step()`` tool). ``"assist"`` (the default):
-            after a turn that made no progress (spent nothing, made no candidate, added no note, changed no
-            prompt) the loop's next step runs, marked ``[pilot]``. ``"off"``: every turn is the agent's; the next
-            step is only shown. ``"loop"``: the loop runs to its end in Python, with no agent turn, no root-LM call
+            SUBMIT; the agent takes its next phase with the ``next_phase()`` tool). ``"assist"`` (the default):
+            after two turns in a row without progress (nothing spent or evaluated, no candidate, no note, no
+            prompt change) the loop's next phase runs, marked ``[pilot]``. ``"off"``: every turn is the agent's; the
+            loop's next action is only shown. ``"loop"``: the loop runs to its end in Python, with no agent turn, no root-LM call
             and no sandbox (for a weak or costly root LM, and the baseline the agent is measured against). True
             and False mean ``"assist"`` and ``"off"``.
         max_cost_usd: A spending cap in dollars on the run's LM calls, priced by litellm; None for no cap.

@@ -148,7 +148,7 @@ def test_the_root_lm_sees_each_tool_once_with_its_parameters_and_no_sub_agent_ru
     for name in (*TOOL_NAMES, "llm_query", "llm_query_batched"):
         assert system.count(f"- {name}(") == 1, name
     assert "- evaluate_program(split='train', limit=None, sample=None, ids=None, failed_from_run=None" in system
-    for name in ("SUBMIT(optimized_dspy_program=", "baseline_train", "baseline_val", "next_step()"):
+    for name in ("SUBMIT(optimized_dspy_program=", "baseline_train", "baseline_val", "next_phase()"):
         assert name in AGENT_INSTRUCTIONS and name in system
     assert "dspy.ReActV2" not in system and "Sub-agents" not in system
 

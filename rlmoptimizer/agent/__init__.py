@@ -8,11 +8,11 @@ Rooms:
     agent.py            :class:`OptimizerAgent`: the turn loop, budgeted sub-LM calls, tolerant turns, per-turn
                         events, the pilot's assist rule, the stop request, resume
     policy.py           the default loop as a pure function: the loop's state in, the next typed action out
-    pilot.py            runs the policy's actions through the tools: ``next_step()``, the assist rule's step, the
+    pilot.py            runs the policy's actions through the tools: ``next_phase()``, the assist rule's step, the
                         ``"loop"`` mode without an agent
     root_lm.py          what the root LM is sent per turn: multi-turn rendering, the Responses-API chain
     prompts.py          the agent's instructions and task brief, module constants with checked placeholders
-    tools.py            the functions the agent calls (evaluate_program, run_data, update_prompt, next_step, ...)
+    tools.py            the functions the agent calls (evaluate_program, run_data, update_prompt, next_phase, ...)
     moves/              the moves the tools offer: GEPA's reflective proposal, paired comparison, rollouts,
                         the candidate pool and its Pareto front, the failure replay set, run diffs
     working_program.py  the program the tools edit and its prompt versions

@@ -7,10 +7,11 @@ dspy renders them) but none of RLM's loop, predictors or sub-agents.
   turn works and each tool once. The code of a reply is read by :func:`code_of`, which drops a stray fence line.
 - ``llm_query`` / ``llm_query_batched`` (:func:`~rlmoptimizer.agent.sub_lm.sub_lm_tools`) charge one budget
   unit per prompt to the :class:`~rlmoptimizer.budget.BudgetLedger` (reserve first, so nothing is overspent).
-- The pilot (:class:`~rlmoptimizer.agent.pilot.Pilot`) runs the default policy: the agent takes its next step with
-  the ``next_step()`` tool; with ``pilot_mode="assist"`` the loop takes one itself after a turn that made no
-  progress (nothing spent, no candidate, no note, no prompt change: measured from the services, never from the
-  cell's text). A submission the pilot makes ends the run after that turn.
+- The pilot (:class:`~rlmoptimizer.agent.pilot.Pilot`) runs the default policy: the agent takes its next phase with
+  the ``next_phase()`` tool; with ``pilot_mode="assist"`` the loop takes one itself after
+  :data:`TURNS_WITHOUT_PROGRESS` turns in a row that made no progress (nothing spent or evaluated, no candidate, no
+  note, no prompt change: measured from the services, never from the cell's text). A submission the pilot makes
+  ends the run after that turn.
 - A root-LM reply that does not parse is retried, then shown to the agent as an error turn; it does not end
   the run.
 - Each turn is sent to the observer as :class:`~rlmoptimizer.events.AgentTurn` as soon as it exists, kept in
@@ -62,7 +63,13 @@ logger = logging.getLogger(__name__)
 
 PILOT = "[pilot]"
 """Opens what the pilot adds to a turn's output (the host writes it; the root LM cannot copy it into a turn)."""
-NO_PROGRESS = "this turn spent nothing, made no candidate, added no note and changed no prompt"
+NO_PROGRESS = (
+    "this turn and the one before spent nothing, evaluated nothing, made no candidate, added no note and changed no "
+    "prompt"
+)
+TURNS_WITHOUT_PROGRESS = 2
+"""With ``assist``, the pilot takes the default loop's next phase after this many turns in a row without progress: one
+turn of reading the data is the agent's own; a second one like it means the agent is not moving the run on."""
 
 
 def _root_adapter(*, last_attempt: bool):
@@ -187,6 +194,7 @@ class OptimizerAgent(dspy.Module):
         self._context_refusal_retries = settings.context_refusal_retries
         self._as_sub = services.as_sub if services is not None else (lambda fn: fn)
         self._pilot_ran: list[str] = []  # the pilot's actions in the current turn
+        self._still = 0  # turns in a row without progress
 
     async def aforward(self, **input_args: Any) -> Prediction:
         """The same budgeted loop as :meth:`forward`, in a worker thread (the sandbox and the tools block)."""
@@ -357,15 +365,22 @@ class OptimizerAgent(dspy.Module):
         self, history: REPLHistory, result: REPLHistory, progress: Any, output_field_names: list[str]
     ) -> REPLHistory | Prediction:
         """The turn's history once the pilot had its say: with ``assist``, a turn that made no progress is followed
-        by the policy's next step; a submission the pilot made (there, or in the agent's own ``next_step()`` call)
+        by the loop's next phase; a submission the pilot made (there, or in the agent's own ``next_phase()`` call)
         ends the run with the current instructions."""
         pilot = self._pilot
         if pilot is None:
             return result
-        if self._assist and pilot.submitted is None and not self._stop.requested and pilot.progress() == progress:
+        self._still = self._still + 1 if pilot.progress() == progress else 0
+        if (
+            self._assist
+            and self._still >= TURNS_WITHOUT_PROGRESS
+            and pilot.submitted is None
+            and not self._stop.requested
+        ):
+            self._still = 0
             last = result.entries[-1]
             try:
-                report = pilot.step()
+                report = pilot.take_phase()
                 taken = f"{report['summary']}"
             except Exception as exc:  # a systemic failure is raised after the turn; the rest is shown
                 report = {"ran": []}
@@ -374,7 +389,7 @@ class OptimizerAgent(dspy.Module):
             result = history.append(
                 reasoning=last.reasoning,
                 code=last.code,
-                output=f"{last.output}\n{PILOT} {NO_PROGRESS}, so the default loop's next step ran:\n{taken}",
+                output=f"{last.output}\n{PILOT} {NO_PROGRESS}, so the default loop's next phase ran:\n{taken}",
             )
         if pilot.submitted is None:
             return result

@@ -70,7 +70,7 @@ TARGETED_SHARE = 5
 comparison on :data:`MIN_CHECK` examples against the current instructions, and a validation check)."""
 
 GEPA, TARGETED, END = "gepa", "targeted", "end"
-"""The phases of the loop. The pilot's ``next_step()`` runs one phase: the actions after the first one that belong
+"""The phases of the loop. The pilot's ``next_phase()`` runs one phase: the actions after the first one that belong
 to the same phase (or end the run) ask for no decision of the agent's."""
 
 

@@ -16,7 +16,7 @@ import string
 from collections.abc import Callable, Mapping, Sequence
 
 TOOL_NAMES: tuple[str, ...] = (
-    "next_step",
+    "next_phase",
     "evaluate_program",
     "run_data",
     "update_prompt",
@@ -48,7 +48,7 @@ In the REPL:
 Budget: $budget units. $budget_note Your turns are free. With the budget spent you can still analyse, update
 prompts and SUBMIT.
 
-The default loop, as code: `print(next_step()['summary'])` takes its next step (the optimizer state at the end of
+The default loop, as code: `print(next_phase()['summary'])` takes its next phase (the optimizer state at the end of
 every turn names it). Its steps: GEPA with most of the budget; its best adopted and checked on validation (free:
 GEPA scored it there); with what is left, targeted rounds on what the best still fails (propose, compare against
 'current', adopt the winner, check on validation); SUBMIT when nothing is left to pay for. A step that SUBMITs ends
@@ -76,8 +76,8 @@ $tools"""
 _REQUIRED_PLACEHOLDERS = frozenset({"budget", "budget_note", "pilot_note"})
 
 ASSIST_NOTE = (
-    " A turn that spends nothing, evaluates nothing, makes no candidate, adds no note and changes no prompt is\n"
-    "followed by the loop's next step: when you only analyse, end the turn with `add_note(...)`."
+    " Two turns in a row that spend nothing, evaluate nothing, make no candidate, add no note and change no\n"
+    "prompt are followed by the loop's next phase: when you only analyse, end the turn with `add_note(...)`."
 )
 """What ``rlm_autopilot="assist"`` adds to the instructions (with ``"off"`` every turn is the agent's)."""
 
@@ -232,7 +232,7 @@ def action_signature(task_instructions: str, tools: Sequence[Callable], runtime_
         .append("variables_info", dspy.InputField(desc="the variables in the REPL"), type_=str)
         .append("repl_history", dspy.InputField(desc="your earlier turns: code and output"), type_=REPLHistory)
         .append("iteration", dspy.InputField(desc="this turn's number out of the most there can be"), type_=str)
-        .append("reasoning", dspy.OutputField(desc="what you know, what remains, your next step"), type_=str)
+        .append("reasoning", dspy.OutputField(desc="what you know, what remains, what you do next"), type_=str)
         .append("code", dspy.OutputField(desc="Python to run, in a ```python block"), type_=str)
     )
 

@@ -66,7 +66,7 @@ class _AgentConfig(Protocol):  # the optimizer's settings that shape a turn (RLM
 class TurnSettings:
     """How the agent's turns run: ``max_iters`` turns at most, ``max_llm_calls`` sub-LM calls, ``max_output_chars``
     of a cell's output kept; what the root LM is sent (``stateful_session``, ``multiturn_history``); whether the pilot
-    takes the default loop's next step after a turn that made no progress (``pilot_mode="assist"``; ``"off"``
+    takes the default loop's next phase after a turn that made no progress (``pilot_mode="assist"``; ``"off"``
     leaves every turn to the agent); how often a reply that
     does not parse (``parse_retries``) and a request the root LM refuses as too long
     (``context_refusal_retries``) are retried."""

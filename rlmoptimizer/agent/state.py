@@ -2,7 +2,7 @@
 
 The state block holds what the agent must not lose when old turns are compacted out of its view: the runs so
 far with their scores, the current instructions, the budget, the spending against ``max_cost_usd``, the
-agent's notes, and last the default loop's next step (:meth:`~rlmoptimizer.agent.pilot.Pilot.describe`).
+agent's notes, and last the default loop's next action (:meth:`~rlmoptimizer.agent.pilot.Pilot.describe`).
 
 May import: ``rlmoptimizer.agent.bounded_context``, ``.pilot``, ``.services``, ``.stop`` and ``rlmoptimizer.usage``.
 """
@@ -28,12 +28,12 @@ def render_state_block(
     budget: Mapping[str, Any] | None = None,
     notes: str = "",
     spending: str = "",
-    next_step: str = "",
+    loop: str = "",
     max_chars: int = 8_000,
 ) -> str:
     """The state the agent must not lose to compaction, at most ``max_chars`` characters: the runs so far with
     their scores (newest last), the current instructions, the budget, the spending and the agent's notes, then
-    ``next_step`` (the default loop's next step and the line that takes it), never clipped: it is the last thing
+    ``loop`` (the default loop's next action and the line that takes it), never clipped: it is the last thing
     the root LM reads."""
     sections: list[str] = []
     run_lines = [
@@ -60,9 +60,9 @@ def render_state_block(
         )
     sections.append("Your notes (add_note(text) adds one):\n" + (notes or "(none yet)"))
     block = "=== Optimizer state (always current) ===\n" + "\n\n".join(sections)
-    if not next_step:
+    if not loop:
         return clip(block, max_chars)
-    return clip(block, max(0, max_chars - len(next_step) - 2)) + "\n\n" + next_step
+    return clip(block, max(0, max_chars - len(loop) - 2)) + "\n\n" + loop
 
 
 def long_run_aids(
@@ -74,7 +74,7 @@ def long_run_aids(
     decided: Callable[[], str | None] | None = None,
 ) -> TurnAids:
     """What a long run adds to the agent's turns: its bounded context (which learns the root LM's characters per
-    token from the usage meter), its state block (closed by the ``pilot``'s next step of the default loop) and the
+    token from the usage meter), its state block (closed by the default loop's next action, from the ``pilot``) and the
     stop after the spending cap (or at once, once ``decided()`` says why no turn can change the result)."""
     usage = services.usage
     return TurnAids(
@@ -111,7 +111,7 @@ def state_block_of(services: CompileServices, pilot: Pilot | None = None) -> Cal
             budget=services.ledger.snapshot(),
             notes=services.notes.render(max_chars=3_000),
             spending=spending,
-            next_step=pilot.describe() if pilot is not None else "",
+            loop=pilot.describe() if pilot is not None else "",
         )
 
     return block

@@ -151,7 +151,7 @@ class AgentTools:
         )
         # the default policy's runner: the moves below report their outcomes to it
         self.pilot = Pilot(working.step_names, self._budget_view, self._progress, gepa_ran=self.moves.gepa_runs > 0)
-        self.pilot.attach(self)
+        self.pilot.tools = self
 
     def _evaluate_instructions(
         self,
@@ -197,7 +197,7 @@ class AgentTools:
     def tool_functions(self) -> list[Callable]:
         """The agent's tools, in the order the instructions describe them."""
         return [
-            self.next_step,
+            self.next_phase,
             self.evaluate_program,
             self.run_data,
             self.update_prompt,
@@ -213,9 +213,9 @@ class AgentTools:
             self.read_notes,
         ]
 
-    def next_step(self) -> dict:
-        """Take the default loop's next step: its next action (the state block names it) and the ones after it that ask for no decision: GEPA's phase (the run, its best adopted and checked on validation), or the targeted rounds (propose, compare with 'current', adopt the winner, check on validation) up to SUBMIT once nothing is left to pay for; a SUBMIT it makes ends the run after this cell. Spends what those tools spend. Returns {'ran': [the calls made], 'summary', 'submitted'}."""
-        return self.pilot.step()
+    def next_phase(self) -> dict:
+        """Take the default loop's next phase: its next action (the state block names it) and the ones after it that ask for no decision: GEPA's phase (the run, its best adopted and checked on validation), or the targeted rounds (propose, compare with 'current', adopt the winner, check on validation) up to SUBMIT once nothing is left to pay for; a SUBMIT it makes ends the run after this cell. Spends what those tools spend. Returns {'ran': [the calls made], 'summary', 'submitted'}."""
+        return self.pilot.take_phase()
 
     def add_note(self, text: str) -> str:
         """Keep a short conclusion (what you found, tried, what worked) in your notes: they are shown to you on every turn, also after old turns are compacted or the run resumes. Free."""

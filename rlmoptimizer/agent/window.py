@@ -98,7 +98,7 @@ def first_request_chars(
         instructions={name: text for name, (_, text) in steps.items()},
         budget={"spent": 0, "limit": budget, "left": budget},
         spending=spending,
-        next_step=describe(RunGepa(budget)),
+        loop=describe(RunGepa(budget)),
     )
     inputs = {
         "variables_info": variables_info,

@@ -62,10 +62,10 @@ def test_a_root_lm_that_only_copies_the_suggested_line_gets_gepas_best():
     result = compile_with(copier(seen), max_iterations=3, rlm_max_iterations=8)
 
     turns = result.agent_trajectory
-    # 3 * 12 + 8 = 44 units: too few for a targeted round after GEPA as well, so GEPA gets them all. One next_step()
+    # 3 * 12 + 8 = 44 units: too few for a targeted round after GEPA as well, so GEPA gets them all. One next_phase()
     # takes GEPA's phase: the run, the adoption of its best with its check, and SUBMIT (nothing is left to pay for)
-    assert seen == ["print(next_step()['summary'])"] and len(turns) == 1 and turns[0]["final"]
-    assert turns[0]["code"] == "print(next_step()['summary'])"
+    assert seen == ["print(next_phase()['summary'])"] and len(turns) == 1 and turns[0]["final"]
+    assert turns[0]["code"] == "print(next_phase()['summary'])"
     first = turns[0]["output"]
     assert "run_gepa(budget=44) -> gepa run 1: best gepa-1 (validation score 1.000, the start scored 0.500)" in first
     assert "adopt_candidate('gepa-1'); evaluate_program(split='val') -> adopted gepa-1 (changed: route)" in first

@@ -1,6 +1,6 @@
 """The pilot runs the default policy through the real tools and evaluation stack: ``rlm_autopilot="loop"`` with no
-root LM and no sandbox, ``"assist"`` after a turn that made no progress, ``"off"`` never; the agent's own
-``next_step()``; one step as one phase. Compiles on the ticket task with a reflection LM that proposes the fix."""
+root LM and no sandbox, ``"assist"`` after two turns in a row without progress, ``"off"`` never; the agent's own
+``next_phase()``; one step as one phase. Compiles on the ticket task with a reflection LM that proposes the fix."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from support.tickets import POLICY_PROMPT, make_splits, metric
 import rlmoptimizer
 from rlmoptimizer import RLMDocstringOptimizer
 from rlmoptimizer.agent.agent import OptimizerAgent
-from rlmoptimizer.agent.pilot import NEXT_STEP_LINE, Pilot
+from rlmoptimizer.agent.pilot import NEXT_PHASE_LINE, Pilot
 from rlmoptimizer.agent.policy import BudgetView, GepaFinished, Proposed
 from rlmoptimizer.errors import AgentToolError, ConfigurationError
 
@@ -135,15 +135,15 @@ def test_a_step_is_one_phase_and_stops_at_a_refused_action():
         ["route"], lambda: BudgetView(left=left[0], val_size=8, reserve=8, proposals_left=50), lambda: left[0]
     )
     tools = Tools(pilot, left)
-    pilot.attach(tools)
-    assert NEXT_STEP_LINE in pilot.describe() and "run_gepa(budget=80)" in pilot.describe()
-    first = pilot.step()  # GEPA's phase: the run; the next action (a proposal) is a new phase
+    pilot.tools = tools
+    assert NEXT_PHASE_LINE in pilot.describe() and "run_gepa(budget=80)" in pilot.describe()
+    first = pilot.take_phase()  # GEPA's phase: the run; the next action (a proposal) is a new phase
     assert first["ran"] == ["run_gepa(budget=80)"] and not first["submitted"]
-    second = pilot.step()  # the targeted rounds: the proposal is refused, and the step stops there
+    second = pilot.take_phase()  # the targeted rounds: the proposal is refused, and the step stops there
     assert second["ran"] == ["propose_instructions('route')"] and "refused: no usable instructions" in second["summary"]
     assert tools.calls == ["run_gepa", "propose"] and pilot.submitted is None
     left[0] = 0
-    assert pilot.step()["submitted"] and pilot.submitted == "the budget is spent"
+    assert pilot.take_phase()["submitted"] and pilot.submitted == "the budget is spent"
 
 
 def test_a_proposal_recorded_makes_the_comparison_the_next_action():
@@ -172,9 +172,9 @@ def test_assist_with_a_root_lm_that_copies_the_shown_line_ends_as_the_loop_does_
     seen: list[str] = []
     copying = copier(seen)
     assisted = compile_tickets(copying, sub_lm=proposer(POLICY_PROMPT), max_metric_calls=60)
-    assert seen == [NEXT_STEP_LINE] * len(seen) and 1 <= len(seen) <= 2
+    assert seen == [NEXT_PHASE_LINE] * len(seen) and 1 <= len(seen) <= 2
     assert len(assisted.agent_trajectory) <= 2 and assisted.agent_trajectory[-1]["final"]
-    assert "next_step" in assisted.agent_trajectory[0]["code"]
+    assert "next_phase" in assisted.agent_trajectory[0]["code"]
     no_sandbox(monkeypatch)
     looped = compile_tickets(
         FunctionLM(never_called), sub_lm=proposer(POLICY_PROMPT), max_metric_calls=60, rlm_autopilot="loop"
@@ -201,12 +201,11 @@ def test_a_turn_that_makes_no_progress_is_followed_by_the_loop_only_in_assist(mo
         assert all("pilot" not in turn and "[pilot]" not in turn["output"] for turn in turns)
         assert len(turns) == 4 and result.route.signature.instructions == ORIGINAL_ROUTE
         return
-    assert turns[0]["code"] == idle[0]["code"]  # the cell stays the agent's; the step ran after it
-    assert (
-        "[pilot] this turn spent nothing, made no candidate, added no note and changed no prompt" in turns[0]["output"]
-    )
-    assert turns[0]["pilot"][0] == "run_gepa(budget=44)"
-    assert turns[-1]["final"] and len(turns) <= 2
+    assert "pilot" not in turns[0]  # one turn of its own without progress is the agent's
+    assert turns[1]["code"] == idle[1]["code"]  # the cell stays the agent's; the step ran after it
+    assert "[pilot] this turn and the one before spent nothing, evaluated nothing" in turns[1]["output"]
+    assert turns[1]["pilot"][0] == "run_gepa(budget=44)"
+    assert turns[-1]["final"] and len(turns) <= 3
     assert result.route.signature.instructions == POLICY_PROMPT
 
 
@@ -214,7 +213,7 @@ def test_a_turn_that_makes_no_progress_is_followed_by_the_loop_only_in_assist(mo
 def test_an_agent_that_analyses_and_takes_notes_is_not_taken_over():
     turns = [
         {"reasoning": "look", "code": "print(baseline_train['score'])\nadd_note('route decides every failure')"},
-        {"reasoning": "one step of the loop", "code": NEXT_STEP_LINE},
+        {"reasoning": "one step of the loop", "code": NEXT_PHASE_LINE},
         {"reasoning": "done", "code": "SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])"},
     ]
     result = compile_tickets(turns, sub_lm=FunctionLM(lambda m: json.dumps({"new_instruction": POLICY_PROMPT})))
