@@ -30,7 +30,7 @@ from dspy.adapters.chat_adapter import ChatAdapter  # noqa: E402
 from dspy.primitives.repl_types import REPLHistory  # noqa: E402
 
 from rlmoptimizer.agent.agent import OptimizerAgent  # noqa: E402
-from rlmoptimizer.agent.context import BoundedContext, ContextBudget  # noqa: E402
+from rlmoptimizer.agent.bounded_context import BoundedContext, ContextBudget  # noqa: E402
 from rlmoptimizer.agent.prompts import render_instructions, render_task_brief  # noqa: E402
 from rlmoptimizer.agent.services import TurnAids, TurnSettings  # noqa: E402
 from rlmoptimizer.agent.state import render_state_block  # noqa: E402

@@ -64,7 +64,7 @@ _PHASES = {
 def describe(action: Action) -> str:
     """The loop's next ``action``, what one ``next_phase()`` adds to it, and the line that takes it."""
     return (
-        f"Default loop: its next action is {action.call}; next_phase() takes it {_PHASES[action.phase]}. "
+        f"Default loop: its next action is {action.call}; next_phase() takes it, {_PHASES[action.phase]}. "
         f"Take it, or make your own move.\nNext line: {NEXT_PHASE_LINE}"
     )
 

@@ -31,33 +31,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-__all__ = [
-    "MIN_CHECK",
-    "Action",
-    "Adopt",
-    "Adopted",
-    "BudgetView",
-    "CheckValidation",
-    "Compare",
-    "Compared",
-    "EvaluateTrain",
-    "GepaFinished",
-    "LastDraw",
-    "LoopMemory",
-    "LoopState",
-    "Outcome",
-    "Pending",
-    "Proposed",
-    "PromptEdited",
-    "Propose",
-    "RunGepa",
-    "Submit",
-    "Validated",
-    "fold",
-    "gepa_budget",
-    "next_action",
-]
-
 PROPOSALS_PER_BUDGET = 3
 """A comparison takes at most this share of what the moves may spend (down to :data:`MIN_CHECK` examples)."""
 MIN_CHECK = 3

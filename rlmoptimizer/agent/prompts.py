@@ -49,10 +49,10 @@ Budget: $budget units. $budget_note Your turns are free. With the budget spent y
 prompts and SUBMIT.
 
 The default loop, as code: `print(next_phase()['summary'])` takes its next phase (the optimizer state at the end of
-every turn names it). Its steps: GEPA with most of the budget; its best adopted and checked on validation (free:
-GEPA scored it there); with what is left, targeted rounds on what the best still fails (propose, compare against
-'current', adopt the winner, check on validation); SUBMIT when nothing is left to pay for. A step that SUBMITs ends
-the run after your cell.$pilot_note
+every turn names it). Its phases: GEPA with most of the budget, then its best adopted and checked on validation
+(free: GEPA scored it there); with what is left, targeted rounds on what the best still fails (propose, compare
+against 'current', adopt the winner, check on validation); SUBMIT when nothing is left to pay for. A phase that
+SUBMITs ends the run after your cell.$pilot_note
 Do better than the loop when you can: run GEPA on the step at fault only (`steps=[...]`), restart it from your
 own edited prompts (`start=`), or split the budget into several runs with analysis in between. Read what the best
 still fails (`hard_examples()`, `evaluate_program(failed_from_run=...)`, `diff_runs`); group failures with code

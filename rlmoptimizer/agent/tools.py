@@ -18,6 +18,7 @@ from typing import Any
 
 from rlmoptimizer.agent.moves import Moves
 from rlmoptimizer.agent.moves.context import whole_validation
+from rlmoptimizer.agent.moves.gepa import GepaHooks, GepaSpec
 from rlmoptimizer.agent.pilot import Pilot
 from rlmoptimizer.agent.policy import (
     Adopted,
@@ -131,10 +132,17 @@ class AgentTools:
         )
         store = getattr(runs, "store", None)
         self._directory = None if store is None else store.directory
-        # gepa's reflections, kept in the run directory: a resumed compile replays a run_gepa without paying again
-        self.answers = AnswerStore(self._directory, name=GEPA_REFLECTIONS)
+        # gepa's reflections, kept in the run directory: a resumed compile replays a run_gepa without paying again;
         # what each GEPA run paid or reserved: a run killed in the middle takes only the rest of its slice on resume
         self._gepa_progress = read_gepa_progress(self._directory)
+        self.moves.gepa_hooks = GepaHooks(
+            answers=AnswerStore(self._directory, name=GEPA_REFLECTIONS),
+            book=self._as_sub,
+            answered=self._sub_lm_answered,
+            progress=self._gepa_progress,
+            keep_progress=lambda kept: write_gepa_progress(self._directory, kept),
+            iteration_ended=self._gepa_iteration_ended,
+        )
         # the named candidates of an earlier process of this compile (a resume): their ids keep working
         named, lineage = read_candidates(self._directory)
         self.moves.proposals.update(named)
@@ -257,7 +265,7 @@ class AgentTools:
             return run.agent_view()
         failed: list[int] | None = None
         if failed_from_run is not None:
-            source = self._get_run(failed_from_run)
+            source = self.moves.get_run(failed_from_run)
             if source.split != "train":
                 raise agent_error(
                     f"run {failed_from_run!r} is a {source.split} run",
@@ -304,19 +312,9 @@ class AgentTools:
                     f"pass steps=None (all) or a list from {self.working.step_names}",
                 ) from None
         try:
+            seed = self.seed if seed is None else seed
             result = self.moves.run_gepa(
-                budget,
-                steps,
-                start,
-                seed=self.seed if seed is None else seed,
-                minibatch_size=minibatch_size,
-                use_merge=use_merge,
-                proposals_per_iteration=proposals_per_iteration,
-                answers=self.answers,
-                book=self._as_sub,
-                answered=self._sub_lm_answered,
-                progress=(self._gepa_progress, lambda kept: write_gepa_progress(self._directory, kept)),
-                iteration_ended=self._gepa_iteration_ended,
+                GepaSpec(budget, steps, start, seed, minibatch_size, use_merge, proposals_per_iteration)
             )
         finally:
             self._keep_candidates()
@@ -416,7 +414,7 @@ class AgentTools:
         """Return an earlier run (baseline runs included) by id: full records for train runs, aggregates for validation runs. Free."""
         if run_id == BASELINE_TRAIN:
             return self._baseline_train().agent_view()
-        return self._get_run(run_id).agent_view()
+        return self.moves.get_run(run_id).agent_view()
 
     def _baseline_train(self) -> EvalRun:
         """The unchanged program's train run, evaluated now (examples already run with its instructions are free,
@@ -460,10 +458,3 @@ class AgentTools:
                 for run in self.runs.all()
             ],
         }
-
-    def _get_run(self, run_id: Any) -> EvalRun:
-        try:
-            return self.runs.get(str(run_id))
-        except KeyError:
-            known = [run.run_id for run in self.runs.all()]
-            raise agent_error(f"no run with id {run_id!r}", f"use one of {known}") from None

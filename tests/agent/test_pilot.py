@@ -171,7 +171,7 @@ def test_no_class_of_the_package_is_a_dspy_rlm_and_the_async_entry_runs_the_same
 def test_assist_with_a_root_lm_that_copies_the_shown_line_ends_as_the_loop_does_in_two_turns(monkeypatch):
     seen: list[str] = []
     copying = copier(seen)
-    assisted = compile_tickets(copying, sub_lm=proposer(POLICY_PROMPT), max_metric_calls=60)
+    assisted = compile_tickets(copying, sub_lm=proposer(POLICY_PROMPT), max_metric_calls=60, rlm_autopilot="assist")
     assert seen == [NEXT_PHASE_LINE] * len(seen) and 1 <= len(seen) <= 2
     assert len(assisted.agent_trajectory) <= 2 and assisted.agent_trajectory[-1]["final"]
     assert "next_phase" in assisted.agent_trajectory[0]["code"]
@@ -216,7 +216,9 @@ def test_an_agent_that_analyses_and_takes_notes_is_not_taken_over():
         {"reasoning": "one step of the loop", "code": NEXT_PHASE_LINE},
         {"reasoning": "done", "code": "SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])"},
     ]
-    result = compile_tickets(turns, sub_lm=FunctionLM(lambda m: json.dumps({"new_instruction": POLICY_PROMPT})))
+    result = compile_tickets(
+        turns, sub_lm=FunctionLM(lambda m: json.dumps({"new_instruction": POLICY_PROMPT})), rlm_autopilot="assist"
+    )
     trajectory = result.agent_trajectory
     assert [t["code"] for t in trajectory] == [t["code"] for t in turns[: len(trajectory)]]
     assert "[pilot]" not in trajectory[0]["output"]

@@ -52,10 +52,12 @@ _DEFAULT: Any = object()
 def optimizer(root: dspy.BaseLM | list, *, eval_lm: Any = _DEFAULT, **kwargs: Any) -> RLMDocstringOptimizer:
     """An optimizer whose root LM is ``root`` (an LM, or a list of turns for :func:`scripted_agent`); ``eval_lm``
     defaults to a new fake task LM (pass ``None`` for none), the budget to ``max_iterations=2`` unless
-    ``max_metric_calls`` is given."""
+    ``max_metric_calls`` is given, ``rlm_autopilot`` to ``"off"``."""
     if "max_metric_calls" not in kwargs:
         kwargs.setdefault("max_iterations", 2)
     kwargs.setdefault("num_threads", 4)
+    # Scripted turns are an agent that decides every turn: the pilot stays out unless a test is about it.
+    kwargs.setdefault("rlm_autopilot", "off")
     root_lm = scripted_agent(root) if isinstance(root, list) else root
     return RLMDocstringOptimizer(
         root_lm=root_lm, eval_lm=FunctionLM(task_lm_reply) if eval_lm is _DEFAULT else eval_lm, **kwargs

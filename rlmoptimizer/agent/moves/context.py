@@ -84,6 +84,7 @@ class MoveContext:
         self.lineage: dict[str, dict[str, Any]] = {}
         self.gepa_candidates = 0  # 'gepa-N' ids given so far
         self.gepa_runs = 0
+        self.gepa_hooks: Any = None  # what GEPA runs need of the compile (moves.gepa.GepaHooks); None: nothing
         self.perfect_score = pass_threshold  # an example passes at this score: gepa skips a minibatch all passed
 
     def _lm(self) -> dspy.BaseLM:
@@ -102,7 +103,8 @@ class MoveContext:
         if not isinstance(step, str) or step not in self.step_names:
             raise refuse(f"{tool}: unknown step name {step!r}", f"use one of {self.step_names}")
 
-    def _get_run(self, run_id: Any) -> EvalRun:
+    def get_run(self, run_id: Any) -> EvalRun:
+        """The run ``run_id``, or a refusal naming the runs there are."""
         try:
             return self.runs.get(str(run_id))
         except KeyError:
@@ -110,7 +112,7 @@ class MoveContext:
             raise refuse(f"no run with id {run_id!r}", f"use one of {known}") from None
 
     def _train_run(self, run_id: Any, tool: str) -> EvalRun:
-        run = self._get_run(run_id)
+        run = self.get_run(run_id)
         if run.split != "train":
             raise refuse(
                 f"{tool}: run {run.run_id} is a {run.split} run",
@@ -139,7 +141,7 @@ class MoveContext:
             if candidate == "current":
                 return "current", current
             if candidate.startswith("run-"):
-                run = self._get_run(candidate)
+                run = self.get_run(candidate)
                 return candidate, dict(run.instructions)
             if candidate in self.proposals:
                 return candidate, {**current, **self.proposals[candidate]}

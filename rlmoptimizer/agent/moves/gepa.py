@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlmoptimizer.agent.moves.context import MoveContext, refuse
@@ -42,6 +43,35 @@ logger = logging.getLogger(__name__)
 MINIBATCH_SIZE = 3  # examples per reflection, gepa's and dspy.GEPA's default
 MAX_MERGE_INVOCATIONS = 5  # merges per run, dspy.GEPA's default
 MAX_PROPOSALS_PER_ITERATION = 8
+
+
+@dataclass(frozen=True)
+class GepaSpec:
+    """One ``run_gepa`` call: at most ``budget`` units from ``start`` ('current' or a candidate id) on ``steps`` (all
+    when None); ``seed`` orders the minibatches of ``minibatch_size``; ``use_merge``; ``proposals_per_iteration``."""
+
+    budget: Any
+    steps: Any = None
+    start: Any = "current"
+    seed: Any = 0
+    minibatch_size: Any = MINIBATCH_SIZE
+    use_merge: Any = True
+    proposals_per_iteration: Any = 1
+
+
+@dataclass
+class GepaHooks:
+    """What GEPA runs need of the compile around them, set once: the reflections kept for a resume (``answers``),
+    how a reflection's LM calls are booked (``book``), who is told when one was charged (``answered``), what each
+    run has paid as kept on disk (``progress``) and how to keep it (``keep_progress``), and who is told the end of
+    each of gepa's iterations (``iteration_ended(run, iteration, accepted, spent)``)."""
+
+    answers: AnswerStore = field(default_factory=AnswerStore)
+    book: Callable[[Callable], Callable] = lambda fn: fn
+    answered: Callable[[], None] = lambda: None
+    progress: dict[str, dict[str, Any]] = field(default_factory=dict)
+    keep_progress: Callable[[dict[str, dict[str, Any]]], None] = lambda kept: None
+    iteration_ended: Callable[[str, int, bool, int], None] = lambda run, iteration, accepted, spent: None
 
 
 class _Watch:
@@ -134,37 +164,20 @@ class GepaMoves(MoveContext):
             self.lineage[candidate_id] = lineage
         return candidate_id
 
-    def run_gepa(
-        self,
-        budget: int,
-        steps: Sequence[str] | None = None,
-        start: Any = "current",
-        *,
-        seed: int = 0,
-        minibatch_size: int = MINIBATCH_SIZE,
-        use_merge: bool = True,
-        proposals_per_iteration: int = 1,
-        answers: AnswerStore | None = None,
-        book: Callable[[Callable], Callable] | None = None,
-        answered: Callable[[], None] | None = None,
-        progress: tuple[dict[str, dict[str, Any]], Callable[[dict[str, dict[str, Any]]], None]] | None = None,
-        iteration_ended: Callable[[str, int, bool, int], None] | None = None,
-    ) -> dict[str, Any]:
-        """Run gepa's engine from ``start`` on ``steps`` (all by default) for at most ``budget`` units.
-
-        ``progress``: what each GEPA run of this compile has paid or reserved, as kept on disk, and how to keep it;
-        a run killed in the middle is replayed on resume under the same name and takes only what is left of its
-        budget (its replayed evaluations and reflections are free: stored). ``iteration_ended(run, iteration,
-        accepted, spent)`` is told the end of each of gepa's iterations."""
+    def run_gepa(self, spec: GepaSpec) -> dict[str, Any]:
+        """Run gepa's engine as ``spec`` says, wired to the compile by :attr:`gepa_hooks`. A run killed in the middle
+        is replayed on resume under the same name and takes only what is left of its budget (its replayed
+        evaluations and reflections are free: stored)."""
         import gepa
         from gepa.core.result import GEPAResult
         from gepa.strategies.proposal_sampling import PxNSampling
 
-        budget = _int_arg("budget", budget, 1)
-        seed = _int_arg("seed", seed, 0)
-        minibatch_size = _int_arg("minibatch_size", minibatch_size, 1)
+        hooks, steps, use_merge = self.gepa_hooks or GepaHooks(), spec.steps, spec.use_merge
+        budget = _int_arg("budget", spec.budget, 1)
+        seed = _int_arg("seed", spec.seed, 0)
+        minibatch_size = _int_arg("minibatch_size", spec.minibatch_size, 1)
         proposals_per_iteration = _int_arg(
-            "proposals_per_iteration", proposals_per_iteration, 1, MAX_PROPOSALS_PER_ITERATION
+            "proposals_per_iteration", spec.proposals_per_iteration, 1, MAX_PROPOSALS_PER_ITERATION
         )
         if not isinstance(use_merge, bool):
             raise refuse(
@@ -183,10 +196,10 @@ class GepaMoves(MoveContext):
         for step in steps:
             self._check_step(step, "run_gepa")
         steps = list(dict.fromkeys(steps))
-        source, base = self._resolve(start, None)
+        source, base = self._resolve(spec.start, None)
         source = self.name_of(base) if source in ("current", "map") else source
         run_name = f"gepa run {self.gepa_runs + 1}"
-        kept, keep = progress if progress is not None else ({}, lambda runs: None)
+        kept, keep = hooks.progress, hooks.keep_progress
         # The same call replayed after a kill (same budget) goes on with what is left of it; another call is new.
         earlier = kept.get(run_name)
         taken = earlier["taken"] if earlier and not earlier["finished"] and earlier["budget"] == budget else 0
@@ -207,13 +220,7 @@ class GepaMoves(MoveContext):
             keep(kept)
 
         slice_ = Slice(self.ledger, budget, taken=taken, on_change=record)
-        reflection = Reflection(
-            self._lm(),
-            slice_,
-            answers if answers is not None else AnswerStore(),
-            book or (lambda fn: fn),
-            answered or (lambda: None),
-        )
+        reflection = Reflection(self._lm(), slice_, hooks.answers, hooks.book, hooks.answered)
         adapter = Adapter(
             self.runs, self._evaluate, self.is_known, base, slice_, self._score_bound, propose=reflection.propose
         )
@@ -238,9 +245,7 @@ class GepaMoves(MoveContext):
         watch = _Watch(
             lambda: (slice_.spent, reflection.calls + reflection.replayed),
             idle_limit,
-            ended=(lambda i, accepted: iteration_ended(run_name, i, accepted, slice_.spent))
-            if iteration_ended is not None
-            else None,
+            ended=lambda i, accepted: hooks.iteration_ended(run_name, i, accepted, slice_.spent),
             too_little=too_little,
             child=adapter.expect_child,
             iteration_started=adapter.new_iteration,
