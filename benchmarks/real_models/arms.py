@@ -154,6 +154,7 @@ def run_gepa(ctx: ArmContext) -> tuple[dspy.Module, dict]:
         num_threads=ctx.num_threads,
         seed=ctx.seed,
         log_dir=str(ctx.work_dir),
+        track_stats=True,  # returns its search's record (no LM call, no metric call): see gepa_search
     )
     optimized = optimizer.compile(ctx.program, trainset=ctx.train, valset=ctx.val)
     return optimized, {
@@ -163,7 +164,30 @@ def run_gepa(ctx: ArmContext) -> tuple[dspy.Module, dict]:
             "use_merge": True,
             "num_threads": ctx.num_threads,
             "seed": ctx.seed,
-        }
+            "track_stats": True,
+        },
+        "gepa_search": gepa_search(optimized),
+    }
+
+
+def gepa_search(optimized: dspy.Module) -> dict[str, Any] | None:
+    """What dspy.GEPA's search did, from its ``detailed_results``: the candidates it accepted (the first is the
+    unchanged program), each one's parents and validation score, the best one, and GEPA's own count of metric
+    calls (beside the harness's count of program runs). The children it proposed are its reflections: the
+    optimizer-LM calls of the arm (one per proposal, merges excepted)."""
+    results = getattr(optimized, "detailed_results", None)
+    if results is None:
+        return None
+    scores = list(results.val_aggregate_scores)
+    return {
+        "accepted_children": len(results.candidates) - 1,
+        "parents": [list(p) for p in results.parents],
+        "val_scores": scores,
+        "best_idx": results.best_idx,
+        "best_val_score": scores[results.best_idx] if scores else None,
+        "total_metric_calls": results.total_metric_calls,
+        "num_full_val_evals": results.num_full_val_evals,
+        "discovery_eval_counts": list(results.discovery_eval_counts),
     }
 
 
@@ -337,9 +361,9 @@ ARMS: dict[str, Arm] = {
     "ceiling-instruction": Arm("ceiling: best instruction", run_ceiling_instruction, True, seeded=False),
     "ceiling-demos": Arm("ceiling: bare instruction + 4 demos", run_ceiling_demos, True, seeded=False),
     "policy": Arm("policy instruction", run_policy, metric_as_float=True, seeded=False),
-    "rlmoptimizer": Arm("rlmoptimizer", run_rlmoptimizer, metric_as_float=False),
-    "rlmoptimizer-loop": Arm("rlmoptimizer loop", run_rlmoptimizer_loop, metric_as_float=False),
     "gepa": Arm("GEPA", run_gepa, metric_as_float=False),
     "mipro": Arm("MIPROv2", run_mipro, metric_as_float=True),
     "mipro-demos": Arm("MIPROv2 with demos", run_mipro_demos, metric_as_float=True),
+    "rlmoptimizer": Arm("rlmoptimizer", run_rlmoptimizer, metric_as_float=False),
+    "rlmoptimizer-loop": Arm("rlmoptimizer loop", run_rlmoptimizer_loop, metric_as_float=False),
 }
