@@ -31,12 +31,14 @@ PYTHON="${PYTHON:-python3}"
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
-# --help answers at once: cli.py imports only the standard library, so nothing is checked out, installed or built.
+# --help answers at once, and a bad flag fails at once: cli.py imports only the standard library, so nothing is
+# checked out, installed or built before the arguments are known to be good.
 for arg in "$@"; do
     case "$arg" in
         -h | --help) exec "$PYTHON" "$HERE/cli.py" --help ;;
     esac
 done
+"$PYTHON" "$HERE/cli.py" "$@"
 
 # Hosted-model runs do not need llama.cpp. A run needs it unless both model flags name a hosted model.
 needs_local=1
