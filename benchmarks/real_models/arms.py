@@ -340,6 +340,14 @@ def run_rlmoptimizer(ctx: ArmContext, *, autopilot: Any = None) -> tuple[dspy.Mo
     for name in ("optimized_dspy_program", "budget", "selection", "run_storage_dir", "agent_trajectory"):
         if hasattr(optimized, name):
             details[name] = getattr(optimized, name)
+    # What the run did, candidate by candidate (its lineage: what each was made from and for, where the library
+    # records it), for the per-seed report; the whole run stays in run_storage_dir.
+    results = getattr(optimized, "detailed_results", None)
+    if results is not None:
+        try:
+            details["detailed_results"] = results.to_dict() if hasattr(results, "to_dict") else dict(results)
+        except Exception as e:  # a report that does not serialize is not worth the arm
+            details["detailed_results"] = f"not recorded: {type(e).__name__}: {e}"
     return optimized, details
 
 

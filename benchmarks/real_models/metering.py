@@ -146,7 +146,9 @@ class ProgramRuns(BaseCallback):
     ``program_type`` in a thread (a program of that class run inside another is part of that run).
 
     Install it once as a global dspy callback (``dspy.configure(callbacks=[runs])``) so that every thread
-    sees it, whichever optimizer started the thread; take :meth:`snapshot` before and after a phase."""
+    sees it, whichever optimizer started the thread; take :meth:`snapshot` before and after a phase. Nesting is
+    tracked per thread: outermost ``acall``s interleaved as coroutines in one thread would count as one run (no
+    optimizer here runs the program that way; they all use threads)."""
 
     def __init__(self, program_type: type) -> None:
         self.program_type = program_type
