@@ -1,4 +1,4 @@
-"""What the benchmark counts: LM calls and tokens by role, and metric calls.
+"""What the benchmark counts: LM calls and tokens by role, program runs, and metric calls.
 
 LM usage is counted where dspy 3.4.1 records it: every completed (non-cached) call ends in
 ``BaseLM.update_history(entry)`` with ``entry["usage"]`` (``prompt_tokens``, ``completion_tokens``), on both
@@ -6,6 +6,14 @@ the litellm and the lm15 paths. ``MeteredLM`` overrides that one method. Copies 
 (MIPROv2's proposer makes some) share the meter, because ``copy`` keeps every attribute but the history,
 callbacks and kwargs; so nothing an optimizer does through a copy of an LM goes uncounted. Failed calls
 are not counted. History must stay enabled (``dspy.settings.disable_history`` False), which is the default.
+
+Program runs are counted where every optimizer runs the program: ``dspy.Module.__call__``, which dspy 3.4.1 wraps
+with its callbacks (``dspy.Evaluate``, GEPA's ``bootstrap_trace_data``, MIPROv2's ``BootstrapFewShot`` and
+rlmoptimizer's evaluator all call ``program(**inputs)``). ``ProgramRuns`` is a global dspy callback that counts
+each outermost call of an instance of the task's program class (deep copies included), whether or not its output
+parsed. A run whose output does not parse never reaches the metric (``dspy.Evaluate`` scores it 0 and GEPA
+gives it its failure score without calling the metric), so a count of metric-function calls misses it; the
+benchmark's "metric calls" are these program runs, what every optimizer's budget pays for.
 """
 
 from __future__ import annotations
@@ -15,6 +23,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import dspy
+from dspy.utils.callback import BaseCallback
+from dspy.utils.exceptions import AdapterParseError
 
 
 @dataclass(frozen=True)
@@ -103,3 +113,76 @@ def to_float(value: Any) -> float:
     if isinstance(value, dspy.Prediction):
         return float(value.score)
     return float(value)
+
+
+@dataclass(frozen=True)
+class RunCount:
+    """A snapshot of the program runs counted so far; differences of snapshots give a phase's runs.
+
+    ``runs``: every run started (the honest count of what was paid); ``unparsed``: runs whose output did not
+    parse (raised ``AdapterParseError``, or were turned into GEPA's ``FailedPrediction``); ``errors``: runs that
+    raised anything else (an LM error, a bug)."""
+
+    runs: int = 0
+    unparsed: int = 0
+    errors: int = 0
+
+    def __sub__(self, other: RunCount) -> RunCount:
+        return RunCount(self.runs - other.runs, self.unparsed - other.unparsed, self.errors - other.errors)
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def _is_failed_parse(outputs: Any) -> bool:
+    """GEPA's ``bootstrap_trace_data`` patches ``forward`` to return ``(FailedPrediction, trace)`` on a parse
+    failure instead of raising; the run then ends without an exception."""
+    first = outputs[0] if isinstance(outputs, tuple) and outputs else outputs
+    return type(first).__name__ == "FailedPrediction"
+
+
+class ProgramRuns(BaseCallback):
+    """Counts runs of the task's program: each outermost ``__call__``/``acall`` of an instance of
+    ``program_type`` in a thread (a program of that class run inside another is part of that run).
+
+    Install it once as a global dspy callback (``dspy.configure(callbacks=[runs])``) so that every thread
+    sees it, whichever optimizer started the thread; take :meth:`snapshot` before and after a phase. Nesting is
+    tracked per thread: outermost ``acall``s interleaved as coroutines in one thread would count as one run (no
+    optimizer here runs the program that way; they all use threads)."""
+
+    def __init__(self, program_type: type) -> None:
+        self.program_type = program_type
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._outer: set[str] = set()
+        self._inner: set[str] = set()
+        self._runs = self._unparsed = self._errors = 0
+
+    def on_module_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        if not isinstance(instance, self.program_type):
+            return
+        depth = getattr(self._local, "depth", 0)
+        self._local.depth = depth + 1
+        with self._lock:
+            if depth == 0:
+                self._runs += 1
+                self._outer.add(call_id)
+            else:
+                self._inner.add(call_id)
+
+    def on_module_end(self, call_id: str, outputs: Any | None, exception: Exception | None = None) -> None:
+        with self._lock:
+            outer = call_id in self._outer
+            if not outer and call_id not in self._inner:
+                return
+            (self._outer if outer else self._inner).discard(call_id)
+            if outer:
+                if isinstance(exception, AdapterParseError) or (exception is None and _is_failed_parse(outputs)):
+                    self._unparsed += 1
+                elif exception is not None:
+                    self._errors += 1
+        self._local.depth = max(getattr(self._local, "depth", 1) - 1, 0)
+
+    def snapshot(self) -> RunCount:
+        with self._lock:
+            return RunCount(self._runs, self._unparsed, self._errors)

@@ -1,9 +1,10 @@
 """Compare the unchanged program, rlmoptimizer, GEPA and MIPROv2 on one task with real models.
 
 Run it through ``bash benchmarks/real_models/run.sh [flags]``, which installs what it needs first; see
-``benchmarks/README.md``. With the default ``--task-model local --optimizer-model local`` this assembles the
-GGUF model, starts llama-cpp-python servers on 127.0.0.1 (one per role: the task LM's and the optimizer LM's),
-checks that they answer, runs every arm and stops the servers at the end, also on an error, Ctrl-C or SIGTERM.
+``benchmarks/README.md`` (``--help``, parsed by ``cli.py``, answers without installing anything). With the default
+``--task-model local --optimizer-model local`` this assembles the GGUF model, starts llama-cpp-python servers on
+127.0.0.1 (one per role: the task LM's and the optimizer LM's), checks that they answer, runs every arm and stops
+the servers at the end, also on an error, Ctrl-C or SIGTERM.
 
 Two servers of the same model file rather than one: a server keeps one prompt's KV cache per slot, and on 2
 cores one slot is fastest. Sharing it, every task-LM evaluation would evict the optimizer's long prompt (an
@@ -13,13 +14,17 @@ two rarely compute at once (an optimizer waits for its evaluations), so they do 
 Every arm gets a fresh copy of the task's program, the same train/val data, the same task LM, the same
 optimizer LM and the same budget of B metric calls; every resulting program is scored on the test split
 with the task LM. DSPy's cache is off (memory and disk, and ``cache=False`` on each LM), so no arm reuses
-another's answers and every arm pays for its own calls.
+another's answers and every arm pays for its own calls. A metric call is one run of the program on one example,
+counted where the program runs (``metering.ProgramRuns``), so a run whose output does not parse, which never
+reaches the metric, is counted too.
 
-Each optimizer runs once per seed (``--seeds``). Every finished arm is saved at once to
-``<out>/arms/<arm>[-seed<k>].json`` (its per-ticket test correctness, instructions, metric calls, LM usage by
-role, wall time, the machine's load during it, the library's commit); an arm whose file is there is not run
-again when the same ``--out`` is given, so a stopped run continues where it stopped. The table is built from
-every arm file in ``<out>/arms``, whichever invocation wrote it, and refuses files written with other settings.
+Each optimizer runs once per seed (``--seeds``), seed by seed: every arm's seed 0, then every arm's seed 1, and
+so on (the unchanged program and the ceilings once, in the first round), so a run stopped anywhere leaves matched
+pairs. Every finished arm is saved at once to ``<out>/arms/<arm>[-seed<k>].json`` (its per-ticket test
+correctness and predictions, instructions and demos, metric calls, LM usage by role, wall time, the machine's load
+during it, the library's commit); an arm whose file is there is not run again when the same ``--out`` is given,
+so a stopped run continues where it stopped. The table is built from every arm file in ``<out>/arms``, whichever
+invocation wrote it, and refuses files written with other settings.
 """
 
 from __future__ import annotations
@@ -28,7 +33,6 @@ import os
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-import argparse  # noqa: E402
 import datetime  # noqa: E402
 import hashlib  # noqa: E402
 import importlib  # noqa: E402
@@ -54,13 +58,18 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import dspy  # noqa: E402
-from arms import ARMS, ArmContext, Unavailable, instructions_of  # noqa: E402
-from local_model import DEFAULT_WEIGHTS, WEIGHTS, ensure_weights, llama_server  # noqa: E402
-from metering import CountingMetric, Meter, MeteredLM  # noqa: E402
+from arms import ARMS, ArmContext, Unavailable, demos_of, instructions_of  # noqa: E402
+from cli import ARM_HELP, LOCAL, SEEDED, parse_args, plan_runs  # noqa: E402  (standard library only)
+from local_model import WEIGHTS, ensure_weights, llama_server  # noqa: E402
+from metering import CountingMetric, Meter, MeteredLM, ProgramRuns  # noqa: E402
 from stats import mcnemar, sign_test, spread  # noqa: E402
 
 log = logging.getLogger("bench")
 _interrupted = threading.Event()
+
+# cli.py knows the arms without importing dspy (for --help); the two lists must agree.
+assert list(ARMS) == list(ARM_HELP), (list(ARMS), list(ARM_HELP))
+assert SEEDED == {key for key, arm in ARMS.items() if arm.seeded}, SEEDED
 
 
 def _interrupt(signum, frame) -> None:
@@ -69,133 +78,6 @@ def _interrupt(signum, frame) -> None:
     dspy turning the interrupt into ``Exception("Execution cancelled ...")``, which ``run_arm`` re-raises."""
     _interrupted.set()
     signal.default_int_handler(signum, frame)
-
-
-LOCAL = "local"
-DEFAULT_TASK = HERE / "tasks" / "ticket_routing.py"
-DEFAULT_ARMS = "unchanged,gepa,mipro,rlmoptimizer"
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    g = p.add_argument_group("task and budget")
-    g.add_argument(
-        "--task",
-        default=str(DEFAULT_TASK),
-        help="a task: path to a .py file or a dotted module exposing load(), make_program(), metric()",
-    )
-    g.add_argument("--budget", type=int, default=80, help="B, metric calls per optimizer")
-    g.add_argument(
-        "--optimizers",
-        default=DEFAULT_ARMS,
-        help=f"comma-separated arms, run in this order: a subset of {DEFAULT_ARMS},policy",
-    )
-    g.add_argument(
-        "--seeds",
-        default="0",
-        help="comma-separated seeds; every optimizer arm runs once per seed (GEPA's and MIPROv2's seed, "
-        "rlmoptimizer's attempt), the unchanged program and the policy instruction once",
-    )
-    g.add_argument(
-        "--ceiling",
-        action="store_true",
-        help="score the unchanged program and the program with the task's POLICY_INSTRUCTION (the "
-        "instruction stating the whole policy) on the test split, before any --optimizers arm "
-        "(--optimizers '' for the ceiling alone)",
-    )
-    g.add_argument("--predictor", help="the task's predictor setting (the default task: cot or predict)")
-    g.add_argument("--adapter", help="the task's adapter setting (the default task: json or chat)")
-    g.add_argument(
-        "--limit-train",
-        type=int,
-        default=20,
-        help="use only the first N training examples (0: all; the default task has 40)",
-    )
-    g.add_argument(
-        "--limit-val",
-        type=int,
-        default=20,
-        help="use only the first N validation examples (0: all; the default task has 30)",
-    )
-    g.add_argument(
-        "--limit-test",
-        type=int,
-        default=40,
-        help="use only the first N test examples (0: all; the default task has 60)",
-    )
-    g.add_argument("--num-threads", type=int, default=2, help="evaluation threads for every optimizer and the test")
-    g.add_argument(
-        "--rlm-commit",
-        default="HEAD",
-        help="the git commit of rlmoptimizer to run (run.sh checks it out into a worktree under "
-        "<work-dir> and puts it first on PYTHONPATH; recorded in every arm file)",
-    )
-
-    g = p.add_argument_group("models ('local' = the GGUF model on a llama.cpp server started here)")
-    g.add_argument("--task-model", default=LOCAL, help="task LM, e.g. openai/gpt-4o-mini (a litellm model name)")
-    g.add_argument("--optimizer-model", default=LOCAL, help="optimizer LM for all three optimizers, e.g. openai/gpt-4o")
-    g.add_argument("--api-base", help="API base URL for hosted models (default: the provider's)")
-    g.add_argument("--api-key", help="API key for hosted models (default: the provider's environment variable)")
-    g.add_argument("--task-max-tokens", type=int, default=256)
-    g.add_argument("--task-temperature", type=float, default=0.0)
-    g.add_argument("--optimizer-max-tokens", type=int, default=1024)
-    g.add_argument(
-        "--price-as",
-        default="openai/gpt-4o-mini",
-        help="the hosted model (litellm name) whose price the table's dollar columns use for the local model",
-    )
-    g.add_argument("--optimizer-temperature", type=float, default=0.7)
-
-    g = p.add_argument_group("local server")
-    g.add_argument("--local-model", default=DEFAULT_WEIGHTS, choices=sorted(WEIGHTS))
-    g.add_argument("--n-ctx", type=int, default=8192, help="context window of the optimizer LM's server")
-    g.add_argument("--task-n-ctx", type=int, default=4096, help="context window of the task LM's server")
-    g.add_argument("--server-threads", type=int, default=len(os.sched_getaffinity(0)))
-    g.add_argument(
-        "--one-server",
-        action="store_true",
-        help="serve both roles from one server (less memory, slower optimizer calls)",
-    )
-    g.add_argument(
-        "--setup-only",
-        action="store_true",
-        help="assemble the model, start the server, check it answers, stop it; run nothing",
-    )
-
-    g = p.add_argument_group("optimizer settings")
-    g.add_argument("--mipro-candidates", type=int, default=4, help="MIPROv2 num_candidates (instructions proposed)")
-    g.add_argument("--mipro-minibatch-size", type=int, default=5)
-    g.add_argument("--mipro-full-eval-steps", type=int, default=5)
-    g.add_argument("--rlm-max-turns", type=int, default=12, help="rlmoptimizer rlm_max_iterations (agent turns)")
-    g.add_argument("--rlm-max-llm-calls", type=int, default=10, help="rlmoptimizer rlm_max_llm_calls")
-
-    g = p.add_argument_group("output")
-    g.add_argument("--work-dir", default=str(REPO / "benchmarks" / ".work"))
-    g.add_argument("--out", help="output folder (default: <work-dir>/results/<UTC timestamp>)")
-    args = p.parse_args(argv)
-    arms = [a for a in args.optimizers.split(",") if a]
-    if args.ceiling:
-        arms = ["unchanged", "policy"] + [a for a in arms if a not in ("unchanged", "policy")]
-    unknown = [a for a in arms if a not in ARMS]
-    if unknown:
-        p.error(f"--optimizers: unknown {unknown}; choose from {sorted(ARMS)}")
-    args.arms = list(dict.fromkeys(arms))
-    try:
-        args.seed_list = list(dict.fromkeys(int(x) for x in args.seeds.split(",") if x.strip()))
-    except ValueError:
-        p.error(f"--seeds: comma-separated integers, got {args.seeds!r}")
-    if not args.seed_list or min(args.seed_list) < 0:
-        p.error(f"--seeds: at least one seed, none negative, got {args.seeds!r}")
-    if args.budget < 1:
-        p.error(f"--budget must be >= 1, got {args.budget}")
-    for flag in ("limit_train", "limit_val", "limit_test"):
-        value = getattr(args, flag)
-        if value < 0:
-            p.error(f"--{flag.replace('_', '-')} must be >= 0 (0: the whole split), got {value}")
-        setattr(args, flag, value or None)
-    return args
 
 
 def load_task(spec: str) -> ModuleType:
@@ -387,12 +269,19 @@ def run_arm(
     scored: dict[str, tuple[str, dict]],
     settings: dict,
     loads: LoadSampler,
+    runs: ProgramRuns | None = None,
 ) -> dict[str, Any]:
     """One arm: optimize, then score on test. Failures become the row's status; only Ctrl-C stops the run.
 
-    ``scored`` maps the instructions of every program scored so far to (arm, test result): a program whose
-    instructions were already scored (an optimizer that returned the unchanged program) reuses that score
-    instead of paying for the same test run again (the task LM runs at temperature 0 by default)."""
+    ``scored`` maps the prompt of every program scored so far (its instructions and demos, see
+    :func:`prompt_key`) to (arm, test result): a program whose prompt was already scored (an optimizer that
+    returned the unchanged program) reuses that score instead of paying for the same test run again (the task LM
+    runs at temperature 0 by default).
+
+    ``runs`` counts the program's runs (``metering.ProgramRuns``, installed as a global dspy callback): the row's
+    ``optimize.metric_calls`` are the runs during the optimization, an output that does not parse included;
+    ``optimize.metric_fn_calls`` are the calls of the metric that scored a run (fewer when outputs did not
+    parse: those never reach the metric)."""
     arm = ARMS[key]
     label = arm_label(key, seed)
     train, val, test = data
@@ -420,6 +309,7 @@ def run_arm(
             "root_context_window": _optimizer_window(args),
         },
         policy_instruction=getattr(task, "POLICY_INSTRUCTION", None),
+        task=task,
     )
     row: dict[str, Any] = {
         "arm": arm.name,
@@ -435,6 +325,7 @@ def run_arm(
     }
     log.info("=== %s: optimizing (budget %d metric calls) ===", label, args.budget)
     before = {role: meter.snapshot() for role, meter in meters.items()}
+    runs_before = runs.snapshot() if runs is not None else None
     started, started_epoch = time.perf_counter(), time.time()
     program = None
     try:
@@ -447,9 +338,14 @@ def run_arm(
             raise KeyboardInterrupt from e
         row["status"], row["error"] = "error", f"{type(e).__name__}: {e}"
         row["traceback"] = traceback.format_exc()
+    program_runs = (runs.snapshot() - runs_before).to_dict() if runs is not None else None
     row["optimize"] = {
         "wall_s": round(time.perf_counter() - started, 1),
-        "metric_calls": metric.scored,
+        # the honest count: every program run paid for, whether or not its output parsed (see metering.py)
+        "metric_calls": program_runs["runs"] if program_runs is not None else metric.scored,
+        "metric_calls_counted_as": "program runs" if program_runs is not None else "metric function calls",
+        "program_runs": program_runs,
+        "metric_fn_calls": metric.scored,
         "feedback_calls": metric.feedback,
         **{f"{role}_lm": (meter.snapshot() - before[role]).to_dict() for role, meter in meters.items()},
         "load_1min": loads.between(started_epoch, time.time()),
@@ -458,29 +354,33 @@ def run_arm(
         log.warning("%s: %s: %s", label, row["status"], row["error"])
         return row
     row["instructions"] = instructions_of(program)
-    same = json.dumps(row["instructions"], sort_keys=True)
+    demos = demos_of(program)
+    if demos:
+        row["demos"] = demos
+    same = prompt_key(row)
     if same in scored and args.task_temperature == 0:
         earlier, row["test"] = scored[same]
         row["test"] = {**row["test"], "same_instructions_as": earlier}
         log.info(
-            "%s: optimized in %.0f s with %d metric calls; same instructions as %s: test score %.1f%% reused",
+            "%s: optimized in %.0f s with %d metric calls; same prompt as %s: test score %.1f%% reused",
             label,
             row["optimize"]["wall_s"],
-            metric.scored,
+            row["optimize"]["metric_calls"],
             earlier,
             100 * row["test"]["score"],
         )
         return row
     log.info(
-        "%s: optimized in %.0f s with %d metric calls; scoring on %d test examples",
+        "%s: optimized in %.0f s with %d metric calls (%s); scoring on %d test examples",
         label,
         row["optimize"]["wall_s"],
-        metric.scored,
+        row["optimize"]["metric_calls"],
+        describe_runs(program_runs, metric.scored),
         len(test),
     )
     test_started = time.time()
     try:
-        row["test"] = evaluate(program, test, task, task_lm, meters["task"], args.num_threads)
+        row["test"] = evaluate(program, test, task, task_lm, meters["task"], args.num_threads, runs)
     except Exception as e:  # e.g. the server died: the row says so, the next arm still runs
         if _interrupted.is_set():
             raise KeyboardInterrupt from e
@@ -500,6 +400,50 @@ def run_arm(
     return row
 
 
+def prompt_key(row: dict) -> str:
+    """What decides a program's test answers besides the LM: its instructions, and its demos when it has any
+    (a row without demos keys as the earlier files did, by its instructions alone)."""
+    if row.get("demos"):
+        return json.dumps({"instructions": row["instructions"], "demos": row["demos"]}, sort_keys=True)
+    return json.dumps(row["instructions"], sort_keys=True)
+
+
+def describe_runs(program_runs: dict | None, metric_fn_calls: int) -> str:
+    if program_runs is None:
+        return f"{metric_fn_calls} metric function calls"
+    return (
+        f"{program_runs['runs']} program runs, {program_runs['unparsed']} unparsed, {program_runs['errors']} "
+        f"other errors; {metric_fn_calls} metric function calls"
+    )
+
+
+def output_fields(task, examples) -> list[str]:
+    """The task's output fields: its ``OUTPUT_FIELDS`` when it defines them, else the label fields (those not
+    marked as inputs) of its first example."""
+    fields = getattr(task, "OUTPUT_FIELDS", None)
+    if fields:
+        return list(fields)
+    return list(examples[0].labels().keys()) if examples else []
+
+
+def json_value(value: Any) -> Any:
+    return value if isinstance(value, str | int | float | bool | type(None)) else str(value)
+
+
+def predicted_values(predictions: list, fields: list[str]) -> list:
+    """Each example's predicted output: the value of the one output field (the earlier files' form), or a dict of
+    them when the task has several; None when the program produced no output (it raised, e.g. did not parse)."""
+    out = []
+    for pred in predictions:
+        if pred is None or not len(pred.keys()):
+            out.append(None)
+        elif len(fields) == 1:
+            out.append(json_value(pred.get(fields[0])))
+        else:
+            out.append({f: json_value(pred.get(f)) for f in fields})
+    return out
+
+
 def make_program(task, args) -> dspy.Module:
     return task.make_program(**program_options(task, args))
 
@@ -516,9 +460,12 @@ def program_options(task, args) -> dict[str, str]:
     return given
 
 
-def evaluate(program, test, task, task_lm, task_meter: Meter, num_threads: int) -> dict[str, Any]:
+def evaluate(
+    program, test, task, task_lm, task_meter: Meter, num_threads: int, runs: ProgramRuns | None = None
+) -> dict[str, Any]:
     metric = CountingMetric(task.metric, as_float=True)
     before = task_meter.snapshot()
+    runs_before = runs.snapshot() if runs is not None else None
     started = time.perf_counter()
     with dspy.context(lm=task_lm):
         result = dspy.Evaluate(
@@ -530,14 +477,17 @@ def evaluate(program, test, task, task_lm, task_meter: Meter, num_threads: int) 
             provide_traceback=False,
         )(program)
     per_ticket = [float(score) for *_, score in result.results]  # in the test split's order
-    predicted = [getattr(pred, "queue", None) if pred is not None else None for _, pred, _ in result.results]
+    fields = output_fields(task, test)
     correct = sum(per_ticket)
     return {
         "score": correct / len(test),
         "correct": int(round(correct)),
         "total": len(test),
         "per_ticket": per_ticket,
-        "predicted": [p if isinstance(p, str | None) else str(p) for p in predicted],
+        "output_fields": fields,
+        "predicted": predicted_values([pred for _, pred, _ in result.results], fields),
+        "program_runs": (runs.snapshot() - runs_before).to_dict() if runs is not None else None,
+        "metric_fn_calls": metric.scored,
         "wall_s": round(time.perf_counter() - started, 1),
         "task_lm": (task_meter.snapshot() - before).to_dict(),
     }
@@ -550,7 +500,7 @@ def fmt_tokens(n: float) -> str:
 TABLE_HEADER = (
     "run",
     "test score",
-    "metric calls",
+    "metric calls (program runs)",
     "task-LM calls",
     "task tokens in/out",
     "optimizer-LM calls",
@@ -587,13 +537,18 @@ def table_rows(
             out.append((name, f"{row['status']}: {row['error']}"[:120], *[""] * (len(TABLE_HEADER) - 2)))
             continue
         o, t = row["optimize"], row["test"]
-        same = f" (same instructions as {t['same_instructions_as']})" if t.get("same_instructions_as") else ""
+        same = f" (same prompt as {t['same_instructions_as']})" if t.get("same_instructions_as") else ""
         load = o.get("load_1min")
+        if counted_runs(row):
+            runs = o.get("program_runs") or {}
+            calls = f"{o['metric_calls']} ({runs.get('unparsed', 0)} unparsed)"
+        else:
+            calls = f"{o['metric_calls']}*"
         out.append(
             (
                 name,
                 f"{100 * t['score']:.1f}% ({t['correct']}/{t['total']}){same}",
-                str(o["metric_calls"]),
+                calls,
                 str(o["task_lm"]["calls"]),
                 f"{fmt_tokens(o['task_lm']['input_tokens'])} / {fmt_tokens(o['task_lm']['output_tokens'])}",
                 str(o["optimizer_lm"]["calls"]),
@@ -620,11 +575,24 @@ def _pm(stats: dict, fmt: str = "{:.1f}") -> str:
     return fmt.format(stats["mean"]) + (" ± " + fmt.format(stats["sd"]) if stats["n"] > 1 else "")
 
 
+# References each arm is compared with ticket by ticket (when present): the unchanged program, GEPA, and MIPROv2
+# with demos (issue 38's goal: rlmoptimizer above GEPA and above MIPROv2 with demos).
+REFERENCES = ("unchanged", "gepa", "mipro-demos")
+# Arms that state a ceiling, compared with the unchanged program (the first present of each pair).
+CEILINGS = (("instruction", ("ceiling-instruction", "policy")), ("demos", ("ceiling-demos",)))
+
+
+def counted_runs(row: dict) -> bool:
+    """Whether the row's metric calls are counted program runs (every file since issue 38), not the metric
+    function calls of the earlier files (which missed the runs whose output did not parse)."""
+    return row["optimize"].get("metric_calls_counted_as") == "program runs"
+
+
 def summarize(rows: list[dict]) -> dict[str, Any]:
     """Per arm over its seeds: accuracy, metric calls, optimizer-LM tokens and wall time (mean, sd, min, max),
-    ratios to GEPA's means, and the paired per-ticket comparisons with GEPA and with the unchanged program
-    (McNemar per seed against GEPA's run of the same seed, or the unchanged program's one run; a sign test over
-    tickets of the seed-averaged correctness, all seeds pooled)."""
+    ratios to GEPA's means, and the paired per-ticket comparisons with each of ``REFERENCES`` present
+    (McNemar per seed against the reference's run of the same seed, or its one run when it is not seeded; a
+    sign test over tickets of the seed-averaged correctness, all seeds pooled), and the ceilings."""
     ok = [r for r in rows if r["status"] == "ok" and "per_ticket" in r.get("test", {})]
     by_key: dict[str, list[dict]] = {}
     for row in ok:
@@ -642,31 +610,41 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
             "accuracy": spread([100 * r["test"]["score"] for r in runs]),
             "per_seed_correct": [f"{r['test']['correct']}/{r['test']['total']}" for r in runs],
             "metric_calls": spread([r["optimize"]["metric_calls"] for r in runs]),
+            # False when some seed's file predates the count of program runs (its metric calls undercount)
+            "metric_calls_are_runs": all(counted_runs(r) for r in runs),
+            "unparsed_runs": spread([(r["optimize"].get("program_runs") or {}).get("unparsed", 0) for r in runs])
+            if all(counted_runs(r) for r in runs)
+            else None,
             "optimizer_tokens": spread(tokens),
             "optimizer_tokens_in": spread([r["optimize"]["optimizer_lm"]["input_tokens"] for r in runs]),
             "optimizer_tokens_out": spread([r["optimize"]["optimizer_lm"]["output_tokens"] for r in runs]),
             "wall_min": spread([r["optimize"]["wall_s"] / 60 for r in runs]),
-            # the load while it optimized, or while it was scored when it did not optimize (unchanged, policy)
+            # the load while it optimized, or while it was scored when it did not optimize (unchanged, ceilings)
             "load_1min_mean": spread(
                 [
                     (r["optimize"] if ARMS[key].seeded else r["test"]).get("load_1min", {}).get("mean", float("nan"))
                     for r in runs
                 ]
             ),
-            "rlm_commits": sorted({r.get("rlm_commit") or "?" for r in runs}) if key == "rlmoptimizer" else None,
+            "rlm_commits": sorted({r.get("rlm_commit") or "?" for r in runs})
+            if key.startswith("rlmoptimizer")
+            else None,
         }
     gepa = arms.get("gepa")
     for key, summary in arms.items():
         if gepa and key != "gepa" and ARMS[key].seeded and gepa["optimizer_tokens"]["mean"] > 0:
             summary["tokens_vs_gepa"] = summary["optimizer_tokens"]["mean"] / max(gepa["optimizer_tokens"]["mean"], 1)
             summary["wall_vs_gepa"] = summary["wall_min"]["mean"] / max(gepa["wall_min"]["mean"], 1e-9)
-        for other in ("gepa", "unchanged"):
+        for other in REFERENCES:
             if other == key or other not in by_key:
                 continue
             ref = by_key[other]
             per_seed = []
             for run in by_key[key]:
-                partner = next((r for r in ref if r["seed"] == run["seed"]), None) if ARMS[other].seeded else ref[0]
+                if ARMS[other].seeded:
+                    partner = next((r for r in ref if r["seed"] == run["seed"]), None)
+                else:
+                    partner = ref[0]
                 if partner is not None:
                     per_seed.append(
                         {"seed": run["seed"], **mcnemar(run["test"]["per_ticket"], partner["test"]["per_ticket"])}
@@ -678,31 +656,44 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
                 ),
             }
     ceiling = None
-    if "unchanged" in by_key and "policy" in by_key:
-        bare, policy = by_key["unchanged"][0]["test"], by_key["policy"][0]["test"]
-        ceiling = {
-            "bare": f"{bare['correct']}/{bare['total']}",
-            "policy": f"{policy['correct']}/{policy['total']}",
-            "gap_points": 100 * (policy["score"] - bare["score"]),
-            "mcnemar": mcnemar(policy["per_ticket"], bare["per_ticket"]),
-        }
+    if "unchanged" in by_key:
+        bare = by_key["unchanged"][0]["test"]
+        ceiling = {"bare": f"{bare['correct']}/{bare['total']}"}
+        for kind, keys in CEILINGS:
+            key = next((k for k in keys if k in by_key), None)
+            if key is None:
+                continue
+            test = by_key[key][0]["test"]
+            ceiling[kind] = {
+                "arm": key,
+                "score": f"{test['correct']}/{test['total']}",
+                "gap_points": 100 * (test["score"] - bare["score"]),
+                "mcnemar": mcnemar(test["per_ticket"], bare["per_ticket"]),
+            }
+        if len(ceiling) == 1:
+            ceiling = None
     return {"arms": arms, "ceiling": ceiling}
+
+
+REFERENCE_NAMES = {"unchanged": "unchanged", "gepa": "GEPA", "mipro-demos": "MIPROv2 with demos"}
 
 
 def summary_tables(summary: dict) -> str:
     arms, parts = summary["arms"], []
-    order = [k for k in ("unchanged", "policy", "gepa", "mipro", "rlmoptimizer") if k in arms]
-    order += [k for k in arms if k not in order]
+    order = [k for k in ARMS if k in arms]
     cells = []
     for key in order:
         a = arms[key]
         seeds = ",".join(str(s) for s in a["seeds"]) if ARMS[key].seeded else "-"
+        calls = _pm(a["metric_calls"]) + ("" if a.get("metric_calls_are_runs") else "*")
+        if a.get("unparsed_runs") and a["unparsed_runs"]["mean"]:
+            calls += f" ({a['unparsed_runs']['mean']:.1f} unparsed)"
         cells.append(
             (
                 a["name"],
                 seeds,
                 f"{_pm(a['accuracy'])}% ({', '.join(a['per_seed_correct'])})",
-                _pm(a["metric_calls"]),
+                calls,
                 f"{fmt_tokens(a['optimizer_tokens_in']['mean'])} / {fmt_tokens(a['optimizer_tokens_out']['mean'])}"
                 + (f" (± {fmt_tokens(a['optimizer_tokens']['sd'])})" if a["optimizer_tokens"]["n"] > 1 else ""),
                 f"{a['tokens_vs_gepa']:.2f}x" if "tokens_vs_gepa" in a else "",
@@ -717,7 +708,7 @@ def summary_tables(summary: dict) -> str:
                 "arm",
                 "seeds",
                 "test accuracy, mean ± sd (per seed)",
-                "metric calls",
+                "metric calls (program runs)",
                 "optimizer tokens in / out (± sd of total)",
                 "tokens ÷ GEPA",
                 "wall time",
@@ -727,46 +718,51 @@ def summary_tables(summary: dict) -> str:
             cells,
         )
     )
+    if any(not a.get("metric_calls_are_runs", True) for a in arms.values()):
+        parts.append(
+            "\\* from arm files written before program runs were counted: metric-function calls, which miss the "
+            "runs whose output did not parse."
+        )
 
-    def paired(c: dict | None) -> str:
+    def paired(c: dict | None) -> tuple[str, str]:
         if not c:
-            return ""
+            return "", ""
         seeds = "; ".join(
             ("" if m["seed"] is None else f"s{m['seed']}: ") + f"+{m['wins']}/-{m['losses']} p={m['p']:.2f}"
             for m in c["mcnemar_per_seed"]
         )
         s = c["sign_test_pooled"]
-        return f"{seeds} | +{s['better']}/-{s['worse']} ({s['ties']} tied) p={s['p']:.2f}"
+        return seeds, f"+{s['better']}/-{s['worse']} ({s['ties']} tied) p={s['p']:.2f}"
 
+    refs = [r for r in REFERENCES if r in arms]
     cells = []
     for key in order:
-        if key in ("unchanged",):
+        if key == "unchanged":
             continue
         a = arms[key]
-        vs_u = paired(a.get("vs_unchanged")) or " | "
-        vs_g = paired(a.get("vs_gepa")) or " | "
-        cells.append((a["name"], *vs_u.split(" | "), *vs_g.split(" | ")))
-    if cells:
-        parts.append(
-            markdown(
-                (
-                    "arm",
-                    "vs unchanged: McNemar per seed (tickets won/lost)",
-                    "vs unchanged: sign test, seeds pooled",
-                    "vs GEPA: McNemar per seed (same seed)",
-                    "vs GEPA: sign test, seeds pooled",
-                ),
-                cells,
-            )
-        )
+        cells.append((a["name"], *(cell for ref in refs for cell in paired(a.get(f"vs_{ref}")))))
+    if cells and refs:
+        header = ["arm"]
+        for ref in refs:
+            name = REFERENCE_NAMES.get(ref, ref)
+            same = " (same seed)" if ARMS[ref].seeded else " (tickets won/lost)"
+            header += [f"vs {name}: McNemar per seed{same}", f"vs {name}: sign test, seeds pooled"]
+        parts.append(markdown(tuple(header), cells))
     if summary["ceiling"]:
         c = summary["ceiling"]
-        m = c["mcnemar"]
-        parts.append(
-            f"Ceiling: the unchanged program {c['bare']} with the bare instruction, {c['policy']} with the "
-            f"instruction stating the whole policy ({c['gap_points']:+.1f} points; the policy won "
-            f"{m['wins']} tickets and lost {m['losses']}, McNemar p={m['p']:.3f})."
-        )
+        lines = [f"Ceilings: the unchanged program scored {c['bare']} with the bare instruction"]
+        described = {
+            "instruction": "with the best known instruction",
+            "demos": "with the bare instruction and the task's hand-picked train demos",
+        }
+        for kind in ("instruction", "demos"):
+            if kind in c:
+                k, m = c[kind], c[kind]["mcnemar"]
+                lines.append(
+                    f"{k['score']} {described[kind]} ({k['gap_points']:+.1f} points; won {m['wins']} tickets and "
+                    f"lost {m['losses']}, McNemar p={m['p']:.3f})"
+                )
+        parts.append("; ".join(lines) + ".")
     return "\n\n".join(parts)
 
 
@@ -825,7 +821,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("rlmoptimizer from %s (commit %s)", library["path"], library["commit"] or "unknown: not run by run.sh")
 
     done = load_arm_files(arms_dir, settings)
-    plan = [(key, seed) for key in args.arms for seed in (args.seed_list if ARMS[key].seeded else [None])]
+    plan = plan_runs(args.arms, args.seed_list)  # seed by seed: a stopped run leaves matched pairs
     todo = [(key, seed) for key, seed in plan if arm_label(key, seed) not in done]
     log.info(
         "arms: %s; already done in %s: %s", ", ".join(arm_label(*a) for a in plan), arms_dir, ", ".join(done) or "none"
@@ -852,7 +848,7 @@ def main(argv: list[str] | None = None) -> int:
     scored: dict[str, tuple[str, dict]] = {}
     for label, row in done.items():
         if row["status"] == "ok" and "per_ticket" in row.get("test", {}):
-            scored.setdefault(json.dumps(row["instructions"], sort_keys=True), (label, row["test"]))
+            scored.setdefault(prompt_key(row), (label, row["test"]))
     if todo or args.setup_only:
         with ExitStack() as stack, LoadSampler() as loads:
             # The unchanged program and the policy instruction need no optimizer LM, nor its server.
@@ -884,7 +880,9 @@ def main(argv: list[str] | None = None) -> int:
                 if optimizing
                 else None
             )
-            dspy.configure(lm=task_lm)
+            # Every run of the task's program, in any thread and through any optimizer, is counted (metering.py).
+            runs = ProgramRuns(type(make_program(task, args)))
+            dspy.configure(lm=task_lm, callbacks=[*dspy.settings.get("callbacks", []), runs])
             for key, seed in todo:
                 row = run_arm(
                     key,
@@ -899,6 +897,7 @@ def main(argv: list[str] | None = None) -> int:
                     scored,
                     settings,
                     loads,
+                    runs,
                 )
                 row["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
                 if row["status"] == "ok":  # a failed arm is not saved, so the next invocation tries it again
@@ -908,7 +907,7 @@ def main(argv: list[str] | None = None) -> int:
                 done[row["label"]] = row
     results["total_wall_s"] = round(time.perf_counter() - started, 1)
 
-    order = {key: i for i, key in enumerate(["unchanged", "policy", "gepa", "mipro", "rlmoptimizer", *ARMS])}
+    order = {key: i for i, key in enumerate(ARMS)}
     rows = sorted(done.values(), key=lambda r: (order.get(r["key"], 99), r["seed"] if r["seed"] is not None else -1))
     results["rows"] = rows
     results["summary_stats"] = summarize(rows)
@@ -921,7 +920,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{describe_model(args.optimizer_model, args)}, program {options or 'default settings'}, budget "
         f"{args.budget} metric calls, {len(train)}/{len(val)}/{len(test)} train/val/test, "
         f"{results['machine']['nproc']} cores ({results['machine']['cpu']}), rlmoptimizer commit(s) "
-        f"{', '.join(sorted({r.get('rlm_commit') or '?' for r in rows if r['key'] == 'rlmoptimizer'})) or '-'}"
+        f"{', '.join(sorted({r.get('rlm_commit') or '?' for r in rows if r['key'].startswith('rlmoptimizer')})) or '-'}"
         + (f"; MISSING (not finished): {', '.join(missing)}" if missing else "")
     )
     table = (

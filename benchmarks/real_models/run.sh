@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # One command for the real-model benchmark: set up what it needs, then run the comparison.
 #
-#   bash benchmarks/real_models/run.sh [run.py flags]      # e.g. --budget 120 --test-limit 20
+#   bash benchmarks/real_models/run.sh [run.py flags]      # e.g. --budget 120 --limit-test 20
 #   bash benchmarks/real_models/run.sh --setup-only        # build and assemble, run nothing
+#   bash benchmarks/real_models/run.sh --help              # the flags, at once: nothing is set up or built
 #
 # Setup (each step is skipped when its result is already there, all under benchmarks/.work/):
 #   0. the library under test at a fixed commit (--rlm-commit, default HEAD when the run starts): a git worktree
 #      of that commit in benchmarks/.work/rlm-<commit>, first on PYTHONPATH, so edits to the working tree during
 #      a run change nothing; the commit goes to every arm's result (RLMOPT_BENCH_COMMIT),
 #   1. a venv in benchmarks/.work/venv with the library's dependencies (pip install of the worktree, then the
-#      library itself uninstalled so the worktree is what imports), plus optuna for MIPROv2,
+#      library itself uninstalled so the worktree is what imports), plus optuna for MIPROv2; done again only when
+#      the worktree's pyproject.toml differs from the last one installed (a stamp in the venv), an import fails,
+#      or the library itself is found installed in the venv,
 #   2. llama-cpp-python[server]==0.3.36 built once into a wheel cached in benchmarks/.work/wheels
 #      (compiled from source with -march=native, ~4-7 min on 2 cores; only for local models),
 #   3. the GGUF weights assembled in benchmarks/.work/models and checked against their sha256
@@ -27,6 +30,15 @@ LLAMA_VERSION="0.3.36"
 PYTHON="${PYTHON:-python3}"
 
 log() { printf '[setup] %s\n' "$*" >&2; }
+
+# --help answers at once, and a bad flag fails at once: cli.py imports only the standard library, so nothing is
+# checked out, installed or built before the arguments are known to be good.
+for arg in "$@"; do
+    case "$arg" in
+        -h | --help) exec "$PYTHON" "$HERE/cli.py" --help ;;
+    esac
+done
+"$PYTHON" "$HERE/cli.py" "$@"
 
 # Hosted-model runs do not need llama.cpp. A run needs it unless both model flags name a hosted model.
 needs_local=1
@@ -71,16 +83,28 @@ if [[ ! -x "$VENV/bin/python" ]]; then
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
 fi
 PY="$VENV/bin/python"
-# (From /, so that the current folder, first on sys.path with -c and -m, holds no rlmoptimizer nor its metadata.)
-if ! (cd / && "$PY" -c "import dspy, optuna, rlmoptimizer" 2>/dev/null) || (cd / && "$PY" -m pip show --quiet rlmoptimizer 2>/dev/null); then
+# The dependencies are those of the worktree's pyproject.toml: installed once per distinct file, whatever the
+# commit. The stamp names the file's hash.
+deps_hash="$(sha256sum "$TREE/pyproject.toml" | cut -c1-16)"
+STAMP="$VENV/.rlmoptimizer-deps-$deps_hash"
+# Checks run from /, so that the current folder (first on sys.path with -c and -m) holds no rlmoptimizer nor its
+# metadata. "Installed in the venv" is asked without PYTHONPATH: the worktree on it holds rlmoptimizer.egg-info
+# once pip has built it there, and pip show would find that and have the venv reinstalled on every start.
+installed_in_venv() { (cd / && env -u PYTHONPATH "$PY" -m pip show --quiet rlmoptimizer >/dev/null 2>&1); }
+imports_ok() { (cd / && "$PY" -c "import dspy, optuna, rlmoptimizer" >/dev/null 2>&1); }
+if [[ -f "$STAMP" ]] && imports_ok && ! installed_in_venv; then
+    log "dependencies already installed in $VENV (pyproject.toml $deps_hash)"
+else
     log "installing the dependencies of rlmoptimizer $commit into $VENV"
     nice -n 10 "$PY" -m pip install --quiet "$TREE" 2>"$WORK/pip-install.log" || {
         log "the library at $commit does not install; see $WORK/pip-install.log"
         exit 1
     }
-    (cd / && nice -n 10 "$PY" -m pip uninstall --quiet --yes rlmoptimizer)
+    (cd / && env -u PYTHONPATH nice -n 10 "$PY" -m pip uninstall --quiet --yes rlmoptimizer)
     # MIPROv2 needs optuna, which dspy does not install.
     nice -n 10 "$PY" -m pip install --quiet optuna
+    rm -f "$VENV"/.rlmoptimizer-deps-*
+    touch "$STAMP"
 fi
 got="$(cd / && "$PY" -c "import rlmoptimizer, os; print(os.path.dirname(rlmoptimizer.__file__))")"
 if [[ "$got" != "$TREE/rlmoptimizer" ]]; then

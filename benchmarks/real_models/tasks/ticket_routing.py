@@ -21,8 +21,10 @@ has a chargeback or payment dispute with their bank"), not the policy text, so a
 the policy from examples.
 
 This module is the template for a task: ``load()``, ``make_program()`` and ``metric(...)``, and optionally
-``OPTIONS`` (settings ``make_program`` takes as keyword arguments) and ``POLICY_INSTRUCTION`` (the instruction
-that states the whole policy, for the ceiling measurement); see ``benchmarks/README.md``.
+``OPTIONS`` (settings ``make_program`` takes as keyword arguments), ``POLICY_INSTRUCTION`` (the instruction
+that states the whole policy), ``BEST_INSTRUCTION`` (the best instruction known, for the ``ceiling-instruction``
+arm) and ``ceiling_demos(train)`` (hand-picked train demos, for the ``ceiling-demos`` arm); see
+``benchmarks/README.md``.
 """
 
 from __future__ import annotations
@@ -74,6 +76,44 @@ POLICY_INSTRUCTION = """Route the support ticket to exactly one queue by the com
 2. billing_escalations: only chargebacks and payment disputes: the customer has filed or announces a dispute or chargeback with their bank, card issuer or PayPal, or a payment was pulled back. This holds even when the rest of the ticket is a technical problem or the customer also wants to leave.
 3. retention: the customer wants to cancel, close or delete the account, downgrade, not renew, or move to a competitor, even when the ticket is mostly a bug report or a routine billing question.
 4. customer_care: everything else: routine billing (invoices, refunds without a dispute, card changes, prices, VAT), bugs, how-to questions, feature requests, and ordinary password or single sign-on trouble with no sign of compromise and no two-factor issue."""
+
+# The best instruction known for this program and model: the policy stated in full (21/40 on the default run's 40
+# test tickets with the 1.5B model, against 12/40 for the bare instruction). The ``ceiling-instruction`` arm.
+BEST_INSTRUCTION = POLICY_INSTRUCTION
+
+# Four train tickets, one per queue, each a case where the policy overrides the surface topic, with the reasoning
+# an annotator who knows the policy writes: the ``ceiling-demos`` arm shows them, under the bare instruction, to
+# measure what demos covering the policy's rules are worth. All four are among the first 20 train tickets (the
+# default ``--limit-train 20``): T001 (two-factor codes that read like a login problem), T039 (a chargeback inside a
+# bug report), T063 (a cancellation inside a bug report), T090 (an invoice request: routine billing, no dispute).
+CEILING_DEMOS: dict[str, str] = {
+    "T001": "The authenticator app's six-digit code is rejected: this is about two-factor authentication, which "
+    "goes to security even though it reads like an ordinary login problem.",
+    "T039": "The customer asked Visa to reverse the charge: a chargeback or payment dispute goes to "
+    "billing_escalations even when the rest of the ticket is a bug report.",
+    "T063": "The customer asks to close the team account: a wish to cancel or leave goes to retention even when the "
+    "ticket is mostly a bug report.",
+    "T090": "A corrected invoice is a routine billing request with no chargeback or dispute, so it goes to "
+    "customer_care.",
+}
+
+
+def ceiling_demos(train: list[dspy.Example]) -> list[dspy.Example]:
+    """The ``CEILING_DEMOS`` tickets as demos (``ticket``, ``reasoning``, ``queue``), taken from ``train``; a
+    ``LookupError`` when one of them is not in ``train`` (e.g. under a small ``--limit-train``)."""
+    lines = DATA_FILE.read_text(encoding="utf-8").splitlines()
+    rows = {row["id"]: row for row in (json.loads(line) for line in lines if line.strip())}
+    by_ticket = {ex.ticket: ex for ex in train}
+    demos = []
+    for ticket_id, reasoning in CEILING_DEMOS.items():
+        example = by_ticket.get(rows[ticket_id]["ticket"])
+        if example is None:
+            raise LookupError(f"{ticket_id} is not in the {len(train)} train examples given")
+        demos.append(
+            dspy.Example(ticket=example.ticket, reasoning=reasoning, queue=example.queue).with_inputs("ticket")
+        )
+    return demos
+
 
 # The program's settings a run may choose (``--predictor``, ``--adapter``); the first of each is the default.
 OPTIONS: dict[str, tuple[str, ...]] = {"predictor": ("cot", "predict"), "adapter": ("json", "chat")}
