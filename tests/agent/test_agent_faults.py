@@ -169,27 +169,6 @@ def test_a_root_reply_that_does_not_parse_is_shown_to_the_agent_and_the_run_goes
     assert len(result.agent_trajectory) == 2
 
 
-def test_an_agent_that_repeats_a_cell_with_the_same_output_is_told_it_changed_nothing():
-    stuck = {"reasoning": "refine", "code": "update_prompt('route', 'Route it.')\nprint('done')"}
-    result = compile_tickets(
-        [
-            {"reasoning": "look", "code": "print(step_names)"},
-            stuck,  # first time: changes the prompt
-            {"reasoning": "again", "code": "  update_prompt('route',   'Route it.')\n\nprint('done')  "},  # same code
-            stuck,
-            {"reasoning": "same code, new output", "code": "print(step_names)\nprint(len(step_names))"},
-            SUBMIT_POLICY,
-        ],
-        rlm_autopilot=False,
-    )  # the autopilot would run the loop's next line in place of the third repeat
-    out = outputs(result)
-    assert "[Notice]" not in out[0] and "[Notice]" not in out[1]
-    assert out[2].startswith("done") and "already ran once (step 2)" in out[2]
-    assert "already ran 2 times (steps 2, 3)" in out[3]
-    assert "[Notice]" not in out[4]
-    assert result.optimized_dspy_program["route"] == POLICY_PROMPT
-
-
 OUT_OF_TURNS = [
     {"reasoning": "look", "code": "print(baseline_train['score'])"},
     {"reasoning": "edit", "code": f"update_prompt('route', {POLICY_PROMPT!r})\nprint('edited')"},

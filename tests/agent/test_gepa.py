@@ -439,7 +439,8 @@ def test_a_root_lm_that_repeats_one_cell_ends_with_gepas_best():
     stuck = {"reasoning": "look again", "code": "print(baseline_train['score'])"}
     result = compile_with([stuck], max_iterations=3, rlm_max_iterations=8)
     codes = [call for turn in result.agent_trajectory for call in turn.get("pilot", [])]
-    assert "[pilot]" in result.agent_trajectory[0]["output"], codes
+    assert "[pilot]" not in result.agent_trajectory[0]["output"]  # one turn of reading is the agent's own
+    assert "[pilot]" in result.agent_trajectory[1]["output"], codes
     assert any(code.startswith("r = run_gepa(") for code in codes), codes
     assert result.route.signature.instructions == POLICY_PROMPT
     assert result.selection["chosen_score"] == 1.0
