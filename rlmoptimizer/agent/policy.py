@@ -48,20 +48,33 @@ to the same phase (or end the run) ask for no decision of the agent's."""
 
 
 # -- the actions --------------------------------------------------------------------------------------------
+class _Action:
+    """An action: its ``phase`` and its ``call``, the tool calls that take it, written as the agent would."""
+
+    phase: str = TARGETED
+    template: str = ""
+
+    @property
+    def call(self) -> str:
+        def text(value):
+            if isinstance(value, tuple):
+                return ",".join(map(str, value)) if all(isinstance(v, int) for v in value) else repr(list(value))[1:-1]
+            return repr(value) if isinstance(value, str) else value
+
+        return self.template.format(**{name: text(value) for name, value in vars(self).items()})
+
+
 @dataclass(frozen=True)
-class RunGepa:
+class RunGepa(_Action):
     """Run GEPA on every step with ``budget`` units."""
 
     budget: int
     phase = GEPA
-
-    @property
-    def call(self) -> str:
-        return f"run_gepa(budget={self.budget})"
+    template = "run_gepa(budget={budget})"
 
 
 @dataclass(frozen=True)
-class Adopt:
+class Adopt(_Action):
     """Make ``candidate`` the current instructions; then check them on validation when ``check``."""
 
     candidate: str
@@ -72,80 +85,59 @@ class Adopt:
         return GEPA if self.candidate.startswith("gepa-") else TARGETED
 
     @property
-    def call(self) -> str:
-        adopt = f"adopt_candidate({self.candidate!r})"
-        return f"{adopt}; evaluate_program(split='val')" if self.check else adopt
+    def template(self) -> str:
+        return "adopt_candidate({candidate})" + ("; evaluate_program(split='val')" if self.check else "")
 
 
 @dataclass(frozen=True)
-class CheckValidation:
+class CheckValidation(_Action):
     """Evaluate the current instructions on validation (they changed since the last check)."""
 
-    phase = TARGETED
-    call = "evaluate_program(split='val')"
+    template = "evaluate_program(split='val')"
 
 
 @dataclass(frozen=True)
-class Propose:
+class Propose(_Action):
     """Ask the sub LM for new instructions for ``step``, from what the current instructions fail."""
 
     step: str
-    phase = TARGETED
-
-    @property
-    def call(self) -> str:
-        return f"propose_instructions({self.step!r})"
+    template = "propose_instructions({step})"
 
 
 @dataclass(frozen=True)
-class Compare:
+class Compare(_Action):
     """Compare the current instructions with ``candidates`` on the train examples ``ids``."""
 
     candidates: tuple[str, ...]
     ids: tuple[int, ...]
-    phase = TARGETED
-
-    @property
-    def call(self) -> str:
-        names = ", ".join(repr(c) for c in ("current", *self.candidates))
-        return f"compare([{names}], ids='{','.join(map(str, self.ids))}')"
+    template = "compare(['current', {candidates}], ids='{ids}')"
 
 
 @dataclass(frozen=True)
-class EvaluateTrain:
+class EvaluateTrain(_Action):
     """Evaluate the current instructions on the train examples ``ids`` (to find failures to learn from)."""
 
     ids: tuple[int, ...]
-    phase = TARGETED
-
-    @property
-    def call(self) -> str:
-        return f"evaluate_program(ids='{','.join(map(str, self.ids))}')"
+    template = "evaluate_program(ids='{ids}')"
 
 
 @dataclass(frozen=True)
-class LastDraw:
+class LastDraw(_Action):
     """What GEPA leaves pays one validation check but no comparison: one proposal for ``step``, adopted and checked
     on validation at once (the selection returns the better of the two checked programs)."""
 
     step: str
     phase = GEPA
-
-    @property
-    def call(self) -> str:
-        return (
-            f"p = propose_instructions({self.step!r}); adopt_candidate(p['candidate_ids'][0]); "
-            "evaluate_program(split='val')"
-        )
+    template = "p = propose_instructions({step}); adopt_candidate(p['candidate_ids'][0]); evaluate_program(split='val')"
 
 
 @dataclass(frozen=True)
-class Submit:
+class Submit(_Action):
     """End the run with the current instructions; ``why`` nothing else is worth paying for."""
 
     why: str
     phase = END
-    call = "SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])"
+    template = "SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])"
 
 
 Action = RunGepa | Adopt | CheckValidation | Propose | Compare | EvaluateTrain | LastDraw | Submit

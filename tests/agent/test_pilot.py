@@ -38,6 +38,16 @@ def no_sandbox(monkeypatch) -> None:
     monkeypatch.setattr("rlmoptimizer.optimizer.Sandbox", Refused)
 
 
+def reflecting(in_gepa: str, elsewhere: str) -> FunctionLM:
+    """A sub LM whose GEPA reflections answer ``in_gepa`` and whose other proposals answer ``elsewhere``."""
+
+    def reply(messages):
+        gepa = any(Path(frame.filename).name == "gepa_adapter.py" for frame in inspect.stack())
+        return json.dumps({"new_instruction": in_gepa if gepa else elsewhere})
+
+    return FunctionLM(reply, name="sub")
+
+
 def test_the_loop_mode_runs_the_policy_to_submit_without_a_root_lm_or_a_sandbox(monkeypatch):
     no_sandbox(monkeypatch)
     counting = CountingMetric()
@@ -84,13 +94,11 @@ def test_the_loop_mode_needs_no_root_lm_but_an_lm_to_propose_with(monkeypatch):
 def test_a_budget_that_pays_targeted_rounds_gets_them_in_a_step_of_their_own(monkeypatch):
     no_sandbox(monkeypatch)
 
-    def sub_lm(messages):  # GEPA's reflections never help; the targeted round's proposal is the fix
-        gepa = any(Path(frame.filename).name == "gepa_adapter.py" for frame in inspect.stack())
-        return json.dumps({"new_instruction": "Route tickets carefully." if gepa else POLICY_PROMPT})
+    sub_lm = reflecting("Route tickets carefully.", POLICY_PROMPT)  # GEPA's reflections never help
 
     result = compile_tickets(
         FunctionLM(never_called, name="root"),
-        sub_lm=FunctionLM(sub_lm, name="sub"),
+        sub_lm=sub_lm,
         rlm_autopilot="loop",
         max_iterations=7,  # 92 units: GEPA gets 74, a fifth is left for the targeted rounds
     )
@@ -232,13 +240,11 @@ def test_without_a_validation_split_the_loop_stays_inside_max_metric_calls(monke
     trainset, _ = make_splits()
     counting = CountingMetric()
 
-    def sub_lm(messages):  # GEPA's reflections never help; the targeted round's proposal is the fix
-        gepa = any(Path(frame.filename).name == "gepa_adapter.py" for frame in inspect.stack())
-        return json.dumps({"new_instruction": "Route tickets carefully." if gepa else POLICY_PROMPT})
+    sub_lm = reflecting("Route tickets carefully.", POLICY_PROMPT)  # GEPA's reflections never help
 
     result = compile_tickets(
         FunctionLM(never_called),
-        sub_lm=FunctionLM(sub_lm, name="sub"),
+        sub_lm=sub_lm,
         rlm_autopilot="loop",
         max_metric_calls=60,
         trainset=trainset,
@@ -255,15 +261,11 @@ def test_without_a_validation_split_the_loop_stays_inside_max_metric_calls(monke
 def test_what_gepa_leaves_that_pays_a_validation_check_buys_one_more_proposal_checked_there(monkeypatch):
     no_sandbox(monkeypatch)
 
-    def sub_lm(messages):  # GEPA's reflections are useless; the proposal of the last draw is the fix
-        gepa = any(Path(frame.filename).name == "gepa_adapter.py" for frame in inspect.stack())
-        return json.dumps({"new_instruction": "Route tickets carefully." if gepa else POLICY_PROMPT})
+    sub_lm = reflecting("Route tickets carefully.", POLICY_PROMPT)  # GEPA's reflections never help
 
     # 30 calls: 8 for the validation baseline, 22 for GEPA, which stops with 8 left: too few for a child it could
     # keep (a minibatch of 3 and the 8 validation examples), exactly one validation check
-    result = compile_tickets(
-        FunctionLM(never_called), sub_lm=FunctionLM(sub_lm, name="sub"), max_metric_calls=30, rlm_autopilot="loop"
-    )
+    result = compile_tickets(FunctionLM(never_called), sub_lm=sub_lm, max_metric_calls=30, rlm_autopilot="loop")
     turns = result.agent_trajectory
     assert "the 8 unit(s) left cannot pay a child that could be kept" in turns[0]["output"]
     # the last draw belongs to GEPA's phase: one step
@@ -279,13 +281,9 @@ def test_what_gepa_leaves_that_pays_a_validation_check_buys_one_more_proposal_ch
 def test_a_last_draw_that_repeats_the_current_instructions_changes_nothing(monkeypatch):
     no_sandbox(monkeypatch)
 
-    def sub_lm(messages):  # GEPA's reflections are useless; the last draw writes the current instructions again
-        gepa = any(Path(frame.filename).name == "gepa_adapter.py" for frame in inspect.stack())
-        return json.dumps({"new_instruction": "Route tickets carefully." if gepa else ORIGINAL_ROUTE})
+    sub_lm = reflecting("Route tickets carefully.", ORIGINAL_ROUTE)  # GEPA's reflections never help
 
-    result = compile_tickets(
-        FunctionLM(never_called), sub_lm=FunctionLM(sub_lm, name="sub"), max_metric_calls=30, rlm_autopilot="loop"
-    )
+    result = compile_tickets(FunctionLM(never_called), sub_lm=sub_lm, max_metric_calls=30, rlm_autopilot="loop")
     turns = result.agent_trajectory
     assert "adopted proposal-1 (changed: nothing)" in turns[0]["output"]
     # the proposal was adopted: comparing it with the current instructions (itself) is no next action
