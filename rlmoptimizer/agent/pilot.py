@@ -53,11 +53,9 @@ MAX_ACTIONS = 100
 LOOP_REASONING = "rlm_autopilot='loop': the default loop's next phase (no root-LM turn)"
 
 _PHASES = {
-    GEPA: "with the rest of GEPA's phase (its best adopted and checked on validation; what GEPA leaves too little "
-    "for a targeted round buys one last proposal, checked there)",
-    TARGETED: "with the targeted rounds after it (propose for a step, compare with the current instructions, "
-    "adopt the winner, check it on validation), up to SUBMIT",
-    END: "which ends the run with the current instructions",
+    GEPA: "with the rest of GEPA's phase (its best adopted and checked on validation)",
+    TARGETED: "with the targeted rounds after it (propose, compare, adopt, check on validation), up to SUBMIT",
+    END: "which ends the run",
 }
 
 
