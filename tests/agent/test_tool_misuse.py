@@ -110,3 +110,18 @@ def test_a_value_the_tool_takes_after_coercion_reaches_it_coerced():
         ]
     )
     assert result.agent_trajectory[0]["output"].strip() == "2"  # limit='2' is the int 2, as dspy's tools took it
+
+
+def test_a_cell_that_rebinds_submit_does_not_keep_the_run_from_ending():
+    """Regression: ``SUBMIT = lambda **k: print('FAKE SUBMIT')`` stayed, so every later SUBMIT printed and nothing
+    ended the run until rlm_max_iterations (paid turns of the root LM). SUBMIT is restored after the cell."""
+    result = compile_with(
+        [
+            {"reasoning": "my own submit", "code": "SUBMIT = lambda **k: print('FAKE SUBMIT')"},
+            {"reasoning": "submit", "code": SUBMIT_LINE},
+            {"reasoning": "never reached", "code": "print('a third turn')"},
+        ]
+    )
+    assert "[Notice] SUBMIT is reserved" in result.agent_trajectory[0]["output"]
+    assert len(result.agent_trajectory) == 2
+    assert result.agent_trajectory[-1]["final"]

@@ -8,8 +8,8 @@ registered tool to turn nulls back into None and to raise an error the host mean
 defined in builtins so code can catch it by name) carrying the message alone; the signature shown by
 help() stays the tool's. A wrapper refuses an argument JSON cannot carry (a function, an object) with an error
 naming the argument, instead of the transport's raw "not JSON serializable". It also removes the functions of
-tools no longer registered, and keeps the wrappers by name in ``builtins._rlmopt_tools`` (the runner hooks
-restore a tool that code rebound).
+tools no longer registered, and keeps the wrappers by name in ``builtins._rlmopt_tools`` and dspy's ``SUBMIT`` in
+``builtins._rlmopt_submit`` (the runner hooks restore a tool or SUBMIT that code rebound).
 
 The host appends one call: ``_rlmopt_wrap_tools(names, removed, error_name)``.
 """
@@ -31,6 +31,9 @@ def _rlmopt_wrap_tools(_names, _removed, _error_name):
     for _name in _removed:
         globals().pop(_name, None)
         registry.pop(_name, None)
+    # SUBMIT as dspy just defined it (with the output fields' signature): the runner hooks put it back too.
+    if globals().get("SUBMIT") is not None:
+        builtins._rlmopt_submit = globals()["SUBMIT"]
 
     error_type = getattr(builtins, _error_name, None)
     if error_type is None:
