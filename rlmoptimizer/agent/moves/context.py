@@ -50,6 +50,21 @@ def whole_validation(tool: str, how: str, *selection: Any) -> None:
         raise refuse(f"{tool}: validation always runs on the whole split and takes no selection", how)
 
 
+SPENT_FIX = "the budget is spent: SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])"
+"""What every move refused for lack of budget says to do when nothing of the budget is left."""
+
+
+def exhausted(ledger: BudgetLedger) -> bool:
+    """Whether nothing more can be paid: every unit spent or reserved, or the spending cap reached."""
+    return ledger.left == 0 or bool(ledger.stop_reason)
+
+
+def budget_spent(tool: str, ledger: BudgetLedger) -> Exception:
+    """The refusal of ``tool`` when :func:`exhausted`: say why nothing can be paid, and to SUBMIT."""
+    why = ledger.stop_reason or f"no budget unit is left (limit {ledger.limit}, spent {ledger.spent})"
+    return refuse(f"{tool}: {why}", SPENT_FIX)
+
+
 def mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 

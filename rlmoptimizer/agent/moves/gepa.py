@@ -31,7 +31,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rlmoptimizer.agent.moves.context import MoveContext, refuse
+from rlmoptimizer.agent.moves.context import MoveContext, budget_spent, exhausted, refuse
 from rlmoptimizer.agent.moves.gepa_adapter import Adapter, Reflection, Slice, Stop
 from rlmoptimizer.errors import AgentToolError
 from rlmoptimizer.fingerprint import instructions_digest
@@ -160,6 +160,8 @@ class GepaMoves(MoveContext):
         from gepa.core.result import GEPAResult
         from gepa.strategies.proposal_sampling import PxNSampling
 
+        if exhausted(self.ledger) and not (progress and _unfinished(progress[0], self.gepa_runs + 1, budget)):
+            raise budget_spent("run_gepa", self.ledger)
         budget = _int_arg("budget", budget, 1)
         seed = _int_arg("seed", seed, 0)
         minibatch_size = _int_arg("minibatch_size", minibatch_size, 1)
@@ -400,6 +402,12 @@ class GepaMoves(MoveContext):
                 ) from error
             raise error
         return outcome
+
+
+def _unfinished(kept: dict[str, dict[str, Any]], number: int, budget: Any) -> bool:
+    """Whether GEPA run ``number`` was killed before it finished with this ``budget`` (a resume replays it)."""
+    earlier = kept.get(f"gepa run {number}")
+    return bool(earlier) and not earlier["finished"] and earlier["budget"] == budget
 
 
 def _int_arg(name: str, value: Any, minimum: int, maximum: int | None = None) -> int:

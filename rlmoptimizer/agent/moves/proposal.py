@@ -17,7 +17,14 @@ from typing import Any
 import dspy
 from dspy.teleprompt.gepa import InstructionProposer
 
-from rlmoptimizer.agent.moves.context import MAX_PROPOSALS, MAX_REFLECTION_EXAMPLES, MoveContext, refuse
+from rlmoptimizer.agent.moves.context import (
+    MAX_PROPOSALS,
+    MAX_REFLECTION_EXAMPLES,
+    MoveContext,
+    budget_spent,
+    exhausted,
+    refuse,
+)
 from rlmoptimizer.budget import SUB_LM_CALL, Reservation
 from rlmoptimizer.evaluation.lm_failures import classify_lm_failure, failure_summary
 from rlmoptimizer.fingerprint import instructions_digest
@@ -79,6 +86,16 @@ def ask_proposer(proposer: Any, lm: Any, step: str, text: str, dataset: list[dic
 
 
 class ProposalMoves(MoveContext):
+    def _unpaid(self) -> Exception:
+        """The refusal of a proposal no sub-LM prompt can be paid for."""
+        if exhausted(self.ledger) or self.ledger.counts_toward_limit(SUB_LM_CALL):
+            return budget_spent("propose_instructions", self.ledger)
+        return refuse(
+            f"propose_instructions: a proposal costs 1 sub-LM prompt and the {self.ledger.sub_lm_limit} allowed "
+            "besides max_metric_calls are spent",
+            "write instructions yourself with update_prompt and compare them, or SUBMIT",
+        )
+
     # -- propose --------------------------------------------------------------------------------------
     def propose_instructions(
         self, step: str, run_id: str | None = None, ids: list[int] | None = None, n: int = 1, guidance: str = ""
@@ -98,6 +115,8 @@ class ProposalMoves(MoveContext):
                 f"guidance must be a string, got {type(guidance).__name__}",
                 "pass guidance='...' as text or leave it out",
             )
+        if self.ledger.left_for(SUB_LM_CALL) == 0 or self.ledger.stop_reason:
+            raise self._unpaid()  # before the examples: a refusal of them would send the agent to spend more
         source, by_id = self._source(run_id, "propose_instructions")
         records = self._select_records(source, by_id, ids)
         dataset, skipped = [], []
@@ -114,11 +133,7 @@ class ProposalMoves(MoveContext):
         proposer = InstructionProposer(additional_instructions=guidance.strip() or None)
         with self.ledger.reserve(n, SUB_LM_CALL) as reservation:
             if reservation.granted == 0:
-                what = "unit" if self.ledger.counts_toward_limit(SUB_LM_CALL) else "sub-LM prompt"
-                raise refuse(
-                    f"budget exhausted: a proposal costs 1 {what}, {self.ledger.left_for(SUB_LM_CALL)} left",
-                    "write instructions yourself with update_prompt, or SUBMIT",
-                )
+                raise self._unpaid()
             # Each proposal of the compile() is its own sample: a second call on the same failures (the current
             # prompts won the comparison) gets a new text, not dspy's cached answer to the first.
             first, self.proposal_calls = self.proposal_calls, self.proposal_calls + reservation.granted
