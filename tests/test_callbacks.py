@@ -179,3 +179,49 @@ def test_a_callback_that_mutates_its_events_cannot_change_the_result_the_runs_or
     seen = [e for e in after.events if isinstance(e, (EvaluationFinished, AgentTurn, CandidateAdded))]
     assert seen and not any("tampered" in repr(e) or "(seen)" in repr(e) for e in seen)
     assert all(e.budget["spent"] >= 0 for e in after.events if hasattr(e, "budget"))
+
+
+class ClassCallback:
+    def on_event(self, event) -> None:
+        pass
+
+
+class AsyncCallback:
+    async def on_event(self, event) -> None:
+        pass
+
+
+async def async_function(event) -> None:
+    pass
+
+
+class RaisingOnAccess:
+    @property
+    def on_event(self):
+        raise RuntimeError("not configured yet")
+
+
+@pytest.mark.parametrize(
+    ("callback", "message"),
+    [
+        (
+            ClassCallback,
+            r"callbacks\[0\] is the class ClassCallback, not an instance of it: pass callbacks=\[ClassCallback\(\)\]",
+        ),
+        (AsyncCallback(), r"callbacks\[0\] \(AsyncCallback.on_event\) is async: .* make it a plain def"),
+        (async_function, r"callbacks\[0\] \(async_function\) is async: .*never be awaited"),
+        (
+            RaisingOnAccess(),
+            r"callbacks\[0\] \(RaisingOnAccess\): reading its on_event raised RuntimeError: not configured",
+        ),
+    ],
+    ids=["class", "async-method", "async-function", "raises-on-access"],
+)
+def test_a_callback_that_could_never_see_an_event_is_refused_with_the_fix(callback, message):
+    """Regression: callbacks=[MyCallbackClass] (the class) was accepted and detached at the first event, an async
+    callback was never awaited (a RuntimeWarning per event, nothing from us), and one whose on_event raised when read
+    gave a raw RuntimeError from the constructor."""
+    root = FunctionLM(lambda messages: {})
+    with pytest.raises(ConfigurationError, match=message):
+        RLMDocstringOptimizer(root_lm=root, callbacks=[callback])
+    assert not root.calls
