@@ -197,7 +197,7 @@ def check_callbacks(callbacks: Any) -> tuple[tuple[Any, ...], list[Any]]:
 
 def _is_async(function: Any) -> bool:
     """Whether calling ``function`` (a function, a method, a partial, an object with ``__call__``) makes a coroutine."""
-    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(getattr(function, "__call__", None))
+    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(type(function).__call__)
 
 
 def check_flag(name: str, value: Any) -> bool:
