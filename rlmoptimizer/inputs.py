@@ -13,6 +13,7 @@ import inspect
 import logging
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import dspy
@@ -146,6 +147,25 @@ def check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigurationError(f"{name} must be an int >= {minimum}, got {value!r}")
     return value
+
+
+def make_run_directory(path: Path) -> Path:
+    """``run_storage_dir`` as a directory, created if missing; :class:`ConfigurationError` if it is a file or
+    cannot be created."""
+    if path.exists() and not path.is_dir():
+        raise ConfigurationError(
+            f"run_storage_dir {str(path)!r} is a file, not a directory: pass the path of a directory (created if "
+            "missing), e.g. a new one next to it"
+        )
+    try:
+        if not path.is_dir():  # nothing is written to a directory that exists (a finished run read back)
+            path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigurationError(
+            f"run_storage_dir {str(path)!r} cannot be created ({type(exc).__name__}: {exc}): pass a directory you "
+            "can write to"
+        ) from exc
+    return path
 
 
 def check_callbacks(callbacks: Any) -> tuple[tuple[Any, ...], list[Any]]:
