@@ -370,6 +370,10 @@ class GepaMoves(MoveContext):
             + (f" (and {slice_.before} before the compile was resumed)" if slice_.before else "")
             + f"; stopped: {why}"
         )
+        unusable = reflection.unusable_note()
+        if unusable:
+            summary += f"; {unusable}"
+            logger.warning("%s: %s", run_name, unusable)
         outcome = {
             "best": best,
             "best_is_new": best is not None and best != source,
@@ -384,6 +388,7 @@ class GepaMoves(MoveContext):
             "budget_left": self.ledger.left,
             "reflections": reflection.calls,
             "reflections_replayed": reflection.replayed,
+            "reflections_unusable": reflection.unusable,
             "merges": watch.merges,
             "children_cut_short": adapter.cut_short,
             "examples_not_run": adapter.not_run,
