@@ -23,8 +23,9 @@ ExampleEvaluated       ``evaluation.runs.Runs``, for each newly evaluated exampl
 EvaluationFinished     ``evaluation.runs.Runs`` once the run is saved (also a run cut short)
 PromptUpdated          ``agent.working_program.WorkingProgram`` for each new prompt version
 AgentTurn              ``agent.agent.OptimizerAgent`` for each turn, as soon as it exists
-SubLMAnswered          ``agent.agent.OptimizerAgent`` after each ``llm_query`` / ``llm_query_batched`` it charged,
-                       and ``agent.tools`` after each sub-LM call of a move
+SubLMAnswered          ``agent.sub_lm`` after each ``llm_query`` / ``llm_query_batched`` it charged, and
+                       ``agent.moves.proposal.ask_proposer`` as each sub-LM call of a move (a proposal, a GEPA
+                       reflection) is charged
 CandidateAdded         ``agent.tools`` for each candidate a move named (``proposal-N``, ``gepa-N``)
 GepaIteration          ``agent.tools`` at the end of each iteration of a ``run_gepa`` run
 =====================  ================================================================================

@@ -1,8 +1,8 @@
 """What every move works over: the runs, an evaluate function, the ledger and the current instructions; the
 checks and refusals the moves share.
 
-May import: dspy, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.fingerprint``, ``.records`` and the agent
-wing's ``working_program`` (for its one format of a refusal).
+May import: dspy, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.events``, ``.fingerprint``, ``.records`` and
+the agent wing's ``working_program`` (for its one format of a refusal).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import dspy
 
 from rlmoptimizer.agent.working_program import agent_error as refuse  # the one format of a refusal
 from rlmoptimizer.budget import BudgetLedger
+from rlmoptimizer.events import SubLMAnswered
 from rlmoptimizer.records import EvalRun, ExampleResult
 
 MAX_ROLLOUTS = 10
@@ -100,6 +101,13 @@ class MoveContext:
         self.gepa_candidates = 0  # 'gepa-N' ids given so far
         self.gepa_runs = 0
         self.perfect_score = pass_threshold  # an example passes at this score: gepa skips a minibatch all passed
+
+    def _answered(self) -> None:
+        """A sub-LM call of a move was answered and charged: :class:`~rlmoptimizer.events.SubLMAnswered` to the
+        runs' observer, whose journal puts the ledger on disk now (not only when the turn ends)."""
+        observer = getattr(self.runs, "observer", None)
+        if observer is not None:
+            observer.on_event(SubLMAnswered(1, self.ledger.snapshot()))
 
     def _lm(self) -> dspy.BaseLM:
         lm = (

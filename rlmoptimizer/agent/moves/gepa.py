@@ -214,7 +214,7 @@ class GepaMoves(MoveContext):
             slice_,
             answers if answers is not None else AnswerStore(),
             book or (lambda fn: fn),
-            answered or (lambda: None),
+            answered or self._answered,
         )
         adapter = Adapter(
             self.runs, self._evaluate, self.is_known, base, slice_, self._score_bound, propose=reflection.propose

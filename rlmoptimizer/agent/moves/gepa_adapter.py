@@ -275,7 +275,7 @@ class Reflection:
         lm = nth_sample(self._lm, seen)
 
         def ask() -> str:
-            return str(ask_proposer(InstructionProposer(), lm, step, text, dataset, reservation) or "")
+            return str(ask_proposer(InstructionProposer(), lm, step, text, dataset, reservation, self._answered) or "")
 
         failed: BaseException | None = None
         new = ""
@@ -293,8 +293,7 @@ class Reflection:
             self._budget.settle(reservation)
         if failed is not None:
             raise Stop(f"the reflection LM (sub_lm) failed: {failure_summary(failed)}", error=failed) from failed
-        self.calls += 1
-        self._answered()
+        self.calls += 1  # its charge is on disk already (ask_proposer), before the answer is kept
         self._answers.put(key, new)
         return new
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextvars
 import json
 import random
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -70,18 +71,29 @@ def nth_sample(lm: Any, k: int) -> Any:
     return lm if k == 0 else lm.copy(rollout_id=((lm.kwargs or {}).get("rollout_id") or 0) + k)
 
 
-def ask_proposer(proposer: Any, lm: Any, step: str, text: str, dataset: list[dict[str, Any]], paid: Reservation) -> Any:
+def ask_proposer(
+    proposer: Any,
+    lm: Any,
+    step: str,
+    text: str,
+    dataset: list[dict[str, Any]],
+    paid: Reservation,
+    answered: Callable[[], None],
+) -> Any:
     """One proposal of ``proposer`` (dspy's ``InstructionProposer``) for ``step``, now ``text``, from the reflective
     ``dataset``, asked of ``lm``. One unit of ``paid`` is spent when the LM answered, also with a reply that does
-    not parse (it was a call); what failed is raised."""
+    not parse (it was a call), and ``answered()`` then puts the charge on disk at once (every move's sub-LM call
+    comes through here: a process killed before the turn ends still has it); what failed is raised."""
     try:
         with dspy.context(lm=lm):
             new = proposer({step: text}, {step: dataset}, [step])[step]
     except Exception as exc:
         if classify_lm_failure(exc) is None:  # the LM answered (e.g. a reply that does not parse): a call
             paid.spend(1)
+            answered()
         raise
     paid.spend(1)
+    answered()
     return new
 
 
@@ -191,7 +203,7 @@ class ProposalMoves(MoveContext):
     ) -> list[tuple[str | None, str | None]]:
         def one(lm) -> tuple[str | None, str | None]:
             try:
-                return ask_proposer(proposer, lm, step, current, dataset, reservation), None
+                return ask_proposer(proposer, lm, step, current, dataset, reservation, self._answered), None
             except Exception as exc:
                 return None, failure_summary(exc)
 
