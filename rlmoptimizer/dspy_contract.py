@@ -1,11 +1,13 @@
-"""The dspy rlmoptimizer works with: the supported version range and every dspy name it relies on, checked
-once, when ``rlmoptimizer`` is imported and before anything else in it is.
+"""The dspy rlmoptimizer works with: the supported version range and every dspy name it relies on (and every name
+of the gepa package dspy pins, whose engine ``run_gepa`` runs), checked once, when ``rlmoptimizer`` is imported and
+before anything else in it is.
 
 rlmoptimizer subclasses ``dspy.PythonInterpreter``, overrides or calls some of its private members, builds its
 agent on dspy's REPL types (as ``dspy.RLM`` does), and imports names from dspy's submodules; a dspy release may rename or remove any of them (3.4.0 ->
 3.4.1 renamed several private members, 3.3.1 -> 3.4.1 removed ``dspy.LMResponse`` and changed
 ``RLM.forward``). :data:`REQUIREMENTS` lists, wing by wing, every name imported from dspy (top-level names
-imported with ``from dspy import ...`` included) and every private member used, as :class:`Requirement` rows.
+imported with ``from dspy import ...`` or reached as ``dspy.<name>`` included), every private member used, and every
+gepa name ``run_gepa`` relies on (the keywords it passes ``gepa.optimize`` included), as :class:`Requirement` rows.
 :func:`check_installed_dspy` (called first thing by ``rlmoptimizer/__init__.py``) checks the installed dspy's
 version against :data:`SUPPORTED_DSPY` and every row of every wing, and raises one
 :class:`DspyVersionError` (an ``ImportError``) listing every problem found, the supported range and the pip
@@ -46,6 +48,7 @@ __all__ = [
     "check_installed_dspy",
     "dspy_problems",
     "fix_command",
+    "gepa_fix_command",
     "installed_dspy_version",
     "version_problem",
 ]
@@ -65,14 +68,16 @@ class Requirement:
     """One dspy name a wing relies on.
 
     ``owner`` is ``"module"`` or ``"module:Class"``; ``name`` the member. ``params``, when given, are the
-    parameter names (after ``self``) the member must accept, for a method we override or call. ``instance``
-    marks an attribute set in the class's methods (``self.name = ...``, found in their bytecode, since no
-    instance is built)."""
+    parameter names (after ``self``) the member must accept, for a method we override or call. ``accepts``, when
+    given, are the keyword arguments we call the member with: it must take each of them (and may take more, as
+    ``gepa.optimize`` does). ``instance`` marks an attribute set in the class's methods (``self.name = ...``, found
+    in their bytecode, since no instance is built)."""
 
     owner: str
     name: str
     params: tuple[str, ...] | None = None
     instance: bool = False
+    accepts: tuple[str, ...] | None = None
 
     @property
     def private(self) -> bool:
@@ -97,14 +102,19 @@ class Requirement:
             member = getattr(target, self.name, None)
         if member is None:
             return f"{self.owner}.{self.name} does not exist"
-        if self.params is not None:
+        if self.params is not None or self.accepts is not None:
             function = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
             try:
-                names = [p for p in inspect.signature(function).parameters if p not in ("self", "cls")]
+                parameters = inspect.signature(function).parameters
             except (TypeError, ValueError):
                 return f"{self.owner}.{self.name} has no readable signature"
-            if tuple(names) != self.params:
+            names = [p for p in parameters if p not in ("self", "cls")]
+            if self.params is not None and tuple(names) != self.params:
                 return f"{self.owner}.{self.name} takes ({', '.join(names)}), expected ({', '.join(self.params)})"
+            takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+            missing = [name for name in self.accepts or () if name not in names and not takes_any]
+            if missing:
+                return f"{self.owner}.{self.name} no longer takes {', '.join(missing)}"
         return None
 
 
@@ -168,12 +178,81 @@ def _stores_attribute(code: types.CodeType, name: str) -> bool:
 _PI = "dspy.primitives.python_interpreter:PythonInterpreter"
 _EXC = "dspy.utils.exceptions"
 
+_GEPA_RESULT = "gepa.core.result:GEPAResult"
+_GEPA_CALLBACK = "gepa.core.callbacks:GEPACallback"
+
 REQUIREMENTS: dict[str, tuple[Requirement, ...]] = {
+    # The names every wing reaches as ``dspy.<name>`` (after ``import dspy``).
+    "dspy": tuple(
+        Requirement("dspy", name)
+        for name in (
+            "BaseLM",
+            "BaseModule",
+            "Example",
+            "InputField",
+            "LM",
+            "LMNotConfiguredError",
+            "Module",
+            "OutputField",
+            "Predict",
+            "Prediction",
+            "Signature",
+            "context",
+            "settings",
+            "utils",
+        )
+    ),
+    # The gepa package (pinned through dspy's own requirement), whose engine run_gepa runs
+    # (rlmoptimizer/agent/moves/gepa.py, gepa_adapter.py): what we call, with the keywords we pass, and the engine's
+    # calls into our adapter and callbacks.
+    "gepa": (
+        Requirement(
+            "gepa",
+            "optimize",
+            accepts=(
+                "seed_candidate",
+                "trainset",
+                "valset",
+                "adapter",
+                "reflection_lm",
+                "candidate_selection_strategy",
+                "reflection_minibatch_size",
+                "perfect_score",
+                "skip_perfect_score",
+                "module_selector",
+                "use_merge",
+                "max_merge_invocations",
+                "stop_callbacks",
+                "logger",
+                "callbacks",
+                "seed",
+                "raise_on_exception",
+                "track_best_outputs",
+                "display_progress_bar",
+                "sampling_strategy",
+            ),
+        ),
+        Requirement("gepa.core.result", "GEPAResult"),
+        Requirement(_GEPA_RESULT, "from_state", accepts=("state", "seed")),
+        Requirement(_GEPA_RESULT, "best_idx"),
+        Requirement("gepa.strategies.proposal_sampling", "PxNSampling", params=("p", "n")),
+        Requirement(
+            "gepa.core.adapter", "EvaluationBatch", accepts=("outputs", "scores", "trajectories", "num_metric_calls")
+        ),
+        Requirement("gepa.core.adapter:GEPAAdapter", "evaluate", params=("batch", "candidate", "capture_traces")),
+        Requirement(
+            "gepa.core.adapter:GEPAAdapter",
+            "make_reflective_dataset",
+            params=("candidate", "eval_batch", "components_to_update"),
+        ),
+        *(
+            Requirement(_GEPA_CALLBACK, name, params=("event",))
+            for name in ("on_iteration_start", "on_evaluation_start", "on_merge_accepted", "on_iteration_end")
+        ),
+    ),
     # The optimizer agent (rlmoptimizer/agent/): a dspy.Module with its own turn loop on dspy's REPL types, its
     # root-LM calls and its moves.
     "agent": (
-        Requirement("dspy", "Module"),
-        Requirement("dspy", "Predict"),
         Requirement("dspy", "ensure_signature"),
         Requirement("dspy", "AdapterParseError"),  # from dspy import (agent.py, root_lm.py, moves/gepa_adapter.py)
         Requirement("dspy", "ChatAdapter"),
@@ -353,7 +432,32 @@ def _error(problems: list[str]) -> DspyVersionError:
         f"Fix: {fix_command()}   (into the environment of {sys.executable}),",
         f"or install a rlmoptimizer release that supports dspy {version}.",
     ]
+    if any(problem.startswith("gepa: ") for problem in problems):
+        lines.append(
+            f"gepa is the package dspy requires for GEPA; its installed release ({_distribution_version('gepa')}) "
+            f"is not the one dspy {version} was released with: {gepa_fix_command()}"
+        )
     return DspyVersionError("\n".join(lines))
+
+
+def _distribution_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def gepa_fix_command() -> str:
+    """The pip command that installs the gepa release the installed dspy requires (dspy pins it exactly)."""
+    try:
+        required = importlib.metadata.requires("dspy") or []
+    except importlib.metadata.PackageNotFoundError:
+        required = []
+    for requirement in required:
+        match = re.match(r"\s*gepa(?:\[[^\]]*\])?\s*([=<>!~][^;]*)", requirement)
+        if match:
+            return f'pip install "gepa{match.group(1).strip()}"'
+    return 'pip install --force-reinstall "dspy' + SUPPORTED_DSPY + '"'
 
 
 def check_installed_dspy() -> None:

@@ -1,6 +1,9 @@
 """What happens during a compile(), as typed events sent to one observer protocol.
 
-Events are observational: an observer sees a frozen record of what already happened and cannot change it.
+Events are observational: an observer sees a frozen record of what already happened and cannot change it. Each
+event is a snapshot nobody else holds: its run, record, turn, lineage, version and budget are deep copies taken when
+it is made (:class:`_Snapshot`), so an observer that mutates them changes nothing of the compile (its result, its
+runs, its trajectory, its candidates on disk); each user callback after the first gets a copy of its own.
 Observers are called synchronously on the sender's thread (:class:`ExampleEvaluated` comes from the
 evaluation's worker threads, one at a time, under the evaluation's lock). The library's own observers (the run
 journal, the display, the usage meter, the MLflow tracker) are ordinary observers; an exception one of them
@@ -20,8 +23,9 @@ ExampleEvaluated       ``evaluation.runs.Runs``, for each newly evaluated exampl
 EvaluationFinished     ``evaluation.runs.Runs`` once the run is saved (also a run cut short)
 PromptUpdated          ``agent.working_program.WorkingProgram`` for each new prompt version
 AgentTurn              ``agent.agent.OptimizerAgent`` for each turn, as soon as it exists
-SubLMAnswered          ``agent.agent.OptimizerAgent`` after each ``llm_query`` / ``llm_query_batched`` it charged,
-                       and ``agent.tools`` after each sub-LM call of a move
+SubLMAnswered          ``agent.sub_lm`` after each ``llm_query`` / ``llm_query_batched`` it charged, and
+                       ``agent.moves.proposal.ask_proposer`` as each sub-LM call of a move (a proposal, a GEPA
+                       reflection) is charged
 CandidateAdded         ``agent.tools`` for each candidate a move named (``proposal-N``, ``gepa-N``)
 GepaIteration          ``agent.tools`` at the end of each iteration of a ``run_gepa`` run
 =====================  ================================================================================
@@ -34,10 +38,11 @@ May import: ``rlmoptimizer.records`` and the standard library.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
 from rlmoptimizer.records import EvalRun, ExampleResult
@@ -45,8 +50,26 @@ from rlmoptimizer.records import EvalRun, ExampleResult
 logger = logging.getLogger(__name__)
 
 
+def _snapshot(value: Any) -> Any:
+    """A deep copy of ``value`` (``value`` itself if it cannot be copied)."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # noqa: BLE001 - an uncopyable value: the event still goes out
+        return value
+
+
+class _Snapshot:
+    """Base of every event: each field is a deep copy of what the sender passed, taken as the event is made."""
+
+    def __post_init__(self) -> None:
+        for field in fields(self):  # type: ignore[arg-type]
+            object.__setattr__(self, field.name, _snapshot(getattr(self, field.name)))
+
+
 @dataclass(frozen=True)
-class EvaluationStarted:
+class EvaluationStarted(_Snapshot):
     """A program is about to be evaluated on ``total`` examples of ``split``."""
 
     split: str
@@ -55,14 +78,14 @@ class EvaluationStarted:
 
 
 @dataclass(frozen=True)
-class ExampleEvaluated:
+class ExampleEvaluated(_Snapshot):
     """One example of the current evaluation has its record (not sent for records reused from the cache)."""
 
     record: ExampleResult
 
 
 @dataclass(frozen=True)
-class EvaluationFinished:
+class EvaluationFinished(_Snapshot):
     """A run is saved. ``complete`` is False for a run cut short (``:partial``, ``:recovered``);
     ``budget`` is the ledger's snapshot once the run is charged."""
 
@@ -72,7 +95,7 @@ class EvaluationFinished:
 
 
 @dataclass(frozen=True)
-class PromptUpdated:
+class PromptUpdated(_Snapshot):
     """The working program's instructions changed: ``version`` is the new prompt version
     (``{"version", "step", "text", "previous", "source"}``)."""
 
@@ -80,7 +103,7 @@ class PromptUpdated:
 
 
 @dataclass(frozen=True)
-class AgentTurn:
+class AgentTurn(_Snapshot):
     """The agent finished a turn: ``turn`` is ``{"iteration", "reasoning", "code", "output", "final",
     "created_at"}`` (plus ``"outputs"`` on the final turn); ``budget`` is the ledger's snapshot after it."""
 
@@ -89,7 +112,7 @@ class AgentTurn:
 
 
 @dataclass(frozen=True)
-class SubLMAnswered:
+class SubLMAnswered(_Snapshot):
     """Sub-LM prompts of the agent (``llm_query`` / ``llm_query_batched``) were answered and charged in the
     middle of a turn: ``budget`` is the ledger's snapshot after them, so a process killed before the turn ends
     still has them on disk."""
@@ -99,7 +122,7 @@ class SubLMAnswered:
 
 
 @dataclass(frozen=True)
-class CompileStarted:
+class CompileStarted(_Snapshot):
     """A compile() started: its run directory, the budget (the ledger's snapshot) and whether it resumes an
     earlier one."""
 
@@ -109,7 +132,7 @@ class CompileStarted:
 
 
 @dataclass(frozen=True)
-class CompileFinished:
+class CompileFinished(_Snapshot):
     """A compile() has its result: ``selection`` says what was returned and why (as ``result.selection``),
     ``budget`` what was spent."""
 
@@ -118,7 +141,7 @@ class CompileFinished:
 
 
 @dataclass(frozen=True)
-class CandidateAdded:
+class CandidateAdded(_Snapshot):
     """A move named a candidate: ``candidate_id`` (``proposal-N``, ``gepa-N``), its ``instructions`` (the steps it
     sets) and its ``lineage`` (``parents``, ``move``, and for GEPA's the ``run`` and the train ids
     ``reflected_on``)."""
@@ -129,7 +152,7 @@ class CandidateAdded:
 
 
 @dataclass(frozen=True)
-class GepaIteration:
+class GepaIteration(_Snapshot):
     """An iteration of a ``run_gepa`` run ended: the run (``"gepa run 1"``), gepa's iteration number, whether its
     proposal was accepted, the units the run has spent, and the ledger's snapshot."""
 
@@ -187,9 +210,11 @@ class UserCallbacks:
     def on_event(self, event: Event) -> None:
         with self._lock:
             callbacks = list(self._callbacks)
-        for callback in callbacks:
+        # Each callback its own event: one that mutates it changes nothing another sees.
+        events = [event, *(_snapshot(event) for _ in callbacks[1:])]
+        for callback, seen in zip(callbacks, events, strict=False):
             try:
-                (callback.on_event if hasattr(callback, "on_event") else callback)(event)
+                (callback.on_event if hasattr(callback, "on_event") else callback)(seen)
             except Exception as exc:  # noqa: BLE001 - a user's callback must not stop the run
                 with self._lock:
                     if callback not in self._callbacks:

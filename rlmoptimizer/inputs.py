@@ -9,9 +9,11 @@ May import: dspy, ``rlmoptimizer.errors``.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import dspy
@@ -147,22 +149,62 @@ def check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
     return value
 
 
+def make_run_directory(path: Path) -> Path:
+    """``run_storage_dir`` as a directory, created if missing; :class:`ConfigurationError` if it is a file or
+    cannot be created."""
+    if path.exists() and not path.is_dir():
+        raise ConfigurationError(
+            f"run_storage_dir {str(path)!r} is a file, not a directory: pass the path of a directory (created if "
+            "missing), e.g. a new one next to it"
+        )
+    try:
+        if not path.is_dir():  # nothing is written to a directory that exists (a finished run read back)
+            path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigurationError(
+            f"run_storage_dir {str(path)!r} cannot be created ({type(exc).__name__}: {exc}): pass a directory you "
+            "can write to"
+        ) from exc
+    return path
+
+
 def check_callbacks(callbacks: Any) -> tuple[tuple[Any, ...], list[Any]]:
     """``(ours, dspy's)``: the callbacks that see our events (an object with an ``on_event(event)`` method, or a
     function of the event) and dspy's own callbacks (``dspy.utils.BaseCallback``, whose ``on_compile_start`` /
     ``on_compile_end`` dspy calls around every teleprompter's compile; one with ``on_event`` too is in both).
-    Anything else is a :class:`ConfigurationError` saying which one."""
+    Anything else is a :class:`ConfigurationError` saying which one, and so is what can never see an event: a
+    class instead of an instance, an ``async`` callback (events are sent synchronously: its coroutine would never be
+    awaited), an object whose ``on_event`` raises when read."""
     if callbacks is None:
         return (), []
     if isinstance(callbacks, (str, bytes)) or not isinstance(callbacks, (list, tuple)):
         raise ConfigurationError(f"callbacks must be a list, got {type(callbacks).__name__}: pass callbacks=[...]")
     ours, theirs = [], []
     for index, callback in enumerate(callbacks):
+        if isinstance(callback, type):
+            raise ConfigurationError(
+                f"callbacks[{index}] is the class {callback.__name__}, not an instance of it: pass "
+                f"callbacks=[{callback.__name__}()]"
+            )
+        try:
+            on_event = getattr(callback, "on_event", None)
+        except Exception as exc:  # noqa: BLE001 - a property that raises: say so now, not at the first event
+            raise ConfigurationError(
+                f"callbacks[{index}] ({type(callback).__name__}): reading its on_event raised "
+                f"{type(exc).__name__}: {exc}; make on_event a plain method taking the event"
+            ) from exc
+        function = on_event if callable(on_event) else callback if callable(callback) else None
+        if function is not None and _is_async(function):
+            raise ConfigurationError(
+                f"callbacks[{index}] ({getattr(function, '__qualname__', type(callback).__name__)}) is async: events "
+                "are sent synchronously and its coroutine would never be awaited; make it a plain def (it may hand "
+                "the event to your own event loop or queue)"
+            )
         if isinstance(callback, dspy.utils.BaseCallback):
             theirs.append(callback)
-            if callable(getattr(callback, "on_event", None)):
+            if callable(on_event):
                 ours.append(callback)
-        elif callable(getattr(callback, "on_event", None)) or callable(callback):
+        elif function is not None:
             ours.append(callback)
         else:
             raise ConfigurationError(
@@ -171,6 +213,11 @@ def check_callbacks(callbacks: Any) -> tuple[tuple[Any, ...], list[Any]]:
                 "dspy.utils.BaseCallback"
             )
     return tuple(ours), theirs
+
+
+def _is_async(function: Any) -> bool:
+    """Whether calling ``function`` (a function, a method, a partial, an object with ``__call__``) makes a coroutine."""
+    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(type(function).__call__)
 
 
 def check_flag(name: str, value: Any) -> bool:

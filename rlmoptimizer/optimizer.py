@@ -38,7 +38,7 @@ from rlmoptimizer.agent.window import check_root_window
 from rlmoptimizer.agent.working_program import WorkingProgram
 from rlmoptimizer.budget import BudgetLedger, baseline_on_demand, budget_for, budget_for_metric_calls
 from rlmoptimizer.display import Display
-from rlmoptimizer.errors import AgentToolError, OptimizationInterrupted, RLMOptimizerError
+from rlmoptimizer.errors import AgentToolError, MetricError, OptimizationInterrupted, RLMOptimizerError
 from rlmoptimizer.evaluation.evaluator import Evaluator
 from rlmoptimizer.evaluation.runs import Runs
 from rlmoptimizer.events import CompileFinished, CompileStarted, Observers, UserCallbacks
@@ -67,6 +67,7 @@ from rlmoptimizer.inputs import (
     check_positive_int,
     check_program,
     check_timeout,
+    make_run_directory,
     resolve_eval_lm,
     step_lms,
 )
@@ -80,7 +81,7 @@ from rlmoptimizer.storage.identity import eval_lm_identity
 from rlmoptimizer.storage.journal import RunJournal
 from rlmoptimizer.storage.lock import RunDirectoryLock
 from rlmoptimizer.storage.notes import NotesStore
-from rlmoptimizer.storage.resume import open_run_directory, where_message
+from rlmoptimizer.storage.resume import metric_failed_message, open_run_directory, where_message
 from rlmoptimizer.storage.run_store import RunStore
 from rlmoptimizer.usage import EVAL, ROOT, UsageMeter, UsageObserver
 
@@ -309,9 +310,7 @@ class _Compile:
         # (or here, if the directory is refused). Reading back a finished run takes it without writing.
         self.lock: RunDirectoryLock | None = None
         if config.run_storage_dir is not None:
-            directory = Path(config.run_storage_dir)
-            if not directory.is_dir():
-                directory.mkdir(parents=True, exist_ok=True)
+            directory = make_run_directory(Path(config.run_storage_dir))
             self.lock = RunDirectoryLock(directory, read_only=(directory / "result.json").exists())
         try:
             self._open_directory(config)
@@ -425,6 +424,10 @@ class _Compile:
                 return self._run(sandbox)
         except KeyboardInterrupt as exc:
             raise OptimizationInterrupted(self._where("interrupted")) from exc
+        except MetricError as exc:  # resuming with the fixed metric is refused (another metric): say what works
+            raise MetricError(
+                f"{exc}\n{metric_failed_message(self.directory, self.store.is_temporary, self.metric.identity)}"
+            ) from exc
         except RLMOptimizerError as exc:  # e.g. the evaluation LM is unusable: say where the paid work is
             raise type(exc)(f"{exc}\n{self._where('stopped')}") from exc
         except Exception as exc:
@@ -473,13 +476,10 @@ class _Compile:
                 trajectory=self.resume.turns,
                 final_reasoning=final.get("reasoning", ""),
             )
-        decided = (
-            no_check_left(self.services, "val" if self.valset else "train") if self.config.max_metric_calls else None
-        )
+        split = "val" if self.valset else "train"
+        decided = no_check_left(self.services, split) if self.config.max_metric_calls else None
         if self.config.rlm_autopilot == "loop":
-            cap = self.usage.cap_message
-            ends = lambda: (decided and decided()) or (cap() if self.usage.cap_reached else None)  # noqa: E731
-            return run_loop(self.tools.pilot, self.services, prior_turns=self.resume.turns, ends_run=ends)
+            return run_loop(self.tools.pilot, self.services, prior_turns=self.resume.turns, decided=decided)
         if sandbox is None:
             raise RuntimeError("a run that is not finished needs its sandbox")
 

@@ -6,6 +6,7 @@ test a DSPy program, a metric or an optimization run without an API key.
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -18,6 +19,7 @@ from dspy.utils.dummies import DummyLM
 
 Reply = dict[str, Any] | str | BaseException
 _ITERATION = re.compile(r"\[\[ ## iteration ## \]\]\s*(\d+)/")
+_JSON_REQUEST = "Respond with a JSON object"  # how dspy's JSONAdapter ends a request
 
 
 class _FunctionEngine(DummyEngine):
@@ -30,7 +32,7 @@ class _FunctionEngine(DummyEngine):
         reply = owner.fn(messages, dict(owner.kwargs)) if owner.with_settings else owner.fn(messages)
         if isinstance(reply, BaseException):
             raise reply
-        text = reply if isinstance(reply, str) else owner._format_answer_fields(reply)
+        text = reply if isinstance(reply, str) else owner._answer(reply, messages)
         words = sum(len(str(m.get("content", "")).split()) for m in messages)
         usage = Usage(input_tokens=words, output_tokens=len(text.split()), total_tokens=words + len(text.split()))
         if owner.usage is not None:
@@ -47,7 +49,8 @@ class _FunctionEngine(DummyEngine):
 
 
 class FunctionLM(DummyLM):
-    """An LM whose reply is ``fn(messages)``: a dict of output fields (formatted for the adapter),
+    """An LM whose reply is ``fn(messages)``: a dict of output fields (formatted for the adapter, or as JSON for a
+    request that asks for a JSON object),
     a raw string (sent as is), or an exception instance (raised). Thread safe; records every call.
 
     With ``with_settings=True`` the reply is ``fn(messages, settings)``, where ``settings`` are the LM's
@@ -69,6 +72,7 @@ class FunctionLM(DummyLM):
         usage: Callable[[list[dict], str], Usage] | None = None,
     ):
         super().__init__([], adapter=adapter)
+        self.adapter_given = adapter is not None  # else the reply's format follows the request's
         self.model = name
         self.fn = fn
         self.with_settings = with_settings
@@ -79,6 +83,13 @@ class FunctionLM(DummyLM):
         self._lock = threading.Lock()
         self._engine_spec = _FunctionEngine(self)
         self._async_engine_spec = AsyncDummyEngine(self._engine_spec)
+
+    def _answer(self, fields: dict[str, Any], messages: list[dict]) -> str:
+        """``fields`` in the format the request asks for: a JSON object when it asks for one (dspy's JSONAdapter, as
+        dspy's InstructionProposer uses), else the adapter's (ChatAdapter's ``[[ ## field ## ]]`` by default)."""
+        if not self.adapter_given and _JSON_REQUEST in last_user_text(messages):
+            return json.dumps(fields, default=str)
+        return self._format_answer_fields(fields)
 
     def copy(self, **kwargs):
         """A copy as ``dspy.LM.copy`` makes it (``lm.copy(rollout_id=1, temperature=1.0)``, what Refine and

@@ -131,3 +131,97 @@ def test_a_dspy_callback_gets_dspys_compile_start_and_end_as_with_any_teleprompt
     compiles = Compiles()
     run([compiles], tmp_path)
     assert compiles.seen == [("start", "RLMDocstringOptimizer", ["kwargs", "metric"]), ("end", "RouteTicket", None)]
+
+
+class Tamperer:
+    """A display callback that edits what it is shown, as a careless one would."""
+
+    def on_event(self, event) -> None:
+        if isinstance(event, EvaluationFinished):
+            for step in event.run.instructions:
+                event.run.instructions[step] += " (seen)"
+            object.__setattr__(event.run, "score", 1.0)
+        elif isinstance(event, AgentTurn):
+            event.turn["output"] = "tampered"
+            event.turn["code"] = "print('tampered')"
+        elif isinstance(event, CandidateAdded):
+            event.instructions["route"] = "tampered"
+            event.lineage["parents"].append("tampered")
+        elif isinstance(event, PromptUpdated):
+            event.version["text"] = "tampered"
+        elif isinstance(event, ExampleEvaluated):
+            event.record.predicted["queue"] = "tampered"
+        budget = getattr(event, "budget", None)
+        if isinstance(budget, dict):
+            budget["spent"] = -1
+
+
+def test_a_callback_that_mutates_its_events_cannot_change_the_result_the_runs_or_the_candidates(tmp_path):
+    """Regression: events carried the very EvalRun the run store keeps, the dict kept in the agent's turns and a
+    shallow copy of the lineage: a display callback that appended " (seen)" to a run's instructions made compile()
+    return instructions never evaluated, labelled "submission", and trial_logs, agent_trajectory and candidates.json
+    changed with it. Every event is a snapshot nobody else holds, and each callback gets its own."""
+    after = Recorder()
+    result = run([Tamperer(), after], tmp_path)
+    plain = run(None, tmp_path, name="plain")
+    assert result.optimized_dspy_program == plain.optimized_dspy_program
+    assert result.selection == plain.selection and result.budget == plain.budget
+    assert not any("(seen)" in text for log in result.trial_logs for text in log["instructions"].values())
+    assert [(log["label"], log["score"]) for log in result.trial_logs] == [
+        (log["label"], log["score"]) for log in plain.trial_logs
+    ]
+    assert [(t["code"], t["output"]) for t in result.agent_trajectory] == [
+        (t["code"], t["output"]) for t in plain.agent_trajectory
+    ]
+    candidates = (tmp_path / "run" / "candidates.json").read_text()
+    assert "tampered" not in candidates and candidates == (tmp_path / "plain" / "candidates.json").read_text()
+    # the callback after the tamperer saw what happened, not the tamperer's edits
+    seen = [e for e in after.events if isinstance(e, (EvaluationFinished, AgentTurn, CandidateAdded))]
+    assert seen and not any("tampered" in repr(e) or "(seen)" in repr(e) for e in seen)
+    assert all(e.budget["spent"] >= 0 for e in after.events if hasattr(e, "budget"))
+
+
+class ClassCallback:
+    def on_event(self, event) -> None:
+        pass
+
+
+class AsyncCallback:
+    async def on_event(self, event) -> None:
+        pass
+
+
+async def async_function(event) -> None:
+    pass
+
+
+class RaisingOnAccess:
+    @property
+    def on_event(self):
+        raise RuntimeError("not configured yet")
+
+
+@pytest.mark.parametrize(
+    ("callback", "message"),
+    [
+        (
+            ClassCallback,
+            r"callbacks\[0\] is the class ClassCallback, not an instance of it: pass callbacks=\[ClassCallback\(\)\]",
+        ),
+        (AsyncCallback(), r"callbacks\[0\] \(AsyncCallback.on_event\) is async: .* make it a plain def"),
+        (async_function, r"callbacks\[0\] \(async_function\) is async: .*never be awaited"),
+        (
+            RaisingOnAccess(),
+            r"callbacks\[0\] \(RaisingOnAccess\): reading its on_event raised RuntimeError: not configured",
+        ),
+    ],
+    ids=["class", "async-method", "async-function", "raises-on-access"],
+)
+def test_a_callback_that_could_never_see_an_event_is_refused_with_the_fix(callback, message):
+    """Regression: callbacks=[MyCallbackClass] (the class) was accepted and detached at the first event, an async
+    callback was never awaited (a RuntimeWarning per event, nothing from us), and one whose on_event raised when read
+    gave a raw RuntimeError from the constructor."""
+    root = FunctionLM(lambda messages: {})
+    with pytest.raises(ConfigurationError, match=message):
+        RLMDocstringOptimizer(root_lm=root, callbacks=[callback])
+    assert not root.calls

@@ -10,6 +10,7 @@ against real older dspy releases, in virtual environments ``.ci/run`` prepares (
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import importlib.util
 import inspect
 import os
@@ -192,6 +193,60 @@ def test_a_dspy_lacking_members_of_two_wings_gets_one_error_naming_all():
     assert "sandbox: dspy.primitives.python_interpreter:PythonInterpreter._health_check does not exist" in message
     assert "version:" not in message  # the installed dspy is in the range
     assert f'Fix: pip install "dspy{SUPPORTED_DSPY}"' in message
+
+
+def test_deleted_top_level_dspy_names_get_the_contracts_error_not_an_attribute_error():
+    """Regression: deleting top-level dspy names the package reaches as ``dspy.<name>`` (``dspy.Predict``,
+    ``dspy.settings``) gave a raw AttributeError at construction; they are rows, checked at import."""
+    message = _message(_import_rlmoptimizer("import dspy\ndel dspy.Predict\ndel dspy.settings\n"))
+    assert "dspy: dspy.Predict does not exist" in message and "dspy: dspy.settings does not exist" in message
+    assert f'Fix: pip install "dspy{SUPPORTED_DSPY}"' in message
+
+
+def test_a_gepa_whose_optimize_changed_gets_the_contracts_error_at_import():
+    """Regression: gepa was pinned only through dspy; a ``gepa.optimize`` whose signature changed imported cleanly
+    and failed inside the agent's REPL in the middle of a run. gepa's names are rows, checked at import."""
+    message = _message(
+        _import_rlmoptimizer(
+            "import gepa\n"
+            "def optimize(seed_candidate, trainset, valset=None, adapter=None, budget=None):\n    pass\n"
+            "gepa.optimize = optimize\n"
+            "import gepa.core.result as result\ndel result.GEPAResult.from_state\n"
+        )
+    )
+    assert "gepa: gepa.optimize no longer takes reflection_lm, candidate_selection_strategy" in message
+    assert "gepa: gepa.core.result:GEPAResult.from_state does not exist" in message
+    pinned = importlib.metadata.version("gepa")
+    assert f'pip install "gepa=={pinned}"' in message
+
+
+def _top_level_and_gepa_names() -> set[tuple[str, str]]:
+    """``(owner, name)`` for every ``dspy.<name>`` that is not a submodule, every ``from dspy import name``, and
+    every gepa name the package reaches (``gepa.<name>``, ``from gepa.x import name``)."""
+    import types
+
+    import dspy
+
+    used: set[tuple[str, str]] = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "gepa":
+                used.add(("gepa", node.attr))
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "dspy":
+                if not isinstance(getattr(dspy, node.attr, None), types.ModuleType) or node.attr == "utils":
+                    used.add(("dspy", node.attr))
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "dspy":
+                used.update(("dspy", alias.name) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "gepa":
+                used.update((node.module, alias.name) for alias in node.names)
+    return used
+
+
+def test_every_top_level_dspy_name_and_every_gepa_name_used_is_a_row():
+    """A new ``dspy.<name>`` or gepa name anywhere in the package needs its row (see the two regressions above)."""
+    rows = {(row.owner.partition(":")[0], row.name) for _, row in ROWS}
+    missing = sorted(used for used in _top_level_and_gepa_names() if used not in rows)
+    assert missing == [], f"add these to dspy_contract.REQUIREMENTS: {missing}"
 
 
 def test_a_newer_dspy_is_refused_at_import_even_when_every_name_is_there():

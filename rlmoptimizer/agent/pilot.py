@@ -168,14 +168,17 @@ def _proposal(proposal: dict) -> str:
 
 
 def run_loop(
-    pilot: Pilot, services: Any, *, prior_turns: Sequence[dict] = (), ends_run: Callable[[], str | None] = lambda: None
+    pilot: Pilot, services: Any, *, prior_turns: Sequence[dict] = (), decided: Callable[[], str | None] | None = None
 ) -> AgentOutcome:
-    """``rlm_autopilot="loop"``: the pilot takes phases until the policy submits (or ``ends_run()`` says why the run
-    ends, or a phase changes nothing). Each phase is one turn of the trajectory, sent to the observer of the
-    compile's ``services`` as it ends; a systemic failure a tool met is raised (the services' stop request)."""
+    """``rlm_autopilot="loop"``: the pilot takes phases until the policy submits (or the spending cap is reached,
+    ``decided()`` says why no phase can change the result, or a phase changes nothing). Each phase is one turn of
+    the trajectory, sent to the observer of the compile's ``services`` as it ends; a systemic failure a tool met is
+    raised (the services' stop request)."""
     turns = [dict(t) for t in prior_turns]
+    usage = services.usage
     while True:
-        pilot.submitted = pilot.submitted or ends_run()
+        cap = usage.cap_message() if usage is not None and usage.cap_reached else None
+        pilot.submitted = pilot.submitted or (decided and decided()) or cap
         report = {"ran": [], "summary": ""}
         if pilot.submitted is None:
             before = pilot.progress()

@@ -231,12 +231,19 @@ class Sandbox:
             self._setup.mark_setup_complete(self.replay_limit)
 
     def shutdown(self) -> None:
-        """Stop the process and release everything; the sandbox cannot be used afterwards."""
+        """Stop the process and release everything; the sandbox cannot be used afterwards. A start still running in
+        the background is cut short (its process killed), not waited for: a compile() that fails before the agent
+        (a broken metric) says so at once."""
         if self._executing_thread == threading.get_ident():
             raise CodeInterpreterError("The sandbox cannot be shut down from inside one of its own tools.")
         background = self._background
         if background is not None:
-            background.join()
+            self._closed = True  # a start that has not begun yet does not begin
+            while background.is_alive():
+                starting = self._session.interp
+                if starting is not None:
+                    process.kill(starting)
+                background.join(timeout=0.05)
         with self._lock:
             self._closed = True
             self._session.close()

@@ -129,8 +129,9 @@ class ToolBridge:
 
 def _argument_checker(fn: Callable[..., Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """A check of a tool call's arguments against the tool's type hints: the arguments as the hints take them
-    (``"10"`` or ``10.0`` for an ``int`` is 10), or :class:`AgentToolError` naming the argument, the type it got and
-    the type it takes. Arguments without a hint, or hinted ``Any``, are the tool's to check."""
+    (``"10"`` or ``10.0`` for an ``int`` is 10, but ``True`` is not 1: a bool is taken only where the hint takes
+    bools), or :class:`AgentToolError` naming the argument, the type it got and the type it takes. Arguments without
+    a hint, or hinted ``Any``, are the tool's to check."""
     import typing
 
     target = inspect.unwrap(fn)
@@ -157,14 +158,17 @@ def _argument_checker(fn: Callable[..., Any]) -> Callable[[dict[str, Any]], dict
             if argument not in parameters:
                 if takes_any:
                     continue
-                raise AgentToolError(f"{name}() has no argument {argument!r} -> use its arguments: {list(parameters)}")
+                raise AgentToolError(
+                    f"{name}() has no argument {argument!r:.80} -> use its arguments: {list(parameters)}"
+                )
             checker = adapter(argument)
             if checker is None:
                 continue
             from pydantic import ValidationError
 
             try:
-                checked[argument] = checker[0].validate_python(value)
+                # True is not 1: a bool reaches only an argument that takes one (the moves refuse bools for counts).
+                checked[argument] = checker[0].validate_python(value, strict=isinstance(value, bool) or None)
             except ValidationError:
                 wanted = getattr(checker[1], "__name__", None) or str(checker[1]).replace("typing.", "")
                 raise AgentToolError(

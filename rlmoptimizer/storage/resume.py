@@ -63,6 +63,19 @@ def open_run_directory(
     )
 
 
+def metric_failed_message(directory: Any, temporary: bool, metric_id: str) -> str:
+    """What to do once the metric that stopped a compile is fixed: the fixed metric is another metric to the run
+    directory (a resume with it is refused), so say what works."""
+    if temporary:
+        return f"Optimization stopped by the metric. Fix it and run compile() again (what was paid is in {directory})."
+    return (
+        f"Optimization stopped by the metric. Everything paid for so far is in {directory}. Once the metric is "
+        "fixed it is another metric to that directory: run compile() with a new run_storage_dir (or delete this "
+        f"one); or, if the fix changes no score the metric already gave, pass metric_id={metric_id!r} to "
+        "RLMDocstringOptimizer(...) or compile() to resume with what was paid."
+    )
+
+
 def where_message(what: str, directory: Any, temporary: bool) -> str:
     """ "Optimization <what>." and where everything paid for is, and how to resume from it."""
     if temporary:

@@ -22,7 +22,9 @@ def test_a_cell_that_runs_too_long_is_stopped_and_the_run_goes_on():
             {"reasoning": "still here?", "code": "print(len(baseline_train['examples']), 'notes' in dir())"},
             SUBMIT_POLICY,
         ],
-        sandbox_timeout_s=3,
+        # the endless loop's limit; every other cell (a restart's first among them) stays far below it on a loaded
+        # machine, as it did not below 3 s
+        sandbox_timeout_s=10,
     )
     timed_out, after = outputs(result)[1:3]
     assert "notes" in timed_out and "restart" in timed_out.lower()

@@ -193,7 +193,7 @@ def test_propose_refusals_say_what_to_do_and_charge_nothing(tmp_path):
 
 def test_propose_with_no_budget_left_refuses_and_a_failed_call_costs_nothing(tmp_path):
     world = World(tmp_path, limit=0, proposal_lm=proposal_reply())
-    with pytest.raises(AgentToolError, match=r"budget exhausted.*-> write instructions yourself"):
+    with pytest.raises(AgentToolError, match=r"no budget unit is left.*-> the budget is spent: SUBMIT"):
         world.moves.propose_instructions("generate.predict")
 
     from dspy.utils.exceptions import LMTransportError

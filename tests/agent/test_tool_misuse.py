@@ -129,3 +129,18 @@ def test_adopt_candidate_refuses_what_it_cannot_adopt_and_names_what_it_takes():
     assert "routing" in refused[3] and "route" in refused[3]
     assert "the candidate is int 42" in refused[4]
     assert result.route.signature.instructions == RouteTicket().route.signature.instructions
+
+
+def test_a_cell_that_rebinds_submit_does_not_keep_the_run_from_ending():
+    """Regression: ``SUBMIT = lambda **k: print('FAKE SUBMIT')`` stayed, so every later SUBMIT printed and nothing
+    ended the run until rlm_max_iterations (paid turns of the root LM). SUBMIT is restored after the cell."""
+    result = compile_with(
+        [
+            {"reasoning": "my own submit", "code": "SUBMIT = lambda **k: print('FAKE SUBMIT')"},
+            {"reasoning": "submit", "code": SUBMIT_LINE},
+            {"reasoning": "never reached", "code": "print('a third turn')"},
+        ]
+    )
+    assert "[Notice] SUBMIT is reserved" in result.agent_trajectory[0]["output"]
+    assert len(result.agent_trajectory) == 2
+    assert result.agent_trajectory[-1]["final"]

@@ -193,6 +193,21 @@ def test_submit_of_values_json_cannot_carry_is_an_answer_not_a_crash(box):
     assert box.restarts == restarts
 
 
+def test_submit_rebound_by_a_cell_is_restored_after_it():
+    """Regression: a cell that rebound SUBMIT (``SUBMIT = lambda **k: print('FAKE SUBMIT')``) kept it, so every later
+    SUBMIT printed and nothing ended the run until the root LM's turns ran out. Like the tools, SUBMIT is back after
+    every cell, with a notice; within the cell the agent's own definition is what it calls."""
+    with Sandbox(tools={"echo": echo}, timeout_s=120) as box:
+        box.output_fields = [{"name": "answer", "type": "str"}]
+        first = run(box, "SUBMIT = lambda **k: print('FAKE SUBMIT')\nSUBMIT(answer='x')")
+        assert "FAKE SUBMIT" in first
+        assert "[Notice] SUBMIT is reserved" in first
+        assert box.execute("SUBMIT(answer='real')") == FinalOutput({"answer": "real"})
+        assert "[Notice] SUBMIT is reserved" in run(box, "del SUBMIT")
+        assert box.execute("SUBMIT(answer='after del')") == FinalOutput({"answer": "after del"})
+        assert "[Notice]" not in run(box, "print('quiet')")  # nothing rebound: no notice
+
+
 def test_an_error_thrown_later_in_a_timer_does_not_end_the_process(box):
     restarts = box.restarts
     run(box, "kept = 'timer'")

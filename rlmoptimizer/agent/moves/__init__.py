@@ -29,7 +29,7 @@ Rooms:
     gepa.py      ``run_gepa``: the gepa package's engine over these evaluations, exact on budget
     gepa_adapter.py  what that engine sees: the adapter over our evaluations, the budget slice, the reflection LM
 
-May import: dspy, gepa, ``rlmoptimizer.storage``, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.fingerprint``, ``.records``. Nothing
+May import: dspy, gepa, ``rlmoptimizer.storage``, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.events``, ``.fingerprint``, ``.records``. Nothing
 above it (the agent's tools, the optimizer).
 """
 

@@ -1,8 +1,8 @@
 """What every move works over: the runs, an evaluate function, the ledger and the current instructions; the
 checks and refusals the moves share.
 
-May import: dspy, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.fingerprint``, ``.records`` and the agent
-wing's ``working_program`` (for its one format of a refusal).
+May import: dspy, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.events``, ``.fingerprint``, ``.records`` and
+the agent wing's ``working_program`` (for its one format of a refusal).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import dspy
 
 from rlmoptimizer.agent.working_program import agent_error as refuse  # the one format of a refusal
 from rlmoptimizer.budget import BudgetLedger
+from rlmoptimizer.events import SubLMAnswered
 from rlmoptimizer.records import EvalRun, ExampleResult
 
 MAX_ROLLOUTS = 10
@@ -48,6 +49,21 @@ def whole_validation(tool: str, how: str, *selection: Any) -> None:
     ``how`` says the call without one. The one statement of the rule, for every tool that takes a split."""
     if any(v is not None for v in selection):
         raise refuse(f"{tool}: validation always runs on the whole split and takes no selection", how)
+
+
+SPENT_FIX = "the budget is spent: SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])"
+"""What every move refused for lack of budget says to do when nothing of the budget is left."""
+
+
+def exhausted(ledger: BudgetLedger) -> bool:
+    """Whether nothing more can be paid: every unit spent or reserved, or the spending cap reached."""
+    return ledger.left == 0 or bool(ledger.stop_reason)
+
+
+def budget_spent(tool: str, ledger: BudgetLedger) -> Exception:
+    """The refusal of ``tool`` when :func:`exhausted`: say why nothing can be paid, and to SUBMIT."""
+    why = ledger.stop_reason or f"no budget unit is left (limit {ledger.limit}, spent {ledger.spent})"
+    return refuse(f"{tool}: {why}", SPENT_FIX)
 
 
 def mean(values: Sequence[float]) -> float:
@@ -86,6 +102,13 @@ class MoveContext:
         self.gepa_runs = 0
         self.gepa_hooks: Any = None  # what GEPA runs need of the compile (moves.gepa.GepaHooks); None: nothing
         self.perfect_score = pass_threshold  # an example passes at this score: gepa skips a minibatch all passed
+
+    def _answered(self) -> None:
+        """A sub-LM call of a move was answered and charged: :class:`~rlmoptimizer.events.SubLMAnswered` to the
+        runs' observer, whose journal puts the ledger on disk now (not only when the turn ends)."""
+        observer = getattr(self.runs, "observer", None)
+        if observer is not None:
+            observer.on_event(SubLMAnswered(1, self.ledger.snapshot()))
 
     def _lm(self) -> dspy.BaseLM:
         lm = (

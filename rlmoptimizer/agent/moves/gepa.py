@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlmoptimizer.agent.moves.context import MoveContext, refuse
+from rlmoptimizer.agent.moves.context import MoveContext, budget_spent, exhausted, refuse
 from rlmoptimizer.agent.moves.gepa_adapter import Adapter, Reflection, Slice, Stop
 from rlmoptimizer.errors import AgentToolError
 from rlmoptimizer.fingerprint import instructions_digest
@@ -68,7 +68,7 @@ class GepaHooks:
 
     answers: AnswerStore = field(default_factory=AnswerStore)
     book: Callable[[Callable], Callable] = lambda fn: fn
-    answered: Callable[[], None] = lambda: None
+    answered: Callable[[], None] | None = None  # None: the moves' own journaling of a charged answer
     progress: dict[str, dict[str, Any]] = field(default_factory=dict)
     keep_progress: Callable[[dict[str, dict[str, Any]]], None] = lambda kept: None
     iteration_ended: Callable[[str, int, bool, int], None] = lambda run, iteration, accepted, spent: None
@@ -173,6 +173,8 @@ class GepaMoves(MoveContext):
         from gepa.strategies.proposal_sampling import PxNSampling
 
         hooks, steps, use_merge = self.gepa_hooks or GepaHooks(), spec.steps, spec.use_merge
+        if exhausted(self.ledger) and not _unfinished(hooks.progress, self.gepa_runs + 1, spec.budget):
+            raise budget_spent("run_gepa", self.ledger)
         budget = _int_arg("budget", spec.budget, 1)
         seed = _int_arg("seed", spec.seed, 0)
         minibatch_size = _int_arg("minibatch_size", spec.minibatch_size, 1)
@@ -220,7 +222,7 @@ class GepaMoves(MoveContext):
             keep(kept)
 
         slice_ = Slice(self.ledger, budget, taken=taken, on_change=record)
-        reflection = Reflection(self._lm(), slice_, hooks.answers, hooks.book, hooks.answered)
+        reflection = Reflection(self._lm(), slice_, hooks.answers, hooks.book, hooks.answered or self._answered)
         adapter = Adapter(
             self.runs, self._evaluate, self.is_known, base, slice_, self._score_bound, propose=reflection.propose
         )
@@ -373,6 +375,10 @@ class GepaMoves(MoveContext):
             + (f" (and {slice_.before} before the compile was resumed)" if slice_.before else "")
             + f"; stopped: {why}"
         )
+        unusable = reflection.unusable_note()
+        if unusable:
+            summary += f"; {unusable}"
+            logger.warning("%s: %s", run_name, unusable)
         outcome = {
             "best": best,
             "best_is_new": best is not None and best != source,
@@ -387,6 +393,7 @@ class GepaMoves(MoveContext):
             "budget_left": self.ledger.left,
             "reflections": reflection.calls,
             "reflections_replayed": reflection.replayed,
+            "reflections_unusable": reflection.unusable,
             "merges": watch.merges,
             "children_cut_short": adapter.cut_short,
             "examples_not_run": adapter.not_run,
@@ -405,6 +412,12 @@ class GepaMoves(MoveContext):
                 ) from error
             raise error
         return outcome
+
+
+def _unfinished(kept: dict[str, dict[str, Any]], number: int, budget: Any) -> bool:
+    """Whether GEPA run ``number`` was killed before it finished with this ``budget`` (a resume replays it)."""
+    earlier = kept.get(f"gepa run {number}")
+    return bool(earlier) and not earlier["finished"] and earlier["budget"] == budget
 
 
 def _int_arg(name: str, value: Any, minimum: int, maximum: int | None = None) -> int:

@@ -13,13 +13,11 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dspy import AdapterParseError
-
 from rlmoptimizer.agent.moves.context import EvaluateFn, RunAccess
 from rlmoptimizer.agent.moves.proposal import ask_proposer, nth_sample, reflective_example
 from rlmoptimizer.budget import SUB_LM_CALL, TRAIN_EXAMPLE, VAL_EXAMPLE, BudgetLedger, Reservation, example_kind
 from rlmoptimizer.errors import BudgetExhaustedError
-from rlmoptimizer.evaluation.lm_failures import failure_summary
+from rlmoptimizer.evaluation.lm_failures import classify_lm_failure, failure_summary
 from rlmoptimizer.records import ExampleResult
 from rlmoptimizer.storage.answers import AnswerStore
 
@@ -237,7 +235,11 @@ class Adapter:
 class Reflection:
     """gepa's reflection, as ``dspy.GEPA`` makes it: dspy's ``InstructionProposer`` on the sub-LM (a structured
     ``new_instruction`` field), 1 unit per proposal that answered, as a proposal of ``propose_instructions`` is;
-    its text kept for a resume. Each asking of what was already asked is another sample (its own rollout id)."""
+    its text kept for a resume. Each asking of what was already asked is another sample (its own rollout id).
+
+    A reflection the LM answered with nothing usable (an empty ``new_instruction``, a reply that does not parse)
+    proposes nothing and the run goes on; ``unusable`` counts them and ``unusable_sample`` shows one. Only an LM
+    that does not answer stops the run."""
 
     def __init__(
         self,
@@ -254,6 +256,8 @@ class Reflection:
         self._answered = answered  # puts the charge on disk before the answer is kept (never counted short)
         self.calls = 0
         self.replayed = 0
+        self.unusable = 0  # answered (or replayed) with no instructions in the reply
+        self.unusable_sample: str | None = None  # what one such reply said
 
     def propose(self, step: str, text: str, dataset: list[dict[str, Any]]) -> str:
         """New instructions for ``step`` (now ``text``) from gepa's reflective ``dataset``; "" when the LM answered
@@ -264,29 +268,59 @@ class Reflection:
         stored = self._answers.get(key)
         if stored is not None:
             self.replayed += 1
+            if not stored.strip():
+                self._nothing("an empty instruction (stored)")
             return stored
         reservation = self._budget.reserve(1, SUB_LM_CALL, "a reflection")
         lm = nth_sample(self._lm, seen)
 
         def ask() -> str:
-            return str(ask_proposer(InstructionProposer(), lm, step, text, dataset, reservation) or "")
+            return str(ask_proposer(InstructionProposer(), lm, step, text, dataset, reservation, self._answered) or "")
 
         failed: BaseException | None = None
         new = ""
         try:
             new = self._book(ask)()
-        except AdapterParseError:  # it answered (charged), with no instruction in it: no proposal
-            pass
-        except Exception as exc:  # no answer (a bad key, a 5xx after retries), or a failure of the proposer
-            failed = exc
+        except Exception as exc:
+            if classify_lm_failure(exc) is None:  # it answered (charged), with no instruction in it: no proposal
+                self._nothing(_reply_of(exc))
+            else:  # no answer (a bad key, a 5xx after retries): no reflection can be had
+                failed = exc
+        else:
+            if not new.strip():
+                self._nothing("an empty instruction")
         finally:
             self._budget.settle(reservation)
         if failed is not None:
             raise Stop(f"the reflection LM (sub_lm) failed: {failure_summary(failed)}", error=failed) from failed
-        self.calls += 1
-        self._answered()
+        self.calls += 1  # its charge is on disk already (ask_proposer), before the answer is kept
         self._answers.put(key, new)
         return new
+
+    def _nothing(self, sample: str) -> None:
+        self.unusable += 1
+        if self.unusable_sample is None:
+            self.unusable_sample = sample
+
+    def unusable_note(self) -> str | None:
+        """How many reflections gave nothing usable, with a sample reply; None when all did."""
+        if not self.unusable:
+            return None
+        return (
+            f"{self.unusable} of {self.calls + self.replayed} reflection(s) gave no usable instructions "
+            f"(e.g. {self.unusable_sample}): sub_lm must answer dspy's InstructionProposer with its new_instruction "
+            "field filled"
+        )
+
+
+def _reply_of(error: BaseException) -> str:
+    """What a reflection LM answered that gave no instructions, short: its reply if the error holds it."""
+    reply = getattr(error, "lm_response", None)
+    if reply is not None:
+        text = " ".join(str(reply).split())
+        return f"the reply {text[:160]!r}" + (" ..." if len(text) > 160 else "") + " did not parse"
+    text = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {text[:160]}"
 
 
 def evaluation_batch(records: Sequence[ExampleResult], capture_traces: bool, charged: int) -> Any:

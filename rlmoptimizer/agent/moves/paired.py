@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlmoptimizer.agent.moves.context import MoveContext, mean, refuse
+from rlmoptimizer.agent.moves.context import MoveContext, budget_spent, exhausted, mean, refuse
 from rlmoptimizer.budget import example_kind
 from rlmoptimizer.errors import BudgetExhaustedError
 from rlmoptimizer.fingerprint import instructions_digest
@@ -126,6 +126,8 @@ class PairedMoves(MoveContext):
         try:
             reservation = self.ledger.reserve_exactly(cost, kind)
         except BudgetExhaustedError:
+            if exhausted(self.ledger):
+                raise budget_spent("compare", self.ledger) from None
             stored = len(distinct) * rollouts * len(example_ids) - cost
             raise refuse(
                 f"this needs {cost} budget unit(s) ({len(distinct)} instruction set(s) x {len(example_ids)} example(s) x "

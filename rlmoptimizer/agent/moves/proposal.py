@@ -11,13 +11,21 @@ from __future__ import annotations
 import contextvars
 import json
 import random
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import dspy
 
 from rlmoptimizer.agent._dspy import InstructionProposer
-from rlmoptimizer.agent.moves.context import MAX_PROPOSALS, MAX_REFLECTION_EXAMPLES, MoveContext, refuse
+from rlmoptimizer.agent.moves.context import (
+    MAX_PROPOSALS,
+    MAX_REFLECTION_EXAMPLES,
+    MoveContext,
+    budget_spent,
+    exhausted,
+    refuse,
+)
 from rlmoptimizer.budget import SUB_LM_CALL, Reservation
 from rlmoptimizer.evaluation.lm_failures import classify_lm_failure, failure_summary
 from rlmoptimizer.fingerprint import instructions_digest
@@ -63,22 +71,43 @@ def nth_sample(lm: Any, k: int) -> Any:
     return lm if k == 0 else lm.copy(rollout_id=((lm.kwargs or {}).get("rollout_id") or 0) + k)
 
 
-def ask_proposer(proposer: Any, lm: Any, step: str, text: str, dataset: list[dict[str, Any]], paid: Reservation) -> Any:
+def ask_proposer(
+    proposer: Any,
+    lm: Any,
+    step: str,
+    text: str,
+    dataset: list[dict[str, Any]],
+    paid: Reservation,
+    answered: Callable[[], None],
+) -> Any:
     """One proposal of ``proposer`` (dspy's ``InstructionProposer``) for ``step``, now ``text``, from the reflective
     ``dataset``, asked of ``lm``. One unit of ``paid`` is spent when the LM answered, also with a reply that does
-    not parse (it was a call); what failed is raised."""
+    not parse (it was a call), and ``answered()`` then puts the charge on disk at once (every move's sub-LM call
+    comes through here: a process killed before the turn ends still has it); what failed is raised."""
     try:
         with dspy.context(lm=lm):
             new = proposer({step: text}, {step: dataset}, [step])[step]
     except Exception as exc:
         if classify_lm_failure(exc) is None:  # the LM answered (e.g. a reply that does not parse): a call
             paid.spend(1)
+            answered()
         raise
     paid.spend(1)
+    answered()
     return new
 
 
 class ProposalMoves(MoveContext):
+    def _unpaid(self) -> Exception:
+        """The refusal of a proposal no sub-LM prompt can be paid for."""
+        if exhausted(self.ledger) or self.ledger.counts_toward_limit(SUB_LM_CALL):
+            return budget_spent("propose_instructions", self.ledger)
+        return refuse(
+            f"propose_instructions: a proposal costs 1 sub-LM prompt and the {self.ledger.sub_lm_limit} allowed "
+            "besides max_metric_calls are spent",
+            "write instructions yourself with update_prompt and compare them, or SUBMIT",
+        )
+
     # -- propose --------------------------------------------------------------------------------------
     def propose_instructions(
         self, step: str, run_id: str | None = None, ids: list[int] | None = None, n: int = 1, guidance: str = ""
@@ -98,6 +127,8 @@ class ProposalMoves(MoveContext):
                 f"guidance must be a string, got {type(guidance).__name__}",
                 "pass guidance='...' as text or leave it out",
             )
+        if self.ledger.left_for(SUB_LM_CALL) == 0 or self.ledger.stop_reason:
+            raise self._unpaid()  # before the examples: a refusal of them would send the agent to spend more
         source, by_id = self._source(run_id, "propose_instructions")
         records = self._select_records(source, by_id, ids)
         dataset, skipped = [], []
@@ -114,11 +145,7 @@ class ProposalMoves(MoveContext):
         proposer = InstructionProposer(additional_instructions=guidance.strip() or None)
         with self.ledger.reserve(n, SUB_LM_CALL) as reservation:
             if reservation.granted == 0:
-                what = "unit" if self.ledger.counts_toward_limit(SUB_LM_CALL) else "sub-LM prompt"
-                raise refuse(
-                    f"budget exhausted: a proposal costs 1 {what}, {self.ledger.left_for(SUB_LM_CALL)} left",
-                    "write instructions yourself with update_prompt, or SUBMIT",
-                )
+                raise self._unpaid()
             # Each proposal of the compile() is its own sample: a second call on the same failures (the current
             # prompts won the comparison) gets a new text, not dspy's cached answer to the first.
             first, self.proposal_calls = self.proposal_calls, self.proposal_calls + reservation.granted
@@ -176,7 +203,7 @@ class ProposalMoves(MoveContext):
     ) -> list[tuple[str | None, str | None]]:
         def one(lm) -> tuple[str | None, str | None]:
             try:
-                return ask_proposer(proposer, lm, step, current, dataset, reservation), None
+                return ask_proposer(proposer, lm, step, current, dataset, reservation, self._answered), None
             except Exception as exc:
                 return None, failure_summary(exc)
 

@@ -13,8 +13,9 @@ look up ``pyodide.code.eval_code`` and ``eval_code_async`` on every call:
   carry (a JavaScript error, an object, NaN) gets them as text: dspy's runner sends them to the host as JSON
   and would otherwise die with the process (the agent would lose every variable over one uncaught error).
   Before that report, a tool whose name the code rebound (``def update_prompt(...)``, ``del compare``) is put
-  back (the wrappers are kept in ``builtins._rlmopt_tools``), and the cell's output says so: the agent is never
-  cut off from a tool by its own definitions.
+  back (the wrappers are kept in ``builtins._rlmopt_tools``), and so is ``SUBMIT`` (kept in
+  ``builtins._rlmopt_submit``); the cell's output says so: the agent is never cut off from a tool or from ending
+  the run by its own definitions.
 
 Once per process, the JavaScript side is hardened (:data:`_HARDEN_JS`): ``Deno.cwd()``, ``Deno.execPath()``,
 ``Deno.mainModule`` and ``Deno.args`` reveal no host path, stack traces name files without their directory,
@@ -113,6 +114,16 @@ def _rlmopt_install_hooks(report):
                         f"\n[Notice] {shown} {'is one of your tools' if _len(rebound) == 1 else 'are your tools'}: "
                         "this cell rebound the name, and the tool is back under it now. Give your own functions "
                         "other names."
+                    )
+            except BaseException:
+                pass
+            try:
+                submit = getattr(builtins, "_rlmopt_submit", None)
+                if submit is not None and globals is not None and globals.get("SUBMIT") is not submit:
+                    globals["SUBMIT"] = submit
+                    _print(
+                        "\n[Notice] SUBMIT is reserved: it ends the run with your answer. This cell rebound the "
+                        "name, and the real SUBMIT is back under it now. Give your own functions other names."
                     )
             except BaseException:
                 pass

@@ -7,9 +7,10 @@ registered tool to turn nulls back into None and to raise an error the host mean
 (the host class whose name the host passes as ``error_name``) as that name's class here (a ValueError,
 defined in builtins so code can catch it by name) carrying the message alone; the signature shown by
 help() stays the tool's. A wrapper refuses an argument JSON cannot carry (a function, an object) with an error
-naming the argument, instead of the transport's raw "not JSON serializable". It also removes the functions of
-tools no longer registered, and keeps the wrappers by name in ``builtins._rlmopt_tools`` (the runner hooks
-restore a tool that code rebound).
+naming the argument, instead of the transport's raw "not JSON serializable", and a float nan or inf (anywhere in
+the argument) with one saying so, instead of the host's "is not valid JSON". It also removes the functions of
+tools no longer registered, and keeps the wrappers by name in ``builtins._rlmopt_tools`` and dspy's ``SUBMIT`` in
+``builtins._rlmopt_submit`` (the runner hooks restore a tool or SUBMIT that code rebound).
 
 The host appends one call: ``_rlmopt_wrap_tools(names, removed, error_name)``.
 """
@@ -31,6 +32,9 @@ def _rlmopt_wrap_tools(_names, _removed, _error_name):
     for _name in _removed:
         globals().pop(_name, None)
         registry.pop(_name, None)
+    # SUBMIT as dspy just defined it (with the output fields' signature): the runner hooks put it back too.
+    if globals().get("SUBMIT") is not None:
+        builtins._rlmopt_submit = globals()["SUBMIT"]
 
     error_type = getattr(builtins, _error_name, None)
     if error_type is None:
@@ -62,14 +66,19 @@ def _rlmopt_wrap_tools(_names, _removed, _error_name):
         def wrapper(*args, _tool=tool, _name=name, **kwargs):
             for where, value in [*enumerate(args), *kwargs.items()]:
                 try:
-                    json.dumps(value)
-                except (TypeError, ValueError):
+                    json.dumps(value, allow_nan=False)
+                except (TypeError, ValueError, RecursionError) as exc:
                     try:
                         params = list(inspect.signature(_tool).parameters)
                         where = params[where] if isinstance(where, int) and where < len(params) else where
                     except (TypeError, ValueError):
                         pass
                     shown = repr(value)
+                    if isinstance(exc, ValueError) and "float" in str(exc):
+                        raise error_type(
+                            f"{_name}(): argument {where!r} is or holds a float nan or inf ({shown[:60]}), which a "
+                            "tool cannot take (JSON has no NaN or infinity) -> pass a finite number, or None"
+                        ) from None
                     raise error_type(
                         f"{_name}(): argument {where!r} is a {type(value).__name__} ({shown[:60]}), which a tool "
                         "cannot take -> pass text, numbers, True/False, None, lists or dicts (e.g. the instructions "
