@@ -10,6 +10,7 @@ import inspect
 import json
 import pkgutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import dspy
 import pytest
@@ -21,8 +22,8 @@ from support.tickets import POLICY_PROMPT, make_splits, metric
 import rlmoptimizer
 from rlmoptimizer import RLMDocstringOptimizer
 from rlmoptimizer.agent.agent import OptimizerAgent
-from rlmoptimizer.agent.pilot import NEXT_PHASE_LINE, Pilot
-from rlmoptimizer.agent.policy import BudgetView, GepaFinished, Proposed
+from rlmoptimizer.agent.pilot import NEXT_PHASE_LINE, Pilot, run_loop
+from rlmoptimizer.agent.policy import BudgetView, Compared, GepaFinished, Proposed
 from rlmoptimizer.errors import AgentToolError, ConfigurationError
 
 
@@ -152,6 +153,40 @@ def test_a_step_is_one_phase_and_stops_at_a_refused_action():
     assert tools.calls == ["run_gepa", "propose"] and pilot.submitted is None
     left[0] = 0
     assert pilot.take_phase()["submitted"] and pilot.submitted == "the budget is spent"
+
+
+class Silent(Tools):
+    """Adopts without reporting it (and spends nothing): the same action would come back for ever."""
+
+    def adopt_candidate(self, candidate):
+        self.calls.append("adopt")
+        return {"changed_steps": []}
+
+
+def test_a_phase_that_would_repeat_an_action_with_nothing_changed_stops_and_the_loop_ends():
+    left = [7]  # too few for the validation check: the adoption alone
+    pilot = Pilot(["route"], lambda: BudgetView(left=left[0], val_size=8, reserve=8, proposals_left=0), lambda: 0)
+    pilot.record(GepaFinished(None))
+    pilot.record(Proposed("route", ("proposal-1",), (1, 2)))
+    pilot.record(Compared(("current", "proposal-1"), 1, "train"))
+    pilot.tools = Silent(pilot, left)
+    report = pilot.take_phase()
+    assert pilot.tools.calls == ["adopt"]  # once, then the same action with the same state: stopped
+    assert report["ran"] == ["adopt_candidate('proposal-1')"]
+    assert "the same action again changes nothing; stopped" in report["summary"]
+    # in the loop mode, a phase that changed nothing ends the run with the current instructions
+    events = []
+    services = SimpleNamespace(
+        usage=None,
+        stop=SimpleNamespace(raise_if_requested=lambda: None),
+        working=SimpleNamespace(instructions=lambda: {"route": "as it was"}),
+        observer=SimpleNamespace(on_event=events.append),
+        ledger=SimpleNamespace(snapshot=lambda: {"left": left[0]}),
+    )
+    outcome = run_loop(pilot, services)
+    assert outcome.submitted == {"route": "as it was"}
+    assert outcome.final_reasoning == "The default loop submitted: the loop's last phase changed nothing."
+    assert len(events) == 1 and events[0].turn["final"] and events[0].turn["pilot"] == ["adopt_candidate('proposal-1')"]
 
 
 def test_a_proposal_recorded_makes_the_comparison_the_next_action():
