@@ -99,6 +99,16 @@ def ask_proposer(
     return new
 
 
+def reply_of(error: BaseException) -> str:
+    """What a proposal or reflection LM answered that gave no instructions, short: its reply if the error holds it."""
+    reply = getattr(error, "lm_response", None)
+    if reply is not None:
+        text = " ".join(str(reply).split())
+        return f"the reply {text[:160]!r}" + (" ..." if len(text) > 160 else "") + " did not parse"
+    text = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {text[:160]}"
+
+
 class ProposalMoves(MoveContext):
     def _unpaid(self) -> Exception:
         """The refusal of a proposal no sub-LM prompt can be paid for."""
@@ -158,7 +168,8 @@ class ProposalMoves(MoveContext):
         errors = [error for _, error in outcomes if error is not None]
         if not texts:
             raise refuse(
-                f"the proposal LM gave no usable instructions: {errors[0] if errors else 'no answer'}",
+                f"the proposal LM gave no usable instructions ({len(errors)} of {len(outcomes)} asked): "
+                f"{errors[0] if errors else 'no answer'}",
                 "try again, pass guidance or other ids, or write the instructions yourself with update_prompt",
             )
         unique = list(dict.fromkeys(texts))
@@ -213,8 +224,8 @@ class ProposalMoves(MoveContext):
                 return stored, None
             try:
                 text = ask_proposer(proposer, lm, step, current, dataset, reservation, self._answered)
-            except Exception as exc:
-                return None, failure_summary(exc)
+            except Exception as exc:  # the LM answered with nothing usable (its reply shown), or did not answer
+                return None, reply_of(exc) if classify_lm_failure(exc) is None else failure_summary(exc)
             kept.put(key, text)
             return text, None
 
