@@ -33,7 +33,7 @@ from rlmoptimizer.fingerprint import (
 )
 from rlmoptimizer.records import EvalRun
 
-REFUSAL_CLIP = 400
+REFUSAL_CLIP = 600
 """The most characters of a refusal's problem or fix shown to the agent: a value echoed in it (a 200,000-character
 argument) is cut in the middle, so what went wrong and what to do next stay in view."""
 

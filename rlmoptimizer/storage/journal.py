@@ -66,6 +66,7 @@ class RunJournal:
                 self.layout.folder(kind).mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._last_number: dict[Numbered, int] = {}  # per kind, read from disk once
+        self._ledger_spent = -1  # the units spent (all kinds) of the ledger written last
         self._sync = BackgroundSync("journal")
 
     def on_event(self, event: Event) -> None:
@@ -186,7 +187,13 @@ class RunJournal:
 
     # -- ledger and result ------------------------------------------------------------------------
     def write_ledger(self, snapshot: dict[str, Any]) -> None:
+        """``ledger.json``; never an older snapshot over a newer one (spending only grows: threads charging at once
+        may hand their snapshots in out of order)."""
+        spent = sum(int(amount) for amount in (snapshot.get("spent_by_kind") or {}).values())
         with self._lock:
+            if spent < self._ledger_spent:
+                return
+            self._ledger_spent = spent
             atomic_write_json(self.layout.ledger, snapshot, durable=False)
 
     def write_usage(self, snapshot: dict[str, Any]) -> None:

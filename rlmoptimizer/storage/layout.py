@@ -19,6 +19,7 @@ made durable against a power loss a few milliseconds later, on a background thre
     candidates.json              the named candidates and their lineage (rlmoptimizer.storage.candidates)
     gepa_runs.json               what each GEPA run has paid or reserved, and whether it finished
     gepa_reflections.jsonl       the reflection LM's answers, replayed on resume (rlmoptimizer.storage.answers)
+    proposals.jsonl              the proposal LM's answers (propose_instructions), replayed on resume
     result.json                  the final choice, once compile() has returned
     run.png                      the picture of the run (rlmoptimizer.report.plot)
 
@@ -40,6 +41,7 @@ NOTES = "notes.json"
 CANDIDATES = "candidates.json"
 GEPA_RUNS = "gepa_runs.json"
 GEPA_REFLECTIONS = "gepa_reflections.jsonl"
+PROPOSALS = "proposals.jsonl"
 SUB_LM_ANSWERS = "sub_lm_answers.jsonl"
 RESULT = "result.json"
 PICTURE = "run.png"

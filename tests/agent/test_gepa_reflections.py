@@ -73,3 +73,22 @@ def test_a_function_lm_replying_with_a_dict_of_output_fields_reflects_as_documen
     output, outcome = shown(result)
     assert outcome["reflections_unusable"] == 0 and outcome["candidate_ids"], output
     assert "gave no usable instructions" not in output
+
+
+def test_proposals_whose_replies_do_not_parse_are_refused_saying_how_many_and_showing_one():
+    """Regression (the same silence in propose_instructions): proposals that all came back unusable were refused
+    with the parser's first line only, neither how many nor what the LM said."""
+    result = compile_tickets(
+        [
+            {
+                "reasoning": "propose",
+                "code": "try:\n    propose_instructions('route', n=2)\nexcept Exception as e:\n    print('REFUSED', e)",
+            },
+            SUBMIT_CURRENT,
+        ],
+        sub_lm=FunctionLM(lambda messages: "Route by the policy, I suppose.", name="proposer"),
+    )
+    output = result.agent_trajectory[0]["output"]
+    assert "REFUSED the proposal LM gave no usable instructions (2 of 2 asked)" in output, output
+    assert "the reply 'Route by the policy, I suppose.' did not parse" in output
+    assert result.budget["spent_by_kind"]["sub_lm_call"] == 2  # both answered: both are charged

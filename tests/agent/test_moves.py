@@ -200,7 +200,7 @@ def test_propose_with_no_budget_left_refuses_and_a_failed_call_costs_nothing(tmp
 
     down = FunctionLM(lambda m: LMTransportError("connection refused", model="proposer", provider="fake"))
     world = World(tmp_path / "b", proposal_lm=down)
-    with pytest.raises(AgentToolError, match=r"no usable instructions: LMTransportError"):
+    with pytest.raises(AgentToolError, match=r"no usable instructions \(1 of 1 asked\): LMTransportError"):
         world.moves.propose_instructions("generate.predict")
     assert world.ledger.spent == 0  # no answer, no charge
     garbled = FunctionLM(lambda m: "not json at all")

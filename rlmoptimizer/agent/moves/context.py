@@ -96,6 +96,7 @@ class MoveContext:
         self.proposals: dict[str, dict[str, str]] = {}
         self._naming = threading.Lock()  # one id per candidate when moves run in parallel threads
         self.proposal_calls = 0  # proposal LM calls made, each with its own rollout id
+        self.kept_proposals: Any = None  # the proposal LM's answers in the run directory, opened on first use
         # How each named candidate came to be: {'parents': [ids], 'move': ..., ...}, for the agent and the report.
         self.lineage: dict[str, dict[str, Any]] = {}
         self.gepa_candidates = 0  # 'gepa-N' ids given so far

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlmoptimizer.agent.moves.context import EvaluateFn, RunAccess
-from rlmoptimizer.agent.moves.proposal import ask_proposer, nth_sample, reflective_example
+from rlmoptimizer.agent.moves.proposal import ask_proposer, nth_sample, reflective_example, reply_of
 from rlmoptimizer.budget import SUB_LM_CALL, TRAIN_EXAMPLE, VAL_EXAMPLE, BudgetLedger, Reservation, example_kind
 from rlmoptimizer.errors import BudgetExhaustedError
 from rlmoptimizer.evaluation.lm_failures import classify_lm_failure, failure_summary
@@ -283,7 +283,7 @@ class Reflection:
             new = self._book(ask)()
         except Exception as exc:
             if classify_lm_failure(exc) is None:  # it answered (charged), with no instruction in it: no proposal
-                self._nothing(_reply_of(exc))
+                self._nothing(reply_of(exc))
             else:  # no answer (a bad key, a 5xx after retries): no reflection can be had
                 failed = exc
         else:
@@ -311,16 +311,6 @@ class Reflection:
             f"(e.g. {self.unusable_sample}): sub_lm must answer dspy's InstructionProposer with its new_instruction "
             "field filled"
         )
-
-
-def _reply_of(error: BaseException) -> str:
-    """What a reflection LM answered that gave no instructions, short: its reply if the error holds it."""
-    reply = getattr(error, "lm_response", None)
-    if reply is not None:
-        text = " ".join(str(reply).split())
-        return f"the reply {text[:160]!r}" + (" ..." if len(text) > 160 else "") + " did not parse"
-    text = str(error).splitlines()[0] if str(error) else ""
-    return f"{type(error).__name__}: {text[:160]}"
 
 
 def evaluation_batch(records: Sequence[ExampleResult], capture_traces: bool, charged: int) -> Any:

@@ -30,6 +30,8 @@ from rlmoptimizer.budget import SUB_LM_CALL, Reservation
 from rlmoptimizer.evaluation.lm_failures import classify_lm_failure, failure_summary
 from rlmoptimizer.fingerprint import instructions_digest
 from rlmoptimizer.records import ExampleResult, StepTrace
+from rlmoptimizer.storage.answers import AnswerStore
+from rlmoptimizer.storage.layout import PROPOSALS
 
 
 def _json(value: Any) -> str:
@@ -97,6 +99,16 @@ def ask_proposer(
     return new
 
 
+def reply_of(error: BaseException) -> str:
+    """What a proposal or reflection LM answered that gave no instructions, short: its reply if the error holds it."""
+    reply = getattr(error, "lm_response", None)
+    if reply is not None:
+        text = " ".join(str(reply).split())
+        return f"the reply {text[:160]!r}" + (" ..." if len(text) > 160 else "") + " did not parse"
+    text = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {text[:160]}"
+
+
 class ProposalMoves(MoveContext):
     def _unpaid(self) -> Exception:
         """The refusal of a proposal no sub-LM prompt can be paid for."""
@@ -150,13 +162,14 @@ class ProposalMoves(MoveContext):
             # prompts won the comparison) gets a new text, not dspy's cached answer to the first.
             first, self.proposal_calls = self.proposal_calls, self.proposal_calls + reservation.granted
             lms = [nth_sample(lm, first + i) for i in range(reservation.granted)]
-            outcomes = self._propose_all(proposer, lms, step, current, dataset, reservation)
+            outcomes = self._propose_all(proposer, lms, step, current, dataset, reservation, guidance)
             spent = reservation.spent
         texts = [text for text, _ in outcomes if text is not None]
         errors = [error for _, error in outcomes if error is not None]
         if not texts:
             raise refuse(
-                f"the proposal LM gave no usable instructions: {errors[0] if errors else 'no answer'}",
+                f"the proposal LM gave no usable instructions ({len(errors)} of {len(outcomes)} asked): "
+                f"{errors[0] if errors else 'no answer'}",
                 "try again, pass guidance or other ids, or write the instructions yourself with update_prompt",
             )
         unique = list(dict.fromkeys(texts))
@@ -199,19 +212,36 @@ class ProposalMoves(MoveContext):
         }
 
     def _propose_all(
-        self, proposer, lms, step, current, dataset, reservation: Reservation
+        self, proposer, lms, step, current, dataset, reservation: Reservation, guidance: str
     ) -> list[tuple[str | None, str | None]]:
+        kept = self._kept_proposals()
+        prompt = json.dumps([step, current, dataset, guidance], sort_keys=True, default=repr)
+
         def one(lm) -> tuple[str | None, str | None]:
+            key, _ = kept.key_for(prompt)  # the n-th asking of this prompt in this compile
+            stored = kept.get(key)
+            if stored is not None:  # answered before a resume: replayed, not paid again
+                return stored, None
             try:
-                return ask_proposer(proposer, lm, step, current, dataset, reservation, self._answered), None
-            except Exception as exc:
-                return None, failure_summary(exc)
+                text = ask_proposer(proposer, lm, step, current, dataset, reservation, self._answered)
+            except Exception as exc:  # the LM answered with nothing usable (its reply shown), or did not answer
+                return None, reply_of(exc) if classify_lm_failure(exc) is None else failure_summary(exc)
+            kept.put(key, text)
+            return text, None
 
         if len(lms) == 1:
             return [one(lms[0])]
         with ThreadPoolExecutor(max_workers=len(lms), thread_name_prefix="rlmoptimizer-propose") as pool:
             futures = [pool.submit(contextvars.copy_context().run, one, lm) for lm in lms]
             return [f.result() for f in futures]
+
+    def _kept_proposals(self) -> AnswerStore:
+        """The proposal LM's answers, kept in the run directory: the same proposal asked again after a resume (the
+        turn that asked it was cut off) is replayed, not paid again."""
+        if self.kept_proposals is None:
+            directory = getattr(getattr(self.runs, "store", None), "directory", None)
+            self.kept_proposals = AnswerStore(directory, name=PROPOSALS)
+        return self.kept_proposals
 
     def _source(self, run_id: Any, tool: str) -> tuple[str, dict[int, ExampleResult]]:
         """Where a proposal's examples come from: the given train run; by default every first-rollout train
