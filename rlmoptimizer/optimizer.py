@@ -155,8 +155,8 @@ class RLMDocstringOptimizer(Teleprompter):
             litellm's model information, or 32,000 for a model litellm does not know.
         rlm_autopilot: Who runs the default loop (GEPA first, its best adopted and checked, targeted rounds,
             SUBMIT; the agent takes its next phase with the ``next_phase()`` tool). ``"assist"`` (the default):
-            after two turns in a row without progress (nothing spent or evaluated, no candidate, no note, no
-            prompt change) the loop's next phase runs, marked ``[pilot]``. ``"off"``: every turn is the agent's; the
+            after a turn without progress (nothing spent or evaluated, no candidate, no note, no prompt change)
+            the loop's next phase runs, marked ``[pilot]``. ``"off"``: every turn is the agent's; the
             loop's next action is only shown. ``"loop"``: the loop runs to its end in Python, with no agent turn, no root-LM call
             and no sandbox (for a weak or costly root LM, and the baseline the agent is measured against). True
             and False mean ``"assist"`` and ``"off"``.

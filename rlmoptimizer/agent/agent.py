@@ -9,8 +9,8 @@ dspy renders them) but none of RLM's loop, predictors or sub-agents.
   unit per prompt to the :class:`~rlmoptimizer.budget.BudgetLedger` (reserve first, so nothing is overspent).
 - The pilot (:class:`~rlmoptimizer.agent.pilot.Pilot`) runs the default policy: the agent takes its next phase with
   the ``next_phase()`` tool; with ``pilot_mode="assist"`` the loop takes one itself after
-  :data:`TURNS_WITHOUT_PROGRESS` turns in a row that made no progress (nothing spent or evaluated, no candidate, no
-  note, no prompt change: measured from the services, never from the cell's text). A submission the pilot makes
+  a turn that made no progress (nothing spent or evaluated, no candidate, no note, no prompt change: measured from
+  the services, never from the cell's text). A submission the pilot makes
   ends the run after that turn.
 - A root-LM reply that does not parse is retried, then shown to the agent as an error turn; it does not end
   the run.
@@ -63,13 +63,7 @@ logger = logging.getLogger(__name__)
 
 PILOT = "[pilot]"
 """Opens what the pilot adds to a turn's output (the host writes it; the root LM cannot copy it into a turn)."""
-NO_PROGRESS = (
-    "this turn and the one before spent nothing, evaluated nothing, made no candidate, added no note and changed no "
-    "prompt"
-)
-TURNS_WITHOUT_PROGRESS = 2
-"""With ``assist``, the pilot takes the default loop's next phase after this many turns in a row without progress: one
-turn of reading the data is the agent's own; a second one like it means the agent is not moving the run on."""
+NO_PROGRESS = "this turn spent nothing, evaluated nothing, made no candidate, added no note and changed no prompt"
 
 
 def _root_adapter(*, last_attempt: bool):
@@ -194,7 +188,6 @@ class OptimizerAgent(dspy.Module):
         self._context_refusal_retries = settings.context_refusal_retries
         self._as_sub = services.as_sub if services is not None else (lambda fn: fn)
         self._pilot_ran: list[str] = []  # the pilot's actions in the current turn
-        self._still = 0  # turns in a row without progress
 
     async def aforward(self, **input_args: Any) -> Prediction:
         """The same budgeted loop as :meth:`forward`, in a worker thread (the sandbox and the tools block)."""
@@ -370,14 +363,7 @@ class OptimizerAgent(dspy.Module):
         pilot = self._pilot
         if pilot is None:
             return result
-        self._still = self._still + 1 if pilot.progress() == progress else 0
-        if (
-            self._assist
-            and self._still >= TURNS_WITHOUT_PROGRESS
-            and pilot.submitted is None
-            and not self._stop.requested
-        ):
-            self._still = 0
+        if self._assist and pilot.submitted is None and not self._stop.requested and pilot.progress() == progress:
             last = result.entries[-1]
             try:
                 report = pilot.take_phase()

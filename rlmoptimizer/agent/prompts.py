@@ -76,8 +76,8 @@ $tools"""
 _REQUIRED_PLACEHOLDERS = frozenset({"budget", "budget_note", "pilot_note"})
 
 ASSIST_NOTE = (
-    " Two turns in a row that spend nothing, evaluate nothing, make no candidate, add no note and change no\n"
-    "prompt are followed by the loop's next phase: when you only analyse, end the turn with `add_note(...)`."
+    " A turn that spends nothing, evaluates nothing, makes no candidate, adds no note and changes no prompt is\n"
+    "followed by the loop's next phase: when you only analyse, end the turn with `add_note(what you found)`."
 )
 """What ``rlm_autopilot="assist"`` adds to the instructions (with ``"off"`` every turn is the agent's)."""
 
