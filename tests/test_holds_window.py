@@ -100,6 +100,7 @@ def test_a_window_smaller_than_the_fixed_part_is_refused_and_the_named_window_ru
         eval_lm=task,
         root_context_window=needed,
         run_storage_dir=tmp_path,
+        rlm_autopilot="off",  # the scripted turns are the whole run (the pilot would reflect with this root LM)
     ).compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
     assert not root.refused and len(root.accepted) == len(TURNS)
     # ... and the agent reads its last turn in every request after the first

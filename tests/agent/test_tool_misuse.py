@@ -17,7 +17,11 @@ pytestmark = pytest.mark.slow
 def compile_with(turns):
     trainset, valset = make_splits()
     optimizer = RLMDocstringOptimizer(
-        max_iterations=2, root_lm=scripted_agent(turns), eval_lm=FunctionLM(task_lm_reply), num_threads=2
+        max_iterations=2,
+        root_lm=scripted_agent(turns),
+        eval_lm=FunctionLM(task_lm_reply),
+        num_threads=2,
+        rlm_autopilot="off",  # scripted turns decide every turn
     )
     return optimizer.compile(student=RouteTicket(), trainset=trainset, metric=metric, valset=valset)
 
