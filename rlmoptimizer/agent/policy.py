@@ -257,7 +257,8 @@ def fold(memory: LoopMemory, outcome: Outcome) -> LoopMemory:
         order += failures[len(others) :] + others[len(failures) :]
         proposed = {**memory.proposed, outcome.step: memory.proposed.get(outcome.step, 0) + 1}
         pending = Pending(outcome.step, tuple(outcome.candidate_ids), tuple(order))
-        return replace(memory, proposed=proposed, pending=pending, winner=None)
+        # a winner not adopted yet (GEPA's best, a compared proposal) stays the next action: it beat the current ones
+        return replace(memory, proposed=proposed, pending=pending)
     if isinstance(outcome, Compared):
         if outcome.split == "val":  # a comparison on validation checks the current instructions when it has them
             return replace(memory, unchecked=memory.unchecked and "current" not in outcome.sources)

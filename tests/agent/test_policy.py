@@ -161,3 +161,13 @@ def test_a_submission_ends_the_run():
 def test_an_outcome_the_policy_does_not_know_is_refused():
     with pytest.raises(TypeError, match="not an outcome"):
         fold(LoopMemory.start(STEPS), "proposal-1")
+
+
+def test_a_proposal_made_before_gepas_best_was_adopted_leaves_it_to_adopt():
+    """Regression (real-model benchmark, seed 0): the root LM ran GEPA, then propose_instructions in the same cell, and
+    the proposal erased GEPA's better best from the loop's memory; the pilot then submitted the start's instructions
+    (never-worse returned GEPA's candidate, so nothing was lost but the adoption)."""
+    memory = after(GepaFinished("gepa-2"), Proposed("route", ("proposal-1",), (1, 2, 3), (1,)))
+    assert next_action(state(memory, left=0)) == Adopt("gepa-2", check=True)
+    memory = fold(fold(memory, Adopted("gepa-2", changed=True)), Validated())
+    assert next_action(state(memory, left=40)) == Compare(("proposal-1",), (1, 2, 3))
