@@ -367,7 +367,7 @@ class OptimizerAgent(dspy.Module):
             last = result.entries[-1]
             try:
                 report = pilot.take_phase()
-                taken = f"{report['summary']}"
+                taken = report["summary"]
             except Exception as exc:  # a systemic failure is raised after the turn; the rest is shown
                 report = {"ran": []}
                 taken = f"[Error] {type(exc).__name__}: {exc}"

@@ -114,10 +114,11 @@ class Pilot:
             action = next_action(state)
             if first is not None and action.phase not in (first.phase, END):
                 break  # a new phase: the agent's decision (next_phase() again takes it)
-            if before == (action, state, self.progress()):
+            now = (action, state, self.progress())
+            if before == now:
                 lines.append(f"{action.call}: the same action again changes nothing; stopped")
                 break
-            before, first = (action, state, self.progress()), first or action
+            before, first = now, first or action
             ran.append(action.call)
             try:
                 lines.append(f"{action.call} -> {self._take(action)}")

@@ -34,7 +34,7 @@ from rlmoptimizer.agent.services import CompileServices
 from rlmoptimizer.agent.working_program import agent_error
 from rlmoptimizer.budget import SUB_LM_CALL, Reservation
 from rlmoptimizer.errors import ConfigurationError, StructureChangedError
-from rlmoptimizer.events import CandidateAdded, GepaIteration, SubLMAnswered
+from rlmoptimizer.events import CandidateAdded, GepaIteration
 from rlmoptimizer.records import EvalRun
 from rlmoptimizer.storage.answers import AnswerStore
 from rlmoptimizer.storage.candidates import (
@@ -132,13 +132,13 @@ class AgentTools:
         )
         store = getattr(runs, "store", None)
         self._directory = None if store is None else store.directory
-        # gepa's reflections, kept in the run directory: a resumed compile replays a run_gepa without paying again;
-        # what each GEPA run paid or reserved: a run killed in the middle takes only the rest of its slice on resume
+        # What GEPA runs need of the compile: the reflections kept in the run directory (a resumed compile replays a
+        # run_gepa without paying again), what each GEPA run paid or reserved (a run killed in the middle takes only
+        # the rest of its slice on resume), the booking and the events; each answer is journaled by the moves.
         self._gepa_progress = read_gepa_progress(self._directory)
         self.moves.gepa_hooks = GepaHooks(
             answers=AnswerStore(self._directory, name=GEPA_REFLECTIONS),
             book=self._as_sub,
-            answered=self._sub_lm_answered,
             progress=self._gepa_progress,
             keep_progress=lambda kept: write_gepa_progress(self._directory, kept),
             iteration_ended=self._gepa_iteration_ended,
@@ -335,10 +335,6 @@ class AgentTools:
         observer = getattr(self.runs, "observer", None)
         if observer is not None:
             observer.on_event(event)
-
-    def _sub_lm_answered(self) -> None:
-        """A sub-LM call of a move was answered and charged: the ledger goes to disk now (the journal)."""
-        self._tell(SubLMAnswered(1, self.ledger.snapshot()))
 
     def propose_instructions(
         self, step: str, run_id: str | None = None, ids: Any = None, n: int = 1, guidance: str = ""

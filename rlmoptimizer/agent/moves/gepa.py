@@ -68,7 +68,7 @@ class GepaHooks:
 
     answers: AnswerStore = field(default_factory=AnswerStore)
     book: Callable[[Callable], Callable] = lambda fn: fn
-    answered: Callable[[], None] | None = None  # None: the moves' own journaling of a charged answer
+    answered: Callable[[], None] | None = None  # None: the moves' own journaling (SubLMAnswered to the observer)
     progress: dict[str, dict[str, Any]] = field(default_factory=dict)
     keep_progress: Callable[[dict[str, dict[str, Any]]], None] = lambda kept: None
     iteration_ended: Callable[[str, int, bool, int], None] = lambda run, iteration, accepted, spent: None
