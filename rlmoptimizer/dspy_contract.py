@@ -432,7 +432,9 @@ def _error(problems: list[str]) -> DspyVersionError:
         f"Fix: {fix_command()}   (into the environment of {sys.executable}),",
         f"or install a rlmoptimizer release that supports dspy {version}.",
     ]
-    if any(problem.startswith("gepa: ") for problem in problems):
+    # With a dspy outside the range, the Fix above brings the gepa that dspy pins too: one command, last lines kept.
+    supported = not any(problem.startswith("version: ") for problem in problems)
+    if supported and any(problem.startswith("gepa: ") for problem in problems):
         lines.append(
             f"gepa is the package dspy requires for GEPA; its installed release ({_distribution_version('gepa')}) "
             f"is not the one dspy {version} was released with: {gepa_fix_command()}"
