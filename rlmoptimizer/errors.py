@@ -59,7 +59,7 @@ class BudgetExhaustedError(RLMOptimizerError):
 
 
 class StructureChangedError(RLMOptimizerError):
-    """The program's structure (fields, demos, modules) changed; only instructions may change."""
+    """The program's structure (fields, demos, modules) changed; only instructions and demos may change."""
 
 
 class EvaluationLMError(RLMOptimizerError):

@@ -1,14 +1,17 @@
-"""What an optimization may change (instructions) and what it must not (everything else).
+"""What an optimization may change (each step's instructions and demos) and what it must not (everything else).
 
 Instructions are read and written by step name, the name ``program.named_predictors()`` gives each
-predictor (``"generate.predict"`` for a ``ChainOfThought`` stored as ``self.generate``).
+predictor (``"generate.predict"`` for a ``ChainOfThought`` stored as ``self.generate``). A step's demos are
+part of the same map under the key ``"<step>:demos"`` (:func:`demos_key`), as the canonical JSON of a list of
+demos, each a dict of the demo's fields (:func:`demos_text`); the key is present only for a step that has demos,
+so a program without demos has the plain ``{step: instructions}`` map, and ``"[]"`` clears a step's demos.
 
 The *structural fingerprint* is a canonical, JSON-friendly description of everything except the
 instructions: every predictor's signature fields (name, prefix, description, type), its demos and its
 class, plus the class of every sub-module along ``named_sub_modules()`` paths. Two programs with the
 same fingerprint differ at most in their instructions. :func:`check_structure` compares a program
-with a fingerprint taken earlier and, when they differ, raises :class:`StructureChangedError` listing
-each difference in words.
+with a fingerprint taken earlier, leaving demos out (they are changed through the map), and, when they
+differ, raises :class:`StructureChangedError` listing each difference in words.
 """
 
 from __future__ import annotations
@@ -48,6 +51,39 @@ def sha256_json(value: Any) -> str:
     return hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()
 
 
+DEMOS_SUFFIX = ":demos"
+"""A step's demos are the prompt map's entry ``step + DEMOS_SUFFIX`` (no predictor name holds a colon)."""
+
+
+def demos_key(step: str) -> str:
+    """The prompt map's key for the demos of ``step``."""
+    return step + DEMOS_SUFFIX
+
+
+def demos_step(key: str) -> str | None:
+    """The step whose demos ``key`` holds, or None when ``key`` names instructions."""
+    return key[: -len(DEMOS_SUFFIX)] if key.endswith(DEMOS_SUFFIX) else None
+
+
+def demos_text(demos: Any) -> str:
+    """The canonical JSON of a list of demos (``dspy.Example`` objects or dicts), each as a dict of its fields."""
+    return canonical_json([_demo(d) for d in (demos or [])])
+
+
+def parse_demos(key: str, text: Any) -> list[dict[str, Any]]:
+    """The demos a map's ``text`` for ``key`` holds: a JSON list of objects; :class:`ConfigurationError` otherwise."""
+    try:
+        value = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        value = None
+    if not isinstance(value, list) or not all(isinstance(d, dict) and d for d in value):
+        raise ConfigurationError(
+            f"{key!r} must be the JSON text of a list of demos, each an object of the step's fields "
+            f'(e.g. \'[{{"question": "...", "answer": "..."}}]\'; "[]" for none), got {str(text)[:80]!r}'
+        )
+    return value
+
+
 def instructions_digest(instructions: dict[str, str]) -> str:
     """Digest of a ``{step name: instructions}`` map; the key under which evaluations are cached."""
     return sha256_json(dict(instructions))
@@ -55,38 +91,58 @@ def instructions_digest(instructions: dict[str, str]) -> str:
 
 # -- instructions --------------------------------------------------------------------------------
 def get_instructions(program: Any) -> dict[str, str]:
-    """``{step name: instructions}`` for every predictor, in ``named_predictors()`` order."""
-    return {name: predictor.signature.instructions for name, predictor in program.named_predictors()}
+    """``{step name: instructions}`` for every predictor, in ``named_predictors()`` order, then
+    ``{"<step>:demos": demos_text}`` for every predictor that has demos."""
+    predictors = list(program.named_predictors())
+    mapping = {name: predictor.signature.instructions for name, predictor in predictors}
+    mapping.update({demos_key(name): demos_text(p.demos) for name, p in predictors if getattr(p, "demos", None)})
+    return mapping
 
 
 def apply_instructions(program: Any, mapping: dict[str, str]) -> None:
-    """Set the instructions of the named steps, in place (callers deep-copy first).
+    """Set the instructions (and, under ``"<step>:demos"`` keys, the demos) of the named steps, in place (callers
+    deep-copy first). A map that names every step is a whole program's: a step without a demos key then has no
+    demos (as :func:`get_instructions` leaves the key out); a partial map leaves the demos it does not name alone.
+    Demos equal to a step's own (by :func:`demos_text`) leave its demo objects as they are.
 
-    Unknown step names raise :class:`ConfigurationError` before anything is changed.
+    Unknown step names and malformed values raise :class:`ConfigurationError` before anything is changed.
     """
+    import dspy
+
     predictors = dict(program.named_predictors())
-    unknown = [name for name in mapping if name not in predictors]
+    unknown = [name for name in mapping if (demos_step(name) or name) not in predictors]
     if unknown:
         raise ConfigurationError(
             f"unknown step name(s) {unknown}; the program's steps are {list(predictors)} "
-            "(the names program.named_predictors() gives)"
+            "(the names program.named_predictors() gives; a step's demos are under '<step>:demos')"
         )
+    demos = {}
     for name, text in mapping.items():
         if not isinstance(text, str):
             raise ConfigurationError(f"instructions for step {name!r} must be a str, got {type(text).__name__}")
-        predictor = predictors[name]
-        predictor.signature = predictor.signature.with_instructions(text)
+        if demos_step(name) is not None:
+            demos[demos_step(name)] = parse_demos(name, text)
+    if all(name in mapping for name in predictors):  # a whole program's map: a step without demos has none
+        demos = {name: demos.get(name, []) for name in predictors}
+    for name, text in mapping.items():
+        if demos_step(name) is None:
+            predictors[name].signature = predictors[name].signature.with_instructions(text)
+    for step, wanted in demos.items():
+        if demos_text(getattr(predictors[step], "demos", None)) != canonical_json(wanted):
+            predictors[step].demos = [dspy.Example(**d) for d in wanted]
 
 
 def save_signatures(program: Any) -> dict[str, Any]:
-    """The signature object of every predictor, by step name, for :func:`restore_signatures`."""
-    return {name: predictor.signature for name, predictor in program.named_predictors()}
+    """The signature object and the demos list of every predictor, by step name, for :func:`restore_signatures`."""
+    return {name: (p.signature, getattr(p, "demos", None)) for name, p in program.named_predictors()}
 
 
 def restore_signatures(program: Any, saved: dict[str, Any]) -> None:
-    """Put back the very signature objects :func:`save_signatures` took (instructions and all)."""
+    """Put back the very signature objects and demos lists :func:`save_signatures` took (instructions and all)."""
     for name, predictor in program.named_predictors():
-        predictor.signature = saved[name]
+        predictor.signature, demos = saved[name]
+        if demos is not None or hasattr(predictor, "demos"):
+            predictor.demos = demos
 
 
 @contextmanager
@@ -296,14 +352,22 @@ def diff_fingerprints(expected: dict[str, Any], actual: dict[str, Any]) -> list[
     return lines
 
 
+def without_demos(fp: dict[str, Any]) -> dict[str, Any]:
+    """``fp`` with every predictor's demos left out: what :func:`check_structure` compares."""
+    return {**fp, "predictors": [{k: v for k, v in p.items() if k != "demos"} for p in fp.get("predictors", [])]}
+
+
 def check_structure(expected_fp: dict[str, Any], program: Any) -> None:
-    """Raise :class:`StructureChangedError` listing every difference if ``program`` no longer matches."""
-    actual = structural_fingerprint(program)
+    """Raise :class:`StructureChangedError` listing every difference if ``program`` no longer matches (demos
+    aside: they change through the prompt map, :func:`apply_instructions`)."""
+    actual = without_demos(structural_fingerprint(program))
+    expected_fp = without_demos(expected_fp)
     if canonical_json(actual) == canonical_json(expected_fp):
         return
     lines = diff_fingerprints(expected_fp, actual)
     raise StructureChangedError(
-        "the program's structure changed; only instructions may change:\n" + "\n".join(f"  - {line}" for line in lines)
+        "the program's structure changed; only instructions and demos may change:\n"
+        + "\n".join(f"  - {line}" for line in lines)
     )
 
 

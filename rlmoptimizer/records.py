@@ -274,7 +274,8 @@ def ranked(
 class Selection:
     """Which candidate compile() returns, and why (see :mod:`rlmoptimizer.selection`).
 
-    Invariants: ``chosen_score >= score`` of every candidate; ``instructions`` are the chosen run's;
+    Invariants: ``chosen_score >= score`` of every candidate clearly better than the unchanged program
+    (:func:`rlmoptimizer.selection.clear_gain`); ``instructions`` are the chosen run's;
     ``candidates`` are the complete runs on ``split``, in id order, as ``{"run_id", "label", "score",
     "instructions"}``.
     """

@@ -11,6 +11,13 @@ The policy: the submission wins if it scores better than the unchanged program a
 other candidate checked on the selection split (validation, or train without a valset); otherwise the best of
 those candidates (a change is returned only when the selection split shows it is better).
 
+A change must be clearly better (:func:`clear_gain`): on the examples both ran, its gain over the unchanged program
+must stay above zero when its largest single gain is turned into a loss of the same size; with pass/fail scores,
+it wins at least 3 more examples than it loses. One example that flips (a lucky sample, a noisy label) never
+decides what is returned. A candidate that scores more without a clear gain is passed over for the best one that
+has one, or the unchanged program. This costs no metric call; on a small split it makes a change rarer, and the
+reason says so.
+
 May import: ``rlmoptimizer.records``.
 """
 
@@ -21,7 +28,42 @@ from dataclasses import replace
 
 from rlmoptimizer.records import EvalRun, Selection, first_sample_complete, ranked
 
-__all__ = ["best_checked", "first_sample_complete", "never_worse", "ranked", "with_spending_cap"]
+__all__ = ["best_checked", "clear_gain", "first_sample_complete", "never_worse", "ranked", "with_spending_cap"]
+
+
+def clear_gain(differences: Sequence[float]) -> bool:
+    """Whether paired per-example score differences (candidate minus reference) show a gain no single example
+    decides: the total stays above zero when the largest single gain is turned into a loss of the same size. With
+    pass/fail scores: at least 3 more examples won than lost."""
+    return bool(differences) and sum(differences) - 2 * max(0.0, max(differences)) > 0
+
+
+def paired_differences(run: EvalRun, reference: EvalRun) -> list[float]:
+    """``run``'s score minus ``reference``'s on each example both have a record of."""
+    theirs = {r.example_id: r.score for r in reference.records}
+    return [r.score - theirs[r.example_id] for r in run.records if r.example_id in theirs]
+
+
+def _clearly_better(ranking: Sequence[EvalRun], initial: dict[str, str]) -> tuple[EvalRun, str]:
+    """The first run of ``ranking`` that is the unchanged program or clearly better than it (:func:`clear_gain`),
+    and, when that passed over better-scoring runs, a sentence saying why."""
+    baseline = next((r for r in ranking if r.instructions == initial), None)
+    if baseline is None:
+        return ranking[0], ""
+    for run in ranking:
+        if run.instructions == initial or clear_gain(paired_differences(run, baseline)):
+            break
+    if run is ranking[0]:
+        return run, ""
+    top = ranking[0]
+    differences = paired_differences(top, baseline)
+    wins, losses = sum(1 for d in differences if d > 0), sum(1 for d in differences if d < 0)
+    return run, (
+        f"{top.run_id} ({top.label}) scored {top.score:.4f}, above the unchanged program's {baseline.score:.4f}, but "
+        f"it won {wins} and lost {losses} of {len(differences)} examples: a gain one example could undo (a change is "
+        f"returned when it wins at least 3 more examples than it loses; a larger {top.split} split makes that easier "
+        "to show)"
+    )
 
 
 def never_worse(
@@ -33,7 +75,7 @@ def never_worse(
     initial: dict[str, str],
 ) -> Selection:
     """Choose among ``complete`` (every run that evaluated the whole ``split``, ``submitted_run`` among them)."""
-    chosen_run = ranked(complete, initial=initial, preferred=submitted_run)[0]
+    chosen_run, unclear = _clearly_better(ranked(complete, initial=initial, preferred=submitted_run), initial)
     others = [r for r in complete if r.instructions != submission]
     best = max(others, key=lambda r: r.score, default=None)
     if chosen_run is submitted_run:
@@ -60,6 +102,8 @@ def never_worse(
             f"the agent's submission scored {submitted_run.score:.4f} on {split}, below {chosen_run.run_id} "
             f"({chosen_run.label}) at {chosen_run.score:.4f}; returning that candidate instead"
         )
+    if unclear:
+        reason = f"{unclear}; returning {chosen_run.run_id} ({chosen_run.label}) at {chosen_run.score:.4f}"
     return _selection(split, chosen_run, complete, reason, submitted_run, basis)
 
 
@@ -75,7 +119,7 @@ def best_checked(
     """The submission could not be checked on the whole ``split`` (``why``: the spending cap stopped spending, or
     ``max_metric_calls`` is spent), before its check or during it (``partial``: the run of it that was cut
     short): the best candidate that was checked (:func:`ranked`); never a submission checked on part of the split."""
-    chosen_run = ranked(complete, initial=initial)[0]
+    chosen_run, unclear = _clearly_better(ranked(complete, initial=initial), initial)
     if partial is None:
         when = f"before the agent's submission could be checked on {split}"
     else:
@@ -86,7 +130,7 @@ def best_checked(
     reason = (
         f"{why} {when}; returning the best checked candidate, {chosen_run.run_id} ({chosen_run.label}) at "
         f"{chosen_run.score:.4f}"
-    )
+    ) + (f" ({unclear})" if unclear else "")
     return replace(
         _selection(split, chosen_run, complete, reason, None, "best checked"), spending_cap_reached=spending_cap
     )

@@ -106,7 +106,7 @@ def test_a_removed_output_field_is_named():
         program.generate.predict.signature = program.generate.predict.signature.delete("answer")
 
     message = _diff(change)
-    assert message.startswith("the program's structure changed; only instructions may change:")
+    assert message.startswith("the program's structure changed; only instructions and demos may change:")
     assert "step 'generate.predict': output field 'answer' removed" in message
 
 
@@ -127,18 +127,54 @@ def test_added_fields_changed_descriptions_and_types_are_named():
     )
 
 
-def test_changed_demos_are_named():
-    def add_demo(program):
-        program.rewrite.demos = [dspy.Example(question="q", query="x")]
+def test_demos_are_part_of_the_prompt_map_not_of_the_structure():
+    program = Pipeline()
+    fp = structural_fingerprint(program)
+    assert set(get_instructions(program)) == {"rewrite", "generate.predict"}  # no demos: the plain map
 
-    assert "step 'rewrite': demos changed from 0 to 1" in _diff(add_demo)
+    demos = json.dumps([{"question": "q", "query": "x"}])
+    apply_instructions(program, {"rewrite:demos": demos})
+    assert [dict(d) for d in program.rewrite.demos] == [{"question": "q", "query": "x"}]
+    assert isinstance(program.rewrite.demos[0], dspy.Example)
+    check_structure(fp, program)  # demos change through the map: the structure is the same
+    mapping = get_instructions(program)
+    assert json.loads(mapping["rewrite:demos"]) == [{"query": "x", "question": "q"}]
+
+    copy = Pipeline()
+    apply_instructions(copy, mapping)  # the map carries the demos to another program
+    assert get_instructions(copy) == mapping
+    apply_instructions(copy, {"rewrite:demos": "[]"})
+    assert copy.rewrite.demos == [] and "rewrite:demos" not in get_instructions(copy)
+
+
+def test_demos_equal_to_a_steps_own_keep_their_objects():
+    program = Pipeline()
+    own = [dspy.Example(question="q", query="x")]
+    program.rewrite.demos = own
+    apply_instructions(program, get_instructions(program))
+    assert program.rewrite.demos is own  # nothing a JSON round trip could lose is replaced
+
+
+def test_malformed_demos_and_unknown_demo_steps_are_refused_before_any_change():
+    program = Pipeline()
+    before = get_instructions(program)
+    for bad in ["not json", "{}", "[1, 2]", "[{}]"]:
+        with pytest.raises(ConfigurationError, match="rewrite:demos' must be the JSON text of a list of demos"):
+            apply_instructions(program, {"rewrite": "changed", "rewrite:demos": bad})
+    with pytest.raises(ConfigurationError, match="unknown step name"):
+        apply_instructions(program, {"nope:demos": "[]"})
+    assert get_instructions(program) == before
+
+
+def test_a_block_with_demos_restores_the_very_demo_list():
+    from rlmoptimizer.fingerprint import instructions_for_now
 
     program = Pipeline()
-    program.rewrite.demos = [dspy.Example(question="q", query="x")]
-    fp = structural_fingerprint(program)
-    program.rewrite.demos = [dspy.Example(question="q", query="y")]
-    with pytest.raises(StructureChangedError, match=r"step 'rewrite': demo 0 changed from .*\"x\".* to .*\"y\""):
-        check_structure(fp, program)
+    own = [dspy.Example(question="q", query="x")]
+    program.rewrite.demos = own
+    with instructions_for_now(program, {"rewrite:demos": json.dumps([{"question": "a", "query": "b"}])}):
+        assert program.rewrite.demos[0].query == "b"
+    assert program.rewrite.demos is own
 
 
 def test_added_removed_and_replaced_modules_are_named():
@@ -154,3 +190,13 @@ def test_added_removed_and_replaced_modules_are_named():
     message = _diff(replace)
     assert "step 'generate.predict' removed" in message and "step 'generate' added" in message
     assert "module 'self.generate': class changed from ChainOfThought to Predict" in message
+
+
+def test_a_whole_programs_map_without_a_demos_key_clears_that_steps_demos():
+    program = Pipeline()
+    program.rewrite.demos = [dspy.Example(question="q", query="x")]
+    plain = {"rewrite": "r", "generate.predict": "g"}
+    apply_instructions(program, {"rewrite": "only this step"})  # partial: the demos stay
+    assert len(program.rewrite.demos) == 1
+    apply_instructions(program, plain)  # every step named: this program's map has no demos
+    assert program.rewrite.demos == [] and get_instructions(program) == plain

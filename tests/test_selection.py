@@ -14,8 +14,8 @@ def run(run_id: str, label: str, instructions: dict[str, str], scores: list[floa
 
 
 def test_a_better_submission_is_chosen_with_the_reason_and_every_candidate():
-    baseline = run("run-0001", "baseline", INITIAL, [1, 0])
-    submitted = run("run-0002", "submission", {"step": "new"}, [1, 1])
+    baseline = run("run-0001", "baseline", INITIAL, [1, 0, 0, 0])
+    submitted = run("run-0002", "submission", {"step": "new"}, [1, 1, 1, 1])
     selection = never_worse(
         split="val",
         complete=[baseline, submitted],
@@ -24,7 +24,7 @@ def test_a_better_submission_is_chosen_with_the_reason_and_every_candidate():
         initial=INITIAL,
     )
     assert selection.instructions == {"step": "new"} and selection.chosen_run_id == "run-0002"
-    assert selection.baseline_score == 0.5 and "more than the unchanged program" in selection.reason
+    assert selection.baseline_score == 0.25 and "more than the unchanged program" in selection.reason
     assert [c["run_id"] for c in selection.to_dict()["candidates"]] == ["run-0001", "run-0002"]
     assert "instructions" not in selection.to_dict()
     assert selection.to_dict()["basis"] == "submission"
@@ -45,9 +45,9 @@ def test_a_tie_with_the_unchanged_program_returns_the_unchanged_instructions():
 
 
 def test_a_worse_submission_loses_to_the_best_other_candidate():
-    baseline = run("run-0001", "baseline", INITIAL, [0, 0])
-    checkpoint = run("run-0002", "agent", {"step": "mid"}, [1, 1])
-    submitted = run("run-0003", "submission", {"step": "new"}, [1, 0])
+    baseline = run("run-0001", "baseline", INITIAL, [0, 0, 0, 0])
+    checkpoint = run("run-0002", "agent", {"step": "mid"}, [1, 1, 1, 1])
+    submitted = run("run-0003", "submission", {"step": "new"}, [1, 1, 1, 0])
     selection = never_worse(
         split="val",
         complete=[baseline, checkpoint, submitted],
@@ -57,3 +57,52 @@ def test_a_worse_submission_loses_to_the_best_other_candidate():
     )
     assert selection.instructions == {"step": "mid"} and "returning that candidate instead" in selection.reason
     assert selection.basis == "other candidate"
+
+
+def test_a_gain_one_example_could_undo_returns_the_unchanged_program_and_says_why():
+    baseline = run("run-0001", "baseline", INITIAL, [1, 0, 0, 0, 1, 1])
+    submitted = run("run-0002", "submission", {"step": "new"}, [1, 1, 1, 0, 1, 1])  # 2 wins, 0 losses
+    selection = never_worse(
+        split="val",
+        complete=[baseline, submitted],
+        submitted_run=submitted,
+        submission={"step": "new"},
+        initial=INITIAL,
+    )
+    assert selection.instructions == INITIAL and selection.basis == "unchanged"
+    assert "won 2 and lost 0 of 6 examples: a gain one example could undo" in selection.reason
+
+
+def test_a_higher_score_without_a_clear_gain_is_passed_over_for_one_with_it():
+    baseline = run("run-0001", "baseline", INITIAL, [0, 0, 0, 0, 0, 1])
+    clear = run("run-0002", "agent", {"step": "mid"}, [1, 1, 1, 0, 0, 1])  # 3 wins
+    lucky = run("run-0003", "submission", {"step": "new"}, [1, 1, 1, 1, 1, 0])  # 5 wins, 1 loss: also clear
+    narrow = run("run-0004", "agent", {"step": "narrow"}, [1, 1, 1, 1, 1, 1])  # 5 wins: the best, clear
+    for best, runs in [("narrow", [baseline, clear, lucky, narrow]), ("mid", [baseline, clear])]:
+        selection = never_worse(
+            split="val", complete=runs, submitted_run=runs[-1], submission=runs[-1].instructions, initial=INITIAL
+        )
+        assert selection.instructions == {"step": best}
+    ahead = run("run-0005", "submission", {"step": "u"}, [1, 1, 1, 1, 0, 0])  # 4 wins, 1 loss: net 3
+    assert never_worse(
+        split="val", complete=[baseline, ahead], submitted_run=ahead, submission=ahead.instructions, initial=INITIAL
+    ).instructions == {"step": "u"}
+    edge = run("run-0006", "submission", {"step": "e"}, [1, 1, 1, 0, 0, 0])  # 3 wins, 1 loss: one flip undoes it
+    chosen = never_worse(
+        split="val",
+        complete=[baseline, clear, edge],
+        submitted_run=edge,
+        submission=edge.instructions,
+        initial=INITIAL,
+    )
+    assert chosen.instructions == {"step": "mid"}  # edge ties mid's score; mid is clear, edge is not
+
+
+def test_graded_scores_need_a_gain_that_survives_the_largest_single_gain_turned_into_a_loss():
+    from rlmoptimizer.selection import clear_gain
+
+    assert not clear_gain([])
+    assert not clear_gain([0.9, 0.05, 0.05])  # one example carries it: 1.0 - 1.8 < 0
+    assert clear_gain([0.5, 0.5, 0.5])  # 1.5 - 1.0 > 0
+    assert not clear_gain([1, 1, -1, 0])  # net 1
+    assert clear_gain([1, 1, 1, 0])

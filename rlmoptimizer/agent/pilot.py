@@ -37,6 +37,7 @@ from rlmoptimizer.agent.policy import (
     LoopState,
     Outcome,
     Propose,
+    ProposeDemos,
     RunGepa,
     Submit,
     fold,
@@ -140,6 +141,8 @@ class Pilot:
             return _validation(tools.evaluate_program(split="val"))
         if isinstance(action, Propose):
             return _proposal(tools.propose_instructions(action.step))
+        if isinstance(action, ProposeDemos):
+            return str(tools.propose_demos()["summary"])
         if isinstance(action, Compare):
             return str(tools.compare(["current", *action.candidates], ids=list(action.ids))["summary"])
         if isinstance(action, EvaluateTrain):

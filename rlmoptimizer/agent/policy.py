@@ -4,8 +4,9 @@ The loop, in the order it plays out::
 
     run GEPA (the gepa package's engine) with most of the budget -> adopt its best and check it on validation ->
     (what GEPA leaves too little for a targeted round: one last proposal, adopted and checked on validation) ->
+    demos from the program's own successes, compared against the current instructions (once) ->
     targeted rounds on what the best still fails: propose for a step -> compare against the current instructions
-    on its check ids -> adopt the winner and check it on validation -> ... -> submit when nothing can be paid
+    on its check ids -> adopt a clear winner and check it on validation -> ... -> submit when nothing can be paid
 
 :class:`LoopState` holds everything the choice depends on: what the moves reported (:class:`LoopMemory`, folded
 from the typed outcomes below by :func:`fold`) and what the budget and the train runs say now
@@ -41,6 +42,9 @@ paid: only the last draw is left, or submitting."""
 TARGETED_SHARE = 5
 """After GEPA, the targeted rounds get a fifth of what is left, when that pays a whole round (a proposal, a
 comparison on :data:`MIN_CHECK` examples against the current instructions, and a validation check)."""
+
+DEMOS = "(demos)"
+"""What a :class:`Proposed` outcome of ``propose_demos`` names as its step (demos are proposed for every step)."""
 
 GEPA, TARGETED, END = "gepa", "targeted", "end"
 """The phases of the loop. The pilot's ``next_phase()`` runs one phase: the actions after the first one that belong
@@ -105,6 +109,13 @@ class Propose(_Action):
 
 
 @dataclass(frozen=True)
+class ProposeDemos(_Action):
+    """A candidate with demos for every step from the train examples the current instructions pass."""
+
+    template = "propose_demos()"
+
+
+@dataclass(frozen=True)
 class Compare(_Action):
     """Compare the current instructions with ``candidates`` on the train examples ``ids``."""
 
@@ -140,7 +151,7 @@ class Submit(_Action):
     template = "SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])"
 
 
-Action = RunGepa | Adopt | CheckValidation | Propose | Compare | EvaluateTrain | LastDraw | Submit
+Action = RunGepa | Adopt | CheckValidation | Propose | ProposeDemos | Compare | EvaluateTrain | LastDraw | Submit
 
 
 # -- what the moves report ---------------------------------------------------------------------------------
@@ -212,6 +223,7 @@ class LoopMemory:
     unchecked: bool = False  # the current instructions changed since the last validation run
     gepa_ran: bool = False
     proposals_at_gepa_end: int = 0  # proposals made when the last GEPA run ended
+    demos_tried: bool = False  # a demos candidate was proposed
 
     @classmethod
     def start(cls, steps: Sequence[str]) -> LoopMemory:
@@ -219,7 +231,7 @@ class LoopMemory:
 
     @property
     def proposals(self) -> int:
-        return sum(self.proposed.values())
+        return sum(n for step, n in self.proposed.items() if step != DEMOS)
 
 
 @dataclass(frozen=True)
@@ -236,6 +248,7 @@ class BudgetView:
     proposal_units: int = 1
     unevaluated: tuple[int, ...] = ()
     failing: int = 1
+    demos: bool = False  # demos may be proposed (the compile's max_demos > 0) and train has passing examples
 
 
 @dataclass(frozen=True)
@@ -258,7 +271,9 @@ def fold(memory: LoopMemory, outcome: Outcome) -> LoopMemory:
         proposed = {**memory.proposed, outcome.step: memory.proposed.get(outcome.step, 0) + 1}
         pending = Pending(outcome.step, tuple(outcome.candidate_ids), tuple(order))
         # a winner not adopted yet (GEPA's best, a compared proposal) stays the next action: it beat the current ones
-        return replace(memory, proposed=proposed, pending=pending)
+        return replace(
+            memory, proposed=proposed, pending=pending, demos_tried=memory.demos_tried or outcome.step == DEMOS
+        )
     if isinstance(outcome, Compared):
         if outcome.split == "val":  # a comparison on validation checks the current instructions when it has them
             return replace(memory, unchecked=memory.unchecked and "current" not in outcome.sources)
@@ -312,6 +327,8 @@ def next_action(state: LoopState) -> Action:
         if not budget.unevaluated:
             return Submit("the current instructions pass every train example")
         return EvaluateTrain(budget.unevaluated[:free])
+    if budget.demos and not memory.demos_tried and free >= MIN_USEFUL_BUDGET + MIN_CHECK:
+        return ProposeDemos()  # free to propose; its comparison is paid like any other
     if budget.proposals_left <= 0:
         return Submit("no sub-LM prompt is left for a proposal")
     return Propose(_next_step(memory))

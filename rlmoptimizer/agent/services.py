@@ -42,6 +42,7 @@ class CompileServices:
     observer: Observer = NO_OBSERVER
     sub_lm: Any = None
     attempt: int = 0
+    max_demos: int = 4  # the demos propose_demos gives a step by default; 0: no demos
 
     @property
     def stop(self) -> StopRequest:

@@ -5,7 +5,7 @@ A tool's name, parameters and docstring are its interface: the agent's tool list
 what to do next (the agent sees it as the error of its code cell); nothing a tool refuses changes state.
 The selection of example ids is parsed here, once per call; the inner rooms trust the ids they get.
 
-May import: ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.records`` and the agent wing's
+May import: ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.fingerprint``, ``.records`` and the agent wing's
 ``working_program`` and ``moves``.
 """
 
@@ -21,6 +21,7 @@ from rlmoptimizer.agent.moves.context import whole_validation
 from rlmoptimizer.agent.moves.gepa import GepaHooks, GepaSpec
 from rlmoptimizer.agent.pilot import Pilot
 from rlmoptimizer.agent.policy import (
+    DEMOS,
     Adopted,
     BudgetView,
     Compared,
@@ -34,6 +35,7 @@ from rlmoptimizer.agent.services import CompileServices
 from rlmoptimizer.agent.working_program import agent_error
 from rlmoptimizer.budget import SUB_LM_CALL, Reservation
 from rlmoptimizer.errors import ConfigurationError, StructureChangedError
+from rlmoptimizer.fingerprint import demos_step
 from rlmoptimizer.events import CandidateAdded, GepaIteration
 from rlmoptimizer.records import EvalRun
 from rlmoptimizer.storage.answers import AnswerStore
@@ -130,6 +132,7 @@ class AgentTools:
             proposal_lm=services.sub_lm,
             pass_threshold=getattr(runs.evaluator, "pass_threshold", 1.0),
         )
+        self.moves.max_demos = services.max_demos
         store = getattr(runs, "store", None)
         self._directory = None if store is None else store.directory
         # What GEPA runs need of the compile: the reflections kept in the run directory (a resumed compile replays a
@@ -178,7 +181,7 @@ class AgentTools:
     def _budget_view(self) -> BudgetView:
         """What the default policy needs to know of the budget and the train runs now."""
         val_size, train_size = len(self.runs.splits.get("val", ())), len(self.runs.splits["train"])
-        unevaluated, failing = self._train_status()
+        unevaluated, failing, passing = self._train_status()
         return BudgetView(
             left=self.ledger.left,
             val_size=val_size,
@@ -187,6 +190,7 @@ class AgentTools:
             proposal_units=1 if self.ledger.counts_toward_limit(SUB_LM_CALL) else 0,
             unevaluated=tuple(unevaluated),
             failing=failing,
+            demos=bool(self.moves.max_demos) and passing > 0,
         )
 
     def _progress(self) -> tuple[int, ...]:
@@ -196,11 +200,12 @@ class AgentTools:
         counts = (len(self.runs.all()), len(self.moves.proposals), len(self.notes.all()))
         return (spent, *counts, len(self.working.prompt_versions))
 
-    def _train_status(self) -> tuple[list[int], int]:
-        """Train ids the current instructions have not been evaluated on, and how many evaluated ones fail."""
+    def _train_status(self) -> tuple[list[int], int, int]:
+        """Train ids the current instructions have not been evaluated on, and how many evaluated ones fail and pass."""
         ids = range(len(self.runs.splits["train"]))
         stored = self.runs.stored(self.working.instructions(), "train", ids)
-        return [i for i in ids if i not in stored], sum(1 for record in stored.values() if not record.passed)
+        failing = sum(1 for record in stored.values() if not record.passed)
+        return [i for i in ids if i not in stored], failing, len(stored) - failing
 
     def tool_functions(self) -> list[Callable]:
         """The agent's tools, in the order the instructions describe them."""
@@ -212,6 +217,7 @@ class AgentTools:
             self.optimization_status,
             self.run_gepa,
             self.propose_instructions,
+            self.propose_demos,
             self.compare,
             self.adopt_candidate,
             self.diff_runs,
@@ -349,6 +355,15 @@ class AgentTools:
         )
         return result
 
+    def propose_demos(self, step: str | None = None, k: int | None = None, run_id: str | None = None) -> dict:
+        """Demos from the program's own successes: a candidate ('demos-1', ...) that gives `step` (every step by default) k demos (default: the compile's max_demos), each that step's own inputs and outputs on a train example the current instructions (or run_id) got right, covering the labels they fail most, then varied. Changes nothing; free. Compare it (its demos are left out of its comparisons: each sees its own answer) and adopt_candidate it if it wins. Returns {'candidate_ids', 'demo_ids', 'labels', 'check_ids', 'summary'}."""
+        result = self.moves.propose_demos(step, k=k, run_id=run_id)
+        self._keep_candidates()
+        self.pilot.record(
+            Proposed(DEMOS, tuple(result["candidate_ids"]), tuple(result["check_ids"]), tuple(result["failure_ids"]))
+        )
+        return result
+
     def compare(
         self,
         candidates: Any,
@@ -359,7 +374,7 @@ class AgentTools:
         seed: int = 0,
         rollouts: int = 1,
     ) -> dict:
-        """Evaluate several instruction sets on the same examples without changing the current prompts. Each candidate: 'current', a run id (that run's instructions), a proposal id or a {step: text} dict (other steps keep their current text). Returns per candidate score, passed_count, wins/losses/ties vs the first, per example scores (train), 'best' (index; ties keep the earlier) and 'best_instructions'. 1 unit per new example per candidate per rollout; stored records are free; refused if the budget cannot cover it all."""
+        """Evaluate several instruction sets on the same examples without changing the current prompts. Each candidate: 'current', a run id (that run's instructions), a proposal id or a {step: text} dict (other steps keep their current text). Returns per candidate score, passed_count, wins/losses/ties vs the first, 'beats_first' (a gain no single example decides: at least 3 more wins than losses), per example scores (train), 'best' (index; ties keep the earlier), 'winner' (train: the best that beats the first, else 0) and 'best_instructions'. Demos of a candidate are left out of the examples. 1 unit per new example per candidate per rollout; stored records are free; refused if the budget cannot cover it all."""
         if split == "train":
             ids = self._select("compare", ids=ids, limit=limit, sample=sample, seed=seed)
         else:
@@ -367,7 +382,8 @@ class AgentTools:
                 "compare", "call compare(candidates, split='val') without ids, limit or sample", ids, limit, sample
             )
         result = self.moves.compare(candidates, split=split, ids=ids, rollouts=rollouts)
-        self.pilot.record(Compared(tuple(str(row["source"]) for row in result["candidates"]), result["best"], split))
+        winner = result.get("winner", result["best"])  # on train: a gain no single example decides, or none
+        self.pilot.record(Compared(tuple(str(row["source"]) for row in result["candidates"]), winner, split))
         return result
 
     def adopt_candidate(self, candidate: Any) -> dict:
@@ -377,7 +393,10 @@ class AgentTools:
                 "'current' is already the current instructions", "pass a proposal id, a run id or a {step: text} dict"
             )
         instructions = self.moves.instructions_of(candidate)
-        changed = sorted(step for step, text in instructions.items() if self.working.instructions().get(step) != text)
+        current = self.working.instructions()
+        # a run's whole map without a step's demos key: that step has no demos (a map names demos only when there are)
+        instructions.update({k: "[]" for k in current if demos_step(k) and k not in instructions})
+        changed = sorted(step for step, text in instructions.items() if current.get(step, "[]") != text)
         if changed:
             try:
                 self.working.set_instructions({step: instructions[step] for step in changed}, source="adopt_candidate")
@@ -421,10 +440,10 @@ class AgentTools:
         return self.working.evaluate("train", None, "baseline", instructions=self.working.initial)
 
     def update_prompt(self, step: str, text: str) -> dict:
-        """Set the instructions of one step (a name from step_names). Free. Returns {'step', 'previous', 'version'}."""
-        self.working.check_step(step)
+        """Set the instructions of one step (a name from step_names), or its demos ('<step>:demos': a list of dicts of the step's fields, '[]' for none). Free. Returns {'step', 'previous', 'version'}."""
+        self.working.check_step(demos_step(step) or step if isinstance(step, str) else step)
         text = self.working.check_text(step, text)
-        previous = self.working.instructions()[step]
+        previous = self.working.instructions().get(step, "[]")
         try:
             self.working.set_instructions({step: text}, source="update_prompt")
         except (StructureChangedError, ConfigurationError) as exc:

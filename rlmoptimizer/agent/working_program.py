@@ -25,9 +25,12 @@ from rlmoptimizer.evaluation.runs import Runs
 from rlmoptimizer.events import NO_OBSERVER, Observer, PromptUpdated
 from rlmoptimizer.fingerprint import (
     apply_instructions,
+    canonical_json,
     check_structure,
+    demos_step,
     get_instructions,
     instructions_for_now,
+    parse_demos,
     restore_signatures,
     save_signatures,
 )
@@ -91,7 +94,7 @@ class WorkingProgram:
             )
         clean: dict[str, str] = {}
         for step, text in mapping.items():
-            self.check_step(step)
+            self.check_step(demos_step(step) or step if isinstance(step, str) else step)
             clean[step] = self.check_text(step, text)
         # A dry run on the working program itself, its signatures restored afterwards.
         with self._lock:
@@ -110,6 +113,11 @@ class WorkingProgram:
 
     @staticmethod
     def check_text(step: str, text: Any) -> str:
+        if demos_step(step) is not None:  # a step's demos: the JSON text of a list of field dicts
+            try:
+                return canonical_json(parse_demos(step, canonical_json(text) if isinstance(text, list) else text))
+            except ConfigurationError as exc:
+                raise agent_error(str(exc), "pass a list of dicts of the step's fields, or '[]' for no demos") from None
         if not isinstance(text, str):
             raise agent_error(
                 f"instructions for step {step!r} must be a string, got {type(text).__name__}",

@@ -27,9 +27,10 @@ Rooms:
     paired.py    ``compare`` and ``evaluate_rollouts``
     history.py   ``candidates`` (the Pareto front), ``hard_examples``, ``diff_runs``
     gepa.py      ``run_gepa``: the gepa package's engine over these evaluations, exact on budget
+    demos.py     ``propose_demos``: demos from the program's own successes on train
     gepa_adapter.py  what that engine sees: the adapter over our evaluations, the budget slice, the reflection LM
 
-May import: dspy, gepa, ``rlmoptimizer.storage``, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.events``, ``.fingerprint``, ``.records``. Nothing
+May import: dspy, gepa, ``rlmoptimizer.storage``, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.events``, ``.fingerprint``, ``.records``, ``.selection``. Nothing
 above it (the agent's tools, the optimizer).
 """
 
@@ -42,6 +43,7 @@ from rlmoptimizer.agent.moves.context import (
     EvaluateFn,
     RunAccess,
 )
+from rlmoptimizer.agent.moves.demos import DemoMoves
 from rlmoptimizer.agent.moves.gepa import GepaMoves
 from rlmoptimizer.agent.moves.history import HistoryMoves
 from rlmoptimizer.agent.moves.paired import PairedMoves
@@ -58,5 +60,5 @@ __all__ = [
 ]
 
 
-class Moves(ProposalMoves, PairedMoves, HistoryMoves, GepaMoves):
+class Moves(ProposalMoves, PairedMoves, HistoryMoves, GepaMoves, DemoMoves):
     """The moves of one optimization, over its runs, its ledger and an evaluate function."""

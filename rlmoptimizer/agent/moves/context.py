@@ -16,6 +16,7 @@ import dspy
 from rlmoptimizer.agent.working_program import agent_error as refuse  # the one format of a refusal
 from rlmoptimizer.budget import BudgetLedger
 from rlmoptimizer.events import SubLMAnswered
+from rlmoptimizer.fingerprint import canonical_json, demos_step, parse_demos
 from rlmoptimizer.records import EvalRun, ExampleResult
 
 MAX_ROLLOUTS = 10
@@ -103,6 +104,7 @@ class MoveContext:
         self.gepa_runs = 0
         self.gepa_hooks: Any = None  # what GEPA runs need of the compile (moves.gepa.GepaHooks); None: nothing
         self.perfect_score = pass_threshold  # an example passes at this score: gepa skips a minibatch all passed
+        self._demo_index: tuple[int, dict[str, set[int]]] = (-1, {})  # (runs indexed, demo content -> train ids)
 
     def _answered(self) -> None:
         """A sub-LM call of a move was answered and charged: :class:`~rlmoptimizer.events.SubLMAnswered` to the
@@ -169,11 +171,11 @@ class MoveContext:
                 return candidate, dict(run.instructions)
             if candidate in self.proposals:
                 return candidate, {**current, **self.proposals[candidate]}
-            if candidate.startswith(("proposal-", "gepa-")):
-                known = list(self.proposals) or "none yet (call propose_instructions or run_gepa first)"
+            if candidate.startswith(("proposal-", "gepa-", "demos-")):
+                known = list(self.proposals) or "none yet (call propose_instructions, propose_demos or run_gepa first)"
                 raise refuse(
                     f"{what}: no candidate with id {candidate!r}",
-                    f"use an id propose_instructions or run_gepa returned: {known}",
+                    f"use an id propose_instructions, propose_demos or run_gepa returned: {known}",
                 )
         if isinstance(candidate, dict):
             if not candidate:
@@ -212,3 +214,28 @@ class MoveContext:
                 "use rollouts on split='train'; call validation with rollouts=1",
             )
         return rollouts
+
+    def demo_sources(self, instructions: dict[str, str]) -> set[int]:
+        """The train ids whose own calls (or own fields) are demos in ``instructions``: an example a candidate
+        sees as a demo is no evidence for it. Read from the data, so demos kept from an earlier process or written
+        by hand count too."""
+        demos = [
+            canonical_json(d)
+            for key, text in instructions.items()
+            if demos_step(key) is not None
+            for d in parse_demos(key, text)
+        ]
+        if not demos:
+            return set()
+        runs = self.runs.all()
+        if self._demo_index[0] != len(runs):  # the train examples' fields and every train call, by content
+            index: dict[str, set[int]] = {}
+            for i, example in enumerate(self.runs.splits.get("train", [])):
+                fields = dict(example.items()) if callable(getattr(example, "items", None)) else {}
+                index.setdefault(canonical_json(fields), set()).add(i)
+            for run in runs:
+                for record in run.records if run.split == "train" else ():
+                    for call in record.steps:
+                        index.setdefault(canonical_json({**call.inputs, **call.outputs}), set()).add(record.example_id)
+            self._demo_index = (len(runs), index)
+        return {i for demo in demos for i in self._demo_index[1].get(demo, ())}

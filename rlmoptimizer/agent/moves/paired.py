@@ -1,7 +1,11 @@
 """Paired comparison of instruction sets on the same examples (GEPA's minibatch acceptance, with every
 candidate on the same examples) and repeated rollouts of one set; all or nothing on budget.
 
-May import: ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.fingerprint``, ``.records`` and
+A candidate whose demos are train examples is compared without them (each would see its own answer); on train,
+``winner`` is the best candidate whose gain over the first no single example decides
+(:func:`rlmoptimizer.selection.clear_gain`), 0 when none has one.
+
+May import: ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.fingerprint``, ``.records``, ``.selection`` and
 ``rlmoptimizer.agent.moves.context``.
 """
 
@@ -14,6 +18,7 @@ from rlmoptimizer.budget import example_kind
 from rlmoptimizer.errors import BudgetExhaustedError
 from rlmoptimizer.fingerprint import instructions_digest
 from rlmoptimizer.records import EvalRun, ExampleResult
+from rlmoptimizer.selection import clear_gain
 
 
 class PairedMoves(MoveContext):
@@ -31,6 +36,14 @@ class PairedMoves(MoveContext):
             )
         resolved = [self._resolve(c, i) for i, c in enumerate(candidates)]
         example_ids = self._example_ids(split, ids, "compare")
+        held = set().union(*(self.demo_sources(instr) for _, instr in resolved)) if split == "train" else set()
+        if held & set(example_ids):  # a demo sees its own answer: its score is no evidence for the candidate
+            example_ids = [i for i in example_ids if i not in held]
+            if not example_ids:
+                raise refuse(
+                    "compare: every selected example is a demo of a candidate (it would see its own answer)",
+                    "select other train examples (ids=..., sample='random')",
+                )
         rollouts = self._check_rollouts(rollouts, split)
         by_digest, spent = self._run_all([instr for _, instr in resolved], split, example_ids, rollouts, "compare")
         runs_of = [by_digest[instructions_digest(instr)] for _, instr in resolved]
@@ -62,8 +75,15 @@ class PairedMoves(MoveContext):
                 row["wins"] = sum(1 for a, b in zip(mine, first, strict=True) if a > b)
                 row["losses"] = sum(1 for a, b in zip(mine, first, strict=True) if a < b)
                 row["ties"] = sum(1 for a, b in zip(mine, first, strict=True) if a == b)
+                row["beats_first"] = c > 0 and clear_gain([a - b for a, b in zip(mine, first, strict=True)])
             result["example_ids"] = paired
             result["examples"] = examples
+            winners = [c for c, row in enumerate(rows) if row["beats_first"]]
+            result["winner"] = max(winners, key=lambda c: (rows[c]["score"], -c)) if winners else 0
+            if held:
+                notes.append(
+                    f"left out train example(s) {sorted(held)}: demos of a candidate (each sees its own answer)"
+                )
         result.update(
             {
                 "summary": _summary(rows, best, split),
@@ -201,7 +221,9 @@ def _summary(rows: list[dict[str, Any]], best: int, split: str) -> str:
     for row in rows:
         part = f"{row['candidate']} ({row['source']}): {row['score']:.3f}, {row['passed_count']}/{row['evaluated_count']} passed"
         if split == "train" and row["candidate"] > 0:
-            part += f", {row['wins']} wins {row['losses']} losses vs 0"
+            part += f", {row['wins']} wins {row['losses']} losses vs 0" + (
+                " (a clear gain)" if row["beats_first"] else ""
+            )
         parts.append(part)
     return f"best: candidate {best}" + (" (the first: nothing beat it)" if best == 0 else "") + " | " + "; ".join(parts)
 

@@ -1,0 +1,146 @@
+"""Demonstrations from the program's own successes: a candidate that sets steps' demos to the inputs and outputs
+each step produced on train examples the program got right (MIPROv2's bootstrapped demos, ICRL's retrieved
+successes), compared and adopted like any candidate.
+
+Where demos come from: the first-rollout train records of the current instructions (or of one train run), the
+examples that passed; a step's demo is that step's own call on the example (its last call, as the reflective
+dataset takes it), so an inner step of a pipeline gets the inputs it really saw. Validation records are never
+read: only train records hold traces the moves can see.
+
+Which ones: :func:`choose_demos`, a policy in code. It covers the labels the current instructions fail most
+(an example whose expected fields match a failing example's come first), then varies the labels, round robin,
+so ``k`` demos are not ``k`` copies of the commonest answer.
+
+A demo sees its own answer: an example that is a demo of a candidate is left out of every train comparison that
+candidate is in (:meth:`DemoMoves.demo_sources`), so its score is never evidence for the candidate that holds it.
+
+May import: ``rlmoptimizer.fingerprint``, ``.records`` and ``rlmoptimizer.agent.moves.context``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from rlmoptimizer.agent.moves.context import MoveContext, refuse
+from rlmoptimizer.fingerprint import canonical_json, demos_key, instructions_digest
+from rlmoptimizer.records import ExampleResult
+
+MAX_DEMOS = 16
+"""The most demos one step may be given by one call (each one lengthens every prompt of that step)."""
+
+
+def _label(record: ExampleResult) -> str:
+    return canonical_json(record.expected)
+
+
+def choose_demos(records: Sequence[ExampleResult], k: int, seed: int = 0) -> list[int]:
+    """The ids of at most ``k`` passing records to use as demos: first those whose labels (expected fields) the
+    failing records have, the most failed label first; then the other labels; one example per label in turn, in a
+    reproducible shuffle (``seed``) within each label."""
+    passed = [r for r in records if r.passed]
+    failing: dict[str, int] = {}
+    for r in records:
+        if not r.passed:
+            failing[_label(r)] = failing.get(_label(r), 0) + 1
+    by_label: dict[str, list[int]] = {}
+    for r in sorted(passed, key=lambda r: r.example_id):
+        by_label.setdefault(_label(r), []).append(r.example_id)
+    rng = random.Random(seed)
+    for ids in by_label.values():
+        rng.shuffle(ids)
+    order = sorted(by_label, key=lambda label: (-failing.get(label, 0), -len(by_label[label]), label))
+    chosen: list[int] = []
+    while len(chosen) < k and any(by_label[label] for label in order):
+        for label in order:
+            if by_label[label] and len(chosen) < k:
+                chosen.append(by_label[label].pop(0))
+    return chosen
+
+
+class DemoMoves(MoveContext):
+    max_demos: int = 4
+    """The demos a step gets by default; 0 switches the move off (the constructor's ``max_demos``)."""
+
+    def propose_demos(self, step: Any = None, k: int | None = None, run_id: Any = None) -> dict[str, Any]:
+        """A candidate ('demos-N') that gives ``step`` (every step when None) ``k`` demos from the train examples
+        the current instructions (or ``run_id``) got right. Free: no LM call, no evaluation."""
+        if not self.max_demos:
+            raise refuse(
+                "propose_demos: demos are switched off for this compile (max_demos=0)",
+                "improve the instructions instead (propose_instructions)",
+            )
+        k = self.max_demos if k is None else k
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_DEMOS:
+            raise refuse(f"propose_demos: k must be an int from 1 to {MAX_DEMOS}, got {k!r}", "pass k=4 for example")
+        steps = list(self.step_names) if step is None else [step]
+        for name in steps:
+            self._check_step(name, "propose_demos")
+        source, by_id = self._demo_source(run_id)
+        records = [r for r in by_id.values() if r.reusable]
+        usable = [r for r in records if not r.passed or all(self._call(r, s) for s in steps)]
+        chosen = choose_demos(usable, k, seed=len(self.proposals))
+        if not chosen:
+            raise refuse(
+                f"propose_demos: {source} hold no passing example with a trace of {steps}",
+                "evaluate more train examples first (evaluate_program(sample='random', limit=10, seed=1))",
+            )
+        mapping = {}
+        for name in steps:
+            demos = [{**self._call(by_id[i], name).inputs, **self._call(by_id[i], name).outputs} for i in chosen]
+            mapping[demos_key(name)] = canonical_json(demos)
+        with self._naming:
+            self.demo_calls = getattr(self, "demo_calls", 0) + 1
+            candidate = f"demos-{self.demo_calls}"
+            while candidate in self.proposals:
+                self.demo_calls += 1
+                candidate = f"demos-{self.demo_calls}"
+            self.proposals[candidate] = mapping
+        self.lineage[candidate] = {
+            "parents": [self.name_of(self._current())],
+            "move": "propose_demos",
+            "steps": steps,
+            "demo_ids": chosen,
+            "source": source,
+        }
+        failing = sorted(r.example_id for r in records if not r.passed)
+        others = sorted(r.example_id for r in records if r.passed and r.example_id not in set(chosen))
+        labels = sorted({_label(by_id[i]) for i in chosen})
+        return {
+            "candidate_ids": [candidate],
+            "steps": steps,
+            "demo_ids": chosen,
+            "labels": [json.loads(label) for label in labels],
+            "check_ids": failing + others,
+            "failure_ids": failing,
+            "summary": (
+                f"{candidate}: {len(chosen)} demo(s) for {steps} from train examples {chosen} ({source}), "
+                f"{len(labels)} distinct label(s); compare it on other examples (its demos are left out of its "
+                "comparisons), then adopt_candidate it if it wins"
+            ),
+        }
+
+    @staticmethod
+    def _call(record: ExampleResult, step: str) -> Any:
+        calls = [s for s in record.steps if s.step_name == step]
+        return calls[-1] if calls else None
+
+    def _demo_source(self, run_id: Any) -> tuple[str, dict[int, ExampleResult]]:
+        if run_id is not None:
+            run = self._train_run(run_id, "propose_demos")
+            return f"run {run.run_id}", {r.example_id: r for r in run.records}
+        digest = instructions_digest(self._current())
+        mine = [
+            run
+            for run in self.runs.all()
+            if run.split == "train" and run.rollout == 0 and instructions_digest(run.instructions) == digest
+        ]
+        if not mine:
+            raise refuse(
+                "propose_demos: the current instructions have no train run yet",
+                "call evaluate_program() (or evaluate_program(limit=10)) first",
+            )
+        merged = {r.example_id: r for run in mine for r in run.records}
+        return "the current instructions' train records", dict(sorted(merged.items()))
