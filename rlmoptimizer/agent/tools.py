@@ -35,8 +35,8 @@ from rlmoptimizer.agent.services import CompileServices
 from rlmoptimizer.agent.working_program import agent_error
 from rlmoptimizer.budget import SUB_LM_CALL, Reservation
 from rlmoptimizer.errors import ConfigurationError, StructureChangedError
-from rlmoptimizer.fingerprint import demos_step
 from rlmoptimizer.events import CandidateAdded, GepaIteration
+from rlmoptimizer.fingerprint import demos_step
 from rlmoptimizer.records import EvalRun
 from rlmoptimizer.storage.answers import AnswerStore
 from rlmoptimizer.storage.candidates import (
