@@ -30,6 +30,7 @@ from rlmoptimizer.agent.policy import (
     BudgetView,
     CheckValidation,
     Compare,
+    CompareValidation,
     EvaluateTrain,
     GepaFinished,
     LastDraw,
@@ -145,6 +146,8 @@ class Pilot:
             return str(tools.propose_demos()["summary"])
         if isinstance(action, Compare):
             return str(tools.compare(["current", *action.candidates], ids=list(action.ids))["summary"])
+        if isinstance(action, CompareValidation):
+            return str(tools.compare(["current", action.candidate], split="val")["summary"])
         if isinstance(action, EvaluateTrain):
             run = tools.evaluate_program(ids=list(action.ids))
             return f"train score {float(run.get('score') or 0):.4f} on {run.get('evaluated_count')} example(s)"

@@ -125,6 +125,15 @@ class Compare(_Action):
 
 
 @dataclass(frozen=True)
+class CompareValidation(_Action):
+    """Compare ``candidate``, ahead of the current instructions on train but not clearly, with them on validation:
+    adopted only when its gain there is clear."""
+
+    candidate: str
+    template = "compare(['current', {candidate}], split='val')"
+
+
+@dataclass(frozen=True)
 class EvaluateTrain(_Action):
     """Evaluate the current instructions on the train examples ``ids`` (to find failures to learn from)."""
 
@@ -151,7 +160,18 @@ class Submit(_Action):
     template = "SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])"
 
 
-Action = RunGepa | Adopt | CheckValidation | Propose | ProposeDemos | Compare | EvaluateTrain | LastDraw | Submit
+Action = (
+    RunGepa
+    | Adopt
+    | CheckValidation
+    | Propose
+    | ProposeDemos
+    | Compare
+    | CompareValidation
+    | EvaluateTrain
+    | LastDraw
+    | Submit
+)
 
 
 # -- what the moves report ---------------------------------------------------------------------------------
@@ -174,11 +194,14 @@ class Proposed:
 
 @dataclass(frozen=True)
 class Compared:
-    """A comparison of ``sources`` (``"current"``, candidate ids, ...) on ``split``; ``best`` is the winner's index."""
+    """A comparison of ``sources`` (``"current"``, candidate ids, ...) on ``split``; ``best`` is the index of the
+    candidate clearly better than the first (0: none); ``ahead``, when none is, the index of the best one that won
+    more examples than it lost (0: none)."""
 
     sources: tuple[str, ...]
     best: int
     split: str
+    ahead: int = 0
 
 
 @dataclass(frozen=True)
@@ -220,6 +243,8 @@ class LoopMemory:
     proposed: Mapping[str, int] = field(default_factory=dict)
     pending: Pending | None = None
     winner: str | None = None  # a candidate that beat the current instructions (or GEPA's best), not yet adopted
+    trial: str | None = None  # a candidate ahead of the current instructions on train, not clearly: check it further
+    trials: tuple[str, ...] = ()  # the candidates checked further already (once each)
     unchecked: bool = False  # the current instructions changed since the last validation run
     gepa_ran: bool = False
     proposals_at_gepa_end: int = 0  # proposals made when the last GEPA run ended
@@ -249,6 +274,7 @@ class BudgetView:
     unevaluated: tuple[int, ...] = ()
     failing: int = 1
     demos: bool = False  # demos may be proposed (the compile's max_demos > 0) and train has passing examples
+    train_size: int = 0
 
 
 @dataclass(frozen=True)
@@ -275,13 +301,23 @@ def fold(memory: LoopMemory, outcome: Outcome) -> LoopMemory:
             memory, proposed=proposed, pending=pending, demos_tried=memory.demos_tried or outcome.step == DEMOS
         )
     if isinstance(outcome, Compared):
+
+        def named(index: int) -> str | None:  # a candidate other than the first, named so adopt_candidate takes it
+            source = outcome.sources[index] if 0 < index < len(outcome.sources) else None
+            return source if source and source.startswith(("proposal-", "run-", "demos-")) else None
+
         if outcome.split == "val":  # a comparison on validation checks the current instructions when it has them
-            return replace(memory, unchecked=memory.unchecked and "current" not in outcome.sources)
-        source = outcome.sources[outcome.best] if 0 <= outcome.best < len(outcome.sources) else "current"
-        first = outcome.sources[0] if outcome.sources else "current"
-        # a winner other than what the comparison measured against, named so that adopt_candidate takes it
-        winner = source if source != first and source.startswith(("proposal-", "run-")) else None
-        return replace(memory, pending=None, winner=winner)
+            unchecked = memory.unchecked and "current" not in outcome.sources
+            if memory.trial is None or memory.trial not in outcome.sources:
+                return replace(memory, unchecked=unchecked)
+            winner = memory.trial if named(outcome.best) == memory.trial else memory.winner
+            return replace(
+                memory, unchecked=unchecked, trial=None, winner=winner, trials=(*memory.trials, memory.trial)
+            )
+        trials = memory.trials + ((memory.trial,) if memory.trial in outcome.sources else ())
+        trial = named(outcome.ahead) if outcome.best == 0 else None
+        trial = None if trial in trials else trial
+        return replace(memory, pending=None, winner=named(outcome.best), trial=trial, trials=trials)
     if isinstance(outcome, Adopted):
         winner = None if outcome.changed or memory.winner == outcome.candidate else memory.winner
         pending = memory.pending
@@ -312,6 +348,10 @@ def next_action(state: LoopState) -> Action:
         return Adopt(memory.winner, check=bool(budget.val_size) and (gepa_best or budget.left >= budget.val_size))
     if memory.unchecked and budget.val_size and budget.left >= budget.val_size:
         return CheckValidation()
+    if memory.trial is not None and budget.val_size and budget.left >= budget.val_size:
+        return CompareValidation(memory.trial)
+    if memory.trial is not None and not budget.val_size and budget.left >= 2 * budget.train_size:
+        return Compare((memory.trial,), tuple(range(budget.train_size)))  # train is the selection split: all of it
     if not memory.gepa_ran:
         return RunGepa(gepa_budget(budget))
     free = budget.left - budget.reserve  # what moves may spend

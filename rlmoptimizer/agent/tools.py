@@ -191,6 +191,7 @@ class AgentTools:
             unevaluated=tuple(unevaluated),
             failing=failing,
             demos=bool(self.moves.max_demos) and passing > 0,
+            train_size=train_size,
         )
 
     def _progress(self) -> tuple[int, ...]:
@@ -382,8 +383,8 @@ class AgentTools:
                 "compare", "call compare(candidates, split='val') without ids, limit or sample", ids, limit, sample
             )
         result = self.moves.compare(candidates, split=split, ids=ids, rollouts=rollouts)
-        winner = result.get("winner", result["best"])  # on train: a gain no single example decides, or none
-        self.pilot.record(Compared(tuple(str(row["source"]) for row in result["candidates"]), winner, split))
+        sources = tuple(str(row["source"]) for row in result["candidates"])
+        self.pilot.record(Compared(sources, result["winner"], split, result["ahead"]))  # a clear gain, or ahead only
         return result
 
     def adopt_candidate(self, candidate: Any) -> dict:

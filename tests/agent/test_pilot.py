@@ -287,7 +287,12 @@ def test_without_a_validation_split_the_loop_stays_inside_max_metric_calls(monke
     )
     assert counting.calls <= 60
     assert result.selection["split"] == "train"
-    assert result.route.signature.instructions == POLICY_PROMPT
+    # the start fails 2 of the 12 train examples: the fix wins those 2, a gain one example could undo, so the
+    # unchanged program is returned, and the reason says why
+    assert result.route.signature.instructions == ORIGINAL_ROUTE
+    assert "won 2 and lost 0 of 12 examples: a gain one example could undo" in result.selection["reason"]
+    whole_train = [call for turn in result.agent_trajectory for call in turn["pilot"] if "ids='0,1,2,3,4,5,6" in call]
+    assert len(whole_train) == 1  # the candidate ahead on part of train was checked on all of it, once
     # the proposal is a sub-LM prompt, not a metric call: counted apart, as dspy.GEPA counts
     assert result.budget["spent_by_kind"]["sub_lm_call"] >= 1 and "sub_lm_left" in result.budget
 

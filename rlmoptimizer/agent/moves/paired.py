@@ -61,25 +61,26 @@ class PairedMoves(MoveContext):
         best = max(range(len(rows)), key=lambda i: (rows[i]["score"], -i))
         result: dict[str, Any] = {"split": split, "rollouts": rollouts, "evaluated_count": len(paired)}
         notes = self._notes(runs_of, paired, example_ids)
-        if split == "train":
-            per_example = {c: self._per_example(runs) for c, runs in enumerate(runs_of)}
-            examples = []
-            for i in paired:
-                entry = {"example_id": i, "scores": [per_example[c][i][0] for c in range(len(rows))]}
-                if rollouts > 1:
-                    entry["pass_rates"] = [per_example[c][i][1] for c in range(len(rows))]
-                examples.append(entry)
-            for c, row in enumerate(rows):
-                mine = [e["scores"][c] for e in examples]
-                first = [e["scores"][0] for e in examples]
-                row["wins"] = sum(1 for a, b in zip(mine, first, strict=True) if a > b)
-                row["losses"] = sum(1 for a, b in zip(mine, first, strict=True) if a < b)
-                row["ties"] = sum(1 for a, b in zip(mine, first, strict=True) if a == b)
-                row["beats_first"] = c > 0 and clear_gain([a - b for a, b in zip(mine, first, strict=True)])
+        per_example = {c: self._per_example(runs) for c, runs in enumerate(runs_of)}
+        examples = []
+        for i in paired:
+            entry = {"example_id": i, "scores": [per_example[c][i][0] for c in range(len(rows))]}
+            if rollouts > 1:
+                entry["pass_rates"] = [per_example[c][i][1] for c in range(len(rows))]
+            examples.append(entry)
+        for c, row in enumerate(rows):
+            differences = [e["scores"][c] - e["scores"][0] for e in examples]
+            row["wins"] = sum(1 for d in differences if d > 0)
+            row["losses"] = sum(1 for d in differences if d < 0)
+            row["ties"] = sum(1 for d in differences if d == 0)
+            row["beats_first"] = c > 0 and clear_gain(differences)
+        winners = [c for c, row in enumerate(rows) if row["beats_first"]]
+        ahead = [c for c, row in enumerate(rows) if c > 0 and row["wins"] > row["losses"]]
+        result["winner"] = max(winners, key=lambda c: (rows[c]["score"], -c)) if winners else 0
+        result["ahead"] = max(ahead, key=lambda c: (rows[c]["score"], -c)) if ahead and not winners else 0
+        if split == "train":  # validation examples are never shown one by one
             result["example_ids"] = paired
             result["examples"] = examples
-            winners = [c for c, row in enumerate(rows) if row["beats_first"]]
-            result["winner"] = max(winners, key=lambda c: (rows[c]["score"], -c)) if winners else 0
             if held:
                 notes.append(
                     f"left out train example(s) {sorted(held)}: demos of a candidate (each sees its own answer)"
