@@ -1,0 +1,131 @@
+"""Demos from the program's own successes, end to end: a task whose scripted task LM answers a kind of example
+right only when it is an easy one or when a demo of that kind is in its prompt. The default loop (and an agent
+through the real sandbox) finds the demos, compares them on other examples, adopts them and returns a program that
+carries them; validation never becomes a demo nor reaches a sub-LM or root-LM prompt."""
+
+from __future__ import annotations
+
+import json
+
+import dspy
+import pytest
+from support.fakes import FunctionLM, last_user_text
+
+from rlmoptimizer import RLMDocstringOptimizer
+
+LABELS = {"north": "N7", "south": "S2", "east": "E5", "west": "W9"}
+MARKER = "VALMARKER"
+
+
+def make_splits() -> tuple[list[dspy.Example], list[dspy.Example]]:
+    def example(kind: str, i: int, easy: bool = False, marker: str = "") -> dspy.Example:
+        text = f"kind: {kind}; item {i}{' (easy)' if easy else ''}{marker}"
+        return dspy.Example(question=text, label=LABELS[kind]).with_inputs("question")
+
+    train = [example(kind, i, easy=i == 0) for i in range(4) for kind in LABELS]
+    val = [example(kind, 10 + i, marker=f" {MARKER}") for i in range(3) for kind in LABELS]
+    return train, val
+
+
+def metric(example, pred, trace=None):
+    right = (pred.label or "").strip() == example.label
+    return dspy.Prediction(score=float(right), feedback="right" if right else f"expected {example.label}")
+
+
+def task_reply(messages):
+    """Right on an easy example, or when an earlier message (a demo) shows an example of the same kind."""
+    question = last_user_text(messages)
+    kind = next(k for k in LABELS if f"kind: {k}" in question)
+    earlier = " ".join(str(m.get("content")) for m in messages[:-1])
+    known = "(easy)" in question or f"kind: {kind}" in earlier
+    return {"label": LABELS[kind] if known else "unknown"}
+
+
+def useless_proposals():
+    return FunctionLM(lambda messages: json.dumps({"new_instruction": "Answer with the label."}), name="sub")
+
+
+def compile_labels(**kwargs):
+    train, val = make_splits()
+    eval_lm = FunctionLM(task_reply, name="task")
+    sub_lm = kwargs.pop("sub_lm", None) or useless_proposals()
+    optimizer = RLMDocstringOptimizer(eval_lm=eval_lm, sub_lm=sub_lm, num_threads=4, **kwargs)
+    result = optimizer.compile(student=dspy.Predict("question -> label"), trainset=train, valset=val, metric=metric)
+    return result, eval_lm, sub_lm
+
+
+def demos_in(prompt: list[dict]) -> str:
+    return " ".join(str(m.get("content")) for m in prompt[:-1])
+
+
+def test_the_default_loop_returns_a_program_with_demos_that_beats_the_baseline(tmp_path):
+    result, eval_lm, sub_lm = compile_labels(
+        rlm_autopilot="loop", max_metric_calls=120, run_storage_dir=str(tmp_path / "run")
+    )
+    assert result.budget["spent"] <= 120
+    demos = result.demos
+    assert len(demos) == 4 and sorted(d.label for d in demos) == sorted(LABELS.values())  # one of each kind
+    assert all("(easy)" in d.question for d in demos)  # the successes of the unchanged program
+    assert result.selection["chosen_score"] == 1.0 > result.selection["baseline_score"] == 0.0
+    calls = [c for turn in result.agent_trajectory for c in turn["pilot"]]
+    assert "propose_demos()" in calls and any(c.startswith("compare(['current', 'demos-1']") for c in calls)
+
+    # validation never became a demo, nor reached a prompt other than its own evaluation
+    assert all(MARKER not in d.question for d in demos)
+    assert all(MARKER not in demos_in(prompt) for prompt in eval_lm.calls)
+    assert any(MARKER in last_user_text(prompt) for prompt in eval_lm.calls)  # (it was evaluated)
+    assert all(MARKER not in json.dumps(prompt, default=str) for prompt in sub_lm.calls)
+
+    # the returned program carries its demos through save / load
+    path = tmp_path / "program.json"
+    result.save(str(path))
+    loaded = dspy.Predict("question -> label")
+    loaded.load(str(path))
+    assert [dict(d) for d in loaded.demos] == [dict(d) for d in demos]
+
+
+def test_max_demos_0_switches_the_move_off(tmp_path):
+    result, _, _ = compile_labels(rlm_autopilot="loop", max_metric_calls=120, max_demos=0)
+    assert not result.demos
+    assert "propose_demos()" not in [c for turn in result.agent_trajectory for c in turn["pilot"]]
+
+
+@pytest.mark.slow
+def test_an_agent_in_the_sandbox_proposes_compares_and_adopts_demos(tmp_path):
+    from rlmoptimizer.testing import scripted_agent
+
+    turns = [
+        {
+            "reasoning": "demos",
+            "code": (
+                "evaluate_program()\nd = propose_demos()\nprint(d['summary'])\n"
+                "c = compare(['current', d['candidate_ids'][0]], ids=d['check_ids'])\n"
+                "print(c['summary'], c['winner'], c['note'])\n"
+                "if c['winner']:\n    adopt_candidate(d['candidate_ids'][0])\n"
+                "print(evaluate_program(split='val')['score'])"
+            ),
+        },
+        {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])"},
+    ]
+    result, _, _ = compile_labels(
+        root_lm=scripted_agent(turns), rlm_autopilot="off", max_metric_calls=80, run_storage_dir=str(tmp_path)
+    )
+    output = result.agent_trajectory[0]["output"]
+    assert "left out train example(s) [0, 1, 2, 3]: demos of a candidate" in output  # each sees its own answer
+    assert len(result.demos) == 4 and result.selection["chosen_score"] == 1.0
+
+
+def test_demos_cover_the_labels_failed_most_first_then_vary():
+    from rlmoptimizer.agent.moves.demos import choose_demos
+    from rlmoptimizer.records import ExampleResult
+
+    def record(i, label, passed):
+        return ExampleResult(i, {}, {"label": label}, {}, float(passed), passed)
+
+    records = [record(0, "a", True), record(1, "a", True), record(2, "b", True), record(3, "c", False)]
+    records += [record(4, "c", True), record(5, "b", False), record(6, "c", False)]
+    chosen = choose_demos(records, 3)
+    # 'c' failed twice, 'b' once: their successes first, then one of the 'a' successes
+    assert chosen[:2] == [4, 2] and chosen[2] in (0, 1)
+    assert sorted(choose_demos(records, 10)) == [0, 1, 2, 4]  # only passing records, each once
+    assert choose_demos([record(0, "a", False)], 4) == []
