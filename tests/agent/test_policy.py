@@ -14,9 +14,11 @@ from rlmoptimizer.agent.policy import (
     Adopt,
     Adopted,
     BudgetView,
+    DEMOS,
     CheckValidation,
     Compare,
     Compared,
+    CompareValidation,
     EvaluateTrain,
     GepaFinished,
     LastDraw,
@@ -25,6 +27,7 @@ from rlmoptimizer.agent.policy import (
     PromptEdited,
     Propose,
     Proposed,
+    ProposeDemos,
     RunGepa,
     Submit,
     Validated,
@@ -171,3 +174,44 @@ def test_a_proposal_made_before_gepas_best_was_adopted_leaves_it_to_adopt():
     assert next_action(state(memory, left=0)) == Adopt("gepa-2", check=True)
     memory = fold(fold(memory, Adopted("gepa-2", changed=True)), Validated())
     assert next_action(state(memory, left=40)) == Compare(("proposal-1",), (1, 2, 3))
+
+
+def test_demos_are_proposed_once_after_gepa_when_train_has_successes_and_a_comparison_pays():
+    gepa_done = after(GepaFinished(None))
+    assert next_action(state(gepa_done, demos=True)) == ProposeDemos()
+    assert ProposeDemos().call == "propose_demos()" and ProposeDemos().phase == TARGETED
+    assert next_action(state(gepa_done, demos=False)) == Propose("route")  # max_demos=0, or no success to show
+    assert next_action(state(after(), demos=True)) == RunGepa(40)  # GEPA first
+    assert next_action(state(gepa_done, demos=True, left=8 + 5)) != ProposeDemos()  # no comparison could be paid
+    tried = fold(gepa_done, Proposed(DEMOS, ("demos-1",), (3, 5, 0, 1), (3, 5)))
+    assert next_action(state(tried, demos=True)) == Compare(("demos-1",), (3, 0, 5, 1))
+    compared = fold(tried, Compared(("current", "demos-1"), 0, "train"))
+    assert next_action(state(compared, demos=True)) == Propose("route")  # once: the proposals go on
+    assert tried.proposals == 0  # demos are not an instruction proposal (the last draw still counts them)
+
+
+def test_only_a_clear_gain_is_adopted_one_ahead_is_checked_on_validation_first():
+    pending = after(GepaFinished(None), Proposed("route", ("proposal-1",), (3, 4, 5), (3,)))
+    clear = fold(pending, Compared(("current", "proposal-1"), 1, "train"))
+    assert next_action(state(clear)) == Adopt("proposal-1", check=True)
+    ahead = fold(pending, Compared(("current", "proposal-1"), 0, "train", ahead=1))
+    assert ahead.winner is None and ahead.trial == "proposal-1"
+    assert next_action(state(ahead)) == CompareValidation("proposal-1")
+    assert CompareValidation("proposal-1").call == "compare(['current', 'proposal-1'], split='val')"
+    won = fold(ahead, Compared(("current", "proposal-1"), 1, "val"))
+    assert next_action(state(won)) == Adopt("proposal-1", check=True) and won.trial is None
+    lost = fold(ahead, Compared(("current", "proposal-1"), 0, "val"))
+    assert lost.winner is None and lost.trial is None and next_action(state(lost)) == Propose("summarize")
+    again = fold(lost, Compared(("current", "proposal-1"), 0, "train", ahead=1))
+    assert again.trial is None  # checked further once
+    assert not isinstance(next_action(state(ahead, left=7)), CompareValidation)  # a validation check cannot be paid
+
+
+def test_without_validation_a_candidate_ahead_is_compared_on_the_whole_train_split_once():
+    ahead = fold(
+        after(GepaFinished(None), Proposed("route", ("proposal-1",), (3, 4), (3,))),
+        Compared(("current", "proposal-1"), 0, "train", ahead=1),
+    )
+    assert next_action(state(ahead, val_size=0, reserve=6, train_size=6)) == Compare(("proposal-1",), tuple(range(6)))
+    whole = fold(ahead, Compared(("current", "proposal-1"), 0, "train", ahead=1))
+    assert whole.trial is None and "proposal-1" in whole.trials
