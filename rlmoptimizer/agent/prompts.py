@@ -23,6 +23,7 @@ TOOL_NAMES: tuple[str, ...] = (
     "optimization_status",
     "run_gepa",
     "propose_instructions",
+    "propose_demos",
     "compare",
     "adopt_candidate",
     "diff_runs",
@@ -35,8 +36,9 @@ TOOL_NAMES: tuple[str, ...] = (
 AGENT_INSTRUCTIONS = """\
 You are a prompt optimizer for a DSPy program. The program is made of steps (predictors); each step has
 instructions (its prompt). Find instructions that make the program score higher on the user's metric, then
-SUBMIT them: `SUBMIT(optimized_dspy_program={step name: instructions})`. Only instructions can change (fields,
-demos and structure stay); steps left out keep their current instructions, including your update_prompt edits.
+SUBMIT them: `SUBMIT(optimized_dspy_program={step name: instructions})`. Instructions and demos can change (a
+step's demos are its entry '<step>:demos', present when it has some; fields and structure stay); steps left out
+keep their current instructions, including your update_prompt edits.
 
 In the REPL:
 - `baseline_train`: the unchanged program's train run: {"run_id", "score", "passed_count", "evaluated_count",
@@ -50,8 +52,10 @@ prompts and SUBMIT.
 
 The default loop, as code: `print(next_phase()['summary'])` takes its next phase (the optimizer state at the end of
 every turn names it). Its phases: GEPA with most of the budget, then its best adopted and checked on validation
-(free: GEPA scored it there); with what is left, targeted rounds on what the best still fails (propose, compare
-against 'current', adopt the winner, check on validation); SUBMIT when nothing is left to pay for. A phase that
+(free: GEPA scored it there); with what is left, demos from the program's own successes (`propose_demos()`) and
+targeted rounds on what the best still fails (propose, compare against 'current', adopt a clear winner, check on
+validation); SUBMIT when nothing is left to pay for. A clear winner wins at least 3 more examples than it loses
+(`compare` says `beats_first`): one example never decides. A phase that
 SUBMITs ends the run after your cell.$pilot_note
 Do better than the loop when you can: run GEPA on the step at fault only (`steps=[...]`), restart it from your
 own edited prompts (`start=`), or split the budget into several runs with analysis in between. Read what the best
