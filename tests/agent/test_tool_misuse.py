@@ -125,7 +125,7 @@ def test_adopt_candidate_refuses_what_it_cannot_adopt_and_names_what_it_takes():
     refused = [line for line in result.agent_trajectory[0]["output"].splitlines() if line.startswith("REFUSED")]
     assert len(refused) == 5
     assert (
-        "no candidate with id 'proposal-9' -> use an id propose_instructions or run_gepa returned: none yet"
+        "no candidate with id 'proposal-9' -> use an id propose_instructions, propose_demos or run_gepa returned: none yet"
         in refused[0]
     )
     assert "'current' is already the current instructions" in refused[1]
