@@ -583,9 +583,10 @@ class _Compile:
             usage=self.usage.snapshot(),
         )
         self.store.flush()
-        self.journal.write_result(result.result_file())
+        if not self.read_back:  # a finished run returned again writes nothing: its seed is the one it ran with
+            self.journal.write_result({**result.result_file(), "seed": self.config.attempt})
         self.display.message(
             f"Done: {selection.reason}. Runs are in {self.directory}. LM usage: {self.usage.summary()}.", style="bold"
         )
         self.observer.on_event(CompileFinished(selection.to_dict(), self.ledger.snapshot()))
-        return present_result(result.attach_to(program), self)
+        return present_result(result.attach_to(program), self, best_outputs=self.config.track_best_outputs)
