@@ -225,7 +225,7 @@ class RLMDocstringOptimizer(Teleprompter):
         super().__init__()
         vars(self).update(check_settings(given, dspy_gepa_arguments))  # every argument checked, in inputs.py
         self.use_mlflow = check_use_mlflow(use_mlflow)
-        check_root_window(self, sandbox_rules(self.sandbox_timeout_s))  # a window too small for any request
+        check_root_window(self._sized(1, 1, 0), sandbox_rules(self.sandbox_timeout_s))  # too small for any request
 
     def compile(
         self,
