@@ -392,7 +392,7 @@ def check_settings(given: dict[str, Any], dspy_gepa: dict[str, Any]) -> dict[str
         "root_context_window": check_context_window(given["root_context_window"]),
         "max_cost_usd": check_max_cost(given["max_cost_usd"]),
         "attempt": check_positive_int("attempt", given["attempt"], minimum=0),
-        "track_best_outputs": check_flag("track_best_outputs", given.get("track_best_outputs", False)),
+        "track_best_outputs": given.get("track_best_outputs", False),  # checked with dspy.GEPA's names
         "verbose": check_flag("verbose", given["verbose"]),
         "run_storage_dir": Path(given["run_storage_dir"]) if given["run_storage_dir"] is not None else None,
         "allow_eval_lm_change": check_flag("allow_eval_lm_change", given["allow_eval_lm_change"]),
@@ -417,12 +417,10 @@ as ``run_storage_dir``; ``seed`` is GEPA's seed, as ``attempt`` is the seed of e
 the agent's requests, so another seed is another attempt); ``perfect_score`` is the score at which gepa counts an
 example as solved, as ``pass_threshold`` is (it is gepa's ``perfect_score`` in every GEPA run)."""
 
-DSPY_GEPA_FLAGS = {
-    "track_stats": "detailed_results is always attached",
-    "track_best_outputs": "detailed_results.best_outputs_valset holds the best candidates' outputs",
-    "warn_on_score_mismatch": "the metric is called once per example, so its scores cannot disagree",
-}
-"""``dspy.GEPA``'s switches taken as True or False: what each does here."""
+DSPY_GEPA_FLAGS = ("track_stats", "track_best_outputs", "warn_on_score_mismatch")
+"""``dspy.GEPA``'s switches taken as True or False. ``track_stats`` changes nothing (``detailed_results`` is always
+attached); ``track_best_outputs`` fills ``detailed_results.best_outputs_valset``; ``warn_on_score_mismatch`` changes
+nothing (the metric is called once per example, so its scores cannot disagree)."""
 
 DSPY_GEPA_DEFAULTS = {
     "reflection_minibatch_size": (
