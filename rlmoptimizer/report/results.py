@@ -98,7 +98,10 @@ def _best(subscores: Sequence[dict[int, float]]) -> dict[int, set[int]]:
 
 @dataclass(frozen=True)
 class DetailedResults:
-    """Every candidate of one run and how it scored. Read-only; ``to_dict()`` is plain JSON."""
+    """Every candidate of one run and how it scored, with the names and types of ``dspy.GEPA``'s ``DspyGEPAResult``
+    (``candidates`` are programs, ``instructions`` their ``{step: text}`` maps). A candidate never scored on the
+    whole validation set has the aggregate score None; ``best_idx`` is the candidate ``compile()`` returned.
+    Read-only; ``to_dict()`` is plain JSON."""
 
     # -- dspy.GEPA's DspyGEPAResult fields (``candidates`` and ``discovery_eval_counts`` are properties below)
     instructions: tuple[dict[str, str], ...]
