@@ -15,6 +15,7 @@ never charged, and nothing is overspent however many threads share the ledger.
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any
 
@@ -54,6 +55,35 @@ def budget_for_metric_calls(max_metric_calls: int, train_size: int, val_size: in
             "times the train set more), or use fewer examples"
         )
     return left
+
+
+AUTO_CANDIDATES = {"light": 6, "medium": 12, "heavy": 18}
+"""``auto=`` and the number of candidates ``dspy.GEPA`` sizes its budget for (its ``AUTO_RUN_SETTINGS``)."""
+
+
+def auto_metric_calls(auto: str, steps: int, val_size: int) -> int:
+    """``max_metric_calls`` for ``auto="light" | "medium" | "heavy"``, computed as ``dspy.GEPA.auto_budget`` does
+    (dspy 3.4.1) for a program of ``steps`` predictors and a validation set of ``val_size`` examples (the train set's
+    size without one): with n candidates (6, 12, 18) it plans N = max(4 * steps * log2(n), 1.5 * n) trials (an int),
+    and pays the seed's validation, 5 calls per candidate, N minibatches of 35 and a validation every 5 trials:
+    ``V + 5n + 35N + ((N + 1) // 5 + 1 + (1 if N < 5 else 0)) * V``."""
+    candidates = AUTO_CANDIDATES[auto]
+    trials = int(max(2 * (max(steps, 1) * 2) * math.log2(candidates), 1.5 * candidates))
+    full_evals = (trials + 1) // 5 + 1 + (1 if trials < 5 else 0)
+    return val_size + candidates * 5 + trials * 35 + full_evals * val_size
+
+
+def gepa_metric_calls(
+    auto: str | None, max_full_evals: int | None, steps: int, train_size: int, val_size: int
+) -> int | None:
+    """The ``max_metric_calls`` that ``auto`` or ``max_full_evals`` stand for on this program and data, as
+    ``dspy.GEPA`` sizes it in its ``compile()``; None when neither is set. ``max_full_evals`` is that many evaluations
+    of the train and validation sets together."""
+    if auto is not None:
+        return auto_metric_calls(auto, steps, val_size or train_size)
+    if max_full_evals is not None:
+        return max_full_evals * (train_size + val_size)
+    return None
 
 
 def baseline_on_demand(max_metric_calls: int | None, val_size: int) -> bool:

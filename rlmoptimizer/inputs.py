@@ -9,6 +9,7 @@ May import: dspy, ``rlmoptimizer.errors``.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import logging
 import math
@@ -128,19 +129,47 @@ def step_lms(program: Any, eval_lm: Any, eval_lm_source: str) -> dict[str, dict[
     return result
 
 
-def check_budget(max_iterations: Any, max_metric_calls: Any) -> tuple[int | None, int | None]:
-    """``(max_iterations, max_metric_calls)``, exactly one of them set: ``max_iterations`` (5 when neither is
-    given) or ``max_metric_calls``."""
-    if max_iterations is not None and max_metric_calls is not None:
-        raise ConfigurationError(
-            f"pass either max_iterations (a budget of max_iterations x len(trainset) + len(valset) units, the "
-            f"baselines free) or max_metric_calls (every run of the program counted, baselines included, as "
-            f"dspy.GEPA counts them), not both: got max_iterations={max_iterations!r}, "
-            f"max_metric_calls={max_metric_calls!r}"
+AUTO = ("light", "medium", "heavy")
+"""The values of ``auto=``, as ``dspy.GEPA`` takes them (:func:`rlmoptimizer.budget.auto_metric_calls` sizes each)."""
+
+
+def check_budget(
+    max_iterations: Any, max_metric_calls: Any, auto: Any = None, max_full_evals: Any = None
+) -> dict[str, Any]:
+    """``{"max_iterations", "max_metric_calls", "auto", "max_full_evals"}`` with at most one of them given, as
+    ``dspy.GEPA`` takes exactly one of its three; ``max_iterations=5`` when none is."""
+    given = {
+        name: value
+        for name, value in (
+            ("auto", auto),
+            ("max_full_evals", max_full_evals),
+            ("max_metric_calls", max_metric_calls),
+            ("max_iterations", max_iterations),
         )
-    if max_metric_calls is not None:
-        return None, check_positive_int("max_metric_calls", max_metric_calls)
-    return check_positive_int("max_iterations", 5 if max_iterations is None else max_iterations), None
+        if value is not None
+    }
+    if len(given) > 1:
+        raise ConfigurationError(
+            "pass one budget (dspy.GEPA takes exactly one of auto, max_full_evals, max_metric_calls): either auto "
+            "(sized as dspy.GEPA sizes it), max_full_evals or max_metric_calls (every run of the program counted, "
+            "baselines included, as dspy.GEPA counts them), or max_iterations (max_iterations x len(trainset) + "
+            "len(valset) units, the baselines free); you set " + ", ".join(f"{k}={v!r}" for k, v in given.items())
+        )
+    budget = dict.fromkeys(("max_iterations", "max_metric_calls", "auto", "max_full_evals"))
+    if auto is not None:
+        if auto not in AUTO:
+            raise ConfigurationError(
+                f"auto must be 'light', 'medium' or 'heavy' (as dspy.GEPA takes it), got {auto!r}; or pass "
+                "max_metric_calls=N for a budget of your own"
+            )
+        budget["auto"] = auto
+    elif max_full_evals is not None:
+        budget["max_full_evals"] = check_positive_int("max_full_evals", max_full_evals)
+    elif max_metric_calls is not None:
+        budget["max_metric_calls"] = check_positive_int("max_metric_calls", max_metric_calls)
+    else:
+        budget["max_iterations"] = check_positive_int("max_iterations", 5 if max_iterations is None else max_iterations)
+    return budget
 
 
 def check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
@@ -245,11 +274,25 @@ def check_pilot_mode(value: Any) -> str:
     )
 
 
+_REQUIRED = {
+    "root_lm": (
+        "the optimizer agent's LM; dspy.GEPA has none, its reflection_lm is sub_lm here",
+        "; or pass rlm_autopilot='loop' to run the default loop (GEPA first) with no agent",
+    ),
+    "sub_lm": (
+        "with rlm_autopilot='loop' and no root_lm, the LM of GEPA's reflections and the proposals",
+        " (or reflection_lm=..., dspy.GEPA's name for it)",
+    ),
+}
+
+
 def check_lm(name: str, lm: Any, required: bool) -> Any:
     if lm is None:
         if required:
+            what, instead = _REQUIRED.get(name, ("an LM", ""))
             raise ConfigurationError(
-                f"{name} is required: pass a dspy.LM, e.g. RLMDocstringOptimizer({name}=dspy.LM('openai/gpt-4o'), ...)"
+                f"{name} is required ({what}): pass a dspy.LM, e.g. RLMDocstringOptimizer({name}="
+                f"dspy.LM('openai/gpt-4o'), ...){instead}"
             )
         return None
     if not isinstance(lm, dspy.BaseLM):
@@ -315,3 +358,172 @@ def check_max_cost(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ConfigurationError(f"max_cost_usd must be a number of dollars > 0 (or None for no cap), got {value!r}")
     return float(value)
+
+
+# -- the constructor ---------------------------------------------------------------------------------------------
+
+
+def check_settings(given: dict[str, Any], dspy_gepa: dict[str, Any]) -> dict[str, Any]:
+    """The constructor's arguments, checked, as the optimizer's attributes ``{name: value}``.
+
+    ``given`` are its named arguments (``{name: value}``, every one); ``dspy_gepa`` the other keyword arguments:
+    ``dspy.GEPA``'s names, taken with their meaning here or refused saying what to write instead
+    (:func:`from_dspy_gepa`), and any other name, refused naming the arguments it is close to."""
+    given = {**given, **from_dspy_gepa(given, dspy_gepa)}
+    mode = check_pilot_mode(given["rlm_autopilot"])
+    event_callbacks, callbacks = check_callbacks(given["callbacks"])
+    num_threads = dspy.settings.num_threads if given["num_threads"] is None else given["num_threads"]
+    return {
+        **check_budget(given["max_iterations"], given["max_metric_calls"], given["auto"], given["max_full_evals"]),
+        "rlm_autopilot": mode,
+        "root_lm": check_lm("root_lm", given["root_lm"], required=mode != "loop"),
+        "sub_lm": check_lm("sub_lm", given["sub_lm"], required=mode == "loop" and given["root_lm"] is None),
+        "eval_lm": check_lm("eval_lm", given["eval_lm"], required=False),
+        "metric": check_metric(given["metric"]),
+        "metric_id": given["metric_id"],
+        "pass_threshold": check_pass_threshold(given["pass_threshold"]),
+        "num_threads": check_positive_int("num_threads", num_threads),
+        "rlm_max_iterations": check_positive_int("rlm_max_iterations", given["rlm_max_iterations"]),
+        "rlm_max_llm_calls": check_positive_int("rlm_max_llm_calls", given["rlm_max_llm_calls"], minimum=0),
+        "rlm_max_output_chars": check_positive_int("rlm_max_output_chars", given["rlm_max_output_chars"], minimum=100),
+        "root_stateful_session": check_flag("root_stateful_session", given["root_stateful_session"]),
+        "rlm_multiturn_history": check_flag("rlm_multiturn_history", given["rlm_multiturn_history"]),
+        "sandbox_timeout_s": check_timeout("sandbox_timeout_s", given["sandbox_timeout_s"]),
+        "root_context_window": check_context_window(given["root_context_window"]),
+        "max_cost_usd": check_max_cost(given["max_cost_usd"]),
+        "attempt": check_positive_int("attempt", given["attempt"], minimum=0),
+        "track_best_outputs": given.get("track_best_outputs", False),  # checked with dspy.GEPA's names
+        "verbose": check_flag("verbose", given["verbose"]),
+        "run_storage_dir": Path(given["run_storage_dir"]) if given["run_storage_dir"] is not None else None,
+        "allow_eval_lm_change": check_flag("allow_eval_lm_change", given["allow_eval_lm_change"]),
+        "console": given["console"],
+        "use_mlflow": given["use_mlflow"],
+        # ``callbacks`` is also the attribute dspy reads around every teleprompter's compile (its BaseCallback's
+        # on_compile_start / on_compile_end): it holds those; ours see the events of rlmoptimizer.events.
+        "event_callbacks": event_callbacks,
+        "callbacks": callbacks,
+    }
+
+
+DSPY_GEPA_ALIASES = {
+    "reflection_lm": ("sub_lm", None),
+    "log_dir": ("run_storage_dir", None),
+    "seed": ("attempt", 0),
+    "perfect_score": ("pass_threshold", 1.0),
+}
+"""``dspy.GEPA``'s name -> (ours, our default): the same setting under another name. ``reflection_lm`` reflects in
+GEPA's runs, as ``sub_lm`` does here (with the proposals and ``llm_query``); ``log_dir`` keeps the run and resumes it,
+as ``run_storage_dir``; ``seed`` is GEPA's seed, as ``attempt`` is the seed of every GEPA run (and the rollout id of
+the agent's requests, so another seed is another attempt); ``perfect_score`` is the score at which gepa counts an
+example as solved, as ``pass_threshold`` is (it is gepa's ``perfect_score`` in every GEPA run)."""
+
+DSPY_GEPA_FLAGS = ("track_stats", "track_best_outputs", "warn_on_score_mismatch")
+"""``dspy.GEPA``'s switches taken as True or False. ``track_stats`` changes nothing (``detailed_results`` is always
+attached); ``track_best_outputs`` fills ``detailed_results.best_outputs_valset``; ``warn_on_score_mismatch`` changes
+nothing (the metric is called once per example, so its scores cannot disagree)."""
+
+DSPY_GEPA_DEFAULTS = {
+    "reflection_minibatch_size": (
+        (3,),
+        "GEPA's runs here reflect on minibatches of 3 (dspy.GEPA's default), and the agent chooses another size per "
+        "run with run_gepa(minibatch_size=N)",
+    ),
+    "candidate_selection_strategy": (("pareto",), "GEPA's runs here take their parents from the Pareto front only"),
+    "skip_perfect_score": ((True,), "GEPA's runs here always skip a minibatch that passes everywhere"),
+    "add_format_failure_as_feedback": (
+        (False,),
+        "GEPA's reflections here read the error of an example whose program raised in its feedback, with no switch",
+    ),
+    "instruction_proposer": (
+        (None,),
+        "sub_lm writes every proposal through dspy's own InstructionProposer; the agent steers its proposals with "
+        "propose_instructions(guidance=...)",
+    ),
+    "code_proposer": ((None,), "only instructions change here, never a dspy.Flex module's code"),
+    "component_selector": (
+        ("round_robin",),
+        "GEPA's runs here go round-robin over the steps, and the agent limits a run to some with run_gepa(steps=[...])",
+    ),
+    "use_merge": ((True,), "GEPA's runs here merge, and the agent turns it off per run with run_gepa(use_merge=False)"),
+    "max_merge_invocations": ((5,), "GEPA's runs here merge at most 5 times each (dspy.GEPA's default)"),
+    "failure_score": ((0, 0.0), "an example whose program or metric raised scores 0 here (dspy.Evaluate's default)"),
+    "use_wandb": ((False,), "nothing is logged to Weights & Biases: use_mlflow=True logs to MLflow"),
+    "wandb_api_key": ((None,), "nothing is logged to Weights & Biases: use_mlflow=True logs to MLflow"),
+    "wandb_init_kwargs": ((None, {}), "nothing is logged to Weights & Biases: use_mlflow=True logs to MLflow"),
+    "gepa_kwargs": ((None, {}), "GEPA's runs here set gepa's options themselves, as dspy.GEPA's defaults"),
+}
+"""``dspy.GEPA``'s settings that GEPA's runs here keep at ``dspy.GEPA``'s default: ``name -> (the values taken, why
+another one is refused)``. The agent's ``run_gepa(...)`` takes some of them per run."""
+
+RENAMED = {
+    "max_iters": "rlm_max_iterations=N for the agent's turns, as dspy.RLM's max_iters, or auto= / max_metric_calls= "
+    "for the budget",
+    "max_llm_calls": "rlm_max_llm_calls=N (dspy.RLM's max_llm_calls)",
+    "max_output_chars": "rlm_max_output_chars=N (dspy.RLM's max_output_chars)",
+}
+"""Names from dspy's other modules a user may bring along, and what to write here."""
+
+
+def from_dspy_gepa(given: dict[str, Any], dspy_gepa: dict[str, Any]) -> dict[str, Any]:
+    """Our arguments for ``dspy.GEPA``'s names in ``dspy_gepa`` (``{our name: value}``, ``track_best_outputs``
+    included): an alias of one of ours (:data:`DSPY_GEPA_ALIASES`, refused when ours is given another value too),
+    a switch (:data:`DSPY_GEPA_FLAGS`), a setting kept at dspy.GEPA's default (:data:`DSPY_GEPA_DEFAULTS`, refused at
+    any other value). Any other name is a :class:`ConfigurationError` naming the arguments it is close to."""
+    known = [*given, *DSPY_GEPA_ALIASES, *DSPY_GEPA_FLAGS, *DSPY_GEPA_DEFAULTS]
+    unknown = [name for name in dspy_gepa if name not in known]
+    if unknown:
+        raise ConfigurationError(
+            f"RLMDocstringOptimizer got {'an unexpected argument' if len(unknown) == 1 else 'unexpected arguments'} "
+            + ", ".join(f"{name} ({_instead(name, known)})" for name in unknown)
+            + "; help(RLMDocstringOptimizer) lists every argument"
+        )
+    ours: dict[str, Any] = {}
+    for name, value in dspy_gepa.items():
+        if name in DSPY_GEPA_ALIASES:
+            mine, default = DSPY_GEPA_ALIASES[name]
+            _check_alias(name, value)
+            if not (given[mine] is None or given[mine] == default or given[mine] is value or given[mine] == value):
+                raise ConfigurationError(
+                    f"pass {name} or {mine}, not both: {name} is dspy.GEPA's name for {mine} here; you set "
+                    f"{name}={_shown(value)}, {mine}={_shown(given[mine])}"
+                )
+            ours[mine] = value
+        elif name in DSPY_GEPA_FLAGS:
+            check_flag(name, value)
+            if name == "track_best_outputs":
+                ours[name] = value
+        else:
+            accepted, why = DSPY_GEPA_DEFAULTS[name]
+            if not any(value is taken or (type(value) is type(taken) and value == taken) for taken in accepted):
+                kept = " or ".join(repr(taken) for taken in accepted)
+                raise ConfigurationError(f"{name}={value!r:.60}: {why}; drop {name} (or pass {kept})")
+    return ours
+
+
+def _check_alias(name: str, value: Any) -> None:
+    """A value of one of dspy.GEPA's names for ours, checked under the name the user wrote."""
+    if name == "seed" and value is None:
+        raise ConfigurationError(
+            "seed=None: runs here are reproducible, pass a number (seed=N runs GEPA with seed N, as attempt=N does)"
+        )
+    if name == "seed":
+        check_positive_int("seed", value, minimum=0)
+    elif name == "reflection_lm":
+        check_lm("reflection_lm", value, required=False)
+    elif name == "perfect_score" and (
+        isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+    ):
+        raise ConfigurationError(f"perfect_score must be a finite number (pass_threshold here), got {value!r}")
+
+
+def _instead(name: str, known: list[str]) -> str:
+    """What to write instead of an argument the constructor does not take, or the names it is close to."""
+    if name in RENAMED:
+        return f"write {RENAMED[name]}"
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+    return f"did you mean {' or '.join(close)}?" if close else "no argument is close to it"
+
+
+def _shown(value: Any) -> str:
+    """A value in a message: an LM by its model name, anything else by its repr, cut short."""
+    return f"dspy.LM({lm_name(value)!r})" if isinstance(value, dspy.BaseLM) else f"{value!r:.60}"

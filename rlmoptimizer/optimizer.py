@@ -17,6 +17,7 @@ May import: every room.
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from pathlib import Path
@@ -36,7 +37,7 @@ from rlmoptimizer.agent.stop import StopRequest
 from rlmoptimizer.agent.tools import AgentTools
 from rlmoptimizer.agent.window import check_root_window
 from rlmoptimizer.agent.working_program import WorkingProgram
-from rlmoptimizer.budget import BudgetLedger, baseline_on_demand, budget_for, budget_for_metric_calls
+from rlmoptimizer.budget import BudgetLedger, baseline_on_demand, budget_for, budget_for_metric_calls, gepa_metric_calls
 from rlmoptimizer.display import Display
 from rlmoptimizer.errors import AgentToolError, MetricError, OptimizationInterrupted, RLMOptimizerError
 from rlmoptimizer.evaluation.evaluator import Evaluator
@@ -53,20 +54,10 @@ from rlmoptimizer.fingerprint import (
     structural_fingerprint,
 )
 from rlmoptimizer.inputs import (
-    check_budget,
-    check_callbacks,
     check_compile_args,
-    check_context_window,
     check_examples,
-    check_flag,
-    check_lm,
-    check_max_cost,
-    check_metric,
-    check_pass_threshold,
-    check_pilot_mode,
-    check_positive_int,
     check_program,
-    check_timeout,
+    check_settings,
     make_run_directory,
     resolve_eval_lm,
     step_lms,
@@ -121,11 +112,18 @@ class RLMDocstringOptimizer(Teleprompter):
         ```
 
     Args:
+        metric: ``metric(example, pred, trace=None)``, or GEPA's form with 5 arguments, returning a bool, any
+            finite number, or ``dspy.Prediction(score=..., feedback=...)``. The one argument that may come first
+            without its name, as in ``dspy.GEPA(metric, ...)``; here or to ``compile()``, which wins.
         max_iterations: Budget multiplier: the agent may spend ``max_iterations * len(trainset) +
-            len(valset)`` units, the baselines free. 5 when neither this nor ``max_metric_calls`` is given.
+            len(valset)`` units, the baselines free. 5 when no budget is given (one of the four at most).
         max_metric_calls: Instead of ``max_iterations``, the budget in metric calls as ``dspy.GEPA`` counts
             them: every run of the program on one example, the baselines and the submission's validation check
             included. Refused when it does not cover the baseline on validation (on train without a valset).
+        auto: ``"light"``, ``"medium"`` or ``"heavy"``: ``max_metric_calls`` sized in ``compile()`` as
+            ``dspy.GEPA`` sizes it, from the number of steps and the validation set's size (the train set's without one).
+        max_full_evals: ``max_metric_calls`` of that many evaluations of the train and validation sets together, as
+            ``dspy.GEPA`` counts it.
         root_lm: The optimizer agent's LM; it writes one code cell per turn, so give it a model that writes
             working Python over several turns. Required, except with ``rlm_autopilot="loop"``, which never calls it
             (``sub_lm`` is then required).
@@ -134,14 +132,11 @@ class RLMDocstringOptimizer(Teleprompter):
         eval_lm: The LM the program runs with during optimization, pinned for the whole run (an LLM-judge
             metric using ``dspy.settings.lm`` gets it too). Defaults to ``dspy.settings.lm``; a predictor with
             its own LM (``set_lm``) keeps it.
-        metric: ``metric(example, pred, trace=None)``, or GEPA's form with 5 arguments, returning a bool, any
-            finite number, or ``dspy.Prediction(score=..., feedback=...)``. May be given here or to
-            ``compile()``, which wins.
         metric_id: A name that identifies the metric in a run directory, overriding how it is recognised on
             resume. Here or to ``compile()``.
         pass_threshold: An example passes when its score is at least this, on the metric's own scale (e.g. 5
             for a 0-5 judge); scores are never rescaled.
-        num_threads: Threads for evaluating examples.
+        num_threads: Threads for evaluating examples; None takes ``dspy.settings.num_threads``.
         rlm_max_iterations: Agent turns before the agent must answer.
         rlm_max_llm_calls: Cap on sub-LM calls in one run, on top of the budget (0: none).
         rlm_max_output_chars: REPL output shown to the agent per turn, in characters (at least 100).
@@ -179,6 +174,10 @@ class RLMDocstringOptimizer(Teleprompter):
             the budget on each). They observe only; one that raises is reported once and detached. A
             ``dspy.utils.BaseCallback`` here gets dspy's own ``on_compile_start`` / ``on_compile_end``, as with any
             dspy teleprompter.
+        **dspy_gepa_arguments: ``dspy.GEPA``'s other arguments, each taken with its meaning here (``reflection_lm``
+            is ``sub_lm``, ``log_dir`` is ``run_storage_dir``, ``seed`` is ``attempt``, ``perfect_score`` is
+            ``pass_threshold``, ``track_stats`` and ``track_best_outputs``) or refused in one line saying what to write
+            instead; any other name is refused naming the arguments it is close to.
 
     Raises:
         ConfigurationError: A bad argument here or in ``compile()``, before any LM call, saying what to fix.
@@ -186,19 +185,21 @@ class RLMDocstringOptimizer(Teleprompter):
 
     def __init__(
         self,
+        metric: Any = None,
         *,
-        # budget
+        # budget (one at most)
         max_iterations: int | None = None,
         max_metric_calls: int | None = None,
+        auto: str | None = None,
+        max_full_evals: int | None = None,
         # models
         root_lm: dspy.BaseLM | None = None,
         sub_lm: dspy.BaseLM | None = None,
         eval_lm: dspy.BaseLM | None = None,
         # scoring
-        metric: Any = None,
         metric_id: str | None = None,
         pass_threshold: float = 1.0,
-        num_threads: int = 8,
+        num_threads: int | None = 8,
         # the agent
         rlm_max_iterations: int = 200,
         rlm_max_llm_calls: int = 200,
@@ -217,35 +218,14 @@ class RLMDocstringOptimizer(Teleprompter):
         console: Console | None = None,
         use_mlflow: bool = False,
         callbacks: list[Any] | None = None,
+        # dspy.GEPA's other names, translated or refused (inputs.from_dspy_gepa)
+        **dspy_gepa_arguments: Any,
     ) -> None:
+        given = {k: v for k, v in locals().items() if k not in ("self", "__class__", "dspy_gepa_arguments")}
         super().__init__()
-        self.max_iterations, self.max_metric_calls = check_budget(max_iterations, max_metric_calls)
-        self.rlm_autopilot = check_pilot_mode(rlm_autopilot)
-        self.root_lm = check_lm("root_lm", root_lm, required=self.rlm_autopilot != "loop")
-        self.sub_lm = check_lm("sub_lm", sub_lm, required=self.rlm_autopilot == "loop" and root_lm is None)
-        self.eval_lm = check_lm("eval_lm", eval_lm, required=False)
-        self.metric = check_metric(metric)
-        self.metric_id = metric_id
-        self.pass_threshold = check_pass_threshold(pass_threshold)
-        self.num_threads = check_positive_int("num_threads", num_threads)
-        self.rlm_max_iterations = check_positive_int("rlm_max_iterations", rlm_max_iterations)
-        self.rlm_max_llm_calls = check_positive_int("rlm_max_llm_calls", rlm_max_llm_calls, minimum=0)
-        self.rlm_max_output_chars = check_positive_int("rlm_max_output_chars", rlm_max_output_chars, minimum=100)
-        self.root_stateful_session = check_flag("root_stateful_session", root_stateful_session)
-        self.rlm_multiturn_history = check_flag("rlm_multiturn_history", rlm_multiturn_history)
-        self.sandbox_timeout_s = check_timeout("sandbox_timeout_s", sandbox_timeout_s)
-        self.root_context_window = check_context_window(root_context_window)
-        self.max_cost_usd = check_max_cost(max_cost_usd)
-        self.attempt = check_positive_int("attempt", attempt, minimum=0)
-        self.verbose = check_flag("verbose", verbose)
-        self.run_storage_dir = Path(run_storage_dir) if run_storage_dir is not None else None
-        self.allow_eval_lm_change = check_flag("allow_eval_lm_change", allow_eval_lm_change)
-        self.console = console
+        vars(self).update(check_settings(given, dspy_gepa_arguments))  # every argument checked, in inputs.py
         self.use_mlflow = check_use_mlflow(use_mlflow)
-        # ``callbacks`` is also the attribute dspy reads around every teleprompter's compile (its BaseCallback's
-        # on_compile_start / on_compile_end): it holds those; ours see the events of rlmoptimizer.events.
-        self.event_callbacks, self.callbacks = check_callbacks(callbacks)
-        check_root_window(self, sandbox_rules(self.sandbox_timeout_s))  # a window too small for any request
+        check_root_window(self._sized(1, 1, 0), sandbox_rules(self.sandbox_timeout_s))  # too small for any request
 
     def compile(
         self,
@@ -266,8 +246,19 @@ class RLMDocstringOptimizer(Teleprompter):
         trainset = check_examples(trainset, "trainset")
         valset = check_examples(valset, "valset", allow_empty=True) if valset is not None else []
         eval_lm = resolve_eval_lm(self.eval_lm, student)
-        check_root_window(self, sandbox_rules(self.sandbox_timeout_s), student, len(trainset), len(valset))
-        return _Compile(self, student, trainset, valset, metric, eval_lm).run()
+        config = self._sized(len(student.named_predictors()), len(trainset), len(valset))
+        check_root_window(config, sandbox_rules(self.sandbox_timeout_s), student, len(trainset), len(valset))
+        return _Compile(config, student, trainset, valset, metric, eval_lm).run()
+
+    def _sized(self, steps: int, train_size: int, val_size: int) -> RLMDocstringOptimizer:
+        """This optimizer, or with ``auto`` / ``max_full_evals`` a copy of it with the ``max_metric_calls`` they stand
+        for on this program and data (sized per compile, as ``dspy.GEPA`` does; this one is never changed)."""
+        calls = gepa_metric_calls(self.auto, self.max_full_evals, steps, train_size, val_size)
+        if calls is None:
+            return self
+        sized = copy.copy(self)
+        sized.max_metric_calls = calls
+        return sized
 
 
 class _Compile:
@@ -592,9 +583,10 @@ class _Compile:
             usage=self.usage.snapshot(),
         )
         self.store.flush()
-        self.journal.write_result(result.result_file())
+        if not self.read_back:  # a finished run returned again writes nothing: its seed is the one it ran with
+            self.journal.write_result({**result.result_file(), "seed": self.config.attempt})
         self.display.message(
             f"Done: {selection.reason}. Runs are in {self.directory}. LM usage: {self.usage.summary()}.", style="bold"
         )
         self.observer.on_event(CompileFinished(selection.to_dict(), self.ledger.snapshot()))
-        return present_result(result.attach_to(program), self)
+        return present_result(result.attach_to(program), self, best_outputs=self.config.track_best_outputs)

@@ -6,9 +6,20 @@ import random
 import sys
 import threading
 
+import dspy
 import pytest
 
-from rlmoptimizer.budget import KINDS, SUB_LM_CALL, TRAIN_EXAMPLE, VAL_EXAMPLE, BudgetLedger, budget_for
+from rlmoptimizer.budget import (
+    AUTO_CANDIDATES,
+    KINDS,
+    SUB_LM_CALL,
+    TRAIN_EXAMPLE,
+    VAL_EXAMPLE,
+    BudgetLedger,
+    auto_metric_calls,
+    budget_for,
+    gepa_metric_calls,
+)
 from rlmoptimizer.errors import BudgetExhaustedError
 
 
@@ -168,3 +179,19 @@ def test_concurrent_single_unit_reservations_grant_exactly_the_limit(eager_threa
     for thread in threads:
         thread.join()
     assert sum(granted) == 100 == ledger.spent_by_kind[SUB_LM_CALL] and ledger.left == 0
+
+
+def test_auto_sizes_max_metric_calls_as_dspy_gepa_does():
+    """dspy.GEPA's own auto_budget (an instance method, so not called by the package) gives the same numbers."""
+    from dspy.teleprompt.gepa.gepa import AUTO_RUN_SETTINGS
+
+    assert {auto: settings["n"] for auto, settings in AUTO_RUN_SETTINGS.items()} == AUTO_CANDIDATES
+    for auto, candidates in AUTO_CANDIDATES.items():
+        for steps in (0, 1, 2, 3, 7):
+            for val_size in (1, 4, 8, 35, 200):
+                theirs = dspy.GEPA.auto_budget(None, steps or 1, candidates, val_size)
+                assert auto_metric_calls(auto, steps, val_size) == theirs, (auto, steps, val_size)
+    assert gepa_metric_calls("light", None, 2, 12, 8) == auto_metric_calls("light", 2, 8) == 778
+    assert gepa_metric_calls("light", None, 2, 12, 0) == auto_metric_calls("light", 2, 12)  # no valset: train's size
+    assert gepa_metric_calls(None, 3, 2, 12, 8) == 60  # max_full_evals: the train and validation sets together
+    assert gepa_metric_calls(None, None, 2, 12, 8) is None

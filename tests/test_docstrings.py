@@ -22,7 +22,7 @@ def _args_section(doc: str) -> dict[str, str]:
     for line in lines[start:]:
         if line and not line.startswith(" "):  # the next section
             break
-        match = re.match(r"^    (\w+): (.+)$", line)
+        match = re.match(r"^    (?:\*\*)?(\w+): (.+)$", line)  # **kwargs: as Google style writes it
         if match:
             name = match.group(1)
             entries[name] = match.group(2)
@@ -42,7 +42,7 @@ def test_limits_stated_in_words_hold():
     """What the Args text states in words rather than in the signature."""
 
     documented = _args_section(RLMDocstringOptimizer.__doc__)
-    assert "5 when neither" in documented["max_iterations"]
+    assert "5 when no budget is given" in documented["max_iterations"]
     assert RLMDocstringOptimizer(root_lm=_lm()).max_iterations == 5
     assert "at most 86400" in documented["sandbox_timeout_s"]
     assert RLMDocstringOptimizer(root_lm=_lm(), sandbox_timeout_s=86400).sandbox_timeout_s == 86400

@@ -65,15 +65,15 @@ def test_a_lucky_rollout_never_ranks_first_in_candidate_programs_or_detailed_res
     assert best["program"].route.signature.instructions == ORIGINAL_ROUTE
 
     for results in (optimized.detailed_results, DetailedResults.from_run_directory(tmp_path)):
-        lucky = next(i for i, c in enumerate(results.candidates) if c["route"] == "LUCKY")
+        lucky = next(i for i, c in enumerate(results.instructions) if c["route"] == "LUCKY")
         assert results.train_aggregate_scores[lucky] == 0.0
         assert results.selection_scores[lucky] == 0.0
         assert set(results.train_subscores[lucky].values()) == {0.0}
         # best on no example the unchanged program passes (its lucky rollout is not its score)
         passed = [i for i, score in results.train_subscores[0].items() if score == 1.0]
         assert len(passed) == 10 and all(results.per_train_example_best_candidates[i] == {0} for i in passed)
-        assert results.best_candidate == optimized.optimized_dspy_program
-        assert results.candidates[results.ranking[0]] == results.best_candidate
+        assert results.best_instructions == optimized.optimized_dspy_program
+        assert results.instructions[results.ranking[0]] == results.best_instructions
 
 
 def _run(run_id: str, instructions: dict[str, str], scores: list[float], rollout: int = 0) -> EvalRun:

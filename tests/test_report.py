@@ -64,7 +64,7 @@ def test_compile_leaves_the_picture_and_attaches_detailed_results(finished, tmp_
     pixels = picture_pixels(directory / "run.png")  # written by compile() itself
     assert has_colour(pixels, STAR)
     assert optimized.detailed_results == DetailedResults.from_run_directory(directory)
-    assert optimized.detailed_results.best_candidate == optimized.optimized_dspy_program
+    assert optimized.detailed_results.best_instructions == optimized.optimized_dspy_program
     assert optimized.score == optimized.selection["chosen_score"]
     [best, baseline] = optimized.candidate_programs
     assert best["score"] == optimized.score and baseline["score"] == optimized.selection["baseline_score"]
@@ -121,9 +121,10 @@ def test_detailed_results_give_what_gepa_and_miprov2_users_look_for(finished):
     directory, optimized = finished
     results = DetailedResults.from_run_directory(directory, program=RouteTicket())
     initial = RouteTicket().route.signature.instructions
-    assert [c["route"] for c in results.candidates] == [initial, POLICY_PROMPT]
-    assert results.val_aggregate_scores == (optimized.selection["baseline_score"], optimized.selection["chosen_score"])
-    assert results.best_idx == 1 and results.best_candidate["route"] == POLICY_PROMPT
+    assert [c["route"] for c in results.instructions] == [initial, POLICY_PROMPT]
+    assert results.val_aggregate_scores == [optimized.selection["baseline_score"], optimized.selection["chosen_score"]]
+    assert results.best_idx == 1 and results.best_instructions["route"] == POLICY_PROMPT
+    assert results.best_candidate.route.signature.instructions == POLICY_PROMPT  # dspy.GEPA's: the program
     assert results.score == optimized.selection["chosen_score"]
     # train scores per example: every example for the unchanged program, the re-run failures for the new prompt
     baseline_train = optimized.trial_logs[0]
@@ -139,7 +140,7 @@ def test_detailed_results_give_what_gepa_and_miprov2_users_look_for(finished):
     assert programs[0]["program"].route.signature.instructions == POLICY_PROMPT and programs[0]["full_eval"] is True
     assert results.budget == optimized.budget and results.run_storage_dir == results.log_dir == str(directory)
     # budget spent before each candidate was first evaluated: nothing for the unchanged program
-    assert results.discovery_eval_counts == (0, 0)
+    assert results.discovery_eval_counts == [0, 0]
     data = json.loads(json.dumps(results.to_dict()))
     assert data["pareto_front"] == [0, 1] and data["best_idx"] == 1 and data["status"] == "finished"
     with pytest.raises(ConfigurationError, match="program"):
@@ -173,7 +174,7 @@ def test_report_of_an_empty_directory_and_of_no_directory(tmp_path, capsys):
     assert not (tmp_path / "run.png").exists()
     assert main(["report", str(tmp_path / "missing")]) == 2
     assert "no such run directory" in capsys.readouterr().err
-    assert DetailedResults.from_run_directory(tmp_path).candidates == ()
+    assert DetailedResults.from_run_directory(tmp_path).instructions == ()
 
 
 def assert_report_reads_only(directory: Path, tmp_path: Path) -> str:
@@ -245,7 +246,7 @@ def test_report_of_a_run_killed_mid_evaluation(tmp_path, capsys):
     assert not has_colour(pixels, STAR)  # nothing returned yet
     results = DetailedResults.from_run_directory(directory)
     assert results.status == "interrupted" and results.best_idx is None and results.score is None
-    assert len(results.candidates) == 2  # the unchanged program and the re-run with the new prompt
+    assert len(results.instructions) == 2  # the unchanged program and the re-run with the new prompt
 
 
 @pytest.mark.slow
@@ -276,9 +277,9 @@ def test_detailed_results_name_each_candidate_and_give_the_returned_ones_ancestr
     results = DetailedResults.from_run_directory(directory)
     assert optimized.detailed_results == results
     # each id stands for the instruction set it names: proposal-1 keeps only the step it wrote
-    p1 = results.candidates.index({**results.candidates[0], "route": REWORDED})
+    p1 = results.instructions.index({**results.instructions[0], "route": REWORDED})
     best = results.best_idx
-    assert results.candidates[best]["route"] == POLICY_PROMPT
+    assert results.instructions[best]["route"] == POLICY_PROMPT
     assert results.candidate_ids[p1] == ("proposal-1",) and results.candidate_ids[best] == ("gepa-1",)
     assert results.candidate_ids[0] == ()
     assert results.lineage == {

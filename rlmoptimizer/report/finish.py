@@ -16,13 +16,14 @@ from rlmoptimizer.report.trajectory import Trajectory
 logger = logging.getLogger(__name__)
 
 
-def present_result(program: Any, state: CompileState) -> Any:
+def present_result(program: Any, state: CompileState, best_outputs: bool = False) -> Any:
     """Attach the views of the finished run to ``program`` and return it. ``state`` is the compile's: its
     ``directory``, ``student``, ``tracker`` (or None) and ``read_back`` (a finished run returned again writes
-    nothing, so no picture). The picture never fails a finished run."""
+    nothing, so no picture). ``best_outputs``: the detailed results hold the best outputs per validation example
+    (``track_best_outputs``). The picture never fails a finished run."""
     directory, student, tracker = state.directory, state.student, state.tracker
     program.agent_trajectory = Trajectory(program.agent_trajectory)
-    detailed = DetailedResults.from_run_directory(directory, program=copy_program(student))
+    detailed = DetailedResults.from_run_directory(directory, program=copy_program(student), best_outputs=best_outputs)
     program.detailed_results = detailed
     program.score = program.selection["chosen_score"]  # MIPROv2's names
     program.candidate_programs = detailed.candidate_programs

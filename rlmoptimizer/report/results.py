@@ -1,18 +1,28 @@
-"""Detailed results of a run, in the spirit of ``dspy.GEPA``'s ``DspyGEPAResult``, built from the run directory.
+"""Detailed results of a run, readable by code written for ``dspy.GEPA``'s ``DspyGEPAResult``, built from the run
+directory.
 
 A *candidate* is one distinct instruction set that was evaluated (candidate 0 is the unchanged program). For each
-candidate: its score on the whole validation split (when it was checked there), its scores per example on train
+candidate: its score on the whole selection split (when it was checked there), its scores per example on train
 and validation (every first-sample record stored, the latest evaluation of an example winning; extra rollouts
-are in ``run_ids``), and the budget spent when it
-was first evaluated. The Pareto front is the set of candidates that score best on at least one train example.
+are in ``run_ids``), and the budget spent when it was first evaluated. The Pareto front is the set of candidates
+that score best on at least one train example.
 
-Names a user porting from another optimizer looks for:
+``dspy.GEPA``'s names (dspy 3.4.1), with its types and meaning: ``candidates`` (the programs, a list: built on the
+program given as ``program=``), ``parents`` (per candidate, its parents' indices; ``[None]`` when it has none known),
+``val_aggregate_scores``, ``val_subscores``, ``per_val_instance_best_candidates`` (sets), ``discovery_eval_counts``,
+``best_outputs_valset`` (None unless asked for, as ``track_best_outputs``), ``total_metric_calls``,
+``num_full_val_evals``, ``log_dir``, ``seed``, ``best_idx``, ``best_candidate`` (the returned program),
+``highest_score_achieved_per_val_task`` and ``to_dict()`` (whose ``candidates`` are ``{step: text}`` maps, as
+dspy.GEPA's). The ``val_`` names are on the validation set, or on the train set without one, as ``dspy.GEPA`` uses
+its trainset as its valset then. Differences, where ours has no counterpart: a candidate never checked on the whole
+validation set (a proposal compared on a few examples) has the aggregate score None; ``best_idx`` is the candidate
+``compile()`` returned (the best checked there, never worse than the unchanged program), None until it returned one.
 
-* ``best_idx`` / ``best_candidate`` / ``candidates`` / ``val_aggregate_scores`` / ``to_dict()`` as in
-  ``DspyGEPAResult`` (``candidates`` are instruction maps here: what GEPA's ``to_dict()`` gives for each candidate);
-* ``score`` and ``candidate_programs`` as ``MIPROv2`` attaches them: the returned program's score on the selection
-  split, and ``[{"score", "program", "full_eval": True, ...}]`` for every candidate evaluated on the whole selection
-  split, best first (``program`` is built on the program given as ``program=``).
+Ours, beside them: ``instructions`` (each candidate's ``{step: text}`` map, what ``candidates`` held before it held
+programs), ``best_instructions``, ``train_subscores``, ``train_aggregate_scores``, ``run_ids``, ``ranking``, the
+budget, usage and cost; and as ``MIPROv2`` attaches them, ``score`` (the returned program's score on the selection
+split) and ``candidate_programs`` (``[{"score", "program", "full_eval": True, ...}]`` for every candidate evaluated on
+the whole selection split, best first).
 
 Where each candidate came from: ``candidate_ids`` (the ids the moves gave it, ``proposal-N`` and ``gepa-N``; several
 can name one instruction set), ``lineage`` (each id's parents, the move that made it, its GEPA run and the train ids it
@@ -28,8 +38,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
+
+import dspy
 
 from rlmoptimizer.errors import ConfigurationError
 from rlmoptimizer.fingerprint import apply_instructions
@@ -64,7 +77,7 @@ class CandidatePrograms(Sequence):
             "score": score,
             "program": self._results.build_program(i),
             "full_eval": True,
-            "instructions": dict(self._results.candidates[i]),
+            "instructions": dict(self._results.instructions[i]),
             "candidate_idx": i,
         }
 
@@ -73,19 +86,47 @@ class CandidatePrograms(Sequence):
         return f"CandidatePrograms([{shown}])"
 
 
+def _best(subscores: Sequence[dict[int, float]]) -> dict[int, set[int]]:
+    """Per example id, the candidates with the highest score on it among those scored there (ties included)."""
+    best: dict[int, set[int]] = {}
+    for example in sorted({example for scores in subscores for example in scores}):
+        scored = {i: scores[example] for i, scores in enumerate(subscores) if example in scores}
+        top = max(scored.values())
+        best[example] = {i for i, score in scored.items() if score == top}
+    return best
+
+
 @dataclass(frozen=True)
 class DetailedResults:
-    """Every candidate of one run and how it scored. Read-only; ``to_dict()`` is plain JSON."""
+    """Every candidate of one run and how it scored, with the names and types of ``dspy.GEPA``'s ``DspyGEPAResult``
+    (``candidates`` are programs, ``instructions`` their ``{step: text}`` maps). A candidate never scored on the
+    whole validation set has the aggregate score None; ``best_idx`` is the candidate ``compile()`` returned.
+    Read-only; ``to_dict()`` is plain JSON."""
 
-    candidates: tuple[dict[str, str], ...]
-    val_aggregate_scores: tuple[float | None, ...]
+    # -- dspy.GEPA's DspyGEPAResult fields (``candidates`` and ``discovery_eval_counts`` are properties below)
+    instructions: tuple[dict[str, str], ...]
+    """Each candidate's ``{step: text}`` map, candidate 0 the unchanged program (``candidates`` are the programs)."""
+    parents: list[list[int | None]]
+    """Per candidate, the indices of the candidates it was made from (two for a merge), as ``dspy.GEPA``'s
+    ``parents``: ``[None]`` for the unchanged program and for a candidate whose parents were never evaluated or not
+    recorded (the agent's own edit)."""
+    val_aggregate_scores: list[float | None]
+    """Per candidate, its score on the whole validation set (the train set without one); None when it was never
+    checked on all of it."""
+    val_subscores: list[dict[int, float]]
+    """Per candidate, ``{example id: score}`` on the validation set (the train set without one), where it ran."""
+    per_val_instance_best_candidates: dict[int, set[int]]
+    """Per validation example id (train without a validation set), the candidates with its highest score there."""
+    discovery_budget: tuple[int, ...]
+    """Per candidate, the budget spent (in units) before it was first evaluated."""
+    # -- ours
     train_aggregate_scores: tuple[float | None, ...]
     train_subscores: tuple[dict[int, float], ...]
-    val_subscores: tuple[dict[int, float], ...]
     run_ids: tuple[tuple[str, ...], ...]
-    discovery_budget: tuple[int, ...]
     per_train_example_best_candidates: dict[int, frozenset[int]]
     best_idx: int | None
+    """The candidate ``compile()`` returned (the best checked on the selection split, never worse than the
+    unchanged program); None until it returned one."""
     selection_split: str | None
     score: float | None
     baseline_score: float | None
@@ -94,6 +135,24 @@ class DetailedResults:
     cost: float | None
     run_storage_dir: str
     status: str
+    # -- dspy.GEPA's optional fields
+    best_outputs_valset: dict[int, list[tuple[int, dspy.Prediction]]] | None = None
+    """Asked for (``track_best_outputs=True``, or ``best_outputs=True`` here): per validation example id, ``(candidate,
+    output)`` for each candidate with its highest score there, the output as a ``dspy.Prediction``; else None."""
+    total_metric_calls: int | None = None
+    """The program's runs on one example with the metric, every split and rollout, each counted once (a record
+    reused for the same instructions is not counted again)."""
+    num_full_val_evals: int | None = None
+    """Evaluations of a candidate on the whole validation set (the train set without one): the candidates scored there."""
+    seed: int | None = None
+    """The compile's ``attempt`` (``seed`` in dspy.GEPA's words): every GEPA run's default seed; None when not recorded."""
+    val_aggregate_subscores: list[dict[str, float]] | None = None
+    """dspy.GEPA's multi-objective scores: None, a metric here has one objective."""
+    per_objective_best_candidates: dict[str, set[int]] | None = None
+    """dspy.GEPA's multi-objective fronts: None, a metric here has one objective."""
+    objective_pareto_front: dict[str, float] | None = None
+    """dspy.GEPA's multi-objective best scores: None, a metric here has one objective."""
+    # -- ours
     ranking: tuple[int, ...] = ()
     """The candidates checked on the whole selection split, best first by the selection's rule."""
     candidate_ids: tuple[tuple[str, ...], ...] = ()
@@ -112,58 +171,53 @@ class DetailedResults:
 
     # -- building ----------------------------------------------------------------------------------
     @classmethod
-    def from_run_directory(cls, directory: str | Path | RunDirectory, program: Any = None) -> DetailedResults:
-        """Build from a run directory (any state). ``program``: the student, so ``candidate_programs`` and
-        ``best_candidate`` can give programs."""
+    def from_run_directory(
+        cls, directory: str | Path | RunDirectory, program: Any = None, best_outputs: bool = False
+    ) -> DetailedResults:
+        """Build from a run directory (any state). ``program``: the student, so ``candidates``,
+        ``best_candidate`` and ``candidate_programs`` can give programs; ``best_outputs``: fill
+        ``best_outputs_valset`` (``dspy.GEPA``'s ``track_best_outputs``)."""
         rundir = directory if isinstance(directory, RunDirectory) else read_run_directory(directory)
         index: dict[tuple, int] = {}
         candidates: list[dict[str, str]] = []
-        train: list[dict[int, float]] = []
-        val: list[dict[int, float]] = []
+        subscores: dict[str, list[dict[int, float]]] = {"train": [], "val": []}
+        outputs: dict[str, list[dict[int, dict[str, Any]]]] = {"train": [], "val": []}
         run_ids: list[list[str]] = []
         discovery: list[int] = []
-        full_val: dict[int, float] = {}
-        full_train: dict[int, float] = {}
-        val_size = train_size = None
+        metric_calls: set[tuple] = set()
+        sizes: dict[str, int] = {}
         for run in rundir.runs:
             if run.label == "baseline":
-                if run.split == "val":
-                    val_size = run.requested_count
-                else:
-                    train_size = run.requested_count
+                sizes[run.split] = run.requested_count
         for run in rundir.runs:
             key = _key(run.instructions)
             if key not in index:
                 index[key] = len(candidates)
                 candidates.append(dict(run.instructions))
-                train.append({})
-                val.append({})
+                for split in ("train", "val"):
+                    subscores[split].append({})
+                    outputs[split].append({})
                 run_ids.append([])
                 discovery.append(max(0, rundir.spent_after(run) - run.budget_spent))
             i = index[key]
             run_ids[i].append(run.run_id)
+            metric_calls.update((key, run.split, run.rollout, record.example_id) for record in run.records)
             if run.rollout == 0:  # an extra rollout's sample never scores a candidate (one rule: selection.ranked)
-                scores = train[i] if run.split == "train" else val[i]
                 for record in run.records:
-                    scores[record.example_id] = record.score
+                    subscores[run.split][i][record.example_id] = record.score
+                    outputs[run.split][i][record.example_id] = record.predicted
         selection = rundir.selection or {}
+        full: dict[str, dict[int, float]] = {"train": {}, "val": {}}
         rank: dict[str, list[int]] = {}
-        for split, size, full in (("val", val_size, full_val), ("train", train_size, full_train)):
+        for split in ("val", "train"):
             order = ranked(
-                first_sample_complete(rundir.runs, split, size or 0),
+                first_sample_complete(rundir.runs, split, sizes.get(split, 0)),
                 initial=rundir.initial_instructions or {},
                 preferred=selection.get("submission_run_id"),
             )
             for run in order:
-                full.setdefault(index[_key(run.instructions)], run.score)
+                full[split].setdefault(index[_key(run.instructions)], run.score)
             rank[split] = list(dict.fromkeys(index[_key(run.instructions)] for run in order))
-
-        best: dict[int, frozenset[int]] = {}
-        example_ids = sorted({example for scores in train for example in scores})
-        for example in example_ids:
-            scored = {i: scores[example] for i, scores in enumerate(train) if example in scores}
-            top = max(scored.values())
-            best[example] = frozenset(i for i, s in scored.items() if s == top)
 
         chosen = rundir.optimized_instructions
         best_idx = index.get(_key(chosen)) if chosen else None
@@ -175,28 +229,32 @@ class DetailedResults:
             {run.run_id: run.instructions for run in rundir.runs},
             rundir.prompt_versions,
         )
-        selection_split = selection.get("split")
-        selection_scores = full_train if selection_split == "train" else full_val
+        # dspy.GEPA's val_ names: on the selection split (validation; train without it, as dspy.GEPA uses its trainset)
+        split = selection.get("split") or ("val" if sizes.get("val") else "train")
         ancestry = []
         for node in named.ancestry(best_idx):
             i = node["candidate"]
             ancestry.append(
                 {
                     **node,
-                    "score": selection_scores.get(i) if i is not None else None,
-                    "val_score": full_val.get(i) if i is not None else None,
+                    "score": full[split].get(i) if i is not None else None,
+                    "val_score": full["val"].get(i) if i is not None else None,
                     "returned": i == best_idx,
                 }
             )
+        val_scores = [full[split].get(i) for i in range(len(candidates))]
+        best_val = _best(subscores[split])
         return cls(
-            candidates=tuple(candidates),
-            val_aggregate_scores=tuple(full_val.get(i) for i in range(len(candidates))),
-            train_aggregate_scores=tuple(full_train.get(i) for i in range(len(candidates))),
-            train_subscores=tuple(train),
-            val_subscores=tuple(val),
-            run_ids=tuple(tuple(ids) for ids in run_ids),
+            instructions=tuple(candidates),
+            parents=[_parents(named, i) for i in range(len(candidates))],
+            val_aggregate_scores=val_scores,
+            val_subscores=[dict(scores) for scores in subscores[split]],
+            per_val_instance_best_candidates=best_val,
             discovery_budget=tuple(discovery),
-            per_train_example_best_candidates=best,
+            train_aggregate_scores=tuple(full["train"].get(i) for i in range(len(candidates))),
+            train_subscores=tuple(subscores["train"]),
+            run_ids=tuple(tuple(ids) for ids in run_ids),
+            per_train_example_best_candidates={e: frozenset(ids) for e, ids in _best(subscores["train"]).items()},
             best_idx=best_idx,
             selection_split=selection.get("split"),
             score=selection.get("chosen_score"),
@@ -206,7 +264,18 @@ class DetailedResults:
             cost=rundir.cost,
             run_storage_dir=rundir.directory,
             status=rundir.status,
-            ranking=tuple(rank["train" if selection.get("split") == "train" else "val"]),
+            best_outputs_valset=(
+                {
+                    example: [(i, dspy.Prediction(**outputs[split][i][example])) for i in sorted(ids)]
+                    for example, ids in best_val.items()
+                }
+                if best_outputs
+                else None
+            ),
+            total_metric_calls=len(metric_calls),
+            num_full_val_evals=sum(score is not None for score in val_scores),
+            seed=(rundir.result or {}).get("seed"),
+            ranking=tuple(rank[split]),
             candidate_ids=tuple(named.ids_of(i) for i in range(len(candidates))),
             lineage={
                 name: {**entry, "candidate": named.candidate_of(name)}
@@ -216,31 +285,52 @@ class DetailedResults:
             program=program,
         )
 
-    # -- views -------------------------------------------------------------------------------------
+    # -- dspy.GEPA's views -------------------------------------------------------------------------
+    @cached_property
+    def candidates(self) -> list[Any]:
+        """Every candidate as a program (a copy of ``program`` with its instructions), as ``dspy.GEPA``'s
+        ``candidates``; built once, when first read. :class:`ConfigurationError` without a program."""
+        return [self.build_program(i) for i in range(len(self.instructions))]
+
+    @property
+    def best_candidate(self) -> Any:
+        """The returned program (``candidates[best_idx]``), as ``dspy.GEPA``'s; None until one was returned."""
+        return self.candidates[self.best_idx] if self.best_idx is not None else None
+
+    @property
+    def discovery_eval_counts(self) -> list[int]:
+        """``dspy.GEPA``'s name for :attr:`discovery_budget`: the budget spent before each candidate was first
+        evaluated (metric calls with ``max_metric_calls``; units otherwise, sub-LM prompts included)."""
+        return list(self.discovery_budget)
+
+    @property
+    def log_dir(self) -> str:
+        """``dspy.GEPA``'s name for :attr:`run_storage_dir`."""
+        return self.run_storage_dir
+
+    @property
+    def highest_score_achieved_per_val_task(self) -> dict[int, float]:
+        """Per validation example id (train without a validation set), the highest score any candidate had there."""
+        return {
+            example: self.val_subscores[min(ids)][example]
+            for example, ids in self.per_val_instance_best_candidates.items()
+        }
+
+    # -- ours --------------------------------------------------------------------------------------
     @property
     def pareto_front(self) -> list[int]:
         """Candidates that score best on at least one train example (ties included), in candidate order."""
         return sorted({i for ids in self.per_train_example_best_candidates.values() for i in ids})
 
     @property
-    def discovery_eval_counts(self) -> tuple[int, ...]:
-        """GEPA's name for :attr:`discovery_budget`: budget spent before each candidate was first evaluated."""
-        return self.discovery_budget
-
-    @property
-    def log_dir(self) -> str:
-        """GEPA's name for :attr:`run_storage_dir`."""
-        return self.run_storage_dir
-
-    @property
     def selection_scores(self) -> tuple[float | None, ...]:
         """Each candidate's score on the whole selection split (validation, or train without a valset)."""
-        return self.train_aggregate_scores if self.selection_split == "train" else self.val_aggregate_scores
+        return tuple(self.val_aggregate_scores)
 
     @property
-    def best_candidate(self) -> dict[str, str] | None:
-        """The returned instructions (GEPA's ``best_candidate``, as its ``to_dict()`` shows candidates)."""
-        return self.candidates[self.best_idx] if self.best_idx is not None else None
+    def best_instructions(self) -> dict[str, str] | None:
+        """The returned instructions, ``{step: text}`` (what ``best_candidate`` was before it was the program)."""
+        return self.instructions[self.best_idx] if self.best_idx is not None else None
 
     def candidate_lineage(self, index: int) -> dict[str, dict[str, Any]]:
         """``{id: lineage}`` for every candidate id naming candidate ``index`` (empty when none does)."""
@@ -268,10 +358,11 @@ class DetailedResults:
         if base is None:
             raise ConfigurationError(
                 "no program to build candidates on: pass the student, e.g. "
-                "DetailedResults.from_run_directory(run_dir, program=MyProgram()) or results.build_program(i, program)"
+                "DetailedResults.from_run_directory(run_dir, program=MyProgram()) or results.build_program(i, program); "
+                "results.instructions has each candidate's {step: text}"
             )
         built = base.deepcopy()
-        apply_instructions(built, self.candidates[index])
+        apply_instructions(built, self.instructions[index])
         return built
 
     @property
@@ -281,12 +372,34 @@ class DetailedResults:
         return CandidatePrograms(self)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON (example ids become string keys only when serialized by ``json``)."""
+        """Plain JSON, with ``dspy.GEPA``'s ``to_dict()`` keys (``candidates`` as ``{step: text}`` maps, sets as sorted
+        lists, outputs as dicts) and ours; example ids become string keys only when serialized by ``json``."""
         return {
-            "candidates": [dict(c) for c in self.candidates],
+            "candidates": [dict(c) for c in self.instructions],
+            "parents": [list(p) for p in self.parents],
             "val_aggregate_scores": list(self.val_aggregate_scores),
-            "train_aggregate_scores": list(self.train_aggregate_scores),
+            "best_outputs_valset": (
+                {
+                    example: [[i, dict(output.items())] for i, output in outputs]
+                    for example, outputs in self.best_outputs_valset.items()
+                }
+                if self.best_outputs_valset is not None
+                else None
+            ),
             "val_subscores": [dict(s) for s in self.val_subscores],
+            "per_val_instance_best_candidates": {
+                example: sorted(ids) for example, ids in self.per_val_instance_best_candidates.items()
+            },
+            "val_aggregate_subscores": self.val_aggregate_subscores,
+            "per_objective_best_candidates": self.per_objective_best_candidates,
+            "objective_pareto_front": self.objective_pareto_front,
+            "discovery_eval_counts": self.discovery_eval_counts,
+            "total_metric_calls": self.total_metric_calls,
+            "num_full_val_evals": self.num_full_val_evals,
+            "log_dir": self.log_dir,
+            "seed": self.seed,
+            "best_idx": self.best_idx,
+            "train_aggregate_scores": list(self.train_aggregate_scores),
             "train_subscores": [dict(s) for s in self.train_subscores],
             "run_ids": [list(ids) for ids in self.run_ids],
             "discovery_budget": list(self.discovery_budget),
@@ -294,7 +407,6 @@ class DetailedResults:
                 example: sorted(ids) for example, ids in self.per_train_example_best_candidates.items()
             },
             "pareto_front": self.pareto_front,
-            "best_idx": self.best_idx,
             "selection_split": self.selection_split,
             "score": self.score,
             "baseline_score": self.baseline_score,
@@ -308,3 +420,15 @@ class DetailedResults:
             "lineage": {name: dict(entry) for name, entry in self.lineage.items()},
             "ancestry": [dict(node) for node in self.ancestry],
         }
+
+
+def _parents(named: Lineage, index: int) -> list[int | None]:
+    """The indices of the candidates candidate ``index`` was made from, as its ancestry names them (``[None]`` when
+    none is known: the unchanged program, the agent's own edit, a parent never evaluated)."""
+    nodes = named.ancestry(index)
+    if not nodes:
+        return [None]
+    by_label = {node["label"]: node["candidate"] for node in nodes}
+    parents = [by_label.get(label) for label in nodes[-1]["parents"]]
+    known = [p for p in parents if p != index]
+    return known if any(p is not None for p in known) else [None]

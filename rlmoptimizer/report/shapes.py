@@ -137,11 +137,11 @@ def usage_shape(value: Any, where: str, problems: list[str]) -> dict[str, Any] |
 
 
 def result_shape(value: Any, problems: list[str]) -> dict[str, Any] | None:
-    """``result.json``: its returned instructions, selection, budget and usage, each kept when well formed."""
+    """``result.json``: its returned instructions, selection, budget, usage and seed, each kept when well formed."""
     result = _dict(value, RESULT, "a result", problems)
     if result is None:
         return None
-    result = _kept(result, {"optimized_dspy_program": is_instructions}, RESULT, problems)
+    result = _kept(result, {"optimized_dspy_program": is_instructions, "seed": is_count}, RESULT, problems)
     if "selection" in result:
         selection = _dict(result["selection"], "result.json selection", "a selection", problems)
         result["selection"] = _kept(selection, _SELECTION, "result.json selection", problems) if selection else None

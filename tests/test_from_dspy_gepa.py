@@ -1,0 +1,139 @@
+"""A dspy.GEPA user's script with ``dspy.GEPA(...)`` replaced by ``RLMDocstringOptimizer(...)`` and the same
+arguments: it runs (with the one line dspy.GEPA has no counterpart for, the agent's LM or the loop without one), or is
+refused in one line saying what to write instead; and code that reads dspy.GEPA's ``detailed_results`` reads ours."""
+
+from __future__ import annotations
+
+import json
+
+import dspy
+import pytest
+from support.optimizing import proposer
+from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, task_lm_reply
+
+from rlmoptimizer import ConfigurationError, RLMDocstringOptimizer
+from rlmoptimizer.budget import auto_metric_calls
+from rlmoptimizer.report import DetailedResults
+from rlmoptimizer.testing import FunctionLM
+
+
+def metric_with_feedback(gold, pred, trace=None, pred_name=None, pred_trace=None):
+    """A metric written for dspy.GEPA: five arguments, a score and feedback."""
+    queue = (pred.queue or "").strip().lower()
+    if queue == gold.queue:
+        return dspy.Prediction(score=1.0, feedback="Correct queue.")
+    return dspy.Prediction(score=0.0, feedback=f"Routed to {queue!r}; the policy sends this ticket to {gold.queue!r}.")
+
+
+def gepa_arguments(tmp_path) -> dict:
+    """What a dspy.GEPA script passes (its tutorial's arguments and a few of its defaults written out)."""
+    return {
+        "auto": "light",
+        "reflection_lm": proposer(POLICY_PROMPT),
+        "num_threads": 4,
+        "track_stats": True,
+        "track_best_outputs": True,
+        "log_dir": str(tmp_path / "gepa-logs"),
+        "seed": 0,
+        "reflection_minibatch_size": 3,
+        "candidate_selection_strategy": "pareto",
+        "use_merge": True,
+        "skip_perfect_score": True,
+    }
+
+
+def test_a_dspy_gepa_script_runs_with_the_optimizer_swapped_in(tmp_path):
+    train, val = make_splits()
+    # dspy.GEPA(metric_with_feedback, **arguments) with the agent's line added: here, the default loop with no agent
+    optimizer = RLMDocstringOptimizer(metric_with_feedback, **gepa_arguments(tmp_path), rlm_autopilot="loop")
+    with dspy.context(lm=FunctionLM(task_lm_reply)):  # the task LM, configured as a dspy.GEPA script does
+        optimized = optimizer.compile(RouteTicket(), trainset=train, valset=val)
+
+        # auto="light" sized the budget as dspy.GEPA sizes it: two steps, 8 validation examples
+        assert optimized.budget["limit"] == auto_metric_calls("light", 2, len(val)) - len(val)  # the baseline paid
+        assert optimizer.max_metric_calls is None and optimizer.auto == "light"  # sized per compile, not kept
+        assert optimized.run_storage_dir == str(tmp_path / "gepa-logs")
+        assert optimized.route.signature.instructions == POLICY_PROMPT
+
+        # what dspy's docs and tutorials read of detailed_results
+        results = optimized.detailed_results
+        best = results.candidates[results.best_idx]
+        assert isinstance(results.candidates, list) and all(isinstance(c, dspy.Module) for c in results.candidates)
+        assert best is results.best_candidate
+        assert best(ticket=train[3].ticket).queue == "disputes"  # a program that runs, with the best instructions
+        assert results.candidates[0].route.signature.instructions == RouteTicket().route.signature.instructions
+        assert results.val_aggregate_scores[results.best_idx] == 1.0 == optimized.score
+        assert results.val_aggregate_scores[0] == optimized.selection["baseline_score"] < 1.0
+        assert results.parents[0] == [None]
+        assert all(p is None or p < i for i, parents in enumerate(results.parents) for p in parents)
+        assert any(p == 0 for p in results.parents[results.best_idx])  # GEPA's child of the unchanged program
+        assert sorted(results.per_val_instance_best_candidates) == list(range(len(val)))
+        for val_id, best_ids in results.per_val_instance_best_candidates.items():
+            assert isinstance(best_ids, set) and results.best_idx in best_ids
+            assert results.highest_score_achieved_per_val_task[val_id] == 1.0
+            for index, output in results.best_outputs_valset[val_id]:
+                assert index in best_ids and output.queue == val[val_id].queue
+        assert len(results.val_subscores) == len(results.candidates) == len(results.discovery_eval_counts)
+        assert results.discovery_eval_counts[0] == 0
+        spent = optimized.budget["spent"] + len(val)  # every metric call, the validation baseline's included
+        assert results.total_metric_calls == spent and results.num_full_val_evals >= 2
+        assert results.log_dir == str(tmp_path / "gepa-logs") and results.seed == 0
+        data = json.loads(json.dumps(results.to_dict()))
+        assert data["candidates"][results.best_idx]["route"] == POLICY_PROMPT and data["best_idx"] == results.best_idx
+        assert data["parents"] == results.parents and data["val_aggregate_subscores"] is None
+
+    # read back from the run directory: the same results; no program to build candidates on, no outputs unless asked
+    again = DetailedResults.from_run_directory(tmp_path / "gepa-logs")
+    assert again.instructions == results.instructions and again.val_aggregate_scores == results.val_aggregate_scores
+    assert again.seed == 0 and again.best_outputs_valset is None
+    with pytest.raises(ConfigurationError, match=r"no program to build candidates on.*results.instructions"):
+        _ = again.candidates
+
+
+def test_what_dspy_gepa_takes_and_this_optimizer_does_not_is_refused_in_one_line(tmp_path):
+    arguments = gepa_arguments(tmp_path)
+    refusals = [
+        ({}, r"root_lm is required .* rlm_autopilot='loop'"),  # the script as it is: dspy.GEPA has no agent
+        ({"use_merge": False}, r"use_merge=False: .* run_gepa\(use_merge=False\); drop use_merge"),
+        ({"reflection_minibatch_size": 5}, r"reflection_minibatch_size=5: .*run_gepa\(minibatch_size=N\)"),
+        ({"candidate_selection_strategy": "current_best"}, r"Pareto front only; drop candidate_selection_strategy"),
+        ({"max_metric_calls": 300}, r"pass one budget .* you set auto='light', max_metric_calls=300"),
+        ({"sub_lm": FunctionLM(lambda m: {})}, r"pass reflection_lm or sub_lm, not both"),
+        ({"seed": None}, r"seed=None: .* pass a number"),
+        ({"gepa_kwargs": {"use_cloudpickle": True}}, r"drop gepa_kwargs"),
+        ({"max_iters": 10}, r"unexpected argument max_iters \(write rlm_max_iterations=N"),
+        ({"reflection_lm_model": "gpt-5"}, r"unexpected argument reflection_lm_model \(did you mean reflection_lm"),
+    ]
+    for changes, message in refusals:
+        with pytest.raises(ConfigurationError, match=message) as refused:
+            RLMDocstringOptimizer(metric_with_feedback, **{**arguments, **changes})
+        assert "\n" not in str(refused.value)
+
+
+def test_dspy_gepas_names_mean_ours(tmp_path):
+    reflection = FunctionLM(lambda m: {})
+    optimizer = RLMDocstringOptimizer(
+        metric_with_feedback,
+        root_lm=FunctionLM(lambda m: {}),
+        reflection_lm=reflection,
+        log_dir=tmp_path,
+        seed=7,
+        perfect_score=5,
+        num_threads=None,
+        max_full_evals=3,
+        warn_on_score_mismatch=False,
+        failure_score=0.0,
+        max_merge_invocations=5,
+    )
+    assert optimizer.metric is metric_with_feedback and optimizer.sub_lm is reflection
+    assert optimizer.run_storage_dir == tmp_path and optimizer.attempt == 7 and optimizer.pass_threshold == 5.0
+    assert optimizer.num_threads == dspy.settings.num_threads and optimizer.track_best_outputs is False
+    assert optimizer.max_full_evals == 3 and optimizer.max_iterations is None
+    # the budget auto stands for is sized in compile(); the constructor's window check sizes it for the smallest
+    assert RLMDocstringOptimizer(root_lm=reflection, auto="heavy").max_metric_calls is None
+    # the same setting under both names agrees, or is refused
+    assert RLMDocstringOptimizer(root_lm=reflection, sub_lm=reflection, reflection_lm=reflection).sub_lm is reflection
+    with pytest.raises(ConfigurationError, match="pass seed or attempt, not both"):
+        RLMDocstringOptimizer(root_lm=reflection, seed=1, attempt=2)
+    with pytest.raises(ConfigurationError, match="auto must be 'light', 'medium' or 'heavy'"):
+        RLMDocstringOptimizer(root_lm=reflection, auto="fast")
