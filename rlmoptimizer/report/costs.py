@@ -31,12 +31,19 @@ def _usd(value: Any) -> float | None:
 
 
 def _tokens(n: float) -> str:
-    """``n`` tokens short: ``950``, ``12.3k``, ``4.10M``."""
+    """``n`` short: ``950``, ``12.3k``, ``4.10M``, ``2.00B``."""
+    if n >= 1_000_000_000:
+        return f"{n / 1_000_000_000:.2f}B"
     if n >= 1_000_000:
         return f"{n / 1_000_000:.2f}M"
     if n >= 10_000:
         return f"{n / 1_000:.1f}k"
     return f"{n:,.0f}"
+
+
+def _calls(n: float) -> str:
+    """Calls as counted (``1,234``), short from a million (``1.23M``)."""
+    return _tokens(n) if n >= 1_000_000 else f"{n:,.0f}"
 
 
 def _duration(seconds: float) -> str:
@@ -211,13 +218,13 @@ class CostEstimate:
         for row in (*self.roles, self.total):
             model = row.model if len(row.model) <= 19 else row.model[:18] + "…"
             lines.append(
-                f"{row.role:<6}{model:<20}{row.calls:>7,}{_tokens(row.input_tokens):>11}"
+                f"{row.role:<6}{model:<20}{_calls(row.calls):>7}{_tokens(row.input_tokens):>11}"
                 f"{_tokens(row.output_tokens):>11}{_money(row.cost_usd, row.calls):>12}{_duration(row.seconds):>9}"
             )
         lines.append("")
         for scenario in (self.if_solved_early, self.at_most):
             lines.append(
-                f"{scenario.role}: {scenario.calls:,} calls, {_tokens(scenario.input_tokens)} in / "
+                f"{scenario.role}: {_calls(scenario.calls)} calls, {_tokens(scenario.input_tokens)} in / "
                 f"{_tokens(scenario.output_tokens)} out, {_money(scenario.cost_usd)}"
             )
         lines.append(self.cap)
@@ -322,7 +329,7 @@ class CostCheck:
 
     def __str__(self) -> str:
         lines = [
-            "Cost: predicted before the run, and spent (tokens spent ÷ predicted on the right)",
+            "Cost: predicted before the run, and spent (right: tokens spent ÷ predicted)",
             f"{'role':<6}{'case':<15}{'calls':>7}{'tokens in':>11}{'tokens out':>12}{'dollars':>12}{'spent ÷':>9}",
         ]
         for row in self.rows:
@@ -333,8 +340,9 @@ class CostCheck:
             )
             for i, (label, cost, ratio) in enumerate(cases):
                 lines.append(
-                    f"{row.role if i == 0 else '':<6}{label:<15}{cost.calls:>7,}{cost.input_tokens:>11,}"
-                    f"{cost.output_tokens:>12,}{_money(cost.cost_usd, cost.calls):>12}{_x(ratio, 9) if label != 'spent' else ''}"
+                    f"{row.role if i == 0 else '':<6}{label:<15}{_calls(cost.calls):>7}{_tokens(cost.input_tokens):>11}"
+                    f"{_tokens(cost.output_tokens):>12}{_money(cost.cost_usd, cost.calls):>12}"
+                    + (_x(ratio, 9) if label != "spent" else "")
                 )
         most = self.estimate.at_most
         lines.append(f"at most: {_tokens(_all(most))} tokens, {_money(most.cost_usd)}")
