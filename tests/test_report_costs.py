@@ -80,7 +80,7 @@ def test_the_report_of_a_run_that_stopped_shows_the_estimate_beside_what_it_spen
     console = Console(record=True, width=120)
     console.print(render(rundir))
     out = console.export_text()
-    assert "Cost: predicted before the run, and spent" in out and "1,234,567" in out
+    assert "Cost: predicted before the run, and spent" in out and "1.23M" in out
 
 
 def test_an_estimate_file_that_is_not_one_is_named_and_skipped(tmp_path):
