@@ -193,7 +193,7 @@ def estimate_cost(
         sizes = program_sizes(program, examples, eval_lm, adapter, reasoning_tokens=reasoning_tokens)
         assumptions.append(
             f"each step called once a run; its reply: the example's labels, {reasoning_tokens:g} tokens of reasoning, "
-            f"other fields {FIELD_TOKENS} tokens (pass sample= to measure them)"
+            f"any other field as long as the step's longest input, up to {FIELD_TOKENS} (sample= measures them)"
         )
     models = {
         EVAL: ", ".join(sorted({model_name(lm) for lm in sizes.lms.values()})) or model_name(eval_lm),
@@ -221,7 +221,10 @@ def estimate_cost(
     rows = roles.rows(work.expected)
     most = _total(roles.rows(work.at_most, CallSize(float(window), float(ROOT_REPLY_TOKENS))), "at most")
     expected = _total(rows, "total")
-    assumptions += _assumptions(work, config, counters, sub_lm, proposal_tokens, fixed, window)
+    hows = {c.how for c in counters.values()} | {TokenCounter(sub_lm).how}
+    if config.root_lm is not None and config.rlm_autopilot != "loop":
+        hows.add(TokenCounter(config.root_lm).how)
+    assumptions += _assumptions(work, config, hows, proposal_tokens, fixed, window)
     return CostEstimate(
         roles=rows,
         solved_early=roles.rows(work.solved_early),
@@ -239,21 +242,13 @@ def estimate_cost(
     )
 
 
-def _assumptions(
-    work: Plan,
-    config: Any,
-    counters: dict[str, TokenCounter],
-    sub_lm: Any,
-    proposal_tokens: float,
-    fixed: int,
-    window: int,
-) -> list[str]:
+def _assumptions(work: Plan, config: Any, hows: set[str], proposal_tokens: float, fixed: int, window: int) -> list[str]:
     lines = [
         "the budget spent to its end (the default loop spends it unless every train example passes first)",
         f"{round(work.expected.proposals)} proposals: one GEPA iteration costs 4 program runs, one accepted child "
         "is scored on the whole selection split",
         f"proposed instructions of {proposal_tokens:g} tokens (they replace the step's in the candidates' runs)",
-        "tokens: " + "; ".join(sorted({c.how for c in counters.values()} | {TokenCounter(sub_lm).how})),
+        "tokens: " + "; ".join(sorted(hows)),
         "dollars at litellm's list price, no prompt-cache discount",
     ]
     if config.rlm_autopilot != "loop" and config.root_lm is not None:
