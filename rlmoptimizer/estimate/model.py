@@ -177,6 +177,7 @@ def estimate_cost(
         num_threads=config.num_threads,
         rlm_max_iterations=config.rlm_max_iterations,
         root_turns=root_turns,
+        steps=len(program.named_predictors()),
     )
     sub_lm = config.sub_lm or config.root_lm
     assumptions: list[str] = []

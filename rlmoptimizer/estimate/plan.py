@@ -10,8 +10,9 @@ its minibatch and the selection split, stays unspent: 0 to 3 of 60 units on the 
 split between evaluations and proposals follows the cost of one GEPA iteration, :data:`RUNS_PER_ITERATION` runs per
 minibatch example, measured.
 
-Two other cases bound it: the task solved by the first proposal (the child, its validation, the rest of train seen
-to pass; the loop then stops: "if solved early"), and every limit reached ("at most").
+Two other cases bound it: the task solved by the first round of proposals, one per step (the solving child, its
+validation, the rest of train seen to pass; the loop then stops: "if solved early"), and every limit reached ("at
+most").
 
 May import what :mod:`rlmoptimizer.estimate` may.
 """
@@ -82,6 +83,7 @@ def plan(
     num_threads: int,
     rlm_max_iterations: int,
     root_turns: int | None = None,
+    steps: int = 1,
 ) -> Plan:
     """The :class:`Plan` of a compile with these settings (the module docstring says how)."""
     t, v = train_size, val_size
@@ -124,16 +126,17 @@ def plan(
         waves=baseline_waves + proposals * iteration_waves + accepted * wave,
     )
 
-    # Solved early: one proposal, its child on the minibatch and the selection split, the rest of train run with it
-    # (the loop sees every train example pass and submits); never more than the budget.
-    early_units = sub_units + minibatch + (s + (t - minibatch) if v else t - minibatch)
-    if on_demand:
-        early_units += minibatch  # the parent's runs on the first minibatch are paid too
+    # Solved early: GEPA proposes for the steps in turn, and the proposal for the step that matters (the last one
+    # of a round, at worst) solves it: a round of iterations, the solving child checked on the selection split, the
+    # rest of train run with it (the loop sees every train example pass and submits); never more than the budget.
+    early_proposals = max(1, steps)
+    early_units = early_proposals * (sub_units + per_iteration) + (s + (t - minibatch) if v else t - minibatch)
     early_units = min(units, early_units)
+    early_proposals = min(early_proposals, early_units / (sub_units + per_iteration))
     solved_early = Work(
-        program_runs=baselines + early_units - min(1, early_units) * sub_units,
+        program_runs=baselines + early_units - early_proposals * sub_units,
         baseline_runs=baselines,
-        proposals=1.0 if early_units else 0.0,
+        proposals=early_proposals,
         root_turns=turns,  # the agent's turns are assumed, whatever the budget does
         waves=baseline_waves + iteration_waves + wave + _waves(t - minibatch, minibatch, num_threads),
     )

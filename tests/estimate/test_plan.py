@@ -48,11 +48,13 @@ def test_without_validation_candidates_are_checked_on_train():
     assert work.expected.proposals == pytest.approx((40 - 20) / 5)
 
 
-def test_solved_early_is_one_proposal_its_check_and_the_rest_of_train():
-    work = plan(**settings(max_metric_calls=None, max_iterations=3, train_size=12, val_size=8))
-    early = work.solved_early
-    assert early.proposals == 1
-    assert early.program_runs == 20 + 3 + 8 + (12 - 3)  # its minibatch, validation, the rest of train
+def test_solved_early_is_a_round_of_proposals_one_per_step_the_check_and_the_rest_of_train():
+    for steps in (1, 2):
+        work = plan(**settings(max_metric_calls=None, max_iterations=3, train_size=12, val_size=8, steps=steps))
+        early = work.solved_early
+        assert early.proposals == steps
+        # an iteration of 4 runs per proposal, the solving child's validation, the rest of train run with it
+        assert early.program_runs == 20 + steps * 4 + 8 + (12 - 3)
 
 
 @pytest.mark.parametrize(("mode", "turns"), [("loop", 0), ("assist", 5), ("off", 10)])
