@@ -74,7 +74,7 @@ class _Roles:
     def __init__(
         self,
         sizes: ProgramSizes,
-        growth: float,
+        growth: dict[str, float],
         proposal: CallSize,
         root_turn: CallSize,
         models: dict[str, str],
@@ -86,11 +86,11 @@ class _Roles:
     def eval_row(self, work: Work) -> RoleCost:
         sizes = self.sizes
         changed = max(0.0, work.program_runs - work.baseline_runs)  # runs of candidates, their instructions longer
-        share = sizes.calls_per_run / max(1, len(sizes.steps))  # calls of each step per run
         calls, tokens_in, tokens_out, usd = 0.0, 0.0, 0.0, Decimal(0)
         for step, size in sizes.steps.items():
+            share = sizes.calls[step]  # calls of the step a run
             step_calls = work.program_runs * share
-            step_in = work.program_runs * share * size.input_tokens + changed * share * self.growth
+            step_in = step_calls * size.input_tokens + changed * share * self.growth[step]
             step_out = step_calls * size.output_tokens
             calls, tokens_in, tokens_out = calls + step_calls, tokens_in + step_in, tokens_out + step_out
             per_call = CallSize(step_in / step_calls, size.output_tokens) if step_calls else CallSize()
@@ -179,11 +179,40 @@ def estimate_cost(
         root_turns=root_turns,
         steps=len(program.named_predictors()),
     )
+    measured = run_sample(program, list(trainset[:sample]), eval_lm, metric) if sample else None
+    with dspy.context(callbacks=[]):  # rendering prompts calls nothing: dspy's callbacks are not told of it
+        return _estimate(
+            config,
+            program,
+            (trainset, valset),
+            work,
+            eval_lm,
+            adapter,
+            measured,
+            (proposal_tokens, reasoning_tokens),
+            seconds_per_call,
+        )
+
+
+def _estimate(
+    config: Any,
+    program: dspy.Module,
+    data: tuple[Sequence[Any], Sequence[Any]],
+    work: Plan,
+    eval_lm: Any,
+    adapter: Any,
+    measured: tuple[list, list, list, int] | None,
+    lengths: tuple[float, float],
+    seconds_per_call: float | Mapping[str, float],
+) -> CostEstimate:
+    """:func:`estimate_cost` once the plan is made and the sample (``measured``: its examples, traces and feedback)
+    is run: the sizes, prices and times."""
+    trainset, valset = data
+    proposal_tokens, reasoning_tokens = lengths
     sub_lm = config.sub_lm or config.root_lm
     assumptions: list[str] = []
-    if sample:
-        examples = list(trainset[:sample])
-        traces, feedback, failed = run_sample(program, examples, eval_lm, metric)
+    if measured is not None:
+        examples, traces, feedback, failed = measured
         sizes = program_sizes(program, examples, eval_lm, adapter, traces=traces, feedback=feedback)
         assumptions.append(
             f"the program's calls measured on {len(traces)} train example(s) run with the unchanged instructions"
@@ -202,9 +231,12 @@ def estimate_cost(
         ROOT: model_name(config.root_lm) if config.root_lm is not None else "",
     }
     counters = {step: TokenCounter(lm) for step, lm in sizes.lms.items()}
-    growth = sum(proposal_tokens - counters[step].text(text) for step, text in sizes.instructions.items()) / max(
-        1, len(sizes.instructions)
-    )
+    # A candidate changes one step (GEPA proposes for one component at a time): each step's calls in a candidate's
+    # run are longer by a proposal less its own instructions, one time in as many as there are steps.
+    growth = {
+        step: (proposal_tokens - counters[step].text(text)) / max(1, len(sizes.instructions))
+        for step, text in sizes.instructions.items()
+    }
     proposal = proposal_size(sizes, sub_lm, proposal_tokens)
     root_turn, window, fixed = CallSize(), 0, 0
     if config.root_lm is not None and config.rlm_autopilot != "loop":
@@ -238,7 +270,7 @@ def estimate_cost(
         cap=_cap_verdict(config.max_cost_usd, expected, most, rows),
         max_cost_usd=config.max_cost_usd,
         seconds_per_call=_latency(seconds_per_call),
-        sampled=len(examples) if sample else 0,
+        sampled=len(traces) if measured is not None else 0,
         assumptions=tuple(assumptions),
     )
 
@@ -263,16 +295,17 @@ def _assumptions(work: Plan, config: Any, hows: set[str], proposal_tokens: float
 
 def run_sample(
     program: dspy.Module, examples: Sequence[Any], eval_lm: Any, metric: Any
-) -> tuple[list[list[tuple[str, dict, dict]]], list[str | None], int]:
+) -> tuple[list[Any], list[list[tuple[str, dict, dict]]], list[str | None], int]:
     """Run a copy of ``program`` on ``examples`` with ``eval_lm`` (paid, unless dspy's cache has the answers),
     recording each predictor call from dspy's trace, and score each with ``metric`` (a
-    :class:`~rlmoptimizer.metric.Metric`) for its feedback. ``(calls per example, feedback, examples that failed)``;
+    :class:`~rlmoptimizer.metric.Metric`) for its feedback. ``(examples run, their calls, their feedback, how many
+    failed)``;
     an example whose program or metric raised is left out, a failure of the LM itself is raised."""
     from rlmoptimizer.evaluation.lm_failures import classify_lm_failure
 
     copy = copy_program(program)
     names = {id(predictor): name for name, predictor in copy.named_predictors()}
-    traces, feedback, failed = [], [], 0
+    kept, traces, feedback, failed = [], [], [], 0
     for example in examples:
         with dspy.context(lm=eval_lm, trace=[]):
             try:
@@ -287,6 +320,7 @@ def run_sample(
                     raise
                 failed += 1
                 continue
+        kept.append(example)
         traces.append(calls)
         feedback.append(note)
-    return traces, feedback, failed
+    return kept, traces, feedback, failed

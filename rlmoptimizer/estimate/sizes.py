@@ -56,23 +56,19 @@ class CallSize:
 
 @dataclass(frozen=True)
 class ProgramSizes:
-    """One run of the program: its calls (``calls_per_run``; per step ``steps``, each with the LM it runs on), and
-    what a proposal for each step is shown (``reflective``: the step's inputs, outputs and feedback on examples)."""
+    """One run of the program: per step its call (``steps``), how many times a run calls it (``calls``: once each,
+    unless a sample measured otherwise) and the LM it runs on (``lms``); its instructions; and what a proposal for each
+    step is shown (``reflective``: the step's inputs, outputs and feedback on examples)."""
 
     steps: dict[str, CallSize]
-    calls_per_run: float
+    calls: dict[str, float]
     lms: dict[str, Any]
     instructions: dict[str, str]
     reflective: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property
-    def per_run(self) -> CallSize:
-        calls = sum(1 for _ in self.steps) or 1
-        scale = self.calls_per_run / calls
-        return CallSize(
-            sum(c.input_tokens for c in self.steps.values()) * scale,
-            sum(c.output_tokens for c in self.steps.values()) * scale,
-        )
+    def calls_per_run(self) -> float:
+        return sum(self.calls.values())
 
 
 def spread(examples: Sequence[Any], n: int = MAX_MEASURED) -> list[Any]:
@@ -156,13 +152,10 @@ def program_sizes(
         name: CallSize(total[0] / total[2], total[1] / total[2]) if total[2] else CallSize()
         for name, total in totals.items()
     }
-    if traces:
-        calls_per_run = sum(len(r) for r in runs) / max(1, len(runs))
-    else:
-        calls_per_run = float(len(predictors))
+    calls = {name: (total[2] / max(1, len(runs)) if traces else 1.0) for name, total in totals.items()}
     return ProgramSizes(
         steps=steps,
-        calls_per_run=calls_per_run,
+        calls=calls,
         lms=lms,
         instructions={name: p.signature.instructions for name, p in predictors.items()},
         reflective=reflective,

@@ -40,7 +40,7 @@ def placeholder(tokens: float) -> str:
     return " ".join([PLACEHOLDER_WORD] * max(0, round(tokens)))
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=1024)
 def _litellm_count(model: str, text: str) -> int | None:
     try:
         import litellm

@@ -226,3 +226,21 @@ def test_an_estimate_that_cannot_be_made_never_fails_the_compile(tmp_path, monke
     assert optimized.cost_estimate is None and optimized.cost_check is None
     assert "Could not estimate what this compile will cost (ValueError: no estimate today)" in caplog.text
     assert optimized.selection["chosen_score"] == 1.0
+
+
+def test_dspy_callbacks_are_not_told_of_the_prompts_an_estimate_renders():
+    from dspy.utils.callback import BaseCallback
+
+    class Seen(BaseCallback):
+        events: list[str] = []
+
+        def on_adapter_format_start(self, call_id, instance, inputs):
+            self.events.append("format")
+
+    trainset, valset = make_splits()
+    lm = FunctionLM(raises)
+    with dspy.context(callbacks=[Seen()]):
+        RLMDocstringOptimizer(rlm_autopilot="loop", sub_lm=lm, eval_lm=lm).estimate(
+            RouteTicket(), trainset=trainset, valset=valset
+        )
+    assert Seen.events == []
