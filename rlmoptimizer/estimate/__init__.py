@@ -85,10 +85,10 @@ class CostEstimation:
     ) -> CostEstimate:
         """What ``compile(student, trainset=..., valset=...)`` with these settings will cost, before any paid call.
 
-        Per role (``eval``: the program and the metric's LM calls; ``sub``: proposals and GEPA's reflections;
+        Per role (``eval``: the program's calls, not an LLM-judge metric's; ``sub``: proposals and GEPA's reflections;
         ``root``: the agent's turns) the LM calls, tokens in and out, dollars at litellm's price (unknown for a model
         it has no price for) and the time at ``seconds_per_call``; whether ``max_cost_usd`` will stop the run early;
-        the total if the first proposal solves the task, and at every limit. ``str()`` of it is a table of 80
+        the total if the first round of proposals solves the task, and at every limit. ``str()`` of it is a table of 80
         columns, ``to_dict()`` plain JSON. The docs' "Costs" page says how it is computed and how close it came.
 
         Args:

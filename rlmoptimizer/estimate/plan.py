@@ -56,7 +56,7 @@ class Work:
 
 @dataclass(frozen=True)
 class Plan:
-    """The expected work, the work if the first proposal solves the task, and the work at every limit, of one
+    """The expected work, the work if the first round of proposals solves the task, and the work at every limit, of one
     compile's settings; ``units`` is the budget in units, ``setting`` says how it was set."""
 
     expected: Work

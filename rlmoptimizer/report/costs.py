@@ -116,10 +116,10 @@ def _total(rows: tuple[RoleCost, ...], role: str = "total") -> RoleCost:
 class CostEstimate:
     """What a ``compile()`` with given settings will cost, computed before any paid call.
 
-    Per role (``eval``: the program and the metric's own LM calls; ``sub``: proposals and GEPA's reflections;
+    Per role (``eval``: the program's calls, not an LLM-judge metric's; ``sub``: proposals and GEPA's reflections;
     ``root``: the agent's turns) the expected LM calls, tokens and dollars if the run spends its budget, which the
-    default loop does unless the task is solved first. ``if_solved_early`` is the total when the first proposal
-    already passes every train example (the loop then stops), ``at_most`` the total when every limit is reached
+    default loop does unless the task is solved first. ``if_solved_early`` is the total when the first round of
+    proposals (one per step) passes every train example (the loop then stops), ``at_most`` the total when every limit is reached
     (the budget, the sub-LM allowance, ``rlm_max_iterations`` turns of a full context window). ``cap`` says
     whether ``max_cost_usd`` will stop the run early. How it is computed and its assumptions: the "Costs" page of
     the docs (``assumptions`` lists those this estimate used)."""
@@ -127,8 +127,8 @@ class CostEstimate:
     roles: tuple[RoleCost, ...]
     """One row per role, ``eval``, ``sub``, ``root``: if the run spends its budget."""
     solved_early: tuple[RoleCost, ...]
-    """One row per role if the first proposal passes every train example: the loop stops there (about the least a
-    run that improves anything spends)."""
+    """One row per role if the first round of proposals (one per step) passes every train example: the loop stops
+    there (about the least a run that improves anything spends)."""
     at_most: RoleCost
     """The total if every limit is reached; the root's input at a full context window on every turn."""
     setting: str
@@ -158,7 +158,7 @@ class CostEstimate:
 
     @property
     def if_solved_early(self) -> RoleCost:
-        """The sum of the roles if the first proposal solves the task."""
+        """The sum of the roles if the first round of proposals solves the task."""
         return _total(self.solved_early, "if solved early")
 
     def role(self, name: str) -> RoleCost:
