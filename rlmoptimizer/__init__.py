@@ -20,9 +20,11 @@ from rlmoptimizer.errors import (  # noqa: E402
     StructureChangedError,
 )
 from rlmoptimizer.optimizer import RLMDocstringOptimizer  # noqa: E402
+from rlmoptimizer.report.costs import CostEstimate  # noqa: E402
 
 __all__ = [
     "RLMDocstringOptimizer",
+    "CostEstimate",
     "RLMOptimizerError",
     "ConfigurationError",
     "MetricError",

@@ -322,6 +322,20 @@ REQUIREMENTS: dict[str, tuple[Requirement, ...]] = {
         Requirement("dspy.teleprompt.teleprompt", "Teleprompter"),
         Requirement("dspy.utils", "BaseCallback"),  # inputs.py: dspy's own callbacks passed in callbacks=[...]
     ),
+    # The cost estimate (rlmoptimizer/estimate/): the requests it renders, as the adapters and GEPA's proposer format
+    # them, before any LM call.
+    "estimate": (
+        Requirement("dspy.adapters.chat_adapter", "ChatAdapter"),
+        Requirement("dspy.adapters.json_adapter", "JSONAdapter"),
+        Requirement("dspy.adapters.base:Adapter", "format", params=("signature", "demos", "inputs")),
+        Requirement(
+            "dspy.adapters.base:Adapter",
+            "format_assistant_message_content",
+            params=("signature", "outputs", "missing_field_message"),
+        ),
+        Requirement("dspy.teleprompt.gepa", "InstructionProposer"),
+        Requirement("dspy.teleprompt.gepa:InstructionProposer", "propose", instance=True),
+    ),
     # The fakes of rlmoptimizer.testing (the offline demo and the tests).
     "testing": (
         Requirement("dspy.clients.engines.dummy_engine", "DummyEngine"),

@@ -40,6 +40,7 @@ from rlmoptimizer.agent.working_program import WorkingProgram
 from rlmoptimizer.budget import BudgetLedger, baseline_on_demand, budget_for, budget_for_metric_calls, gepa_metric_calls
 from rlmoptimizer.display import Display
 from rlmoptimizer.errors import AgentToolError, MetricError, OptimizationInterrupted, RLMOptimizerError
+from rlmoptimizer.estimate import CostEstimation, estimate_at_start
 from rlmoptimizer.evaluation.evaluator import Evaluator
 from rlmoptimizer.evaluation.runs import Runs
 from rlmoptimizer.events import CompileFinished, CompileStarted, Observers, UserCallbacks
@@ -79,7 +80,7 @@ from rlmoptimizer.usage import EVAL, ROOT, UsageMeter, UsageObserver
 logger = logging.getLogger(__name__)
 
 
-class RLMDocstringOptimizer(Teleprompter):
+class RLMDocstringOptimizer(CostEstimation, Teleprompter):
     """Optimize the instructions of every predictor of a DSPy program with an RLM agent.
 
     The agent is an RLM (a ``dspy.Module``) working in a sandboxed Python REPL (Deno + Pyodide) that holds the evaluation
@@ -308,6 +309,7 @@ class _Compile:
         except BaseException:
             self.release()
             raise
+        self.cost_estimate = estimate_at_start(self)  # before any paid call: verbose shows it, the result checks it
 
     def _open_directory(self, config: RLMDocstringOptimizer) -> None:
         self.store = RunStore(config.run_storage_dir, pass_threshold=config.pass_threshold)
@@ -531,9 +533,7 @@ class _Compile:
         cap_set = self.usage.max_cost_usd is not None
         cap = self.usage.cap_reason
         charged = self.ledger.left >= size - len(self.runs.stored(submission, split, range(size)))  # stored: free
-        unpaid = (
-            "max_metric_calls left too few calls" if self.config.max_metric_calls and not charged else ""
-        )  # none free
+        unpaid = "max_metric_calls left too few calls" if self.config.max_metric_calls and not charged else ""
         if submitted_run is None and (cap or unpaid):  # no more spending: never return an unchecked submission
             return best_checked(
                 split=split,

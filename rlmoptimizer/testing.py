@@ -107,6 +107,10 @@ class FunctionLM(DummyLM):
         memo[id(self)] = copied
         return copied
 
+    def count_tokens(self, text: str) -> int:
+        """Tokens of ``text`` as this LM's usage counts them by default (its words), for cost estimates."""
+        return len(str(text).split())
+
     def launch(self, launch_kwargs: dict[str, Any] | None = None) -> None:
         """Nothing to start (``dspy.LM.launch`` starts local models); present so code calling it works."""
 

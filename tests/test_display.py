@@ -54,7 +54,12 @@ def test_quiet_prints_nothing(capsys):
 def test_verbose_ends_with_what_each_role_spent():
     buffer = io.StringIO()
     result = compile_once(verbose=True, console=Console(file=buffer, width=1000, force_terminal=False))
-    last = buffer.getvalue().strip().splitlines()[-1]
+    lines = buffer.getvalue().strip().splitlines()
+    # the Done line, then what each role was predicted to cost before the run beside what it spent
+    done = max(i for i, line in enumerate(lines) if line.startswith("Done: "))
+    assert lines[done + 1].startswith("Cost: predicted before the run, and spent")
+    assert lines[-1].startswith("at most: ")
+    last = lines[done]
     usage = result.usage
     assert last.startswith("Done: ") and "LM usage: root 2 calls" in last
     assert f"eval {usage['eval']['calls']} calls, {usage['eval']['input_tokens']:,} in" in last

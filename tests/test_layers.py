@@ -36,9 +36,11 @@ RANKS = {
     "evaluation": 4,
     "report": 4,
     "agent": 5,
-    "optimizer": 6,
-    "__init__": 7,
-    "__main__": 7,
+    # what a compile will cost, from the agent's plan and prompts
+    "estimate": 6,
+    "optimizer": 7,
+    "__init__": 8,
+    "__main__": 8,
 }
 MAX_LINES = 600  # a sanity limit: rooms are split by concept, not by line count
 

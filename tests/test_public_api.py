@@ -8,6 +8,7 @@ def test_public_names():
     assert sorted(rlmoptimizer.__all__) == sorted(
         [
             "RLMDocstringOptimizer",
+            "CostEstimate",
             "RLMOptimizerError",
             "ConfigurationError",
             "MetricError",

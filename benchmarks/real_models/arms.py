@@ -33,6 +33,13 @@ How each budget setting maps to B metric calls (one metric call = the program ru
 Whatever an arm's settings, the table's "metric calls" are counted, not predicted: the program runs the arm
 paid for (``metering.ProgramRuns``), an output that does not parse included.
 
+The estimate beside them: each rlmoptimizer arm records what ``optimizer.estimate(...)`` predicted before its
+compile (``details.cost_estimate``, made with no LM call, the program's requests rendered with the adapter its
+``forward`` uses) and that estimate against what the compile recorded (``details.cost_check``); the GEPA arm records
+the estimate of ``rlm_autopilot="loop"`` at the same budget (GEPA's engine run by rlmoptimizer, with the same LMs:
+``details.cost_estimate``, labelled by ``estimate_of``), as a reference. ``run.py`` tables each beside the harness's
+own count of what the arm spent.
+
 Seeds: GEPA and MIPROv2 get ``seed=seed``; rlmoptimizer gets ``attempt=seed`` (its agent's and sub-LM's requests
 carry dspy's ``rollout_id``, so no seed replays another's cached calls). The local server samples the optimizer
 LM at temperature 0.7 from its own random state, which advances with every call, so the seeds' optimizer-LM
@@ -146,6 +153,42 @@ def json_key(fields: dict[str, Any]) -> str:
     return json.dumps(fields, sort_keys=True, default=str)
 
 
+def program_adapter(ctx: ArmContext) -> Any:
+    """The adapter the task's program runs its predictors with (``adapter_name`` among the task's ``ADAPTERS``), or
+    None (dspy's configured one)."""
+    adapters = getattr(ctx.task, "ADAPTERS", None) or {}
+    name = getattr(ctx.program, "adapter_name", None)
+    return adapters[name]() if name in adapters else None
+
+
+def rlm_settings(ctx: ArmContext, extra: dict[str, Any]) -> dict[str, Any]:
+    """The arguments of ``RLMDocstringOptimizer`` an rlmoptimizer arm runs with (and the GEPA arm's reference
+    estimate is made with)."""
+    return {
+        "max_metric_calls": ctx.budget,
+        "root_lm": ctx.optimizer_lm,
+        "sub_lm": ctx.optimizer_lm,
+        "eval_lm": ctx.task_lm,
+        "num_threads": ctx.num_threads,
+        "rlm_max_iterations": ctx.options["rlm_max_turns"],
+        "rlm_max_llm_calls": ctx.options["rlm_max_llm_calls"],
+        "root_context_window": ctx.options.get("root_context_window"),
+        "attempt": ctx.seed,
+        **extra,
+    }
+
+
+def estimate_of(optimizer: Any, ctx: ArmContext) -> Any:
+    """``optimizer.estimate(...)`` for the arm's program and data (no LM call), or None on a library without it or
+    where it fails (the arm runs anyway)."""
+    if not hasattr(optimizer, "estimate"):
+        return None
+    try:
+        return optimizer.estimate(ctx.program, trainset=ctx.train, valset=ctx.val, adapter=program_adapter(ctx))
+    except Exception as e:  # an estimate that fails is not worth the arm
+        return {"not recorded": f"{type(e).__name__}: {e}"}
+
+
 def run_gepa(ctx: ArmContext) -> tuple[dspy.Module, dict]:
     optimizer = dspy.GEPA(
         metric=ctx.metric,
@@ -156,8 +199,18 @@ def run_gepa(ctx: ArmContext) -> tuple[dspy.Module, dict]:
         log_dir=str(ctx.work_dir),
         track_stats=True,  # returns its search's record (no LM call, no metric call): see gepa_search
     )
+    reference = None
+    try:
+        from rlmoptimizer import RLMDocstringOptimizer
+
+        loop = RLMDocstringOptimizer(**rlm_settings(ctx, {"rlm_autopilot": "loop", "root_lm": None}))
+        reference = estimate_of(loop, ctx)
+    except Exception as e:  # no rlmoptimizer here, or one without the loop: no reference, GEPA runs anyway
+        reference = {"not recorded": f"{type(e).__name__}: {e}"}
     optimized = optimizer.compile(ctx.program, trainset=ctx.train, valset=ctx.val)
     return optimized, {
+        "cost_estimate": reference.to_dict() if hasattr(reference, "to_dict") else reference,
+        "estimate_of": f"rlmoptimizer rlm_autopilot='loop' at max_metric_calls={ctx.budget} (GEPA's engine)",
         "settings": {
             "max_metric_calls": ctx.budget,
             "reflection_minibatch_size": 3,
@@ -306,37 +359,25 @@ def run_rlmoptimizer(ctx: ArmContext, *, autopilot: Any = None) -> tuple[dspy.Mo
         if "rlm_autopilot" not in inspect.signature(RLMDocstringOptimizer.__init__).parameters:
             raise Unavailable(f"{NO_LOOP} (it takes no rlm_autopilot at all)")
         extra["rlm_autopilot"] = autopilot
-    window = ctx.options.get("root_context_window")
+    arguments = rlm_settings(ctx, extra)
     settings = {
-        "max_metric_calls": ctx.budget,
+        **{k: v for k, v in arguments.items() if not k.endswith("_lm")},
         "budget_units": ctx.budget - len(ctx.val),
-        "rlm_max_iterations": ctx.options["rlm_max_turns"],
-        "rlm_max_llm_calls": ctx.options["rlm_max_llm_calls"],
-        "root_context_window": window,
-        "num_threads": ctx.num_threads,
-        "attempt": ctx.seed,
-        **extra,
     }
     try:
-        optimizer = RLMDocstringOptimizer(
-            max_metric_calls=ctx.budget,
-            root_lm=ctx.optimizer_lm,
-            sub_lm=ctx.optimizer_lm,
-            eval_lm=ctx.task_lm,
-            num_threads=ctx.num_threads,
-            rlm_max_iterations=ctx.options["rlm_max_turns"],
-            rlm_max_llm_calls=ctx.options["rlm_max_llm_calls"],
-            root_context_window=window,
-            attempt=ctx.seed,
-            run_storage_dir=ctx.work_dir,
-            **extra,
-        )
+        optimizer = RLMDocstringOptimizer(**arguments, run_storage_dir=ctx.work_dir)
     except (TypeError, ValueError) as e:  # the library refuses the value (rlm_autopilot must be True or False)
         if extra and "autopilot" in str(e):
             raise Unavailable(f"{NO_LOOP} ({type(e).__name__}: {e})") from e
         raise
+    estimate = estimate_of(optimizer, ctx)  # before any paid call, as a user would ask it
     optimized = optimizer.compile(student=ctx.program, trainset=ctx.train, metric=ctx.metric, valset=ctx.val)
     details: dict[str, Any] = {"settings": settings}
+    if hasattr(estimate, "against"):
+        details["cost_estimate"] = estimate.to_dict()
+        details["cost_check"] = estimate.against(getattr(optimized, "usage", {}) or {}).to_dict()
+    elif estimate is not None:
+        details["cost_estimate"] = estimate
     for name in ("optimized_dspy_program", "budget", "selection", "run_storage_dir", "agent_trajectory"):
         if hasattr(optimized, name):
             details[name] = getattr(optimized, name)

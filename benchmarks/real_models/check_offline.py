@@ -16,7 +16,9 @@ It checks what the harness promises (``benchmarks/README.md``):
 4. (``run.sh --help`` is checked by the shell: it must answer without building; see the README);
 5. (the reinstall guard is in ``run.sh``);
 6. ``rlmoptimizer-loop`` is "not available" with a clear message on a library without that mode (or ran, on one
-   with it); ``ceiling-demos`` put its four train demos in the prompt; ``ceiling-instruction`` the policy.
+   with it); ``ceiling-demos`` put its four train demos in the prompt; ``ceiling-instruction`` the policy;
+7. each rlmoptimizer and GEPA arm records the cost estimate made before its compile, and the table sets it beside
+   what the arm spent.
 
     python benchmarks/real_models/check_offline.py [--keep DIR] [--arms a,b,...] [--seeds 0,1]
 
@@ -289,6 +291,15 @@ def main(argv: list[str] | None = None) -> int:
                     f"{search.get('accepted_children')}",
                     failures,
                 )
+            if row["key"] in ("gepa", "rlmoptimizer", "rlmoptimizer-loop"):
+                estimate = row["details"].get("cost_estimate") or {}
+                checked = row["key"] == "gepa" or "rows" in (row["details"].get("cost_check") or {})
+                check(
+                    "roles" in estimate and estimate.get("program_runs", 0) > 0 and checked,
+                    f"{label}: the cost estimate recorded beside what was spent (predicted "
+                    f"{estimate.get('program_runs')} metric calls, counted {o['metric_calls']})",
+                    failures,
+                )
             if "same_instructions_as" in t:
                 continue
             nones = [i for i, v in enumerate(t["predicted"]) if v is None]
@@ -318,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         table = (out / "table.md").read_text()
         check("metric calls (program runs)" in table and "Ceilings:" in table, "the table's columns", failures)
+        check("The cost estimate made before each compile" in table, "the table of estimates beside spending", failures)
     print(f"\n{len(failures)} failed" if failures else "\nall checks hold")
     return 1 if failures else 0
 

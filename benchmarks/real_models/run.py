@@ -562,6 +562,58 @@ def table_rows(
     return out
 
 
+ESTIMATE_HEADER = (
+    "run",
+    "estimate of",
+    "metric calls: predicted / counted",
+    "task tokens in/out: predicted / spent",
+    "optimizer-LM calls: predicted / spent",
+    "optimizer tokens in/out: predicted / spent",
+    "spent ÷ predicted (task, optimizer tokens)",
+)
+
+
+def _tokens_of(usage: dict) -> int:
+    return usage.get("input_tokens", 0) + usage.get("output_tokens", 0)
+
+
+def _ratio(spent: float, predicted: float) -> str:
+    return f"{spent / predicted:.2f}x" if predicted else "-"
+
+
+def estimate_rows(rows: list[dict]) -> list[tuple[str, ...]]:
+    """One line per run whose arm recorded a cost estimate made before its compile (``details.cost_estimate``, see
+    ``arms.py``), beside what the harness counted it spend: metric calls, task-LM and optimizer-LM calls and
+    tokens (the estimate's eval role is the task LM's; its sub and root roles, the optimizer LM's)."""
+    out = []
+    for row in rows:
+        estimate = (row.get("details") or {}).get("cost_estimate")
+        if row["status"] != "ok" or not isinstance(estimate, dict) or "roles" not in estimate:
+            continue
+        roles = {r["role"]: r for r in estimate["roles"]}
+        task = roles.get("eval", {})
+        opt = {
+            k: sum(roles.get(role, {}).get(k, 0) for role in ("sub", "root"))
+            for k in ("calls", "input_tokens", "output_tokens")
+        }
+        o = row["optimize"]
+        spent_task, spent_opt = o["task_lm"], o["optimizer_lm"]
+        out.append(
+            (
+                row.get("label", row["arm"]),
+                (row.get("details") or {}).get("estimate_of", "this arm"),
+                f"{estimate['program_runs']} / {o['metric_calls']}",
+                f"{fmt_tokens(task.get('input_tokens', 0))} / {fmt_tokens(task.get('output_tokens', 0))} ; "
+                f"{fmt_tokens(spent_task['input_tokens'])} / {fmt_tokens(spent_task['output_tokens'])}",
+                f"{opt['calls']} / {spent_opt['calls']}",
+                f"{fmt_tokens(opt['input_tokens'])} / {fmt_tokens(opt['output_tokens'])} ; "
+                f"{fmt_tokens(spent_opt['input_tokens'])} / {fmt_tokens(spent_opt['output_tokens'])}",
+                f"{_ratio(_tokens_of(spent_task), _tokens_of(task))}, {_ratio(_tokens_of(spent_opt), _tokens_of(opt))}",
+            )
+        )
+    return out
+
+
 def markdown(header: tuple[str, ...], cells: list[tuple[str, ...]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(c) + " |" for c in cells])
@@ -928,6 +980,12 @@ def main(argv: list[str] | None = None) -> int:
         f"model{', the local model at ' + args.price_as + chr(39) + 's' if needs_local else ''}):\n\n"
         + markdown_table(rows, models, args.price_as)
     )
+    estimated = estimate_rows(rows)
+    if estimated:
+        table += (
+            "\n\nThe cost estimate made before each compile (no LM call; `optimizer.estimate`), beside what the run "
+            "spent:\n\n" + markdown(ESTIMATE_HEADER, estimated)
+        )
     results["summary"] = head
     (out_dir / "table.md").write_text(head + "\n\n" + table + "\n")
     write_json(out_dir / "results.json", results)

@@ -41,7 +41,13 @@ from rlmoptimizer.agent.tools import AgentTools
 from rlmoptimizer.budget import budget_for, budget_for_metric_calls
 from rlmoptimizer.errors import ConfigurationError
 
-__all__ = ["TYPICAL_CHARS_PER_TOKEN", "check_root_window", "first_request_chars", "unbound_tools"]
+__all__ = [
+    "TYPICAL_CHARS_PER_TOKEN",
+    "check_root_window",
+    "first_request_chars",
+    "first_request_messages",
+    "unbound_tools",
+]
 
 TYPICAL_CHARS_PER_TOKEN = 4.0
 """Characters per token of English prose on common tokenizers (GPT-4o, Llama 3, Qwen 2.5 run about 4)."""
@@ -62,10 +68,18 @@ def unbound_tools() -> list[Callable]:
 def first_request_chars(
     config: Any, runtime_rules: str, steps: Mapping[str, tuple[str, str]], train_size: int, val_size: int, budget: int
 ) -> int:
-    """Characters of the fixed part of the agent's first request: the system message (instructions, tools, REPL
-    rules) and the user message with the task brief, an empty history, the iteration and the optimizer state.
-    ``config``: the optimizer's settings; ``runtime_rules``: what the sandbox tells the agent about itself (its
-    ``execution_instructions``); ``steps``: ``{step name: (signature, instructions)}``."""
+    """Characters of the fixed part of the agent's first request (:func:`first_request_messages`)."""
+    messages = first_request_messages(config, runtime_rules, steps, train_size, val_size, budget)
+    return sum(len(str(message.get("content", ""))) for message in messages)
+
+
+def first_request_messages(
+    config: Any, runtime_rules: str, steps: Mapping[str, tuple[str, str]], train_size: int, val_size: int, budget: int
+) -> list[dict[str, Any]]:
+    """The fixed part of the agent's first request, as the messages dspy's adapter makes of it: the system message
+    (instructions, tools, REPL rules) and the user message with the task brief, an empty history, the iteration and
+    the optimizer state. ``config``: the optimizer's settings; ``runtime_rules``: what the sandbox tells the agent
+    about itself (its ``execution_instructions``); ``steps``: ``{step name: (signature, instructions)}``."""
 
     def no_interpreter() -> Any:  # never called: only its runtime rules are read
         raise RuntimeError("measuring a request needs no interpreter")
@@ -106,8 +120,7 @@ def first_request_chars(
         "iteration": f"{config.rlm_max_iterations}/{config.rlm_max_iterations}\n\n{state}",
     }
     adapter = dspy.settings.adapter or ChatAdapter()
-    messages = adapter.format(agent.generate_action.signature, demos=[], inputs=inputs)
-    return sum(len(str(message.get("content", ""))) for message in messages)
+    return adapter.format(agent.generate_action.signature, demos=[], inputs=inputs)
 
 
 def check_root_window(

@@ -5,6 +5,8 @@ the picture, the detailed results, the trajectory display, and MLflow tracking.
 * :mod:`rlmoptimizer.report.plot` draws score against budget spent (``run.png``);
 * :mod:`rlmoptimizer.report.summary` prints the summary;
 * :mod:`rlmoptimizer.report.results` builds :class:`DetailedResults` (GEPA's and MIPROv2's names);
+* :mod:`rlmoptimizer.report.costs` holds what a compile was predicted to cost (:class:`CostEstimate`, made by
+  :mod:`rlmoptimizer.estimate`) and how that compared with what it spent (:class:`CostCheck`);
 * :mod:`rlmoptimizer.report.lineage` follows the named candidates' lineage to the returned candidate's ancestry;
 * :mod:`rlmoptimizer.report.trajectory` shows ``optimized.agent_trajectory`` turn by turn;
 * :mod:`rlmoptimizer.report.tracking` logs a compile() to MLflow (the optional extra);
@@ -19,6 +21,7 @@ where it is used, matplotlib and mlflow.
 """
 
 from rlmoptimizer.report.compile_state import CompileState, tracked
+from rlmoptimizer.report.costs import CostCheck, CostEstimate
 from rlmoptimizer.report.finish import present_result
 from rlmoptimizer.report.results import DetailedResults
 from rlmoptimizer.report.rundir import RunDirectory, read_run_directory
@@ -27,6 +30,8 @@ from rlmoptimizer.report.trajectory import Trajectory
 
 __all__ = [
     "CompileState",
+    "CostCheck",
+    "CostEstimate",
     "DetailedResults",
     "MlflowTracker",
     "RunDirectory",

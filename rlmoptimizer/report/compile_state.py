@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rlmoptimizer.report.costs import CostEstimate
 from rlmoptimizer.report.tracking import MlflowTracker
 from rlmoptimizer.usage import UsageMeter
 
@@ -25,6 +26,12 @@ class IdentifiedMetric(Protocol):
     @property
     def identity(self) -> str:
         """What the run directory records to recognise the metric on resume."""
+        ...
+
+
+class Shows(Protocol):
+    def message(self, text: str, style: str = "") -> None:
+        """Show ``text`` (when ``verbose``)."""
         ...
 
 
@@ -49,6 +56,16 @@ class CompileState(Protocol):
     @property
     def read_back(self) -> bool:
         """A finished run returned again: nothing is written, drawn or tracked."""
+        ...
+
+    @property
+    def cost_estimate(self) -> CostEstimate | None:
+        """What the compile was predicted to cost before its first paid call (None when it could not be made)."""
+        ...
+
+    @property
+    def display(self) -> Shows:
+        """Where ``verbose`` output goes."""
         ...
 
     @property

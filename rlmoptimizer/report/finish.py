@@ -1,6 +1,7 @@
 """What compile() adds to the program it returns, beyond its result attributes: the trajectory as a list that
-renders turn by turn, the detailed results (and MIPROv2's ``score`` / ``candidate_programs``), the picture of the
-run in the run directory, and the end of the MLflow run."""
+renders turn by turn, the detailed results (and MIPROv2's ``score`` / ``candidate_programs``), the cost estimate made
+before the run with what the run spent beside it, the picture of the run in the run directory, and the end of the
+MLflow run."""
 
 from __future__ import annotations
 
@@ -27,6 +28,11 @@ def present_result(program: Any, state: CompileState, best_outputs: bool = False
     program.detailed_results = detailed
     program.score = program.selection["chosen_score"]  # MIPROv2's names
     program.candidate_programs = detailed.candidate_programs
+    estimate = state.cost_estimate
+    program.cost_estimate = estimate
+    program.cost_check = estimate.against(program.usage) if estimate is not None else None
+    if program.cost_check is not None and not state.read_back:
+        state.display.message(str(program.cost_check))
     picture = None
     if not state.read_back:
         try:

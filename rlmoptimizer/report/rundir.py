@@ -23,6 +23,7 @@ from rlmoptimizer.records import EvalRun, ExampleResult
 from rlmoptimizer.report.lineage import lineage_shape
 from rlmoptimizer.report.shapes import (
     budget_shape,
+    estimate_shape,
     manifest_shape,
     result_shape,
     run_problem,
@@ -82,6 +83,9 @@ class RunDirectory:
     problems: tuple[str, ...] = field(default=())
     usage_so_far: dict[str, Any] | None = None
     """``usage.json``: per-role LM usage written while the run goes (what an interrupted run spent)."""
+    estimate: dict[str, Any] | None = None
+    """``estimate.json``: what the compile was predicted to cost before its first paid call
+    (:class:`~rlmoptimizer.report.costs.CostEstimate` as ``to_dict()`` writes it)."""
     named_candidates: dict[str, dict[str, str]] = field(default_factory=dict)
     """``candidates.json``: the candidates the moves named (``proposal-N``: the steps it wrote; ``gepa-N``: every
     step), in the order they were made."""
@@ -203,6 +207,7 @@ def read_run_directory(directory: str | Path) -> RunDirectory:
     ledger = budget_shape(_read_json(layout.ledger, problems), layout.ledger.name, problems)
     result = result_shape(_read_json(layout.result, problems), problems)
     usage = usage_shape(_read_json(layout.usage, problems), layout.usage.name, problems)
+    estimate = estimate_shape(_read_json(layout.estimate, problems), layout.estimate.name, problems)
 
     runs: list[EvalRun] = []
     for _, file in layout.numbered(RUNS):
@@ -245,6 +250,7 @@ def read_run_directory(directory: str | Path) -> RunDirectory:
         result=result,
         problems=tuple(problems),
         usage_so_far=usage,
+        estimate=estimate,
         named_candidates=named,
         lineage=lineage,
     )

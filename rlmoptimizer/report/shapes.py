@@ -136,6 +136,18 @@ def usage_shape(value: Any, where: str, problems: list[str]) -> dict[str, Any] |
     return kept
 
 
+def estimate_shape(value: Any, where: str, problems: list[str]) -> dict[str, Any] | None:
+    """``estimate.json``: a cost estimate, kept when it has its rows per role (read tolerantly by
+    :meth:`rlmoptimizer.report.costs.CostEstimate.from_dict`)."""
+    estimate = _dict(value, where, "a cost estimate", problems)
+    if estimate is None:
+        return None
+    if not isinstance(estimate.get("roles"), list) or not all(isinstance(r, dict) for r in estimate["roles"]):
+        problems.append(f"{where}: not a cost estimate (no rows per role)")
+        return None
+    return estimate
+
+
 def result_shape(value: Any, problems: list[str]) -> dict[str, Any] | None:
     """``result.json``: its returned instructions, selection, budget, usage and seed, each kept when well formed."""
     result = _dict(value, RESULT, "a result", problems)

@@ -1,6 +1,7 @@
 """A person's summary of a run directory: ``python -m rlmoptimizer report RUN_DIR``.
 
-Prints the status (finished, interrupted, in flight, empty), the budget, the cost where it was recorded, every
+Prints the status (finished, interrupted, in flight, empty), the budget, the cost where it was recorded (and, beside
+it, what the compile was predicted to cost before its first paid call), every
 evaluation run with its score, the prompt versions, the selection and where the returned instructions came from
 (their ancestry, one line per generation), and writes the picture of the run (:mod:`rlmoptimizer.report.plot`) when
 matplotlib is installed, else says how to get it.
@@ -17,6 +18,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from rlmoptimizer.report.costs import CostEstimate
 from rlmoptimizer.report.results import DetailedResults
 from rlmoptimizer.report.rundir import RunDirectory, read_run_directory
 from rlmoptimizer.usage import dollars
@@ -80,6 +82,16 @@ def _usage_table(rundir: RunDirectory) -> Table | Text:
     elif unpriced:
         table.caption = f"total cost: unknown (litellm has no price for {', '.join(map(str, unpriced))})"
     return table
+
+
+def _cost_check(rundir: RunDirectory) -> Text | None:
+    """What the compile was predicted to cost beside what it spent (so far, for a run that did not finish)."""
+    if not rundir.estimate:
+        return None
+    estimate = CostEstimate.from_dict(rundir.estimate)
+    if not rundir.usage:
+        return Text(str(estimate))
+    return Text(str(estimate.against(rundir.usage)))
 
 
 def _runs_table(rundir: RunDirectory) -> Table:
@@ -255,7 +267,11 @@ def render(rundir: RunDirectory, picture: Path | str | None = None) -> Group:
         )
     parts: list[Any] = [Panel(header, title="rlmoptimizer run", title_align="left"), _budget_text(rundir)]
     if rundir.status != "empty":
-        parts += [_usage_table(rundir), _runs_table(rundir)]
+        parts.append(_usage_table(rundir))
+        check = _cost_check(rundir)
+        if check is not None:
+            parts.append(check)
+        parts.append(_runs_table(rundir))
         pending = _pending_text(rundir)
         if pending is not None:
             parts.append(pending)

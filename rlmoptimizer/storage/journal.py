@@ -207,6 +207,18 @@ class RunJournal:
         except (OSError, ValueError):
             return None
 
+    def write_estimate(self, estimate: dict[str, Any]) -> None:
+        """estimate.json: what the compile was predicted to cost before its first paid call (written once)."""
+        with self._lock:
+            atomic_write_json(self.layout.estimate, estimate, durable=False)
+
+    def read_estimate(self) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self.layout.estimate.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
     def write_ledger_if_changed(self, snapshot: dict[str, Any]) -> None:
         """:meth:`write_ledger` unless ``ledger.json`` already holds ``snapshot``."""
         if self.read_ledger() != snapshot:

@@ -15,6 +15,7 @@ made durable against a power loss a few milliseconds later, on a background thre
     prompts/v-0001.json          every prompt version the agent made
     turns/turn-0001.json         every agent turn (reasoning, code, output)
     usage.json                   LM calls, tokens and dollars per role, after every evaluation and agent turn
+    estimate.json                what the first compile() predicted it would cost, before its first paid call
     notes.json                   the agent's notes (rlmoptimizer.storage.notes)
     candidates.json              the named candidates and their lineage (rlmoptimizer.storage.candidates)
     gepa_runs.json               what each GEPA run has paid or reserved, and whether it finished
@@ -37,6 +38,7 @@ HOLDER = "holder.json"
 MANIFEST = "manifest.json"
 LEDGER = "ledger.json"
 USAGE = "usage.json"
+ESTIMATE = "estimate.json"
 NOTES = "notes.json"
 CANDIDATES = "candidates.json"
 GEPA_RUNS = "gepa_runs.json"
@@ -101,6 +103,10 @@ class RunLayout:
     @property
     def usage(self) -> Path:
         return self.directory / USAGE
+
+    @property
+    def estimate(self) -> Path:
+        return self.directory / ESTIMATE
 
     @property
     def notes(self) -> Path:
