@@ -315,6 +315,19 @@ def start_chromium(binary: str, profile: Path) -> tuple[subprocess.Popen, DevToo
     raise RuntimeError(f"{binary} did not start its DevTools endpoint:\n{''.join(seen[-20:])}")
 
 
+def stop_chromium(process: subprocess.Popen, devtools: DevTools) -> None:
+    """Close the browser (its helper processes too, before its profile directory is removed), else kill it."""
+    try:
+        devtools.call("Browser.close")
+    except (OSError, RuntimeError):  # ConnectionError is an OSError: it closed while answering
+        pass
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 # -- one page -------------------------------------------------------------------------------------------------------
 def screenshot(devtools: DevTools, session: str, path: Path, rect: dict | None, width: int) -> None:
     if rect is None:
@@ -358,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         print("check_pages: no Chromium found: apt-get install -y chromium (or set CHROMIUM)", file=sys.stderr)
         return 2
     widths = [int(w) for w in args.widths.split(",")]
-    with tempfile.TemporaryDirectory(prefix="rlmoptimizer-pages-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="rlmoptimizer-pages-", ignore_cleanup_errors=True) as scratch:
         site = args.site
         if site is None:
             site = Path(scratch) / "site"
@@ -400,8 +413,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"    {check}" + (f" at {width} px" if width else "") + f": {detail}")
                 failures += len(unique)
         finally:
-            process.kill()
-            process.wait()
+            stop_chromium(process, devtools)
             server.shutdown()
     print(f"check_pages: {len(checked)} pages at {widths} px, {failures} problem(s)")
     return 1 if failures else 0
