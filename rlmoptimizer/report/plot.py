@@ -2,14 +2,14 @@
 
 Train runs are circles, validation runs squares; a run that evaluated fewer examples than it asked for (stopped,
 recovered, or still in flight) is drawn hollow. Dashed lines are the unchanged program's scores; the candidates
-checked on the whole selection split are ringed, and the one returned is a star; a dotted green line joins the
-returned candidate's ancestors (:attr:`DetailedResults.ancestry`: the unchanged program, the candidates it was made
-from), each labelled with its id, at the run that scored it on the selection split. The score axis follows the
-scores (any finite scale; the whole of 0..1 when every score lies in it). The two baselines are dashed in each
-other's gaps, so equal scores still show both colours; the labels are placed where they overlap no other label and
-no mark (a label with no such place is left out: the report lists every run); the legend sits under the axes.
-Drawn on a bare matplotlib Figure (Agg canvas, no display needed, pyplot untouched); 8x4.5 inches at 100 dpi,
-readable in a notebook at its default size.
+checked on the whole selection split are ringed, and the one returned is a star (named in the legend); a dotted
+green line joins the returned candidate's ancestors (:attr:`DetailedResults.ancestry`: the unchanged program, the
+candidates it was made from), each labelled with its id, at the run that scored it on the selection split. The
+score axis follows the scores (any finite scale; the whole of 0..1 when every score lies in it). The two baselines
+are dashed in each other's gaps, so equal scores still show both colours; the labels are placed where they overlap
+no other label and no mark (a label with no such place is left out: the report lists every run); the legend sits
+under the axes. Drawn on a bare matplotlib Figure (Agg canvas, no display needed, pyplot untouched); 8x4.5 inches
+at 100 dpi, readable in a notebook at its default size.
 
 matplotlib is the optional extra ``plot`` (``pip install "rlmoptimizer[plot]"``): without it nothing else of
 rlmoptimizer changes, and :func:`picture_unavailable` says how to get the picture.
@@ -236,17 +236,16 @@ def draw_run(rundir: RunDirectory | str | Path):
                 + (" (partial)" if partial else "")
                 + ("" if split == "val" else ", size = examples"),
             )
-    # every run is labelled while that stays readable; past that only the candidates and the unfinished runs
-    labelled = (
-        points
-        if len(points) <= _LABEL_ALL_UP_TO
-        else [
-            p
-            for p in points
-            if p["run_id"] in candidate_ids or p["run_id"] == chosen_id or not p["run_id"].startswith("run-")
-        ]
-    )
-    for p in labelled:
+    # every run is labelled while that stays readable; past that only the candidates and the unfinished runs. The
+    # returned run is the star, named in the legend.
+    labelled = [
+        p
+        for p in points
+        if p["run_id"] != chosen_id
+        and (len(points) <= _LABEL_ALL_UP_TO or p["run_id"] in candidate_ids or not p["run_id"].startswith("run-"))
+    ]
+    # placed in this order where they overlap nothing: the candidates' labels first
+    for p in sorted(labelled, key=lambda p: p["run_id"] not in candidate_ids):
         short = p["run_id"].replace("run-", "#").lstrip("#0") or "0"
         short = f"#{short}" if p["run_id"].startswith("run-") else p["run_id"]
         axes.annotate(
