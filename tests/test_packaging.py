@@ -86,3 +86,22 @@ def test_the_wheel_declares_the_range_and_the_extras():
         r for r in requires if r.startswith("matplotlib") and ('extra == "plot"' in r or 'extra == "dev"' in r)
     ]
     assert "plot" in meta.get_all("Provides-Extra") and meta["License-Expression"] == "MIT"
+
+
+def _install_commands(text: str) -> list[str]:
+    """The bash blocks of the README's "Install and try it" section, as ``.ci/run`` reads them."""
+    section = text.split("\n## Install and try it\n", 1)[1].split("\n## ", 1)[0]
+    return [block.split("\n```", 1)[0].strip() for block in section.split("```bash\n")[1:]]
+
+
+def test_the_first_command_installs_what_the_demo_needs_and_the_second_what_the_tests_need():
+    """Regression: the README's first command installed the dev extra (1.4 GB: MLflow, pytest, ...) for a first
+    look at the demo, which needs the package and its plot extra."""
+    first, second = _install_commands((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert first == 'python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[plot]" && python example.py'
+    assert second.startswith('pip install -e ".[dev]" && ') and second.endswith("python -m pytest")
+    assert "ruff check ." in second and "ruff format --check ." in second
+    for page in ("CONTRIBUTING.md", "docs/getting-started.md"):  # not in the sdist: checked from a checkout
+        if (ROOT / page).exists():
+            text = (ROOT / page).read_text(encoding="utf-8")
+            assert first in text and second in text, page

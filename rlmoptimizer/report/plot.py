@@ -2,11 +2,14 @@
 
 Train runs are circles, validation runs squares; a run that evaluated fewer examples than it asked for (stopped,
 recovered, or still in flight) is drawn hollow. Dashed lines are the unchanged program's scores; the candidates
-checked on the whole selection split are ringed, and the one returned is a star; a dotted green line joins the
-returned candidate's ancestors (:attr:`DetailedResults.ancestry`: the unchanged program, the candidates it was made
-from), each labelled with its id, at the run that scored it on the selection split. The score axis follows the
-scores (any finite scale; the whole of 0..1 when every score lies in it). Drawn on a bare matplotlib Figure (Agg
-canvas, no display needed, pyplot untouched); 8x4.5 inches at 100 dpi, readable in a notebook at its default size.
+checked on the whole selection split are ringed, and the one returned is a star (named in the legend); a dotted
+green line joins the returned candidate's ancestors (:attr:`DetailedResults.ancestry`: the unchanged program, the
+candidates it was made from), each labelled with its id, at the run that scored it on the selection split. The
+score axis follows the scores (any finite scale; the whole of 0..1 when every score lies in it). The two baselines
+are dashed in each other's gaps, so equal scores still show both colours; the labels are placed where they overlap
+no other label and no mark (a label with no such place is left out: the report lists every run); the legend sits
+under the axes. Drawn on a bare matplotlib Figure (Agg canvas, no display needed, pyplot untouched); 8x4.5 inches
+at 100 dpi, readable in a notebook at its default size.
 
 matplotlib is the optional extra ``plot`` (``pip install "rlmoptimizer[plot]"``): without it nothing else of
 rlmoptimizer changes, and :func:`picture_unavailable` says how to get the picture.
@@ -27,6 +30,32 @@ _COLORS = {"train": "#1f77b4", "val": "#d62728"}
 _NAMES = {"train": "train", "val": "validation"}
 _ANCESTRY = "#2ca02c"
 _LABEL_ALL_UP_TO = 30
+# The baselines dash in each other's gaps: equal scores draw one line of both colours, not one hiding the other.
+_BASELINE_DASHES = {"train": (0, (5, 5)), "val": (5, (5, 5))}
+_LEGEND_ORDER = (
+    "unchanged program",
+    "train run",
+    "validation run",
+    "candidate checked for selection",
+    "ancestry of the returned candidate",
+    "returned",
+)
+_LABEL_BOX = {"bbox": {"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.75}}
+# Where a label may go around its mark, in order: (dx, dy) in units of the mark's radius plus a gap, alignment.
+_LABEL_PLACES = (
+    (1, -1, "left"),
+    (1, 1, "left"),
+    (-1, -1, "right"),
+    (-1, 1, "right"),
+    (1.3, 0, "left"),
+    (-1.3, 0, "right"),
+    (0, -1.6, "center"),
+    (0, 1.6, "center"),
+    (1, -2.4, "left"),
+    (1, 2.4, "left"),
+    (-1, -2.4, "right"),
+    (-1, 2.4, "right"),
+)
 PLOT_EXTRA = 'pip install "rlmoptimizer[plot]"'
 """The command that installs what the picture needs (matplotlib)."""
 NO_PICTURE = f"the picture of a run (run.png) needs matplotlib, which is not installed: {PLOT_EXTRA}"
@@ -152,16 +181,16 @@ def _draw_ancestry(axes: Any, placed: list[tuple[dict[str, Any], dict[str, Any]]
         return
     for node, point in placed:
         name = "unchanged" if node["id"] is None and node["label"].startswith("the unchanged") else node["label"]
-        lift = 7 if node["generation"] % 2 == 0 else 17  # neighbours apart: close runs keep readable labels
         axes.annotate(
             name,
             (point["x"], point["y"]),
-            xytext=(6, lift),
+            xytext=(6, 8),  # a first place: _place_labels moves it where it overlaps nothing
             textcoords="offset points",
             fontsize=7.5,
             color=_ANCESTRY,
             fontweight="bold",
             gid="ancestry",
+            **_LABEL_BOX,
         )
 
 
@@ -183,10 +212,11 @@ def draw_run(rundir: RunDirectory | str | Path):
             axes.axhline(
                 baseline["y"],
                 color=_COLORS[split],
-                linestyle="--",
-                linewidth=1,
-                alpha=0.6,
+                linestyle=_BASELINE_DASHES[split],
+                linewidth=1.2,
+                alpha=0.8,
                 label=f"unchanged program, {_NAMES[split]} ({baseline['y']:.2f})",
+                zorder=1,
             )
         for partial in (False, True):
             chosen = [p for p in points if p["split"] == split and p["partial"] == partial]
@@ -206,26 +236,27 @@ def draw_run(rundir: RunDirectory | str | Path):
                 + (" (partial)" if partial else "")
                 + ("" if split == "val" else ", size = examples"),
             )
-    # every run is labelled while that stays readable; past that only the candidates and the unfinished runs
-    labelled = (
-        points
-        if len(points) <= _LABEL_ALL_UP_TO
-        else [
-            p
-            for p in points
-            if p["run_id"] in candidate_ids or p["run_id"] == chosen_id or not p["run_id"].startswith("run-")
-        ]
-    )
-    for p in labelled:
+    # every run is labelled while that stays readable; past that only the candidates and the unfinished runs. The
+    # returned run is the star, named in the legend.
+    labelled = [
+        p
+        for p in points
+        if p["run_id"] != chosen_id
+        and (len(points) <= _LABEL_ALL_UP_TO or p["run_id"] in candidate_ids or not p["run_id"].startswith("run-"))
+    ]
+    # placed in this order where they overlap nothing: the candidates' labels first
+    for p in sorted(labelled, key=lambda p: p["run_id"] not in candidate_ids):
         short = p["run_id"].replace("run-", "#").lstrip("#0") or "0"
         short = f"#{short}" if p["run_id"].startswith("run-") else p["run_id"]
         axes.annotate(
             f"{short} ({p['n']}/{p['requested']})" if p["partial"] or p["split"] == "train" else short,
             (p["x"], p["y"]),
-            xytext=(6, -11),
+            xytext=(6, -11),  # a first place: _place_labels moves it where it overlaps nothing
             textcoords="offset points",
             fontsize=7,
             color="#444444",
+            gid="run",
+            **_LABEL_BOX,
         )
     candidates = [p for p in points if p["run_id"] in candidate_ids and p["run_id"] != chosen_id]
     if candidates:
@@ -274,10 +305,75 @@ def draw_run(rundir: RunDirectory | str | Path):
             fontsize=12,
             color="#777777",
         )
-    else:
-        axes.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False, markerscale=0.6)
-    figure.tight_layout()
+    else:  # under the axes, across the figure's width: the baselines, the runs, then the selection
+        handles, names = axes.get_legend_handles_labels()
+        order = sorted(range(len(names)), key=lambda i: (_LEGEND_ORDER.index(names[i].split(" (")[0].split(",")[0]), i))
+        axes.legend(
+            [handles[i] for i in order],
+            [names[i] for i in order],
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.13),
+            ncol=3,
+            fontsize=7.5,
+            frameon=False,
+            markerscale=0.6,
+            handlelength=3.0,
+            columnspacing=1.6,
+        )
+    figure.tight_layout(pad=0.6)
+    _place_labels(figure, axes)
     return figure
+
+
+def _marks(axes: Any, renderer: Any) -> list[Any]:
+    """The display-space boxes of every mark drawn (scatter points, rings, the star), sized as drawn."""
+    from matplotlib.collections import PathCollection
+    from matplotlib.transforms import Bbox
+
+    boxes = []
+    for collection in axes.collections:
+        if not isinstance(collection, PathCollection):
+            continue
+        sizes = collection.get_sizes()
+        for index, (x, y) in enumerate(axes.transData.transform(collection.get_offsets())):
+            area = sizes[index % len(sizes)] if len(sizes) else 36.0
+            radius = math.sqrt(area) / 2 * renderer.points_to_pixels(1.0)
+            boxes.append(Bbox.from_extents(x - radius, y - radius, x + radius, y + radius))
+    return boxes
+
+
+def _place_labels(figure: Any, axes: Any) -> None:
+    """Move each label (the ancestry's first, then the runs') to the first of a few places around its mark where
+    it overlaps no label placed before it and no mark, inside the axes; a label with no such place is hidden."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    labels = [t for t in axes.texts if t.get_gid() == "ancestry"] + [t for t in axes.texts if t.get_gid() == "run"]
+    if not labels:
+        return
+    marks = _marks(axes, renderer)
+    inside = axes.get_window_extent(renderer).padded(-2)
+    placed: list[Any] = []
+    pixel = renderer.points_to_pixels(1.0)
+    for label in labels:
+        x, y = axes.transData.transform(label.xy)
+        own = max((m.width / 2 / pixel for m in marks if m.contains(x, y)), default=4.0)  # its mark's radius (pt)
+        gap = own + 2.0
+        for dx, dy, ha in _LABEL_PLACES:
+            label.set_position((dx * gap, dy * gap))
+            label.set_horizontalalignment(ha)
+            label.set_verticalalignment("center")
+            box = label.get_window_extent(renderer).padded(1)
+            if (
+                inside.contains(box.x0, box.y0)
+                and inside.contains(box.x1, box.y1)
+                and not any(box.overlaps(other) for other in placed)
+                and not any(box.overlaps(mark) for mark in marks)
+            ):
+                placed.append(box)
+                break
+        else:
+            label.set_visible(False)
 
 
 def write_run_picture(rundir: RunDirectory | str | Path, path: str | Path | None = None) -> Path:

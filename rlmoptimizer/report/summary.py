@@ -13,7 +13,10 @@ import datetime
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.markup import escape
+from rich.measure import Measurement
+from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -94,27 +97,24 @@ def _cost_check(rundir: RunDirectory) -> Text | None:
     return Text(str(estimate.against(rundir.usage)))
 
 
-def _runs_table(rundir: RunDirectory) -> Table:
+_RUN_COLUMNS = (
+    ("split", "left"),
+    ("label", "left"),
+    ("score", "right"),
+    ("passed", "right"),
+    ("charged", "right"),
+    ("spent after", "right"),
+)
+_NOTES_MIN_WIDTH = 30  # narrower than this, a run's notes go on their own line under the table
+
+
+def _run_rows(rundir: RunDirectory) -> list[tuple[list[str], str]]:
+    """Each run's cells (the run column and :data:`_RUN_COLUMNS`) and its notes (rich markup; may be empty)."""
     selection = rundir.selection or {}
     candidates = {c.get("run_id") for c in selection.get("candidates", [])}
     chosen = selection.get("chosen_run_id")
     initial = rundir.initial_instructions
-    table = Table(
-        title=f"evaluation runs ({len(rundir.runs)} saved, {len(rundir.pending)} in flight or unfinished)",
-        title_justify="left",
-        show_edge=False,
-    )
-    table.add_column("run", no_wrap=True, min_width=10)
-    for column, justify in (
-        ("split", "left"),
-        ("label", "left"),
-        ("score", "right"),
-        ("passed", "right"),
-        ("charged", "right"),
-        ("spent after", "right"),
-        ("", "left"),
-    ):
-        table.add_column(column, justify=justify)
+    rows = []
     for run in rundir.runs:
         marks = []
         if run.run_id == chosen:
@@ -126,8 +126,8 @@ def _runs_table(rundir: RunDirectory) -> Table:
             if changed:
                 marks.append("changed: " + ", ".join(changed))
         if run.note:
-            marks.append(f"[dim]{_clip(run.note, 60)}[/]")
-        table.add_row(
+            marks.append(f"[dim]{escape(_clip(run.note, 60))}[/]")
+        cells = [
             run.run_id,
             run.split,
             run.label,
@@ -136,10 +136,10 @@ def _runs_table(rundir: RunDirectory) -> Table:
             + ("" if run.evaluated_count == run.requested_count else f" of {run.requested_count}"),
             str(run.budget_spent),
             str(rundir.spent_after(run)),
-            "; ".join(marks),
-        )
+        ]
+        rows.append((cells, "; ".join(marks)))
     for pending in rundir.pending:
-        table.add_row(
+        cells = [
             "[italic]unfinished[/]",
             pending.split,
             pending.label,
@@ -147,9 +147,45 @@ def _runs_table(rundir: RunDirectory) -> Table:
             f"{sum(r.passed for r in pending.records)}/{pending.evaluated_count} of {pending.requested_count}",
             str(pending.evaluated_count if pending.charged else 0),
             "",
-            "[yellow]" + ("being evaluated" if rundir.status == "in flight" else "see below") + "[/]",
-        )
-    return table
+        ]
+        rows.append((cells, "[yellow]" + ("being evaluated" if rundir.status == "in flight" else "see below") + "[/]"))
+    return rows
+
+
+class _RunsTable:
+    """The evaluation runs, one row each, laid out for the width it is printed at: with a column for each run's
+    notes (returned, candidate, the steps it changed, its note) when they have room, else the notes under the
+    table, one line per run that has any (a narrow terminal: a notes column would get a word a line)."""
+
+    def __init__(self, rundir: RunDirectory):
+        self.title = f"evaluation runs ({len(rundir.runs)} saved, {len(rundir.pending)} in flight or unfinished)"
+        self.rows = _run_rows(rundir)
+
+    def _table(self, with_notes: bool) -> Table:
+        table = Table(title=self.title, title_justify="left", show_edge=False)
+        table.add_column("run", no_wrap=True, min_width=10)
+        for column, justify in _RUN_COLUMNS:
+            table.add_column(column, justify=justify, no_wrap=True)
+        if with_notes:
+            table.add_column("", justify="left")
+        for cells, notes in self.rows:
+            table.add_row(*cells, *([notes] if with_notes else []))
+        return table
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        data = self._table(with_notes=False)
+        room = options.max_width - Measurement.get(console, options, data).maximum - 3  # 3: the column separator
+        if room >= _NOTES_MIN_WIDTH or not any(notes for _, notes in self.rows):
+            yield self._table(with_notes=True)
+            return
+        yield data
+        notes = Table.grid(padding=(0, 2))
+        notes.add_column(no_wrap=True, min_width=10)
+        notes.add_column()
+        for cells, marks in self.rows:
+            if marks:
+                notes.add_row(cells[0], marks)
+        yield Padding(notes, (0, 0, 0, 1))
 
 
 def _pending_text(rundir: RunDirectory) -> Text | None:
@@ -271,7 +307,7 @@ def render(rundir: RunDirectory, picture: Path | str | None = None) -> Group:
         check = _cost_check(rundir)
         if check is not None:
             parts.append(check)
-        parts.append(_runs_table(rundir))
+        parts.append(_RunsTable(rundir))
         pending = _pending_text(rundir)
         if pending is not None:
             parts.append(pending)
