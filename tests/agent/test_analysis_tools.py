@@ -8,6 +8,8 @@ import json
 
 import pytest
 from support.analysing import DISPUTE_CAUSE, GROUP, analyst, compile_with_analysis
+from support.metrics import CountingMetric
+from support.optimizing import SUBMIT_LINE, compile_tickets
 from support.tickets import POLICY_PROMPT
 
 from rlmoptimizer.__main__ import main
@@ -49,3 +51,21 @@ def test_an_agent_analyses_proposes_for_a_group_and_the_returned_programs_lineag
     assert main(["report", str(directory), "--no-plot"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert f"made for group '{GROUP}' of analysis-1 (train 3, 8)" in out
+
+
+def test_with_max_metric_calls_an_analysis_is_paid_from_the_sub_lm_allowance_and_no_metric_call_is_made():
+    counting = CountingMetric()  # on 12 train and 8 validation examples
+    turns = [
+        {"reasoning": "read the failures", "code": "print(baseline_train['passed_count'])"},
+        {
+            "reasoning": "analyse",
+            "code": "a = analyze_failures()\ns = optimization_status()\n"
+            "print(json.dumps([a['budget_spent'], s['budget_left'], s['sub_lm_left']]))",
+        },
+        {"reasoning": "submit", "code": SUBMIT_LINE},
+    ]
+    result = compile_tickets(turns, sub_lm=analyst(), max_metric_calls=30, metric=counting)
+    outputs = [turn["output"] for turn in result.agent_trajectory]
+    assert json.loads(outputs[1].strip().splitlines()[-1]) == [2, 30 - 8 - 12, 30 - 2]
+    assert counting.calls == 8 + 12  # the validation baseline and the train baseline read: the analysis made none
+    assert result.budget["spent_by_kind"] == {"train_example": 12, "val_example": 0, "sub_lm_call": 2}
