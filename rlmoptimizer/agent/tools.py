@@ -300,8 +300,9 @@ class AgentTools:
         minibatch_size: int = 3,
         use_merge: bool = True,
         proposals_per_iteration: int = 1,
+        group: Any = None,
     ) -> dict:
-        """Run GEPA (the gepa package's engine: Pareto selection of parents, reflective proposals from minibatches of failures, merge) from `start` ('current' or a candidate id) on `steps` (all by default), for at most `budget` units (default: all that is left); `seed` orders its minibatches (default: the compile's attempt). Changes nothing. Returns {'best': a candidate id, 'best_is_new', 'candidate_ids': ['gepa-1', ...], 'candidates': [{'id', 'parents', 'score'}], 'pareto_front', 'best_score' (aggregate on validation, or train without one), 'spent', 'summary'}; then adopt_candidate(r['best'])."""
+        """Run GEPA (the gepa package's engine: Pareto selection of parents, reflective proposals from minibatches of failures, merge) from `start` ('current' or a candidate id) on `steps` (all by default), for at most `budget` units (default: all that is left); `seed` orders its minibatches (default: the compile's attempt); group= a group of analyze_failures whose causes every reflection is told. Changes nothing. Returns {'best': a candidate id, 'best_is_new', 'candidate_ids': ['gepa-1', ...], 'candidates': [{'id', 'parents', 'score'}], 'pareto_front', 'best_score' (aggregate on validation, or train without one), 'spent', 'summary'}; then adopt_candidate(r['best'])."""
         if budget is None:
             budget = self.ledger.left
         if steps is not None and not isinstance(steps, str):
@@ -315,7 +316,7 @@ class AgentTools:
         try:
             seed = self.seed if seed is None else seed
             result = self.moves.run_gepa(
-                GepaSpec(budget, steps, start, seed, minibatch_size, use_merge, proposals_per_iteration)
+                GepaSpec(budget, steps, start, seed, minibatch_size, use_merge, proposals_per_iteration, group)
             )
         finally:
             self._keep_candidates()

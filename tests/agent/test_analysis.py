@@ -10,11 +10,12 @@ import re
 import dspy
 import pytest
 from support.evaluating import program_evaluator
-from support.fakes import FunctionLM, last_user_text
+from support.fakes import FunctionLM, last_user_text, system_text
 from support.optimizing import proposer
 
 from rlmoptimizer.agent.moves import MAX_PROMPTS, FailureAnalysis, Moves
 from rlmoptimizer.agent.moves.analysis import FAILURES_PER_PROMPT, prompts_for
+from rlmoptimizer.agent.moves.gepa import GepaSpec
 from rlmoptimizer.budget import SUB_LM_CALL, TRAIN_EXAMPLE, BudgetLedger
 from rlmoptimizer.errors import AgentToolError
 from rlmoptimizer.evaluation.evaluator import Evaluator
@@ -26,7 +27,8 @@ from rlmoptimizer.storage.run_store import RunStore
 # -- a one-step router whose task LM misses two rules -----------------------------------------------------------
 #
 # Damaged items go to returns and bank disputes go to disputes, but the task LM routes anything about money to
-# billing; a ticket saying CRASH makes it answer something that does not parse (a program error).
+# billing unless the instructions state the rule; a ticket saying CRASH makes it answer something that does not parse
+# (a program error).
 
 TRAIN = [
     ("Refund please, the blender arrived damaged.", "returns"),  # 0 fails: damaged
@@ -52,6 +54,10 @@ def task_reply(messages):
     ticket = last_user_text(messages).split("[[ ## ticket ## ]]", 1)[1].split("Respond with", 1)[0].strip()
     if "CRASH" in ticket:
         return "no fields here"
+    rules = system_text(messages).lower()  # instructions that state a rule are followed
+    for word, queue in (("damaged", "returns"), ("dispute", "disputes")):
+        if word in rules and word in ticket.lower():
+            return {"queue": queue}
     money = any(w in ticket.lower() for w in ("refund", "charge", "money", "invoice", "payment"))
     if money:
         return {"queue": "billing"}
@@ -368,3 +374,25 @@ def test_a_group_that_names_nothing_known_is_refused_saying_what_to_pass(tmp_pat
     with pytest.raises(AgentToolError, match=r"group is list"):
         world.moves.propose_instructions("route", group=[0])
     assert world.ledger.spent_by_kind[SUB_LM_CALL] == 3  # the analysis only
+
+
+def test_gepa_can_reflect_with_a_groups_causes_and_its_candidates_record_the_group(tmp_path):
+    fix = "Damaged items go to returns."
+    world = World(tmp_path)
+    reflections = []
+
+    def reply(messages):
+        if "[[ ## failures ## ]]" in last_user_text(messages) or "[[ ## causes ## ]]" in last_user_text(messages):
+            return world.sub_lm.fn(messages)
+        reflections.append(messages)
+        return json.dumps({"new_instruction": fix})
+
+    world.moves._proposal_lm = FunctionLM(reply, name="sub")
+    analysis = world.moves.analyze_failures()
+    result = world.moves.run_gepa(GepaSpec(budget=40, group="damaged to returns"))
+    assert reflections and all('Fix this group of failures: "damaged to returns"' in str(m) for m in reflections)
+    made_for = {"analysis": analysis.analysis_id, "group": "damaged to returns", "example_ids": DAMAGED}
+    assert result["best"] == "gepa-1" and world.moves.proposals["gepa-1"]["route"] == fix
+    assert world.moves.lineage["gepa-1"]["made_for"] == made_for
+    with pytest.raises(AgentToolError, match=r"run_gepa: analysis-1 has no group 'x'"):
+        world.moves.run_gepa(GepaSpec(budget=10, group="x"))

@@ -67,5 +67,5 @@ __all__ = [
 ]
 
 
-class Moves(ProposalMoves, AnalysisMoves, PairedMoves, HistoryMoves, GepaMoves):
+class Moves(ProposalMoves, PairedMoves, HistoryMoves, GepaMoves, AnalysisMoves):
     """The moves of one optimization, over its runs, its ledger and an evaluate function."""
