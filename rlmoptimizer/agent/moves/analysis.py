@@ -309,7 +309,7 @@ class AnalysisMoves(MoveContext):
         passing: list[ExampleResult],
         asked: _Asked,
     ) -> FailureAnalysis:
-        notes = []
+        notes = [] if failures else [f"nothing failed in {source.label}"]
         lm_failed = sum(1 for r in records if not r.reusable)
         if lm_failed:
             notes.append(f"{lm_failed} record(s) whose LM call failed without an answer are left out")
