@@ -396,3 +396,17 @@ def test_gepa_can_reflect_with_a_groups_causes_and_its_candidates_record_the_gro
     assert world.moves.lineage["gepa-1"]["made_for"] == made_for
     with pytest.raises(AgentToolError, match=r"run_gepa: analysis-1 has no group 'x'"):
         world.moves.run_gepa(GepaSpec(budget=10, group="x"))
+
+
+def test_one_failure_is_one_prompt_and_no_merge_and_a_run_without_failures_costs_nothing(tmp_path):
+    world = World(tmp_path)
+    rules = "Damaged items go to returns; a dispute goes to disputes."
+    world.program.route.signature = world.program.route.signature.with_instructions(rules)
+    world.runs.evaluate(world.program, "train", label="agent")
+    analysis = world.moves.analyze_failures()
+    assert analysis.failed_ids == (8,) and analysis.budget_spent == 1 == prompts_for(1) == len(world.sub_lm.calls)
+    assert [(g.name, g.cause, g.example_ids) for g in analysis.groups] == [(CAUSE_CRASH, CAUSE_CRASH, (8,))]
+    clean = world.runs.evaluate(world.program, "train", label="agent", ids=[0, 1, 2, 3])
+    empty = world.moves.analyze_failures(run_id=clean.run_id)
+    assert empty.groups == () and empty.largest() is None and empty.budget_spent == 0
+    assert empty.note == f"nothing failed in run {clean.run_id}" and len(world.sub_lm.calls) == 1
