@@ -275,6 +275,14 @@ def test_asking_again_is_free_also_after_a_resume_and_new_records_make_a_new_ana
     redone = replayed.moves.analyze_failures()
     assert not redone.reused and redone.groups == first.groups and redone.budget_spent == 0
     assert not replayed.sub_lm.calls and replayed.ledger.spent_by_kind[SUB_LM_CALL] == 0
+    # a damaged answer in the run directory is asked again (and paid), never taken for one
+    answers = tmp_path / "analysis_answers.jsonl"
+    lines = [json.loads(line) for line in answers.read_text().splitlines()]
+    answers.write_text("".join(json.dumps({**e, "text": "{not json"}) + "\n" for e in lines))
+    (tmp_path / "analyses.json").unlink()
+    damaged = World(tmp_path, sub_lm=analyst())
+    assert damaged.moves.analyze_failures().groups == first.groups
+    assert len(damaged.sub_lm.calls) == 3 == damaged.ledger.spent_by_kind[SUB_LM_CALL]
     # other records (a fixed example) are another analysis, paid again
     world.program.route.signature = world.program.route.signature.with_instructions("Damaged items go to returns.")
     world.runs.evaluate(world.program, "train", label="agent")

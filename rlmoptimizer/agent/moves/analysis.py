@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import dspy
+import pydantic
 
 from rlmoptimizer.agent.moves.context import MoveContext, Source, refuse
 from rlmoptimizer.agent.moves.failures import (
@@ -164,8 +165,9 @@ class AnalysisMoves(MoveContext):
     def analyze_failures(self, run_id: Any = None, step: Any = None, use_lm: Any = True) -> FailureAnalysis:
         """Every failure of a train run (default: the current instructions' train records) grouped by what code sees
         and, with ``use_lm``, by the causes the sub-LM names, merged into groups with counts and ids; ``step``: only
-        the failures where that step ran, shown with that step's call. At most :data:`MAX_PROMPTS` units, reserved in
-        full before the first prompt or refused; asked again about the same records, it is reused for nothing."""
+        the failures where that step ran or raised, shown with that step's call. At most :data:`MAX_PROMPTS` units,
+        reserved in full before the first prompt or refused; asked again about the same records, it is reused for
+        nothing (also after a resume: the analyses are kept in the run directory)."""
         tool = "analyze_failures"
         if step is not None:
             self._check_step(step, tool)
@@ -179,10 +181,11 @@ class AnalysisMoves(MoveContext):
         digest = instructions_digest(source.instructions)
         key = _digest([source.label, digest, step, use_lm, [r.to_dict() for r in records]])
         book = self._analyses()
-        done = book.find(key)
-        if done is not None:
-            book.keep(done)  # the latest again
-            return done.reuse()
+        with self._naming:
+            done = book.find(key)
+            if done is not None:
+                book.keep(done)  # the latest again
+                return done.reuse()
         analysed = spread_sample(failures, MAX_ANALYSED) if use_lm else []
         asked = self._ask(analysed, passing, step, source) if analysed else _Asked()
         with self._naming:
@@ -207,7 +210,8 @@ class AnalysisMoves(MoveContext):
             for batch in batches
         ]
         merge = len(analysed) >= 2
-        unpaid = sum(1 for inputs in prompts if kept.get(_answer_key("causes", inputs)) is None) + int(merge)
+        unpaid = sum(1 for p in prompts if _replayed(kept.get(_answer_key("causes", p)), FailureCause) is None)
+        unpaid += int(merge)  # the merge's prompt is known once the causes are: reserved, released if replayed
         asked = _Asked(prompts=len(prompts))
         with self._reserve(unpaid, len(prompts), merge) as reservation:
             answers = self._run(NameFailureCauses, "causes", prompts, lm, kept, reservation, asked)
@@ -249,13 +253,12 @@ class AnalysisMoves(MoveContext):
 
         def one(inputs: dict[str, str]) -> list[Any] | None:
             key = _answer_key(output, inputs)
-            stored = kept.get(key)
-            if stored is not None:
-                data = json.loads(stored)
-                if "unusable" in data:
-                    asked.unusable.append(str(data["unusable"]))
-                    return None
-                return [item.model_validate(entry) for entry in data["answer"]]
+            replayed = _replayed(kept.get(key), item)
+            if replayed is not None:
+                answer, why = replayed
+                if why is not None:
+                    asked.unusable.append(why)
+                return answer
             try:
                 answer = list(self._ask_once(signature, output, inputs, lm, reservation) or ())
             except Exception as exc:
@@ -442,6 +445,20 @@ def _cause_groups(
     if rest:
         notes.append(f"{len(rest)} failure(s) no merged group holds are grouped by code")
     return largest_first(groups), "; ".join(notes) or None
+
+
+def _replayed(stored: str | None, item: type[pydantic.BaseModel]) -> tuple[list[Any] | None, str | None] | None:
+    """A kept answer as (its items, None) or (None, why it was unusable); None when there is none (or it is
+    damaged: then the prompt is asked again)."""
+    if stored is None:
+        return None
+    try:
+        data = json.loads(stored)
+        if "unusable" in data:
+            return None, str(data["unusable"])
+        return [item.model_validate(entry) for entry in data["answer"]], None
+    except (ValueError, TypeError, KeyError, pydantic.ValidationError):
+        return None
 
 
 def _answer_key(output: str, inputs: dict[str, str]) -> str:
