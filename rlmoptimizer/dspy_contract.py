@@ -190,6 +190,7 @@ REQUIREMENTS: dict[str, tuple[Requirement, ...]] = {
             "BaseModule",
             "Example",
             "InputField",
+            "JSONAdapter",
             "LM",
             "LMNotConfiguredError",
             "Module",

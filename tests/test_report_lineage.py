@@ -6,7 +6,8 @@ and a damaged file whose parents form a cycle."""
 from __future__ import annotations
 
 from rlmoptimizer.fingerprint import instructions_digest
-from rlmoptimizer.report.lineage import UNCHANGED, Lineage
+from rlmoptimizer.report.lineage import UNCHANGED, Lineage, lineage_shape
+from rlmoptimizer.report.summary import ancestry_lines
 
 INITIAL = {"a": "A0", "b": "B0"}
 
@@ -144,3 +145,26 @@ def test_the_unchanged_program_and_an_unnamed_instruction_set_have_no_lineage_to
     [written] = found.ancestry(1)
     assert written["label"] == "candidate 1" and written["move"].startswith("written with update_prompt")
     assert found.ancestry(None) == []
+
+
+def test_a_proposal_made_for_a_failure_group_names_it_in_its_ancestry_and_a_malformed_entry_is_dropped():
+    made_for = {"analysis": "analysis-1", "group": "damaged to returns", "example_ids": [0, 2, 4]}
+    named = {"proposal-1": {"a": "A1"}}
+    lineage = {
+        "proposal-1": {
+            "parents": ["current"],
+            "move": "reflective proposal (propose_instructions)",
+            "steps": ["a"],
+            "reflected_on": [0, 2],
+            "made_for": made_for,
+            "parent_digests": [instructions_digest(INITIAL)],
+        }
+    }
+    ancestry = Lineage(named, lineage, [INITIAL, {"a": "A1", "b": "B0"}], INITIAL, {}, []).ancestry(1)
+    assert ancestry[0]["made_for"] is None and ancestry[1]["made_for"] == made_for
+    [(_, line)] = ancestry_lines(ancestry[1:], "val")
+    assert "; made for group 'damaged to returns' of analysis-1 (train 0, 2, 4)" in line
+    problems: list[str] = []
+    damaged = {"proposal-1": {**lineage["proposal-1"], "made_for": {"analysis": 1, "group": "g", "example_ids": []}}}
+    assert "made_for" not in lineage_shape(damaged, problems)["proposal-1"]
+    assert problems == ["candidates.json: ignored lineage field(s) of the wrong kind: proposal-1.made_for"]

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.analysing import GROUP, compile_with_analysis
 from support.fakes import FunctionLM, scripted_agent
 from support.lineage import compile_with_lineage
 from support.optimizing import TURNS, compile_tickets
@@ -243,6 +244,23 @@ def test_compile_logs_where_the_returned_instructions_came_from(store, tmp_path,
         ("gepa-1", "gepa reflective proposal", ["proposal-1"], 1.0),
     ]
     assert lineage["ancestry"][2]["reflected_on"] == stored["gepa-1"]["reflected_on"]
+    assert lineage == json.loads(json.dumps(optimized.detailed_results.lineage_record()))
+
+
+@pytest.mark.slow
+def test_compile_logs_the_failure_group_a_returned_proposal_was_written_for(store, tmp_path, mlflow):
+    """The returned program is proposal-1, written for the largest group of analysis-1 (support.analysing): MLflow's
+    lineage.json names the analysis, the group and its example ids, in the lineage and in the ancestry."""
+    optimized = compile_with_analysis(tmp_path / "run", use_mlflow=True)
+
+    client = mlflow.MlflowClient(store["uri"])
+    [logged] = client.search_runs([store["experiment_id"]])
+    assert logged.data.tags["returned_candidate"] == "proposal-1"
+    lineage = json.loads(
+        Path(client.download_artifacts(logged.info.run_id, "lineage.json", str(tmp_path / "down"))).read_text()
+    )
+    made_for = {"analysis": "analysis-1", "group": GROUP, "example_ids": [3, 8]}
+    assert lineage["lineage"]["proposal-1"]["made_for"] == made_for == lineage["ancestry"][-1]["made_for"]
     assert lineage == json.loads(json.dumps(optimized.detailed_results.lineage_record()))
 
 

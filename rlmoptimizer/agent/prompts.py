@@ -22,6 +22,7 @@ TOOL_NAMES: tuple[str, ...] = (
     "update_prompt",
     "optimization_status",
     "run_gepa",
+    "analyze_failures",
     "propose_instructions",
     "propose_demos",
     "compare",
@@ -59,10 +60,11 @@ validation); SUBMIT when nothing is left to pay for. A clear winner wins at leas
 SUBMITs ends the run after your cell.$pilot_note
 Do better than the loop when you can: run GEPA on the step at fault only (`steps=[...]`), restart it from your
 own edited prompts (`start=`), or split the budget into several runs with analysis in between. Read what the best
-still fails (`hard_examples()`, `evaluate_program(failed_from_run=...)`, `diff_runs`); group failures with code
-by step and cause and print counts and a few short examples; ask `llm_query_batched` about groups; pass what you
-learned as `guidance=` to `propose_instructions`, or write instructions yourself with `update_prompt` (state the
-rules the failures reveal, keep what works); `compare` before you adopt (`rollouts=3` when scores look noisy).
+still fails (`hard_examples()`, `evaluate_program(failed_from_run=...)`, `diff_runs`); `analyze_failures()` groups
+every failure by step and cause with counts and ids, and `propose_instructions(step, group=0)` writes for its largest
+group (or group failures with code and ask `llm_query_batched`); pass what you learned as `guidance=` to
+`propose_instructions`, or write instructions yourself with `update_prompt` (state the rules the failures reveal,
+keep what works); `compare` before you adopt (`rollouts=3` when scores look noisy).
 What is returned is the best of your submission and the candidates checked on validation. Older turns are shown
 shortened: keep what you must not forget with `add_note`.
 """

@@ -217,6 +217,7 @@ class AgentTools:
             self.update_prompt,
             self.optimization_status,
             self.run_gepa,
+            self.analyze_failures,
             self.propose_instructions,
             self.propose_demos,
             self.compare,
@@ -306,8 +307,9 @@ class AgentTools:
         minibatch_size: int = 3,
         use_merge: bool = True,
         proposals_per_iteration: int = 1,
+        group: Any = None,
     ) -> dict:
-        """Run GEPA (the gepa package's engine: Pareto selection of parents, reflective proposals from minibatches of failures, merge) from `start` ('current' or a candidate id) on `steps` (all by default), for at most `budget` units (default: all that is left); `seed` orders its minibatches (default: the compile's attempt). Changes nothing. Returns {'best': a candidate id, 'best_is_new', 'candidate_ids': ['gepa-1', ...], 'candidates': [{'id', 'parents', 'score'}], 'pareto_front', 'best_score' (aggregate on validation, or train without one), 'spent', 'summary'}; then adopt_candidate(r['best'])."""
+        """Run GEPA (the gepa package's engine: Pareto selection of parents, reflective proposals from minibatches of failures, merge) from `start` ('current' or a candidate id) on `steps` (all by default), for at most `budget` units (default: all that is left); `seed` orders its minibatches (default: the compile's attempt); group= a group of analyze_failures whose causes every reflection is told. Changes nothing. Returns {'best': a candidate id, 'best_is_new', 'candidate_ids': ['gepa-1', ...], 'candidates': [{'id', 'parents', 'score'}], 'pareto_front', 'best_score' (aggregate on validation, or train without one), 'spent', 'summary'}; then adopt_candidate(r['best'])."""
         if budget is None:
             budget = self.ledger.left
         if steps is not None and not isinstance(steps, str):
@@ -321,7 +323,7 @@ class AgentTools:
         try:
             seed = self.seed if seed is None else seed
             result = self.moves.run_gepa(
-                GepaSpec(budget, steps, start, seed, minibatch_size, use_merge, proposals_per_iteration)
+                GepaSpec(budget, steps, start, seed, minibatch_size, use_merge, proposals_per_iteration, group)
             )
         finally:
             self._keep_candidates()
@@ -343,13 +345,19 @@ class AgentTools:
         if observer is not None:
             observer.on_event(event)
 
+    def analyze_failures(self, run_id: str | None = None, step: str | None = None, use_lm: bool = True) -> dict:
+        """Group every failure of a train run (default: the current instructions' train records; step=: those where that step ran or raised) by what code sees (step, kind, 'expected -> produced' label) and by cause: the sub-LM names one short cause per failure (8 failures a prompt) and merges them into groups. Returns {'groups': [{'name', 'cause', 'count', 'example_ids', 'step', 'kind', 'labels', 'contrast_ids' (passing examples of the same kind)}] largest first, 'code_groups', 'causes', 'summary' (print it), 'analysis_id', 'note'}; then propose_instructions(step, group=0). Costs 1 unit per prompt: failures/8 rounded up, plus 1 (at most 7), refused if the budget cannot cover it all; asked again about the same records: free; use_lm=False: the code groups only, free. Changes nothing."""
+        return self._as_sub(self.moves.analyze_failures)(run_id=run_id, step=step, use_lm=use_lm).to_dict()
+
     def propose_instructions(
-        self, step: str, run_id: str | None = None, ids: Any = None, n: int = 1, guidance: str = ""
+        self, step: str, run_id: str | None = None, ids: Any = None, n: int = 1, guidance: str = "", group: Any = None
     ) -> dict:
-        """GEPA's reflective proposal: new instructions for `step`, written by the sub-LM from that step's inputs/outputs, the expected fields, scores and metric feedback of the failures of the current instructions (or of run_id, or of the examples ids=[...]). guidance= adds your own requirements. Changes nothing; 1 budget unit per proposal (n proposals). Returns {'texts', 'candidate_ids': ['proposal-1', ...] (names compare and adopt_candidate take), 'candidates': [{step: text}], 'example_ids', 'check_ids', ...}."""
+        """GEPA's reflective proposal: new instructions for `step`, written by the sub-LM from that step's inputs/outputs, the expected fields, scores and metric feedback of the failures of the current instructions (or of run_id, or of the examples ids=[...]). group= a group of analyze_failures (its index, name or dict): written from the group's causes and a few of its examples. guidance= adds your own requirements. Changes nothing; 1 budget unit per proposal (n proposals). Returns {'texts', 'candidate_ids': ['proposal-1', ...] (names compare and adopt_candidate take), 'candidates': [{step: text}], 'example_ids', 'check_ids', ...}."""
         if ids is not None:
             ids = self._select("propose_instructions", ids=ids)
-        result = self._as_sub(self.moves.propose_instructions)(step, run_id=run_id, ids=ids, n=n, guidance=guidance)
+        result = self._as_sub(self.moves.propose_instructions)(
+            step, run_id=run_id, ids=ids, n=n, guidance=guidance, group=group
+        )
         self._keep_candidates()
         self.pilot.record(
             Proposed(step, tuple(result["candidate_ids"]), tuple(result["check_ids"]), tuple(result["example_ids"]))

@@ -33,8 +33,9 @@ def _key(instructions: dict[str, str]) -> tuple[tuple[str, str], ...]:
 
 def lineage_shape(lineage: dict[str, Any], problems: list[str]) -> dict[str, dict[str, Any]]:
     """The lineage entries of ``candidates.json`` with their fields of the right kind (``parents``: candidate ids,
-    ``move``, ``run``, ``from``: text, ``steps``: step names, ``reflected_on``: train example ids); a field of the
-    wrong kind is dropped and named in ``problems``."""
+    ``move``, ``run``, ``from``: text, ``steps``: step names, ``reflected_on``: train example ids, ``made_for``: the
+    failure analysis, group and train example ids a proposal was written for); a field of the wrong kind is dropped
+    and named in ``problems``."""
     kept: dict[str, dict[str, Any]] = {}
     bad: list[str] = []
     for name, entry in lineage.items():
@@ -46,6 +47,8 @@ def lineage_shape(lineage: dict[str, Any], problems: list[str]) -> dict[str, dic
                 ok = isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
             elif field in ("move", "run", "from"):
                 ok = isinstance(value, str)
+            elif field == "made_for":
+                ok = _made_for(value)
             else:
                 ok = True
             if ok:
@@ -184,7 +187,7 @@ class Lineage:
     def ancestry(self, index: int | None) -> list[dict[str, Any]]:
         """The ancestors of instruction set ``index``, parents before children, the instruction set itself last:
         each ``{"label", "id", "candidate", "move", "parents" (labels), "run", "steps", "changed_steps",
-        "reflected_on", "generation"}``. Empty for ``None``."""
+        "reflected_on", "made_for", "generation"}``. Empty for ``None``."""
         if index is None:
             return []
         names = self.ids_of(index)
@@ -252,6 +255,7 @@ class Lineage:
             "steps": list(entry.get("steps", [])),
             "changed_steps": changed,
             "reflected_on": entry.get("reflected_on"),
+            "made_for": entry.get("made_for"),
         }
         order.append(name)
         return name
@@ -295,4 +299,17 @@ def _outside_node(label: str, candidate: int | None, move: str) -> dict[str, Any
         "steps": [],
         "changed_steps": [],
         "reflected_on": None,
+        "made_for": None,
     }
+
+
+def _made_for(value: Any) -> bool:
+    """Whether ``value`` is a ``made_for`` entry: ``{"analysis": id, "group": name, "example_ids": [train ids]}``."""
+    ids = value.get("example_ids") if isinstance(value, dict) else None
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("analysis"), str)
+        and isinstance(value.get("group"), str)
+        and isinstance(ids, list)
+        and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
+    )

@@ -25,9 +25,10 @@ split) and ``candidate_programs`` (``[{"score", "program", "full_eval": True, ..
 the whole selection split, best first).
 
 Where each candidate came from: ``candidate_ids`` (the ids the moves gave it, ``proposal-N`` and ``gepa-N``; several
-can name one instruction set), ``lineage`` (each id's parents, the move that made it, its GEPA run and the train ids it
-reflected on, as ``candidates.json`` keeps them, with the ``candidate`` index it stands for) and ``ancestry`` (the
-returned candidate's ancestors back to the unchanged program, each with its score: :mod:`rlmoptimizer.report.lineage`).
+can name one instruction set), ``lineage`` (each id's parents, the move that made it, its GEPA run, the train ids it
+reflected on and the failure group it was written for, as ``candidates.json`` keeps them, with the ``candidate`` index
+it stands for) and ``ancestry`` (the returned candidate's ancestors back to the unchanged program, each with its score:
+:mod:`rlmoptimizer.report.lineage`).
 
 Scores and ranks follow the selection's one rule (:func:`rlmoptimizer.records.ranked`): a candidate is scored by its
 first sample (rollout 0), so a lucky extra rollout never raises a candidate's scores, its place on the Pareto front
@@ -159,13 +160,14 @@ class DetailedResults:
     """Per candidate, the candidate ids naming it (``proposal-N``, ``gepa-N``) in the order they were made."""
     lineage: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per candidate id: ``parents`` (candidate ids, a run id or ``'current'``), ``move``, ``run`` (the GEPA run),
-    ``steps``, ``reflected_on`` (train example ids) as the moves recorded them, and ``candidate`` (the index of the
-    instruction set it stands for; None when it was never evaluated)."""
+    ``steps``, ``reflected_on`` (train example ids), ``made_for`` (a proposal written for a group of a failure
+    analysis: ``{"analysis", "group", "example_ids"}``) as the moves recorded them, and ``candidate`` (the index of
+    the instruction set it stands for; None when it was never evaluated)."""
     ancestry: tuple[dict[str, Any], ...] = ()
     """The returned candidate's ancestors, the unchanged program (or the oldest ancestor known) first and the
     returned candidate last: per generation ``label`` (its id, or ``"the unchanged program"``), ``id``,
     ``candidate``, ``move``, ``parents`` (labels), ``run``, ``steps``, ``changed_steps`` (what differs from its first
-    parent), ``reflected_on``, ``generation``, ``score`` (on the whole selection split), ``val_score`` and
+    parent), ``reflected_on``, ``made_for``, ``generation``, ``score`` (on the whole selection split), ``val_score`` and
     ``returned``. Empty until a candidate is returned."""
     program: Any = field(default=None, compare=False, repr=False)
 

@@ -249,7 +249,7 @@ def _ids(ids: Any) -> str:
 def ancestry_lines(ancestry: Any, split: str | None) -> list[tuple[int, str]]:
     """``(generation, line)`` per generation of the returned candidate's ancestry
     (:attr:`DetailedResults.ancestry`), the unchanged program first: id, move, parents, the train ids reflected on,
-    the score on the whole selection split."""
+    the failure group it was made for, the score on the whole selection split."""
     where = "validation" if split != "train" else "train"
     lines = []
     for node in ancestry:
@@ -262,6 +262,12 @@ def ancestry_lines(ancestry: Any, split: str | None) -> list[tuple[int, str]]:
             line += f"; changed {_ids(node['changed_steps'])}"
         if node.get("reflected_on"):
             line += f"; reflected on train {_ids(node['reflected_on'])}"
+        made_for = node.get("made_for")
+        if made_for:
+            line += (
+                f"; made for group {made_for['group']!r} of {made_for['analysis']} "
+                f"(train {_ids(made_for['example_ids'])})"
+            )
         line += f"; {where} {node['score']:.3f}" if node.get("score") is not None else f"; not scored on all of {where}"
         if node.get("returned"):
             line += " (returned)"

@@ -16,9 +16,9 @@ What it logs:
 * every agent turn (``turns/turn-NNNN.json``) and every prompt version (``prompts/v-NNNN.json``) as it happens;
 * at the end, ``optimized_instructions.json``, ``selection.json``, ``trajectory.json``, ``detailed_results.json``
   and the picture of the run (``run.png``), plus ``final_score`` and ``baseline_score``;
-* where the returned instructions came from: ``lineage.json`` (every named candidate's parents, move, GEPA run and
-  the train ids it reflected on, and the returned candidate's ancestry with its scores:
-  :meth:`DetailedResults.lineage_record <rlmoptimizer.report.results.DetailedResults.lineage_record>`), and the
+* where the returned instructions came from: ``lineage.json`` (every named candidate's parents, move, GEPA run,
+  the train ids it reflected on and the failure group it was written for, and the returned candidate's ancestry with
+  its scores: :meth:`DetailedResults.lineage_record <rlmoptimizer.report.results.DetailedResults.lineage_record>`), and the
   tags ``returned_candidate`` (its id, e.g. ``gepa-3``) and ``returned_ancestry`` (``the unchanged program ->
   proposal-1 -> gepa-3``).
 

@@ -21,6 +21,8 @@ made durable against a power loss a few milliseconds later, on a background thre
     gepa_runs.json               what each GEPA run has paid or reserved, and whether it finished
     gepa_reflections.jsonl       the reflection LM's answers, replayed on resume (rlmoptimizer.storage.answers)
     proposals.jsonl              the proposal LM's answers (propose_instructions), replayed on resume
+    analyses.json                every failure analysis (analyze_failures), reused free when asked again
+    analysis_answers.jsonl       the sub-LM's answers to the analyses' prompts, replayed on resume
     result.json                  the final choice, once compile() has returned
     run.png                      the picture of the run (rlmoptimizer.report.plot)
 
@@ -44,6 +46,8 @@ CANDIDATES = "candidates.json"
 GEPA_RUNS = "gepa_runs.json"
 GEPA_REFLECTIONS = "gepa_reflections.jsonl"
 PROPOSALS = "proposals.jsonl"
+ANALYSES = "analyses.json"
+ANALYSIS_ANSWERS = "analysis_answers.jsonl"
 SUB_LM_ANSWERS = "sub_lm_answers.jsonl"
 RESULT = "result.json"
 PICTURE = "run.png"
@@ -115,6 +119,10 @@ class RunLayout:
     @property
     def candidates(self) -> Path:
         return self.directory / CANDIDATES
+
+    @property
+    def analyses(self) -> Path:
+        return self.directory / ANALYSES
 
     @property
     def gepa_runs(self) -> Path:

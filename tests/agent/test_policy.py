@@ -8,13 +8,13 @@ from dataclasses import replace
 import pytest
 
 from rlmoptimizer.agent.policy import (
+    DEMOS,
     END,
     GEPA,
     TARGETED,
     Adopt,
     Adopted,
     BudgetView,
-    DEMOS,
     CheckValidation,
     Compare,
     Compared,

@@ -1,7 +1,7 @@
 """Validation is aggregate-only, checked where the agent sees things: an agent that asks every tool for
 everything it will give about validation (``baseline_val``, a validation run and ``run_data`` of it, ``compare``
-and ``run_gepa`` with a validation split, ``candidates``, ``hard_examples``, ``optimization_status``, ``diff_runs``,
-``llm_query``), through the real sandbox, and prints all of it. No validation ticket appears in any REPL output, any
+and ``run_gepa`` with a validation split, ``analyze_failures`` and a proposal for one of its groups, ``candidates``,
+``hard_examples``, ``optimization_status``, ``diff_runs``, ``llm_query``), through the real sandbox, and prints all of it. No validation ticket appears in any REPL output, any
 root-LM request or any sub-LM request, while the evaluation LM did run on every one of them and the train tickets
 the agent may see do appear."""
 
@@ -38,6 +38,7 @@ TURNS = [
         "reasoning": "moves on validation",
         "code": (
             "p = propose_instructions('route')\nshow('proposal', p)\n"
+            "show('analysis', analyze_failures())\nshow('group proposal', propose_instructions('route', group=0))\n"
             "show('compare val', compare(['current', *p['candidate_ids']], split='val'))\n"
             "show('gepa', run_gepa(budget=20, steps=['route']))"
         ),
@@ -69,6 +70,8 @@ def test_no_validation_example_reaches_the_agent_or_its_lms():
         "run_data baseline val",
         "diff_runs",
         "proposal",
+        "analysis",
+        "group proposal",
         "compare val",
         "gepa",
         "candidates",

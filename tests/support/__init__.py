@@ -4,6 +4,8 @@
 - ``fakes``: the offline LMs; ``tickets``: the ticket-routing task; ``qa``: a small QA task;
 - ``optimizing``: the optimizer on the ticket task as most tests run it (scripted turns, the optimizer and
   compile builders, the sub-LM proposer, LMs that fail or stop on cue);
+- ``lineage`` and ``analysing``: compiles whose returned instructions have an ancestry (GEPA from a proposal; a
+  proposal written for a group of a failure analysis);
 - ``processes``: scripts in their own process, and waiting for the point a script reports reaching;
 - ``readonly``: a file system that refuses every write; ``metrics`` and ``objects``: metrics and examples a
   resume must recognise in a new process;

@@ -4,7 +4,9 @@ GEPA's reflective proposal from traces and metric feedback (:meth:`Moves.propose
 dspy's own ``dspy.teleprompt.gepa.InstructionProposer``), its paired comparison of candidates on the same
 examples (:meth:`Moves.compare`) and its Pareto set of candidates (:meth:`Moves.candidates`); the failure
 replay set (:meth:`Moves.hard_examples`), repeated rollouts for noisy scores (:meth:`Moves.evaluate_rollouts`)
-and the contrast of two runs' traces for credit assignment (:meth:`Moves.diff_runs`).
+and the contrast of two runs' traces for credit assignment (:meth:`Moves.diff_runs`); the analysis of a whole
+run's failures, grouped by what code sees and by the causes the sub-LM names (:meth:`Moves.analyze_failures`),
+whose groups a proposal can be written for (``propose_instructions(..., group=...)``).
 
 The moves work over stored :class:`~rlmoptimizer.records.EvalRun` records and three small interfaces, so
 they do not depend on where the agent's tools live:
@@ -16,26 +18,29 @@ they do not depend on where the agent's tools live:
 * ``ledger``: the :class:`~rlmoptimizer.budget.BudgetLedger`.
 
 Budget, as everywhere: 1 unit per newly evaluated example per rollout, 1 unit per proposal LM call that
-answered; stored records are reused free. A move that evaluates first works out what it will cost and
-refuses, spending nothing, when the budget cannot cover all of it (a paired comparison on half its examples
-would compare nothing). Refusals raise :class:`~rlmoptimizer.errors.AgentToolError` saying what was wrong
+answered, 1 per analysis prompt that answered (at most ``MAX_PROMPTS`` an analysis); stored records and answers
+are reused free. A move that evaluates or analyses first works out what it will cost and refuses, spending
+nothing, when the budget cannot cover all of it (a paired comparison on half its examples would compare nothing). Refusals raise :class:`~rlmoptimizer.errors.AgentToolError` saying what was wrong
 -> what to do.
 
 Rooms:
     context.py   what the moves share: the interfaces and the checks
     proposal.py  ``propose_instructions`` and the reflective dataset it is built from
+    failures.py  what a failure analysis is made of and what code sees of a failure (no LM): ``FailureAnalysis``
+    analysis.py  ``analyze_failures``: the sub-LM's causes merged into groups, budgeted, kept; a group for a proposal
     paired.py    ``compare`` and ``evaluate_rollouts``
     history.py   ``candidates`` (the Pareto front), ``hard_examples``, ``diff_runs``
     gepa.py      ``run_gepa``: the gepa package's engine over these evaluations, exact on budget
     demos.py     ``propose_demos``: demos from the program's own successes on train
     gepa_adapter.py  what that engine sees: the adapter over our evaluations, the budget slice, the reflection LM
 
-May import: dspy, gepa, ``rlmoptimizer.storage``, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.events``, ``.fingerprint``, ``.records``, ``.selection``. Nothing
+May import: dspy, gepa, pydantic, ``rlmoptimizer.storage``, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.events``, ``.fingerprint``, ``.records``, ``.selection``. Nothing
 above it (the agent's tools, the optimizer).
 """
 
 from __future__ import annotations
 
+from rlmoptimizer.agent.moves.analysis import MAX_PROMPTS, AnalysisMoves
 from rlmoptimizer.agent.moves.context import (
     MAX_PROPOSALS,
     MAX_REFLECTION_EXAMPLES,
@@ -44,21 +49,25 @@ from rlmoptimizer.agent.moves.context import (
     RunAccess,
 )
 from rlmoptimizer.agent.moves.demos import DemoMoves
+from rlmoptimizer.agent.moves.failures import FailureAnalysis, FailureGroup
 from rlmoptimizer.agent.moves.gepa import GepaMoves
 from rlmoptimizer.agent.moves.history import HistoryMoves
 from rlmoptimizer.agent.moves.paired import PairedMoves
 from rlmoptimizer.agent.moves.proposal import ProposalMoves, reflective_example
 
 __all__ = [
+    "MAX_PROMPTS",
     "MAX_PROPOSALS",
     "MAX_REFLECTION_EXAMPLES",
     "MAX_ROLLOUTS",
     "EvaluateFn",
+    "FailureAnalysis",
+    "FailureGroup",
     "Moves",
     "RunAccess",
     "reflective_example",
 ]
 
 
-class Moves(ProposalMoves, PairedMoves, HistoryMoves, GepaMoves, DemoMoves):
+class Moves(ProposalMoves, PairedMoves, HistoryMoves, GepaMoves, DemoMoves, AnalysisMoves):
     """The moves of one optimization, over its runs, its ledger and an evaluate function."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import dspy
@@ -16,7 +17,7 @@ import dspy
 from rlmoptimizer.agent.working_program import agent_error as refuse  # the one format of a refusal
 from rlmoptimizer.budget import BudgetLedger
 from rlmoptimizer.events import SubLMAnswered
-from rlmoptimizer.fingerprint import canonical_json, demos_step, parse_demos
+from rlmoptimizer.fingerprint import canonical_json, demos_step, instructions_digest, parse_demos
 from rlmoptimizer.records import EvalRun, ExampleResult
 
 MAX_ROLLOUTS = 10
@@ -43,6 +44,18 @@ class RunAccess(Protocol):
 
 EvaluateFn = Callable[..., EvalRun]
 """``evaluate(instructions, split, ids, *, rollout, label, reservation) -> EvalRun``."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """Train records a move reads (a proposal reflects on, an analysis groups): ``label`` says where they come from
+    (``run run-0003``, or the current instructions' train records), ``run_id`` is that run (None for the current
+    instructions' records), ``instructions`` what the records were made with. Train only, always."""
+
+    label: str
+    records: dict[int, ExampleResult]
+    run_id: str | None
+    instructions: dict[str, str]
 
 
 def whole_validation(tool: str, how: str, *selection: Any) -> None:
@@ -145,6 +158,37 @@ class MoveContext:
                 "pass a train run id (validation examples are not shown)",
             )
         return run
+
+    def _source(self, run_id: Any, tool: str) -> Source:
+        """Where a move's train records come from: the given train run; by default every first-rollout train
+        record of the current instructions (the latest per example), else the latest train run."""
+        if run_id is not None:
+            run = self._train_run(run_id, tool)
+            return Source(
+                f"run {run.run_id}", {r.example_id: r for r in run.records}, run.run_id, dict(run.instructions)
+            )
+        train = [run for run in self.runs.all() if run.split == "train" and run.records]
+        if not train:
+            raise refuse(f"{tool}: no train run yet", "call evaluate_program() first")
+        current = self._current()
+        digest = instructions_digest(current)
+        if any(run.rollout == 0 and instructions_digest(run.instructions) == digest for run in train):
+            return Source("the current instructions' train records", self._records_of(digest), None, dict(current))
+        last = train[-1]
+        return Source(
+            f"run {last.run_id}", {r.example_id: r for r in last.records}, last.run_id, dict(last.instructions)
+        )
+
+    def _records_of(self, digest: str) -> dict[int, ExampleResult]:
+        """Every first-rollout train record of the instructions of ``digest`` (the latest per example), in id order;
+        records of an LM call that failed without an answer are left out."""
+        mine = [
+            run
+            for run in self.runs.all()
+            if run.split == "train" and run.rollout == 0 and instructions_digest(run.instructions) == digest
+        ]
+        merged = {r.example_id: r for run in mine for r in run.records if r.reusable}
+        return dict(sorted(merged.items()))
 
     def name_of(self, instructions: dict[str, str]) -> str:
         """The first candidate id whose instructions are ``instructions``, else 'current' when they are the current

@@ -32,7 +32,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlmoptimizer.agent.moves.context import MoveContext, budget_spent, exhausted, refuse
+from rlmoptimizer.agent.moves.analysis import AnalysisMoves, group_guidance
+from rlmoptimizer.agent.moves.context import budget_spent, exhausted, refuse
 from rlmoptimizer.agent.moves.gepa_adapter import Adapter, Reflection, Slice, Stop
 from rlmoptimizer.errors import AgentToolError
 from rlmoptimizer.fingerprint import instructions_digest
@@ -48,7 +49,8 @@ MAX_PROPOSALS_PER_ITERATION = 8
 @dataclass(frozen=True)
 class GepaSpec:
     """One ``run_gepa`` call: at most ``budget`` units from ``start`` ('current' or a candidate id) on ``steps`` (all
-    when None); ``seed`` orders the minibatches of ``minibatch_size``; ``use_merge``; ``proposals_per_iteration``."""
+    when None); ``seed`` orders the minibatches of ``minibatch_size``; ``use_merge``; ``proposals_per_iteration``;
+    ``group``: a group of a failure analysis whose causes every reflection is told (None: none)."""
 
     budget: Any
     steps: Any = None
@@ -57,6 +59,7 @@ class GepaSpec:
     minibatch_size: Any = MINIBATCH_SIZE
     use_merge: Any = True
     proposals_per_iteration: Any = 1
+    group: Any = None
 
 
 @dataclass
@@ -136,7 +139,7 @@ class _Log:
         self.lines = (*self.lines[-49:], str(message))
 
 
-class GepaMoves(MoveContext):
+class GepaMoves(AnalysisMoves):
     """``run_gepa`` and the lineage of the candidates it and the other moves made."""
 
     def is_known(self, instructions: dict[str, str]) -> bool:
@@ -198,6 +201,11 @@ class GepaMoves(MoveContext):
         for step in steps:
             self._check_step(step, "run_gepa")
         steps = list(dict.fromkeys(steps))
+        guidance, made_for = None, None
+        if spec.group is not None:  # every reflection is told the group's causes (dspy's proposer's additional text)
+            analysis, chosen = self.failure_group(spec.group, "run_gepa")
+            guidance = group_guidance(analysis, chosen)
+            made_for = {"analysis": analysis.analysis_id, "group": chosen.name, "example_ids": list(chosen.example_ids)}
         source, base = self._resolve(spec.start, None)
         source = self.name_of(base) if source in ("current", "map") else source
         run_name = f"gepa run {self.gepa_runs + 1}"
@@ -222,7 +230,9 @@ class GepaMoves(MoveContext):
             keep(kept)
 
         slice_ = Slice(self.ledger, budget, taken=taken, on_change=record)
-        reflection = Reflection(self._lm(), slice_, hooks.answers, hooks.book, hooks.answered or self._answered)
+        reflection = Reflection(
+            self._lm(), slice_, hooks.answers, hooks.book, hooks.answered or self._answered, guidance=guidance
+        )
         adapter = Adapter(
             self.runs, self._evaluate, self.is_known, base, slice_, self._score_bound, propose=reflection.propose
         )
@@ -287,7 +297,7 @@ class GepaMoves(MoveContext):
             result = GEPAResult.from_state(watch.state, seed=seed)
         record(slice_.units - slice_.left, finished=True)
         return self._gepa_outcome(
-            result, watch, adapter, reflection, slice_, stopped, source, steps, uses_val, run_name
+            result, watch, adapter, reflection, slice_, stopped, source, steps, uses_val, run_name, made_for
         )
 
     def _gepa_outcome(
@@ -302,6 +312,7 @@ class GepaMoves(MoveContext):
         steps: list[str],
         uses_val: bool,
         run_name: str,
+        made_for: dict[str, Any] | None = None,
     ) -> dict:
         trace = list(getattr(watch.state, "full_program_trace", []) or [])
         reflected_on: dict[int, list[int]] = {}
@@ -325,6 +336,8 @@ class GepaMoves(MoveContext):
                 }
                 if move != "gepa merge":
                     lineage["reflected_on"] = reflected_on.get(index, [])
+                    if made_for:
+                        lineage["made_for"] = made_for
                 ids[index] = self._register(adapter.instructions(result.candidates[index]), lineage)
             for index in range(len(result.candidates)):
                 rows.append(

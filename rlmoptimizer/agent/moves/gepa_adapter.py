@@ -236,6 +236,8 @@ class Reflection:
     """gepa's reflection, as ``dspy.GEPA`` makes it: dspy's ``InstructionProposer`` on the sub-LM (a structured
     ``new_instruction`` field), 1 unit per proposal that answered, as a proposal of ``propose_instructions`` is;
     its text kept for a resume. Each asking of what was already asked is another sample (its own rollout id).
+    ``guidance`` (the causes of a group of a failure analysis) reaches every proposal as the proposer's additional
+    instructions.
 
     A reflection the LM answered with nothing usable (an empty ``new_instruction``, a reply that does not parse)
     proposes nothing and the run goes on; ``unusable`` counts them and ``unusable_sample`` shows one. Only an LM
@@ -248,8 +250,10 @@ class Reflection:
         answers: AnswerStore,
         book: Callable[[Callable], Callable],
         answered: Callable[[], None],
+        guidance: str | None = None,
     ) -> None:
         self._lm = lm
+        self._guidance = guidance
         self._budget = budget
         self._answers = answers
         self._book = book
@@ -264,7 +268,8 @@ class Reflection:
         with nothing usable (charged: it was a call). An LM that does not answer stops the run."""
         from dspy.teleprompt.gepa import InstructionProposer
 
-        key, seen = self._answers.key_for(json.dumps([step, text, dataset], sort_keys=True, default=repr))
+        asked = [step, text, dataset, *([self._guidance] if self._guidance else [])]
+        key, seen = self._answers.key_for(json.dumps(asked, sort_keys=True, default=repr))
         stored = self._answers.get(key)
         if stored is not None:
             self.replayed += 1
@@ -275,7 +280,8 @@ class Reflection:
         lm = nth_sample(self._lm, seen)
 
         def ask() -> str:
-            return str(ask_proposer(InstructionProposer(), lm, step, text, dataset, reservation, self._answered) or "")
+            proposer = InstructionProposer(additional_instructions=self._guidance)
+            return str(ask_proposer(proposer, lm, step, text, dataset, reservation, self._answered) or "")
 
         failed: BaseException | None = None
         new = ""

@@ -18,10 +18,10 @@ from typing import Any
 import dspy
 
 from rlmoptimizer.agent._dspy import InstructionProposer
+from rlmoptimizer.agent.moves.analysis import AnalysisMoves, group_guidance
 from rlmoptimizer.agent.moves.context import (
     MAX_PROPOSALS,
     MAX_REFLECTION_EXAMPLES,
-    MoveContext,
     budget_spent,
     exhausted,
     refuse,
@@ -109,7 +109,7 @@ def reply_of(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[:160]}"
 
 
-class ProposalMoves(MoveContext):
+class ProposalMoves(AnalysisMoves):
     def _unpaid(self) -> Exception:
         """The refusal of a proposal no sub-LM prompt can be paid for."""
         if exhausted(self.ledger) or self.ledger.counts_toward_limit(SUB_LM_CALL):
@@ -122,11 +122,20 @@ class ProposalMoves(MoveContext):
 
     # -- propose --------------------------------------------------------------------------------------
     def propose_instructions(
-        self, step: str, run_id: str | None = None, ids: list[int] | None = None, n: int = 1, guidance: str = ""
+        self,
+        step: str,
+        run_id: str | None = None,
+        ids: list[int] | None = None,
+        n: int = 1,
+        guidance: str = "",
+        group: Any = None,
     ) -> dict[str, Any]:
         """GEPA's reflective proposal for ``step``: new instructions written by dspy's InstructionProposer
         from the step's inputs and outputs on the selected examples of a train run, their expected fields,
-        scores and metric feedback. Changes nothing; 1 budget unit per proposal LM call that answered."""
+        scores and metric feedback. With ``group`` (a group of :meth:`analyze_failures`: the value, its dict, or
+        the name or index of one of the latest analysis), the examples are a few of the group's and the proposer
+        is told the group's causes; the candidates' lineage records the analysis, the group and its example ids
+        (``made_for``). Changes nothing; 1 budget unit per proposal LM call that answered."""
         self._check_step(step, "propose_instructions")
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_PROPOSALS:
             raise refuse(
@@ -141,8 +150,12 @@ class ProposalMoves(MoveContext):
             )
         if self.ledger.left_for(SUB_LM_CALL) == 0 or self.ledger.stop_reason:
             raise self._unpaid()  # before the examples: a refusal of them would send the agent to spend more
-        source, by_id = self._source(run_id, "propose_instructions")
-        records = self._select_records(source, by_id, ids)
+        made_for, notes = None, []
+        if group is None:
+            found = self._source(run_id, "propose_instructions")
+            source, records = found.label, self._select_records(found.label, found.records, ids)
+        else:
+            source, records, guidance, made_for, notes = self._for_group(group, step, run_id, ids, guidance)
         dataset, skipped = [], []
         for record in records:
             entry = reflective_example(step, record)
@@ -173,7 +186,6 @@ class ProposalMoves(MoveContext):
                 "try again, pass guidance or other ids, or write the instructions yourself with update_prompt",
             )
         unique = list(dict.fromkeys(texts))
-        notes = []
         if reservation.granted < n:
             notes.append(f"budget allowed {reservation.granted} of {n} proposals")
         if len(unique) < len(texts):
@@ -197,12 +209,15 @@ class ProposalMoves(MoveContext):
                     "reflected_on": used,
                     "from": source,
                     "parent_digests": [parent_digest],
+                    **({"made_for": made_for} if made_for else {}),
                 }
+        checked = list(dict.fromkeys([*(made_for["example_ids"] if made_for else ()), *used]))
         return {
             "step": step,
             "from": source,
             "example_ids": used,
-            "check_ids": used + self._others(used),
+            "check_ids": checked + self._others(checked),
+            **({"made_for": made_for} if made_for else {}),
             "texts": unique,
             "candidates": [{step: text} for text in unique],
             "candidate_ids": candidate_ids,
@@ -210,6 +225,33 @@ class ProposalMoves(MoveContext):
             "budget_left": self.ledger.left,
             "note": "; ".join(notes) or None,
         }
+
+    def _for_group(
+        self, group: Any, step: str, run_id: Any, ids: Any, guidance: str
+    ) -> tuple[str, list[ExampleResult], str, dict[str, Any], list[str]]:
+        """A proposal for a group of an analysis: (where its records come from, a few of the group's failures where
+        ``step`` ran, the guidance with the group's causes, its ``made_for`` lineage, notes)."""
+        tool = "propose_instructions"
+        if ids is not None:
+            raise refuse(f"{tool}: pass group= or ids=, not both", "leave ids out: the examples are the group's")
+        analysis, chosen = self.failure_group(group, tool)
+        source, by_id = self.group_records(analysis, run_id, tool)
+        members = [by_id[i] for i in chosen.example_ids if i in by_id]
+        if not members:
+            raise refuse(
+                f"{tool}: {source} hold none of the examples of group {chosen.name!r} ({list(chosen.example_ids)})",
+                "leave run_id out (the records the analysis was made from), or analyse again",
+            )
+        ran = [r for r in members if any(s.step_name == step for s in r.steps)] or members
+        if len(ran) > MAX_REFLECTION_EXAMPLES:  # a few of them, another sample each call
+            rng = random.Random(self.proposal_calls)
+            ran = sorted(rng.sample(ran, MAX_REFLECTION_EXAMPLES), key=lambda r: r.example_id)
+        notes = []
+        if analysis.instructions_digest != instructions_digest(self._current()):
+            notes.append(f"{analysis.analysis_id} was made on other instructions than the current ones")
+        text = group_guidance(analysis, chosen) + (f"\n\n{guidance.strip()}" if guidance.strip() else "")
+        made_for = {"analysis": analysis.analysis_id, "group": chosen.name, "example_ids": list(chosen.example_ids)}
+        return source, ran, text, made_for, notes
 
     def _propose_all(
         self, proposer, lms, step, current, dataset, reservation: Reservation, guidance: str
@@ -242,22 +284,6 @@ class ProposalMoves(MoveContext):
             directory = getattr(getattr(self.runs, "store", None), "directory", None)
             self.kept_proposals = AnswerStore(directory, name=PROPOSALS)
         return self.kept_proposals
-
-    def _source(self, run_id: Any, tool: str) -> tuple[str, dict[int, ExampleResult]]:
-        """Where a proposal's examples come from: the given train run; by default every first-rollout train
-        record of the current instructions (the latest per example), else the latest train run."""
-        if run_id is not None:
-            run = self._train_run(run_id, tool)
-            return f"run {run.run_id}", {r.example_id: r for r in run.records}
-        train = [run for run in self.runs.all() if run.split == "train" and run.records]
-        if not train:
-            raise refuse(f"{tool}: no train run yet", "call evaluate_program() first")
-        digest = instructions_digest(self._current())
-        mine = [run for run in train if run.rollout == 0 and instructions_digest(run.instructions) == digest]
-        if mine:
-            merged = {r.example_id: r for run in mine for r in run.records if r.reusable}
-            return "the current instructions' train records", dict(sorted(merged.items()))
-        return f"run {train[-1].run_id}", {r.example_id: r for r in train[-1].records}
 
     def _others(self, used: list[int]) -> list[int]:
         """A random sample of other train ids, as many as ``used`` (at least 5): the check that a proposal

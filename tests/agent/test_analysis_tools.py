@@ -1,0 +1,71 @@
+"""``analyze_failures`` and ``propose_instructions(group=...)`` as the agent's tools, through the real sandbox: what
+the agent is shown, the charges, the reuse for nothing, and the lineage of the returned program in
+``detailed_results`` and the report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from support.analysing import DISPUTE_CAUSE, GROUP, analyst, compile_with_analysis
+from support.metrics import CountingMetric
+from support.optimizing import SUBMIT_LINE, compile_tickets
+from support.tickets import POLICY_PROMPT
+
+from rlmoptimizer.__main__ import main
+from rlmoptimizer.agent.moves.analysis import prompts_for
+
+pytestmark = pytest.mark.slow
+
+
+def test_an_agent_analyses_proposes_for_a_group_and_the_returned_programs_lineage_names_it(tmp_path, capsys):
+    sub = analyst()
+    directory = tmp_path / "run"
+    optimized = compile_with_analysis(directory, sub_lm=sub)
+    outputs = [turn["output"] for turn in optimized.agent_trajectory]
+    first = outputs[0].strip().splitlines()
+    assert first[0].startswith("analysis-1 of the current instructions' train records: 2 failure(s) of 12"), outputs[0]
+    assert f"0. {GROUP} (2): {DISPUTE_CAUSE}" in outputs[0]
+    shown = json.loads(first[-1])
+    [group] = shown["groups"]
+    assert group["example_ids"] == [3, 8] and group["count"] == 2 and group["step"] == "route"
+    assert group["labels"] == {"queue: 'disputes' -> 'billing'": 2}
+    assert shown["spent"] == prompts_for(2) == 2  # one cause prompt, one merge
+    made_for = {"analysis": "analysis-1", "group": GROUP, "example_ids": [3, 8]}
+    assert json.loads(outputs[1].strip().splitlines()[0]) == made_for
+    assert float(outputs[1].strip().splitlines()[-1]) == 1.0
+    again = json.loads(outputs[2].strip().splitlines()[-1])
+    assert again == {"reused": True, "same": True, "spent": 0, "left_before": again["left"], "left": again["left"]}
+    # analysis-2 (the baseline run by id) asked the same prompts as analysis-1: replayed, not asked again
+    assert len(sub.calls) == 2 + 1  # the analysis' two prompts and the proposal
+    assert optimized.budget["spent_by_kind"]["sub_lm_call"] == 3
+
+    assert optimized.optimized_dspy_program["route"] == POLICY_PROMPT
+    results = optimized.detailed_results
+    assert results.returned_candidate_id == "proposal-1"
+    assert results.lineage["proposal-1"]["made_for"] == made_for
+    assert results.ancestry[-1]["made_for"] == made_for and results.ancestry[0]["made_for"] is None
+    kept = json.loads((directory / "analyses.json").read_text())
+    assert [a["analysis_id"] for a in kept["analyses"]] == ["analysis-1", "analysis-2"]
+    assert kept["latest"] == "analysis-2"
+    assert main(["report", str(directory), "--no-plot"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"made for group '{GROUP}' of analysis-1 (train 3, 8)" in out
+
+
+def test_with_max_metric_calls_an_analysis_is_paid_from_the_sub_lm_allowance_and_no_metric_call_is_made():
+    counting = CountingMetric()  # on 12 train and 8 validation examples
+    turns = [
+        {"reasoning": "read the failures", "code": "print(baseline_train['passed_count'])"},
+        {
+            "reasoning": "analyse",
+            "code": "a = analyze_failures()\ns = optimization_status()\n"
+            "print(json.dumps([a['budget_spent'], s['budget_left'], s['sub_lm_left']]))",
+        },
+        {"reasoning": "submit", "code": SUBMIT_LINE},
+    ]
+    result = compile_tickets(turns, sub_lm=analyst(), max_metric_calls=30, metric=counting)
+    outputs = [turn["output"] for turn in result.agent_trajectory]
+    assert json.loads(outputs[1].strip().splitlines()[-1]) == [2, 30 - 8 - 12, 30 - 2]
+    assert counting.calls == 8 + 12  # the validation baseline and the train baseline read: the analysis made none
+    assert result.budget["spent_by_kind"] == {"train_example": 12, "val_example": 0, "sub_lm_call": 2}
