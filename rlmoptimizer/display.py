@@ -171,7 +171,7 @@ class Display:
             self.turn(event.turn)
 
     def message(self, text: str, style: str = "") -> None:
-        if self.enabled:
+        if self.enabled and text:  # an empty message (nothing to say) prints nothing
             self.console.print(Text(text, style=style))
 
     def turn(self, turn: dict[str, Any]) -> None:

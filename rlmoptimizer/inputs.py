@@ -382,6 +382,7 @@ def check_settings(given: dict[str, Any], dspy_gepa: dict[str, Any]) -> dict[str
         "metric": check_metric(given["metric"]),
         "metric_id": given["metric_id"],
         "pass_threshold": check_pass_threshold(given["pass_threshold"]),
+        "max_demos": check_positive_int("max_demos", given["max_demos"], minimum=0),
         "num_threads": check_positive_int("num_threads", num_threads),
         "rlm_max_iterations": check_positive_int("rlm_max_iterations", given["rlm_max_iterations"]),
         "rlm_max_llm_calls": check_positive_int("rlm_max_llm_calls", given["rlm_max_llm_calls"], minimum=0),

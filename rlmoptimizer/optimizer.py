@@ -68,7 +68,7 @@ from rlmoptimizer.records import AgentOutcome, CompileResult, EvalRun, Selection
 from rlmoptimizer.report import MlflowTracker, check_use_mlflow, present_result, tracked
 from rlmoptimizer.sandbox import Sandbox
 from rlmoptimizer.sandbox.limits import instructions as sandbox_rules
-from rlmoptimizer.selection import best_checked, first_sample_complete, never_worse, with_spending_cap
+from rlmoptimizer.selection import best_checked, first_sample_complete, never_worse, small_split_note, with_spending_cap
 from rlmoptimizer.storage.identity import eval_lm_identity
 from rlmoptimizer.storage.journal import RunJournal
 from rlmoptimizer.storage.lock import RunDirectoryLock
@@ -85,8 +85,8 @@ class RLMDocstringOptimizer(CostEstimation, Teleprompter):
 
     The agent is an RLM (a ``dspy.Module``) working in a sandboxed Python REPL (Deno + Pyodide) that holds the evaluation
     data of the program: it analyses the failures with code, asks the sub-LM about them, proposes and compares
-    instructions with GEPA's moves, and submits a ``{step name: instructions}`` map. Only instructions change;
-    fields, demos and the program's structure stay as they are.
+    instructions (with GEPA's moves) and demos, and submits a ``{step name: instructions}`` map (``"step:demos"``
+    keys for demos). Fields and the program's structure stay as they are.
 
     ``compile(student, *, trainset, valset=None, metric=None, metric_id=None)`` returns a copy of ``student``
     with the best candidate checked on validation (on train without a valset) applied, never one that scores
@@ -137,6 +137,9 @@ class RLMDocstringOptimizer(CostEstimation, Teleprompter):
             resume. Here or to ``compile()``.
         pass_threshold: An example passes when its score is at least this, on the metric's own scale (e.g. 5
             for a 0-5 judge); scores are never rescaled.
+        max_demos: The demos ``propose_demos`` gives a step by default, each the step's own inputs and outputs on a
+            train example the program got right (the default loop proposes them once, after GEPA); 0 switches
+            demos off, so only instructions change. Demos the program already has are kept unless a winner replaces them.
         num_threads: Threads for evaluating examples; None takes ``dspy.settings.num_threads``.
         rlm_max_iterations: Agent turns before the agent must answer.
         rlm_max_llm_calls: Cap on sub-LM calls in one run, on top of the budget (0: none).
@@ -200,6 +203,7 @@ class RLMDocstringOptimizer(CostEstimation, Teleprompter):
         # scoring
         metric_id: str | None = None,
         pass_threshold: float = 1.0,
+        max_demos: int = 4,
         num_threads: int | None = 8,
         # the agent
         rlm_max_iterations: int = 200,
@@ -310,6 +314,7 @@ class _Compile:
             self.release()
             raise
         self.cost_estimate = estimate_at_start(self)  # before any paid call: verbose shows it, the result checks it
+        self.display.message(small_split_note(len(valset), len(trainset)) or "")
 
     def _open_directory(self, config: RLMDocstringOptimizer) -> None:
         self.store = RunStore(config.run_storage_dir, pass_threshold=config.pass_threshold)
@@ -372,6 +377,7 @@ class _Compile:
             observer=self.observer,
             sub_lm=self.sub_lm,
             attempt=config.attempt,
+            max_demos=config.max_demos,
         )
         self.tools = AgentTools(self.services)
 

@@ -28,7 +28,18 @@ from dataclasses import replace
 
 from rlmoptimizer.records import EvalRun, Selection, first_sample_complete, ranked
 
-__all__ = ["best_checked", "clear_gain", "first_sample_complete", "never_worse", "ranked", "with_spending_cap"]
+SMALL_SPLIT = 30
+"""Below this many examples, the selection split is called small when a compile starts (:func:`small_split_note`)."""
+
+__all__ = [
+    "best_checked",
+    "clear_gain",
+    "small_split_note",
+    "first_sample_complete",
+    "never_worse",
+    "ranked",
+    "with_spending_cap",
+]
 
 
 def clear_gain(differences: Sequence[float]) -> bool:
@@ -36,6 +47,19 @@ def clear_gain(differences: Sequence[float]) -> bool:
     decides: the total stays above zero when the largest single gain is turned into a loss of the same size. With
     pass/fail scores: at least 3 more examples won than lost."""
     return bool(differences) and sum(differences) - 2 * max(0.0, max(differences)) > 0
+
+
+def small_split_note(val_size: int, train_size: int) -> str | None:
+    """What a small selection split means for the result, said when a compile starts; None from
+    :data:`SMALL_SPLIT` examples up."""
+    size, split = (val_size, "validation set") if val_size else (train_size, "train set (no valset)")
+    if size >= SMALL_SPLIT:
+        return None
+    return (
+        f"The {split} that decides what is returned has {size} examples: a change is returned only when it "
+        "wins at least 3 of them more than it loses (with pass/fail scores), so one example never decides. "
+        f"Give a valset of {SMALL_SPLIT} or more examples to let smaller gains count."
+    )
 
 
 def paired_differences(run: EvalRun, reference: EvalRun) -> list[float]:

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from rlmoptimizer.records import EvalRun, ExampleResult
-from rlmoptimizer.selection import never_worse
+import dspy
+import pytest
+
+from rlmoptimizer.errors import ConfigurationError
+from rlmoptimizer.optimizer import RLMDocstringOptimizer
+from rlmoptimizer.selection import never_worse, small_split_note
 
 INITIAL = {"step": "old"}
 
@@ -106,3 +111,16 @@ def test_graded_scores_need_a_gain_that_survives_the_largest_single_gain_turned_
     assert clear_gain([0.5, 0.5, 0.5])  # 1.5 - 1.0 > 0
     assert not clear_gain([1, 1, -1, 0])  # net 1
     assert clear_gain([1, 1, 1, 0])
+
+
+def test_a_small_selection_split_is_named_with_the_gain_it_takes():
+    note = small_split_note(12, 100)
+    assert "validation set" in note and "12 examples" in note and "at least 3" in note
+    assert "train set (no valset)" in small_split_note(0, 20)
+    assert small_split_note(30, 5) is None
+    assert small_split_note(0, 40) is None
+
+
+def test_max_demos_is_checked_when_the_optimizer_is_made():
+    with pytest.raises(ConfigurationError, match="max_demos must be an int >= 0"):
+        RLMDocstringOptimizer(rlm_autopilot="loop", sub_lm=dspy.utils.DummyLM([]), max_demos=-1)
