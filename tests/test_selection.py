@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from rlmoptimizer.records import EvalRun, ExampleResult
 import dspy
 import pytest
 
 from rlmoptimizer.errors import ConfigurationError
 from rlmoptimizer.optimizer import RLMDocstringOptimizer
+from rlmoptimizer.records import EvalRun, ExampleResult
 from rlmoptimizer.selection import never_worse, small_split_note
 
 INITIAL = {"step": "old"}

@@ -27,6 +27,8 @@ from rlmoptimizer.agent.policy import (
     TARGETED,
     Action,
     Adopt,
+    Analyze,
+    Analyzed,
     BudgetView,
     CheckValidation,
     Compare,
@@ -140,8 +142,15 @@ class Pilot:
             return self._adopt(action.candidate, action.check)
         if isinstance(action, CheckValidation):
             return _validation(tools.evaluate_program(split="val"))
+        if isinstance(action, Analyze):
+            try:
+                return str(tools.analyze_failures()["summary"])
+            except AgentToolError as exc:  # no analysis (its budget, an unusable answer): the loop goes on without
+                self.record(Analyzed())
+                return f"no analysis ({exc}); proposals learn from the failures themselves"
         if isinstance(action, Propose):
-            return _proposal(tools.propose_instructions(action.step))
+            group = None if action.group is None else {"analysis": action.group[0], "name": action.group[1]}
+            return _proposal(tools.propose_instructions(action.step, **({"group": group} if group else {})))
         if isinstance(action, ProposeDemos):
             return str(tools.propose_demos()["summary"])
         if isinstance(action, Compare):

@@ -4,9 +4,11 @@ The loop, in the order it plays out::
 
     run GEPA (the gepa package's engine) with most of the budget -> adopt its best and check it on validation ->
     (what GEPA leaves too little for a targeted round: one last proposal, adopted and checked on validation) ->
-    demos from the program's own successes, compared against the current instructions (once) ->
-    targeted rounds on what the best still fails: propose for a step -> compare against the current instructions
-    on its check ids -> adopt a clear winner and check it on validation -> ... -> submit when nothing can be paid
+    analyse every train failure of the current instructions (grouped by cause) -> propose for the largest group ->
+    compare against the current instructions on the group's examples and a sample of others -> adopt a clear
+    winner and check it on validation -> demos from the program's own successes, compared the same way (once) ->
+    the next group, then round robin over the steps -> ... -> submit when nothing can be paid
+    (an adoption changes what fails: the analysis is made again for the new instructions)
 
 :class:`LoopState` holds everything the choice depends on: what the moves reported (:class:`LoopMemory`, folded
 from the typed outcomes below by :func:`fold`) and what the budget and the train runs say now
@@ -101,11 +103,27 @@ class CheckValidation(_Action):
 
 
 @dataclass(frozen=True)
+class Analyze(_Action):
+    """Group every train failure of the current instructions by cause (the sub-LM names one per failure)."""
+
+    template = "analyze_failures()"
+
+
+@dataclass(frozen=True)
 class Propose(_Action):
-    """Ask the sub LM for new instructions for ``step``, from what the current instructions fail."""
+    """Ask the sub LM for new instructions for ``step``, from what the current instructions fail; with ``group``
+    (``(analysis id, group name)``), from that group of an analysis: its causes and a few of its failures."""
 
     step: str
-    template = "propose_instructions({step})"
+    group: tuple[str, str] | None = None
+
+    @property
+    def call(self) -> str:
+        if self.group is None:
+            return f"propose_instructions({self.step!r})"
+        return (
+            f"propose_instructions({self.step!r}, group={{'analysis': {self.group[0]!r}, 'name': {self.group[1]!r}}})"
+        )
 
 
 @dataclass(frozen=True)
@@ -164,6 +182,7 @@ Action = (
     RunGepa
     | Adopt
     | CheckValidation
+    | Analyze
     | Propose
     | ProposeDemos
     | Compare
@@ -190,6 +209,15 @@ class Proposed:
     candidate_ids: tuple[str, ...]
     check_ids: tuple[int, ...]
     failure_ids: tuple[int, ...] = ()
+    group: tuple[str, str] | None = None  # (analysis id, group name) it was written for
+
+
+@dataclass(frozen=True)
+class Analyzed:
+    """An analysis of the current instructions' train failures: its ``groups`` as ``(analysis id, name, step)``,
+    largest first (none when it found or could pay for none)."""
+
+    groups: tuple[tuple[str, str, str | None], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -222,7 +250,7 @@ class Validated:
     """The current instructions were evaluated on the whole validation split."""
 
 
-Outcome = GepaFinished | Proposed | Compared | Adopted | PromptEdited | Validated
+Outcome = GepaFinished | Analyzed | Proposed | Compared | Adopted | PromptEdited | Validated
 
 
 # -- the state ---------------------------------------------------------------------------------------------
@@ -249,6 +277,8 @@ class LoopMemory:
     gepa_ran: bool = False
     proposals_at_gepa_end: int = 0  # proposals made when the last GEPA run ended
     demos_tried: bool = False  # a demos candidate was proposed
+    analyzed: bool = False  # the current instructions' failures were analysed (or could not be)
+    groups: tuple[tuple[str, str, str | None], ...] = ()  # that analysis's groups not proposed for yet
 
     @classmethod
     def start(cls, steps: Sequence[str]) -> LoopMemory:
@@ -275,6 +305,7 @@ class BudgetView:
     failing: int = 1
     demos: bool = False  # demos may be proposed (the compile's max_demos > 0) and train has passing examples
     train_size: int = 0
+    analysis_prompts: int = 0  # the sub-LM prompts an analysis of the failing train examples costs at most (0: none)
 
 
 @dataclass(frozen=True)
@@ -289,6 +320,8 @@ def fold(memory: LoopMemory, outcome: Outcome) -> LoopMemory:
         return replace(
             memory, gepa_ran=True, proposals_at_gepa_end=memory.proposals, pending=None, winner=outcome.best_new
         )
+    if isinstance(outcome, Analyzed):
+        return replace(memory, analyzed=True, groups=tuple(outcome.groups))
     if isinstance(outcome, Proposed):
         failures = [i for i in outcome.check_ids if i in set(outcome.failure_ids)]
         others = [i for i in outcome.check_ids if i not in set(outcome.failure_ids)]
@@ -296,9 +329,18 @@ def fold(memory: LoopMemory, outcome: Outcome) -> LoopMemory:
         order += failures[len(others) :] + others[len(failures) :]
         proposed = {**memory.proposed, outcome.step: memory.proposed.get(outcome.step, 0) + 1}
         pending = Pending(outcome.step, tuple(outcome.candidate_ids), tuple(order))
+        groups = (
+            memory.groups[1:]
+            if outcome.group is not None and memory.groups[:1] and memory.groups[0][:2] == outcome.group
+            else memory.groups
+        )
         # a winner not adopted yet (GEPA's best, a compared proposal) stays the next action: it beat the current ones
         return replace(
-            memory, proposed=proposed, pending=pending, demos_tried=memory.demos_tried or outcome.step == DEMOS
+            memory,
+            proposed=proposed,
+            pending=pending,
+            groups=groups,
+            demos_tried=memory.demos_tried or outcome.step == DEMOS,
         )
     if isinstance(outcome, Compared):
 
@@ -323,9 +365,10 @@ def fold(memory: LoopMemory, outcome: Outcome) -> LoopMemory:
         pending = memory.pending
         if pending is not None and outcome.candidate in pending.candidate_ids:
             pending = None
-        return replace(memory, winner=winner, pending=pending, unchecked=memory.unchecked or outcome.changed)
+        changed = {"analyzed": False, "groups": ()} if outcome.changed else {}  # other instructions fail otherwise
+        return replace(memory, winner=winner, pending=pending, unchecked=memory.unchecked or outcome.changed, **changed)
     if isinstance(outcome, PromptEdited):
-        return replace(memory, winner=None, unchecked=True)
+        return replace(memory, winner=None, unchecked=True, analyzed=False, groups=())
     if isinstance(outcome, Validated):
         return replace(memory, unchecked=False)
     raise TypeError(f"not an outcome of a move: {outcome!r}")
@@ -367,10 +410,27 @@ def next_action(state: LoopState) -> Action:
         if not budget.unevaluated:
             return Submit("the current instructions pass every train example")
         return EvaluateTrain(budget.unevaluated[:free])
-    if budget.demos and not memory.demos_tried and free >= MIN_USEFUL_BUDGET + MIN_CHECK:
+    analysis_units = budget.analysis_prompts * budget.proposal_units
+    if (
+        not memory.analyzed
+        and budget.analysis_prompts > 0
+        and budget.proposals_left > budget.analysis_prompts  # the analysis and one proposal from it
+        and free - analysis_units >= MIN_USEFUL_BUDGET
+    ):
+        return Analyze()
+    tried = memory.proposals > memory.proposals_at_gepa_end  # a targeted proposal was made (the first, a group's)
+    if (
+        budget.demos
+        and not memory.demos_tried
+        and free >= MIN_USEFUL_BUDGET + MIN_CHECK
+        and (tried or not memory.groups)
+    ):
         return ProposeDemos()  # free to propose; its comparison is paid like any other
     if budget.proposals_left <= 0:
         return Submit("no sub-LM prompt is left for a proposal")
+    if memory.groups:
+        analysis, name, step = memory.groups[0]
+        return Propose(step if step in memory.steps else _next_step(memory), (analysis, name))
     return Propose(_next_step(memory))
 
 

@@ -53,9 +53,10 @@ prompts and SUBMIT.
 
 The default loop, as code: `print(next_phase()['summary'])` takes its next phase (the optimizer state at the end of
 every turn names it). Its phases: GEPA with most of the budget, then its best adopted and checked on validation
-(free: GEPA scored it there); with what is left, demos from the program's own successes (`propose_demos()`) and
-targeted rounds on what the best still fails (propose, compare against 'current', adopt a clear winner, check on
-validation); SUBMIT when nothing is left to pay for. A clear winner wins at least 3 more examples than it loses
+(free: GEPA scored it there); with what is left, the failures grouped by cause (`analyze_failures()`), a proposal
+for the largest group, demos from the program's own successes (`propose_demos()`), and targeted rounds on what the
+best still fails (propose, compare against 'current', adopt a clear winner, check on validation); SUBMIT when
+nothing is left to pay for. A clear winner wins at least 3 more examples than it loses
 (`compare` says `beats_first`): one example never decides. A phase that
 SUBMITs ends the run after your cell.$pilot_note
 Do better than the loop when you can: run GEPA on the step at fault only (`steps=[...]`), restart it from your

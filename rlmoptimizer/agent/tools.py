@@ -17,12 +17,14 @@ from collections.abc import Callable
 from typing import Any
 
 from rlmoptimizer.agent.moves import Moves
+from rlmoptimizer.agent.moves.analysis import prompts_for
 from rlmoptimizer.agent.moves.context import whole_validation
 from rlmoptimizer.agent.moves.gepa import GepaHooks, GepaSpec
 from rlmoptimizer.agent.pilot import Pilot
 from rlmoptimizer.agent.policy import (
     DEMOS,
     Adopted,
+    Analyzed,
     BudgetView,
     Compared,
     GepaFinished,
@@ -192,6 +194,7 @@ class AgentTools:
             failing=failing,
             demos=bool(self.moves.max_demos) and passing > 0,
             train_size=train_size,
+            analysis_prompts=prompts_for(failing),
         )
 
     def _progress(self) -> tuple[int, ...]:
@@ -347,7 +350,10 @@ class AgentTools:
 
     def analyze_failures(self, run_id: str | None = None, step: str | None = None, use_lm: bool = True) -> dict:
         """Group every failure of a train run (default: the current instructions' train records; step=: those where that step ran or raised) by what code sees (step, kind, 'expected -> produced' label) and by cause: the sub-LM names one short cause per failure (8 failures a prompt) and merges them into groups. Returns {'groups': [{'name', 'cause', 'count', 'example_ids', 'step', 'kind', 'labels', 'contrast_ids' (passing examples of the same kind)}] largest first, 'code_groups', 'causes', 'summary' (print it), 'analysis_id', 'note'}; then propose_instructions(step, group=0). Costs 1 unit per prompt: failures/8 rounded up, plus 1 (at most 7), refused if the budget cannot cover it all; asked again about the same records: free; use_lm=False: the code groups only, free. Changes nothing."""
-        return self._as_sub(self.moves.analyze_failures)(run_id=run_id, step=step, use_lm=use_lm).to_dict()
+        analysis = self._as_sub(self.moves.analyze_failures)(run_id=run_id, step=step, use_lm=use_lm)
+        if run_id is None and use_lm:  # the current instructions' failures: the default loop proposes for its groups
+            self.pilot.record(Analyzed(tuple((analysis.analysis_id, g.name, g.step) for g in analysis.groups)))
+        return analysis.to_dict()
 
     def propose_instructions(
         self, step: str, run_id: str | None = None, ids: Any = None, n: int = 1, guidance: str = "", group: Any = None
@@ -359,8 +365,15 @@ class AgentTools:
             step, run_id=run_id, ids=ids, n=n, guidance=guidance, group=group
         )
         self._keep_candidates()
+        made_for = result.get("made_for")
         self.pilot.record(
-            Proposed(step, tuple(result["candidate_ids"]), tuple(result["check_ids"]), tuple(result["example_ids"]))
+            Proposed(
+                step,
+                tuple(result["candidate_ids"]),
+                tuple(result["check_ids"]),
+                tuple(result["example_ids"]),
+                group=(made_for["analysis"], made_for["group"]) if made_for else None,
+            )
         )
         return result
 

@@ -9,12 +9,13 @@ import importlib
 import inspect
 import json
 import pkgutil
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
 import dspy
 import pytest
-from support.fakes import FunctionLM
+from support.fakes import FunctionLM, last_user_text
 from support.metrics import CountingMetric
 from support.optimizing import ORIGINAL_ROUTE, compile_tickets, copier, proposer, steps_seen
 from support.tickets import POLICY_PROMPT, make_splits, metric
@@ -189,6 +190,26 @@ def test_a_phase_that_would_repeat_an_action_with_nothing_changed_stops_and_the_
     assert len(events) == 1 and events[0].turn["final"] and events[0].turn["pilot"] == ["adopt_candidate('proposal-1')"]
 
 
+class NoAnalysis(Tools):
+    """Refuses the analysis (as when its prompts cannot all be paid); proposals are refused too."""
+
+    def analyze_failures(self):
+        self.calls.append("analyze")
+        raise AgentToolError("analyze_failures: 3 prompts needed, 2 left -> pass use_lm=False")
+
+
+def test_a_refused_analysis_is_recorded_and_the_loop_goes_on_with_a_plain_proposal():
+    left = [40]
+    budget = lambda: BudgetView(left=left[0], val_size=8, reserve=8, proposals_left=40, analysis_prompts=2)  # noqa: E731
+    pilot = Pilot(["route"], budget, lambda: len(pilot.tools.calls))
+    pilot.tools = NoAnalysis(pilot, left)
+    pilot.record(GepaFinished(None))
+    report = pilot.take_phase()
+    assert pilot.tools.calls == ["analyze", "propose"]
+    assert report["ran"] == ["analyze_failures()", "propose_instructions('route')"]
+    assert "no analysis (analyze_failures: 3 prompts needed" in report["summary"]
+
+
 def test_a_proposal_recorded_makes_the_comparison_the_next_action():
     pilot = Pilot(["route"], lambda: BudgetView(left=40, val_size=8, reserve=8, proposals_left=40), lambda: 0)
     pilot.record(GepaFinished(None))
@@ -328,3 +349,37 @@ def test_a_last_draw_that_repeats_the_current_instructions_changes_nothing(monke
     # the proposal was adopted: comparing it with the current instructions (itself) is no next action
     assert not any(call.startswith("compare(") for turn in turns for call in turn["pilot"])
     assert result.route.signature.instructions == ORIGINAL_ROUTE
+
+
+def test_after_gepa_the_loop_analyses_the_failures_and_proposes_for_the_largest_group(monkeypatch):
+    no_sandbox(monkeypatch)
+    from support.analysing import DISPUTE_CAUSE, GROUP
+
+    def reply(messages):
+        user = last_user_text(messages)
+        if any(Path(frame.filename).name == "gepa_adapter.py" for frame in inspect.stack()):
+            return json.dumps({"new_instruction": "Route tickets carefully."})  # GEPA's reflections never help
+        if "[[ ## failures ## ]]" in user:
+            ids = [int(i) for i in re.findall(r"\[failure (\d+)\]", user)]
+            return {"causes": [{"failure_id": i, "cause": DISPUTE_CAUSE} for i in ids]}
+        if "[[ ## causes ## ]]" in user:
+            ids = [int(i) for i in re.findall(r"^(\d+): ", user.split("[[ ## causes ## ]]", 1)[1], re.M)]
+            return {"groups": [{"name": GROUP, "cause": DISPUTE_CAUSE, "failure_ids": ids}]}
+        # a proposal states the policy only when it was told the group's cause
+        text = POLICY_PROMPT if DISPUTE_CAUSE in user else "Route each ticket to one queue."
+        return json.dumps({"new_instruction": text})
+
+    result = compile_tickets(
+        FunctionLM(never_called, name="root"),
+        sub_lm=FunctionLM(reply, name="sub"),
+        rlm_autopilot="loop",
+        max_iterations=7,
+    )
+    targeted = [call for turn in result.agent_trajectory[1:] for call in turn["pilot"]]
+    assert targeted[0] == "analyze_failures()", targeted
+    made_for = result.detailed_results.lineage["proposal-1"]["made_for"]
+    assert targeted[1] == f"propose_instructions('route', group={{'analysis': 'analysis-1', 'name': {GROUP!r}}})"
+    assert made_for["analysis"] == "analysis-1" and made_for["group"] == GROUP and made_for["example_ids"]
+    assert targeted[2].startswith("compare(['current', 'proposal-1'], ids=")
+    assert result.route.signature.instructions == POLICY_PROMPT
+    assert result.selection["chosen_score"] == 1.0 > result.selection["baseline_score"]

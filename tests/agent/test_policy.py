@@ -14,6 +14,8 @@ from rlmoptimizer.agent.policy import (
     TARGETED,
     Adopt,
     Adopted,
+    Analyze,
+    Analyzed,
     BudgetView,
     CheckValidation,
     Compare,
@@ -215,3 +217,46 @@ def test_without_validation_a_candidate_ahead_is_compared_on_the_whole_train_spl
     assert next_action(state(ahead, val_size=0, reserve=6, train_size=6)) == Compare(("proposal-1",), tuple(range(6)))
     whole = fold(ahead, Compared(("current", "proposal-1"), 0, "train", ahead=1))
     assert whole.trial is None and "proposal-1" in whole.trials
+
+
+GROUPS = (("analysis-1", "refunds go to billing", "route"), ("analysis-1", "short tickets", None))
+
+
+def test_after_gepa_the_failures_are_analysed_then_the_largest_group_is_proposed_for():
+    memory = after(GepaFinished(None))
+    assert next_action(state(memory, analysis_prompts=2)) == Analyze()
+    assert Analyze().call == "analyze_failures()"
+    assert next_action(state(memory, analysis_prompts=0)) == Propose("route")  # no failure to analyse
+    memory = fold(memory, Analyzed(GROUPS))
+    action = next_action(state(memory, analysis_prompts=2, demos=True))  # the group first, then demos
+    assert action == Propose("route", ("analysis-1", "refunds go to billing"))
+    assert action.call == (
+        "propose_instructions('route', group={'analysis': 'analysis-1', 'name': 'refunds go to billing'})"
+    )
+    memory = fold(memory, Proposed("route", ("proposal-1",), (4, 7, 1), (4, 7), group=action.group))
+    assert memory.groups == GROUPS[1:]
+    assert next_action(state(memory, analysis_prompts=2)) == Compare(("proposal-1",), (4, 1, 7))
+    memory = fold(memory, Compared(("current", "proposal-1"), 0, "train"))
+    assert next_action(state(memory, analysis_prompts=2, demos=True)) == ProposeDemos()
+    # the next group names no step: the round robin picks one (route was proposed for, summarize was not)
+    assert next_action(state(memory, analysis_prompts=2)) == Propose("summarize", ("analysis-1", "short tickets"))
+
+
+def test_an_analysis_is_made_again_only_after_the_instructions_changed():
+    memory = after(GepaFinished(None), Analyzed(GROUPS))
+    assert fold(memory, Adopted("proposal-1", changed=False)).analyzed  # nothing changed: it still holds
+    for outcome in (Adopted("proposal-1", changed=True), PromptEdited()):
+        changed = fold(memory, outcome)
+        assert not changed.analyzed and changed.groups == ()
+        assert next_action(state(fold(changed, Validated()), analysis_prompts=2)) == Analyze()
+    # an analysis that found (or could pay for) nothing: proposals learn from the failures themselves
+    assert next_action(state(after(GepaFinished(None), Analyzed()), analysis_prompts=2)) == Propose("route")
+
+
+def test_an_analysis_is_skipped_when_it_would_leave_no_proposal_or_comparison():
+    memory = after(GepaFinished(None))
+    assert next_action(state(memory, analysis_prompts=7, proposals_left=7)) == Propose("route")  # none left after it
+    assert next_action(state(memory, analysis_prompts=7, proposals_left=8)) == Analyze()
+    # sub-LM prompts paid from the budget: the analysis must leave what one round needs besides the check
+    assert next_action(state(memory, left=14, analysis_prompts=4)) == Propose("route")  # 14 - 8 reserve - 4 < 3
+    assert next_action(state(memory, left=14, analysis_prompts=4, proposal_units=0)) == Analyze()
