@@ -66,7 +66,14 @@ def test_the_sdist_carries_its_tests():
     with tarfile.open(_built("RLMOPTIMIZER_SDIST")) as sdist:
         names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
     tests = {str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("*.py") if "__pycache__" not in p.parts}
-    assert {"tests/conftest.py", "tests/support/__init__.py", "LICENSE", "pyproject.toml", "example.py"} <= names
+    assert {
+        "tests/conftest.py",
+        "tests/support/__init__.py",
+        "LICENSE",
+        "pyproject.toml",
+        "example.py",
+        "examples/analysis_and_demos.py",
+    } <= names
     assert tests <= names, sorted(tests - names)
     assert not [name for name in names if "__pycache__" in name or name.endswith(".pyc")]
 

@@ -203,7 +203,8 @@ class GepaFinished:
 
 @dataclass(frozen=True)
 class Proposed:
-    """A proposal for ``step``: ``candidate_ids`` to compare on ``check_ids``, of which ``failure_ids`` failed."""
+    """A proposal for ``step``: ``candidate_ids`` to compare on ``check_ids``, of which ``failure_ids`` failed; no
+    candidate when it only repeated instructions already tried."""
 
     step: str
     candidate_ids: tuple[str, ...]
@@ -277,6 +278,7 @@ class LoopMemory:
     gepa_ran: bool = False
     proposals_at_gepa_end: int = 0  # proposals made when the last GEPA run ended
     demos_tried: bool = False  # a demos candidate was proposed
+    repeats: int = 0  # proposals in a row that repeated instructions already tried (nothing new to compare)
     analyzed: bool = False  # the current instructions' failures were analysed (or could not be)
     groups: tuple[tuple[str, str, str | None], ...] = ()  # that analysis's groups not proposed for yet
 
@@ -328,7 +330,7 @@ def fold(memory: LoopMemory, outcome: Outcome) -> LoopMemory:
         order = [i for pair in zip(failures, others, strict=False) for i in pair]
         order += failures[len(others) :] + others[len(failures) :]
         proposed = {**memory.proposed, outcome.step: memory.proposed.get(outcome.step, 0) + 1}
-        pending = Pending(outcome.step, tuple(outcome.candidate_ids), tuple(order))
+        pending = Pending(outcome.step, tuple(outcome.candidate_ids), tuple(order)) if outcome.candidate_ids else None
         groups = (
             memory.groups[1:]
             if outcome.group is not None and memory.groups[:1] and memory.groups[0][:2] == outcome.group
@@ -340,6 +342,7 @@ def fold(memory: LoopMemory, outcome: Outcome) -> LoopMemory:
             proposed=proposed,
             pending=pending,
             groups=groups,
+            repeats=0 if outcome.candidate_ids else memory.repeats + 1,
             demos_tried=memory.demos_tried or outcome.step == DEMOS,
         )
     if isinstance(outcome, Compared):
@@ -428,6 +431,8 @@ def next_action(state: LoopState) -> Action:
         return ProposeDemos()  # free to propose; its comparison is paid like any other
     if budget.proposals_left <= 0:
         return Submit("no sub-LM prompt is left for a proposal")
+    if memory.repeats > len(memory.steps):  # every step had its turn and the sub-LM wrote nothing new
+        return Submit(f"the last {memory.repeats} proposals repeated instructions already tried")
     if memory.groups:
         analysis, name, step = memory.groups[0]
         return Propose(step if step in memory.steps else _next_step(memory), (analysis, name))

@@ -38,7 +38,7 @@ from rlmoptimizer.agent.working_program import agent_error
 from rlmoptimizer.budget import SUB_LM_CALL, Reservation
 from rlmoptimizer.errors import ConfigurationError, StructureChangedError
 from rlmoptimizer.events import CandidateAdded, GepaIteration
-from rlmoptimizer.fingerprint import demos_step
+from rlmoptimizer.fingerprint import canonical_json, demos_step
 from rlmoptimizer.records import EvalRun
 from rlmoptimizer.storage.answers import AnswerStore
 from rlmoptimizer.storage.candidates import (
@@ -163,6 +163,7 @@ class AgentTools:
             len({entry.get("run") for entry in lineage.values() if entry.get("move", "").startswith("gepa")}),
         )
         # the default policy's runner: the moves below report their outcomes to it
+        self._tried: set[str] = set()  # every prompt map proposed or current so far (canonical JSON)
         self.pilot = Pilot(working.step_names, self._budget_view, self._progress, gepa_ran=self.moves.gepa_runs > 0)
         self.pilot.tools = self
 
@@ -369,7 +370,7 @@ class AgentTools:
         self.pilot.record(
             Proposed(
                 step,
-                tuple(result["candidate_ids"]),
+                self._not_tried(result),
                 tuple(result["check_ids"]),
                 tuple(result["example_ids"]),
                 group=(made_for["analysis"], made_for["group"]) if made_for else None,
@@ -382,9 +383,24 @@ class AgentTools:
         result = self.moves.propose_demos(step, k=k, run_id=run_id)
         self._keep_candidates()
         self.pilot.record(
-            Proposed(DEMOS, tuple(result["candidate_ids"]), tuple(result["check_ids"]), tuple(result["failure_ids"]))
+            Proposed(DEMOS, self._not_tried(result), tuple(result["check_ids"]), tuple(result["failure_ids"]))
         )
         return result
+
+    def _not_tried(self, result: dict) -> tuple[str, ...]:
+        """The candidates of a proposal whose whole prompt map was never proposed before nor current; the others
+        are named in the result's note (comparing them would show nothing new)."""
+        current = self.working.instructions()
+        self._tried.add(canonical_json(current))
+        new, repeated = [], []
+        for name in result["candidate_ids"]:
+            key = canonical_json({**current, **self.moves.proposals[name]})
+            (repeated if key in self._tried else new).append(name)
+            self._tried.add(key)
+        if repeated:
+            note = f"{', '.join(repeated)} repeat(s) instructions already tried (current or proposed before)"
+            result["note"] = "; ".join(filter(None, [result.get("note"), note]))
+        return tuple(new)
 
     def compare(
         self,

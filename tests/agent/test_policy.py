@@ -260,3 +260,12 @@ def test_an_analysis_is_skipped_when_it_would_leave_no_proposal_or_comparison():
     # sub-LM prompts paid from the budget: the analysis must leave what one round needs besides the check
     assert next_action(state(memory, left=14, analysis_prompts=4)) == Propose("route")  # 14 - 8 reserve - 4 < 3
     assert next_action(state(memory, left=14, analysis_prompts=4, proposal_units=0)) == Analyze()
+
+
+def test_a_proposal_that_repeats_tried_instructions_is_not_compared_and_repeats_end_the_run():
+    memory = after(GepaFinished(None), Proposed("route", (), (1, 2, 3), (1,)))  # it repeated: no candidate
+    assert memory.pending is None and memory.repeats == 1
+    assert next_action(state(memory)) == Propose("summarize")  # the other step's turn
+    memory = fold(fold(memory, Proposed("summarize", (), (1, 2))), Proposed("route", (), (1, 2)))
+    assert next_action(state(memory)) == Submit("the last 3 proposals repeated instructions already tried")
+    assert fold(memory, Proposed("route", ("proposal-4",), (1, 2))).repeats == 0  # something new: counting restarts

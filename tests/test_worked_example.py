@@ -1,0 +1,45 @@
+"""The worked run of docs/analysis-and-demos.md (examples/analysis_and_demos.py): the default loop past GEPA
+analyses the failures its best leaves, proposes for the largest group, does not pay to compare a proposal that only
+repeats the current instructions, and returns a program whose demos teach what no instruction could."""
+
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+
+import pytest
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "analysis_and_demos.py"
+
+
+@pytest.fixture(scope="module")
+def printed(tmp_path_factory) -> str:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        runpy.run_path(str(EXAMPLE), run_name="__main__")
+    return out.getvalue()
+
+
+def test_the_worked_run_groups_the_failures_gepa_left_and_names_the_group_a_proposal_was_for(printed):
+    assert "analysis-1: 2 group(s) of the failures GEPA's best left on train" in printed
+    assert "  feedback tickets (3: train [5, 9, 14]): A feature idea belongs to feedback" in printed
+    assert "proposal-1 was written for group 'feedback tickets' of analysis-1" in printed
+    actions = printed.split("\n\n", 1)[0].splitlines()[1:]
+    assert actions[:4] == [
+        "  run_gepa(budget=122)",
+        "  adopt_candidate('gepa-1'); evaluate_program(split='val')",
+        "  analyze_failures()",
+        "  propose_instructions('route', group={'analysis': 'analysis-1', 'name': 'feedback tickets'})",
+    ]
+    # proposal-1 repeated the current instructions: nothing to learn from comparing it, so it was not compared
+    assert not any("'proposal-1'" in action for action in actions)
+    assert "  compare(['current', 'demos-1'], ids='3,0,5,1,9,2,14,7,10,12,13,15')" in actions
+
+
+def test_the_worked_run_returns_demos_that_teach_what_no_instruction_could(printed):
+    assert "demos of the returned program (train ids [4, 8, 6, 11]):" in printed
+    assert "  'Feature request: a dark mode for the editor.' -> feedback" in printed
+    assert "validation: 0.12 unchanged -> 0.88 returned" in printed
