@@ -173,12 +173,10 @@ def main() -> None:
     for candidate, lineage in results.lineage.items():
         if lineage.get("made_for"):
             made_for = lineage["made_for"]
-            print(f"{candidate} was written for group {made_for['group']!r} of {made_for['analysis']}:")
-            print(f"  {lineage}")
+            text = results.instructions[lineage["candidate"]]["route"]
+            print(f"{candidate}, written for group {made_for['group']!r} of {made_for['analysis']}: {text!r}")
     print()
-    print(
-        f"demos of the returned program (train ids {results.lineage.get(results.returned_candidate_id, {}).get('demo_ids')}):"
-    )
+    print(f"demos of the returned program, from train examples {optimized.demo_sources['route']}:")
     for demo in optimized.route.demos:
         print(f"  {demo.ticket!r} -> {demo.queue}")
     selection = optimized.selection

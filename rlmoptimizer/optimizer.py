@@ -587,6 +587,7 @@ class _Compile:
             run_storage_dir=str(self.directory),
             step_lms={step: dict(info) for step, info in self.step_lms.items()},
             usage=self.usage.snapshot(),
+            demo_sources=self.tools.moves.demo_train_ids(selection.instructions),
         )
         self.store.flush()
         if not self.read_back:  # a finished run returned again writes nothing: its seed is the one it ran with

@@ -362,6 +362,9 @@ class CompileResult:
     """LM calls, tokens and dollars per role: ``{"root", "sub", "eval", "total"}``, each with ``calls``,
     ``input_tokens``, ``cached_input_tokens``, ``output_tokens`` and ``cost_usd`` (None when litellm has no
     price for a model, listed in ``unpriced_models``)."""
+    demo_sources: dict[str, list[int | None]] = field(default_factory=dict)
+    """Where the returned program's demos came from: ``{step: [train id of each demo, in order]}`` for every step
+    with demos (None for a demo no train example holds, e.g. one the program already had)."""
 
     def attach_to(self, program: Any) -> Any:
         """Set the attributes on ``program`` (plain dicts and lists, as users read them) and return it."""
@@ -375,6 +378,7 @@ class CompileResult:
         program.run_storage_dir = self.run_storage_dir
         program.step_lms = {step: dict(info) for step, info in self.step_lms.items()}
         program.usage = dict(self.usage)
+        program.demo_sources = {step: list(ids) for step, ids in self.demo_sources.items()}
         return program
 
     def result_file(self) -> dict[str, Any]:
@@ -385,4 +389,5 @@ class CompileResult:
             "budget": dict(self.budget),
             "step_lms": {step: dict(info) for step, info in self.step_lms.items()},
             "usage": dict(self.usage),
+            "demo_sources": {step: list(ids) for step, ids in self.demo_sources.items()},
         }

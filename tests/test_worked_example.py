@@ -26,7 +26,7 @@ def printed(tmp_path_factory) -> str:
 def test_the_worked_run_groups_the_failures_gepa_left_and_names_the_group_a_proposal_was_for(printed):
     assert "analysis-1: 2 group(s) of the failures GEPA's best left on train" in printed
     assert "  feedback tickets (3: train [5, 9, 14]): A feature idea belongs to feedback" in printed
-    assert "proposal-1 was written for group 'feedback tickets' of analysis-1" in printed
+    assert "proposal-1, written for group 'feedback tickets' of analysis-1: " in printed
     actions = printed.split("\n\n", 1)[0].splitlines()[1:]
     assert actions[:4] == [
         "  run_gepa(budget=122)",
@@ -40,6 +40,6 @@ def test_the_worked_run_groups_the_failures_gepa_left_and_names_the_group_a_prop
 
 
 def test_the_worked_run_returns_demos_that_teach_what_no_instruction_could(printed):
-    assert "demos of the returned program (train ids [4, 8, 6, 11]):" in printed
+    assert "demos of the returned program, from train examples [4, 8, 6, 11]:" in printed
     assert "  'Feature request: a dark mode for the editor.' -> feedback" in printed
     assert "validation: 0.12 unchanged -> 0.88 returned" in printed

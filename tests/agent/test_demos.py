@@ -66,6 +66,9 @@ def test_the_default_loop_returns_a_program_with_demos_that_beats_the_baseline(t
     demos = result.demos
     assert len(demos) == 4 and sorted(d.label for d in demos) == sorted(LABELS.values())  # one of each kind
     assert all("(easy)" in d.question for d in demos)  # the successes of the unchanged program
+    [(step, ids)] = result.demo_sources.items()  # where each demo came from, in the demos' order
+    assert ids == [next(i for i, e in enumerate(make_splits()[0]) if e.question == d.question) for d in demos]
+    assert sorted(ids) == [0, 1, 2, 3]
     assert result.selection["chosen_score"] == 1.0 > result.selection["baseline_score"] == 0.0
     calls = [c for turn in result.agent_trajectory for c in turn["pilot"]]
     assert "propose_demos()" in calls and any(c.startswith("compare(['current', 'demos-1']") for c in calls)

@@ -263,16 +263,34 @@ class MoveContext:
         """The train ids whose own calls (or own fields) are demos in ``instructions``: an example a candidate
         sees as a demo is no evidence for it. Read from the data, so demos kept from an earlier process or written
         by hand count too."""
-        demos = [
-            canonical_json(d)
-            for key, text in instructions.items()
-            if demos_step(key) is not None
-            for d in parse_demos(key, text)
-        ]
+        demos = [canonical_json(d) for ds in self._demos_by_step(instructions).values() for d in ds]
         if not demos:
             return set()
+        index = self._demos_index()
+        return {i for demo in demos for i in index.get(demo, ())}
+
+    def demo_train_ids(self, instructions: dict[str, str]) -> dict[str, list[int | None]]:
+        """Per step with demos in ``instructions``, the train example each demo was taken from, in the demos' order
+        (the lowest id when several match; None for a demo no train example or call holds)."""
+        by_step = self._demos_by_step(instructions)
+        index = self._demos_index() if by_step else {}
+        return {
+            step: [min(index.get(canonical_json(d), ()), default=None) for d in demos]
+            for step, demos in by_step.items()
+        }
+
+    @staticmethod
+    def _demos_by_step(instructions: dict[str, str]) -> dict[str, list[dict]]:
+        return {
+            step: parse_demos(key, text)
+            for key, text in instructions.items()
+            if (step := demos_step(key)) is not None and parse_demos(key, text)
+        }
+
+    def _demos_index(self) -> dict[str, set[int]]:
+        """The train examples' fields and every train call, by content (rebuilt when runs were added)."""
         runs = self.runs.all()
-        if self._demo_index[0] != len(runs):  # the train examples' fields and every train call, by content
+        if self._demo_index[0] != len(runs):
             index: dict[str, set[int]] = {}
             for i, example in enumerate(self.runs.splits.get("train", [])):
                 fields = dict(example.items()) if callable(getattr(example, "items", None)) else {}
@@ -282,4 +300,4 @@ class MoveContext:
                     for call in record.steps:
                         index.setdefault(canonical_json({**call.inputs, **call.outputs}), set()).add(record.example_id)
             self._demo_index = (len(runs), index)
-        return {i for demo in demos for i in self._demo_index[1].get(demo, ())}
+        return self._demo_index[1]
