@@ -148,12 +148,25 @@ def estimate_shape(value: Any, where: str, problems: list[str]) -> dict[str, Any
     return estimate
 
 
+def _is_demo_sources(value: Any) -> bool:
+    """``{step: [train id or None, ...]}``."""
+    return isinstance(value, dict) and all(
+        isinstance(step, str) and isinstance(ids, list) and all(i is None or is_count(i) for i in ids)
+        for step, ids in value.items()
+    )
+
+
 def result_shape(value: Any, problems: list[str]) -> dict[str, Any] | None:
     """``result.json``: its returned instructions, selection, budget, usage and seed, each kept when well formed."""
     result = _dict(value, RESULT, "a result", problems)
     if result is None:
         return None
-    result = _kept(result, {"optimized_dspy_program": is_instructions, "seed": is_count}, RESULT, problems)
+    result = _kept(
+        result,
+        {"optimized_dspy_program": is_instructions, "seed": is_count, "demo_sources": _is_demo_sources},
+        RESULT,
+        problems,
+    )
     if "selection" in result:
         selection = _dict(result["selection"], "result.json selection", "a selection", problems)
         result["selection"] = _kept(selection, _SELECTION, "result.json selection", problems) if selection else None

@@ -289,6 +289,20 @@ def _ancestry_section(rundir: RunDirectory) -> Group | None:
     return Group(Text("where the returned instructions came from", style="bold"), grid)
 
 
+def _demos_text(rundir: RunDirectory) -> Text | None:
+    """Which demos each step of the returned program got: the train example each came from."""
+    sources = (rundir.result or {}).get("demo_sources") or {}
+    if not sources:
+        return None
+    return Text(
+        "demos of the returned program: "
+        + "; ".join(
+            f"{step}: {len(ids)} from train {_ids([i if i is not None else '(not from train)' for i in ids])}"
+            for step, ids in sources.items()
+        )
+    )
+
+
 def render(rundir: RunDirectory, picture: Path | str | None = None) -> Group:
     """The summary of ``rundir`` as one rich renderable."""
     color, meaning = _STATUS[rundir.status]
@@ -321,6 +335,9 @@ def render(rundir: RunDirectory, picture: Path | str | None = None) -> Group:
         ancestry = _ancestry_section(rundir)
         if ancestry is not None:
             parts.append(ancestry)
+        demos = _demos_text(rundir)
+        if demos is not None:
+            parts.append(demos)
     if rundir.problems:
         parts.append(Text("skipped: " + "; ".join(rundir.problems), style="yellow"))
     if isinstance(picture, Path):

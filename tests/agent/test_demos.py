@@ -12,6 +12,7 @@ import pytest
 from support.fakes import FunctionLM, last_user_text
 
 from rlmoptimizer import RLMDocstringOptimizer
+from rlmoptimizer.__main__ import main
 
 LABELS = {"north": "N7", "south": "S2", "east": "E5", "west": "W9"}
 MARKER = "VALMARKER"
@@ -58,7 +59,7 @@ def demos_in(prompt: list[dict]) -> str:
     return " ".join(str(m.get("content")) for m in prompt[:-1])
 
 
-def test_the_default_loop_returns_a_program_with_demos_that_beats_the_baseline(tmp_path):
+def test_the_default_loop_returns_a_program_with_demos_that_beats_the_baseline(tmp_path, capsys):
     result, eval_lm, sub_lm = compile_labels(
         rlm_autopilot="loop", max_metric_calls=120, run_storage_dir=str(tmp_path / "run")
     )
@@ -69,6 +70,9 @@ def test_the_default_loop_returns_a_program_with_demos_that_beats_the_baseline(t
     [(step, ids)] = result.demo_sources.items()  # where each demo came from, in the demos' order
     assert ids == [next(i for i, e in enumerate(make_splits()[0]) if e.question == d.question) for d in demos]
     assert sorted(ids) == [0, 1, 2, 3]
+    assert main(["report", str(tmp_path / "run"), "--no-plot"]) == 0  # the report says so too
+    report = " ".join(capsys.readouterr().out.split())
+    assert f"demos of the returned program: {step}: 4 from train {', '.join(map(str, ids))}" in report
     assert result.selection["chosen_score"] == 1.0 > result.selection["baseline_score"] == 0.0
     calls = [c for turn in result.agent_trajectory for c in turn["pilot"]]
     assert "propose_demos()" in calls and any(c.startswith("compare(['current', 'demos-1']") for c in calls)
