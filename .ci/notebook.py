@@ -5,7 +5,7 @@
 
 The notebook is committed with its outputs, so a reader on a code host sees what each cell prints. The check:
 the committed copy was run top to bottom in one kernel (execution counts 1, 2, 3, ... in order), holds no error
-output, and shows ``run_gepa``; the run: every cell of a fresh copy executes without an error (nbclient, a kernel
+output, and shows ``run_gepa`` and the cost estimate; the run: every cell of a fresh copy executes without an error (nbclient, a kernel
 of this Python: ``pip install -e ".[docs,plot]"``). Run from anywhere; the notebook runs in ``examples/``.
 """
 
@@ -42,6 +42,8 @@ def committed_problems(notebook) -> list[str]:
         problems.append(f"committed with error outputs: {', '.join(errors)}")
     if not any("run_gepa" in cell.source for cell in code):
         problems.append("no cell shows run_gepa, the agent's first move")
+    if not any("optimizer.estimate(" in cell.source for cell in code):
+        problems.append("no cell shows the cost estimate made before the run (optimizer.estimate)")
     return problems
 
 
