@@ -9,7 +9,6 @@ import importlib
 import inspect
 import json
 import pkgutil
-import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -353,18 +352,15 @@ def test_a_last_draw_that_repeats_the_current_instructions_changes_nothing(monke
 
 def test_after_gepa_the_loop_analyses_the_failures_and_proposes_for_the_largest_group(monkeypatch):
     no_sandbox(monkeypatch)
-    from support.analysing import DISPUTE_CAUSE, GROUP
+    from support.analysing import DISPUTE_CAUSE, GROUP, analysis_answer
 
     def reply(messages):
         user = last_user_text(messages)
         if any(Path(frame.filename).name == "gepa_adapter.py" for frame in inspect.stack()):
             return json.dumps({"new_instruction": "Route tickets carefully."})  # GEPA's reflections never help
-        if "[[ ## failures ## ]]" in user:
-            ids = [int(i) for i in re.findall(r"\[failure (\d+)\]", user)]
-            return {"causes": [{"failure_id": i, "cause": DISPUTE_CAUSE} for i in ids]}
-        if "[[ ## causes ## ]]" in user:
-            ids = [int(i) for i in re.findall(r"^(\d+): ", user.split("[[ ## causes ## ]]", 1)[1], re.M)]
-            return {"groups": [{"name": GROUP, "cause": DISPUTE_CAUSE, "failure_ids": ids}]}
+        answer = analysis_answer(user)
+        if answer is not None:
+            return answer
         # a proposal states the policy only when it was told the group's cause
         text = POLICY_PROMPT if DISPUTE_CAUSE in user else "Route each ticket to one queue."
         return json.dumps({"new_instruction": text})

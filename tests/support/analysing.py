@@ -44,18 +44,24 @@ TURNS = [
 ]
 
 
+def analysis_answer(user: str) -> dict | None:
+    """The sub-LM's answer to an analysis prompt (``user``: its last user message): one cause for every failure
+    (:data:`DISPUTE_CAUSE`), or one group of them all for the merge; None for any other prompt."""
+    if "[[ ## failures ## ]]" in user:
+        ids = [int(i) for i in re.findall(r"\[failure (\d+)\]", user)]
+        return {"causes": [{"failure_id": i, "cause": DISPUTE_CAUSE} for i in ids]}
+    if "[[ ## causes ## ]]" in user:
+        ids = [int(i) for i in re.findall(r"^(\d+): ", user.split("[[ ## causes ## ]]", 1)[1], re.M)]
+        return {"groups": [{"name": GROUP, "cause": DISPUTE_CAUSE, "failure_ids": ids}]}
+    return None
+
+
 def analyst() -> FunctionLM:
     """The sub-LM: causes for the analysis' cause prompts, groups for its merge, the policy for a proposal."""
 
     def reply(messages):
-        user = last_user_text(messages)
-        if "[[ ## failures ## ]]" in user:
-            ids = [int(i) for i in re.findall(r"\[failure (\d+)\]", user)]
-            return {"causes": [{"failure_id": i, "cause": DISPUTE_CAUSE} for i in ids]}
-        if "[[ ## causes ## ]]" in user:
-            ids = [int(i) for i in re.findall(r"^(\d+): ", user.split("[[ ## causes ## ]]", 1)[1], re.M)]
-            return {"groups": [{"name": GROUP, "cause": DISPUTE_CAUSE, "failure_ids": ids}]}
-        return json.dumps({"new_instruction": POLICY_PROMPT})
+        answer = analysis_answer(last_user_text(messages))
+        return answer if answer is not None else json.dumps({"new_instruction": POLICY_PROMPT})
 
     return FunctionLM(reply, name="analyst")
 
