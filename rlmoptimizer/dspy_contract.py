@@ -204,7 +204,7 @@ REQUIREMENTS: dict[str, tuple[Requirement, ...]] = {
         )
     ),
     # The gepa package (pinned through dspy's own requirement), whose engine run_gepa runs
-    # (rlmoptimizer/agent/moves/gepa.py, gepa_adapter.py): what we call, with the keywords we pass, and the engine's
+    # (rlmoptimizer/moves/gepa.py, gepa_adapter.py): what we call, with the keywords we pass, and the engine's
     # calls into our adapter and callbacks.
     "gepa": (
         Requirement(
@@ -251,17 +251,18 @@ REQUIREMENTS: dict[str, tuple[Requirement, ...]] = {
             for name in ("on_iteration_start", "on_evaluation_start", "on_merge_accepted", "on_iteration_end")
         ),
     ),
-    # The optimizer agent (rlmoptimizer/agent/): a dspy.Module with its own turn loop on dspy's REPL types, its
-    # root-LM calls and its moves.
+    # The moves (rlmoptimizer/moves/): GEPA's reflective proposal, as dspy's own proposer writes it.
+    "moves": (Requirement("dspy.teleprompt.gepa", "InstructionProposer"),),  # proposal.py, gepa_adapter.py
+    # The optimizer agent (rlmoptimizer/agent/): a dspy.Module with its own turn loop on dspy's REPL types and its
+    # root-LM calls.
     "agent": (
         Requirement("dspy", "ensure_signature"),
-        Requirement("dspy", "AdapterParseError"),  # from dspy import (agent.py, root_lm.py, moves/gepa_adapter.py)
+        Requirement("dspy", "AdapterParseError"),  # from dspy import (agent.py, root_lm.py)
         Requirement("dspy", "ChatAdapter"),
         Requirement("dspy", "CodeInterpreter"),
         Requirement("dspy", "LMError"),
         Requirement("dspy", "Prediction"),
         Requirement("dspy.adapters.chat_adapter", "ChatAdapter"),  # context.py
-        Requirement("dspy.teleprompt.gepa", "InstructionProposer"),  # moves/proposal.py, moves/gepa_adapter.py
         Requirement("dspy.lm15", "Message"),  # root_lm.py: the Responses-API chain
         Requirement("dspy.lm15", "Request"),
         Requirement("dspy.lm15", "Response"),

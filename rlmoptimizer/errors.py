@@ -16,7 +16,8 @@ The tree::
 
     AgentToolError (a ValueError)               a tool call the agent should correct; raised by a tool, shown to the
                                                 agent inside its REPL as an ``AgentToolError`` of the same name,
-                                                never to the user (formatted by :func:`rlmoptimizer.agent.working_program.agent_error`)
+                                                never to the user; :func:`agent_error` makes it (the one format of
+                                                a refusal, for the agent's tools and the moves)
 
 Only systemic failures propagate to the user. A failure is often wrapped (``raise ... from``, or raised while
 handling another): :func:`exception_chain` lists an error and the ones it was raised from, for the classifiers
@@ -89,3 +90,23 @@ class DspyVersionError(RLMOptimizerError, ImportError):
 class AgentToolError(ValueError):
     """A tool call the agent should correct; the message says how. The sandbox raises it inside the REPL
     under the same class name (see ``rlmoptimizer/sandbox/assets/tool_wrappers.py``)."""
+
+
+REFUSAL_CLIP = 600
+"""The most characters of a refusal's problem or fix shown to the agent: a value echoed in it (a 200,000-character
+argument) is cut in the middle, so what went wrong and what to do next stay in view."""
+
+
+def _clip(text: str, limit: int = REFUSAL_CLIP) -> str:
+    """``text`` cut in the middle to at most about ``limit`` characters, saying how much was cut."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    head, tail = (2 * limit) // 3, limit // 4
+    return f"{text[:head]} ...[{len(text) - head - tail} characters cut]... {text[-tail:]}"
+
+
+def agent_error(problem: str, fix: str) -> AgentToolError:
+    """The one place that formats errors shown to the agent (by the agent's tools and by the moves): what went
+    wrong, then what to do (each clipped)."""
+    return AgentToolError(f"{_clip(problem)} -> {_clip(fix)}")

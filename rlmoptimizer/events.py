@@ -24,7 +24,7 @@ EvaluationFinished     ``evaluation.runs.Runs`` once the run is saved (also a ru
 PromptUpdated          ``agent.working_program.WorkingProgram`` for each new prompt version
 AgentTurn              ``agent.agent.OptimizerAgent`` for each turn, as soon as it exists
 SubLMAnswered          ``agent.sub_lm`` after each ``llm_query`` / ``llm_query_batched`` it charged, and
-                       ``agent.moves.proposal.ask_proposer`` as each sub-LM call of a move (a proposal, a GEPA
+                       ``moves.proposal.ask_proposer`` as each sub-LM call of a move (a proposal, a GEPA
                        reflection) is charged
 CandidateAdded         ``agent.tools`` for each candidate a move named (``proposal-N``, ``gepa-N``)
 GepaIteration          ``agent.tools`` at the end of each iteration of a ``run_gepa`` run

@@ -110,9 +110,11 @@ def _is_module(name: str) -> bool:
 def test_the_wings_import_their_names_only_after_the_check():
     """Each wing's ``_dspy`` module exports its rows as REQUIRED and imports only names that are rows."""
     from rlmoptimizer.agent import _dspy as agent_dspy
+    from rlmoptimizer.moves import _dspy as moves_dspy
     from rlmoptimizer.sandbox import _dspy as sandbox_dspy
 
     assert agent_dspy.REQUIRED == REQUIREMENTS["agent"] and sandbox_dspy.REQUIRED == REQUIREMENTS["sandbox"]
+    assert moves_dspy.REQUIRED == REQUIREMENTS["moves"]
 
 
 def test_a_missing_member_and_a_changed_signature_are_named():

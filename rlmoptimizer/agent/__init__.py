@@ -12,9 +12,8 @@ Rooms:
                         ``"loop"`` mode without an agent
     root_lm.py          what the root LM is sent per turn: multi-turn rendering, the Responses-API chain
     prompts.py          the agent's instructions and task brief, module constants with checked placeholders
-    tools.py            the functions the agent calls (evaluate_program, run_data, update_prompt, next_phase, ...)
-    moves/              the moves the tools offer: GEPA's reflective proposal, paired comparison, rollouts,
-                        the candidate pool and its Pareto front, the failure replay set, run diffs
+    tools.py            the functions the agent calls (evaluate_program, run_data, update_prompt, next_phase, ...),
+                        the moves among them (``rlmoptimizer.moves``, a room of its own below this one)
     working_program.py  the program the tools edit and its prompt versions
     stop.py             the stop request the loop checks after each turn; the stop after the spending cap, or as
                         soon as no turn can change the result
@@ -24,7 +23,7 @@ Rooms:
     state.py            the state block closing every request, and the turn aids of a long run
     _dspy.py            every dspy name this wing uses beyond ``import dspy``, checked at import
 
-May import: dspy (private names only through ``_dspy``), ``rlmoptimizer.evaluation``, ``.storage`` (the
+May import: dspy (private names only through ``_dspy``), ``rlmoptimizer.moves``, ``.evaluation``, ``.storage`` (the
 agent's notes), and the flat rooms below (``budget``, ``errors``, ``events``, ``fingerprint``, ``records``,
 ``dspy_contract``, ``usage``). Nothing above it (optimizer, selection, display, inputs); not the sandbox either: the
 sandbox reaches the agent only as the interpreter factory the optimizer hands over.

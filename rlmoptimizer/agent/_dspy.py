@@ -13,7 +13,6 @@ from dspy.clients.backend_selection import CLIENT_KEYS
 from dspy.lm15 import Message, Request, Response, request_from_openai_chat
 from dspy.primitives.code_interpreter import CodeExecutionError, FinalOutput, resolve_interpreter_factory
 from dspy.primitives.repl_types import REPLEntry, REPLHistory, REPLVariable
-from dspy.teleprompt.gepa import InstructionProposer
 from dspy.utils.exceptions import format_error_for_lm
 
 from rlmoptimizer.dspy_contract import REQUIREMENTS
@@ -26,7 +25,6 @@ __all__ = [
     "FinalOutput",
     "REQUIRED",
     "ChatAdapter",
-    "InstructionProposer",
     "Message",
     "REPLEntry",
     "REPLHistory",

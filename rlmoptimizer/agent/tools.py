@@ -5,8 +5,8 @@ A tool's name, parameters and docstring are its interface: the agent's tool list
 what to do next (the agent sees it as the error of its code cell); nothing a tool refuses changes state.
 The selection of example ids is parsed here, once per call; the inner rooms trust the ids they get.
 
-May import: ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.fingerprint``, ``.records`` and the agent wing's
-``working_program`` and ``moves``.
+May import: ``rlmoptimizer.moves``, ``.budget``, ``.errors``, ``.events``, ``.fingerprint``, ``.records``, ``.storage``
+and the agent wing's own ``pilot``, ``policy``, ``prompts``, ``services`` and ``working_program``.
 """
 
 from __future__ import annotations
@@ -16,10 +16,6 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from rlmoptimizer.agent.moves import Moves
-from rlmoptimizer.agent.moves.analysis import prompts_for
-from rlmoptimizer.agent.moves.context import whole_validation
-from rlmoptimizer.agent.moves.gepa import GepaHooks, GepaSpec
 from rlmoptimizer.agent.pilot import Pilot
 from rlmoptimizer.agent.policy import (
     DEMOS,
@@ -34,11 +30,14 @@ from rlmoptimizer.agent.policy import (
 )
 from rlmoptimizer.agent.prompts import BASELINE_TRAIN
 from rlmoptimizer.agent.services import CompileServices
-from rlmoptimizer.agent.working_program import agent_error
 from rlmoptimizer.budget import SUB_LM_CALL, Reservation
-from rlmoptimizer.errors import ConfigurationError, StructureChangedError
+from rlmoptimizer.errors import ConfigurationError, StructureChangedError, agent_error
 from rlmoptimizer.events import CandidateAdded, GepaIteration
 from rlmoptimizer.fingerprint import canonical_json, demos_step
+from rlmoptimizer.moves import Moves
+from rlmoptimizer.moves.analysis import prompts_for
+from rlmoptimizer.moves.context import whole_validation
+from rlmoptimizer.moves.gepa import GepaHooks, GepaSpec
 from rlmoptimizer.records import EvalRun
 from rlmoptimizer.storage.answers import AnswerStore
 from rlmoptimizer.storage.candidates import (
@@ -49,7 +48,7 @@ from rlmoptimizer.storage.candidates import (
 )
 from rlmoptimizer.storage.layout import GEPA_REFLECTIONS
 
-__all__ = ["AgentTools", "agent_error", "select_ids"]
+__all__ = ["AgentTools", "select_ids"]
 
 
 def _parse_ids(ids: Any, split_size: int) -> list[int]:

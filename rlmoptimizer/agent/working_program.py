@@ -15,11 +15,11 @@ import dspy
 from rlmoptimizer.agent.stop import StopRequest
 from rlmoptimizer.budget import Reservation
 from rlmoptimizer.errors import (
-    AgentToolError,
     ConfigurationError,
     EvaluationLMError,
     MetricError,
     StructureChangedError,
+    agent_error,
 )
 from rlmoptimizer.evaluation.runs import Runs
 from rlmoptimizer.events import NO_OBSERVER, Observer, PromptUpdated
@@ -35,24 +35,6 @@ from rlmoptimizer.fingerprint import (
     save_signatures,
 )
 from rlmoptimizer.records import EvalRun
-
-REFUSAL_CLIP = 600
-"""The most characters of a refusal's problem or fix shown to the agent: a value echoed in it (a 200,000-character
-argument) is cut in the middle, so what went wrong and what to do next stay in view."""
-
-
-def clip(text: str, limit: int = REFUSAL_CLIP) -> str:
-    """``text`` cut in the middle to at most about ``limit`` characters, saying how much was cut."""
-    text = str(text)
-    if len(text) <= limit:
-        return text
-    head, tail = (2 * limit) // 3, limit // 4
-    return f"{text[:head]} ...[{len(text) - head - tail} characters cut]... {text[-tail:]}"
-
-
-def agent_error(problem: str, fix: str) -> AgentToolError:
-    """The one place that formats errors shown to the agent: what went wrong, then what to do (each clipped)."""
-    return AgentToolError(f"{clip(problem)} -> {clip(fix)}")
 
 
 class WorkingProgram:

@@ -22,8 +22,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rlmoptimizer.agent.moves.gepa import MINIBATCH_SIZE
 from rlmoptimizer.budget import baseline_on_demand, budget_for, budget_for_metric_calls
+from rlmoptimizer.moves.gepa import MINIBATCH_SIZE
 
 RUNS_PER_ITERATION = 4 / 3
 """Program runs per minibatch example of one GEPA iteration (its child on the minibatch, cut short where it can no

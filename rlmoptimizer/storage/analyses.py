@@ -1,7 +1,7 @@
 """The failure analyses of a compile (``analysis-N``), kept in the run directory.
 
 ``analyses.json`` holds ``{"analyses": [record, ...], "latest": id}``, each record what
-:meth:`FailureAnalysis.to_record <rlmoptimizer.agent.moves.failures.FailureAnalysis.to_record>` gives, rewritten
+:meth:`FailureAnalysis.to_record <rlmoptimizer.moves.failures.FailureAnalysis.to_record>` gives, rewritten
 atomically whenever an analysis is made or asked again: a resumed compile reuses them for nothing, and a proposal
 made for one of their groups names it in its lineage.
 

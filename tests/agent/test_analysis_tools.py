@@ -13,7 +13,7 @@ from support.optimizing import SUBMIT_LINE, compile_tickets
 from support.tickets import POLICY_PROMPT
 
 from rlmoptimizer.__main__ import main
-from rlmoptimizer.agent.moves.analysis import prompts_for
+from rlmoptimizer.moves.analysis import prompts_for
 
 pytestmark = pytest.mark.slow
 

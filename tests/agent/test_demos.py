@@ -123,7 +123,7 @@ def test_an_agent_in_the_sandbox_proposes_compares_and_adopts_demos(tmp_path):
 
 
 def test_demos_cover_the_labels_failed_most_first_then_vary():
-    from rlmoptimizer.agent.moves.demos import choose_demos
+    from rlmoptimizer.moves.demos import choose_demos
     from rlmoptimizer.records import ExampleResult
 
     def record(i, label, passed):

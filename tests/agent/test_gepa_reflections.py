@@ -40,7 +40,7 @@ def test_a_reflection_answering_an_empty_instruction_proposes_nothing_and_the_ru
     """Regression: a reflection LM answering {"new_instruction": ""} made dspy's InstructionProposer raise
     ValueError, and the whole GEPA run stopped with "the reflection LM (sub_lm) failed ... check sub_lm (its key,
     model name or provider)": the wrong diagnosis for an LM that answered."""
-    with caplog.at_level(logging.WARNING, logger="rlmoptimizer.agent.moves.gepa"):
+    with caplog.at_level(logging.WARNING, logger="rlmoptimizer.moves.gepa"):
         result = run_with(json.dumps({"new_instruction": ""}))
     output, outcome = shown(result)
     assert "REFUSED" not in output and "check sub_lm" not in output, output

@@ -31,8 +31,7 @@ from dspy.primitives.code_interpreter import (
 from dspy.primitives.python_interpreter import PythonInterpreter
 from support.fakes import FunctionLM
 
-from rlmoptimizer.agent.tools import agent_error
-from rlmoptimizer.errors import SandboxError
+from rlmoptimizer.errors import SandboxError, agent_error
 from rlmoptimizer.sandbox import DENO_FLAGS, Sandbox, build_import_map
 from rlmoptimizer.sandbox import deno_environment as _deno_environment
 

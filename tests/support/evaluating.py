@@ -1,4 +1,4 @@
-"""An ``evaluate`` for :class:`rlmoptimizer.agent.moves.Moves` on a program used on its own (the moves' tests), as
+"""An ``evaluate`` for :class:`rlmoptimizer.moves.Moves` on a program used on its own (the moves' tests), as
 ``AgentTools`` gives the moves the working program's."""
 
 from __future__ import annotations

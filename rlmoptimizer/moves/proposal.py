@@ -2,8 +2,8 @@
 instructions for one step from that step's inputs and outputs on selected examples, their expected fields,
 scores and metric feedback.
 
-May import: dspy, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.fingerprint``, ``.records`` and
-``rlmoptimizer.agent.moves.context``.
+May import: dspy, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.fingerprint``, ``.records``,
+``.storage`` and ``rlmoptimizer.moves``' ``_dspy``, ``analysis`` and ``context``.
 """
 
 from __future__ import annotations
@@ -17,18 +17,18 @@ from typing import Any
 
 import dspy
 
-from rlmoptimizer.agent._dspy import InstructionProposer
-from rlmoptimizer.agent.moves.analysis import AnalysisMoves, group_guidance
-from rlmoptimizer.agent.moves.context import (
+from rlmoptimizer.budget import SUB_LM_CALL, Reservation
+from rlmoptimizer.evaluation.lm_failures import classify_lm_failure, failure_summary
+from rlmoptimizer.fingerprint import instructions_digest
+from rlmoptimizer.moves._dspy import InstructionProposer
+from rlmoptimizer.moves.analysis import AnalysisMoves, group_guidance
+from rlmoptimizer.moves.context import (
     MAX_PROPOSALS,
     MAX_REFLECTION_EXAMPLES,
     budget_spent,
     exhausted,
     refuse,
 )
-from rlmoptimizer.budget import SUB_LM_CALL, Reservation
-from rlmoptimizer.evaluation.lm_failures import classify_lm_failure, failure_summary
-from rlmoptimizer.fingerprint import instructions_digest
 from rlmoptimizer.records import ExampleResult, StepTrace
 from rlmoptimizer.storage.answers import AnswerStore
 from rlmoptimizer.storage.layout import PROPOSALS

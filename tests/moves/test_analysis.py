@@ -13,15 +13,15 @@ from support.evaluating import program_evaluator
 from support.fakes import FunctionLM, last_user_text, system_text
 from support.optimizing import proposer
 
-from rlmoptimizer.agent.moves import MAX_PROMPTS, FailureAnalysis, Moves
-from rlmoptimizer.agent.moves.analysis import FAILURES_PER_PROMPT, prompts_for
-from rlmoptimizer.agent.moves.gepa import GepaSpec
 from rlmoptimizer.budget import SUB_LM_CALL, TRAIN_EXAMPLE, BudgetLedger
 from rlmoptimizer.errors import AgentToolError
 from rlmoptimizer.evaluation.evaluator import Evaluator
 from rlmoptimizer.evaluation.runs import Runs
 from rlmoptimizer.fingerprint import get_instructions
 from rlmoptimizer.metric import Metric
+from rlmoptimizer.moves import MAX_PROMPTS, FailureAnalysis, Moves
+from rlmoptimizer.moves.analysis import FAILURES_PER_PROMPT, prompts_for
+from rlmoptimizer.moves.gepa import GepaSpec
 from rlmoptimizer.storage.run_store import RunStore
 
 # -- a one-step router whose task LM misses two rules -----------------------------------------------------------

@@ -15,13 +15,13 @@ from support.fakes import FunctionLM, system_text
 from support.optimizing import proposer
 from support.qa import TwoSteps, field
 
-from rlmoptimizer.agent.moves import MAX_REFLECTION_EXAMPLES, Moves, reflective_example
 from rlmoptimizer.budget import SUB_LM_CALL, TRAIN_EXAMPLE, VAL_EXAMPLE, BudgetLedger
 from rlmoptimizer.errors import AgentToolError
 from rlmoptimizer.evaluation.evaluator import Evaluator
 from rlmoptimizer.evaluation.runs import Runs
 from rlmoptimizer.fingerprint import get_instructions
 from rlmoptimizer.metric import Metric
+from rlmoptimizer.moves import MAX_REFLECTION_EXAMPLES, Moves, reflective_example
 from rlmoptimizer.storage.run_store import RunStore
 
 # -- a two-step program whose answers follow its instructions -------------------------------------------

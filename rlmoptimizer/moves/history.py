@@ -1,7 +1,7 @@
 """What the stored runs say: the candidate pool with GEPA's Pareto front, the failure replay set, and the
 contrast of two runs' traces.
 
-May import: ``rlmoptimizer.evaluation``, ``.fingerprint``, ``.records`` and ``rlmoptimizer.agent.moves.context``.
+May import: ``rlmoptimizer.evaluation``, ``.fingerprint``, ``.records`` and ``rlmoptimizer.moves.context``.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rlmoptimizer.agent.moves.context import MoveContext, mean
 from rlmoptimizer.fingerprint import instructions_digest
+from rlmoptimizer.moves.context import MoveContext, mean
 from rlmoptimizer.records import EvalRun, ExampleResult, StepTrace, first_sample_complete, ranked
 
 

@@ -6,17 +6,17 @@ A candidate whose demos are train examples is compared without them (each would 
 (:func:`rlmoptimizer.selection.clear_gain`), 0 when none has one.
 
 May import: ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.fingerprint``, ``.records``, ``.selection`` and
-``rlmoptimizer.agent.moves.context``.
+``rlmoptimizer.moves.context``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from rlmoptimizer.agent.moves.context import MoveContext, budget_spent, exhausted, mean, refuse
 from rlmoptimizer.budget import example_kind
 from rlmoptimizer.errors import BudgetExhaustedError
 from rlmoptimizer.fingerprint import instructions_digest
+from rlmoptimizer.moves.context import MoveContext, budget_spent, exhausted, mean, refuse
 from rlmoptimizer.records import EvalRun, ExampleResult
 from rlmoptimizer.selection import clear_gain
 

@@ -3,7 +3,7 @@ fault, the kind of failure, the expected and produced label of a short output), 
 them, the check of the sub-LM's merge, and the analysis as a value (:class:`FailureAnalysis`) with its printable
 summary.
 
-Pure: no LM call, no budget, no file. The move that asks the sub-LM is :mod:`rlmoptimizer.agent.moves.analysis`.
+Pure: no LM call, no budget, no file. The move that asks the sub-LM is :mod:`rlmoptimizer.moves.analysis`.
 
 May import: pydantic, ``rlmoptimizer.records``.
 """

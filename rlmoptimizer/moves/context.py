@@ -1,8 +1,7 @@
 """What every move works over: the runs, an evaluate function, the ledger and the current instructions; the
 checks and refusals the moves share.
 
-May import: dspy, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.events``, ``.fingerprint``, ``.records`` and
-the agent wing's ``working_program`` (for its one format of a refusal).
+May import: dspy, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.events``, ``.fingerprint``, ``.records``.
 """
 
 from __future__ import annotations
@@ -14,8 +13,8 @@ from typing import Any, Protocol
 
 import dspy
 
-from rlmoptimizer.agent.working_program import agent_error as refuse  # the one format of a refusal
 from rlmoptimizer.budget import BudgetLedger
+from rlmoptimizer.errors import agent_error as refuse  # the one format of a refusal
 from rlmoptimizer.events import SubLMAnswered
 from rlmoptimizer.fingerprint import canonical_json, demos_step, instructions_digest, parse_demos
 from rlmoptimizer.records import EvalRun, ExampleResult

@@ -1,9 +1,9 @@
 """What gepa's engine sees of a compile: the :class:`Adapter` over its stored, charged evaluations, the exact
 :class:`Slice` of the budget a run may spend, and the :class:`Reflection` LM (the sub-LM, charged and kept for a
-resume). :mod:`rlmoptimizer.agent.moves.gepa` runs the engine over them.
+resume). :mod:`rlmoptimizer.moves.gepa` runs the engine over them.
 
 May import: gepa, dspy, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.records``, ``.storage`` and
-``rlmoptimizer.agent.moves``' own modules.
+``rlmoptimizer.moves``' own modules.
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rlmoptimizer.agent.moves.context import EvaluateFn, RunAccess
-from rlmoptimizer.agent.moves.proposal import ask_proposer, nth_sample, reflective_example, reply_of
 from rlmoptimizer.budget import SUB_LM_CALL, TRAIN_EXAMPLE, VAL_EXAMPLE, BudgetLedger, Reservation, example_kind
 from rlmoptimizer.errors import BudgetExhaustedError
 from rlmoptimizer.evaluation.lm_failures import classify_lm_failure, failure_summary
+from rlmoptimizer.moves._dspy import InstructionProposer
+from rlmoptimizer.moves.context import EvaluateFn, RunAccess
+from rlmoptimizer.moves.proposal import ask_proposer, nth_sample, reflective_example, reply_of
 from rlmoptimizer.records import ExampleResult
 from rlmoptimizer.storage.answers import AnswerStore
 
@@ -266,8 +267,6 @@ class Reflection:
     def propose(self, step: str, text: str, dataset: list[dict[str, Any]]) -> str:
         """New instructions for ``step`` (now ``text``) from gepa's reflective ``dataset``; "" when the LM answered
         with nothing usable (charged: it was a call). An LM that does not answer stops the run."""
-        from dspy.teleprompt.gepa import InstructionProposer
-
         asked = [step, text, dataset, *([self._guidance] if self._guidance else [])]
         key, seen = self._answers.key_for(json.dumps(asked, sort_keys=True, default=repr))
         stored = self._answers.get(key)

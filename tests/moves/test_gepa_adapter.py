@@ -1,4 +1,4 @@
-"""What gepa's engine sees of a compile (``rlmoptimizer.agent.moves.gepa_adapter``), driven the way gepa's
+"""What gepa's engine sees of a compile (``rlmoptimizer.moves.gepa_adapter``), driven the way gepa's
 reflective proposer drives it: the parent on a minibatch, then a child announced by ``on_evaluation_start``.
 
 The program is a table of scores (instructions -> example -> score); runs are kept as the store keeps them, so a
@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlmoptimizer.agent.moves.gepa_adapter import Adapter, Slice, Stop
 from rlmoptimizer.budget import BudgetLedger
+from rlmoptimizer.moves.gepa_adapter import Adapter, Slice, Stop
 from rlmoptimizer.records import ExampleResult
 
 PARENT = {"route": "Route the ticket."}

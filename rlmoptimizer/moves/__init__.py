@@ -1,4 +1,5 @@
-"""The optimizer agent's moves: the steps fixed-algorithm optimizers make, each one call away.
+"""The moves: the steps fixed-algorithm optimizers make, each one call away, as a library the agent's tools
+and the default loop without an agent (the pilot, through the same tools) both call.
 
 GEPA's reflective proposal from traces and metric feedback (:meth:`Moves.propose_instructions`, built on
 dspy's own ``dspy.teleprompt.gepa.InstructionProposer``), its paired comparison of candidates on the same
@@ -9,7 +10,7 @@ run's failures, grouped by what code sees and by the causes the sub-LM names (:m
 whose groups a proposal can be written for (``propose_instructions(..., group=...)``).
 
 The moves work over stored :class:`~rlmoptimizer.records.EvalRun` records and three small interfaces, so
-they do not depend on where the agent's tools live:
+they do not depend on the agent, nor on where its tools live:
 
 * ``runs``: the run service (``get(run_id)``, ``runs()``, ``splits``, ``stored(instructions, split, ids,
   rollout)``);
@@ -33,27 +34,29 @@ Rooms:
     gepa.py      ``run_gepa``: the gepa package's engine over these evaluations, exact on budget
     demos.py     ``propose_demos``: demos from the program's own successes on train
     gepa_adapter.py  what that engine sees: the adapter over our evaluations, the budget slice, the reflection LM
+    _dspy.py     every dspy name the moves use beyond ``import dspy``, checked at import
 
-May import: dspy, gepa, pydantic, ``rlmoptimizer.storage``, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.events``, ``.fingerprint``, ``.records``, ``.selection``. Nothing
-above it (the agent's tools, the optimizer).
+May import: dspy (its names beyond the top level only through ``_dspy``), gepa, pydantic, ``rlmoptimizer.storage``,
+``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.events``, ``.fingerprint``, ``.records``, ``.selection``.
+Nothing above it: not the agent (its tools reach the moves, never the other way), the estimate or the optimizer.
 """
 
 from __future__ import annotations
 
-from rlmoptimizer.agent.moves.analysis import MAX_PROMPTS, AnalysisMoves
-from rlmoptimizer.agent.moves.context import (
+from rlmoptimizer.moves.analysis import MAX_PROMPTS, AnalysisMoves
+from rlmoptimizer.moves.context import (
     MAX_PROPOSALS,
     MAX_REFLECTION_EXAMPLES,
     MAX_ROLLOUTS,
     EvaluateFn,
     RunAccess,
 )
-from rlmoptimizer.agent.moves.demos import DemoMoves
-from rlmoptimizer.agent.moves.failures import FailureAnalysis, FailureGroup
-from rlmoptimizer.agent.moves.gepa import GepaMoves
-from rlmoptimizer.agent.moves.history import HistoryMoves
-from rlmoptimizer.agent.moves.paired import PairedMoves
-from rlmoptimizer.agent.moves.proposal import ProposalMoves, reflective_example
+from rlmoptimizer.moves.demos import DemoMoves
+from rlmoptimizer.moves.failures import FailureAnalysis, FailureGroup
+from rlmoptimizer.moves.gepa import GepaMoves
+from rlmoptimizer.moves.history import HistoryMoves
+from rlmoptimizer.moves.paired import PairedMoves
+from rlmoptimizer.moves.proposal import ProposalMoves, reflective_example
 
 __all__ = [
     "MAX_PROMPTS",

@@ -14,7 +14,7 @@ so ``k`` demos are not ``k`` copies of the commonest answer.
 A demo sees its own answer: an example that is a demo of a candidate is left out of every train comparison that
 candidate is in (:meth:`DemoMoves.demo_sources`), so its score is never evidence for the candidate that holds it.
 
-May import: ``rlmoptimizer.fingerprint``, ``.records`` and ``rlmoptimizer.agent.moves.context``.
+May import: ``rlmoptimizer.fingerprint``, ``.records`` and ``rlmoptimizer.moves.context``.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from rlmoptimizer.agent.moves.context import MoveContext, refuse
 from rlmoptimizer.fingerprint import canonical_json, demos_key, instructions_digest
+from rlmoptimizer.moves.context import MoveContext, refuse
 from rlmoptimizer.records import ExampleResult
 
 MAX_DEMOS = 16

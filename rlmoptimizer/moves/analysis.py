@@ -12,8 +12,8 @@ about the same records, in this process or after a resume, it is returned for no
 
 Train only: the records are a train run's or the current instructions' train records, never a validation one.
 
-May import: dspy, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.fingerprint``, ``.records``,
-``.storage`` and ``rlmoptimizer.agent.moves``' ``context`` and ``failures``.
+May import: dspy, pydantic, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.fingerprint``, ``.records``,
+``.storage`` and ``rlmoptimizer.moves``' ``context`` and ``failures``.
 """
 
 from __future__ import annotations
@@ -30,8 +30,12 @@ from typing import Any
 import dspy
 import pydantic
 
-from rlmoptimizer.agent.moves.context import MoveContext, Source, refuse
-from rlmoptimizer.agent.moves.failures import (
+from rlmoptimizer.budget import SUB_LM_CALL, Reservation
+from rlmoptimizer.errors import BudgetExhaustedError
+from rlmoptimizer.evaluation.lm_failures import classify_lm_failure, failure_summary
+from rlmoptimizer.fingerprint import instructions_digest
+from rlmoptimizer.moves.context import MoveContext, Source, refuse
+from rlmoptimizer.moves.failures import (
     CauseGroup,
     Failure,
     FailureAnalysis,
@@ -50,10 +54,6 @@ from rlmoptimizer.agent.moves.failures import (
     spread_sample,
     step_order,
 )
-from rlmoptimizer.budget import SUB_LM_CALL, Reservation
-from rlmoptimizer.errors import BudgetExhaustedError
-from rlmoptimizer.evaluation.lm_failures import classify_lm_failure, failure_summary
-from rlmoptimizer.fingerprint import instructions_digest
 from rlmoptimizer.records import ExampleResult
 from rlmoptimizer.storage.analyses import read_analyses, write_analyses
 from rlmoptimizer.storage.answers import AnswerStore

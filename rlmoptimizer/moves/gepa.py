@@ -1,6 +1,6 @@
 """GEPA's own engine as a move: :meth:`GepaMoves.run_gepa` runs the gepa package's optimization loop (Pareto
 candidate selection, reflective mutation through dspy's ``InstructionProposer`` as ``dspy.GEPA`` runs it, merge)
-over this compile's evaluations, through a :class:`gepa.core.adapter.GEPAAdapter` (:mod:`rlmoptimizer.agent.moves.gepa_adapter`).
+over this compile's evaluations, through a :class:`gepa.core.adapter.GEPAAdapter` (:mod:`rlmoptimizer.moves.gepa_adapter`).
 
 What the adapter guarantees, beyond what ``dspy.GEPA`` does:
 
@@ -21,7 +21,7 @@ What the adapter guarantees, beyond what ``dspy.GEPA`` does:
 * validation stays in the host: with a validation split, gepa tracks its Pareto front on per-example validation
   scores (as ``dspy.GEPA`` uses ``valset``); the agent sees aggregates only.
 
-May import: gepa, dspy, ``rlmoptimizer.errors``, ``.fingerprint``, ``.storage`` and ``rlmoptimizer.agent.moves``'
+May import: gepa, dspy, ``rlmoptimizer.errors``, ``.fingerprint``, ``.storage`` and ``rlmoptimizer.moves``'
 own modules.
 """
 
@@ -32,11 +32,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlmoptimizer.agent.moves.analysis import AnalysisMoves, group_guidance
-from rlmoptimizer.agent.moves.context import budget_spent, exhausted, refuse
-from rlmoptimizer.agent.moves.gepa_adapter import Adapter, Reflection, Slice, Stop
 from rlmoptimizer.errors import AgentToolError
 from rlmoptimizer.fingerprint import instructions_digest
+from rlmoptimizer.moves.analysis import AnalysisMoves, group_guidance
+from rlmoptimizer.moves.context import budget_spent, exhausted, refuse
+from rlmoptimizer.moves.gepa_adapter import Adapter, Reflection, Slice, Stop
 from rlmoptimizer.storage.answers import AnswerStore
 
 logger = logging.getLogger(__name__)
