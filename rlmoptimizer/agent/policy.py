@@ -272,6 +272,7 @@ class LoopMemory:
     proposed: Mapping[str, int] = field(default_factory=dict)
     pending: Pending | None = None
     winner: str | None = None  # a candidate that beat the current instructions (or GEPA's best), not yet adopted
+    winner_on_val: bool = False  # the winner is scored on all of validation already (its check is free)
     trial: str | None = None  # a candidate ahead of the current instructions on train, not clearly: check it further
     trials: tuple[str, ...] = ()  # the candidates checked further already (once each)
     unchecked: bool = False  # the current instructions changed since the last validation run
@@ -320,7 +321,12 @@ def fold(memory: LoopMemory, outcome: Outcome) -> LoopMemory:
     """``memory`` after ``outcome``."""
     if isinstance(outcome, GepaFinished):
         return replace(
-            memory, gepa_ran=True, proposals_at_gepa_end=memory.proposals, pending=None, winner=outcome.best_new
+            memory,
+            gepa_ran=True,
+            proposals_at_gepa_end=memory.proposals,
+            pending=None,
+            winner=outcome.best_new,
+            winner_on_val=True,  # GEPA scored its best on validation
         )
     if isinstance(outcome, Analyzed):
         return replace(memory, analyzed=True, groups=tuple(outcome.groups))
@@ -357,12 +363,19 @@ def fold(memory: LoopMemory, outcome: Outcome) -> LoopMemory:
                 return replace(memory, unchecked=unchecked)
             winner = memory.trial if named(outcome.best) == memory.trial else memory.winner
             return replace(
-                memory, unchecked=unchecked, trial=None, winner=winner, trials=(*memory.trials, memory.trial)
+                memory,
+                unchecked=unchecked,
+                trial=None,
+                winner=winner,
+                winner_on_val=winner == memory.trial or memory.winner_on_val,
+                trials=(*memory.trials, memory.trial),
             )
         trials = memory.trials + ((memory.trial,) if memory.trial in outcome.sources else ())
         trial = named(outcome.ahead) if outcome.best == 0 else None
         trial = None if trial in trials else trial
-        return replace(memory, pending=None, winner=named(outcome.best), trial=trial, trials=trials)
+        return replace(
+            memory, pending=None, winner=named(outcome.best), winner_on_val=False, trial=trial, trials=trials
+        )
     if isinstance(outcome, Adopted):
         winner = None if outcome.changed or memory.winner == outcome.candidate else memory.winner
         pending = memory.pending
@@ -387,11 +400,11 @@ def gepa_budget(budget: BudgetView) -> int:
 def next_action(state: LoopState) -> Action:
     """The loop's next action in ``state``."""
     memory, budget = state.memory, state.budget
-    gepa_best = memory.winner is not None and memory.winner.startswith("gepa-")
-    if budget.left <= 0 and not gepa_best:  # (GEPA's best is adopted and checked for free: GEPA scored it there)
+    on_val = memory.winner is not None and memory.winner_on_val
+    if budget.left <= 0 and not on_val:  # (a winner scored on validation is adopted and checked for free)
         return Submit("the budget is spent")
     if memory.winner is not None:
-        return Adopt(memory.winner, check=bool(budget.val_size) and (gepa_best or budget.left >= budget.val_size))
+        return Adopt(memory.winner, check=bool(budget.val_size) and (on_val or budget.left >= budget.val_size))
     if memory.unchecked and budget.val_size and budget.left >= budget.val_size:
         return CheckValidation()
     if memory.trial is not None and budget.val_size and budget.left >= budget.val_size:

@@ -239,16 +239,18 @@ class GepaMoves(AnalysisMoves):
         # Idle: as many iterations in a row without a new payment or reflection as one pass over the train set
         # takes in minibatches (every minibatch drawn already passes), and at least 3.
         idle_limit = max(3, -(-len(train_ids) // max(1, minibatch_size)))
-        # A child is kept only once scored on the whole validation set (after its minibatch): with less than that
-        # left, the iteration would pay for a child that can never be kept. Those units stay for the agent. A run
-        # replayed on resume waits until it pays or asks something new (until then it replays stored work, free).
-        keep_cost = min(minibatch_size, len(train_ids)) + len(valset)
+        # A child is kept only once scored on the whole validation set (after its parent's minibatch and its own):
+        # with less than that left, the iteration would pay for a child that can never be kept. Those units stay for
+        # the agent. The parent's minibatch is counted in full (it is free only where the parent's records are
+        # stored, and the parent is gepa's choice). A run replayed on resume waits until it pays or asks something
+        # new (until then it replays stored work, free).
+        keep_cost = 2 * min(minibatch_size, len(train_ids)) + len(valset)
 
         def too_little() -> str | None:
             caught_up = not taken or slice_.spent or reflection.calls
             if caught_up and slice_.left < keep_cost:
                 return (
-                    f"the {slice_.left} unit(s) left cannot pay a child that could be kept (its minibatch and the "
+                    f"the {slice_.left} unit(s) left cannot pay a child that could be kept (its parent's minibatch, its own and the "
                     f"{len(valset)} {'validation' if uses_val else 'train'} examples it is scored on: {keep_cost}); "
                     "they stay for your own moves"
                 )

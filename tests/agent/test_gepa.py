@@ -200,7 +200,7 @@ def test_run_gepa_stops_before_an_iteration_whose_child_could_not_be_kept_and_le
     # a useless reflection: every child loses on its minibatch, each iteration pays 3 examples and 1 reflection
     result = compile_with(turns, sub_lm=reflection_lm("Route tickets carefully."), max_iterations=5)
     out = printed(result, 0)
-    keep_cost = 3 + 8  # a child's minibatch and the 8 validation examples a kept child is scored on
+    keep_cost = 3 + 3 + 8  # its parent's minibatch, its own and the 8 validation examples a kept child is scored on
     assert "cannot pay a child that could be kept" in out["stopped"], out
     assert 30 - keep_cost < out["spent"] <= 30 and 30 - out["spent"] < keep_cost
     # what GEPA did not spend is the agent's: nothing of the slice is held back or lost

@@ -317,20 +317,25 @@ def test_without_a_validation_split_the_loop_stays_inside_max_metric_calls(monke
     assert result.budget["spent_by_kind"]["sub_lm_call"] >= 1 and "sub_lm_left" in result.budget
 
 
-def test_what_gepa_leaves_that_pays_a_validation_check_buys_one_more_proposal_checked_there(monkeypatch):
+def test_what_gepa_leaves_buys_a_targeted_round_whose_winner_on_validation_is_adopted_with_nothing_left(monkeypatch):
     no_sandbox(monkeypatch)
 
     sub_lm = reflecting("Route tickets carefully.", POLICY_PROMPT)  # GEPA's reflections never help
 
-    # 30 calls: 8 for the validation baseline, 22 for GEPA, which stops with 8 left: too few for a child it could
-    # keep (a minibatch of 3 and the 8 validation examples), exactly one validation check
+    # 30 calls: 8 for the validation baseline, 22 for GEPA, which stops with 11 left: too few for a child it could
+    # keep (its parent's minibatch, its own and the 8 validation examples)
     result = compile_tickets(FunctionLM(never_called), sub_lm=sub_lm, max_metric_calls=30, rlm_autopilot="loop")
     turns = result.agent_trajectory
-    assert "the 8 unit(s) left cannot pay a child that could be kept" in turns[0]["output"]
-    # the last draw belongs to GEPA's phase: one step
-    assert turns[0]["pilot"][:2] == [
-        "run_gepa(budget=22)",
-        "p = propose_instructions('route'); adopt_candidate(p['candidate_ids'][0]); evaluate_program(split='val')",
+    assert "the 11 unit(s) left cannot pay a child that could be kept" in turns[0]["output"]
+    targeted = turns[1]["pilot"]
+    assert targeted[0] == "analyze_failures()" and targeted[1].startswith("propose_instructions('route', group=")
+    # ahead on its 3 train examples (2 wins) but not clearly: compared on validation, where it wins, and adopted
+    # with nothing left (its validation records are stored: the check is free)
+    assert targeted[2:] == [
+        "compare(['current', 'proposal-1'], ids='3,5,8')",
+        "compare(['current', 'proposal-1'], split='val')",
+        "adopt_candidate('proposal-1'); evaluate_program(split='val')",
+        "SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])",
     ]
     assert result.route.signature.instructions == POLICY_PROMPT
     assert result.selection["basis"] == "submission" and result.selection["chosen_score"] == 1.0
@@ -342,9 +347,11 @@ def test_a_last_draw_that_repeats_the_current_instructions_changes_nothing(monke
 
     sub_lm = reflecting("Route tickets carefully.", ORIGINAL_ROUTE)  # GEPA's reflections never help
 
-    result = compile_tickets(FunctionLM(never_called), sub_lm=sub_lm, max_metric_calls=30, rlm_autopilot="loop")
+    # 24 calls: GEPA (16) stops with 13 left, 5 of them find failures on train: the 8 left pay the last draw
+    result = compile_tickets(FunctionLM(never_called), sub_lm=sub_lm, max_metric_calls=24, rlm_autopilot="loop")
     turns = result.agent_trajectory
-    assert "adopted proposal-1 (changed: nothing)" in turns[0]["output"]
+    assert turns[-1]["pilot"][0].startswith("p = propose_instructions('route'); adopt_candidate(")
+    assert "adopted proposal-1 (changed: nothing)" in turns[-1]["output"]
     # the proposal was adopted: comparing it with the current instructions (itself) is no next action
     assert not any(call.startswith("compare(") for turn in turns for call in turn["pilot"])
     assert result.route.signature.instructions == ORIGINAL_ROUTE

@@ -269,3 +269,14 @@ def test_a_proposal_that_repeats_tried_instructions_is_not_compared_and_repeats_
     memory = fold(fold(memory, Proposed("summarize", (), (1, 2))), Proposed("route", (), (1, 2)))
     assert next_action(state(memory)) == Submit("the last 3 proposals repeated instructions already tried")
     assert fold(memory, Proposed("route", ("proposal-4",), (1, 2))).repeats == 0  # something new: counting restarts
+
+
+def test_a_candidate_that_won_on_validation_is_adopted_even_with_nothing_left():
+    pending = after(GepaFinished(None), Proposed("route", ("proposal-1",), (3, 4, 5), (3,)))
+    ahead = fold(pending, Compared(("current", "proposal-1"), 0, "train", ahead=1))
+    won = fold(ahead, Compared(("current", "proposal-1"), 1, "val"))
+    assert won.winner == "proposal-1" and won.winner_on_val
+    assert next_action(state(won, left=0)) == Adopt("proposal-1", check=True)  # its validation records are stored
+    # a winner on train only still needs its check paid
+    on_train = fold(pending, Compared(("current", "proposal-1"), 1, "train"))
+    assert not on_train.winner_on_val and next_action(state(on_train, left=0)) == Submit("the budget is spent")
