@@ -18,7 +18,7 @@ GEPA = {
     "code": (
         "import json\n"
         "try:\n"
-        "    r = run_gepa(budget=16)\n"
+        "    r = run_gepa(budget=19)\n"
         "    print(r['summary'])\n"
         "    print(json.dumps({k: r[k] for k in ('reflections', 'reflections_unusable', 'candidate_ids', 'spent')}))\n"
         "except Exception as e:\n"
