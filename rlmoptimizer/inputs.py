@@ -433,7 +433,8 @@ DSPY_GEPA_DEFAULTS = {
     "skip_perfect_score": ((True,), "GEPA's runs here always skip a minibatch that passes everywhere"),
     "add_format_failure_as_feedback": (
         (False,),
-        "GEPA's reflections here read the error of an example whose program raised in its feedback, with no switch",
+        "GEPA's reflections here read, in its feedback, the error of an example whose program raised after the step "
+        "ran; a step whose own output does not parse leaves the example out, as dspy.GEPA does with False",
     ),
     "instruction_proposer": (
         (None,),
