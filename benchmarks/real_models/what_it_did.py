@@ -99,7 +99,7 @@ def report(out: Path) -> str:
     for seed in seeds:
         lines.append(f"seed {seed}")
         for arm in sorted((a for a in arms if a.get("seed") == seed), key=lambda a: a.get("arm", "")):
-            name = arm.get("arm", "?")
+            name = str(arm.get("key") or arm.get("arm", "?")).rsplit("-seed", 1)[0]
             if arm.get("status") != "ok":
                 lines.append(f"  {name}: {arm.get('status')} ({arm.get('error')})")
                 continue
