@@ -4,7 +4,8 @@ The loop, in the order it plays out::
 
     run GEPA (the gepa package's engine) with most of the budget -> adopt its best and check it on validation ->
     (what GEPA leaves too little for a targeted round: one last proposal, adopted and checked on validation) ->
-    analyse every train failure of the current instructions (grouped by cause) -> propose for the largest group ->
+    analyse every train failure of the current instructions (grouped by cause; the train examples they were not
+    evaluated on first, when a round still pays after them) -> propose for the largest group ->
     compare against the current instructions on the group's examples and a sample of others -> adopt a clear
     winner and check it on validation -> demos from the program's own successes, compared the same way (once) ->
     the next group, then round robin over the steps -> ... -> submit when nothing can be paid
@@ -427,6 +428,13 @@ def next_action(state: LoopState) -> Action:
             return Submit("the current instructions pass every train example")
         return EvaluateTrain(budget.unevaluated[:free])
     analysis_units = budget.analysis_prompts * budget.proposal_units
+    if (  # every failure, not those of a few minibatches: the train examples not seen yet first, when a round still pays
+        not memory.analyzed
+        and budget.analysis_prompts > 0
+        and budget.unevaluated
+        and free - len(budget.unevaluated) - analysis_units >= MIN_USEFUL_BUDGET + MIN_CHECK
+    ):
+        return EvaluateTrain(budget.unevaluated)
     if (
         not memory.analyzed
         and budget.analysis_prompts > 0

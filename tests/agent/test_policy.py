@@ -280,3 +280,14 @@ def test_a_candidate_that_won_on_validation_is_adopted_even_with_nothing_left():
     # a winner on train only still needs its check paid
     on_train = fold(pending, Compared(("current", "proposal-1"), 1, "train"))
     assert not on_train.winner_on_val and next_action(state(on_train, left=0)) == Submit("the budget is spent")
+
+
+def test_the_analysis_waits_for_the_train_examples_not_seen_when_a_round_still_pays_after_them():
+    memory = after(GepaFinished(None))
+    unseen = (4, 5, 6, 7)
+    assert next_action(state(memory, left=40, analysis_prompts=2, unevaluated=unseen)) == EvaluateTrain(unseen)
+    # 40 - 8 reserve = 32 free: 4 unseen, 2 prompts and a round (3 + 3) fit; with 16 left they do not
+    assert next_action(state(memory, left=16, analysis_prompts=2, unevaluated=unseen)) == Analyze()
+    assert next_action(state(fold(memory, Analyzed(GROUPS)), left=40, unevaluated=unseen)) == Propose(
+        "route", ("analysis-1", "refunds go to billing")
+    )
