@@ -280,11 +280,9 @@ class MoveContext:
 
     @staticmethod
     def _demos_by_step(instructions: dict[str, str]) -> dict[str, list[dict]]:
-        return {
-            step: parse_demos(key, text)
-            for key, text in instructions.items()
-            if (step := demos_step(key)) is not None and parse_demos(key, text)
-        }
+        """Each step's demos in ``instructions`` (parsed once), for the steps that have some."""
+        parsed = {demos_step(key): parse_demos(key, text) for key, text in instructions.items() if demos_step(key)}
+        return {step: demos for step, demos in parsed.items() if demos}
 
     def _demos_index(self) -> dict[str, set[int]]:
         """The train examples' fields and every train call, by content (rebuilt when runs were added)."""
