@@ -535,19 +535,14 @@ class _Compile:
         split = "val" if self.valset else "train"
         size = len(self.valset) if self.valset else len(self.trainset)
         complete = first_sample_complete(self.runs.all(), split, size)
+        runs = {"initial": self.initial_instructions, "train_runs": [r for r in self.runs.all() if r.split == "train"]}
         submitted_run = next((r for r in reversed(complete) if r.instructions == submission), None)
         cap_set = self.usage.max_cost_usd is not None
         cap = self.usage.cap_reason
         charged = self.ledger.left >= size - len(self.runs.stored(submission, split, range(size)))  # stored: free
         unpaid = "max_metric_calls left too few calls" if self.config.max_metric_calls and not charged else ""
         if submitted_run is None and (cap or unpaid):  # no more spending: never return an unchecked submission
-            return best_checked(
-                split=split,
-                complete=complete,
-                initial=self.initial_instructions,
-                why=cap or unpaid,
-                spending_cap=bool(cap),
-            )
+            return best_checked(split=split, complete=complete, why=cap or unpaid, spending_cap=bool(cap), **runs)
         if submitted_run is None:
             self.working.set_instructions(submission, source="submission")
             submitted_run = self.working.evaluate(split, None, label="submission", charged=charged)
@@ -556,18 +551,14 @@ class _Compile:
                 return best_checked(
                     split=split,
                     complete=complete,
-                    initial=self.initial_instructions,
                     partial=submitted_run,
                     why=cap or submitted_run.note or "the check stopped early",
                     spending_cap=self.usage.cap_reached if cap_set else None,
+                    **runs,
                 )
             complete.append(submitted_run)
         selection = never_worse(
-            split=split,
-            complete=complete,
-            submitted_run=submitted_run,
-            submission=submission,
-            initial=self.initial_instructions,
+            split=split, complete=complete, submitted_run=submitted_run, submission=submission, **runs
         )
         return with_spending_cap(selection, self.usage.cap_reached if cap_set else None, cap)
 

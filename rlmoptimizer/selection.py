@@ -18,6 +18,13 @@ decides what is returned. A candidate that scores more without a clear gain is p
 has one, or the unchanged program. This costs no metric call; on a small split it makes a change rarer, and the
 reason says so.
 
+Fresh train evidence counts beside the selection split (:func:`confirmed_differences`): a candidate ahead of the
+unchanged program but not clearly may be confirmed (``confirm_gain()``, the default loop's last move when budget is
+left) on train examples it was never evaluated on before, paired with the unchanged program's records of them. Only
+records of a ``"confirm"`` run count, and only on examples the candidate had no earlier record of: an example it
+was compared, accepted or chosen on (GEPA's minibatch, a proposal's comparison) never counts twice. Each confirmed
+example costs one metric call, two when the unchanged program has no record of it either.
+
 May import: ``rlmoptimizer.records``.
 """
 
@@ -28,12 +35,15 @@ from dataclasses import replace
 
 from rlmoptimizer.records import EvalRun, Selection, first_sample_complete, ranked
 
+CONFIRM = "confirm"
+"""The label of the runs whose records are fresh train evidence for the selection (:func:`confirmed_differences`)."""
 SMALL_SPLIT = 30
 """Below this many examples, the selection split is called small when a compile starts (:func:`small_split_note`)."""
 
 __all__ = [
     "best_checked",
     "clear_gain",
+    "confirmed_differences",
     "small_split_note",
     "first_sample_complete",
     "never_worse",
@@ -68,25 +78,72 @@ def paired_differences(run: EvalRun, reference: EvalRun) -> list[float]:
     return [r.score - theirs[r.example_id] for r in run.records if r.example_id in theirs]
 
 
-def _clearly_better(ranking: Sequence[EvalRun], initial: dict[str, str]) -> tuple[EvalRun, str]:
-    """The first run of ``ranking`` that is the unchanged program or clearly better than it (:func:`clear_gain`),
-    and, when that passed over better-scoring runs, a sentence saying why."""
+def confirmed_differences(
+    train_runs: Sequence[EvalRun], instructions: dict[str, str], initial: dict[str, str]
+) -> list[float]:
+    """Fresh train evidence for ``instructions`` against the unchanged program (``initial``): on each train example
+    whose first record of ``instructions`` (rollout 0, in run order) was made by a :data:`CONFIRM` run, its score
+    minus the unchanged program's. An example they were evaluated on before (compared, accepted or chosen on) never
+    counts."""
+    if instructions == initial:
+        return []
+    first: dict[int, tuple[str, float]] = {}
+    unchanged: dict[int, float] = {}
+    for run in train_runs:
+        if run.split != "train" or run.rollout != 0:
+            continue
+        for record in run.records:
+            if not record.reusable:
+                continue
+            if run.instructions == instructions:
+                first.setdefault(record.example_id, (run.label, record.score))
+            elif run.instructions == initial:
+                unchanged.setdefault(record.example_id, record.score)
+    return [score - unchanged[i] for i, (label, score) in sorted(first.items()) if label == CONFIRM and i in unchanged]
+
+
+def _evidence(run: EvalRun, baseline: EvalRun, train_runs: Sequence[EvalRun]) -> tuple[list[float], list[float]]:
+    """``run``'s paired differences with the unchanged program on the selection split, and on fresh train examples."""
+    if run.split == "train":  # train is the selection split (no valset): its records are all counted already
+        return paired_differences(run, baseline), []
+    return paired_differences(run, baseline), confirmed_differences(train_runs, run.instructions, baseline.instructions)
+
+
+def describe_evidence(split_differences: Sequence[float], fresh: Sequence[float], split: str) -> str:
+    """``won W and lost L of N <split> examples`` (and of the fresh train examples, when there are any)."""
+
+    def counts(differences: Sequence[float]) -> str:
+        wins, losses = sum(1 for d in differences if d > 0), sum(1 for d in differences if d < 0)
+        return f"won {wins} and lost {losses} of {len(differences)}"
+
+    text = f"{counts(split_differences)} {split} examples"
+    return text + (f", {counts(fresh)} fresh train examples" if fresh else "")
+
+
+def _clearly_better(
+    ranking: Sequence[EvalRun], initial: dict[str, str], train_runs: Sequence[EvalRun] = ()
+) -> tuple[EvalRun, str]:
+    """The first run of ``ranking`` that is the unchanged program or clearly better than it (:func:`clear_gain`
+    over its paired differences on the split and on fresh train examples), and, when that passed over
+    better-scoring runs, a sentence saying why."""
     baseline = next((r for r in ranking if r.instructions == initial), None)
     if baseline is None:
         return ranking[0], ""
     for run in ranking:
-        if run.instructions == initial or clear_gain(paired_differences(run, baseline)):
+        if run.instructions == initial or clear_gain(
+            [d for part in _evidence(run, baseline, train_runs) for d in part]
+        ):
             break
     if run is ranking[0]:
         return run, ""
     top = ranking[0]
-    differences = paired_differences(top, baseline)
-    wins, losses = sum(1 for d in differences if d > 0), sum(1 for d in differences if d < 0)
+    on_split, fresh = _evidence(top, baseline, train_runs)
+    confirm = "" if fresh else "; confirm_gain() adds fresh train examples"
     return run, (
         f"{top.run_id} ({top.label}) scored {top.score:.4f}, above the unchanged program's {baseline.score:.4f}, but "
-        f"it won {wins} and lost {losses} of {len(differences)} examples: a gain one example could undo (a change is "
-        f"returned when it wins at least 3 more examples than it loses; a larger {top.split} split makes that easier "
-        "to show)"
+        f"it {describe_evidence(on_split, fresh, top.split)}: a gain one example could undo (a change is returned "
+        f"when it wins at least 3 more examples than it loses; a larger {top.split} split makes that easier to "
+        f"show{confirm})"
     )
 
 
@@ -97,9 +154,12 @@ def never_worse(
     submitted_run: EvalRun,
     submission: dict[str, str],
     initial: dict[str, str],
+    train_runs: Sequence[EvalRun] = (),
 ) -> Selection:
-    """Choose among ``complete`` (every run that evaluated the whole ``split``, ``submitted_run`` among them)."""
-    chosen_run, unclear = _clearly_better(ranked(complete, initial=initial, preferred=submitted_run), initial)
+    """Choose among ``complete`` (every run that evaluated the whole ``split``, ``submitted_run`` among them);
+    ``train_runs``: the compile's train runs (their fresh evidence counts, :func:`confirmed_differences`)."""
+    ranking = ranked(complete, initial=initial, preferred=submitted_run)
+    chosen_run, unclear = _clearly_better(ranking, initial, train_runs)
     others = [r for r in complete if r.instructions != submission]
     best = max(others, key=lambda r: r.score, default=None)
     if chosen_run is submitted_run:
@@ -128,7 +188,21 @@ def never_worse(
         )
     if unclear:
         reason = f"{unclear}; returning {chosen_run.run_id} ({chosen_run.label}) at {chosen_run.score:.4f}"
+    reason += _confirmed(chosen_run, ranking, initial, train_runs)
     return _selection(split, chosen_run, complete, reason, submitted_run, basis)
+
+
+def _confirmed(
+    chosen_run: EvalRun, ranking: Sequence[EvalRun], initial: dict[str, str], train_runs: Sequence[EvalRun]
+) -> str:
+    """What the returned change won on, when fresh train examples counted toward its clear gain."""
+    baseline = next((r for r in ranking if r.instructions == initial), None)
+    if baseline is None or chosen_run.instructions == initial:
+        return ""
+    on_split, fresh = _evidence(chosen_run, baseline, train_runs)
+    if not fresh:
+        return ""
+    return f" (a clear gain: it {describe_evidence(on_split, fresh, chosen_run.split)})"
 
 
 def best_checked(
@@ -139,11 +213,12 @@ def best_checked(
     why: str,
     spending_cap: bool | None = True,
     partial: EvalRun | None = None,
+    train_runs: Sequence[EvalRun] = (),
 ) -> Selection:
     """The submission could not be checked on the whole ``split`` (``why``: the spending cap stopped spending, or
     ``max_metric_calls`` is spent), before its check or during it (``partial``: the run of it that was cut
     short): the best candidate that was checked (:func:`ranked`); never a submission checked on part of the split."""
-    chosen_run, unclear = _clearly_better(ranked(complete, initial=initial), initial)
+    chosen_run, unclear = _clearly_better(ranked(complete, initial=initial), initial, train_runs)
     if partial is None:
         when = f"before the agent's submission could be checked on {split}"
     else:

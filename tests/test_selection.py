@@ -8,7 +8,7 @@ import pytest
 from rlmoptimizer.errors import ConfigurationError
 from rlmoptimizer.optimizer import RLMDocstringOptimizer
 from rlmoptimizer.records import EvalRun, ExampleResult
-from rlmoptimizer.selection import never_worse, small_split_note
+from rlmoptimizer.selection import confirmed_differences, never_worse, small_split_note
 
 INITIAL = {"step": "old"}
 
@@ -75,7 +75,7 @@ def test_a_gain_one_example_could_undo_returns_the_unchanged_program_and_says_wh
         initial=INITIAL,
     )
     assert selection.instructions == INITIAL and selection.basis == "unchanged"
-    assert "won 2 and lost 0 of 6 examples: a gain one example could undo" in selection.reason
+    assert "won 2 and lost 0 of 6 val examples: a gain one example could undo" in selection.reason
 
 
 def test_a_higher_score_without_a_clear_gain_is_passed_over_for_one_with_it():
@@ -124,3 +124,44 @@ def test_a_small_selection_split_is_named_with_the_gain_it_takes():
 def test_max_demos_is_checked_when_the_optimizer_is_made():
     with pytest.raises(ConfigurationError, match="max_demos must be an int >= 0"):
         RLMDocstringOptimizer(rlm_autopilot="loop", sub_lm=dspy.utils.DummyLM([]), max_demos=-1)
+
+
+def train_run(run_id: str, label: str, instructions: dict[str, str], scores: dict[int, float]) -> EvalRun:
+    records = tuple(ExampleResult(i, {}, {}, {}, s, s >= 1.0) for i, s in scores.items())
+    return EvalRun(run_id, "train", label, instructions, records, len(scores), 0, 0)
+
+
+def test_fresh_train_examples_count_only_when_a_confirmation_made_the_first_record_of_them():
+    new = {"step": "new"}
+    chosen_on = train_run("run-0003", "compare", new, {0: 1, 1: 1})  # the comparison it won: never evidence
+    unchanged = train_run("run-0004", "compare", INITIAL, {0: 0, 1: 0, 2: 0, 3: 1, 4: 0})
+    confirmed = train_run("run-0005", "confirm", new, {1: 1, 2: 1, 3: 0, 4: 1, 5: 1})  # 1 was seen; 5 has no pair
+    runs = [chosen_on, unchanged, confirmed]
+    assert confirmed_differences(runs, new, INITIAL) == [1.0, -1.0, 1.0]  # ids 2, 3, 4
+    assert confirmed_differences(runs, INITIAL, INITIAL) == []
+    assert confirmed_differences([chosen_on, unchanged], new, INITIAL) == []
+
+
+@pytest.mark.parametrize(("fresh", "returned"), [({2: 1, 3: 1, 4: 0}, "new"), ({2: 0, 3: 1, 4: 0}, "old")])
+def test_a_lead_on_validation_that_is_not_clear_is_returned_only_when_fresh_train_examples_confirm_it(fresh, returned):
+    baseline = run("run-0001", "baseline", INITIAL, [1, 0, 0, 0, 1, 1])
+    submitted = run("run-0002", "submission", {"step": "new"}, [1, 1, 1, 0, 1, 1])  # 2 wins, 0 losses: unclear
+    train = [
+        train_run("run-0003", "compare", INITIAL, {2: 0, 3: 0, 4: 1}),
+        train_run("run-0004", "confirm", {"step": "new"}, fresh),
+    ]
+    selection = never_worse(
+        split="val",
+        complete=[baseline, submitted],
+        submitted_run=submitted,
+        submission={"step": "new"},
+        initial=INITIAL,
+        train_runs=train,
+    )
+    assert selection.instructions == {"step": returned}
+    if returned == "new":  # 2 + 2 - 1 = 3 net: clear, and the reason says what it won on
+        assert (
+            "a clear gain: it won 2 and lost 0 of 6 val examples, won 2 and lost 1 of 3 fresh train" in selection.reason
+        )
+    else:
+        assert "won 2 and lost 0 of 6 val examples, won 1 and lost 1 of 3 fresh train examples" in selection.reason

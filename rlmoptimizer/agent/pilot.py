@@ -33,6 +33,7 @@ from rlmoptimizer.agent.policy import (
     CheckValidation,
     Compare,
     CompareValidation,
+    Confirm,
     EvaluateTrain,
     GepaFinished,
     LastDraw,
@@ -163,6 +164,8 @@ class Pilot:
         if isinstance(action, LastDraw):
             proposal = tools.propose_instructions(action.step)
             return f"{_proposal(proposal)}; {self._adopt(proposal['candidate_ids'][0], True)}"
+        if isinstance(action, Confirm):
+            return str(tools.confirm_gain(units=action.units)["summary"])
         if isinstance(action, Submit):
             self.submitted = action.why
             return f"SUBMIT: {action.why}"

@@ -8,7 +8,8 @@ The loop, in the order it plays out::
     evaluated on first, when a round still pays after them) -> propose for the largest group ->
     compare against the current instructions on the group's examples and a sample of others -> adopt a clear
     winner and check it on validation -> demos from the program's own successes, compared the same way (once) ->
-    the next group, then round robin over the steps -> ... -> submit when nothing can be paid
+    the next group, then round robin over the steps -> ... -> a lead over the unchanged program on validation that
+    is not clear: confirmed on fresh train examples -> submit when nothing can be paid
     (an adoption changes what fails: the analysis is made again for the new instructions)
 
 :class:`LoopState` holds everything the choice depends on: what the moves reported (:class:`LoopMemory`, folded
@@ -171,6 +172,23 @@ class LastDraw(_Action):
 
 
 @dataclass(frozen=True)
+class Confirm(_Action):
+    """The current instructions lead the unchanged program on validation, but not clearly: evaluate both on fresh
+    train examples (with at most ``units``; None: what is left), which the final selection counts beside
+    validation. Before the run ends, or instead of evaluating the current instructions alone to find failures."""
+
+    units: int | None = None
+
+    @property
+    def phase(self) -> str:
+        return END if self.units is None else TARGETED
+
+    @property
+    def template(self) -> str:
+        return "confirm_gain()" if self.units is None else "confirm_gain(units={units})"
+
+
+@dataclass(frozen=True)
 class Submit(_Action):
     """End the run with the current instructions; ``why`` nothing else is worth paying for."""
 
@@ -190,6 +208,7 @@ Action = (
     | CompareValidation
     | EvaluateTrain
     | LastDraw
+    | Confirm
     | Submit
 )
 
@@ -310,6 +329,8 @@ class BudgetView:
     demos: bool = False  # demos may be proposed (the compile's max_demos > 0) and train has passing examples
     train_size: int = 0
     analysis_prompts: int = 0  # the sub-LM prompts an analysis of the failing train examples costs at most (0: none)
+    confirmable: int = 0  # the current instructions lead the unchanged program on validation without a clear gain:
+    # the fresh train examples the budget pays to confirm it (0: nothing to confirm, or nothing paid)
 
 
 @dataclass(frozen=True)
@@ -422,11 +443,11 @@ def next_action(state: LoopState) -> Action:
         if check:
             return Compare(pending.candidate_ids, check)
     if free < MIN_USEFUL_BUDGET:
-        return _last_draw(state) or Submit("what is left pays no proposal with its comparison")
+        return _confirm(state) or _last_draw(state) or Submit("what is left pays no proposal with its comparison")
     if not budget.failing:  # nothing to reflect on: find failures first, or stop when train has none
         if not budget.unevaluated:
-            return Submit("the current instructions pass every train example")
-        return EvaluateTrain(budget.unevaluated[:free])
+            return _confirm(state) or Submit("the current instructions pass every train example")
+        return _confirm(state, units=free) or EvaluateTrain(budget.unevaluated[:free])
     analysis_units = budget.analysis_prompts * budget.proposal_units
     if (  # every failure, not those of a few minibatches: the train examples not seen yet first, when a round still pays
         not memory.analyzed
@@ -451,13 +472,25 @@ def next_action(state: LoopState) -> Action:
     ):
         return ProposeDemos()  # free to propose; its comparison is paid like any other
     if budget.proposals_left <= 0:
-        return Submit("no sub-LM prompt is left for a proposal")
+        return _confirm(state) or Submit("no sub-LM prompt is left for a proposal")
     if memory.repeats > len(memory.steps):  # every step had its turn and the sub-LM wrote nothing new
-        return Submit(f"the last {memory.repeats} proposals repeated instructions already tried")
+        return _confirm(state) or Submit(f"the last {memory.repeats} proposals repeated instructions already tried")
     if memory.groups:
         analysis, name, step = memory.groups[0]
         return Propose(step if step in memory.steps else _next_step(memory), (analysis, name))
     return Propose(_next_step(memory))
+
+
+def _confirm(state: LoopState, units: int | None = None) -> Confirm | None:
+    """A confirmation of the current instructions' lead over the unchanged program, when validation alone shows it
+    without a clear gain (the selection would return the unchanged program) and the budget pays at least
+    :data:`MIN_CHECK` fresh train examples: with what is left before the run ends (and before proposals that could
+    not be checked), or with ``units`` where the current instructions would be evaluated alone on unseen train
+    examples (a confirmation evaluates them there too)."""
+    memory, budget = state.memory, state.budget
+    if memory.unchecked or memory.winner is not None or budget.confirmable < MIN_CHECK:
+        return None
+    return Confirm(units)
 
 
 def _last_draw(state: LoopState) -> LastDraw | None:

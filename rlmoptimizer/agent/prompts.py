@@ -57,7 +57,8 @@ every turn names it). Its phases: GEPA with most of the budget, then its best ad
 for the largest group, demos from the program's own successes (`propose_demos()`), and targeted rounds on what the
 best still fails (propose, compare against 'current', adopt a clear winner, check on validation); SUBMIT when
 nothing is left to pay for. A clear winner wins at least 3 more examples than it loses
-(`compare` says `beats_first`): one example never decides. A phase that
+(`compare` says `beats_first`): one example never decides; `confirm_gain()` adds fresh train examples to a lead on
+validation that is not clear yet. A phase that
 SUBMITs ends the run after your cell.$pilot_note
 Do better than the loop when you can: run GEPA on the step at fault only (`steps=[...]`), restart it from your
 own edited prompts (`start=`), or split the budget into several runs with analysis in between. Read what the best

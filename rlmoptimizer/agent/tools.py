@@ -195,6 +195,7 @@ class AgentTools:
             demos=bool(self.moves.max_demos) and passing > 0,
             train_size=train_size,
             analysis_prompts=prompts_for(failing),
+            confirmable=self.moves.confirmable(self.working.initial),
         )
 
     def _progress(self) -> tuple[int, ...]:
@@ -225,6 +226,7 @@ class AgentTools:
             self.propose_demos,
             self.compare,
             self.adopt_candidate,
+            self.confirm_gain,
             self.diff_runs,
             self.hard_examples,
             self.candidates,
@@ -422,6 +424,11 @@ class AgentTools:
         sources = tuple(str(row["source"]) for row in result["candidates"])
         self.pilot.record(Compared(sources, result["winner"], split, result["ahead"]))  # a clear gain, or ahead only
         return result
+
+    def confirm_gain(self, ids: Any = None, units: int | None = None) -> dict:
+        """Confirm a gain of the current instructions over the unchanged program that validation alone cannot show clearly: evaluate both, paired, on train examples the current instructions were never evaluated on (ids= restricts them), as many as the budget (or units=N) pays. The final selection counts these fresh examples beside validation. 1 unit per example, 2 when the unchanged program has no record of it. Returns {'example_ids', 'wins', 'losses', 'clear_gain', 'summary'}."""
+        selected = None if ids is None else self._select("confirm_gain", ids=ids)
+        return self.moves.confirm(self.working.initial, selected, units=units)
 
     def adopt_candidate(self, candidate: Any) -> dict:
         """Make a candidate the current instructions: a candidate id ('gepa-3', 'proposal-2'), a run id (that run's instructions) or a {step: text} dict (other steps keep their text). Free. Returns {'changed_steps', 'version'}."""

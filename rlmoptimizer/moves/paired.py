@@ -18,7 +18,7 @@ from rlmoptimizer.errors import BudgetExhaustedError
 from rlmoptimizer.fingerprint import instructions_digest
 from rlmoptimizer.moves.context import MoveContext, budget_spent, exhausted, mean, refuse
 from rlmoptimizer.records import EvalRun, ExampleResult
-from rlmoptimizer.selection import clear_gain
+from rlmoptimizer.selection import CONFIRM, clear_gain, confirmed_differences, describe_evidence
 
 
 class PairedMoves(MoveContext):
@@ -97,6 +97,95 @@ class PairedMoves(MoveContext):
             }
         )
         return result
+
+    # -- confirm --------------------------------------------------------------------------------------------
+    def fresh_ids(self, initial: dict[str, str]) -> list[tuple[int, int]]:
+        """The train examples a confirmation of the current instructions against ``initial`` can use, as
+        ``(id, units)``, cheapest first: those the current instructions have no record of (and that are not their
+        demos); 1 unit when the unchanged program has a record of one, else 2."""
+        current = self._current()
+        if current == initial:
+            return []
+        ids = range(len(self.runs.splits["train"]))
+        seen, held = self.runs.stored(current, "train", ids), self.demo_sources(current)
+        unchanged = self.runs.stored(initial, "train", ids)
+        fresh = [(i, 1 if i in unchanged else 2) for i in ids if i not in seen and i not in held]
+        return sorted(fresh, key=lambda pair: pair[1])
+
+    def gain_evidence(self, initial: dict[str, str]) -> tuple[list[float], list[float]]:
+        """The current instructions' paired score differences with the unchanged program (``initial``): on all of
+        validation (empty unless both ran all of it) and on fresh train examples (a confirmation's)."""
+        current = self._current()
+        if current == initial:
+            return [], []
+        size = len(self.runs.splits.get("val", ()))
+        theirs, ours = (self.runs.stored(instr, "val", range(size)) for instr in (initial, current))
+        on_val = [ours[i].score - theirs[i].score for i in range(size) if i in ours and i in theirs]
+        train_runs = [run for run in self.runs.all() if run.split == "train"]
+        return (on_val if size and len(on_val) == size else []), confirmed_differences(train_runs, current, initial)
+
+    def confirmable(self, initial: dict[str, str]) -> int:
+        """How many fresh train examples the budget pays to confirm the current instructions, when they are ahead of
+        the unchanged program (``initial``) on validation, fresh evidence included, without a clear gain; else 0."""
+        on_val, fresh = self.gain_evidence(initial)
+        if not on_val or sum(on_val + fresh) <= 0 or clear_gain(on_val + fresh):
+            return 0
+        affordable = cost = 0
+        for _, units in self.fresh_ids(initial):
+            if cost + units > self.ledger.left:
+                break
+            affordable, cost = affordable + 1, cost + units
+        return affordable
+
+    def confirm(
+        self, initial: dict[str, str], ids: list[int] | None = None, units: int | None = None
+    ) -> dict[str, Any]:
+        """Evaluate the current instructions and the unchanged program (``initial``) on fresh train examples
+        (:meth:`fresh_ids`; among ``ids`` when given), as many as the budget (at most ``units``) pays: the final
+        selection counts these paired results beside validation (:func:`rlmoptimizer.selection.confirmed_differences`)."""
+        current = self._current()
+        if current == initial:
+            raise refuse(
+                "confirm_gain: the current instructions are the unchanged program's: there is no gain to confirm",
+                "adopt a candidate first (adopt_candidate), then confirm it",
+            )
+        wanted = None if ids is None else set(ids)
+        fresh = [(i, units) for i, units in self.fresh_ids(initial) if wanted is None or i in wanted]
+        if units is not None and (isinstance(units, bool) or not isinstance(units, int) or units < 1):
+            raise refuse(f"confirm_gain: units must be a positive int, got {units!r}", "pass units=N or leave it out")
+        limit = self.ledger.left if units is None else min(units, self.ledger.left)
+        chosen, cost = [], 0
+        for i, price in fresh:
+            if cost + price <= limit:
+                chosen.append(i)
+                cost += price
+        if not chosen:
+            if exhausted(self.ledger):
+                raise budget_spent("confirm_gain", self.ledger)
+            raise refuse(
+                "confirm_gain: no train example is fresh for the current instructions (none they were never "
+                "evaluated on, or none the budget pays)"
+                if not fresh
+                else f"confirm_gain: the cheapest fresh example costs {fresh[0][1]} unit(s), {limit} may be spent",
+                "the selection decides on validation alone",
+            )
+        _, spent = self._run_all([initial, current], "train", sorted(chosen), 1, CONFIRM)
+        on_val, fresh_differences = self.gain_evidence(initial)
+        clear = clear_gain(on_val + fresh_differences)
+        verdict = "a clear gain" if clear else "no clear gain"
+        summary = (
+            f"confirmed on {len(chosen)} fresh train example(s) ({spent} unit(s)): the current instructions "
+            f"{describe_evidence(on_val, fresh_differences, 'validation')} against the unchanged program: {verdict}"
+        )
+        return {
+            "example_ids": sorted(chosen),
+            "wins": sum(1 for d in fresh_differences if d > 0),
+            "losses": sum(1 for d in fresh_differences if d < 0),
+            "clear_gain": clear,
+            "summary": summary,
+            "budget_spent": spent,
+            "budget_left": self.ledger.left,
+        }
 
     def evaluate_rollouts(
         self, instructions: dict[str, str], split: str, example_ids: list[int], rollouts: int, label: str = "agent"

@@ -310,7 +310,7 @@ def test_without_a_validation_split_the_loop_stays_inside_max_metric_calls(monke
     # the start fails 2 of the 12 train examples: the fix wins those 2, a gain one example could undo, so the
     # unchanged program is returned, and the reason says why
     assert result.route.signature.instructions == ORIGINAL_ROUTE
-    assert "won 2 and lost 0 of 12 examples: a gain one example could undo" in result.selection["reason"]
+    assert "won 2 and lost 0 of 12 train examples: a gain one example could undo" in result.selection["reason"]
     whole_train = [call for turn in result.agent_trajectory for call in turn["pilot"] if "ids='0,1,2,3,4,5,6" in call]
     assert len(whole_train) == 1  # the candidate ahead on part of train was checked on all of it, once
     # the proposal is a sub-LM prompt, not a metric call: counted apart, as dspy.GEPA counts
@@ -386,3 +386,42 @@ def test_after_gepa_the_loop_analyses_the_failures_and_proposes_for_the_largest_
     assert targeted[2].startswith("compare(['current', 'proposal-1'], ids=")
     assert result.route.signature.instructions == POLICY_PROMPT
     assert result.selection["chosen_score"] == 1.0 > result.selection["baseline_score"]
+
+
+def test_a_lead_on_validation_that_is_not_clear_is_confirmed_on_fresh_train_examples_and_returned(monkeypatch):
+    no_sandbox(monkeypatch)
+    train, val = make_splits()
+    more = [  # the kind the unchanged instructions route to billing: the policy's gain shows on train too
+        dspy.Example(ticket=f"My bank filed a chargeback for order {n}.", queue="disputes").with_inputs("ticket")
+        for n in range(6)
+    ]
+    counting = CountingMetric()
+    result = compile_tickets(
+        FunctionLM(never_called),
+        sub_lm=proposer(POLICY_PROMPT),
+        max_metric_calls=40,
+        rlm_autopilot="loop",
+        trainset=train + more,
+        valset=val[:6],  # the policy wins 2 of these 6 and loses none: a lead, not a clear gain
+        metric=counting,
+    )
+    assert counting.calls <= 40
+    calls = [call for turn in result.agent_trajectory for call in turn["pilot"]]
+    confirm = next(call for call in calls if call.startswith("confirm_gain("))
+    assert calls.index(confirm) == len(calls) - 2  # after GEPA's best was adopted and checked, before SUBMIT
+    assert result.route.signature.instructions == POLICY_PROMPT
+    reason = result.selection["reason"]
+    assert "a clear gain: it won 2 and lost 0 of 6 val examples, won 1 and lost 0 of 3 fresh train examples" in reason
+    # the fresh examples are ones GEPA's best was never evaluated on before, each run with the unchanged program too
+    runs = [json.loads(p.read_text()) for p in sorted(Path(result.run_storage_dir, "runs").glob("run-*.json"))]
+    confirmed = {run["instructions"]["route"]: run for run in runs if run["label"] == "confirm"}
+    assert set(confirmed) == {POLICY_PROMPT, ORIGINAL_ROUTE}
+    fresh = {r["example_id"] for r in confirmed[POLICY_PROMPT]["records"]}
+    before = [run for run in runs if run["run_id"] < confirmed[POLICY_PROMPT]["run_id"]]
+    seen = {
+        r["example_id"]
+        for run in before
+        if run["split"] == "train" and run["instructions"]["route"] == POLICY_PROMPT
+        for r in run["records"]
+    }
+    assert len(fresh) == 3 and not fresh & seen

@@ -21,6 +21,7 @@ from rlmoptimizer.agent.policy import (
     Compare,
     Compared,
     CompareValidation,
+    Confirm,
     EvaluateTrain,
     GepaFinished,
     LastDraw,
@@ -290,4 +291,20 @@ def test_the_analysis_waits_for_the_train_examples_not_seen_when_a_round_still_p
     assert next_action(state(memory, left=16, analysis_prompts=2, unevaluated=unseen)) == Analyze()
     assert next_action(state(fold(memory, Analyzed(GROUPS)), left=40, unevaluated=unseen)) == Propose(
         "route", ("analysis-1", "refunds go to billing")
+    )
+
+
+def test_a_lead_on_validation_that_is_not_clear_is_confirmed_on_fresh_train_examples_before_the_run_ends():
+    memory = fold(after(GepaFinished("gepa-1"), Adopted("gepa-1", changed=True)), Validated())
+    ending = state(memory, left=20, val_size=20, confirmable=8)  # nothing pays a proposal besides the reserve
+    assert next_action(ending) == Confirm() and Confirm().phase == END and Confirm().call == "confirm_gain()"
+    assert next_action(replace(ending, budget=replace(ending.budget, confirmable=2))) == Submit(
+        "what is left pays no proposal with its comparison"
+    )  # fewer than 3 fresh examples: not worth the units
+    unchecked = fold(memory, PromptEdited())  # a change not checked on validation has no lead to confirm
+    assert next_action(replace(ending, memory=unchecked, budget=replace(ending.budget, left=10))) != Confirm()
+    assert next_action(state(memory, left=20, val_size=20, proposals_left=0, confirmable=5)) == Confirm()
+    # with budget for targeted rounds, they come first: the confirmation is what is left at the end
+    assert next_action(state(memory, left=40, val_size=20, confirmable=20)) == Analyze() or not isinstance(
+        next_action(state(memory, left=40, val_size=20, confirmable=20)), Confirm
     )
