@@ -150,7 +150,7 @@ class PairedMoves(MoveContext):
                 "adopt a candidate first (adopt_candidate), then confirm it",
             )
         wanted = None if ids is None else set(ids)
-        fresh = [(i, units) for i, units in self.fresh_ids(initial) if wanted is None or i in wanted]
+        fresh = [(i, price) for i, price in self.fresh_ids(initial) if wanted is None or i in wanted]
         if units is not None and (isinstance(units, bool) or not isinstance(units, int) or units < 1):
             raise refuse(f"confirm_gain: units must be a positive int, got {units!r}", "pass units=N or leave it out")
         limit = self.ledger.left if units is None else min(units, self.ledger.left)

@@ -260,3 +260,33 @@ def test_a_lucky_extra_rollout_never_picks_the_returned_program():
     assert result.agent_trajectory[0]["output"].strip() == "12 0.5 [0, 1]"
     assert result.selection["chosen_label"] == "baseline" and result.optimized_dspy_program["route"] == ORIGINAL_ROUTE
     assert result.selection["submission_score"] == 0.0
+
+
+def test_confirm_gain_through_the_sandbox_refuses_without_a_change_and_spends_within_units():
+    result = run(
+        [
+            {"reasoning": "nothing to confirm yet", "code": "confirm_gain()"},
+            {
+                "reasoning": "state the policy, check it, confirm it on fresh train examples",
+                "code": (
+                    "import json\n"
+                    f"update_prompt('route', {POLICY_PROMPT!r})\n"
+                    "v = evaluate_program(split='val')\n"
+                    "c = confirm_gain(ids='0,1,2,3,9', units=3)\n"
+                    "print(json.dumps({k: c[k] for k in ('example_ids', 'wins', 'losses', 'clear_gain', 'budget_spent')}))"
+                ),
+            },
+            {
+                "reasoning": "again: the confirmed examples are no longer fresh",
+                "code": "print(json.dumps(confirm_gain(ids='0,1,2')['example_ids']))",
+            },
+            SUBMIT_CURRENT,
+        ]
+    )
+    assert "there is no gain to confirm" in result.agent_trajectory[0]["output"]
+    confirmed = printed(result, 1)
+    # the unchanged program ran on every train example at the start: 1 unit each, three of them
+    assert confirmed["example_ids"] == [0, 1, 2] and confirmed["budget_spent"] == 3
+    assert confirmed["losses"] == 0 and confirmed["clear_gain"] is True  # 4 net wins on validation already
+    assert "no train example is fresh" in result.agent_trajectory[2]["output"]
+    assert result.route.signature.instructions == POLICY_PROMPT
