@@ -25,6 +25,7 @@ from rlmoptimizer.estimate.sizes import (
     ROOT_REPLY_TOKENS,
     CallSize,
     ProgramSizes,
+    analysis_size,
     program_sizes,
     proposal_size,
     root_turn_sizes,
@@ -79,9 +80,10 @@ class _Roles:
         root_turn: CallSize,
         models: dict[str, str],
         latency: dict[str, float],
+        analysis: CallSize | None = None,
     ) -> None:
         self.sizes, self.growth, self.proposal, self.root_turn = sizes, growth, proposal, root_turn
-        self.models, self.latency = models, latency
+        self.models, self.latency, self.analysis = models, latency, analysis or CallSize()
 
     def eval_row(self, work: Work) -> RoleCost:
         sizes = self.sizes
@@ -101,8 +103,17 @@ class _Roles:
         return _row(EVAL, self.models[EVAL], calls, size, seconds, usd)
 
     def sub_row(self, work: Work) -> RoleCost:
-        usd = _price(self.models[SUB], work.proposals, self.proposal)
-        return _row(SUB, self.models[SUB], work.proposals, self.proposal, work.proposals * self.latency[SUB], usd)
+        """The proposals and the analyses' prompts (each of its own size)."""
+        calls = work.proposals + work.analysis_prompts
+        proposals, analyses = (work.proposals, self.proposal), (work.analysis_prompts, self.analysis)
+        usd = [_price(self.models[SUB], n, size) for n, size in (proposals, analyses) if n]
+        total = None if None in usd else sum(usd, Decimal(0))
+        tokens = [
+            sum(n * getattr(size, side) for n, size in (proposals, analyses))
+            for side in ("input_tokens", "output_tokens")
+        ]
+        size = CallSize(tokens[0] / calls, tokens[1] / calls) if calls else CallSize()
+        return _row(SUB, self.models[SUB], calls, size, calls * self.latency[SUB], total)
 
     def root_row(self, work: Work, turn: CallSize | None = None) -> RoleCost:
         turn = turn or self.root_turn
@@ -238,6 +249,7 @@ def _estimate(
         for step, text in sizes.instructions.items()
     }
     proposal = proposal_size(sizes, sub_lm, proposal_tokens)
+    analysis = analysis_size(sizes, sub_lm, work.expected.analysed)
     root_turn, window, fixed = CallSize(), 0, 0
     if config.root_lm is not None and config.rlm_autopilot != "loop":
         window, _ = context_window_of(config.root_lm, config.root_context_window)
@@ -250,7 +262,7 @@ def _estimate(
             work.units,
         )
         root_turn, fixed = root_turn_sizes(messages, config.root_lm, work.expected.root_turns, window)
-    roles = _Roles(sizes, growth, proposal, root_turn, models, _latency(seconds_per_call))
+    roles = _Roles(sizes, growth, proposal, root_turn, models, _latency(seconds_per_call), analysis)
     rows = roles.rows(work.expected)
     most = _total(roles.rows(work.at_most, CallSize(float(window), float(ROOT_REPLY_TOKENS))), "at most")
     expected = _total(rows, "total")
@@ -280,6 +292,14 @@ def _assumptions(work: Plan, config: Any, hows: set[str], proposal_tokens: float
         "the budget spent to its end (the default loop spends it unless every train example passes first)",
         f"{round(work.expected.proposals)} proposals: one GEPA iteration costs 4 program runs, one accepted child "
         "is scored on the whole selection split",
+        *(
+            [
+                f"one analysis after GEPA of {work.expected.analysed} train failures (half of train): "
+                f"{work.expected.analysis_prompts:g} sub-LM prompts of up to 8 failures each and the merge"
+            ]
+            if work.expected.analysis_prompts
+            else []
+        ),
         f"proposed instructions of {proposal_tokens:g} tokens (they replace the step's in the candidates' runs)",
         "tokens: " + "; ".join(sorted(hows)),
         "dollars at litellm's list price, no prompt-cache discount",

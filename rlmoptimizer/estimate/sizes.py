@@ -8,6 +8,9 @@
 * a proposal (:func:`proposal_size`): dspy's ``InstructionProposer`` request, as GEPA's reflection and
   ``propose_instructions`` send it (JSONAdapter), with a minibatch of the step's calls and their feedback, and a
   new instruction of :data:`PROPOSAL_TOKENS` as the reply;
+* an analysis prompt (:func:`analysis_size`): ``analyze_failures``' prompts as it sends them (JSONAdapter): its cause
+  prompts, each with up to 8 failures rendered as the sub-LM reads them (the runs above, scored as failures) and two
+  passing examples for contrast, and its merge of the causes, each cause :data:`CAUSE_TOKENS` long;
 * an agent turn (:func:`root_turn_sizes`): the fixed part of the agent's first request, measured as
   :mod:`rlmoptimizer.agent.window` builds it, plus the history of the turns before (:data:`ROOT_REPLY_TOKENS` and
   :data:`ROOT_OUTPUT_TOKENS` a turn).
@@ -25,6 +28,7 @@ from typing import Any
 import dspy
 
 from rlmoptimizer.estimate.tokens import TokenCounter, placeholder
+from rlmoptimizer.records import ExampleResult, StepTrace
 
 REASONING_TOKENS = 30
 """ChainOfThought's ``reasoning``, assumed: the benchmark's task LM wrote 46 tokens a call, its JSON reply with a
@@ -44,6 +48,8 @@ MAX_MEASURED = 20
 """Examples rendered per split (evenly spread): a large data set is measured on a sample of it."""
 MINIBATCH = 3
 """Examples in one reflection (gepa's minibatch)."""
+CAUSE_TOKENS = 25
+"""A cause the sub-LM names for one failure, assumed (the benchmark's 1.5B sub-LM wrote 20 to 30 tokens)."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,7 @@ class ProgramSizes:
     lms: dict[str, Any]
     instructions: dict[str, str]
     reflective: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    records: tuple[ExampleResult, ...] = ()  # each run rendered as a train record that failed (for an analysis)
 
     @property
     def calls_per_run(self) -> float:
@@ -136,7 +143,14 @@ def program_sizes(
         runs = [_assumed_calls(predictors, _fields(ex), reasoning_tokens) for ex in examples]
         notes = [None] * len(runs)
     labels_of = [_labels(ex) for ex in examples] + [{}] * len(runs)
+    records = []
     for run, note, labels in zip(runs, notes, labels_of, strict=False):
+        calls = tuple(
+            StepTrace(step, dict(inputs), dict(outputs)) for step, inputs, outputs in run if step in predictors
+        )
+        if calls:
+            first, last = calls[0].inputs, calls[-1].outputs
+            records.append(ExampleResult(len(records), first, dict(labels), last, 0.0, False, note, steps=calls))
         for step, inputs, outputs in run:
             if step not in predictors:
                 continue
@@ -159,6 +173,7 @@ def program_sizes(
         lms=lms,
         instructions={name: p.signature.instructions for name, p in predictors.items()},
         reflective=reflective,
+        records=tuple(records),
     )
 
 
@@ -214,6 +229,43 @@ def proposal_size(sizes: ProgramSizes, sub_lm: Any, proposal_tokens: float = PRO
         inputs = {"current_instruction": sizes.instructions[step], "examples_with_feedback": batch}
         sizes_in.append(count.messages(_render(adapter, signature, [], inputs)))
     return CallSize(sum(sizes_in) / len(sizes_in) if sizes_in else 0.0, float(reply))
+
+
+def analysis_size(sizes: ProgramSizes, sub_lm: Any, failures: int) -> CallSize:
+    """One prompt of an analysis of ``failures`` train failures, averaged over its cause prompts and its merge."""
+    from rlmoptimizer.estimate._dspy import JSONAdapter
+    from rlmoptimizer.moves.analysis import FAILURES_PER_PROMPT, MAX_ANALYSED, GroupFailureCauses, NameFailureCauses
+    from rlmoptimizer.moves.failures import CauseGroup, FailureCause, failures_of, render_failure, render_passing
+
+    records = list(sizes.records)
+    analysed = min(failures, MAX_ANALYSED)
+    if not records or analysed <= 0:
+        return CallSize()
+    adapter, count = JSONAdapter(), TokenCounter(sub_lm)
+    order = list(sizes.instructions)
+    shown = "\n".join(f"{name}: {text}" for name, text in sizes.instructions.items())
+    rendered = [render_failure(f, None) for f in failures_of(records, order, None)]
+    passing = "\n\n".join(render_passing(r) for r in records[:2])
+    prompts: list[tuple[float, float]] = []
+    for start in range(0, analysed, FAILURES_PER_PROMPT):
+        batch = range(start, min(analysed, start + FAILURES_PER_PROMPT))
+        inputs = {
+            "program_instructions": shown,
+            "failures": "\n\n".join(rendered[i % len(rendered)] for i in batch),
+            "passing": passing,
+        }
+        causes = [FailureCause(failure_id=i, cause=placeholder(CAUSE_TOKENS)) for i in batch]
+        reply = _reply(adapter, NameFailureCauses, {"causes": causes})
+        prompts.append((count.messages(_render(adapter, NameFailureCauses, [], inputs)), count.text(reply)))
+    if analysed >= 2:  # the merge: a line per cause in, a few groups out
+        lines = "\n".join(f"{i}: {placeholder(CAUSE_TOKENS)}" for i in range(analysed))
+        ids = list(range(analysed))
+        groups = [
+            CauseGroup(name=placeholder(4), cause=placeholder(CAUSE_TOKENS), failure_ids=ids[k::4]) for k in range(4)
+        ]
+        reply = _reply(adapter, GroupFailureCauses, {"groups": [g for g in groups if g.failure_ids]})
+        prompts.append((count.messages(_render(adapter, GroupFailureCauses, [], {"causes": lines})), count.text(reply)))
+    return CallSize(sum(p[0] for p in prompts) / len(prompts), sum(p[1] for p in prompts) / len(prompts))
 
 
 def root_turn_sizes(

@@ -84,7 +84,7 @@ class _Watch:
 
     def __init__(
         self,
-        activity: Callable[[], tuple[int, int]],
+        activity: Callable[[], tuple[int, int, int]],
         idle_limit: int,
         ended: Callable[[int, bool], None] | None = None,
         too_little: Callable[[], str | None] | None = None,
@@ -101,16 +101,22 @@ class _Watch:
         self.short: str | None = None
         self._ended = ended or (lambda iteration, accepted: None)
         self.merges = 0
-        self._activity = activity  # (units spent, reflections answered or replayed) so far
+        # (units spent, distinct instructions proposed, reflections answered or replayed) so far: an iteration that
+        # spent nothing and proposed nothing new did nothing, whether it reflected (and repeated itself) or not
+        self._activity = activity
         self.idle_limit = idle_limit
-        self._last: tuple[int, int] | None = None
+        self._last: tuple[int, int, int] | None = None
         self.idle = 0
+        self.repeating = False  # the idle iterations reflected: the reflection LM proposed only what was tried
 
     def on_iteration_start(self, event: Any) -> None:
         self.state = event["state"]
         self._iteration_started()
         now = self._activity()
-        self.idle = self.idle + 1 if now == self._last else 0
+        idle = self._last is not None and now[:2] == self._last[:2]
+        self.idle = self.idle + 1 if idle else 0
+        reflected = self._last is not None and now[2] != self._last[2]
+        self.repeating = idle and (reflected or (self.repeating and self.idle > 1))
         self._last = now
 
     def on_evaluation_start(self, event: Any) -> None:
@@ -257,7 +263,7 @@ class GepaMoves(AnalysisMoves):
             return None
 
         watch = _Watch(
-            lambda: (slice_.spent, reflection.calls + reflection.replayed),
+            lambda: (slice_.spent, len(reflection.texts), reflection.calls + reflection.replayed),
             idle_limit,
             ended=lambda i, accepted: hooks.iteration_ended(run_name, i, accepted, slice_.spent),
             too_little=too_little,
@@ -373,6 +379,11 @@ class GepaMoves(AnalysisMoves):
             why = stopped.why
         elif watch.short is not None:
             why = watch.short
+        elif watch.idle >= watch.idle_limit and watch.repeating:
+            why = (
+                f"{watch.idle} iterations in a row proposed only instructions already tried and evaluated nothing new: "
+                "the reflection LM repeats itself"
+            )
         elif watch.idle >= watch.idle_limit:
             why = (
                 f"{watch.idle} iterations in a row had nothing to do (the minibatches drawn already pass): "

@@ -261,6 +261,7 @@ class Reflection:
         self._answered = answered  # puts the charge on disk before the answer is kept (never counted short)
         self.calls = 0
         self.replayed = 0
+        self.texts: set[str] = set()  # every distinct instruction proposed (a repeat proposes nothing new)
         self.unusable = 0  # answered (or replayed) with no instructions in the reply
         self.unusable_sample: str | None = None  # what one such reply said
 
@@ -274,6 +275,7 @@ class Reflection:
             self.replayed += 1
             if not stored.strip():
                 self._nothing("an empty instruction (stored)")
+            self.texts.add(stored)
             return stored
         reservation = self._budget.reserve(1, SUB_LM_CALL, "a reflection")
         lm = nth_sample(self._lm, seen)
@@ -300,6 +302,7 @@ class Reflection:
             raise Stop(f"the reflection LM (sub_lm) failed: {failure_summary(failed)}", error=failed) from failed
         self.calls += 1  # its charge is on disk already (ask_proposer), before the answer is kept
         self._answers.put(key, new)
+        self.texts.add(new)
         return new
 
     def _nothing(self, sample: str) -> None:

@@ -425,3 +425,23 @@ def test_a_lead_on_validation_that_is_not_clear_is_confirmed_on_fresh_train_exam
         for r in run["records"]
     }
     assert len(fresh) == 3 and not fresh & seen
+
+
+def test_gepa_stops_when_its_reflections_only_repeat_instructions_already_tried(monkeypatch):
+    no_sandbox(monkeypatch)
+    reflections = []
+
+    def same_text(messages):
+        reflections.append(1)
+        return json.dumps({"new_instruction": "Route tickets carefully."})
+
+    result = compile_tickets(
+        FunctionLM(never_called), sub_lm=FunctionLM(same_text, name="sub"), max_metric_calls=80, rlm_autopilot="loop"
+    )
+    gepa = result.agent_trajectory[0]["output"]
+    # a repeated text's child is a candidate already scored where it was run: free, so without this stop the engine
+    # would reflect until the sub-LM allowance (80 prompts) ran out
+    assert (
+        "proposed only instructions already tried and evaluated nothing new: the reflection LM repeats itself" in gepa
+    )
+    assert len(reflections) < 12 and result.budget["sub_lm_left"] > 60

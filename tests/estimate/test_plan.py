@@ -28,6 +28,8 @@ def test_the_real_model_benchmark_setting_spends_its_metric_calls_on_ten_reflect
     work = plan(**settings())
     assert work.units == 60
     assert (work.expected.program_runs, work.expected.baseline_runs, work.expected.proposals) == (80, 20, 10)
+    # and one analysis of 10 train failures: two cause prompts and the merge (the loop's run there made 3)
+    assert (work.expected.analysed, work.expected.analysis_prompts) == (10, 3)
     assert work.at_most.program_runs == 80 and work.at_most.proposals == 80  # the sub-LM allowance is B prompts
     assert "max_metric_calls=80: 60 units after the 20-example baseline" in work.setting
 
@@ -37,14 +39,17 @@ def test_with_max_iterations_the_baselines_are_free_and_a_proposal_is_a_unit():
     assert work.units == 3 * 12 + 8
     expected = work.expected
     assert expected.baseline_runs == 20
-    assert expected.proposals == pytest.approx((44 - 8) / 5)
-    assert expected.program_runs == pytest.approx(20 + 44 - expected.proposals)
+    # the analysis after GEPA: half of the 12 train examples failing, one prompt for their causes and the merge
+    assert (expected.analysed, expected.analysis_prompts) == (6, 2)
+    assert expected.proposals == pytest.approx((44 - 2 - 8) / 5)
+    assert expected.program_runs == pytest.approx(20 + 44 - 2 - expected.proposals)
     assert work.at_most.program_runs == 20 + 44 + 8  # the submission's check, unpaid once the budget is spent
 
 
 def test_without_validation_candidates_are_checked_on_train():
     work = plan(**settings(val_size=0, max_metric_calls=None, max_iterations=2))
     assert work.units == 40 and work.expected.baseline_runs == 20
+    assert work.expected.analysis_prompts == 0  # 40 units pay no analysis beside a child checked on 20 and a round
     assert work.expected.proposals == pytest.approx((40 - 20) / 5)
 
 
