@@ -63,7 +63,7 @@ logger = logging.getLogger(__name__)
 
 PILOT = "[pilot]"
 """Opens what the pilot adds to a turn's output (the host writes it; the root LM cannot copy it into a turn)."""
-NO_PROGRESS = "this turn spent nothing, evaluated nothing, made no candidate, added no note and changed no prompt"
+NO_PROGRESS = "this turn spent nothing, evaluated nothing new, made no candidate, added no note and changed no prompt"
 
 
 def _root_adapter(*, last_attempt: bool):

@@ -33,7 +33,7 @@ from rlmoptimizer.agent.services import CompileServices
 from rlmoptimizer.budget import SUB_LM_CALL, Reservation
 from rlmoptimizer.errors import ConfigurationError, StructureChangedError, agent_error
 from rlmoptimizer.events import CandidateAdded, GepaIteration
-from rlmoptimizer.fingerprint import canonical_json, demos_step
+from rlmoptimizer.fingerprint import canonical_json, demos_step, instructions_digest
 from rlmoptimizer.moves import Moves
 from rlmoptimizer.moves.analysis import prompts_for
 from rlmoptimizer.moves.context import whole_validation
@@ -163,6 +163,7 @@ class AgentTools:
         )
         # the default policy's runner: the moves below report their outcomes to it
         self._tried: set[str] = set()  # every prompt map proposed or current so far (canonical JSON)
+        self._evaluations = (0, 0)  # runs seen, distinct evaluations among them (what _progress counts)
         self.pilot = Pilot(working.step_names, self._budget_view, self._progress, gepa_ran=self.moves.gepa_runs > 0)
         self.pilot.tools = self
 
@@ -199,10 +200,24 @@ class AgentTools:
         )
 
     def _progress(self) -> tuple[int, ...]:
-        """Units spent (every kind), evaluation runs (one of stored records is free, but it checked something),
-        candidates named, notes and prompt versions: a turn that changes none of them made no progress."""
+        """Units spent (every kind), distinct evaluations (one of stored records is free, but it checked something;
+        the same evaluation made again, by the same move, checks nothing new), candidates named, notes and prompt
+        versions: a turn that changes none of them made no progress."""
         spent = sum(self.ledger.snapshot()["spent_by_kind"].values())
-        counts = (len(self.runs.all()), len(self.moves.proposals), len(self.notes.all()))
+        runs = self.runs.all()
+        if len(runs) != self._evaluations[0]:  # (runs seen, distinct evaluations among them)
+            kinds = {
+                (
+                    r.label,
+                    r.split,
+                    r.rollout,
+                    instructions_digest(r.instructions),
+                    tuple(x.example_id for x in r.records),
+                )
+                for r in runs
+            }
+            self._evaluations = (len(runs), len(kinds))
+        counts = (self._evaluations[1], len(self.moves.proposals), len(self.notes.all()))
         return (spent, *counts, len(self.working.prompt_versions))
 
     def _train_status(self) -> tuple[list[int], int, int]:

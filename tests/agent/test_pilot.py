@@ -265,7 +265,7 @@ def test_a_turn_that_makes_no_progress_is_followed_by_the_loop_only_in_assist(mo
         assert len(turns) == 4 and result.route.signature.instructions == ORIGINAL_ROUTE
         return
     assert turns[0]["code"] == idle[0]["code"]  # the cell stays the agent's; the phase ran after it
-    assert "[pilot] this turn spent nothing, evaluated nothing, made no candidate" in turns[0]["output"]
+    assert "[pilot] this turn spent nothing, evaluated nothing new, made no candidate" in turns[0]["output"]
     assert turns[0]["pilot"][0] == "run_gepa(budget=44)"
     assert turns[-1]["final"] and len(turns) <= 2
     assert result.route.signature.instructions == POLICY_PROMPT
@@ -445,3 +445,20 @@ def test_gepa_stops_when_its_reflections_only_repeat_instructions_already_tried(
         "proposed only instructions already tried and evaluated nothing new: the reflection LM repeats itself" in gepa
     )
     assert len(reflections) < 12 and result.budget["sub_lm_left"] > 60
+
+
+@pytest.mark.slow
+def test_a_root_lm_that_repeats_the_same_evaluation_is_taken_over_after_the_first_repeat():
+    # what a 1.5B root did on the real-model benchmark: the same train evaluation, turn after turn; the first one
+    # paid and checked something, the repeats are answered from stored records and check nothing new
+    same = {"reasoning": "look at train", "code": "r = evaluate_program(split='train')\nprint(r['score'])"}
+    root = FunctionLM(lambda messages: same, name="repeater")
+    result = compile_tickets(
+        root, sub_lm=proposer(POLICY_PROMPT), max_iterations=3, rlm_max_iterations=6, rlm_autopilot="assist"
+    )
+    turns = result.agent_trajectory
+    assert "[pilot]" not in turns[0]["output"]  # the first evaluation was new: the agent's turn, untouched
+    assert "[pilot] this turn spent nothing, evaluated nothing new" in turns[1]["output"]
+    assert turns[1]["pilot"][0].startswith("run_gepa(")
+    assert turns[-1]["final"] and len(turns) <= 3
+    assert result.route.signature.instructions == POLICY_PROMPT
