@@ -20,6 +20,7 @@ from typing import Any
 
 GROUP_LINE = re.compile(r"^\s+(\d+)\. (.+?) \((\d+)\): ")
 GEPA_LINE = re.compile(r"gepa run \d+: best (\S+) \(validation score ([\d.]+), the start scored ([\d.]+)\); (\d+) new")
+CONFIRM_LINE = re.compile(r"confirmed on (\d+ fresh train example\(s\) \(\d+ unit\(s\)\): .+)$", re.MULTILINE)
 
 
 def calls(arm: dict[str, Any]) -> list[str]:
@@ -73,6 +74,7 @@ def rlm_summary(arm: dict[str, Any]) -> dict[str, Any]:
         "demos_proposed": sum(1 for c in made if c.startswith("propose_demos(")),
         "demos_returned": {key: len(json.loads(returned[key])) for key in demo_keys},
         "adopted": [re.sub(r"^adopt_candidate\('([^']+)'\).*$", r"\1", c) for c in adopted],
+        "confirmed": [m.group(1) for m in CONFIRM_LINE.finditer(text)],
         "selection": (details.get("selection") or {}).get("reason", ""),
     }
 
@@ -113,6 +115,7 @@ def report(out: Path) -> str:
                     + (f"({', '.join(f'{c}: {g}' for c, g in s['made_for'])})" if s["made_for"] else "")
                     + f"; demos proposed {s['demos_proposed']}x, returned {s['demos_returned'] or 'none'}"
                     + f"; adopted {', '.join(s['adopted']) or 'nothing'}"
+                    + "".join(f"; confirmed {c}" for c in s["confirmed"])
                 )
                 lines.append(f"    returned: {s['selection']}")
             elif name == "gepa":
