@@ -73,9 +73,10 @@ def small_split_note(val_size: int, train_size: int) -> str | None:
 
 
 def paired_differences(run: EvalRun, reference: EvalRun) -> list[float]:
-    """``run``'s score minus ``reference``'s on each example both have a record of."""
-    theirs = {r.example_id: r.score for r in reference.records}
-    return [r.score - theirs[r.example_id] for r in run.records if r.example_id in theirs]
+    """``run``'s score minus ``reference``'s on each example both have an answered record of (an LM call that failed
+    without an answer scores 0 and says nothing of the instructions)."""
+    theirs = {r.example_id: r.score for r in reference.records if r.reusable}
+    return [r.score - theirs[r.example_id] for r in run.records if r.reusable and r.example_id in theirs]
 
 
 def confirmed_differences(
@@ -138,7 +139,7 @@ def _clearly_better(
         return run, ""
     top = ranking[0]
     on_split, fresh = _evidence(top, baseline, train_runs)
-    confirm = "" if fresh else "; confirm_gain() adds fresh train examples"
+    confirm = "" if fresh or top.split != "val" else "; fresh train examples can confirm a lead (confirm_gain())"
     return run, (
         f"{top.run_id} ({top.label}) scored {top.score:.4f}, above the unchanged program's {baseline.score:.4f}, but "
         f"it {describe_evidence(on_split, fresh, top.split)}: a gain one example could undo (a change is returned "

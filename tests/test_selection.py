@@ -165,3 +165,34 @@ def test_a_lead_on_validation_that_is_not_clear_is_returned_only_when_fresh_trai
         )
     else:
         assert "won 2 and lost 0 of 6 val examples, won 1 and lost 1 of 3 fresh train examples" in selection.reason
+
+
+def test_an_lm_call_that_failed_without_an_answer_is_no_evidence_either_way():
+    failed = ExampleResult(2, {}, {}, {}, 0.0, False, error="timeout", error_kind="lm_call")
+    baseline_records = (*run("x", "", INITIAL, [0, 1]).records, failed)
+    baseline = EvalRun("run-0001", "val", "baseline", INITIAL, baseline_records, 3, 0, 0)
+    submitted = run("run-0002", "submission", {"step": "new"}, [1, 1, 1])  # its win on 2 is against no answer
+    selection = never_worse(
+        split="val",
+        complete=[baseline, submitted],
+        submitted_run=submitted,
+        submission={"step": "new"},
+        initial=INITIAL,
+    )
+    assert "won 1 and lost 0 of 2 val examples" in selection.reason
+
+
+def test_without_a_valset_a_confirmation_adds_nothing_to_the_train_split_that_selects():
+    baseline = train_run("run-0001", "baseline", INITIAL, {0: 1, 1: 0, 2: 0, 3: 1, 4: 1})
+    submitted = train_run("run-0002", "submission", {"step": "new"}, {0: 1, 1: 1, 2: 1, 3: 1, 4: 1})
+    confirm = train_run("run-0003", "confirm", {"step": "new"}, {5: 1})
+    selection = never_worse(
+        split="train",
+        complete=[baseline, submitted],
+        submitted_run=submitted,
+        submission={"step": "new"},
+        initial=INITIAL,
+        train_runs=[baseline, submitted, confirm],
+    )
+    assert selection.instructions == INITIAL and "won 2 and lost 0 of 5 train examples" in selection.reason
+    assert "confirm_gain" not in selection.reason  # train selects: there is nothing fresh to add

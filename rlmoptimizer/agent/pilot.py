@@ -165,7 +165,7 @@ class Pilot:
             proposal = tools.propose_instructions(action.step)
             return f"{_proposal(proposal)}; {self._adopt(proposal['candidate_ids'][0], True)}"
         if isinstance(action, Confirm):
-            return str(tools.confirm_gain(units=action.units)["summary"])
+            return str(tools.confirm_gain()["summary"])
         if isinstance(action, Submit):
             self.submitted = action.why
             return f"SUBMIT: {action.why}"

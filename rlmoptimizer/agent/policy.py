@@ -173,19 +173,11 @@ class LastDraw(_Action):
 
 @dataclass(frozen=True)
 class Confirm(_Action):
-    """The current instructions lead the unchanged program on validation, but not clearly: evaluate both on fresh
-    train examples (with at most ``units``; None: what is left), which the final selection counts beside
-    validation. Before the run ends, or instead of evaluating the current instructions alone to find failures."""
+    """Before the run ends: the current instructions lead the unchanged program on validation, but not clearly;
+    evaluate both on fresh train examples with what is left, which the final selection counts beside validation."""
 
-    units: int | None = None
-
-    @property
-    def phase(self) -> str:
-        return END if self.units is None else TARGETED
-
-    @property
-    def template(self) -> str:
-        return "confirm_gain()" if self.units is None else "confirm_gain(units={units})"
+    phase = END
+    template = "confirm_gain()"
 
 
 @dataclass(frozen=True)
@@ -446,8 +438,11 @@ def next_action(state: LoopState) -> Action:
         return _confirm(state) or _last_draw(state) or Submit("what is left pays no proposal with its comparison")
     if not budget.failing:  # nothing to reflect on: find failures first, or stop when train has none
         if not budget.unevaluated:
-            return _confirm(state) or Submit("the current instructions pass every train example")
-        return _confirm(state, units=free) or EvaluateTrain(budget.unevaluated[:free])
+            return Submit("the current instructions pass every train example")
+        confirm = _confirm(state)
+        if confirm is not None and free < 2 * MIN_USEFUL_BUDGET:  # a failure found now could pay no proposal with
+            return confirm  # its comparison after it: what is left confirms the lead instead
+        return EvaluateTrain(budget.unevaluated[:free])
     analysis_units = budget.analysis_prompts * budget.proposal_units
     if (  # every failure, not those of a few minibatches: the train examples not seen yet first, when a round still pays
         not memory.analyzed
@@ -481,16 +476,14 @@ def next_action(state: LoopState) -> Action:
     return Propose(_next_step(memory))
 
 
-def _confirm(state: LoopState, units: int | None = None) -> Confirm | None:
-    """A confirmation of the current instructions' lead over the unchanged program, when validation alone shows it
-    without a clear gain (the selection would return the unchanged program) and the budget pays at least
-    :data:`MIN_CHECK` fresh train examples: with what is left before the run ends (and before proposals that could
-    not be checked), or with ``units`` where the current instructions would be evaluated alone on unseen train
-    examples (a confirmation evaluates them there too)."""
+def _confirm(state: LoopState) -> Confirm | None:
+    """A confirmation of the current instructions' lead over the unchanged program with what is left, when
+    validation alone shows it without a clear gain (the selection would return the unchanged program) and the
+    budget pays at least :data:`MIN_CHECK` fresh train examples: before the run ends, and before a last draw."""
     memory, budget = state.memory, state.budget
     if memory.unchecked or memory.winner is not None or budget.confirmable < MIN_CHECK:
         return None
-    return Confirm(units)
+    return Confirm()
 
 
 def _last_draw(state: LoopState) -> LastDraw | None:

@@ -221,11 +221,14 @@ class AgentTools:
         return (spent, *counts, len(self.working.prompt_versions))
 
     def _train_status(self) -> tuple[list[int], int, int]:
-        """Train ids the current instructions have not been evaluated on, and how many evaluated ones fail and pass."""
+        """Train ids the current instructions have not been evaluated on (those no search saw last: they are what a
+        confirmation of a lead can use), and how many evaluated ones fail and pass."""
         ids = range(len(self.runs.splits["train"]))
         stored = self.runs.stored(self.working.instructions(), "train", ids)
         failing = sum(1 for record in stored.values() if not record.passed)
-        return [i for i in ids if i not in stored], failing, len(stored) - failing
+        fresh = {i for i, _ in self.moves.fresh_ids(self.working.initial)}
+        unevaluated = sorted((i for i in ids if i not in stored), key=lambda i: i in fresh)
+        return unevaluated, failing, len(stored) - failing
 
     def tool_functions(self) -> list[Callable]:
         """The agent's tools, in the order the instructions describe them."""
@@ -440,10 +443,9 @@ class AgentTools:
         self.pilot.record(Compared(sources, result["winner"], split, result["ahead"]))  # a clear gain, or ahead only
         return result
 
-    def confirm_gain(self, ids: Any = None, units: int | None = None) -> dict:
-        """Confirm a gain of the current instructions over the unchanged program that validation alone cannot show clearly: evaluate both, paired, on train examples the current instructions were never evaluated on (ids= restricts them), as many as the budget (or units=N) pays. The final selection counts these fresh examples beside validation. 1 unit per example, 2 when the unchanged program has no record of it. Returns {'example_ids', 'wins', 'losses', 'clear_gain', 'summary'}."""
-        selected = None if ids is None else self._select("confirm_gain", ids=ids)
-        return self.moves.confirm(self.working.initial, selected, units=units)
+    def confirm_gain(self, units: int | None = None) -> dict:
+        """Confirm a lead of the current instructions over the unchanged program on validation that is not a clear gain yet: evaluate both, paired, on train examples no search saw (no candidate was evaluated on or written from them), as many as the budget (or units=N) pays, once per set of instructions. The final selection counts these fresh examples beside validation. 1 unit per example, 2 when the unchanged program has no record of it. Returns {'example_ids', 'wins', 'losses', 'clear_gain', 'summary'}."""
+        return self.moves.confirm(self.working.initial, units=units)
 
     def adopt_candidate(self, candidate: Any) -> dict:
         """Make a candidate the current instructions: a candidate id ('gepa-3', 'proposal-2'), a run id (that run's instructions) or a {step: text} dict (other steps keep their text). Free. Returns {'changed_steps', 'version'}."""

@@ -294,7 +294,7 @@ def _assumptions(work: Plan, config: Any, hows: set[str], proposal_tokens: float
         "is scored on the whole selection split",
         *(
             [
-                f"one analysis after GEPA of {work.expected.analysed} train failures (half of train): "
+                f"one analysis after GEPA of {work.expected.analysed} train failures (half of train, at most 48): "
                 f"{work.expected.analysis_prompts:g} sub-LM prompts of up to 8 failures each and the merge"
             ]
             if work.expected.analysis_prompts

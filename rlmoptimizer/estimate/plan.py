@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 
 from rlmoptimizer.budget import baseline_on_demand, budget_for, budget_for_metric_calls
-from rlmoptimizer.moves.analysis import prompts_for
+from rlmoptimizer.moves.analysis import MAX_ANALYSED, prompts_for
 from rlmoptimizer.moves.gepa import MINIBATCH_SIZE
 
 RUNS_PER_ITERATION = 4 / 3
@@ -122,7 +122,7 @@ def plan(
     # selection split. After GEPA, one analysis of the train failures (FAILING_SHARE of train), when the budget
     # pays more than that child and a round.
     accepted = ACCEPTED_CHILDREN if units >= s + per_iteration + sub_units else 0
-    analysed = round(t * FAILING_SHARE) if units >= 2 * (s + per_iteration + sub_units) else 0
+    analysed = min(round(t * FAILING_SHARE), MAX_ANALYSED) if units >= 2 * (s + per_iteration + sub_units) else 0
     analysis = prompts_for(analysed) if analysed else 0
     spendable = units - analysis * sub_units
     proposals = max(0.0, (spendable - accepted * s) / (per_iteration + sub_units)) if units >= per_iteration else 0.0

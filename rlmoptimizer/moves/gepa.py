@@ -44,6 +44,9 @@ logger = logging.getLogger(__name__)
 MINIBATCH_SIZE = 3  # examples per reflection, gepa's and dspy.GEPA's default
 MAX_MERGE_INVOCATIONS = 5  # merges per run, dspy.GEPA's default
 MAX_PROPOSALS_PER_ITERATION = 8
+REPEATS_LIMIT = 3
+"""Iterations in a row whose reflections only repeated instructions already tried (and evaluated nothing new) that
+stop a run: each is a paid sub-LM prompt."""
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,8 @@ class _Watch:
 
     def __call__(self, state: Any) -> bool:  # gepa's StopperProtocol, asked before each iteration
         self.short = self._too_little()
-        return self.idle >= self.idle_limit or self.short is not None
+        limit = min(self.idle_limit, REPEATS_LIMIT) if self.repeating else self.idle_limit  # repeats are paid
+        return self.idle >= limit or self.short is not None
 
     def on_merge_accepted(self, event: Any) -> None:
         self.merges += 1
@@ -263,7 +267,11 @@ class GepaMoves(AnalysisMoves):
             return None
 
         watch = _Watch(
-            lambda: (slice_.spent, len(reflection.texts), reflection.calls + reflection.replayed),
+            lambda: (
+                slice_.evaluations,  # (a reflection paid from the units is no evaluation)
+                len(reflection.texts),
+                reflection.calls + reflection.replayed,
+            ),
             idle_limit,
             ended=lambda i, accepted: hooks.iteration_ended(run_name, i, accepted, slice_.spent),
             too_little=too_little,
@@ -379,7 +387,7 @@ class GepaMoves(AnalysisMoves):
             why = stopped.why
         elif watch.short is not None:
             why = watch.short
-        elif watch.idle >= watch.idle_limit and watch.repeating:
+        elif watch.repeating and watch.idle >= min(watch.idle_limit, REPEATS_LIMIT):
             why = (
                 f"{watch.idle} iterations in a row proposed only instructions already tried and evaluated nothing new: "
                 "the reflection LM repeats itself"

@@ -50,6 +50,11 @@ class Slice:
         self._lock = threading.Lock()
         self._on_change = on_change or (lambda taken: None)
 
+    @property
+    def evaluations(self) -> int:
+        """Units spent on program runs (train and validation examples), reflections aside."""
+        return self.by_kind[TRAIN_EXAMPLE] + self.by_kind[VAL_EXAMPLE]
+
     def covers(self, n: int, kind: str) -> bool:
         """Whether ``n`` units of ``kind`` can be reserved now (the spending cap aside)."""
         sliced = self.ledger.counts_toward_limit(kind)

@@ -11,11 +11,12 @@ May import: ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.fingerprin
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from rlmoptimizer.budget import example_kind
 from rlmoptimizer.errors import BudgetExhaustedError
-from rlmoptimizer.fingerprint import instructions_digest
+from rlmoptimizer.fingerprint import canonical_json, instructions_digest
 from rlmoptimizer.moves.context import MoveContext, budget_spent, exhausted, mean, refuse
 from rlmoptimizer.records import EvalRun, ExampleResult
 from rlmoptimizer.selection import CONFIRM, clear_gain, confirmed_differences, describe_evidence
@@ -100,17 +101,36 @@ class PairedMoves(MoveContext):
 
     # -- confirm --------------------------------------------------------------------------------------------
     def fresh_ids(self, initial: dict[str, str]) -> list[tuple[int, int]]:
-        """The train examples a confirmation of the current instructions against ``initial`` can use, as
-        ``(id, units)``, cheapest first: those the current instructions have no record of (and that are not their
-        demos); 1 unit when the unchanged program has a record of one, else 2."""
+        """The train examples a confirmation of the current instructions against ``initial`` may use, as
+        ``(id, units)`` in a fixed shuffled order (never by what is known of them): those no search saw. Not one
+        any instructions but the unchanged program were evaluated on (compared, accepted or chosen on), not one any
+        candidate was written from (a proposal's or a GEPA child's ``reflected_on``, a group's ``made_for``), not a
+        demo of the current instructions, not one that is also a validation example; when the current instructions
+        have no lineage (written by hand, after reading the unchanged program's records), not one the unchanged
+        program was evaluated on either. 1 unit when the unchanged program has a record of one, else 2."""
         current = self._current()
         if current == initial:
             return []
-        ids = range(len(self.runs.splits["train"]))
-        seen, held = self.runs.stored(current, "train", ids), self.demo_sources(current)
-        unchanged = self.runs.stored(initial, "train", ids)
-        fresh = [(i, 1 if i in unchanged else 2) for i in ids if i not in seen and i not in held]
-        return sorted(fresh, key=lambda pair: pair[1])
+        size = len(self.runs.splits["train"])
+        seen: set[int] = set(self.demo_sources(current))
+        for run in self.runs.all():
+            if run.split == "train" and run.instructions != initial:
+                seen.update(r.example_id for r in run.records)
+        for entry in list(self.lineage.values()):
+            seen.update(int(i) for i in entry.get("reflected_on") or ())
+            seen.update(int(i) for i in (entry.get("made_for") or {}).get("example_ids") or ())
+        unchanged = self.runs.stored(initial, "train", range(size))
+        if self.name_of(current) not in self.lineage:  # written outside the moves: every record could have taught it
+            seen.update(unchanged)
+        in_val = {canonical_json(_fields(example)) for example in self.runs.splits.get("val", ())}
+        train = self.runs.splits["train"]
+        order = list(range(size))
+        random.Random(size).shuffle(order)
+        return [
+            (i, 1 if i in unchanged else 2)
+            for i in order
+            if i not in seen and canonical_json(_fields(train[i])) not in in_val
+        ]
 
     def gain_evidence(self, initial: dict[str, str]) -> tuple[list[float], list[float]]:
         """The current instructions' paired score differences with the unchanged program (``initial``): on all of
@@ -124,58 +144,61 @@ class PairedMoves(MoveContext):
         train_runs = [run for run in self.runs.all() if run.split == "train"]
         return (on_val if size and len(on_val) == size else []), confirmed_differences(train_runs, current, initial)
 
-    def confirmable(self, initial: dict[str, str]) -> int:
-        """How many fresh train examples the budget pays to confirm the current instructions, when they are ahead of
-        the unchanged program (``initial``) on validation, fresh evidence included, without a clear gain; else 0."""
-        on_val, fresh = self.gain_evidence(initial)
-        if not on_val or sum(on_val + fresh) <= 0 or clear_gain(on_val + fresh):
-            return 0
-        affordable = cost = 0
-        for _, units in self.fresh_ids(initial):
-            if cost + units > self.ledger.left:
-                break
-            affordable, cost = affordable + 1, cost + units
-        return affordable
+    def _confirmed_already(self, current: dict[str, str]) -> bool:
+        return any(run.label == CONFIRM and run.instructions == current for run in self.runs.all())
 
-    def confirm(
-        self, initial: dict[str, str], ids: list[int] | None = None, units: int | None = None
-    ) -> dict[str, Any]:
+    def confirmable(self, initial: dict[str, str]) -> int:
+        """How many fresh train examples the budget pays to confirm the current instructions, when they lead the
+        unchanged program (``initial``) on validation without a clear gain and were not confirmed before; else 0."""
+        on_val, fresh = self.gain_evidence(initial)
+        if sum(on_val) <= 0 or clear_gain(on_val + fresh) or self._confirmed_already(self._current()):
+            return 0
+        return len(_affordable(self.fresh_ids(initial), self.ledger.left))
+
+    def confirm(self, initial: dict[str, str], units: int | None = None) -> dict[str, Any]:
         """Evaluate the current instructions and the unchanged program (``initial``) on fresh train examples
-        (:meth:`fresh_ids`; among ``ids`` when given), as many as the budget (at most ``units``) pays: the final
-        selection counts these paired results beside validation (:func:`rlmoptimizer.selection.confirmed_differences`)."""
-        current = self._current()
-        if current == initial:
-            raise refuse(
-                "confirm_gain: the current instructions are the unchanged program's: there is no gain to confirm",
-                "adopt a candidate first (adopt_candidate), then confirm it",
-            )
-        wanted = None if ids is None else set(ids)
-        fresh = [(i, price) for i, price in self.fresh_ids(initial) if wanted is None or i in wanted]
+        (:meth:`fresh_ids`), as many as the budget (at most ``units``) pays, once per set of instructions: the final
+        selection counts these paired results beside validation
+        (:func:`rlmoptimizer.selection.confirmed_differences`)."""
+        tool = "confirm_gain"
         if units is not None and (isinstance(units, bool) or not isinstance(units, int) or units < 1):
-            raise refuse(f"confirm_gain: units must be a positive int, got {units!r}", "pass units=N or leave it out")
+            raise refuse(f"{tool}: units must be a positive int, got {units!r}", "pass units=N or leave it out")
+        current = self._current()
+        on_val, fresh_before = self.gain_evidence(initial)
+        why = None
+        if current == initial:
+            why = "the current instructions are the unchanged program's: there is no gain to confirm"
+        elif not on_val:
+            why = "the current instructions and the unchanged program were not both run on all of validation"
+        elif self._confirmed_already(current):
+            why = "the current instructions were confirmed already (once per set of instructions)"
+        elif sum(on_val) <= 0:
+            why = "the current instructions do not lead the unchanged program on validation: nothing to confirm"
+        elif clear_gain(on_val + fresh_before):
+            why = "the current instructions' gain on validation is clear already"
+        if why is not None:
+            raise refuse(
+                f"{tool}: {why}", "adopt a candidate that leads on validation, check it there, then confirm it"
+            )
+        fresh = self.fresh_ids(initial)
         limit = self.ledger.left if units is None else min(units, self.ledger.left)
-        chosen, cost = [], 0
-        for i, price in fresh:
-            if cost + price <= limit:
-                chosen.append(i)
-                cost += price
+        chosen = _affordable(fresh, limit)
         if not chosen:
             if exhausted(self.ledger):
-                raise budget_spent("confirm_gain", self.ledger)
+                raise budget_spent(tool, self.ledger)
             raise refuse(
-                "confirm_gain: no train example is fresh for the current instructions (none they were never "
-                "evaluated on, or none the budget pays)"
+                f"{tool}: no train example is fresh for the current instructions (every one was seen by the search)"
                 if not fresh
-                else f"confirm_gain: the cheapest fresh example costs {fresh[0][1]} unit(s), {limit} may be spent",
+                else f"{tool}: the cheapest fresh example costs {min(u for _, u in fresh)} unit(s), {limit} may be spent",
                 "the selection decides on validation alone",
             )
-        _, spent = self._run_all([initial, current], "train", sorted(chosen), 1, CONFIRM)
+        _, spent = self._run_all([initial, current], "train", sorted(chosen), 1, CONFIRM, tool)
         on_val, fresh_differences = self.gain_evidence(initial)
         clear = clear_gain(on_val + fresh_differences)
-        verdict = "a clear gain" if clear else "no clear gain"
         summary = (
             f"confirmed on {len(chosen)} fresh train example(s) ({spent} unit(s)): the current instructions "
-            f"{describe_evidence(on_val, fresh_differences, 'validation')} against the unchanged program: {verdict}"
+            f"{describe_evidence(on_val, fresh_differences, 'validation')} against the unchanged program: "
+            + ("a clear gain" if clear else "no clear gain")
         )
         return {
             "example_ids": sorted(chosen),
@@ -220,7 +243,13 @@ class PairedMoves(MoveContext):
         return view
 
     def _run_all(
-        self, instruction_sets: list[dict[str, str]], split: str, example_ids: list[int], rollouts: int, label: str
+        self,
+        instruction_sets: list[dict[str, str]],
+        split: str,
+        example_ids: list[int],
+        rollouts: int,
+        label: str,
+        tool: str = "compare",
     ) -> tuple[dict[str, list[EvalRun]], int]:
         """Evaluate each distinct instruction set ``rollouts`` times on ``example_ids``; all or nothing on budget.
         Returns ({digest: [run of each rollout]}, units spent)."""
@@ -237,7 +266,7 @@ class PairedMoves(MoveContext):
             reservation = self.ledger.reserve_exactly(cost, kind)
         except BudgetExhaustedError:
             if exhausted(self.ledger):
-                raise budget_spent("compare", self.ledger) from None
+                raise budget_spent(tool, self.ledger) from None
             stored = len(distinct) * rollouts * len(example_ids) - cost
             raise refuse(
                 f"this needs {cost} budget unit(s) ({len(distinct)} instruction set(s) x {len(example_ids)} example(s) x "
@@ -327,3 +356,17 @@ def _complete_ids(example_ids: list[int], runs: list[EvalRun]) -> list[int]:
     """The ids that every run has a record for."""
     have = [{r.example_id for r in run.records} for run in runs]
     return [i for i in example_ids if all(i in ids for ids in have)]
+
+
+def _affordable(fresh: list[tuple[int, int]], limit: int) -> list[int]:
+    """The examples of ``fresh`` (``(id, units)``, in order) taken while their units fit in ``limit``."""
+    chosen, cost = [], 0
+    for i, units in fresh:
+        if cost + units <= limit:
+            chosen.append(i)
+            cost += units
+    return chosen
+
+
+def _fields(example: Any) -> dict[str, Any]:
+    return dict(example.items()) if callable(getattr(example, "items", None)) else {}

@@ -10,14 +10,16 @@ import re
 import pytest
 from support.fakes import FunctionLM
 from support.optimizing import ORIGINAL_ROUTE, SUBMIT_CURRENT, compile_tickets, proposer
-from support.tickets import POLICY_PROMPT, task_lm_reply
+from support.tickets import POLICY_PROMPT, make_splits, task_lm_reply
 
 pytestmark = pytest.mark.slow
 
 
 def run(turns, *, sub_lm=None, **kwargs):
-    """A compile with 3 iterations' budget whose sub-LM proposes the policy, unless ``sub_lm`` is given."""
-    kwargs.setdefault("max_iterations", 3)
+    """A compile with 3 iterations' budget (unless ``max_metric_calls`` is given) whose sub-LM proposes the policy,
+    unless ``sub_lm`` is given."""
+    if "max_metric_calls" not in kwargs:
+        kwargs.setdefault("max_iterations", 3)
     return compile_tickets(turns, sub_lm=sub_lm or proposer(), **kwargs)
 
 
@@ -262,7 +264,8 @@ def test_a_lucky_extra_rollout_never_picks_the_returned_program():
     assert result.selection["submission_score"] == 0.0
 
 
-def test_confirm_gain_through_the_sandbox_refuses_without_a_change_and_spends_within_units():
+def test_confirm_gain_through_the_sandbox_refuses_without_a_lead_spends_within_units_and_only_once():
+    _, val = make_splits()
     result = run(
         [
             {"reasoning": "nothing to confirm yet", "code": "confirm_gain()"},
@@ -272,21 +275,19 @@ def test_confirm_gain_through_the_sandbox_refuses_without_a_change_and_spends_wi
                     "import json\n"
                     f"update_prompt('route', {POLICY_PROMPT!r})\n"
                     "v = evaluate_program(split='val')\n"
-                    "c = confirm_gain(ids='0,1,2,3,9', units=3)\n"
+                    "c = confirm_gain(units=5)\n"
                     "print(json.dumps({k: c[k] for k in ('example_ids', 'wins', 'losses', 'clear_gain', 'budget_spent')}))"
                 ),
             },
-            {
-                "reasoning": "again: the confirmed examples are no longer fresh",
-                "code": "print(json.dumps(confirm_gain(ids='0,1,2')['example_ids']))",
-            },
+            {"reasoning": "again", "code": "confirm_gain()"},
             SUBMIT_CURRENT,
-        ]
+        ],
+        max_metric_calls=40,
+        valset=val[:6],  # the policy wins 2 of these 6 and loses none: a lead, not a clear gain
     )
     assert "there is no gain to confirm" in result.agent_trajectory[0]["output"]
     confirmed = printed(result, 1)
-    # the unchanged program ran on every train example at the start: 1 unit each, three of them
-    assert confirmed["example_ids"] == [0, 1, 2] and confirmed["budget_spent"] == 3
-    assert confirmed["losses"] == 0 and confirmed["clear_gain"] is True  # 4 net wins on validation already
-    assert "no train example is fresh" in result.agent_trajectory[2]["output"]
-    assert result.route.signature.instructions == POLICY_PROMPT
+    # no train example was run yet (with max_metric_calls the train baseline is paid when first read): each fresh
+    # example costs 2 units (the unchanged program and the policy), so 5 units pay 2 of them
+    assert len(confirmed["example_ids"]) == 2 and confirmed["budget_spent"] == 4
+    assert "confirmed already (once per set of instructions)" in result.agent_trajectory[2]["output"]

@@ -131,6 +131,13 @@ def test_train_is_evaluated_further_when_the_current_instructions_fail_nothing_s
     assert next_action(state(memory, left=20, failing=0, unevaluated=(4, 5, 6, 7, 8))) == EvaluateTrain((4, 5, 6, 7, 8))
     # what the moves may spend (20 - 8 kept for validation) cuts the ids
     assert next_action(state(memory, left=11, failing=0, unevaluated=(4, 5, 6, 7, 8))) == EvaluateTrain((4, 5, 6))
+    # a lead to confirm: failures found with the last units could pay no proposal with its comparison, the
+    # confirmation takes them instead; with more left, the search for failures comes first
+    lead = fold(fold(memory, Adopted("gepa-1", changed=True)), Validated())
+    assert next_action(state(lead, left=11, failing=0, unevaluated=(4, 5, 6), confirmable=4)) == Confirm()
+    assert next_action(state(lead, left=20, failing=0, unevaluated=(4, 5, 6), confirmable=4)) == EvaluateTrain(
+        (4, 5, 6)
+    )
     assert next_action(state(memory, failing=0, unevaluated=())) == Submit(
         "the current instructions pass every train example"
     )
@@ -305,6 +312,4 @@ def test_a_lead_on_validation_that_is_not_clear_is_confirmed_on_fresh_train_exam
     assert next_action(replace(ending, memory=unchecked, budget=replace(ending.budget, left=10))) != Confirm()
     assert next_action(state(memory, left=20, val_size=20, proposals_left=0, confirmable=5)) == Confirm()
     # with budget for targeted rounds, they come first: the confirmation is what is left at the end
-    assert next_action(state(memory, left=40, val_size=20, confirmable=20)) == Analyze() or not isinstance(
-        next_action(state(memory, left=40, val_size=20, confirmable=20)), Confirm
-    )
+    assert next_action(state(memory, left=40, val_size=20, confirmable=20, analysis_prompts=2)) == Analyze()
