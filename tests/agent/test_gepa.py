@@ -197,8 +197,15 @@ def test_run_gepa_stops_before_an_iteration_whose_child_could_not_be_kept_and_le
         {"reasoning": "left", "code": "print(json.dumps({'left': optimization_status()['budget_left']}))"},
         {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program={})"},
     ]
-    # a useless reflection: every child loses on its minibatch, each iteration pays 3 examples and 1 reflection
-    result = compile_with(turns, sub_lm=reflection_lm("Route tickets carefully."), max_iterations=5)
+    # a useless reflection, new words each time (one that repeats itself is stopped sooner): every child loses on its
+    # minibatch, each iteration pays 3 examples and 1 reflection
+    asked = []
+
+    def useless(messages):
+        asked.append(1)
+        return json.dumps({"new_instruction": f"Route tickets carefully, case {len(asked)}."})
+
+    result = compile_with(turns, sub_lm=FunctionLM(useless, name="reflection"), max_iterations=5)
     out = printed(result, 0)
     keep_cost = 3 + 3 + 8  # its parent's minibatch, its own and the 8 validation examples a kept child is scored on
     assert "cannot pay a child that could be kept" in out["stopped"], out
