@@ -418,3 +418,26 @@ def test_one_failure_is_one_prompt_and_no_merge_and_a_run_without_failures_costs
     empty = world.moves.analyze_failures(run_id=clean.run_id)
     assert empty.groups == () and empty.largest() is None and empty.budget_spent == 0
     assert empty.note == f"nothing failed in run {clean.run_id}" and len(world.sub_lm.calls) == 1
+
+
+# -- what a confirmation may use ---------------------------------------------------------------------------------
+
+
+def test_a_confirmation_uses_only_examples_no_search_saw_and_no_copy_of_a_validation_example(tmp_path):
+    world = World(tmp_path)
+    initial = get_instructions(world.program)
+    assert world.moves.fresh_ids(initial) == []  # the unchanged program: nothing to confirm
+    world.moves.analyze_failures()
+    world.moves._proposal_lm = proposer("Damaged items go to returns; bank disputes go to disputes.")
+    proposal = world.moves.propose_instructions("route", group="disputes to disputes")
+    world.moves.compare(["current", "proposal-1"], ids=[1, 9])
+    world.program.route.signature = world.program.route.signature.with_instructions(proposal["texts"][0])
+    world.runs.splits["val"].append(world.runs.splits["train"][5])  # a train example also in validation
+    fresh = world.moves.fresh_ids(initial)
+    # not what it was written from (its group, DISPUTES), not what it was compared on (1, 9), not the copy (5); the
+    # unchanged program ran on all of train at the start: 1 unit each (the proposal's run is the only one to pay)
+    assert sorted(i for i, _ in fresh) == sorted(set(range(len(TRAIN))) - set(DISPUTES) - {1, 9, 5})
+    assert {units for _, units in fresh} == {1}
+    # the same text written by hand has no lineage: its author could read the unchanged program's records
+    world.moves.lineage.clear()
+    assert world.moves.fresh_ids(initial) == []
