@@ -2,7 +2,8 @@
 code sees of it (the step at fault, the kind of failure, the expected and produced label of a short output) and by
 what the sub-LM names: one short cause per failure in batched prompts, then one prompt that merges the causes into
 groups, checked in code (every failure in exactly one group, unknown ids dropped; the code groups when the merge is
-unusable). A proposal can then be written for one group (:meth:`AnalysisMoves.failure_group`).
+unusable, or groups nothing while code finds failures alike). A proposal can then be written for one group
+(:meth:`AnalysisMoves.failure_group`).
 
 Budget: one unit per sub-LM prompt that answered, as a proposal or ``llm_query_batched`` is charged: at most
 :data:`MAX_PROMPTS` per analysis (:data:`FAILURES_PER_PROMPT` failures a prompt, :data:`MAX_ANALYSED` at most, and the
@@ -336,6 +337,12 @@ class AnalysisMoves(MoveContext):
         if why:
             notes.append(why)
         code = code_groups(failures, passing, analysis_id, asked.causes)
+        if groups and max(g.count for g in groups) < 2 <= max((g.count for g in code), default=0):
+            groups = None  # a merge that grouped nothing shows no shared cause; failures alike to code do
+            notes.append(
+                "the sub-LM's merge left every failure in a group of its own: the groups are the code groups (the "
+                "step, the kind and the expected -> produced label they share), with the causes named for them"
+            )
         return FailureAnalysis(
             analysis_id=analysis_id,
             source=source.label,

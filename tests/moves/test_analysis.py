@@ -441,3 +441,16 @@ def test_a_confirmation_uses_only_examples_no_search_saw_and_no_copy_of_a_valida
     # the same text written by hand has no lineage: its author could read the unchanged program's records
     world.moves.lineage.clear()
     assert world.moves.fresh_ids(initial) == []
+
+
+def test_a_merge_that_groups_nothing_gives_way_to_the_code_groups_with_the_named_causes(tmp_path):
+    def apart(lines):  # every failure a group of its own, though five share the damaged-goods rule
+        return {"groups": [{"name": f"case {i}", "cause": cause, "failure_ids": [int(i)]} for i, cause in lines]}
+
+    world = World(tmp_path, sub_lm=analyst(merge=apart))
+    analysis = world.moves.analyze_failures()
+    assert analysis.grouped_by == "code" and analysis.groups == analysis.code_groups
+    assert "left every failure in a group of its own" in analysis.note
+    largest = analysis.largest()
+    assert largest.count == len(DAMAGED) and set(largest.example_ids) == set(DAMAGED)
+    assert CAUSE_DAMAGED in largest.cause  # the causes the sub-LM named still reach a proposal for the group
