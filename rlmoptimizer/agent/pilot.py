@@ -162,7 +162,8 @@ class Pilot:
             run = tools.evaluate_program(ids=list(action.ids))
             return f"train score {float(run.get('score') or 0):.4f} on {run.get('evaluated_count')} example(s)"
         if isinstance(action, LastDraw):
-            proposal = tools.propose_instructions(action.step)
+            group = {} if action.group is None else {"group": {"analysis": action.group[0], "name": action.group[1]}}
+            proposal = tools.propose_instructions(action.step, **group)
             return f"{_proposal(proposal)}; {self._adopt(proposal['candidate_ids'][0], True)}"
         if isinstance(action, Confirm):
             return str(tools.confirm_gain()["summary"])

@@ -3,7 +3,8 @@
 The loop, in the order it plays out::
 
     run GEPA (the gepa package's engine) with most of the budget -> adopt its best and check it on validation ->
-    (what GEPA leaves too little for a targeted round: one last proposal, adopted and checked on validation) ->
+    (what GEPA leaves too little for a targeted round, or for a comparison worth making: one last proposal, for
+    the analysis' largest group when there is one, adopted and checked on validation) ->
     analyse every train failure of the current instructions (grouped by cause; the train examples they were not
     evaluated on first, when a round still pays after them) -> propose for the largest group ->
     compare against the current instructions on the group's examples and a sample of others -> adopt a clear
@@ -43,6 +44,10 @@ MIN_CHECK = 3
 MIN_USEFUL_BUDGET = 3
 """Below this many units to spend (beyond one validation check), a proposal and its comparison cannot both be
 paid: only the last draw is left, or submitting."""
+MIN_ROUND = 3 * MIN_CHECK
+"""Below this many units to spend (beyond one validation check) after GEPA, a comparison on train would take so few
+examples that a clear gain (3 net wins) could hardly show: the first proposal after GEPA (for the analysis' largest
+group, when there is one) is checked on validation at once instead (the last draw)."""
 TARGETED_SHARE = 5
 """After GEPA, the targeted rounds get a fifth of what is left, when that pays a whole round (a proposal, a
 comparison on :data:`MIN_CHECK` examples against the current instructions, and a validation check)."""
@@ -163,12 +168,24 @@ class EvaluateTrain(_Action):
 
 @dataclass(frozen=True)
 class LastDraw(_Action):
-    """What GEPA leaves pays one validation check but no comparison: one proposal for ``step``, adopted and checked
-    on validation at once (the selection returns the better of the two checked programs)."""
+    """What GEPA leaves pays one validation check but no comparison worth making: one proposal for ``step`` (for
+    ``group`` of an analysis, when given), adopted and checked on validation at once (the selection returns the
+    better of the two checked programs, on a clear gain)."""
 
     step: str
-    phase = GEPA
-    template = "p = propose_instructions({step}); adopt_candidate(p['candidate_ids'][0]); evaluate_program(split='val')"
+    group: tuple[str, str] | None = None
+
+    @property
+    def phase(self) -> str:
+        return GEPA if self.group is None else TARGETED
+
+    @property
+    def call(self) -> str:
+        group = "" if self.group is None else f", group={{'analysis': {self.group[0]!r}, 'name': {self.group[1]!r}}}"
+        return (
+            f"p = propose_instructions({self.step!r}{group}); adopt_candidate(p['candidate_ids'][0]); "
+            "evaluate_program(split='val')"
+        )
 
 
 @dataclass(frozen=True)
@@ -458,6 +475,10 @@ def next_action(state: LoopState) -> Action:
         and free - analysis_units >= MIN_USEFUL_BUDGET
     ):
         return Analyze()
+    if free < MIN_ROUND:  # a comparison on so few train examples could hardly show a clear gain: validation can
+        draw = _last_draw(state)
+        if draw is not None:
+            return draw
     tried = memory.proposals > memory.proposals_at_gepa_end  # a targeted proposal was made (the first, a group's)
     if (
         budget.demos
@@ -500,6 +521,9 @@ def _last_draw(state: LoopState) -> LastDraw | None:
         or budget.proposals_left <= 0
     ):
         return None
+    if memory.groups:
+        analysis, name, step = memory.groups[0]
+        return LastDraw(step if step in memory.steps else _next_step(memory), (analysis, name))
     return LastDraw(_next_step(memory))
 
 

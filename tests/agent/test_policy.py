@@ -266,7 +266,8 @@ def test_an_analysis_is_skipped_when_it_would_leave_no_proposal_or_comparison():
     assert next_action(state(memory, analysis_prompts=7, proposals_left=7)) == Propose("route")  # none left after it
     assert next_action(state(memory, analysis_prompts=7, proposals_left=8)) == Analyze()
     # sub-LM prompts paid from the budget: the analysis must leave what one round needs besides the check
-    assert next_action(state(memory, left=14, analysis_prompts=4)) == Propose("route")  # 14 - 8 reserve - 4 < 3
+    # (14 - 8 reserve - 4 < 3; and 6 to spend compare too few examples: the proposal is checked on validation)
+    assert next_action(state(memory, left=14, analysis_prompts=4)) == LastDraw("route")
     assert next_action(state(memory, left=14, analysis_prompts=4, proposal_units=0)) == Analyze()
 
 
@@ -313,3 +314,16 @@ def test_a_lead_on_validation_that_is_not_clear_is_confirmed_on_fresh_train_exam
     assert next_action(state(memory, left=20, val_size=20, proposals_left=0, confirmable=5)) == Confirm()
     # with budget for targeted rounds, they come first: the confirmation is what is left at the end
     assert next_action(state(memory, left=40, val_size=20, confirmable=20, analysis_prompts=2)) == Analyze()
+
+
+def test_too_little_to_compare_on_after_gepa_checks_the_largest_groups_proposal_on_validation_at_once():
+    memory = fold(after(GepaFinished(None)), Analyzed((("analysis-1", "disputes", "summarize"),)))
+    # 16 left, 8 kept for validation: 8 would compare on too few train examples for a clear gain to show
+    draw = next_action(state(memory, left=16))
+    assert draw == LastDraw("summarize", ("analysis-1", "disputes")) and draw.phase == TARGETED
+    assert "propose_instructions('summarize', group={'analysis': 'analysis-1', 'name': 'disputes'})" in draw.call
+    # with enough for a comparison worth making, the group's proposal is compared on train first
+    assert next_action(state(memory, left=40)) == Propose("summarize", ("analysis-1", "disputes"))
+    # once: after a proposal since GEPA, no second draw
+    drawn = fold(memory, Proposed("summarize", (), (), (), ("analysis-1", "disputes")))
+    assert not isinstance(next_action(state(drawn, left=16)), LastDraw)
