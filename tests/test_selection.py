@@ -18,16 +18,22 @@ def run(run_id: str, label: str, instructions: dict[str, str], scores: list[floa
     return EvalRun(run_id, "val", label, instructions, records, len(scores), 0, 0)
 
 
-def test_a_better_submission_is_chosen_with_the_reason_and_every_candidate():
-    baseline = run("run-0001", "baseline", INITIAL, [1, 0, 0, 0])
-    submitted = run("run-0002", "submission", {"step": "new"}, [1, 1, 1, 1])
-    selection = never_worse(
-        split="val",
+def against_baseline(baseline: EvalRun, submitted: EvalRun, **kwargs):
+    """``never_worse`` over the unchanged program's run and a submission of ``{"step": "new"}`` on its split."""
+    return never_worse(
+        split=submitted.split,
         complete=[baseline, submitted],
         submitted_run=submitted,
         submission={"step": "new"},
         initial=INITIAL,
+        **kwargs,
     )
+
+
+def test_a_better_submission_is_chosen_with_the_reason_and_every_candidate():
+    baseline = run("run-0001", "baseline", INITIAL, [1, 0, 0, 0])
+    submitted = run("run-0002", "submission", {"step": "new"}, [1, 1, 1, 1])
+    selection = against_baseline(baseline, submitted)
     assert selection.instructions == {"step": "new"} and selection.chosen_run_id == "run-0002"
     assert selection.baseline_score == 0.25 and "more than the unchanged program" in selection.reason
     assert [c["run_id"] for c in selection.to_dict()["candidates"]] == ["run-0001", "run-0002"]
@@ -38,13 +44,7 @@ def test_a_better_submission_is_chosen_with_the_reason_and_every_candidate():
 def test_a_tie_with_the_unchanged_program_returns_the_unchanged_instructions():
     baseline = run("run-0001", "baseline", INITIAL, [1, 0])
     submitted = run("run-0002", "submission", {"step": "new"}, [0, 1])
-    selection = never_worse(
-        split="val",
-        complete=[baseline, submitted],
-        submitted_run=submitted,
-        submission={"step": "new"},
-        initial=INITIAL,
-    )
+    selection = against_baseline(baseline, submitted)
     assert selection.instructions == INITIAL and "the same as the unchanged program" in selection.reason
     assert selection.basis == "unchanged"
 
@@ -67,13 +67,7 @@ def test_a_worse_submission_loses_to_the_best_other_candidate():
 def test_a_gain_one_example_could_undo_returns_the_unchanged_program_and_says_why():
     baseline = run("run-0001", "baseline", INITIAL, [1, 0, 0, 0, 1, 1])
     submitted = run("run-0002", "submission", {"step": "new"}, [1, 1, 1, 0, 1, 1])  # 2 wins, 0 losses
-    selection = never_worse(
-        split="val",
-        complete=[baseline, submitted],
-        submitted_run=submitted,
-        submission={"step": "new"},
-        initial=INITIAL,
-    )
+    selection = against_baseline(baseline, submitted)
     assert selection.instructions == INITIAL and selection.basis == "unchanged"
     assert "won 2 and lost 0 of 6 val examples: a gain one example could undo" in selection.reason
 
@@ -150,14 +144,7 @@ def test_a_lead_on_validation_that_is_not_clear_is_returned_only_when_fresh_trai
         train_run("run-0003", "compare", INITIAL, {2: 0, 3: 0, 4: 1}),
         train_run("run-0004", "confirm", {"step": "new"}, fresh),
     ]
-    selection = never_worse(
-        split="val",
-        complete=[baseline, submitted],
-        submitted_run=submitted,
-        submission={"step": "new"},
-        initial=INITIAL,
-        train_runs=train,
-    )
+    selection = against_baseline(baseline, submitted, train_runs=train)
     assert selection.instructions == {"step": returned}
     if returned == "new":  # 2 + 2 - 1 = 3 net: clear, and the reason says what it won on
         assert (
@@ -172,13 +159,7 @@ def test_an_lm_call_that_failed_without_an_answer_is_no_evidence_either_way():
     baseline_records = (*run("x", "", INITIAL, [0, 1]).records, failed)
     baseline = EvalRun("run-0001", "val", "baseline", INITIAL, baseline_records, 3, 0, 0)
     submitted = run("run-0002", "submission", {"step": "new"}, [1, 1, 1])  # its win on 2 is against no answer
-    selection = never_worse(
-        split="val",
-        complete=[baseline, submitted],
-        submitted_run=submitted,
-        submission={"step": "new"},
-        initial=INITIAL,
-    )
+    selection = against_baseline(baseline, submitted)
     assert "won 1 and lost 0 of 2 val examples" in selection.reason
 
 
@@ -186,13 +167,6 @@ def test_without_a_valset_a_confirmation_adds_nothing_to_the_train_split_that_se
     baseline = train_run("run-0001", "baseline", INITIAL, {0: 1, 1: 0, 2: 0, 3: 1, 4: 1})
     submitted = train_run("run-0002", "submission", {"step": "new"}, {0: 1, 1: 1, 2: 1, 3: 1, 4: 1})
     confirm = train_run("run-0003", "confirm", {"step": "new"}, {5: 1})
-    selection = never_worse(
-        split="train",
-        complete=[baseline, submitted],
-        submitted_run=submitted,
-        submission={"step": "new"},
-        initial=INITIAL,
-        train_runs=[baseline, submitted, confirm],
-    )
+    selection = against_baseline(baseline, submitted, train_runs=[baseline, submitted, confirm])
     assert selection.instructions == INITIAL and "won 2 and lost 0 of 5 train examples" in selection.reason
     assert "confirm_gain" not in selection.reason  # train selects: there is nothing fresh to add

@@ -57,6 +57,11 @@ class Source:
     instructions: dict[str, str]
 
 
+def example_fields(example: Any) -> dict[str, Any]:
+    """An example's fields (a ``dspy.Example``'s items), or none for anything else."""
+    return dict(example.items()) if callable(getattr(example, "items", None)) else {}
+
+
 def whole_validation(tool: str, how: str, *selection: Any) -> None:
     """Validation always runs on the whole split: a selection on it (any of ``selection`` given) is refused;
     ``how`` says the call without one. The one statement of the rule, for every tool that takes a split."""
@@ -290,8 +295,7 @@ class MoveContext:
         if self._demo_index[0] != len(runs):
             index: dict[str, set[int]] = {}
             for i, example in enumerate(self.runs.splits.get("train", [])):
-                fields = dict(example.items()) if callable(getattr(example, "items", None)) else {}
-                index.setdefault(canonical_json(fields), set()).add(i)
+                index.setdefault(canonical_json(example_fields(example)), set()).add(i)
             for run in runs:
                 for record in run.records if run.split == "train" else ():
                     for call in record.steps:
