@@ -112,7 +112,7 @@ def test_a_window_smaller_than_the_fixed_part_is_refused_and_the_named_window_ru
 def test_the_reply_kept_free_is_part_of_the_smallest_window():
     # the window keeps the root LM's max_tokens free for its reply (up to a quarter of the window): 500 more tokens
     # of reply, 500 more of window
-    assert smallest_named_with_max_tokens(800) - smallest_named_with_max_tokens(300) == 500
+    assert smallest_named_with_max_tokens(1_000) - smallest_named_with_max_tokens(500) == 500
 
 
 def smallest_named_with_max_tokens(max_tokens: int) -> int:

@@ -51,7 +51,7 @@ from rlmoptimizer.agent._dspy import (
     resolve_interpreter_factory,
 )
 from rlmoptimizer.agent.bounded_context import is_context_refusal, turn_inputs
-from rlmoptimizer.agent.prompts import action_signature, extract_signature
+from rlmoptimizer.agent.prompts import action_signature, extract_signature, tool_docs_code
 from rlmoptimizer.agent.root_lm import TurnSender
 from rlmoptimizer.agent.services import CompileServices, TurnAids, TurnSettings
 from rlmoptimizer.agent.stop import StopRequest, current_instructions_submitted
@@ -277,6 +277,8 @@ class OptimizerAgent(dspy.Module):
         if callable(start):
             start()
         regular_args = dict(input_args)
+        if self._tools:  # help(name) in the REPL prints what the tool list shortens
+            repl.execute(tool_docs_code(self._tools))
         if self._setup_code:
             repl.execute(self._setup_code)
         mark = getattr(repl, "mark_setup_complete", None)

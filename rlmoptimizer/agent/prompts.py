@@ -78,7 +78,7 @@ per turn; print() what you need to see, short (slice long lists and texts); reus
 long values. `SUBMIT(...)` ends the run: call it in a turn of its own, after you saw what it relies on.
 $runtime_rules
 Tools (call them in your code; they return plain dicts and lists; a refused call raises AgentToolError, whose
-message says what to do):
+message says what to do; `help(name)` prints a tool's arguments, what it returns and what it costs):
 $tools"""
 
 _REQUIRED_PLACEHOLDERS = frozenset({"budget", "budget_note", "pilot_note"})
@@ -211,17 +211,37 @@ _SUB_LM_TOOLS = (
 )
 
 
+def tool_summary(tool: Callable) -> str:
+    """A tool's docstring's first paragraph, on one line: what the tool list shows of it."""
+    first = (inspect.getdoc(tool) or "").split("\n\n", 1)[0]
+    return " ".join(first.split())
+
+
+def tool_help(tool: Callable) -> str:
+    """A tool's whole docstring, each paragraph on one line: what ``help(tool)`` prints in the REPL."""
+    paragraphs = (inspect.getdoc(tool) or "").split("\n\n")
+    return "\n\n".join(" ".join(paragraph.split()) for paragraph in paragraphs if paragraph.strip())
+
+
 def format_tools(tools: Sequence[Callable]) -> str:
-    """One line per tool, as the agent calls it: ``name(arg, arg=default, ...): its docstring``."""
+    """One line per tool, as the agent calls it: ``name(arg, arg=default, ...): its summary`` (the docstring's first
+    paragraph; the rest is one ``help(name)`` away: :func:`tool_docs_code`). Every turn's request carries this list,
+    so it is kept to what a choice between tools needs."""
     lines = []
     for tool in tools:
         parameters = inspect.signature(tool).parameters.values()
         args = ", ".join(
             p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}" for p in parameters
         )
-        doc = " ".join((inspect.getdoc(tool) or "").split())
-        lines.append(f"- {tool.__name__}({args}): {doc}")
+        lines.append(f"- {tool.__name__}({args}): {tool_summary(tool)}")
     return "\n".join([*lines, _SUB_LM_TOOLS])
+
+
+def tool_docs_code(tools: Sequence[Callable]) -> str:
+    """REPL code that gives each tool's wrapper its whole docstring, so ``help(name)`` prints what the tool list
+    shortens: its arguments, what it returns and what it costs."""
+    docs = {tool.__name__: tool_help(tool) for tool in tools}
+    return f"for _name, _doc in {docs!r}.items():\n    globals()[_name].__doc__ = _doc\ndel _name, _doc\n"
 
 
 def action_signature(task_instructions: str, tools: Sequence[Callable], runtime_rules: str = ""):

@@ -249,3 +249,28 @@ def test_multiturn_history_speaks_the_configured_adapter():
     assert [e.code for e in history] == ["print(1)", "print(2)"]
     assert [m["role"] for m in sent[1]] == ["system", "user", "assistant", "user"]
     assert sent[1][2]["content"].lstrip().startswith("{") and '"reasoning": "r1"' in sent[1][2]["content"]
+
+
+def test_the_tool_list_sends_each_tools_summary_and_help_prints_the_rest_in_the_repl():
+    """Every request carries the tool list, so it holds one summary line per tool; the arguments' details, the
+    result's keys and the costs are one ``help(name)`` away, in the sandbox."""
+    from rlmoptimizer.agent.prompts import tool_summary
+    from rlmoptimizer.agent.tools import AgentTools
+
+    requests: list[str] = []
+    turns = [{"reasoning": "read the tool", "code": "help(compare)"}, SUBMIT_POLICY]
+
+    def reply(messages):
+        requests.append(str(messages[0]["content"]))
+        return turns[min(len(requests) - 1, len(turns) - 1)]
+
+    result = compile_tickets(
+        FunctionLM(reply, name="root"), sub_lm=FunctionLM(lambda m: "{}"), max_iterations=1, rlm_autopilot="off"
+    )
+    detail = "stored records are free; refused if the budget cannot cover it all"
+    assert detail in AgentTools.compare.__doc__
+    assert tool_summary(AgentTools.compare) in requests[0]
+    assert detail not in requests[0] and "help(name)" in requests[0]
+    shown = outputs(result)[0]
+    assert "Help on function compare" in shown and "split='train'" in shown  # the signature, from the wrapper
+    assert tool_summary(AgentTools.compare) in shown and detail in shown
