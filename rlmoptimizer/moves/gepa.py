@@ -251,17 +251,25 @@ class GepaMoves(AnalysisMoves):
         idle_limit = max(3, -(-len(train_ids) // max(1, minibatch_size)))
         # A child is kept only once scored on the whole validation set (after its parent's minibatch and its own):
         # with less than that left, the iteration would pay for a child that can never be kept. Those units stay for
-        # the agent. The parent's minibatch is counted in full (it is free only where the parent's records are
-        # stored, and the parent is gepa's choice). A run replayed on resume waits until it pays or asks something
-        # new (until then it replays stored work, free).
-        keep_cost = 2 * min(minibatch_size, len(train_ids)) + len(valset)
+        # the agent. The parent is gepa's choice and its minibatch is not drawn yet, so the parent's part is what
+        # the candidate with the fewest stored train records could cost (none when every candidate's are stored:
+        # the seed's after a complete train baseline). A run replayed on resume waits until it pays or asks
+        # something new (until then it replays stored work, free).
+        batch = min(minibatch_size, len(train_ids))
+
+        def keep_cost() -> int:
+            parents = watch.state.program_candidates if watch.state is not None else [{}]  # {}: the start
+            unstored = max(
+                len(train_ids) - len(self.runs.stored(adapter.instructions(c), "train", train_ids)) for c in parents
+            )
+            return min(batch, unstored) + batch + len(valset)
 
         def too_little() -> str | None:
             caught_up = not taken or slice_.spent or reflection.calls
-            if caught_up and slice_.left < keep_cost:
+            if caught_up and slice_.left < (cost := keep_cost()):
                 return (
                     f"the {slice_.left} unit(s) left cannot pay a child that could be kept (its parent's minibatch, its own and the "
-                    f"{len(valset)} {'validation' if uses_val else 'train'} examples it is scored on: {keep_cost}); "
+                    f"{len(valset)} {'validation' if uses_val else 'train'} examples it is scored on: {cost}); "
                     "they stay for your own moves"
                 )
             return None

@@ -184,6 +184,34 @@ def test_run_gepa_never_spends_past_its_slice_and_every_metric_call_is_one_unit(
     assert result.route.signature.instructions == ORIGINAL_ROUTE
 
 
+def test_a_kept_child_without_train_records_makes_its_parents_minibatch_count_again():
+    """Once gepa keeps a child, the next parent may be that child, which has records of its own minibatch only:
+    the stop counts the parent's minibatch again (3 + 3 + 8), where it counted the start's as free (3 + 8)."""
+    turns = [
+        {
+            "reasoning": "gepa",
+            "code": "import json\nr = run_gepa(budget=28)\nprint(json.dumps({k: r[k] for k in ('spent', 'stopped', 'best_is_new')}))",
+        },
+        {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program={})"},
+    ]
+    asked = []
+
+    def fix_then_useless(
+        messages,
+    ):  # the route step's fix once (kept: it wins its minibatch and validation), then words
+        asked.append(ORIGINAL_ROUTE in last_user_text(messages))
+        fix = asked[-1] and asked.count(True) == 1
+        half = "Route the ticket. Policy: any chargeback or bank dispute goes to disputes."  # security still fails
+        return json.dumps({"new_instruction": half if fix else f"Route tickets carefully, case {len(asked)}."})
+
+    result = compile_with(turns, sub_lm=FunctionLM(fix_then_useless, name="reflection"), max_iterations=5)
+    out = printed(result, 0)
+    assert out["best_is_new"], out
+    # 13 left: enough for a child of the start (11), not for one that may have the kept child as its parent (14)
+    assert "the 13 unit(s) left cannot pay a child" in out["stopped"], out
+    assert "8 validation examples it is scored on: 14)" in out["stopped"], out
+
+
 def test_run_gepa_stops_before_an_iteration_whose_child_could_not_be_kept_and_leaves_those_units():
     turns = [
         {
@@ -207,8 +235,13 @@ def test_run_gepa_stops_before_an_iteration_whose_child_could_not_be_kept_and_le
 
     result = compile_with(turns, sub_lm=FunctionLM(useless, name="reflection"), max_iterations=5)
     out = printed(result, 0)
-    keep_cost = 3 + 3 + 8  # its parent's minibatch, its own and the 8 validation examples a kept child is scored on
-    assert "cannot pay a child that could be kept" in out["stopped"], out
+    # its own minibatch and the 8 validation examples a kept child is scored on; its parent's minibatch is free: the
+    # only parent is the start, whose records of every train example the train baseline stored
+    keep_cost = 3 + 8
+    assert (
+        f"cannot pay a child that could be kept (its parent's minibatch, its own and the 8 validation examples it is scored on: {keep_cost})"
+        in out["stopped"]
+    ), out
     assert 30 - keep_cost < out["spent"] <= 30 and 30 - out["spent"] < keep_cost
     # what GEPA did not spend is the agent's: nothing of the slice is held back or lost
     assert printed(result, 1)["left"] == out["budget_left"] == result.budget["limit"] - out["spent"]
