@@ -173,7 +173,8 @@ class ProposalMoves(AnalysisMoves):
                 raise self._unpaid()
             # Each proposal of the compile() is its own sample: a second call on the same failures (the current
             # prompts won the comparison) gets a new text, not dspy's cached answer to the first.
-            first, self.proposal_calls = self.proposal_calls, self.proposal_calls + reservation.granted
+            with self._naming:  # proposals in parallel threads: each its own samples
+                first, self.proposal_calls = self.proposal_calls, self.proposal_calls + reservation.granted
             lms = [nth_sample(lm, first + i) for i in range(reservation.granted)]
             outcomes = self._propose_all(proposer, lms, step, current, dataset, reservation, guidance)
             spent = reservation.spent
@@ -280,10 +281,11 @@ class ProposalMoves(AnalysisMoves):
     def _kept_proposals(self) -> AnswerStore:
         """The proposal LM's answers, kept in the run directory: the same proposal asked again after a resume (the
         turn that asked it was cut off) is replayed, not paid again."""
-        if self.kept_proposals is None:
-            directory = getattr(getattr(self.runs, "store", None), "directory", None)
-            self.kept_proposals = AnswerStore(directory, name=PROPOSALS)
-        return self.kept_proposals
+        with self._naming:  # opened once: a second store would count the same prompt's askings again from 0
+            if self.kept_proposals is None:
+                directory = getattr(getattr(self.runs, "store", None), "directory", None)
+                self.kept_proposals = AnswerStore(directory, name=PROPOSALS)
+            return self.kept_proposals
 
     def _others(self, used: list[int]) -> list[int]:
         """A random sample of other train ids, as many as ``used`` (at least 5): the check that a proposal

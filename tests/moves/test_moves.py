@@ -412,6 +412,41 @@ def test_budget_is_exact_when_sixteen_threads_compare_and_propose_at_once(tmp_pa
         assert world.ledger.left == 0
 
 
+def test_proposals_started_together_each_pay_for_their_own_answer_while_the_answer_store_opens(tmp_path, monkeypatch):
+    """The store of the proposal LM's answers opens on first use; proposals started together while it opens (slow
+    here: a run directory on a loaded disk) share one store, so the same prompt asked twice is two askings, each paid
+    and answered, never the other's answer replayed for free as if after a resume."""
+    import time
+
+    import rlmoptimizer.moves.proposal as proposal_module
+
+    opened = []
+
+    def slow_store(*args, **kwargs):
+        time.sleep(0.05)
+        opened.append(proposal_module.AnswerStore.__wrapped__(*args, **kwargs))
+        return opened[-1]
+
+    slow_store.__wrapped__ = proposal_module.AnswerStore
+    monkeypatch.setattr(proposal_module, "AnswerStore", slow_store)
+    proposer = proposal_reply()
+    world = World(tmp_path, limit=30, train=8, proposal_lm=proposer)
+    start = threading.Barrier(6)
+    spent: list[int] = []
+
+    def propose():
+        start.wait()
+        spent.append(world.moves.propose_instructions("generate.predict")["budget_spent"])
+
+    threads = [threading.Thread(target=propose) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(opened) == 1
+    assert spent == [1] * 6 and len(proposer.calls) == 6 == world.ledger.spent_by_kind[SUB_LM_CALL]
+
+
 # -- rollouts in the evaluator, the run service and the records ------------------------------------------------
 
 
