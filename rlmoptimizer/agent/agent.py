@@ -277,7 +277,7 @@ class OptimizerAgent(dspy.Module):
         if callable(start):
             start()
         regular_args = dict(input_args)
-        if self._tools:  # help(name) in the REPL prints what the tool list shortens
+        if self._tools:  # help(tool) in the REPL prints what the tool list shortens
             repl.execute(tool_docs_code(self._tools))
         if self._setup_code:
             repl.execute(self._setup_code)

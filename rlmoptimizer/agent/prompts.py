@@ -78,7 +78,7 @@ per turn; print() what you need to see, short (slice long lists and texts); reus
 long values. `SUBMIT(...)` ends the run: call it in a turn of its own, after you saw what it relies on.
 $runtime_rules
 Tools (call them in your code; they return plain dicts and lists; a refused call raises AgentToolError, whose
-message says what to do; `help(name)` prints a tool's arguments, what it returns and what it costs):
+message says what to do; `help(compare)` prints that tool's arguments, what it returns and what it costs):
 $tools"""
 
 _REQUIRED_PLACEHOLDERS = frozenset({"budget", "budget_note", "pilot_note"})
@@ -225,7 +225,7 @@ def tool_help(tool: Callable) -> str:
 
 def format_tools(tools: Sequence[Callable]) -> str:
     """One line per tool, as the agent calls it: ``name(arg, arg=default, ...): its summary`` (the docstring's first
-    paragraph; the rest is one ``help(name)`` away: :func:`tool_docs_code`). Every turn's request carries this list,
+    paragraph; the rest is one ``help(tool)`` away: :func:`tool_docs_code`). Every turn's request carries this list,
     so it is kept to what a choice between tools needs."""
     lines = []
     for tool in tools:
@@ -238,7 +238,7 @@ def format_tools(tools: Sequence[Callable]) -> str:
 
 
 def tool_docs_code(tools: Sequence[Callable]) -> str:
-    """REPL code that gives each tool's wrapper its whole docstring, so ``help(name)`` prints what the tool list
+    """REPL code that gives each tool's wrapper its whole docstring, so ``help(tool)`` prints what the tool list
     shortens: its arguments, what it returns and what it costs."""
     docs = {tool.__name__: tool_help(tool) for tool in tools}
     return f"for _name, _doc in {docs!r}.items():\n    globals()[_name].__doc__ = _doc\ndel _name, _doc\n"

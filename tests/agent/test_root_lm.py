@@ -253,7 +253,7 @@ def test_multiturn_history_speaks_the_configured_adapter():
 
 def test_the_tool_list_sends_each_tools_summary_and_help_prints_the_rest_in_the_repl():
     """Every request carries the tool list, so it holds one summary line per tool; the arguments' details, the
-    result's keys and the costs are one ``help(name)`` away, in the sandbox."""
+    result's keys and the costs are one ``help(tool)`` away, in the sandbox."""
     from rlmoptimizer.agent.prompts import tool_summary
     from rlmoptimizer.agent.tools import AgentTools
 
@@ -270,7 +270,7 @@ def test_the_tool_list_sends_each_tools_summary_and_help_prints_the_rest_in_the_
     detail = "stored records are free; refused if the budget cannot cover it all"
     assert detail in AgentTools.compare.__doc__
     assert tool_summary(AgentTools.compare) in requests[0]
-    assert detail not in requests[0] and "help(name)" in requests[0]
+    assert detail not in requests[0] and "help(compare)" in requests[0]
     shown = outputs(result)[0]
     assert "Help on function compare" in shown and "split='train'" in shown  # the signature, from the wrapper
     assert tool_summary(AgentTools.compare) in shown and detail in shown
