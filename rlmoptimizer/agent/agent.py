@@ -277,10 +277,10 @@ class OptimizerAgent(dspy.Module):
         if callable(start):
             start()
         regular_args = dict(input_args)
-        if self._tools:  # help(tool) in the REPL prints what the tool list shortens
-            repl.execute(tool_docs_code(self._tools))
-        if self._setup_code:
-            repl.execute(self._setup_code)
+        # help(compare) in the REPL prints what the tool list shortens; one execute with the data's setup
+        setup = (tool_docs_code(self._tools) if self._tools else "") + self._setup_code
+        if setup:
+            repl.execute(setup)
         mark = getattr(repl, "mark_setup_complete", None)
         if callable(mark):
             mark()

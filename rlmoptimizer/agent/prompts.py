@@ -2,8 +2,8 @@
 
 ``AGENT_INSTRUCTIONS`` becomes the docstring of the agent's signature: the task, the data, the budget and the
 default loop. :func:`action_signature` builds what the root LM is sent each turn from it: those instructions,
-then :data:`ACTION_RULES` (how a turn works, the sandbox's own rules, and the tool list made from the tools'
-docstrings: each tool is described once, there). It is ours rather than dspy.RLM's template, which repeats the
+then :data:`ACTION_RULES` (how a turn works, the sandbox's own rules, and the tool list: each tool's summary, the
+first paragraph of its docstring; ``help(compare)`` in the REPL prints the whole, see :func:`tool_docs_code`). It is ours rather than dspy.RLM's template, which repeats the
 tools, adds rules for dspy sub-agents in the REPL and doubles a small root LM's every request.
 ``render_task_brief`` builds the short per-compile brief handed to the agent as an input.
 """
@@ -241,7 +241,14 @@ def tool_docs_code(tools: Sequence[Callable]) -> str:
     """REPL code that gives each tool's wrapper its whole docstring, so ``help(tool)`` prints what the tool list
     shortens: its arguments, what it returns and what it costs."""
     docs = {tool.__name__: tool_help(tool) for tool in tools}
-    return f"for _name, _doc in {docs!r}.items():\n    globals()[_name].__doc__ = _doc\ndel _name, _doc\n"
+    return (
+        f"for _name, _doc in {docs!r}.items():\n"
+        "    try:\n"
+        "        globals()[_name].__doc__ = _doc\n"
+        "    except (KeyError, AttributeError, TypeError):  # a help text is not worth failing the run for\n"
+        "        pass\n"
+        "del _name, _doc\n"
+    )
 
 
 def action_signature(task_instructions: str, tools: Sequence[Callable], runtime_rules: str = ""):

@@ -282,9 +282,9 @@ class AgentTools:
         seed: int = 0,
         rollouts: int = 1,
     ) -> dict:
-        """Run the program with the current instructions: on train examples (a run like baseline_train) or on the whole 'val' split (aggregates only). 1 unit per newly evaluated example.
+        """Run the program with the current instructions: on train examples (a run like baseline_train) or on the whole 'val' split (aggregates only). 1 unit per newly evaluated example per rollout.
 
-        Run the program with the current instructions. On 'train' it returns a run like baseline_train, on the examples selected by limit=N (the first N), sample='random' (shuffled by seed; with limit), ids=[3, 7] or ids='3,7', or failed_from_run=a train run id (its failures). On 'val' it runs the whole split and returns aggregates only. 1 unit per newly evaluated example per rollout; what the budget cannot cover is left out and 'note' says so. rollouts=k runs each example k times (per example 'pass_rate'; per run 'flaky_ids', 'always_failing_ids')."""
+        On 'train' it returns a run like baseline_train, on the examples selected by limit=N (the first N), sample='random' (shuffled by seed; with limit), ids=[3, 7] or ids='3,7', or failed_from_run=a train run id (its failures). On 'val' it runs the whole split and returns aggregates only. 1 unit per newly evaluated example per rollout; what the budget cannot cover is left out and 'note' says so. rollouts=k runs each example k times (per example 'pass_rate'; per run 'flaky_ids', 'always_failing_ids')."""
         if split not in self.runs.splits:
             raise agent_error(f"unknown split {split!r}", f"use one of {sorted(self.runs.splits)}")
         if split == "val":
@@ -339,7 +339,7 @@ class AgentTools:
         proposals_per_iteration: int = 1,
         group: Any = None,
     ) -> dict:
-        """Run GEPA's engine (reflective proposals, Pareto selection, merge) from 'current' for at most `budget` units; returns its candidates and 'best', for adopt_candidate. Changes nothing.
+        """Run GEPA's engine (reflective proposals, Pareto selection, merge) from `start` for at most `budget` units (default: all that is left); returns its candidates and 'best', for adopt_candidate. Changes nothing.
 
         Run GEPA (the gepa package's engine: Pareto selection of parents, reflective proposals from minibatches of failures, merge) from `start` ('current' or a candidate id) on `steps` (all by default), for at most `budget` units (default: all that is left); `seed` orders its minibatches (default: the compile's attempt); group= a group of analyze_failures whose causes every reflection is told. Changes nothing. Returns {'best': a candidate id, 'best_is_new', 'candidate_ids': ['gepa-1', ...], 'candidates': [{'id', 'parents', 'score'}], 'pareto_front', 'best_score' (aggregate on validation, or train without one), 'spent', 'summary'}; then adopt_candidate(r['best'])."""
         if budget is None:
@@ -411,7 +411,7 @@ class AgentTools:
         return result
 
     def propose_demos(self, step: str | None = None, k: int | None = None, run_id: str | None = None) -> dict:
-        """A candidate that gives a step demos from train examples the program got right. Free; compare it before you adopt it.
+        """A candidate that gives `step` (default: every step) demos from train examples the program got right. Free; compare it before you adopt it.
 
         Demos from the program's own successes: a candidate ('demos-1', ...) that gives `step` (every step by default) k demos (default: the compile's max_demos), each that step's own inputs and outputs on a train example the current instructions (or run_id) got right, covering the labels they fail most, then varied. Changes nothing; free. Compare it (its demos are left out of its comparisons: each sees its own answer) and adopt_candidate it if it wins. Returns {'candidate_ids', 'demo_ids', 'labels', 'check_ids', 'summary'}."""
         result = self.moves.propose_demos(step, k=k, run_id=run_id)
@@ -446,7 +446,7 @@ class AgentTools:
         seed: int = 0,
         rollouts: int = 1,
     ) -> dict:
-        """Evaluate instruction sets on the same examples: per candidate wins and losses against the first and 'beats_first' (a clear gain). 1 unit per new example per candidate. Changes nothing.
+        """Evaluate instruction sets on the same examples: per candidate wins and losses against the first and 'beats_first' (a clear gain). 1 unit per new example per candidate per rollout. Changes nothing.
 
         Evaluate several instruction sets on the same examples without changing the current prompts. Each candidate: 'current', a run id (that run's instructions), a proposal id or a {step: text} dict (other steps keep their current text). Returns per candidate score, passed_count, wins/losses/ties vs the first, 'beats_first' (a gain no single example decides: at least 3 more wins than losses), per example scores (train), 'best' (index; ties keep the earlier), 'winner' (train: the best that beats the first, else 0) and 'best_instructions'. Demos of a candidate are left out of the examples. 1 unit per new example per candidate per rollout; stored records are free; refused if the budget cannot cover it all."""
         if split == "train":
@@ -461,7 +461,7 @@ class AgentTools:
         return result
 
     def confirm_gain(self, units: int | None = None) -> dict:
-        """Confirm a lead of the current instructions over the unchanged program on train examples no search saw. 1-2 units per example.
+        """Confirm a lead of the current instructions over the unchanged program on train examples no search saw, as many as the budget (or units=N) pays, 1-2 units each; once per set of instructions.
 
         Confirm a lead of the current instructions over the unchanged program on validation that is not a clear gain yet: evaluate both, paired, on train examples no search saw (no candidate was evaluated on or written from them), as many as the budget (or units=N) pays, once per set of instructions. The final selection counts these fresh examples beside validation. 1 unit per example, 2 when the unchanged program has no record of it. Returns {'example_ids', 'wins', 'losses', 'clear_gain', 'summary'}."""
         return self.moves.confirm(self.working.initial, units=units)

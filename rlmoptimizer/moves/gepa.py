@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlmoptimizer.budget import SUB_LM_CALL
 from rlmoptimizer.errors import AgentToolError
 from rlmoptimizer.fingerprint import instructions_digest
 from rlmoptimizer.moves.analysis import AnalysisMoves, group_guidance
@@ -90,17 +91,18 @@ class _Watch:
         activity: Callable[[], tuple[int, int, int]],
         idle_limit: int,
         ended: Callable[[int, bool], None] | None = None,
-        too_little: Callable[[], str | None] | None = None,
+        too_little: Callable[[Any], str | None] | None = None,
         child: Callable[[Sequence[Any], dict[str, str]], None] | None = None,
         iteration_started: Callable[[], None] | None = None,
     ) -> None:
-        """``too_little()``: why what is left cannot pay an iteration that could be kept, or None;
+        """``too_little(state)``: why what is left cannot pay an iteration that could be kept from gepa's ``state``
+        (None before the first iteration), or None;
         ``child(batch, parent)``: told that a child of ``parent`` is about to be scored on ``batch``;
         ``iteration_started()``: told when gepa starts an iteration."""
         self.state: Any = None
         self._child = child or (lambda batch, parent: None)
         self._iteration_started = iteration_started or (lambda: None)
-        self._too_little = too_little or (lambda: None)
+        self._too_little = too_little or (lambda state: None)
         self.short: str | None = None
         self._ended = ended or (lambda iteration, accepted: None)
         self.merges = 0
@@ -129,7 +131,7 @@ class _Watch:
             self._child(list(event.get("inputs") or []), self.state.program_candidates[parents[0]])
 
     def __call__(self, state: Any) -> bool:  # gepa's StopperProtocol, asked before each iteration
-        self.short = self._too_little()
+        self.short = self._too_little(state)
         limit = min(self.idle_limit, REPEATS_LIMIT) if self.repeating else self.idle_limit  # repeats are paid
         return self.idle >= limit or self.short is not None
 
@@ -249,27 +251,31 @@ class GepaMoves(AnalysisMoves):
         # Idle: as many iterations in a row without a new payment or reflection as one pass over the train set
         # takes in minibatches (every minibatch drawn already passes), and at least 3.
         idle_limit = max(3, -(-len(train_ids) // max(1, minibatch_size)))
-        # A child is kept only once scored on the whole validation set (after its parent's minibatch and its own):
-        # with less than that left, the iteration would pay for a child that can never be kept. Those units stay for
-        # the agent. The parent is gepa's choice and its minibatch is not drawn yet, so the parent's part is what
-        # the candidate with the fewest stored train records could cost (none when every candidate's are stored:
-        # the seed's after a complete train baseline). A run replayed on resume waits until it pays or asks
-        # something new (until then it replays stored work, free).
+        # A child is kept only once scored on the whole validation set, after its parent's minibatch, its reflection
+        # (a unit where sub-LM prompts draw on the budget) and its own minibatch, for each of the iteration's
+        # proposals (each on a minibatch of its own): with less than that left, the iteration would pay for a child
+        # that can never be kept. Those units stay for the agent. The parent is gepa's choice and its minibatch is
+        # not drawn yet, so the parent's part is what the candidate with the fewest stored train records could cost
+        # (none when every candidate's are stored: the start's after a complete train baseline). A run replayed on
+        # resume waits until it pays or asks something new (until then it replays stored work, free).
         batch = min(minibatch_size, len(train_ids))
+        reflection_cost = 1 if self.ledger.counts_toward_limit(SUB_LM_CALL) else 0
 
-        def keep_cost() -> int:
-            parents = watch.state.program_candidates if watch.state is not None else [{}]  # {}: the start
+        def keep_cost(state: Any) -> int:
+            parents = state.program_candidates if state is not None else [{}]  # {}: the start
             unstored = max(
                 len(train_ids) - len(self.runs.stored(adapter.instructions(c), "train", train_ids)) for c in parents
             )
-            return min(batch, unstored) + batch + len(valset)
+            return proposals_per_iteration * (min(batch, unstored) + reflection_cost + batch) + len(valset)
 
-        def too_little() -> str | None:
+        def too_little(state: Any) -> str | None:
             caught_up = not taken or slice_.spent or reflection.calls
-            if caught_up and slice_.left < (cost := keep_cost()):
+            if caught_up and slice_.left < (cost := keep_cost(state)):
                 return (
-                    f"the {slice_.left} unit(s) left cannot pay a child that could be kept (its parent's minibatch, its own and the "
-                    f"{len(valset)} {'validation' if uses_val else 'train'} examples it is scored on: {cost}); "
+                    f"the {slice_.left} unit(s) left cannot pay a child that could be kept (its parent's minibatch, "
+                    + ("its reflection, " if reflection_cost else "")
+                    + f"its own and the {len(valset)} {'validation' if uses_val else 'train'} examples it is scored "
+                    f"on: {cost}); "
                     "they stay for your own moves"
                 )
             return None

@@ -147,8 +147,8 @@ def test_run_gepa_samples_its_minibatches_by_the_compiles_attempt_unless_given_a
     assert reflected_on(0, "run_gepa(budget=40, seed=1)") == second
 
 
-@pytest.mark.parametrize("proposals", [1, 3])
-def test_run_gepa_never_spends_past_its_slice_and_every_metric_call_is_one_unit(proposals):
+@pytest.mark.parametrize(("proposals", "budget"), [(1, 14), (3, 24)])
+def test_run_gepa_never_spends_past_its_slice_and_every_metric_call_is_one_unit(proposals, budget):
     counting = CountingMetric()
     log: list[str] = []
     turns = [
@@ -156,7 +156,7 @@ def test_run_gepa_never_spends_past_its_slice_and_every_metric_call_is_one_unit(
             "reasoning": "gepa",
             "code": (
                 "import json\n"
-                f"r = run_gepa(budget=14, proposals_per_iteration={proposals})\n"
+                f"r = run_gepa(budget={budget}, proposals_per_iteration={proposals})\n"
                 "print(json.dumps({k: r[k] for k in ('spent', 'spent_by_kind', 'stopped', 'reflections')}))"
             ),
         },
@@ -171,8 +171,9 @@ def test_run_gepa_never_spends_past_its_slice_and_every_metric_call_is_one_unit(
     )
     out = printed(result, 0)
     # A useless proposal never beats its parent, so gepa keeps proposing until the slice cannot pay the next step
-    # (mid-iteration, when several proposals are paid at once) or what is left cannot pay a child to keep.
-    assert out["spent"] <= 14
+    # (mid-iteration, when several proposals are paid at once) or what is left cannot pay a child to keep: with 3
+    # proposals an iteration that could keep one costs 3 x (1 reflection + 3 examples) + 8 validation examples.
+    assert out["spent"] <= budget
     assert "ran out" in out["stopped"] or "cannot pay a child that could be kept" in out["stopped"]
     evaluations = out["spent_by_kind"].get("train_example", 0) + out["spent_by_kind"].get("val_example", 0)
     baselines = 12 + 8
@@ -186,7 +187,7 @@ def test_run_gepa_never_spends_past_its_slice_and_every_metric_call_is_one_unit(
 
 def test_a_kept_child_without_train_records_makes_its_parents_minibatch_count_again():
     """Once gepa keeps a child, the next parent may be that child, which has records of its own minibatch only:
-    the stop counts the parent's minibatch again (3 + 3 + 8), where it counted the start's as free (3 + 8)."""
+    the stop counts the parent's minibatch again (3 + 1 + 3 + 8), where it counted the start's as free (1 + 3 + 8)."""
     turns = [
         {
             "reasoning": "gepa",
@@ -207,9 +208,28 @@ def test_a_kept_child_without_train_records_makes_its_parents_minibatch_count_ag
     result = compile_with(turns, sub_lm=FunctionLM(fix_then_useless, name="reflection"), max_iterations=5)
     out = printed(result, 0)
     assert out["best_is_new"], out
-    # 13 left: enough for a child of the start (11), not for one that may have the kept child as its parent (14)
+    # 13 left: enough for a child of the start (12), not for one that may have the kept child as its parent (15)
     assert "the 13 unit(s) left cannot pay a child" in out["stopped"], out
-    assert "8 validation examples it is scored on: 14)" in out["stopped"], out
+    assert "8 validation examples it is scored on: 15)" in out["stopped"], out
+
+
+@pytest.mark.parametrize("budget", [12, 11])
+def test_a_child_of_the_start_runs_with_exactly_what_keeping_it_costs_and_not_with_one_unit_less(budget):
+    """The start's train baseline is complete: a child costs its reflection, its minibatch and the 8 validation
+    examples (12). With 12 it is proposed, scored and kept; with 11 no iteration starts (none could keep a child)."""
+    turns = [
+        {
+            "reasoning": "gepa",
+            "code": f"import json\nr = run_gepa(budget={budget}, steps=['route'])\nprint(json.dumps({{k: r[k] for k in ('spent', 'stopped', 'best_is_new')}}))",
+        },
+        {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program={})"},
+    ]
+    out = printed(compile_with(turns, max_iterations=5), 0)
+    if budget == 12:
+        assert out["best_is_new"] and out["spent"] <= 12, out
+    else:
+        assert not out["best_is_new"] and out["spent"] == 0, out
+        assert "the 11 unit(s) left cannot pay a child" in out["stopped"] and "scored on: 12)" in out["stopped"], out
 
 
 def test_run_gepa_stops_before_an_iteration_whose_child_could_not_be_kept_and_leaves_those_units():
@@ -235,11 +255,11 @@ def test_run_gepa_stops_before_an_iteration_whose_child_could_not_be_kept_and_le
 
     result = compile_with(turns, sub_lm=FunctionLM(useless, name="reflection"), max_iterations=5)
     out = printed(result, 0)
-    # its own minibatch and the 8 validation examples a kept child is scored on; its parent's minibatch is free: the
-    # only parent is the start, whose records of every train example the train baseline stored
-    keep_cost = 3 + 8
+    # its reflection (1 unit with max_iterations), its own minibatch and the 8 validation examples a kept child is
+    # scored on; its parent's minibatch is free: the only parent is the start, whose train baseline is complete
+    keep_cost = 1 + 3 + 8
     assert (
-        f"cannot pay a child that could be kept (its parent's minibatch, its own and the 8 validation examples it is scored on: {keep_cost})"
+        f"cannot pay a child that could be kept (its parent's minibatch, its reflection, its own and the 8 validation examples it is scored on: {keep_cost})"
         in out["stopped"]
     ), out
     assert 30 - keep_cost < out["spent"] <= 30 and 30 - out["spent"] < keep_cost

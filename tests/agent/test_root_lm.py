@@ -256,6 +256,7 @@ def test_the_tool_list_sends_each_tools_summary_and_help_prints_the_rest_in_the_
     result's keys and the costs are one ``help(tool)`` away, in the sandbox."""
     from rlmoptimizer.agent.prompts import tool_summary
     from rlmoptimizer.agent.tools import AgentTools
+    from rlmoptimizer.agent.window import unbound_tools
 
     requests: list[str] = []
     turns = [{"reasoning": "read the tool", "code": "help(compare)"}, SUBMIT_POLICY]
@@ -269,8 +270,12 @@ def test_the_tool_list_sends_each_tools_summary_and_help_prints_the_rest_in_the_
     )
     detail = "stored records are free; refused if the budget cannot cover it all"
     assert detail in AgentTools.compare.__doc__
-    assert tool_summary(AgentTools.compare) in requests[0]
-    assert detail not in requests[0] and "help(compare)" in requests[0]
+    assert "help(compare)" in requests[0]
+    for tool in unbound_tools():  # every tool's summary is sent, and none of what help() adds to it
+        summary, _, rest = " ".join(tool.__doc__.split()).partition(tool_summary(tool))
+        assert not summary and f"{tool.__name__}(" in requests[0] and tool_summary(tool) in requests[0]
+        assert not rest.strip() or rest.strip() not in requests[0], tool.__name__
+    assert detail not in requests[0]
     shown = outputs(result)[0]
     assert "Help on function compare" in shown and "split='train'" in shown  # the signature, from the wrapper
     assert tool_summary(AgentTools.compare) in shown and detail in shown
