@@ -76,6 +76,11 @@ def rlm_summary(arm: dict[str, Any]) -> dict[str, Any]:
         "adopted": [re.sub(r"^adopt_candidate\('([^']+)'\).*$", r"\1", c) for c in adopted],
         "confirmed": [m.group(1) for m in CONFIRM_LINE.finditer(text)],
         "selection": (details.get("selection") or {}).get("reason", ""),
+        "roles": {
+            row["role"]: row["actual"]
+            for row in (details.get("cost_check") or {}).get("rows", [])
+            if row.get("role") in ("root", "sub") and row.get("actual")
+        },
     }
 
 
@@ -116,6 +121,10 @@ def report(out: Path) -> str:
                     + f"; demos proposed {s['demos_proposed']}x, returned {s['demos_returned'] or 'none'}"
                     + f"; adopted {', '.join(s['adopted']) or 'nothing'}"
                     + "".join(f"; confirmed {c}" for c in s["confirmed"])
+                    + "".join(
+                        f"; {role} LM {used['calls']} call(s), {used['input_tokens']:,} tokens in"
+                        for role, used in sorted(s["roles"].items())
+                    )
                 )
                 lines.append(f"    returned: {s['selection']}")
             elif name == "gepa":
