@@ -31,7 +31,8 @@ def calls(arm: dict[str, Any]) -> list[str]:
         made += turn.get("pilot") or []
         if not turn.get("pilot"):
             made += [line for line in str(turn.get("code", "")).splitlines() if line.strip()]
-    return made
+    # one call per entry: a pilot line may chain several ("p = propose_instructions(...); adopt_candidate(...)")
+    return [re.sub(r"^\w+ = ", "", call.strip()) for line in made for call in line.split("; ") if call.strip()]
 
 
 def outputs(arm: dict[str, Any]) -> str:
@@ -73,7 +74,9 @@ def rlm_summary(arm: dict[str, Any]) -> dict[str, Any]:
         "made_for": made_for,
         "demos_proposed": sum(1 for c in made if c.startswith("propose_demos(")),
         "demos_returned": {key: len(json.loads(returned[key])) for key in demo_keys},
-        "adopted": [re.sub(r"^adopt_candidate\('([^']+)'\).*$", r"\1", c) for c in adopted],
+        "adopted": [  # an id, or the pilot's "the proposal just made"
+            m.group(1) if (m := re.match(r"^adopt_candidate\('([^']+)'\)", c)) else "its proposal" for c in adopted
+        ],
         "confirmed": [m.group(1) for m in CONFIRM_LINE.finditer(text)],
         "selection": (details.get("selection") or {}).get("reason", ""),
         "roles": {
