@@ -452,7 +452,10 @@ def next_action(state: LoopState) -> Action:
         if check:
             return Compare(pending.candidate_ids, check)
     if free < MIN_USEFUL_BUDGET:
-        return _confirm(state) or _last_draw(state) or Submit("what is left pays no proposal with its comparison")
+        draw = _confirm(state) or _last_draw(state)
+        if isinstance(draw, LastDraw) and draw.group is None and _analysis_pays_before(draw, state):
+            return Analyze()  # the draw is then written for the largest group of every failure
+        return draw or Submit("what is left pays no proposal with its comparison")
     if not budget.failing:  # nothing to reflect on: find failures first, or stop when train has none
         if not budget.unevaluated:
             return Submit("the current instructions pass every train example")
@@ -525,6 +528,18 @@ def _last_draw(state: LoopState) -> LastDraw | None:
         analysis, name, step = memory.groups[0]
         return LastDraw(step if step in memory.steps else _next_step(memory), (analysis, name))
     return LastDraw(_next_step(memory))
+
+
+def _analysis_pays_before(draw: LastDraw, state: LoopState) -> bool:
+    """Whether an analysis can come before the last draw and leave it paid: its prompts (free of the budget when
+    sub-LM prompts have an allowance of their own) besides the draw's proposal and validation check."""
+    memory, budget = state.memory, state.budget
+    return (
+        not memory.analyzed
+        and budget.analysis_prompts > 0
+        and budget.proposals_left > budget.analysis_prompts
+        and budget.left - budget.analysis_prompts * budget.proposal_units >= budget.val_size + budget.proposal_units
+    )
 
 
 def _next_step(memory: LoopMemory) -> str:

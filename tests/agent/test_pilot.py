@@ -344,10 +344,13 @@ def test_a_last_draw_that_repeats_the_current_instructions_changes_nothing(monke
 
     sub_lm = reflecting("Route tickets carefully.", ORIGINAL_ROUTE)  # GEPA's reflections never help
 
-    # 24 calls: GEPA (16) stops with 13 left, 5 of them find failures on train: the 8 left pay the last draw
+    # 24 calls: GEPA (16) stops with 13 left, 5 of them find failures on train, their analysis is free of the budget
+    # (sub-LM prompts have their own allowance): the 8 left pay the last draw, for its largest group
     result = compile_tickets(FunctionLM(never_called), sub_lm=sub_lm, max_metric_calls=24, rlm_autopilot="loop")
     turns = result.agent_trajectory
-    assert turns[-1]["pilot"][0].startswith("p = propose_instructions('route'); adopt_candidate(")
+    calls = turns[-1]["pilot"]
+    assert calls[:2] == ["evaluate_program(ids='0,2,3,4,5')", "analyze_failures()"]
+    assert calls[2].startswith("p = propose_instructions('route', group={'analysis': 'analysis-1', ")
     assert "adopted proposal-1 (changed: nothing)" in turns[-1]["output"]
     # the proposal was adopted: comparing it with the current instructions (itself) is no next action
     assert not any(call.startswith("compare(") for turn in turns for call in turn["pilot"])

@@ -261,6 +261,20 @@ def test_an_analysis_is_made_again_only_after_the_instructions_changed():
     assert next_action(state(after(GepaFinished(None), Analyzed()), analysis_prompts=2)) == Propose("route")
 
 
+def test_the_last_draw_is_written_for_the_largest_group_when_the_analysis_before_it_leaves_it_paid():
+    memory = after(GepaFinished(None))
+    # 22 left, 20 for the check: the analysis' 3 prompts come from the sub-LM's own allowance (proposal_units=0)
+    assert next_action(state(memory, left=22, val_size=20, proposal_units=0, analysis_prompts=3)) == Analyze()
+    analysed = fold(memory, Analyzed((("analysis-1", "disputes", "route"),)))
+    assert next_action(state(analysed, left=22, val_size=20, proposal_units=0)) == LastDraw(
+        "route", ("analysis-1", "disputes")
+    )
+    # paid from the budget, the prompts would leave the draw's check unpaid: the plain draw instead
+    assert next_action(state(memory, left=22, val_size=20, proposal_units=1, analysis_prompts=3)) == LastDraw("route")
+    # an analysis that found no group: the plain draw, once
+    assert next_action(state(fold(memory, Analyzed()), left=22, val_size=20, proposal_units=0)) == LastDraw("route")
+
+
 def test_an_analysis_is_skipped_when_it_would_leave_no_proposal_or_comparison():
     memory = after(GepaFinished(None))
     assert next_action(state(memory, analysis_prompts=7, proposals_left=7)) == Propose("route")  # none left after it
