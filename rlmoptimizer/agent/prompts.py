@@ -247,8 +247,26 @@ def tool_docs_code(tools: Sequence[Callable]) -> str:
         "        globals()[_name].__doc__ = _doc\n"
         "    except (KeyError, AttributeError, TypeError):  # a help text is not worth failing the run for\n"
         "        pass\n"
-        "del _name, _doc\n"
+        "del _name, _doc\n" + _HELP_BY_NAME.format(names=sorted(docs))
     )
+
+
+_HELP_BY_NAME = """\
+import builtins as _rlmopt_builtins
+
+
+def _rlmopt_help(*args, _pydoc_help=_rlmopt_builtins.help, **kwargs):
+    \"\"\"help(compare), or help('compare'): a tool's name in quotes means the tool.\"\"\"
+    if args and isinstance(args[0], str) and args[0] in {names!r} and args[0] in globals():
+        args = (globals()[args[0]],) + args[1:]
+    return _pydoc_help(*args, **kwargs)
+
+
+_rlmopt_builtins.help = _rlmopt_help
+del _rlmopt_builtins, _rlmopt_help
+"""
+"""Appended to :func:`tool_docs_code`: ``help('compare')``, the tool's name in quotes, prints the tool's help too
+(pydoc would look for a module or topic of that name). Set on ``builtins``, so the REPL gains no global name."""
 
 
 def action_signature(task_instructions: str, tools: Sequence[Callable], runtime_rules: str = ""):

@@ -259,7 +259,10 @@ def test_the_tool_list_sends_each_tools_summary_and_help_prints_the_rest_in_the_
     from rlmoptimizer.agent.window import unbound_tools
 
     requests: list[str] = []
-    turns = [{"reasoning": "read the tool", "code": "help(compare)"}, SUBMIT_POLICY]
+    turns = [
+        {"reasoning": "read the tool", "code": "help(compare)\nhelp('compare')  # its name, quoted: the same"},
+        SUBMIT_POLICY,
+    ]
 
     def reply(messages):
         requests.append(str(messages[0]["content"]))
@@ -278,4 +281,4 @@ def test_the_tool_list_sends_each_tools_summary_and_help_prints_the_rest_in_the_
     assert detail not in requests[0]
     shown = outputs(result)[0]
     assert "Help on function compare" in shown and "split='train'" in shown  # the signature, from the wrapper
-    assert tool_summary(AgentTools.compare) in shown and detail in shown
+    assert tool_summary(AgentTools.compare) in shown and shown.count(detail) == 2
