@@ -453,7 +453,7 @@ def next_action(state: LoopState) -> Action:
             return Compare(pending.candidate_ids, check)
     if free < MIN_USEFUL_BUDGET:
         draw = _confirm(state) or _last_draw(state)
-        if isinstance(draw, LastDraw) and draw.group is None and _analysis_pays_before(draw, state):
+        if isinstance(draw, LastDraw) and draw.group is None and _analysis_pays_before(state):
             return Analyze()  # the draw is then written for the largest group of every failure
         return draw or Submit("what is left pays no proposal with its comparison")
     if not budget.failing:  # nothing to reflect on: find failures first, or stop when train has none
@@ -530,7 +530,7 @@ def _last_draw(state: LoopState) -> LastDraw | None:
     return LastDraw(_next_step(memory))
 
 
-def _analysis_pays_before(draw: LastDraw, state: LoopState) -> bool:
+def _analysis_pays_before(state: LoopState) -> bool:
     """Whether an analysis can come before the last draw and leave it paid: its prompts (free of the budget when
     sub-LM prompts have an allowance of their own) besides the draw's proposal and validation check."""
     memory, budget = state.memory, state.budget

@@ -3,8 +3,9 @@
 ``AGENT_INSTRUCTIONS`` becomes the docstring of the agent's signature: the task, the data, the budget and the
 default loop. :func:`action_signature` builds what the root LM is sent each turn from it: those instructions,
 then :data:`ACTION_RULES` (how a turn works, the sandbox's own rules, and the tool list: each tool's summary, the
-first paragraph of its docstring; ``help(compare)`` in the REPL prints the whole, see :func:`tool_docs_code`). It is ours rather than dspy.RLM's template, which repeats the
-tools, adds rules for dspy sub-agents in the REPL and doubles a small root LM's every request.
+first paragraph of its docstring; ``help(compare)`` in the REPL prints the whole, see :func:`tool_docs_code`). It is
+ours rather than dspy.RLM's template, which repeats the tools, adds rules for dspy sub-agents in the REPL and doubles
+a small root LM's every request.
 ``render_task_brief`` builds the short per-compile brief handed to the agent as an input.
 """
 

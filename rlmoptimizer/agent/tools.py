@@ -2,8 +2,9 @@
 
 A tool's name, parameters and docstring are its interface: the agent's tool list
 (:func:`rlmoptimizer.agent.prompts.format_tools`: each docstring's first paragraph) and ``help(tool)`` in the REPL
-(the whole docstring) are built from exactly those, and nothing else describes them. Tools return JSON-friendly values. A bad argument raises an exception whose message says
-what to do next (the agent sees it as the error of its code cell); nothing a tool refuses changes state.
+(the whole docstring) are built from exactly those, and nothing else describes them. Tools return JSON-friendly
+values. A bad argument raises an exception whose message says what to do next (the agent sees it as the error of
+its code cell); nothing a tool refuses changes state.
 The selection of example ids is parsed here, once per call; the inner rooms trust the ids they get.
 
 May import: ``rlmoptimizer.moves``, ``.budget``, ``.errors``, ``.events``, ``.fingerprint``, ``.records``, ``.storage``
