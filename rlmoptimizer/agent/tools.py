@@ -257,13 +257,13 @@ class AgentTools:
     def next_phase(self) -> dict:
         """Take the default loop's next phase (the state block names it), up to its next decision; a SUBMIT it makes ends the run. Spends what its tools spend.
 
-        Its next action and the ones after it that ask for no decision: GEPA's phase (the run, its best adopted and checked on validation), or the targeted rounds (propose, compare with 'current', adopt the winner, check on validation) up to SUBMIT once nothing is left to pay for; a SUBMIT it makes ends the run after this cell. Spends what those tools spend. Returns {'ran': [the calls made], 'summary', 'submitted'}."""
+        A phase is GEPA's (the run, its best adopted and checked on validation) or the targeted rounds' (propose, compare with 'current', adopt the winner, check on validation), up to SUBMIT once nothing is left to pay for. Returns {'ran': [the calls made], 'summary', 'submitted'}."""
         return self.pilot.take_phase()
 
     def add_note(self, text: str) -> str:
         """Keep a short conclusion in your notes, shown on every turn. Free.
 
-        What you found, tried, what worked: notes are shown to you on every turn, also after old turns are compacted or the run resumes."""
+        What you found, tried, what worked: notes survive the compaction of old turns and a resumed run."""
         try:
             return self.notes.add(text)
         except ValueError as exc:
@@ -285,7 +285,7 @@ class AgentTools:
     ) -> dict:
         """Run the program with the current instructions: on train examples (a run like baseline_train) or on the whole 'val' split (aggregates only). 1 unit per newly evaluated example per rollout.
 
-        On 'train' it returns a run like baseline_train, on the examples selected by limit=N (the first N), sample='random' (shuffled by seed; with limit), ids=[3, 7] or ids='3,7', or failed_from_run=a train run id (its failures). On 'val' it runs the whole split and returns aggregates only. 1 unit per newly evaluated example per rollout; what the budget cannot cover is left out and 'note' says so. rollouts=k runs each example k times (per example 'pass_rate'; per run 'flaky_ids', 'always_failing_ids')."""
+        Train examples: limit=N (the first N), sample='random' (shuffled by seed; with limit), ids=[3, 7] or ids='3,7', or failed_from_run=a train run id (its failures); all by default. What the budget cannot cover is left out and 'note' says so. rollouts=k runs each example k times (per example 'pass_rate'; per run 'flaky_ids', 'always_failing_ids')."""
         if split not in self.runs.splits:
             raise agent_error(f"unknown split {split!r}", f"use one of {sorted(self.runs.splits)}")
         if split == "val":
@@ -342,7 +342,7 @@ class AgentTools:
     ) -> dict:
         """Run GEPA's engine (reflective proposals, Pareto selection, merge) from `start` for at most `budget` units (default: all that is left); returns its candidates and 'best', for adopt_candidate. Changes nothing.
 
-        Run GEPA (the gepa package's engine: Pareto selection of parents, reflective proposals from minibatches of failures, merge) from `start` ('current' or a candidate id) on `steps` (all by default), for at most `budget` units (default: all that is left); `seed` orders its minibatches (default: the compile's attempt); group= a group of analyze_failures whose causes every reflection is told. Changes nothing. Returns {'best': a candidate id, 'best_is_new', 'candidate_ids': ['gepa-1', ...], 'candidates': [{'id', 'parents', 'score'}], 'pareto_front', 'best_score' (aggregate on validation, or train without one), 'spent', 'summary'}; then adopt_candidate(r['best'])."""
+        `start`: 'current' or a candidate id; `steps`: the steps it may change (all by default); `seed` orders its minibatches (default: the compile's attempt); group= a group of analyze_failures whose causes every reflection is told. Parents are chosen on the Pareto front, proposals are reflections on minibatches of failures. Returns {'best': a candidate id, 'best_is_new', 'candidate_ids': ['gepa-1', ...], 'candidates': [{'id', 'parents', 'score'}], 'pareto_front', 'best_score' (aggregate on validation, or train without one), 'spent', 'summary'}; then adopt_candidate(r['best'])."""
         if budget is None:
             budget = self.ledger.left
         if steps is not None and not isinstance(steps, str):
@@ -381,7 +381,7 @@ class AgentTools:
     def analyze_failures(self, run_id: str | None = None, step: str | None = None, use_lm: bool = True) -> dict:
         """Group every failure of a train run by step and cause, with counts and example ids. 1 unit per sub-LM prompt (use_lm=False: code groups only, free). Changes nothing.
 
-        Group every failure of a train run (default: the current instructions' train records; step=: those where that step ran or raised) by what code sees (step, kind, 'expected -> produced' label) and by cause: the sub-LM names one short cause per failure (8 failures a prompt) and merges them into groups. Returns {'groups': [{'name', 'cause', 'count', 'example_ids', 'step', 'kind', 'labels', 'contrast_ids' (passing examples of the same kind)}] largest first, 'code_groups', 'causes', 'summary' (print it), 'analysis_id', 'note'}; then propose_instructions(step, group=0). Costs 1 unit per prompt: failures/8 rounded up, plus 1 (at most 7), refused if the budget cannot cover it all; asked again about the same records: free; use_lm=False: the code groups only, free. Changes nothing."""
+        The run: the current instructions' train records by default; step=: only failures where that step ran or raised. Code groups by step, kind and 'expected -> produced' label; the sub-LM names one short cause per failure (8 failures a prompt) and merges them into groups. Returns {'groups': [{'name', 'cause', 'count', 'example_ids', 'step', 'kind', 'labels', 'contrast_ids' (passing examples of the same kind)}] largest first, 'code_groups', 'causes', 'summary' (print it), 'analysis_id', 'note'}; then propose_instructions(step, group=0). Prompts: failures/8 rounded up, plus 1 (at most 7), refused if the budget cannot cover them all; asked again about the same records: free."""
         analysis = self._as_sub(self.moves.analyze_failures)(run_id=run_id, step=step, use_lm=use_lm)
         if run_id is None and use_lm:  # the current instructions' failures: the default loop proposes for its groups
             self.pilot.record(Analyzed(tuple((analysis.analysis_id, g.name, g.step) for g in analysis.groups)))
@@ -392,7 +392,7 @@ class AgentTools:
     ) -> dict:
         """New instructions for `step`, written by the sub-LM from failures or from a group of analyze_failures (group=0: its largest). 1 unit per proposal. Changes nothing.
 
-        GEPA's reflective proposal: new instructions for `step`, written by the sub-LM from that step's inputs/outputs, the expected fields, scores and metric feedback of the failures of the current instructions (or of run_id, or of the examples ids=[...]). group= a group of analyze_failures (its index, name or dict): written from the group's causes and a few of its examples. guidance= adds your own requirements. Changes nothing; 1 budget unit per proposal (n proposals). Returns {'texts', 'candidate_ids': ['proposal-1', ...] (names compare and adopt_candidate take), 'candidates': [{step: text}], 'example_ids', 'check_ids', ...}."""
+        GEPA's reflection: the sub-LM sees the step's inputs/outputs, the expected fields, scores and metric feedback of the failures of the current instructions (or of run_id, or of the examples ids=[...]). group= a group of analyze_failures (its index, name or dict): written from the group's causes and a few of its examples. guidance= adds your own requirements; n= proposals at once. Returns {'texts', 'candidate_ids': ['proposal-1', ...] (names compare and adopt_candidate take), 'candidates': [{step: text}], 'example_ids', 'check_ids', ...}."""
         if ids is not None:
             ids = self._select("propose_instructions", ids=ids)
         result = self._as_sub(self.moves.propose_instructions)(
@@ -414,7 +414,7 @@ class AgentTools:
     def propose_demos(self, step: str | None = None, k: int | None = None, run_id: str | None = None) -> dict:
         """A candidate that gives `step` (default: every step) demos from train examples the program got right. Free; compare it before you adopt it.
 
-        Demos from the program's own successes: a candidate ('demos-1', ...) that gives `step` (every step by default) k demos (default: the compile's max_demos), each that step's own inputs and outputs on a train example the current instructions (or run_id) got right, covering the labels they fail most, then varied. Changes nothing; free. Compare it (its demos are left out of its comparisons: each sees its own answer) and adopt_candidate it if it wins. Returns {'candidate_ids', 'demo_ids', 'labels', 'check_ids', 'summary'}."""
+        Each demo is the step's own inputs and outputs on a train example the current instructions (or run_id) got right; k demos (default: the compile's max_demos), covering the labels they fail most, then varied. Its comparisons leave its demos' examples out (each sees its own answer). Returns {'candidate_ids', 'demo_ids', 'labels', 'check_ids', 'summary'}."""
         result = self.moves.propose_demos(step, k=k, run_id=run_id)
         self._keep_candidates()
         self.pilot.record(
@@ -449,7 +449,7 @@ class AgentTools:
     ) -> dict:
         """Evaluate instruction sets on the same examples: per candidate wins and losses against the first and 'beats_first' (a clear gain). 1 unit per new example per candidate per rollout. Changes nothing.
 
-        Evaluate several instruction sets on the same examples without changing the current prompts. Each candidate: 'current', a run id (that run's instructions), a proposal id or a {step: text} dict (other steps keep their current text). Returns per candidate score, passed_count, wins/losses/ties vs the first, 'beats_first' (a gain no single example decides: at least 3 more wins than losses), per example scores (train), 'best' (index; ties keep the earlier), 'winner' (train: the best that beats the first, else 0) and 'best_instructions'. Demos of a candidate are left out of the examples. 1 unit per new example per candidate per rollout; stored records are free; refused if the budget cannot cover it all."""
+        Each candidate: 'current', a run id (that run's instructions), a proposal id or a {step: text} dict (other steps keep their current text). Returns per candidate score, passed_count, wins/losses/ties vs the first, 'beats_first' (at least 3 more wins than losses: no single example decides it), per example scores (train), 'best' (index; ties keep the earlier), 'winner' (train: the best that beats the first, else 0) and 'best_instructions'. Demos of a candidate are left out of the examples; stored records are free; refused if the budget cannot cover it all."""
         if split == "train":
             ids = self._select("compare", ids=ids, limit=limit, sample=sample, seed=seed)
         else:
@@ -464,13 +464,13 @@ class AgentTools:
     def confirm_gain(self, units: int | None = None) -> dict:
         """Confirm a lead of the current instructions over the unchanged program on train examples no search saw, as many as the budget (or units=N) pays, 1-2 units each; once per set of instructions.
 
-        Confirm a lead of the current instructions over the unchanged program on validation that is not a clear gain yet: evaluate both, paired, on train examples no search saw (no candidate was evaluated on or written from them), as many as the budget (or units=N) pays, once per set of instructions. The final selection counts these fresh examples beside validation. 1 unit per example, 2 when the unchanged program has no record of it. Returns {'example_ids', 'wins', 'losses', 'clear_gain', 'summary'}."""
+        For a lead on validation that is not a clear gain yet. Both run, paired, on train examples no candidate was evaluated on or written from; the final selection counts these fresh examples beside validation. 2 units an example when the unchanged program has no record of it, else 1. Returns {'example_ids', 'wins', 'losses', 'clear_gain', 'summary'}."""
         return self.moves.confirm(self.working.initial, units=units)
 
     def adopt_candidate(self, candidate: Any) -> dict:
         """Make a candidate (an id, a run id or {step: text}) the current instructions. Free.
 
-        Make a candidate the current instructions: a candidate id ('gepa-3', 'proposal-2'), a run id (that run's instructions) or a {step: text} dict (other steps keep their text). Free. Returns {'changed_steps', 'version'}."""
+        Candidate ids look like 'gepa-3', 'proposal-2'; a run id stands for that run's instructions; in a {step: text} dict, other steps keep their text. Returns {'changed_steps', 'version'}."""
         if isinstance(candidate, str) and candidate == "current":
             raise agent_error(
                 "'current' is already the current instructions", "pass a proposal id, a run id or a {step: text} dict"
@@ -499,19 +499,19 @@ class AgentTools:
     def diff_runs(self, run_a: str, run_b: str) -> dict:
         """What two train runs differ on: fixed, broken, still failing, still passing. Free.
 
-        Contrast two train runs on the examples both evaluated: fixed, broken (each with the first step whose outputs differ, and both outputs), still_failing, still_passing. Free."""
+        Only examples both runs evaluated count. 'fixed' and 'broken' name, for each example, the first step whose outputs differ, and both outputs."""
         return self.moves.diff_runs(run_a, run_b)
 
     def hard_examples(self) -> dict:
         """Train ids the best candidate fails, and every example that ever failed. Free.
 
-        The failure replay set: 'failing_under_best' (train ids the best candidate so far fails) and 'examples' (every train example that failed in any evaluation, with 'failed' and 'evaluated' counts, most often failed first). Free."""
+        Returns 'failing_under_best' (train ids the best candidate so far fails) and 'examples' (every train example that failed in any evaluation, with 'failed' and 'evaluated' counts, most often failed first)."""
         return self.moves.hard_examples()
 
     def candidates(self) -> dict:
         """Every instruction set evaluated so far, with its lineage and scores. Free.
 
-        Every instruction set evaluated so far: 'instructions', 'ids' (its candidate ids), 'lineage' (parents and the move that made it), 'train_scores' by example id, 'val_score', 'on_pareto_front' (best on at least one example). 'best' is the index of the best (by validation when checked). Free."""
+        Each entry: 'instructions', 'ids' (its candidate ids), 'lineage' (parents and the move that made it), 'train_scores' by example id, 'val_score', 'on_pareto_front' (best on at least one example). 'best' is the index of the best (by validation when checked)."""
         return self.moves.candidates()
 
     def run_data(self, run_id: str) -> dict:
@@ -531,7 +531,7 @@ class AgentTools:
     def update_prompt(self, step: str, text: str) -> dict:
         """Set one step's instructions, or its demos ('<step>:demos'). Free.
 
-        Set the instructions of one step (a name from step_names), or its demos ('<step>:demos': a list of dicts of the step's fields, '[]' for none). Free. Returns {'step', 'previous', 'version'}."""
+        The step is a name from step_names; demos ('<step>:demos') are a list of dicts of the step's fields, '[]' for none. Returns {'step', 'previous', 'version'}."""
         self.working.check_step(demos_step(step) or step if isinstance(step, str) else step)
         text = self.working.check_text(step, text)
         previous = self.working.instructions().get(step, "[]")
