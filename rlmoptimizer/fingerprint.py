@@ -99,10 +99,11 @@ def get_instructions(program: Any) -> dict[str, str]:
     return mapping
 
 
-def apply_instructions(program: Any, mapping: dict[str, str]) -> None:
+def apply_instructions(program: Any, mapping: dict[str, str], *, whole: bool = False) -> None:
     """Set the instructions (and, under ``"<step>:demos"`` keys, the demos) of the named steps, in place (callers
-    deep-copy first). A map that names every step is a whole program's: a step without a demos key then has no
-    demos (as :func:`get_instructions` leaves the key out); a partial map leaves the demos it does not name alone.
+    deep-copy first). An edit (the default) leaves the demos it does not name alone, also when it names every
+    step's instructions. ``whole=True``: ``mapping`` is a whole program's, as :func:`get_instructions` gives it (a
+    candidate's, a run's): a step without a demos key then has no demos, since the key is left out only then.
     Demos equal to a step's own (by :func:`demos_text`) leave its demo objects as they are.
 
     Unknown step names and malformed values raise :class:`ConfigurationError` before anything is changed.
@@ -122,7 +123,7 @@ def apply_instructions(program: Any, mapping: dict[str, str]) -> None:
             raise ConfigurationError(f"instructions for step {name!r} must be a str, got {type(text).__name__}")
         if demos_step(name) is not None:
             demos[demos_step(name)] = parse_demos(name, text)
-    if all(name in mapping for name in predictors):  # a whole program's map: a step without demos has none
+    if whole:  # a step without a demos key has none
         demos = {name: demos.get(name, []) for name in predictors}
     for name, text in mapping.items():
         if demos_step(name) is None:
@@ -146,13 +147,13 @@ def restore_signatures(program: Any, saved: dict[str, Any]) -> None:
 
 
 @contextmanager
-def instructions_for_now(program: Any, mapping: dict[str, str]) -> Iterator[None]:
-    """``mapping`` applied to ``program`` in place for the block only (:func:`apply_instructions`): no copy, since a
-    program may hold things that cannot be copied. The very signature objects come back when the block ends, also
-    when it (or applying ``mapping``) raises."""
+def instructions_for_now(program: Any, mapping: dict[str, str], *, whole: bool = False) -> Iterator[None]:
+    """``mapping`` applied to ``program`` in place for the block only (:func:`apply_instructions`, ``whole`` as
+    there): no copy, since a program may hold things that cannot be copied. The very signature objects come back
+    when the block ends, also when it (or applying ``mapping``) raises."""
     saved = save_signatures(program)
     try:
-        apply_instructions(program, mapping)
+        apply_instructions(program, mapping, whole=whole)
         yield
     finally:
         restore_signatures(program, saved)

@@ -564,7 +564,7 @@ class _Compile:
 
     def _build_result(self, selection: Selection, outcome: AgentOutcome) -> dspy.Module:
         program = copy_program(self.student)
-        apply_instructions(program, selection.instructions)
+        apply_instructions(program, selection.instructions, whole=True)
         check_structure(self.fingerprint, program)
         runs = self.runs.all()
         result = CompileResult(

@@ -192,11 +192,21 @@ def test_added_removed_and_replaced_modules_are_named():
     assert "module 'self.generate': class changed from ChainOfThought to Predict" in message
 
 
-def test_a_whole_programs_map_without_a_demos_key_clears_that_steps_demos():
+def test_an_edit_keeps_the_demos_it_does_not_name_and_a_whole_programs_map_without_the_key_clears_them():
     program = Pipeline()
     program.rewrite.demos = [dspy.Example(question="q", query="x")]
     plain = {"rewrite": "r", "generate.predict": "g"}
-    apply_instructions(program, {"rewrite": "only this step"})  # partial: the demos stay
+    apply_instructions(program, {"rewrite": "only this step"})
     assert len(program.rewrite.demos) == 1
-    apply_instructions(program, plain)  # every step named: this program's map has no demos
+    apply_instructions(program, plain)  # an edit of every step's instructions: the demos stay
+    assert len(program.rewrite.demos) == 1 and program.rewrite.signature.instructions == "r"
+    apply_instructions(program, plain, whole=True)  # a candidate's map without the key: that step has no demos
     assert program.rewrite.demos == [] and get_instructions(program) == plain
+
+
+def test_an_edit_of_a_one_step_programs_instructions_keeps_its_demos():
+    program = dspy.Predict("question -> answer")
+    program.demos = [dspy.Example(question="1 + 1?", answer="2")]
+    apply_instructions(program, {"self": "Answer with a number."})
+    assert [dict(d) for d in program.demos] == [{"question": "1 + 1?", "answer": "2"}]
+    assert program.signature.instructions == "Answer with a number."

@@ -156,7 +156,10 @@ class WorkingProgram:
         only (no copy: a program may hold things that cannot be copied; its signatures are restored afterwards,
         so the current prompts do not change). A systemic failure (the evaluation LM is unusable, the metric is
         broken) propagates and also requests a stop, so the agent loop ends after its current turn."""
-        trial = instructions_for_now(self.program, instructions) if instructions is not None else nullcontext()
+        # a candidate's map is a whole program's (the current one's with its changes merged in)
+        trial = (
+            instructions_for_now(self.program, instructions, whole=True) if instructions is not None else nullcontext()
+        )
         with self._lock, trial:
             try:
                 return self.runs.evaluate(

@@ -364,7 +364,7 @@ class DetailedResults:
                 "results.instructions has each candidate's {step: text}"
             )
         built = base.deepcopy()
-        apply_instructions(built, self.instructions[index])
+        apply_instructions(built, self.instructions[index], whole=True)
         return built
 
     @property

@@ -97,6 +97,44 @@ def test_max_demos_0_switches_the_move_off(tmp_path):
     assert "propose_demos()" not in [c for turn in result.agent_trajectory for c in turn["pilot"]]
 
 
+def test_demos_the_program_already_has_stay_when_its_only_steps_instructions_change(tmp_path):
+    """A one-step program whose own demo teaches one kind; the sub-LM's instructions teach another. Adopting them
+    names every step of the program, and its demo must stay: in the candidate's runs, in the program returned, and
+    through save / load."""
+    train, val = make_splits()
+    demo = train[4]  # a north example, not an easy one
+    assert "kind: north" in demo.question and "(easy)" not in demo.question
+    student = dspy.Predict("question -> label")
+    student.demos = [dspy.Example(question=demo.question, label=demo.label)]
+    teaches_south = json.dumps({"new_instruction": "Answer with the label. Tickets of kind: south are S2."})
+    eval_lm = FunctionLM(task_reply, name="task")
+    optimizer = RLMDocstringOptimizer(
+        eval_lm=eval_lm,
+        sub_lm=FunctionLM(lambda messages: teaches_south, name="sub"),
+        rlm_autopilot="loop",
+        max_metric_calls=120,
+        max_demos=0,  # the demos move is off: the program's own demos are kept as they are
+        num_threads=4,
+        run_storage_dir=str(tmp_path / "run"),
+    )
+    result = optimizer.compile(student=student, trainset=train, valset=val, metric=metric)
+
+    assert "kind: south" in result.signature.instructions  # the instructions changed ...
+    assert [dict(d) for d in result.demos] == [dict(student.demos[0])]  # ... and the demo stayed
+    assert result.selection["chosen_score"] == 0.5 > result.selection["baseline_score"] == 0.25  # north and south
+    assert result.budget["spent"] <= 120
+    # every validation run of the returned instructions had the demo in its prompts
+    south_val = [p for p in eval_lm.calls if MARKER in last_user_text(p) and "kind: south" in last_user_text(p)]
+    assert south_val and all("kind: north" in demos_in(p) for p in south_val)
+
+    path = tmp_path / "program.json"
+    result.save(str(path))
+    loaded = dspy.Predict("question -> label")
+    loaded.load(str(path))
+    assert [dict(d) for d in loaded.demos] == [dict(student.demos[0])]
+    assert loaded.signature.instructions == result.signature.instructions
+
+
 @pytest.mark.slow
 def test_an_agent_in_the_sandbox_proposes_compares_and_adopts_demos(tmp_path):
     from rlmoptimizer.testing import scripted_agent
