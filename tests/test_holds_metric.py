@@ -14,11 +14,12 @@ import types
 
 import pytest
 from support.optimizing import TURNS, compile_tickets
-from support.tickets import metric
+from support.tickets import RouteTicket, make_splits, metric, task_lm_reply
 
-from rlmoptimizer import ConfigurationError, MetricError
+from rlmoptimizer import ConfigurationError, MetricError, ProgramError
 from rlmoptimizer.errors import SandboxError
 from rlmoptimizer.sandbox import session as session_module
+from rlmoptimizer.testing import FunctionLM
 
 
 def scores_none_at_first(example, prediction, trace=None):
@@ -75,3 +76,61 @@ def test_a_run_storage_dir_that_is_a_file_is_a_configuration_error(tmp_path):
     with pytest.raises(ConfigurationError, match="cannot be created"):
         compile_tickets(TURNS, run_storage_dir=path / "inside")
     assert path.read_text() == "{}"
+
+
+def test_a_metric_that_raises_the_same_error_on_every_example_stops_the_compile_at_its_baseline(tmp_path):
+    """Regression: a metric with a typo (an attribute the examples do not have) raised on every example; each one
+    became a record scoring 0, and the loop spent the budget and sub-LM prompts on "failures" no instructions could
+    fix, then returned the unchanged program without a word about the error."""
+
+    def typo(example, prediction, trace=None):
+        return float(example.label == prediction.queue)  # the ticket examples have `queue`, not `label`
+
+    eval_lm, sub_lm = FunctionLM(task_lm_reply), FunctionLM(lambda messages: "{}", name="sub")
+    with pytest.raises(MetricError) as raised:
+        compile_tickets(
+            [], metric=typo, eval_lm=eval_lm, sub_lm=sub_lm, rlm_autopilot="loop", run_storage_dir=tmp_path / "run"
+        )
+    message = str(raised.value)
+    train_size = len(make_splits()[0])  # the first baseline
+    assert f"the metric raised on every one of the {train_size} train example(s)" in message
+    assert "AttributeError" in message and "label" in message  # the error itself, as the metric raised it
+    assert "run compile() with a new run_storage_dir" in message  # what to do once it is fixed
+    assert len(eval_lm.calls) == 2 * train_size  # that baseline only (two steps an example); nothing after it
+    assert sub_lm.calls == []
+
+
+def test_a_metric_that_raises_only_on_some_examples_does_not_stop_the_compile():
+    def partly(example, prediction, trace=None):
+        if example.queue == "security":
+            raise KeyError("no rubric for security yet")
+        return metric(example, prediction)
+
+    result = compile_tickets([], metric=partly, rlm_autopilot="loop", max_metric_calls=60)
+    assert result.selection["baseline_score"] is not None
+
+
+def test_a_program_that_raises_the_same_error_on_every_example_is_a_program_error_with_its_fix(tmp_path):
+    class Broken(RouteTicket):
+        def forward(self, ticket):
+            self.summarize(ticket=ticket)
+            raise RuntimeError("forgot to return the prediction")
+
+    eval_lm = FunctionLM(task_lm_reply)
+    with pytest.raises(ProgramError) as raised:
+        compile_tickets([], student=Broken(), eval_lm=eval_lm, rlm_autopilot="loop", run_storage_dir=tmp_path / "run")
+    message = str(raised.value)
+    assert (
+        "the program raised on every one of" in message and "RuntimeError: forgot to return the prediction" in message
+    )
+    # its records hold the error, and a resume would reuse them: the advice is a new directory, not a resume
+    assert "run compile() with a new run_storage_dir" in message and "to resume where it stopped" not in message
+    assert len(eval_lm.calls) == len(make_splits()[0])  # the train baseline only: one summarize call an example
+
+
+def test_outputs_that_never_parse_are_left_to_the_optimizer():
+    """Every example failing to parse is what other instructions may fix: not a program error."""
+    result = compile_tickets(
+        [], eval_lm=FunctionLM(lambda messages: "no fields at all"), rlm_autopilot="loop", max_metric_calls=60
+    )
+    assert result.selection["baseline_score"] == 0.0

@@ -12,6 +12,7 @@ def test_public_names():
             "RLMOptimizerError",
             "ConfigurationError",
             "MetricError",
+            "ProgramError",
             "BudgetExhaustedError",
             "StructureChangedError",
             "EvaluationLMError",

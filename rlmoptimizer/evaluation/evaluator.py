@@ -8,7 +8,9 @@ evaluation stops early for two systemic reasons, and for an interrupt; it then r
 * :class:`EvaluationLMError`: the evaluation LM failed with an error retrying cannot fix (bad key, no
   billing, unknown model, unreachable host) on ``max_consecutive_lm_failures`` consecutive examples;
 * :class:`MetricError`: the metric returned something that is not a score (a bug in the metric);
-* ``KeyboardInterrupt`` (or any other exception in the calling thread) while the examples ran.
+* ``KeyboardInterrupt`` (or any other exception in the calling thread) while the examples ran, or raised by a
+  worker outside what the program and metric may raise (an interrupt raised inside a metric, a failing
+  ``on_record``).
 
 Budget: one unit per example that produced an answer, charged as it completes, including examples whose
 program raised on a bad LM reply and examples whose metric raised. An example that got no answer because
@@ -234,9 +236,9 @@ class Evaluator:
             # When everything finished, the idle workers may exit in the background; when stopping, wait
             # for the examples still running so that their records are kept.
             pool.shutdown(wait=stopping, cancel_futures=True)
-        if batch.crash is not None:
-            raise batch.crash
         records = sorted(batch.records, key=lambda r: r.example_id)
+        if batch.crash is not None:  # an interrupt raised in a worker (or a bug outside program and metric)
+            raise EvaluationStopped(batch.crash, records) from batch.crash
         if batch.fatal is not None:
             fatal = batch.fatal
             if isinstance(fatal, EvaluationLMError):
@@ -354,9 +356,9 @@ class Evaluator:
 
     def _finish(self, batch: _Batch, record: ExampleResult, failure: tuple[str, BaseException] | None) -> None:
         with batch.lock:
-            batch.records.append(record)
             if batch.on_record is not None:  # logged before it is charged: a kill in between never loses a paid unit
                 batch.on_record(record)
+            batch.records.append(record)  # (a record the log refused is neither kept nor charged)
             if failure is None:
                 if batch.reservation is not None:
                     batch.reservation.spend(1)

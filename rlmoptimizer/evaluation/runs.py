@@ -21,7 +21,7 @@ from typing import Any
 import dspy
 
 from rlmoptimizer.budget import BudgetLedger, Reservation, example_kind
-from rlmoptimizer.errors import EvaluationLMError, MetricError
+from rlmoptimizer.errors import EvaluationLMError, MetricError, ProgramError
 from rlmoptimizer.evaluation.evaluator import EvaluationStopped, Evaluator
 from rlmoptimizer.events import (
     NO_OBSERVER,
@@ -31,7 +31,7 @@ from rlmoptimizer.events import (
     Observer,
 )
 from rlmoptimizer.fingerprint import get_instructions, instructions_digest
-from rlmoptimizer.records import EvalRun, ExampleResult
+from rlmoptimizer.records import METRIC_ERROR, PROGRAM_ERROR, EvalRun, ExampleResult
 from rlmoptimizer.storage.run_store import PendingLog, RunStore
 
 
@@ -288,3 +288,29 @@ class Runs:
         self._index(run)
         self.observer.on_event(EvaluationFinished(run, self.ledger.snapshot(), complete=complete))
         return run
+
+
+def check_baseline(run: EvalRun | None) -> None:
+    """Raise when every example of ``run`` (the unchanged program's baseline) failed with one and the same error of
+    the metric (:class:`MetricError`) or of the program (:class:`ProgramError`): an error that does not depend on
+    what the LM answered, which no instructions can fix and every later evaluation would pay for again. An output
+    that does not parse is not such an error (other instructions may fix it), nor are errors that differ."""
+    records = run.records if run is not None else ()
+    errors = {(r.error_kind, r.error) for r in records}
+    if len(errors) != 1:
+        return
+    [(kind, error)] = errors
+    where = (
+        f"every one of the {len(records)} {run.split} example(s) the unchanged program was evaluated on, always "
+        f"with {error}"
+    )
+    if kind == METRIC_ERROR:
+        raise MetricError(
+            f"the metric raised on {where}. A metric returns a low score for a wrong answer; fix the error (call the "
+            "metric on one example and the program's prediction for it to see where it fails)."
+        )
+    if kind == PROGRAM_ERROR and not error.startswith("AdapterParseError"):
+        raise ProgramError(
+            f"the program raised on {where}: an error in its code, which no instructions can fix. Fix it (call the "
+            "program on one example to see where it fails)."
+        )

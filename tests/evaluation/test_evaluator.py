@@ -432,6 +432,21 @@ def test_a_failing_on_record_callback_stops_the_evaluation_and_propagates():
 
     lm = echo_lm()
     evaluator = make_evaluator(lm, num_threads=1)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(EvaluationStopped) as stopped:
         evaluator.evaluate(dspy.Predict("question -> answer"), list(enumerate(examples(10))), on_record=persist)
+    assert isinstance(stopped.value.reason, OSError) and "disk full" in str(stopped.value.reason)
+    assert stopped.value.records == []  # the record its log refused is not kept (nor charged)
     assert calls == [0] and len(lm.calls) == 1
+
+
+def test_an_interrupt_raised_inside_the_metric_keeps_the_records_completed_before_it():
+    def metric(example, prediction):
+        if example.question == "q3":
+            raise KeyboardInterrupt
+        return True
+
+    evaluator = make_evaluator(echo_lm(), metric=metric, num_threads=1)
+    with pytest.raises(EvaluationStopped) as stopped:
+        evaluator.evaluate(dspy.Predict("question -> answer"), list(enumerate(examples(10))))
+    assert isinstance(stopped.value.reason, KeyboardInterrupt)
+    assert [r.example_id for r in stopped.value.records] == [0, 1, 2]

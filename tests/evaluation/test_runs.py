@@ -161,6 +161,33 @@ def test_a_metric_error_saves_a_partial_run_then_raises(tmp_path):
     assert partial.budget_spent == 1 == ledger.spent
 
 
+def test_an_interrupt_raised_inside_the_metric_saves_what_was_paid_as_a_partial_run(tmp_path):
+    """Regression: a KeyboardInterrupt raised in a worker thread (inside the metric) discarded the records that had
+    completed and been charged; a resume paid for them again."""
+
+    interrupted: list[bool] = []
+
+    def metric(example, prediction):
+        if example.question == "q2" and not interrupted:
+            interrupted.append(True)
+            raise KeyboardInterrupt
+        return True
+
+    lm = echo_lm()
+    service, ledger, store = make_service(tmp_path, lm, metric=metric)
+    service.evaluator.num_threads = 1
+    with pytest.raises(KeyboardInterrupt):
+        service.evaluate(dspy.Predict("question -> answer"), "train", label="agent")
+    (partial,) = store.all()
+    assert partial.label == "agent:partial" and [r.example_id for r in partial.records] == [0, 1]
+    assert partial.budget_spent == 2 == ledger.spent
+
+    calls = len(lm.calls)
+    again = service.evaluate(dspy.Predict("question -> answer"), "train", label="agent")
+    assert again.evaluated_count == 10 and len(lm.calls) - calls == 8  # the two paid records are reused
+    assert ledger.spent == 10
+
+
 def test_a_records_error_kind_decides_whether_it_is_reused_and_survives_a_round_trip():
     """The kind is stored when the record is made, never read back out of the error text."""
 
