@@ -34,6 +34,7 @@ import contextvars
 import json
 import logging
 import re
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -80,12 +81,28 @@ _FENCE = re.compile(r"^(?:[ \t]*|[^\n`]*[:.!?][ \t]*)```[ \t]*([\w+.-]*)(?:[ \t]
 _PYTHON_TAGS = frozenset({"", "python", "py", "python3", "py3"})
 
 
+def _append(history: REPLHistory, **fields: str) -> REPLHistory:
+    """``history`` with one more turn, its texts made valid Unicode first: a lone surrogate (half of a character,
+    which a sliced string or an LM's escape may hold) is shown escaped, as no provider accepts it in a request."""
+    return history.append(**{name: _valid_text(text) for name, text in fields.items()})
+
+
+def _valid_text(text: Any) -> Any:
+    if not isinstance(text, str):
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
 def code_of(reply: str) -> str:
     """The Python in a reply's ``code`` field: the first fenced block (```python or a bare ```; an unclosed one
     runs to the end), or the whole text when it has no fence line. Fence lines wrapped around the block (```
     then ```python) and a stray fence line (a closing fence with no opening one) are dropped. A block tagged with
-    another language raises ``SyntaxError`` saying so."""
-    lines = reply.strip().splitlines()
+    another language raises ``SyntaxError`` saying so. Code indented as a whole (as in a list item) is dedented."""
+    lines = textwrap.dedent(reply).strip().splitlines()
     while (
         len(lines) >= 2
         and lines[0].strip() == "```"
@@ -96,15 +113,15 @@ def code_of(reply: str) -> str:
     text = "\n".join(lines)
     opening = _FENCE.search(text)
     if opening is None:
-        return text.strip()
+        return textwrap.dedent(text).strip()
     tag = opening.group(1).lower()
     if tag not in _PYTHON_TAGS:
         raise SyntaxError(f"the code block is tagged ```{tag}: write Python in a ```python block")
     closing = _FENCE.search(text, opening.end())
     if closing is None:  # one fence line only: an unclosed block, or a stray closing fence after the code
-        before, after = text[: opening.start()].strip(), text[opening.end() :].strip()
+        before, after = (textwrap.dedent(part).strip() for part in (text[: opening.start()], text[opening.end() :]))
         return after or before
-    return text[opening.end() : closing.start()].strip()
+    return textwrap.dedent(text[opening.end() : closing.start()]).strip()
 
 
 def _json_object(value: Any) -> Any:
@@ -213,7 +230,9 @@ class OptimizerAgent(dspy.Module):
 
             history = REPLHistory(max_output_chars=self.max_output_chars)
             for turn in self._prior_turns:
-                history = history.append(reasoning=turn.get("reasoning", ""), code=turn["code"], output=turn["output"])
+                history = _append(
+                    history, reasoning=turn.get("reasoning", ""), code=turn["code"], output=turn["output"]
+                )
 
             for iteration in range(len(history), self.max_iters):
                 if self._run_end is not None and self._run_end.ends_run():
@@ -330,7 +349,8 @@ class OptimizerAgent(dspy.Module):
                 self._context.refused()
         else:
             raw = (last_error.lm_response or "")[:2000] if last_error else ""
-            return history.append(
+            return _append(
+                history,
                 reasoning="(the reply could not be parsed)",
                 code=raw,
                 output=(
@@ -374,7 +394,8 @@ class OptimizerAgent(dspy.Module):
                 report = {"ran": []}
                 taken = f"[Error] {type(exc).__name__}: {exc}"
             self._pilot_ran = list(report["ran"])
-            result = history.append(
+            result = _append(
+                history,
                 reasoning=last.reasoning,
                 code=last.code,
                 output=f"{last.output}\n{PILOT} {NO_PROGRESS}, so the default loop's next phase ran:\n{taken}",
@@ -384,8 +405,8 @@ class OptimizerAgent(dspy.Module):
         last = result.entries[-1]
         outputs, error = self._submission({name: self._current() for name in output_field_names}, output_field_names)
         if error is not None:  # (the working program's own instructions always pass; kept for a custom check)
-            return history.append(reasoning=last.reasoning, code=last.code, output=f"{last.output}\n{error}")
-        final = history.append(reasoning=last.reasoning, code=last.code, output=f"{last.output}\nFINAL: {outputs}")
+            return _append(history, reasoning=last.reasoning, code=last.code, output=f"{last.output}\n{error}")
+        final = _append(history, reasoning=last.reasoning, code=last.code, output=f"{last.output}\nFINAL: {outputs}")
         return Prediction(
             **outputs,
             trajectory=[entry.model_dump() for entry in final],
@@ -397,7 +418,13 @@ class OptimizerAgent(dspy.Module):
         try:
             return repl.execute(code, variables=dict(input_args))
         except (CodeExecutionError, SyntaxError) as exc:
-            return f"[Error] {format_error_for_lm(exc)}"
+            text = format_error_for_lm(exc)
+            if text.rstrip().endswith("MemoryError:"):  # Python's own says nothing: say what fills the memory
+                text = text.rstrip() + (
+                    " the REPL's memory is full: objects you keep in variables hold it (del the large ones you no "
+                    "longer need) and process the data in pieces."
+                )
+            return f"[Error] {text}"
 
     def _extract_fallback(self, variables, history, output_field_names) -> Prediction:
         """Out of turns without a SUBMIT: the root LM is asked to extract the outputs from the history. When that
@@ -433,8 +460,8 @@ class OptimizerAgent(dspy.Module):
         if isinstance(result, FinalOutput):
             parsed, error = self._submission(result.output, output_field_names)
             if error is not None:
-                return history.append(reasoning=action.reasoning, code=code, output=error)
-            final = history.append(reasoning=action.reasoning, code=code, output=f"FINAL: {parsed}")
+                return _append(history, reasoning=action.reasoning, code=code, output=error)
+            final = _append(history, reasoning=action.reasoning, code=code, output=f"FINAL: {parsed}")
             return Prediction(
                 **parsed, trajectory=[entry.model_dump() for entry in final], final_reasoning=action.reasoning
             )
@@ -442,8 +469,8 @@ class OptimizerAgent(dspy.Module):
             output = "\n".join(map(str, result))
         else:
             output = str(result) if result else ""
-        return history.append(
-            reasoning=action.reasoning, code=code, output=output or "(no output - did you forget to print?)"
+        return _append(
+            history, reasoning=action.reasoning, code=code, output=output or "(no output - did you forget to print?)"
         )
 
     def _submission(self, raw: Any, output_field_names: list[str]) -> tuple[dict[str, Any] | None, str | None]:

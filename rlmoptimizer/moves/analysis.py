@@ -101,7 +101,7 @@ def prompts_for(failures: int) -> int:
 
 def _digest(value: Any) -> str:
     text = json.dumps(value, ensure_ascii=False, sort_keys=True, default=repr)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 class _Book:

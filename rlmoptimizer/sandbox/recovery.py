@@ -6,6 +6,7 @@ May import: the standard library, ``rlmoptimizer.errors``, ``rlmoptimizer.sandbo
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -113,6 +114,10 @@ def lost_process(interp: DenoInterpreter, diagnostic: str, timed_out: bool, idle
     return ProcessLost(diagnostic, False)
 
 
+_HOST_PATH = re.compile(r"(?:file://)?/[^\s:;,()'\"]*/([^/\s:;,()'\"]+\.(?:js|mjs|ts|py))")
+"""A host file's path in a diagnostic (Deno's stack frames name the runner on the host): only its name is shown."""
+
+
 def exit_diagnostic(interp: DenoInterpreter, error: Exception) -> str:
     """What is known about a dead process: its exit code, the end of its stderr, the protocol error."""
     deno_process, parts = interp.deno_process, []
@@ -123,8 +128,8 @@ def exit_diagnostic(interp: DenoInterpreter, error: Exception) -> str:
             pass
         stderr = interp.stderr_text(wait_s=0.5)  # the stderr thread reads the last lines
         if stderr.strip():
-            parts.append("stderr: " + shorten(stderr, 250))
-    parts.append(shorten(str(error), 150))
+            parts.append("stderr: " + shorten(_HOST_PATH.sub(r"<sandbox>/\1", stderr), 250))
+    parts.append(shorten(_HOST_PATH.sub(r"<sandbox>/\1", str(error)), 150))
     return "; ".join(parts)
 
 
@@ -133,8 +138,16 @@ def shorten(text: str, limit: int = _DIAGNOSTIC_CHARS) -> str:
     return text if len(text) <= limit else "..." + text[-limit:]
 
 
+MAX_NAMES_SHOWN = 40
+"""The lost variables a restart message names; the rest are counted (the advice after the list must stay in view)."""
+
+
 def names_list(names: list[str]) -> str:
-    return "[" + ", ".join(names) + "]" if names else "[] (none)"
+    if not names:
+        return "[] (none)"
+    shown = ", ".join(names[:MAX_NAMES_SHOWN])
+    more = len(names) - MAX_NAMES_SHOWN
+    return f"[{shown}, ... and {more} more]" if more > 0 else f"[{shown}]"
 
 
 def restart_message(

@@ -41,7 +41,7 @@ class AnswerStore:
 
     def key_for(self, prompt: str) -> tuple[str, int]:
         """The key of the next asking of ``prompt`` and how many times it was asked before (0 the first time)."""
-        digest = hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:32]
+        digest = hashlib.sha256(prompt.encode("utf-8", "surrogatepass")).hexdigest()[:32]
         with self._lock:
             seen = self._asked.get(digest, 0)
             self._asked[digest] = seen + 1

@@ -46,9 +46,21 @@ def atomic_write_text(path: str | Path, text: str, durable: bool = True) -> None
         fsync_path(path.parent)
 
 
+def json_text(data: Any, **kwargs: Any) -> str:
+    """``json.dumps(data)`` with non-ASCII kept as is, unless the text holds a lone surrogate (half of a character,
+    as an LM or a sliced string may produce), which has no UTF-8 form: then every non-ASCII character is escaped,
+    and the JSON still reads back to the same strings."""
+    text = json.dumps(data, ensure_ascii=False, **kwargs)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(data, ensure_ascii=True, **kwargs)
+    return text
+
+
 def atomic_write_json(path: str | Path, data: Any, durable: bool = True) -> None:
-    """:func:`atomic_write_text` of ``data`` as indented JSON (non-ASCII kept as is)."""
-    atomic_write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n", durable=durable)
+    """:func:`atomic_write_text` of ``data`` as indented JSON (:func:`json_text`: non-ASCII kept as is)."""
+    atomic_write_text(path, json_text(data, indent=2) + "\n", durable=durable)
 
 
 def fsync_path(path: Path, flags: int = os.O_RDONLY) -> None:

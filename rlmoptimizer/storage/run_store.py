@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rlmoptimizer.records import SPLITS, EvalRun, ExampleResult
-from rlmoptimizer.storage.files import BackgroundSync, atomic_write_json
+from rlmoptimizer.storage.files import BackgroundSync, atomic_write_json, json_text
 from rlmoptimizer.storage.layout import RUNS, RunLayout
 
 logger = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ class PendingLog:
         self._write(header)
 
     def _write(self, data: dict[str, Any]) -> None:
-        self._handle.write(json.dumps(data, ensure_ascii=False) + "\n")
+        self._handle.write(json_text(data) + "\n")
         self._handle.flush()
 
     def append(self, record: ExampleResult) -> None:

@@ -208,3 +208,24 @@ def test_a_reply_only_json_can_parse_is_retried_with_the_same_prompt_before_the_
     assert first_turn[0] == first_turn[1] == first_turn[2]
     assert "Respond with a JSON object" not in str(first_turn[0])
     assert "Respond with a JSON object" in str(first_turn[3])
+
+
+def test_half_a_character_in_a_cells_output_is_shown_escaped_and_the_run_goes_on(tmp_path):
+    """Regression: a cell that printed a lone surrogate (half of an emoji: an LM's JS-style escape, a string sliced
+    in the middle) stopped compile(): the turn's record could not be written as UTF-8, and no provider takes such a
+    text in a request. The output is now shown escaped, and the next request is valid."""
+    root = scripted_agent(
+        [
+            {"reasoning": "print", "code": "s = 'rocket \\ud83d\\ude80'[:8]\nprint(s)\nprint('half: \\ud83d')"},
+            SUBMIT_POLICY,
+        ]
+    )
+    result = compile_tickets(root, run_storage_dir=tmp_path / "run")
+    printed = outputs(result)[0]
+    assert "rocket \\ud83d" in printed and "half: \\ud83d" in printed  # what was there, escaped
+    assert result.optimized_dspy_program["route"] == POLICY_PROMPT
+    second_request = json.dumps(root.calls[1], ensure_ascii=False)
+    second_request.encode("utf-8")  # valid Unicode: a provider can receive it
+    assert "half: \\\\ud83d" in second_request  # the turn as the agent sees it
+    turns = sorted((tmp_path / "run" / "turns").glob("*.json"))
+    assert turns and "half: \\\\ud83d" in turns[0].read_text(encoding="utf-8")

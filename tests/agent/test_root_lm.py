@@ -282,3 +282,31 @@ def test_the_tool_list_sends_each_tools_summary_and_help_prints_the_rest_in_the_
     shown = outputs(result)[0]
     assert "Help on function compare" in shown and "split='train'" in shown  # the signature, from the wrapper
     assert tool_summary(AgentTools.compare) in shown and shown.count(detail) == 2
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "```python\n    x = 1\n    if x:\n        print(x)\n```",  # a block indented as a whole (a list item's)
+        "    x = 1\n    if x:\n        print(x)",  # no fence
+        "Here it is:\n```python\n  x = 1\n  if x:\n      print(x)\n",  # unclosed
+    ],
+)
+def test_code_indented_as_a_whole_is_dedented_so_it_runs(reply):
+    from rlmoptimizer.agent.agent import code_of
+
+    code = code_of(reply)
+    assert code.splitlines()[0] == "x = 1" and code.splitlines()[2].strip() == "print(x)"
+    compile(code, "<cell>", "exec")  # no IndentationError
+
+
+def test_a_memory_error_with_no_message_tells_the_agent_what_fills_the_memory():
+    from rlmoptimizer.agent._dspy import CodeExecutionError
+    from rlmoptimizer.agent.agent import OptimizerAgent
+
+    class FullREPL:
+        def execute(self, code, variables=None):
+            raise CodeExecutionError("MemoryError: ")
+
+    shown = OptimizerAgent._execute(FullREPL(), "x = [0] * 10**10", {})
+    assert shown.startswith("[Error] MemoryError: the REPL's memory is full") and "del the large ones" in shown

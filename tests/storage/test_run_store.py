@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -60,6 +61,22 @@ def test_atomic_write_json_writes_and_replaces(tmp_path):
     atomic_write_text(path, "replaced")
     assert path.read_text() == "replaced"
     assert sorted(p.name for p in path.parent.iterdir()) == ["state.json"]
+
+
+def test_half_a_character_is_written_escaped_and_reads_back_the_same(tmp_path):
+    """A lone surrogate (an LM's answer may hold one) has no UTF-8 form: the file and the pending log escape it."""
+    path = tmp_path / "state.json"
+    atomic_write_json(path, {"text": "half \ud83d", "other": "é"})
+    assert json.loads(path.read_text(encoding="utf-8")) == {"text": "half \ud83d", "other": "é"}
+
+    store = RunStore(tmp_path / "runs")
+    run = make_run()
+    odd = dataclasses.replace(run.records[1], predicted={"answer": "a \udc80"})
+    log = store.open_pending({"split": "train", "instructions": run.instructions, "label": "agent", "requested": 2})
+    log.append(odd)
+    log.close()
+    [(_, _, records)] = store.pending()
+    assert records[0].predicted == {"answer": "a \udc80"}
 
 
 def test_a_crash_while_writing_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
