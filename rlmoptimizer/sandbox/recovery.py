@@ -108,7 +108,7 @@ def lost_process(interp: DenoInterpreter, diagnostic: str, timed_out: bool, idle
     if timed_out:
         return ProcessLost(diagnostic, True)
     if idle_cpu is not None:
-        return ProcessLost(f"{idle_cpu:.1f} s of CPU used between executions", False, "background")
+        return ProcessLost(f"{idle_cpu:.1f} s of CPU used while it waited", False, "background")
     if process.ran_out_of_memory(interp.stderr_text(wait_s=0.5)):
         return ProcessLost(diagnostic, False, "memory")
     return ProcessLost(diagnostic, False)
@@ -176,10 +176,10 @@ def restart_message(
         )
     if lost.reason == "background":
         return (
-            "BackgroundWork: something an earlier execution started (a Web Worker, a timer, a pending async "
-            f"task) kept running after it ended ({shorten(lost.diagnostic, 80)}), so the sandbox process was "
-            f"stopped. {restored} {lost_text} Do not leave work running after an execution: await what you "
-            "start within the same execution."
+            "BackgroundWork: something an execution started (a Web Worker, a timer, a pending async task) kept "
+            f"running after it ended or while a tool call ran ({shorten(lost.diagnostic, 80)}), so the sandbox "
+            f"process was stopped. {restored} {lost_text} Do not leave work running: await what you start within "
+            "the same execution, before you call a tool."
         )
     if lost.timed_out:
         return (

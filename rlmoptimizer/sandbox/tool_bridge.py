@@ -55,8 +55,11 @@ class ToolBridge:
 
     ``watchdog`` returns the sandbox's current watchdog; a tool call pauses it while the tool runs."""
 
-    def __init__(self, watchdog: Callable[[], Watchdog | None]) -> None:
+    def __init__(self, watchdog: Callable[[], Watchdog | None], watch_idle: Callable[[], None] = lambda: None) -> None:
+        """``watchdog``: the session's current watchdog; ``watch_idle()``: starts the watch on the idle process's CPU
+        (a tool call leaves the process waiting: what burns CPU then is work the cell left running)."""
         self._watchdog = watchdog
+        self._watch_idle = watch_idle
         self.registration_key: str | None = None
         self.registered_tools: set[str] = set()  # tool functions defined in the current process
         self.wrapped: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {}
@@ -105,7 +108,8 @@ class ToolBridge:
             self.reported_names = set(names)
 
     def pausing(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``fn`` with the watchdog paused while it runs (awaiting it too if it is async)."""
+        """``fn`` with the watchdog paused while it runs (awaiting it too if it is async), and the process's CPU
+        watched as between cells."""
 
         check = _argument_checker(fn)
 
@@ -114,6 +118,7 @@ class ToolBridge:
             kwargs = check(kwargs)
             watchdog = self._watchdog()
             watchdog.pause()
+            self._watch_idle()
             try:
                 result = fn(**kwargs)
                 return run_awaitable(result) if inspect.isawaitable(result) else result

@@ -1,5 +1,6 @@
-"""The per-cell time limit, and the watch between cells: a thread that calls back once an armed call has run
-too long, or once the idle process has used too much CPU.
+"""The per-cell time limit, and the watch on an idle process (between cells, and while a cell waits on a host tool
+call): a thread that calls back once an armed call has run too long, or once the idle process has used too much
+CPU.
 
 May import: the standard library only.
 """
@@ -25,7 +26,8 @@ class Watchdog:
     """Calls ``on_expire`` once the armed call has spent ``limit`` seconds running.
 
     Counts only the time between :meth:`arm`/:meth:`resume` and :meth:`pause`/:meth:`disarm`, so
-    host tool calls (paused) are not charged. Between calls, :meth:`idle` watches a CPU clock instead. Any
+    host tool calls (paused) are not charged. Between calls and while paused, :meth:`idle` watches a CPU clock
+    instead (until the next :meth:`arm` or :meth:`resume`). Any
     limit is safe (infinite, NaN or huge: such a limit never expires, and the thread lives on). One daemon
     thread per watchdog."""
 
@@ -60,6 +62,7 @@ class Watchdog:
 
     def resume(self) -> None:
         with self._cond:
+            self._idle = None
             if self._limit is not None and self._since is None:
                 self._since = time.monotonic()
                 self._cond.notify()
@@ -78,14 +81,14 @@ class Watchdog:
         allowance_s: float,
         share: float,
     ) -> None:
-        """Until the next :meth:`arm`: sample ``cpu_seconds()`` and call ``on_exceed(used)`` once the CPU used
-        since now exceeds ``allowance_s`` plus ``share`` of the time passed. Does nothing if the clock cannot be
-        read (``None``)."""
+        """Until the next :meth:`arm` or :meth:`resume`: sample ``cpu_seconds()`` and call ``on_exceed(used)`` once
+        the CPU used since now exceeds ``allowance_s`` plus ``share`` of the time passed. Does nothing while an
+        armed call is counting, or if the clock cannot be read (``None``)."""
         start = cpu_seconds()
         if start is None:
             return
         with self._cond:
-            if self._limit is None:
+            if self._since is None:
                 self._idle = (cpu_seconds, on_exceed, start, time.monotonic(), allowance_s, share)
                 self._cond.notify()
 
@@ -97,7 +100,7 @@ class Watchdog:
     def _loop(self) -> None:
         with self._cond:
             while not self._stopped:
-                if self._limit is None and self._idle is not None:
+                if self._since is None and self._idle is not None:
                     self._cond.wait(_IDLE_SAMPLE_S)
                     self._check_idle()
                     continue
@@ -118,7 +121,7 @@ class Watchdog:
 
     def _check_idle(self) -> None:
         idle = self._idle
-        if idle is None or self._limit is not None or self._stopped:
+        if idle is None or self._since is not None or self._stopped:
             return
         cpu_seconds, on_exceed, start, since, allowance_s, share = idle
         try:

@@ -348,3 +348,33 @@ def test_work_a_cell_leaves_running_is_stopped_and_the_agent_told(code, monkeypa
         assert box.execute("print(setup_value)") == "3\n"  # no notice: nothing was stopped
     finally:
         box.shutdown()
+
+
+@linux_only
+def test_work_left_running_while_a_tool_call_waits_is_stopped_before_the_call_returns():
+    """Regression: the watch on a busy process ran only between cells, and a tool call pauses the cell's time
+    limit: a Worker spinning while a long tool call (a GEPA run: minutes) waited took a core all that time."""
+    seen: dict = {}
+
+    def slow_tool() -> str:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and seen["process"].poll() is None:
+            time.sleep(0.1)
+        seen["stopped_during_the_call"] = seen["process"].poll() is not None
+        return "done"
+
+    box = Sandbox(tools={"slow_tool": slow_tool}, timeout_s=120)
+    try:
+        box.start()
+        box.execute("setup_value = 3")
+        box.mark_setup_complete()
+        seen["process"] = box._interp.deno_process
+        try:
+            output = box.execute(BUSY_WORKER.replace("print('started')", "print(slow_tool())"))
+        except CodeExecutionError as error:
+            output = str(error)
+        assert seen["stopped_during_the_call"]
+        assert "BackgroundWork" in output and "tool call" in output
+        assert box.execute("print(setup_value)") == "3\n"  # the data is back in the new process
+    finally:
+        box.shutdown()

@@ -86,6 +86,29 @@ def test_idle_watch_stops_a_process_whose_cpu_keeps_running_and_spares_a_quiet_o
         watchdog.stop()
 
 
+def test_a_paused_call_is_watched_as_idle_and_its_resume_ends_that_watch():
+    watchdog = Watchdog()
+    try:
+        expired, busy = threading.Event(), threading.Event()
+        watchdog.arm(60, expired.set)
+        started = time.monotonic()
+        watchdog.idle(lambda: time.monotonic() - started, lambda s: busy.set(), allowance_s=0.3, share=0.02)
+        assert not busy.wait(1.0)  # a counting call is not idle: its own time limit watches it
+        watchdog.pause()  # a tool call: the process waits
+        started = time.monotonic()
+        watchdog.idle(lambda: time.monotonic() - started, lambda s: busy.set(), allowance_s=0.3, share=0.02)
+        assert busy.wait(30)  # a clock running like a busy core while the call waited
+        busy.clear()
+        watchdog.pause()
+        started = time.monotonic()
+        watchdog.idle(lambda: time.monotonic() - started, lambda s: busy.set(), allowance_s=0.3, share=0.02)
+        watchdog.resume()  # the tool returned: the cell runs again, under its limit only
+        assert not busy.wait(1.0) and not expired.is_set()
+        assert watchdog.disarm() is False and watchdog.alive
+    finally:
+        watchdog.stop()
+
+
 class _Chunks:
     """A binary stream serving ``data`` in chunks, like a pipe."""
 
