@@ -454,9 +454,10 @@ class _Compile:
             if on_demand
             else self._baseline("train")
         )
-        check_baseline(baseline_train)  # the same error on every example: no instructions can fix it
+        threshold = self.config.pass_threshold  # (its scale is checked on the first baseline only)
+        check_baseline(baseline_train, threshold)  # the same error on every example: no instructions can fix it
         baseline_val = self._baseline("val") if self.valset else None
-        check_baseline(baseline_val)
+        check_baseline(baseline_val, threshold if baseline_train is None else 1.0)
 
         outcome = self._run_agent(sandbox, baseline_train, baseline_val)
         submission = {**self.working.instructions(), **outcome.submitted}

@@ -134,3 +134,14 @@ def test_outputs_that_never_parse_are_left_to_the_optimizer():
         [], eval_lm=FunctionLM(lambda messages: "no fields at all"), rlm_autopilot="loop", max_metric_calls=60
     )
     assert result.selection["baseline_score"] == 0.0
+
+
+def test_a_pass_threshold_above_a_0_1_metrics_scale_is_warned_about(caplog):
+    with caplog.at_level("WARNING", logger="rlmoptimizer"):
+        compile_tickets([], rlm_autopilot="loop", max_metric_calls=40, pass_threshold=2)
+    warned = [r.getMessage() for r in caplog.records if "pass_threshold=2" in r.getMessage()]
+    assert len(warned) == 1 and "leave pass_threshold at 1" in warned[0]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rlmoptimizer"):
+        compile_tickets([], rlm_autopilot="loop", max_metric_calls=40)
+    assert not [r for r in caplog.records if "pass_threshold" in r.getMessage()]

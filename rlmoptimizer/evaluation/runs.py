@@ -13,6 +13,7 @@ May import: ``rlmoptimizer.evaluation.evaluator``, ``rlmoptimizer.storage``, ``.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -33,6 +34,8 @@ from rlmoptimizer.events import (
 from rlmoptimizer.fingerprint import get_instructions, instructions_digest
 from rlmoptimizer.records import METRIC_ERROR, PROGRAM_ERROR, EvalRun, ExampleResult
 from rlmoptimizer.storage.run_store import PendingLog, RunStore
+
+logger = logging.getLogger(__name__)
 
 
 class _RecordSink:
@@ -290,12 +293,21 @@ class Runs:
         return run
 
 
-def check_baseline(run: EvalRun | None) -> None:
+def check_baseline(run: EvalRun | None, pass_threshold: float = 1.0) -> None:
     """Raise when every example of ``run`` (the unchanged program's baseline) failed with one and the same error of
     the metric (:class:`MetricError`) or of the program (:class:`ProgramError`): an error that does not depend on
     what the LM answered, which no instructions can fix and every later evaluation would pay for again. An output
-    that does not parse is not such an error (other instructions may fix it), nor are errors that differ."""
+    that does not parse is not such an error (other instructions may fix it), nor are errors that differ.
+    Warns when ``pass_threshold`` is above 1 while the metric scores like a 0-1 metric (a perfect 1 that fails)."""
     records = run.records if run is not None else ()
+    scores = [r.score for r in records if r.error is None]
+    if pass_threshold > 1 and scores and max(scores) == 1 and min(scores) >= 0:
+        logger.warning(
+            "pass_threshold=%r, but the metric's scores on the unchanged program lie between 0 and 1, and an example "
+            "scoring 1 fails: if the metric's scale is 0-1, leave pass_threshold at 1 (every example fails otherwise, "
+            "and the loop reflects on examples the program gets right).",
+            pass_threshold,
+        )
     errors = {(r.error_kind, r.error) for r in records}
     if len(errors) != 1:
         return

@@ -170,7 +170,8 @@ class ProtocolReader:
 
     def _too_large_text(self) -> str:
         return (
-            f"this code wrote {self._oversize_bytes / 2**20:.0f} MiB on one line of output, more than the "
+            f"this code wrote {self._oversize_bytes / 2**20:.0f} MiB of output (all of a cell's output comes back as "
+            f"one message), more than the "
             f"{self._max / 2**20:.0f} MiB the sandbox passes back; it was discarded and this execution counts as "
             "failed. Print less (a summary, a slice) and keep large data in variables."
         )
