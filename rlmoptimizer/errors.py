@@ -4,9 +4,8 @@ The tree::
 
     RLMOptimizerError
      +-- ConfigurationError (also ValueError)   bad input to the optimizer; raised before any LM call
-     +-- MetricError (also TypeError)           the metric returned something that is not a score, or raised the
-     |                                      same error on every example of the unchanged program's baseline
-     +-- ProgramError                          the program raised the same error on every example of that baseline
+     +-- MetricError (also TypeError)           the metric returned something that is not a score, or raises the
+     |                                      same error on every example, the expected answer's too
      +-- BudgetExhaustedError                   a budgeted action was asked for with nothing left
      +-- StructureChangedError                  something other than instructions changed
      +-- EvaluationLMError                      the evaluation LM fails in a way retrying cannot fix
@@ -54,13 +53,8 @@ class ConfigurationError(RLMOptimizerError, ValueError):
 
 
 class MetricError(RLMOptimizerError, TypeError):
-    """The metric returned a value that is not a score (None, NaN, text, ...), or raised one and the same error on
-    every example of the unchanged program's baseline."""
-
-
-class ProgramError(RLMOptimizerError):
-    """The program raised one and the same error on every example of the unchanged program's baseline: an error in
-    its code, not in what the LM answered, so no instructions can fix it."""
+    """The metric returned a value that is not a score (None, NaN, text, ...), or raises one and the same error on
+    every example of the unchanged program's first baseline and on the expected answer given as the prediction."""
 
 
 class BudgetExhaustedError(RLMOptimizerError):

@@ -123,15 +123,6 @@ def apply_instructions(program: Any, mapping: dict[str, str], *, whole: bool = F
             raise ConfigurationError(f"instructions for step {name!r} must be a str, got {type(text).__name__}")
         if demos_step(name) is not None:
             demos[demos_step(name)] = parse_demos(name, text)
-            predictor = predictors[demos_step(name)]
-            fields = set(predictor.signature.fields)
-            strangers = [i for i, demo in enumerate(demos[demos_step(name)]) if not fields & set(demo)]
-            # (demos a step already has are the user's, whatever their keys)
-            if strangers and demos_text(getattr(predictor, "demos", None)) != canonical_json(demos[demos_step(name)]):
-                raise ConfigurationError(
-                    f"{name!r}: demo {strangers[0]} has none of the step's fields {sorted(fields)} "
-                    f"(its keys: {sorted(demos[demos_step(name)][strangers[0]])[:8]}); give each demo the step's fields"
-                )
     if whole:  # a step without a demos key has none
         demos = {name: demos.get(name, []) for name in predictors}
     for name, text in mapping.items():

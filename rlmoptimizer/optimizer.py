@@ -39,10 +39,10 @@ from rlmoptimizer.agent.window import check_root_window
 from rlmoptimizer.agent.working_program import WorkingProgram
 from rlmoptimizer.budget import BudgetLedger, baseline_on_demand, budget_for, budget_for_metric_calls, gepa_metric_calls
 from rlmoptimizer.display import Display
-from rlmoptimizer.errors import AgentToolError, MetricError, OptimizationInterrupted, ProgramError, RLMOptimizerError
+from rlmoptimizer.errors import AgentToolError, MetricError, OptimizationInterrupted, RLMOptimizerError
 from rlmoptimizer.estimate import CostEstimation, estimate_at_start
 from rlmoptimizer.evaluation.evaluator import Evaluator
-from rlmoptimizer.evaluation.runs import Runs, check_baseline
+from rlmoptimizer.evaluation.runs import Runs
 from rlmoptimizer.events import CompileFinished, CompileStarted, Observers, UserCallbacks
 from rlmoptimizer.fingerprint import (
     EXAMPLES_DIGEST_VERSION,
@@ -73,7 +73,7 @@ from rlmoptimizer.storage.identity import eval_lm_identity
 from rlmoptimizer.storage.journal import RunJournal
 from rlmoptimizer.storage.lock import RunDirectoryLock
 from rlmoptimizer.storage.notes import NotesStore
-from rlmoptimizer.storage.resume import metric_failed_message, open_run_directory, program_failed_message, where_message
+from rlmoptimizer.storage.resume import metric_failed_message, open_run_directory, where_message
 from rlmoptimizer.storage.run_store import RunStore
 from rlmoptimizer.usage import EVAL, ROOT, UsageMeter, UsageObserver
 
@@ -427,8 +427,6 @@ class _Compile:
             raise MetricError(
                 f"{exc}\n{metric_failed_message(self.directory, self.store.is_temporary, self.metric.identity)}"
             ) from exc
-        except ProgramError as exc:  # a resume would reuse the records that hold the error
-            raise ProgramError(f"{exc}\n{program_failed_message(self.directory, self.store.is_temporary)}") from exc
         except RLMOptimizerError as exc:  # e.g. the evaluation LM is unusable: say where the paid work is
             raise type(exc)(f"{exc}\n{self._where('stopped')}") from exc
         except Exception as exc:
@@ -454,10 +452,11 @@ class _Compile:
             if on_demand
             else self._baseline("train")
         )
-        threshold = self.config.pass_threshold  # (its scale is checked on the first baseline only)
-        check_baseline(baseline_train, threshold)  # the same error on every example: no instructions can fix it
+        if not self.read_back:  # a broken metric stops the run before anything is spent on it
+            self.runs.check_baseline(baseline_train)
         baseline_val = self._baseline("val") if self.valset else None
-        check_baseline(baseline_val, threshold if baseline_train is None else 1.0)
+        if not self.read_back:
+            self.runs.check_baseline(baseline_val, scale=baseline_train is None)
 
         outcome = self._run_agent(sandbox, baseline_train, baseline_val)
         submission = {**self.working.instructions(), **outcome.submitted}

@@ -16,7 +16,7 @@ import pytest
 from support.optimizing import TURNS, compile_tickets
 from support.tickets import RouteTicket, make_splits, metric, task_lm_reply
 
-from rlmoptimizer import ConfigurationError, MetricError, ProgramError
+from rlmoptimizer import ConfigurationError, MetricError
 from rlmoptimizer.errors import SandboxError
 from rlmoptimizer.sandbox import session as session_module
 from rlmoptimizer.testing import FunctionLM
@@ -110,22 +110,34 @@ def test_a_metric_that_raises_only_on_some_examples_does_not_stop_the_compile():
     assert result.selection["baseline_score"] is not None
 
 
-def test_a_program_that_raises_the_same_error_on_every_example_is_a_program_error_with_its_fix(tmp_path):
+def test_a_program_that_raises_the_same_error_on_every_example_is_named_in_a_warning(caplog):
+    """The error may be the program's code (no instructions fix it) or what the LM answers (they may): the run goes
+    on, and the warning names the error and says how to stop without losing what was paid."""
+
     class Broken(RouteTicket):
         def forward(self, ticket):
             self.summarize(ticket=ticket)
             raise RuntimeError("forgot to return the prediction")
 
-    eval_lm = FunctionLM(task_lm_reply)
-    with pytest.raises(ProgramError) as raised:
-        compile_tickets([], student=Broken(), eval_lm=eval_lm, rlm_autopilot="loop", run_storage_dir=tmp_path / "run")
-    message = str(raised.value)
-    assert (
-        "the program raised on every one of" in message and "RuntimeError: forgot to return the prediction" in message
-    )
-    # its records hold the error, and a resume would reuse them: the advice is a new directory, not a resume
-    assert "run compile() with a new run_storage_dir" in message and "to resume where it stopped" not in message
-    assert len(eval_lm.calls) == len(make_splits()[0])  # the train baseline only: one summarize call an example
+    with caplog.at_level("WARNING", logger="rlmoptimizer"):
+        result = compile_tickets([], student=Broken(), rlm_autopilot="loop", max_metric_calls=40)
+    warned = [r.getMessage() for r in caplog.records if "The program raised on every one of" in r.getMessage()]
+    assert len(warned) == 1 and "RuntimeError: forgot to return the prediction" in warned[0]
+    assert "Ctrl-C keeps what was paid" in warned[0]
+    assert result.selection["baseline_score"] == 0.0
+
+
+def test_a_metric_that_fails_on_every_answer_the_lm_gives_but_not_on_the_expected_one_does_not_stop_the_run():
+    """The same error on every example, but caused by what the program answers (here: a label the metric cannot
+    look up): other instructions may fix it, so it is data for the optimizer, not a stop."""
+    ranks = {queue: i for i, queue in enumerate(["billing", "bug", "how-to", "security"])}
+
+    def strict(example, prediction, trace=None):
+        return float(ranks[prediction.queue] == ranks[example.queue])  # KeyError on any label it does not know
+
+    eval_lm = FunctionLM(lambda messages: {"summary": "s", "reasoning": "r", "queue": "Billing Team"})
+    result = compile_tickets([], metric=strict, eval_lm=eval_lm, rlm_autopilot="loop", max_metric_calls=40)
+    assert result.selection["baseline_score"] == 0.0  # every example failed with KeyError: 'Billing Team'
 
 
 def test_outputs_that_never_parse_are_left_to_the_optimizer():

@@ -12,7 +12,6 @@ def test_public_names():
             "RLMOptimizerError",
             "ConfigurationError",
             "MetricError",
-            "ProgramError",
             "BudgetExhaustedError",
             "StructureChangedError",
             "EvaluationLMError",

@@ -33,8 +33,8 @@ import contextlib
 import contextvars
 import json
 import logging
+import os
 import re
-import textwrap
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -97,12 +97,23 @@ def _valid_text(text: Any) -> Any:
     return text
 
 
+def _dedent(text: str) -> str:
+    """``text`` without the indentation all its non-blank lines share; other lines (blank ones in a string) kept
+    as they are, unlike ``textwrap.dedent``, which empties whitespace-only lines."""
+    lines = text.split("\n")
+    margins = [line[: len(line) - len(line.lstrip())] for line in lines if line.strip()]
+    margin = os.path.commonprefix(margins) if margins else ""
+    if not margin:
+        return text
+    return "\n".join(line[len(margin) :] if line.startswith(margin) else line for line in lines)
+
+
 def code_of(reply: str) -> str:
     """The Python in a reply's ``code`` field: the first fenced block (```python or a bare ```; an unclosed one
     runs to the end), or the whole text when it has no fence line. Fence lines wrapped around the block (```
     then ```python) and a stray fence line (a closing fence with no opening one) are dropped. A block tagged with
     another language raises ``SyntaxError`` saying so. Code indented as a whole (as in a list item) is dedented."""
-    lines = textwrap.dedent(reply).strip().splitlines()
+    lines = _dedent(reply).strip().splitlines()
     while (
         len(lines) >= 2
         and lines[0].strip() == "```"
@@ -113,15 +124,15 @@ def code_of(reply: str) -> str:
     text = "\n".join(lines)
     opening = _FENCE.search(text)
     if opening is None:
-        return textwrap.dedent(text).strip()
+        return _dedent(text).strip()
     tag = opening.group(1).lower()
     if tag not in _PYTHON_TAGS:
         raise SyntaxError(f"the code block is tagged ```{tag}: write Python in a ```python block")
     closing = _FENCE.search(text, opening.end())
     if closing is None:  # one fence line only: an unclosed block, or a stray closing fence after the code
-        before, after = (textwrap.dedent(part).strip() for part in (text[: opening.start()], text[opening.end() :]))
+        before, after = (_dedent(part).strip() for part in (text[: opening.start()], text[opening.end() :]))
         return after or before
-    return textwrap.dedent(text[opening.end() : closing.start()]).strip()
+    return _dedent(text[opening.end() : closing.start()]).strip()
 
 
 def _json_object(value: Any) -> Any:

@@ -93,13 +93,23 @@ class WorkingProgram:
         if not isinstance(step, str) or step not in self.step_names:
             raise agent_error(f"unknown step name {step!r}", f"use one of {self.step_names}")
 
-    @staticmethod
-    def check_text(step: str, text: Any) -> str:
+    def check_text(self, step: str, text: Any) -> str:
+        """The agent's text for ``step`` (a demos key takes a list of dicts, or its JSON text), checked; demos other
+        than the unchanged program's own must each have a field of the step."""
         if demos_step(step) is not None:  # a step's demos: the JSON text of a list of field dicts
             try:
-                return canonical_json(parse_demos(step, canonical_json(text) if isinstance(text, list) else text))
+                demos = parse_demos(step, canonical_json(text) if isinstance(text, list) else text)
             except ConfigurationError as exc:
                 raise agent_error(str(exc), "pass a list of dicts of the step's fields, or '[]' for no demos") from None
+            fields = set(dict(self.program.named_predictors())[demos_step(step)].signature.fields)
+            strangers = [i for i, demo in enumerate(demos) if not fields & set(demo)]
+            if strangers and canonical_json(demos) != self.initial.get(step):  # (the program's own are the user's)
+                raise agent_error(
+                    f"{step!r}: demo {strangers[0]} has none of the step's fields {sorted(fields)} (its keys: "
+                    f"{sorted(demos[strangers[0]])[:8]})",
+                    "give each demo the step's fields, e.g. a train example's inputs and expected outputs",
+                )
+            return canonical_json(demos)
         if not isinstance(text, str):
             raise agent_error(
                 f"instructions for step {step!r} must be a string, got {type(text).__name__}",

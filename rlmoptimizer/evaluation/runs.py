@@ -22,8 +22,9 @@ from typing import Any
 import dspy
 
 from rlmoptimizer.budget import BudgetLedger, Reservation, example_kind
-from rlmoptimizer.errors import EvaluationLMError, MetricError, ProgramError
+from rlmoptimizer.errors import EvaluationLMError, MetricError
 from rlmoptimizer.evaluation.evaluator import EvaluationStopped, Evaluator
+from rlmoptimizer.evaluation.lm_failures import format_error
 from rlmoptimizer.events import (
     NO_OBSERVER,
     EvaluationFinished,
@@ -76,6 +77,54 @@ class Runs:
         for run in store.all():
             self._index(run)
         self._recover_pending()
+
+    def check_baseline(self, run: EvalRun | None, *, scale: bool = True) -> None:
+        """What the unchanged program's first baseline says of the metric and the program, before anything is
+        spent on them. :class:`MetricError` when the metric raised one and the same error on every example and
+        raises it again when given the example's expected answer as the prediction: it does not depend on what
+        the LM answered (a typo), so no instructions can fix it. A warning when the program raised one and the
+        same error on at least 3 examples (it may be its code), and, with ``scale``, when ``pass_threshold`` is
+        above 1 while the metric scores like a 0-1 metric."""
+        records = run.records if run is not None else ()
+        threshold = self.evaluator.pass_threshold
+        scores = [r.score for r in records if r.error is None]
+        if scale and threshold > 1 and scores and max(scores) == 1 and min(scores) >= 0:
+            logger.warning(
+                "pass_threshold=%r, but the metric's scores on the unchanged program lie between 0 and 1, and an "
+                "example scoring 1 fails: if the metric's scale is 0-1, leave pass_threshold at 1 (every example "
+                "fails otherwise, and the loop reflects on examples the program gets right).",
+                threshold,
+            )
+        errors = {(r.error_kind, r.error) for r in records}
+        if len(errors) != 1 or None in next(iter(errors)):
+            return
+        [(kind, error)] = errors
+        where = f"every one of the {len(records)} {run.split} example(s) of the unchanged program, always with {error}"
+        if kind == METRIC_ERROR and self._metric_raises_on_the_answer(
+            self.splits[run.split][records[0].example_id], error
+        ):
+            raise MetricError(
+                f"the metric raised on {where}, and again when given the expected answer as the prediction: it does "
+                "not depend on what the program answers. A metric returns a low score for a wrong answer; fix the "
+                "error (call the metric on one example and the program's prediction for it to see where it fails)."
+            )
+        if kind == PROGRAM_ERROR and len(records) >= 3 and not error.startswith("AdapterParseError"):
+            logger.warning(
+                "The program raised on %s. If that is an error in its code, no instructions can fix it: stop the run "
+                "(Ctrl-C keeps what was paid), fix it, and compile again with a new run_storage_dir (the records of "
+                "this one hold the error).",
+                where,
+            )
+
+    def _metric_raises_on_the_answer(self, example: Any, error: str) -> bool:
+        """Whether the metric raises ``error`` again when the prediction is the example's own expected answer."""
+        labels = dict(example.labels().items()) if hasattr(example, "labels") else {}
+        try:
+            with dspy.context(lm=self.evaluator.lm):
+                self.evaluator.metric.score(example, dspy.Prediction(**labels))
+        except Exception as exc:
+            return format_error(exc) == error
+        return False
 
     def _recover_pending(self) -> None:
         """Turn the records of evaluations that a killed process never finished into saved runs, and charge
@@ -291,38 +340,3 @@ class Runs:
         self._index(run)
         self.observer.on_event(EvaluationFinished(run, self.ledger.snapshot(), complete=complete))
         return run
-
-
-def check_baseline(run: EvalRun | None, pass_threshold: float = 1.0) -> None:
-    """Raise when every example of ``run`` (the unchanged program's baseline) failed with one and the same error of
-    the metric (:class:`MetricError`) or of the program (:class:`ProgramError`): an error that does not depend on
-    what the LM answered, which no instructions can fix and every later evaluation would pay for again. An output
-    that does not parse is not such an error (other instructions may fix it), nor are errors that differ.
-    Warns when ``pass_threshold`` is above 1 while the metric scores like a 0-1 metric (a perfect 1 that fails)."""
-    records = run.records if run is not None else ()
-    scores = [r.score for r in records if r.error is None]
-    if pass_threshold > 1 and scores and max(scores) == 1 and min(scores) >= 0:
-        logger.warning(
-            "pass_threshold=%r, but the metric's scores on the unchanged program lie between 0 and 1, and an example "
-            "scoring 1 fails: if the metric's scale is 0-1, leave pass_threshold at 1 (every example fails otherwise, "
-            "and the loop reflects on examples the program gets right).",
-            pass_threshold,
-        )
-    errors = {(r.error_kind, r.error) for r in records}
-    if len(errors) != 1:
-        return
-    [(kind, error)] = errors
-    where = (
-        f"every one of the {len(records)} {run.split} example(s) the unchanged program was evaluated on, always "
-        f"with {error}"
-    )
-    if kind == METRIC_ERROR:
-        raise MetricError(
-            f"the metric raised on {where}. A metric returns a low score for a wrong answer; fix the error (call the "
-            "metric on one example and the program's prediction for it to see where it fails)."
-        )
-    if kind == PROGRAM_ERROR and not error.startswith("AdapterParseError"):
-        raise ProgramError(
-            f"the program raised on {where}: an error in its code, which no instructions can fix. Fix it (call the "
-            "program on one example to see where it fails)."
-        )

@@ -108,7 +108,7 @@ def lost_process(interp: DenoInterpreter, diagnostic: str, timed_out: bool, idle
     if timed_out:
         return ProcessLost(diagnostic, True)
     if idle_cpu is not None:
-        return ProcessLost(f"{idle_cpu:.1f} s of CPU used while it waited", False, "background")
+        return ProcessLost(f"{idle_cpu:.1f} s of CPU used between executions", False, "background")
     if process.ran_out_of_memory(interp.stderr_text(wait_s=0.5)):
         return ProcessLost(diagnostic, False, "memory")
     return ProcessLost(diagnostic, False)
@@ -176,17 +176,17 @@ def restart_message(
         )
     if lost.reason == "background":
         return (
-            "BackgroundWork: something an execution started (a Web Worker, a timer, a pending async task) kept "
-            f"running after it ended or while a tool call ran ({shorten(lost.diagnostic, 80)}), so the sandbox "
-            f"process was stopped. {restored} {lost_text} Do not leave work running: await what you start within "
-            "the same execution, before you call a tool."
+            "BackgroundWork: something an earlier execution started (a Web Worker, a timer, a pending async "
+            f"task) kept running after it ended ({shorten(lost.diagnostic, 80)}), so the sandbox process was "
+            f"stopped. {restored} {lost_text} Do not leave work running after an execution: await what you "
+            "start within the same execution."
         )
     if lost.timed_out:
         return (
             f"TimeoutError: this code ran for more than {timeout_s:g} s of sandbox time and was stopped. "
             f"{restored} {lost_text} Work on smaller slices of the data, avoid unbounded loops, and keep "
-            "intermediate results in variables so a restart costs little. Time spent inside tool calls "
-            "does not count toward the limit."
+            "intermediate results in variables so a restart costs little. Waiting on a tool call does not count "
+            "toward the limit; CPU the sandbox uses meanwhile (a Worker, a timer, other tasks of the cell) does."
         )
     return (
         f"SandboxCrash: the sandbox process died while running this code "

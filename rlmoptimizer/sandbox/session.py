@@ -38,7 +38,7 @@ class Session:
     def __init__(self) -> None:
         self.interp: DenoInterpreter | None = None
         self.watchdog: Watchdog | None = None
-        self.tools = ToolBridge(lambda: self.watchdog, lambda: self.watch_idle())
+        self.tools = ToolBridge(lambda: self.watchdog, self._cpu_clock)
         self._idle_cpu_kill: float | None = None  # CPU seconds burnt between executes, when that killed it
 
     def start(self, command: list[str], workdir: str | None, memory_limit_mb: int, start_timeout_s: float) -> None:
@@ -103,9 +103,15 @@ class Session:
         idle_cpu, self._idle_cpu_kill = self._idle_cpu_kill, None
         return lost_process(interp, diagnostic, timed_out, idle_cpu)
 
+    def _cpu_clock(self) -> Callable[[], float | None] | None:
+        """The current process's CPU clock, or None when no process runs."""
+        interp = self.interp
+        if interp is None or interp.deno_process is None:
+            return None
+        return functools.partial(process.cpu_seconds, interp.deno_process.pid)
+
     def watch_idle(self) -> None:
-        """Between executes, and while an execute waits on a tool call: stop the process once it burns CPU (what a
-        cell left running), see _on_idle_cpu."""
+        """Between executes: stop the process once it burns CPU (what a cell left running), see _on_idle_cpu."""
         interp, watchdog = self.interp, self.watchdog
         if interp is None or watchdog is None or not process.alive(interp):
             return
@@ -119,9 +125,7 @@ class Session:
 
     def _on_idle_cpu(self, interp: DenoInterpreter, used_s: float) -> None:
         """Watchdog thread: the idle process used ``used_s`` s of CPU; kill it (the next execute restarts it)."""
-        logger.warning(
-            "Sandbox code kept running while the process waited (%.1f s of CPU); stopping the process.", used_s
-        )
+        logger.warning("Sandbox code kept running between executions (%.1f s of CPU); stopping the process.", used_s)
         if interp is self.interp:
             self._idle_cpu_kill = used_s
         process.kill(interp)

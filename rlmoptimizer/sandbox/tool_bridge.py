@@ -55,11 +55,13 @@ class ToolBridge:
 
     ``watchdog`` returns the sandbox's current watchdog; a tool call pauses it while the tool runs."""
 
-    def __init__(self, watchdog: Callable[[], Watchdog | None], watch_idle: Callable[[], None] = lambda: None) -> None:
-        """``watchdog``: the session's current watchdog; ``watch_idle()``: starts the watch on the idle process's CPU
-        (a tool call leaves the process waiting: what burns CPU then is work the cell left running)."""
+    def __init__(
+        self, watchdog: Callable[[], Watchdog | None], cpu_clock: Callable[[], Callable[[], float | None] | None]
+    ) -> None:
+        """``watchdog``: the session's current watchdog; ``cpu_clock()``: the current process's CPU clock (None
+        when it cannot be read), which counts toward the cell's time limit while a tool call runs."""
         self._watchdog = watchdog
-        self._watch_idle = watch_idle
+        self._cpu_clock = cpu_clock
         self.registration_key: str | None = None
         self.registered_tools: set[str] = set()  # tool functions defined in the current process
         self.wrapped: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {}
@@ -108,8 +110,8 @@ class ToolBridge:
             self.reported_names = set(names)
 
     def pausing(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``fn`` with the watchdog paused while it runs (awaiting it too if it is async), and the process's CPU
-        watched as between cells."""
+        """``fn`` with the watchdog paused while it runs (awaiting it too if it is async): the cell's time limit
+        counts only the CPU the process uses meanwhile (a Worker, a timer, the cell's other tasks), not the wait."""
 
         check = _argument_checker(fn)
 
@@ -117,8 +119,7 @@ class ToolBridge:
         def tool(**kwargs: Any) -> Any:
             kwargs = check(kwargs)
             watchdog = self._watchdog()
-            watchdog.pause()
-            self._watch_idle()
+            watchdog.pause(self._cpu_clock())
             try:
                 result = fn(**kwargs)
                 return run_awaitable(result) if inspect.isawaitable(result) else result

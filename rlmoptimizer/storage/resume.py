@@ -76,17 +76,6 @@ def metric_failed_message(directory: Any, temporary: bool, metric_id: str) -> st
     )
 
 
-def program_failed_message(directory: Any, temporary: bool) -> str:
-    """What to do once the program that stopped a compile is fixed: its runs' records hold the error, and a resume
-    would reuse them (a fix in the program's code leaves its fingerprint as it was), so a new directory."""
-    if temporary:
-        return f"Optimization stopped by the program. Fix it and run compile() again (what was paid is in {directory})."
-    return (
-        f"Optimization stopped by the program. What was paid is in {directory}, but its records hold the error: once "
-        "the program is fixed, run compile() with a new run_storage_dir (or delete this one)."
-    )
-
-
 def where_message(what: str, directory: Any, temporary: bool) -> str:
     """ "Optimization <what>." and where everything paid for is, and how to resume from it."""
     if temporary:

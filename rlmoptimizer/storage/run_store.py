@@ -57,7 +57,7 @@ def _run_number(run_id: str) -> int | None:
 
 def _json_line(raw: bytes) -> Any:
     """One line of a pending log as JSON, or None when it is torn: cut anywhere, also inside a multi-byte UTF-8
-    character (the log is written with ``ensure_ascii=False``)."""
+    character (the log keeps non-ASCII characters as they are, :func:`~rlmoptimizer.storage.files.json_text`)."""
     try:
         return json.loads(raw.decode("utf-8"))
     except ValueError:  # UnicodeDecodeError is one

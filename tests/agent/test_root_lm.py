@@ -310,3 +310,10 @@ def test_a_memory_error_with_no_message_tells_the_agent_what_fills_the_memory():
 
     shown = OptimizerAgent._execute(FullREPL(), "x = [0] * 10**10", {})
     assert shown.startswith("[Error] MemoryError: the REPL's memory is full") and "del the large ones" in shown
+
+
+def test_code_that_is_not_indented_keeps_the_whitespace_inside_its_strings():
+    from rlmoptimizer.agent.agent import code_of
+
+    code = 'update_prompt("route", """Rules:\n    \nAnswer tersely.""")'
+    assert code_of(code) == code and code_of(f"```python\n{code}\n```") == code

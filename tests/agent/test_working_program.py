@@ -11,7 +11,7 @@ from support.qa import TwoSteps, examples, field, make_evaluator
 from rlmoptimizer.agent.stop import StopRequest
 from rlmoptimizer.agent.working_program import WorkingProgram
 from rlmoptimizer.budget import BudgetLedger
-from rlmoptimizer.errors import ConfigurationError, EvaluationLMError
+from rlmoptimizer.errors import AgentToolError, ConfigurationError, EvaluationLMError
 from rlmoptimizer.evaluation.runs import Runs
 from rlmoptimizer.fingerprint import get_instructions, instructions_for_now, structural_fingerprint
 from rlmoptimizer.storage.run_store import RunStore
@@ -73,3 +73,29 @@ def test_instructions_for_now_puts_back_the_very_signatures_also_when_applying_t
     ):
         pass
     assert all(p.signature is before[name] for name, p in program.named_predictors())
+
+
+def test_demos_with_none_of_the_steps_fields_are_refused_unless_they_are_the_programs_own(tmp_path):
+    runs = Runs(
+        evaluator=make_evaluator(FunctionLM(exact_when_told)),
+        store=RunStore(tmp_path),
+        ledger=BudgetLedger(100),
+        splits={"train": examples(3)},
+    )
+    program = dspy.Predict("question -> answer")
+    program.demos = [dspy.Example(old_question="q", old_answer="a")]  # the user's, from before a field was renamed
+    working = WorkingProgram(
+        program=program, fingerprint=structural_fingerprint(program), runs=runs, stop=StopRequest()
+    )
+    own = working.initial["self:demos"]
+
+    with pytest.raises(AgentToolError, match=r"demo 1 has none of the step's fields \['answer', 'question'\]"):
+        working.check_text("self:demos", [{"question": "q1", "answer": "a1"}, {"foo": "bar"}])
+    working.set_instructions(
+        {"self:demos": working.check_text("self:demos", [{"question": "q1", "answer": "a1"}])}, "x"
+    )
+    assert [dict(d) for d in working.program.demos] == [{"question": "q1", "answer": "a1"}]
+    # the program's own demos can be put back after others were adopted, and evaluated with the unchanged map
+    assert working.check_text("self:demos", own) == own
+    run = working.evaluate("train", None, "baseline", instructions=working.initial)
+    assert run.evaluated_count == 3

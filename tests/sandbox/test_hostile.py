@@ -351,30 +351,50 @@ def test_work_a_cell_leaves_running_is_stopped_and_the_agent_told(code, monkeypa
 
 
 @linux_only
-def test_work_left_running_while_a_tool_call_waits_is_stopped_before_the_call_returns():
-    """Regression: the watch on a busy process ran only between cells, and a tool call pauses the cell's time
-    limit: a Worker spinning while a long tool call (a GEPA run: minutes) waited took a core all that time."""
+def test_cpu_used_while_a_tool_call_waits_counts_toward_the_cells_limit_and_the_wait_does_not():
+    """Regression: the time limit paused for a tool call and nothing else watched the process, so a Worker
+    spinning while a long tool call (a GEPA run: minutes) waited took a core all that time. The CPU the process uses
+    meanwhile now counts toward the cell's limit; the cell's own concurrent work within it still runs."""
     seen: dict = {}
 
-    def slow_tool() -> str:
+    def waits_for_the_process() -> str:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and seen["process"].poll() is None:
             time.sleep(0.1)
         seen["stopped_during_the_call"] = seen["process"].poll() is not None
         return "done"
 
-    box = Sandbox(tools={"slow_tool": slow_tool}, timeout_s=120)
+    def slow_tool() -> str:
+        time.sleep(6)  # longer than the cell's limit: waiting is not charged
+        return "done"
+
+    box = Sandbox(tools={"waits_for_the_process": waits_for_the_process, "slow_tool": slow_tool}, timeout_s=120)
     try:
         box.start()
         box.execute("setup_value = 3")
         box.mark_setup_complete()
+        box.timeout_s = 4.0  # the two cells below only: a limit shorter than the slow tool's wait
+        crunch_beside_the_call = (
+            "import asyncio, time\n"
+            "async def crunch():\n"
+            "    await asyncio.sleep(0.2)\n"
+            "    t = time.time()\n"
+            "    while time.time() - t < 1.5:\n"
+            "        pass\n"
+            "    return 'crunched'\n"
+            "async def call():\n"
+            "    return slow_tool()\n"
+            "print(await asyncio.gather(call(), crunch()))"
+        )
+        assert box.execute(crunch_beside_the_call) == "['done', 'crunched']\n"
         seen["process"] = box._interp.deno_process
         try:
-            output = box.execute(BUSY_WORKER.replace("print('started')", "print(slow_tool())"))
+            output = box.execute(BUSY_WORKER.replace("print('started')", "print(waits_for_the_process())"))
         except CodeExecutionError as error:
             output = str(error)
         assert seen["stopped_during_the_call"]
-        assert "BackgroundWork" in output and "tool call" in output
+        assert "TimeoutError" in output and "CPU the sandbox uses meanwhile" in output
+        box.timeout_s = 120.0
         assert box.execute("print(setup_value)") == "3\n"  # the data is back in the new process
     finally:
         box.shutdown()

@@ -86,25 +86,21 @@ def test_idle_watch_stops_a_process_whose_cpu_keeps_running_and_spares_a_quiet_o
         watchdog.stop()
 
 
-def test_a_paused_call_is_watched_as_idle_and_its_resume_ends_that_watch():
+def test_a_paused_call_counts_the_cpu_the_process_uses_not_the_wait():
     watchdog = Watchdog()
     try:
-        expired, busy = threading.Event(), threading.Event()
-        watchdog.arm(60, expired.set)
+        expired = threading.Event()
+        watchdog.arm(1.0, expired.set)
+        watchdog.pause(lambda: 5.0)  # a tool call the process only waits on: its CPU clock stands still
+        assert not expired.wait(2.0)  # past the limit in wall time, not in CPU
+        watchdog.resume()
+        assert watchdog.disarm() is False
+
+        watchdog.arm(1.0, expired.set)
         started = time.monotonic()
-        watchdog.idle(lambda: time.monotonic() - started, lambda s: busy.set(), allowance_s=0.3, share=0.02)
-        assert not busy.wait(1.0)  # a counting call is not idle: its own time limit watches it
-        watchdog.pause()  # a tool call: the process waits
-        started = time.monotonic()
-        watchdog.idle(lambda: time.monotonic() - started, lambda s: busy.set(), allowance_s=0.3, share=0.02)
-        assert busy.wait(30)  # a clock running like a busy core while the call waited
-        busy.clear()
-        watchdog.pause()
-        started = time.monotonic()
-        watchdog.idle(lambda: time.monotonic() - started, lambda s: busy.set(), allowance_s=0.3, share=0.02)
-        watchdog.resume()  # the tool returned: the cell runs again, under its limit only
-        assert not busy.wait(1.0) and not expired.is_set()
-        assert watchdog.disarm() is False and watchdog.alive
+        watchdog.pause(lambda: time.monotonic() - started)  # a Worker spinning while the call waits
+        assert expired.wait(30)
+        assert watchdog.disarm() is True and watchdog.alive
     finally:
         watchdog.stop()
 
