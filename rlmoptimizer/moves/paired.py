@@ -16,7 +16,7 @@ from typing import Any
 
 from rlmoptimizer.budget import example_kind
 from rlmoptimizer.errors import BudgetExhaustedError
-from rlmoptimizer.fingerprint import canonical_json, instructions_digest
+from rlmoptimizer.fingerprint import canonical_json, demos_step, instructions_digest
 from rlmoptimizer.moves.context import MoveContext, budget_spent, example_fields, exhausted, mean, refuse
 from rlmoptimizer.records import EvalRun, ExampleResult
 from rlmoptimizer.selection import CONFIRM, clear_gain, confirmed_differences, describe_evidence
@@ -91,7 +91,11 @@ class PairedMoves(MoveContext):
                 "summary": _summary(rows, best, split),
                 "candidates": rows,
                 "best": best,
-                "best_instructions": dict(resolved[best][1]),
+                # SUBMIT and update_prompt edit the current map: a step's demos the best lacks are named as none
+                "best_instructions": {
+                    **{k: "[]" for k in self._current() if demos_step(k)},
+                    **resolved[best][1],
+                },
                 "budget_spent": spent,
                 "budget_left": self.ledger.left,
                 "note": "; ".join(notes) or None,

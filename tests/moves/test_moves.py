@@ -242,6 +242,16 @@ def test_compare_is_paired_charges_only_new_records_and_changes_no_prompt(tmp_pa
     assert by_run["budget_spent"] == 1  # example 5 was new for that run's instructions
 
 
+def test_the_best_instructions_of_a_comparison_name_the_demos_they_lack_so_a_submission_of_them_drops_current_ones(
+    tmp_path,
+):
+    world = World(tmp_path)
+    run = world.baseline.run_id  # the unchanged program's map: no demos
+    world.program.draft.demos = [dspy.Example(question="q9", draft="D:q9")]  # then demos were adopted
+    result = world.moves.compare([run, "current"], ids=[0, 1])
+    assert result["best"] == 0 and result["best_instructions"] == {**world.initial, "draft:demos": "[]"}
+
+
 def test_compare_on_validation_returns_aggregates_only(tmp_path):
     world = World(tmp_path)
     result = world.moves.compare(["current", {"generate.predict": "PASS:0,1"}], split="val")
