@@ -39,6 +39,7 @@ def test_a_bool_nan_or_huge_argument_is_refused_clearly_and_spends_nothing():
                 "attempt('inf', lambda: compare(['current', {'route': 'x'}], ids=[0, float('inf')]))\n"
                 "attempt('huge', lambda: update_prompt('x' * 200_000, 'text'))\n"
                 "attempt('huge_candidate', lambda: compare(['current', 'y' * 200_000]))\n"
+                "attempt('half', lambda: update_prompt('route', 'Route it \\ud83d'))\n"
                 "print('spent', optimization_status()['budget_spent'])",
             },
             SUBMIT_CURRENT,
@@ -47,7 +48,7 @@ def test_a_bool_nan_or_huge_argument_is_refused_clearly_and_spends_nothing():
     )
     printed = outputs(result)[0]
     seen = refusals(printed)
-    assert set(seen) == {"rollouts", "n", "nan", "inf", "huge", "huge_candidate"}, printed
+    assert set(seen) == {"rollouts", "n", "nan", "inf", "huge", "huge_candidate", "half"}, printed
     assert all(line.startswith("REFUSED AgentToolError") for line in seen.values()), printed
     assert "argument 'rollouts' takes int, got bool True" in seen["rollouts"]
     assert "argument 'n' takes int, got bool True" in seen["n"]
@@ -57,6 +58,7 @@ def test_a_bool_nan_or_huge_argument_is_refused_clearly_and_spends_nothing():
     for label in ("huge", "huge_candidate"):
         assert len(seen[label]) < 1_500 and " -> " in seen[label], seen[label][:2_000]
     assert "characters cut" in seen["huge"]
+    assert "argument 'text' holds half a character" in seen["half"] and "\\ud83d" in seen["half"]
     assert "spent 0" in printed
     assert result.budget["spent"] == 0 and result.budget["spent_by_kind"]["sub_lm_call"] == 0
 

@@ -7,10 +7,11 @@ registered tool to turn nulls back into None and to raise an error the host mean
 (the host class whose name the host passes as ``error_name``) as that name's class here (a ValueError,
 defined in builtins so code can catch it by name) carrying the message alone; the signature shown by
 help() stays the tool's. A wrapper refuses an argument JSON cannot carry (a function, an object) with an error
-naming the argument, instead of the transport's raw "not JSON serializable", and a float nan or inf (anywhere in
-the argument) with one saying so, instead of the host's "is not valid JSON". It also removes the functions of
-tools no longer registered, and keeps the wrappers by name in ``builtins._rlmopt_tools`` and dspy's ``SUBMIT`` in
-``builtins._rlmopt_submit`` (the runner hooks restore a tool or SUBMIT that code rebound).
+naming the argument, instead of the transport's raw "not JSON serializable", a float nan or inf (anywhere in
+the argument) with one saying so, instead of the host's "is not valid JSON", and text holding half a character
+(a lone surrogate, which no LM can receive) with one naming it, instead of a bare UnicodeEncodeError. It also
+removes the functions of tools no longer registered, and keeps the wrappers by name in ``builtins._rlmopt_tools``
+and dspy's ``SUBMIT`` in ``builtins._rlmopt_submit`` (the runner hooks restore a tool or SUBMIT that code rebound).
 
 The host appends one call: ``_rlmopt_wrap_tools(names, removed, error_name)``.
 """
@@ -66,7 +67,7 @@ def _rlmopt_wrap_tools(_names, _removed, _error_name):
         def wrapper(*args, _tool=tool, _name=name, **kwargs):
             for where, value in [*enumerate(args), *kwargs.items()]:
                 try:
-                    json.dumps(value, allow_nan=False)
+                    json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8")
                 except (TypeError, ValueError, RecursionError) as exc:
                     try:
                         params = list(inspect.signature(_tool).parameters)
@@ -74,6 +75,12 @@ def _rlmopt_wrap_tools(_names, _removed, _error_name):
                     except (TypeError, ValueError):
                         pass
                     shown = repr(value)
+                    if isinstance(exc, UnicodeEncodeError):
+                        raise error_type(
+                            f"{_name}(): argument {where!r} holds half a character (a lone surrogate such as "
+                            f"{exc.object[exc.start : exc.end]!r}), which no LM can receive -> remove it, e.g. "
+                            "text.encode('utf-8', 'replace').decode('utf-8'), or write the whole character"
+                        ) from None
                     if isinstance(exc, ValueError) and "float" in str(exc):
                         raise error_type(
                             f"{_name}(): argument {where!r} is or holds a float nan or inf ({shown[:60]}), which a "
