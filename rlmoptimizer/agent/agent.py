@@ -109,30 +109,44 @@ def _dedent(text: str) -> str:
 
 
 def code_of(reply: str) -> str:
-    """The Python in a reply's ``code`` field: the first fenced block (```python or a bare ```; an unclosed one
-    runs to the end), or the whole text when it has no fence line. Fence lines wrapped around the block (```
-    then ```python) and a stray fence line (a closing fence with no opening one) are dropped. A block tagged with
-    another language raises ``SyntaxError`` saying so. Code indented as a whole (as in a list item) is dedented."""
+    """The Python in a reply's ``code`` field: its fenced blocks (```python or a bare ```; an unclosed last one runs
+    to the end) joined in order, as one cell, or the whole text when it has no fence line. Blocks tagged with another
+    language (```text, an output shown) are left out, and so are bare ones beside a ```python one; a reply whose
+    blocks are all tagged with another language raises ``SyntaxError`` saying so. Fence lines wrapped around the code (``` then ```python) and a stray fence line (a
+    closing fence with no opening one) are dropped. Code indented as a whole (as in a list item) is dedented."""
     lines = _dedent(reply).strip().splitlines()
     while (
-        len(lines) >= 2
-        and lines[0].strip() == "```"
-        and lines[-1].strip() == "```"
-        and sum(line.strip().startswith("```") for line in lines) > 2
+        len(lines) >= 4
+        and lines[0].strip() == lines[-1].strip() == "```"
+        and lines[1].strip().startswith("```")
+        and lines[-2].strip().startswith("```")
     ):
         lines = lines[1:-1]
     text = "\n".join(lines)
-    opening = _FENCE.search(text)
-    if opening is None:
+    fences = list(_FENCE.finditer(text))
+    if not fences:
         return _dedent(text).strip()
-    tag = opening.group(1).lower()
+    if len(fences) == 1:  # an unclosed block, or a stray closing fence after the code
+        (fence,) = fences
+        _python_tag(fence)
+        before, after = (_dedent(part).strip() for part in (text[: fence.start()], text[fence.end() :]))
+        return after or before
+    blocks = [
+        (opening, text[opening.end() : closing.start() if closing else len(text)])
+        for opening, closing in zip(fences[::2], [*fences[1::2], None], strict=False)  # None: unclosed
+    ]
+    tags = [opening.group(1).lower() for opening, _ in blocks]
+    wanted = {tag for tag in tags if tag} & _PYTHON_TAGS or {""}  # beside a ```python block, a bare one is output
+    python = [_dedent(body).strip() for tag, (_, body) in zip(tags, blocks, strict=True) if tag in wanted]
+    if not python:
+        _python_tag(blocks[0][0])
+    return "\n\n".join(body for body in python if body)
+
+
+def _python_tag(fence: re.Match) -> None:
+    tag = fence.group(1).lower()
     if tag not in _PYTHON_TAGS:
         raise SyntaxError(f"the code block is tagged ```{tag}: write Python in a ```python block")
-    closing = _FENCE.search(text, opening.end())
-    if closing is None:  # one fence line only: an unclosed block, or a stray closing fence after the code
-        before, after = (_dedent(part).strip() for part in (text[: opening.start()], text[opening.end() :]))
-        return after or before
-    return _dedent(text[opening.end() : closing.start()]).strip()
 
 
 def _json_object(value: Any) -> Any:

@@ -317,3 +317,27 @@ def test_code_that_is_not_indented_keeps_the_whitespace_inside_its_strings():
 
     code = 'update_prompt("route", """Rules:\n    \nAnswer tersely.""")'
     assert code_of(code) == code and code_of(f"```python\n{code}\n```") == code
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        ("```python\nx = 1\n```\nThen print it:\n```python\nprint(x)\n```", "x = 1\n\nprint(x)"),
+        ("```\nx = 1\n```\nand\n```\nprint(x)\n```", "x = 1\n\nprint(x)"),  # bare blocks are the code
+        ("```python\nprint(1)\n```\nIt prints:\n```\n1 candidate, score 0.5\n```", "print(1)"),  # bare: output
+        ("```python\nx = 1\n```\n```text\nwhat it shows\n```\n```python\nprint(x)", "x = 1\n\nprint(x)"),
+    ],
+    ids=["two python blocks", "two bare blocks", "python, then its output", "python, text, unclosed python"],
+)
+def test_a_reply_with_several_code_blocks_runs_them_in_order_as_one_cell(reply, expected):
+    """Regression: only the first block ran and the agent was not told, so a second block's call never happened."""
+    from rlmoptimizer.agent.agent import code_of
+
+    assert code_of(reply) == expected
+
+
+def test_a_reply_whose_blocks_are_all_in_another_language_is_refused_with_what_to_write():
+    from rlmoptimizer.agent.agent import code_of
+
+    with pytest.raises(SyntaxError, match="tagged ```bash: write Python in a ```python block"):
+        code_of("```bash\nls\n```\n```text\nout\n```")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from support.fakes import FunctionLM, scripted_agent
 from support.optimizing import SUBMIT_LINE
-from support.tickets import RouteTicket, make_splits, metric, task_lm_reply
+from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 
 from rlmoptimizer import RLMDocstringOptimizer
 
@@ -148,3 +148,28 @@ def test_a_cell_that_rebinds_submit_does_not_keep_the_run_from_ending():
     assert "[Notice] SUBMIT is reserved" in result.agent_trajectory[0]["output"]
     assert len(result.agent_trajectory) == 2
     assert result.agent_trajectory[-1]["final"]
+
+
+@pytest.mark.parametrize(
+    "after",
+    ["print('went on')", "raise ValueError('after the submission')"],
+    ids=["the cell goes on", "the cell raises after it"],
+)
+def test_a_submit_whose_exception_the_cell_catches_still_ends_the_run(after):
+    """Regression: ``try: SUBMIT(...) except BaseException: ...`` swallowed dspy's control-flow exception, and the
+    run went on with no notice (paid root turns) although the agent had submitted."""
+    code = (
+        "try:\n"
+        f"    SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})\n"
+        "except BaseException as caught:\n"
+        "    print('caught', type(caught).__name__)\n"
+        f"{after}"
+    )
+    result = compile_with(
+        [
+            {"reasoning": "submit, carefully", "code": code},
+            {"reasoning": "never reached", "code": "print('a second turn')"},
+        ]
+    )
+    assert len(result.agent_trajectory) == 1 and result.agent_trajectory[0]["final"]
+    assert result.route.signature.instructions == POLICY_PROMPT

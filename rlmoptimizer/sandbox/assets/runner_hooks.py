@@ -15,7 +15,8 @@ look up ``pyodide.code.eval_code`` and ``eval_code_async`` on every call:
   Before that report, a tool whose name the code rebound (``def update_prompt(...)``, ``del compare``) is put
   back (the wrappers are kept in ``builtins._rlmopt_tools``), and so is ``SUBMIT`` (kept in
   ``builtins._rlmopt_submit``); the cell's output says so: the agent is never cut off from a tool or from ending
-  the run by its own definitions.
+  the run by its own definitions. A SUBMIT whose exception the code caught (``try: SUBMIT(...) except
+  BaseException: ...``) still ends the cell as a SUBMIT, with a notice, whatever the code did after it.
 
 Once per process, the JavaScript side is hardened (:data:`_HARDEN_JS`): ``Deno.cwd()``, ``Deno.execPath()``,
 ``Deno.mainModule`` and ``Deno.args`` reveal no host path, stack traces name files without their directory,
@@ -93,9 +94,19 @@ def _rlmopt_install_hooks(report):
         return runner.run(globals, locals)
 
     async def eval_code_async(source, globals=None, locals=None, **kwargs):
+        builtins._rlmopt_submitted = caught = None  # SUBMIT's wrapper notes what it raises here
         try:
-            return await original_async(source, globals, locals, **kwargs)
+            result = await original_async(source, globals, locals, **kwargs)
+            caught = builtins._rlmopt_submitted
+            if caught is not None:  # code caught SUBMIT's exception: the cell still ends with it
+                raise caught
+            return result
         except BaseException as error:
+            submitted = builtins._rlmopt_submitted
+            if submitted is not None and (caught is not None or _type(error).__name__ != "_DSPyFinalOutput"):
+                after = "" if caught is not None else f" (the {_type(error).__name__} raised after it is dropped)"
+                _print(f"\n[Notice] this cell caught SUBMIT's exception; SUBMIT still ends the run{after}.")
+                raise carried(submitted) from None
             substitute = carried(error)
             if substitute is error:
                 raise

@@ -12,6 +12,8 @@ the argument) with one saying so, instead of the host's "is not valid JSON", and
 (a lone surrogate, which no LM can receive) with one naming it, instead of a bare UnicodeEncodeError. It also
 removes the functions of tools no longer registered, and keeps the wrappers by name in ``builtins._rlmopt_tools``
 and dspy's ``SUBMIT`` in ``builtins._rlmopt_submit`` (the runner hooks restore a tool or SUBMIT that code rebound).
+``SUBMIT`` is wrapped to note the submission it raises in ``builtins._rlmopt_submitted``: code that catches it
+(``try: SUBMIT(...) except BaseException: ...``) does not keep the run from ending.
 
 The host appends one call: ``_rlmopt_wrap_tools(names, removed, error_name)``.
 """
@@ -33,9 +35,24 @@ def _rlmopt_wrap_tools(_names, _removed, _error_name):
     for _name in _removed:
         globals().pop(_name, None)
         registry.pop(_name, None)
-    # SUBMIT as dspy just defined it (with the output fields' signature): the runner hooks put it back too.
-    if globals().get("SUBMIT") is not None:
-        builtins._rlmopt_submit = globals()["SUBMIT"]
+    # SUBMIT as dspy just defined it (with the output fields' signature), noting each submission it raises: the
+    # runner hooks put it back when code rebinds it, and end the cell with a submission that code caught.
+    submit = globals().get("SUBMIT")
+    if submit is not None and not getattr(submit, "_rlmopt_noted", False):
+
+        def noted_submit(*args, _submit=submit, **kwargs):
+            try:
+                return _submit(*args, **kwargs)
+            except BaseException as final:
+                if type(final).__name__ == "_DSPyFinalOutput":
+                    builtins._rlmopt_submitted = final
+                raise
+
+        functools.update_wrapper(noted_submit, submit)
+        noted_submit._rlmopt_noted = True
+        globals()["SUBMIT"] = submit = noted_submit
+    if submit is not None:
+        builtins._rlmopt_submit = submit
 
     error_type = getattr(builtins, _error_name, None)
     if error_type is None:
