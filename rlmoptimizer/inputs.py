@@ -397,6 +397,7 @@ def check_settings(given: dict[str, Any], dspy_gepa: dict[str, Any]) -> dict[str
         "verbose": check_flag("verbose", given["verbose"]),
         "run_storage_dir": Path(given["run_storage_dir"]) if given["run_storage_dir"] is not None else None,
         "allow_eval_lm_change": check_flag("allow_eval_lm_change", given["allow_eval_lm_change"]),
+        "allow_program_change": check_flag("allow_program_change", given["allow_program_change"]),
         "console": given["console"],
         "use_mlflow": given["use_mlflow"],
         # ``callbacks`` is also the attribute dspy reads around every teleprompter's compile (its BaseCallback's

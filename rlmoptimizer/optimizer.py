@@ -63,7 +63,7 @@ from rlmoptimizer.inputs import (
     resolve_eval_lm,
     step_lms,
 )
-from rlmoptimizer.metric import Metric
+from rlmoptimizer.metric import Metric, program_code_identity
 from rlmoptimizer.records import AgentOutcome, CompileResult, EvalRun, Selection
 from rlmoptimizer.report import MlflowTracker, check_use_mlflow, present_result, tracked
 from rlmoptimizer.sandbox import Sandbox
@@ -169,6 +169,8 @@ class RLMDocstringOptimizer(CostEstimation, Teleprompter):
             temporary directory when None.
         allow_eval_lm_change: Resume a ``run_storage_dir`` whose stored scores came from another evaluation
             LM (other model or sampling settings), reusing those scores as if the new LM had produced them.
+        allow_program_change: Resume a ``run_storage_dir`` written before the program's own code (its
+            ``forward`` or another method) changed, reusing the old code's records as the new code's.
         console: The ``rich.console.Console`` that ``verbose`` output goes to; a new one writing to standard
             error when None.
         use_mlflow: Log the run to MLflow (needs ``pip install "rlmoptimizer[mlflow]"``).
@@ -220,6 +222,7 @@ class RLMDocstringOptimizer(CostEstimation, Teleprompter):
         verbose: bool = False,
         run_storage_dir: str | Path | None = None,
         allow_eval_lm_change: bool = False,
+        allow_program_change: bool = False,
         console: Console | None = None,
         use_mlflow: bool = False,
         callbacks: list[Any] | None = None,
@@ -325,6 +328,7 @@ class _Compile:
             self.journal,
             manifest,
             allow_eval_lm_change=config.allow_eval_lm_change,
+            allow_program_change=config.allow_program_change,
             hints={"metric": self.metric.mismatch_hint},
         )
         self.read_back = self.resume.finished  # a finished compile: read back, nothing runs
@@ -394,6 +398,7 @@ class _Compile:
             "examples_digest_version": EXAMPLES_DIGEST_VERSION,
             "eval_lm": eval_lm_identity(self.eval_lm, self.program),
             "metric": self.metric.identity,
+            "program_code": program_code_identity(self.program),
             "budget_limit": self.budget_limit,
             "budget_mode": (
                 {"max_metric_calls": self.config.max_metric_calls}

@@ -24,6 +24,7 @@ FLAGS = (
     "rlm_multiturn_history",
     "verbose",
     "allow_eval_lm_change",
+    "allow_program_change",
     "use_mlflow",
 )
 TURNS = [

@@ -343,3 +343,57 @@ def test_the_longest_sandbox_timeout_reaches_the_sandbox_and_the_agents_instruct
 def test_pass_threshold_must_be_a_finite_number(bad):
     with pytest.raises(ConfigurationError, match=r"pass_threshold must be a finite number"):
         RLMDocstringOptimizer(root_lm=FunctionLM(task_lm_reply), pass_threshold=bad)
+
+
+def _edited_route_ticket() -> dspy.Module:
+    """``RouteTicket`` after its author edited its code: the same class (module and name), another ``forward``."""
+
+    def __init__(self):
+        dspy.Module.__init__(self)
+        self.summarize = dspy.ChainOfThought("ticket -> summary")
+        self.route = dspy.Predict("summary -> queue")
+
+    def forward(self, ticket):
+        summary = self.summarize(ticket=ticket.strip()).summary
+        return self.route(summary=summary)
+
+    namespace = {"__init__": __init__, "forward": forward, "__module__": RouteTicket.__module__}
+    edited = type("RouteTicket", (dspy.Module,), {**namespace, "__qualname__": RouteTicket.__qualname__})
+    return edited()
+
+
+@pytest.mark.slow
+def test_a_resume_after_the_programs_code_changed_is_refused_naming_the_class(finished_copy):
+    root, task = scripted_agent(TURNS), FunctionLM(task_lm_reply)
+    with pytest.raises(RunDirectoryMismatchError) as refused:
+        compile_in(finished_copy, root, task, student=_edited_route_ticket(), metric=partial_metric)
+    message = str(refused.value)
+    assert "the code of support.tickets.RouteTicket" in message
+    assert "new run_storage_dir" in message and "allow_program_change=True" in message
+    assert root.calls == [] and task.calls == []
+
+
+@pytest.mark.slow
+def test_allow_program_change_resumes_with_the_stored_records_and_records_the_new_code(finished_copy, caplog):
+    first = json.loads((finished_copy / "result.json").read_text())
+    task = FunctionLM(task_lm_reply)
+    with caplog.at_level(logging.WARNING, logger="rlmoptimizer"):
+        result = compile_in(
+            finished_copy, TURNS, task, student=_edited_route_ticket(), allow_program_change=True, metric=partial_metric
+        )
+    assert task.calls == [] and result.optimized_dspy_program == first["optimized_dspy_program"]
+    assert "allow_program_change=True" in caplog.text and "support.tickets.RouteTicket" in caplog.text
+    # the edited code is now the recorded one: the original is the change now
+    compile_in(finished_copy, TURNS, FunctionLM(task_lm_reply), student=_edited_route_ticket(), metric=partial_metric)
+    with pytest.raises(RunDirectoryMismatchError, match="the code of support.tickets.RouteTicket"):
+        compile_in(finished_copy, TURNS, FunctionLM(task_lm_reply), metric=partial_metric)
+
+
+@pytest.mark.slow
+def test_a_directory_written_before_the_code_was_recorded_resumes_and_records_it(finished_copy):
+    path = finished_copy / "manifest.json"
+    manifest = json.loads(path.read_text())
+    recorded = manifest.pop("program_code")
+    path.write_text(json.dumps(manifest))
+    compile_in(finished_copy, TURNS, FunctionLM(task_lm_reply), metric=partial_metric)
+    assert json.loads(path.read_text())["program_code"] == recorded

@@ -84,6 +84,7 @@ class RunJournal:
         manifest: dict[str, Any],
         *,
         allow_eval_lm_change: bool = False,
+        allow_program_change: bool = False,
         hints: Mapping[str, Callable[[Any], str]] | None = None,
     ) -> bool:
         """Write the manifest of a new directory, or check it against an existing one. ``hints``: for a setting
@@ -91,7 +92,8 @@ class RunJournal:
 
         Returns True when the directory already held this same compile (a resume). ``manifest["eval_lm"]``
         must equal the stored one (else RunDirectoryMismatchError naming each differing setting, unless
-        ``allow_eval_lm_change``); a changed ``pass_threshold`` is recorded and logged (the caller recomputes
+        ``allow_eval_lm_change``), and so must ``manifest["program_code"]`` where both record it (else the error
+        names the classes whose code changed, unless ``allow_program_change``); a changed ``pass_threshold`` is recorded and logged (the caller recomputes
         ``passed``). Nothing is written when nothing changed."""
         path = self.layout.manifest
         if not path.exists():
@@ -109,6 +111,7 @@ class RunJournal:
                 )
             )
         updates = self._check_eval_lm(stored, manifest["eval_lm"], allow_eval_lm_change)
+        updates.update(self._check_program_code(stored, manifest.get("program_code"), allow_program_change))
         old_threshold, new_threshold = stored.get("pass_threshold"), manifest.get("pass_threshold")
         if old_threshold != new_threshold:
             logger.warning(
@@ -149,6 +152,29 @@ class RunJournal:
         )
         earlier = list(stored.get("earlier_eval_lms", [])) + [old]
         return {"eval_lm": identity, "earlier_eval_lms": earlier}
+
+    def _check_program_code(self, stored: dict[str, Any], code: Any, allow_change: bool) -> dict[str, Any]:
+        old = stored.get("program_code")
+        if code is None or old == code:
+            return {}
+        if old is None:  # a directory written before the code was recorded: recorded from now on
+            return {"program_code": code}
+        changed = ", ".join(sorted(name for name in {*old, *code} if old.get(name) != code.get(name)))
+        if not allow_change:
+            raise RunDirectoryMismatchError(
+                f"run_storage_dir {str(self.directory)!r} holds what your program answered before its code changed "
+                f"(the code of {changed}: its forward or another method). Resuming would reuse the old code's "
+                "answers and scores as if the new code had given them. To start fresh, pass a new run_storage_dir "
+                "(or move or delete this one); if the change alters no answer (a refactor, logging), pass "
+                "RLMDocstringOptimizer(..., allow_program_change=True) to resume with the stored records."
+            )
+        logger.warning(
+            "The code of %s changed since %s was written (allowed by allow_program_change=True); the records of the "
+            "old code are reused.",
+            changed,
+            self.directory,
+        )
+        return {"program_code": code}
 
     # -- numbered records -------------------------------------------------------------------------
     def _next_path(self, kind: Numbered) -> Path:

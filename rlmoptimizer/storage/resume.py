@@ -48,11 +48,15 @@ def open_run_directory(
     manifest: dict[str, Any],
     *,
     allow_eval_lm_change: bool = False,
+    allow_program_change: bool = False,
     hints: Mapping[str, Callable[[Any], str]] | None = None,
 ) -> Resume:
     """Write or check the manifest (:meth:`RunJournal.open_manifest`, with its ``hints``), then read back what a
     resume needs."""
-    if not journal.open_manifest(manifest, allow_eval_lm_change=allow_eval_lm_change, hints=hints):
+    opened = journal.open_manifest(
+        manifest, allow_eval_lm_change=allow_eval_lm_change, allow_program_change=allow_program_change, hints=hints
+    )
+    if not opened:
         return Resume(resumed=False)
     return Resume(
         resumed=True,
