@@ -19,6 +19,7 @@ from typing import Any
 from rlmoptimizer.errors import AgentToolError, SandboxError
 from rlmoptimizer.sandbox import deno
 from rlmoptimizer.sandbox.process import DenoInterpreter
+from rlmoptimizer.sandbox.protocol import MAX_LINE_BYTES
 from rlmoptimizer.sandbox.watchdog import Watchdog
 
 # A cheap expression listing the REPL's global names that are not private and not modules (``js`` is a
@@ -43,7 +44,7 @@ NAMES_TOOL = "_rlmopt_names"
 def registration_code(names: list[str], removed: list[str]) -> str:
     """What runs in the sandbox after dspy registered the tools ``names`` (``removed`` are gone since)."""
     wrap = f"_rlmopt_wrap_tools({json.dumps(names)}, {json.dumps(removed)}, {json.dumps(AgentToolError.__name__)})"
-    hooks = f"_rlmopt_install_hooks(globals().get({json.dumps(NAMES_TOOL)}))"
+    hooks = f"_rlmopt_install_hooks(globals().get({json.dumps(NAMES_TOOL)}), {MAX_LINE_BYTES})"
     return "\n".join(
         [_TOOL_WRAPPERS, wrap, "del _rlmopt_wrap_tools", _RUNNER_HOOKS, hooks, "del _rlmopt_install_hooks, _HARDEN_JS"]
     )

@@ -165,6 +165,18 @@ def test_printing_more_than_the_host_accepts_is_an_error_of_that_cell(box):
     assert run(box, "print('fine')") == "fine\n"
 
 
+def test_a_print_far_past_the_limit_keeps_the_repl_and_its_variables(box):
+    """Regression: ``print('A' * 50_000_000)`` exhausted the process's memory in copies of the output (the
+    buffer, the JavaScript string, its JSON) and the REPL restarted, losing every variable."""
+    restarts = box.restarts
+    with pytest.raises(CodeExecutionError) as raised:
+        box.execute("kept = 'still here'\nprint('A' * 200_000_000)\nimport sys\nsys.stderr.write('e' * 60_000_000)")
+    message = str(raised.value)
+    assert message.startswith("OutputTooLarge:") and "191 MiB" in message and "keeps its variables" in message
+    assert box.restarts == restarts and run(box, "print(kept)") == "still here\n"
+    assert run(box, "import sys\nsys.stderr.write('e' * 60_000_000)\nprint(len('ok'))") == "2\n"  # never sent back
+
+
 # ---------------------------------------------------------------- uncaught JavaScript errors
 
 

@@ -16,19 +16,23 @@ look up ``pyodide.code.eval_code`` and ``eval_code_async`` on every call:
   back (the wrappers are kept in ``builtins._rlmopt_tools``), and so is ``SUBMIT`` (kept in
   ``builtins._rlmopt_submit``); the cell's output says so: the agent is never cut off from a tool or from ending
   the run by its own definitions. A SUBMIT whose exception the code caught (``try: SUBMIT(...) except
-  BaseException: ...``) still ends the cell as a SUBMIT, with a notice, whatever the code did after it.
+  BaseException: ...``) still ends the cell as a SUBMIT, with a notice, whatever the code did after it. The
+  cell's output buffers (dspy's ``io.StringIO``) take at most ``max_output_chars``, the most the host reads back:
+  past it, a print is only counted, and a cell that printed more fails with ``OutputTooLarge`` (its variables
+  kept), where a 50 MB print used to exhaust the process's memory in copies and restart the REPL.
 
 Once per process, the JavaScript side is hardened (:data:`_HARDEN_JS`): ``Deno.cwd()``, ``Deno.execPath()``,
 ``Deno.mainModule`` and ``Deno.args`` reveal no host path, stack traces name files without their directory,
 and an uncaught error in a timer or callback does not end the process.
 
-The host appends one call: ``_rlmopt_install_hooks(globals().get(<report tool name>))`` and deletes the
-function again.
+The host appends one call: ``_rlmopt_install_hooks(globals().get(<report tool name>), <max output chars>)`` and
+deletes the function again.
 """
 
 
-def _rlmopt_install_hooks(report):
+def _rlmopt_install_hooks(report, max_output_chars):
     import builtins
+    import io
     import json
     import sys
 
@@ -43,7 +47,7 @@ def _rlmopt_install_hooks(report):
     js.eval(_HARDEN_JS)
     original, original_async = code.eval_code, code.eval_code_async
     compiled = {}
-    _id, _type, _list, _isinstance, _len, _str = id, type, list, isinstance, len, str
+    _id, _type, _list, _isinstance, _len, _str, _zip = id, type, list, isinstance, len, str, zip
     _dumps, _float, _dict, _tuple, _print = json.dumps, float, dict, tuple, builtins.print
 
     def plain(value, depth=0):
@@ -93,13 +97,49 @@ def _rlmopt_install_hooks(report):
                 compiled[source] = runner
         return runner.run(globals, locals)
 
+    OutputTooLarge = _type("OutputTooLarge", (Exception,), {"__module__": "builtins"})  # shown by this name
+
+    class Capped:
+        """The runner's output buffer, taking at most ``max_output_chars``: past that, what is written is only
+        counted, so a huge print costs no copies (each would be tens of MB in the process's memory)."""
+
+        def __init__(self, buffer):
+            self._buffer, self.written = buffer, 0
+
+        def write(self, text):
+            size = _len(text)
+            self.written += size
+            if self.written <= max_output_chars:
+                return self._buffer.write(text)
+            if self.written - size <= max_output_chars:
+                self._buffer.seek(0)
+                self._buffer.truncate()
+            return size
+
+        def __getattr__(self, name):
+            return getattr(self._buffer, name)
+
+    def too_large(written):
+        return OutputTooLarge(
+            f"this code wrote {written / 2**20:.0f} MiB of output (all of a cell's output comes back as one "
+            f"message), more than the {max_output_chars / 2**20:.0f} MiB the sandbox passes back; it was discarded "
+            "and this execution counts as failed (the REPL keeps its variables). Print less (a summary, a slice) "
+            "and keep large data in variables."
+        )
+
     async def eval_code_async(source, globals=None, locals=None, **kwargs):
         builtins._rlmopt_submitted = caught = None  # SUBMIT's wrapper notes what it raises here
+        buffers = sys.stdout, sys.stderr
+        capped = [Capped(buffer) if _isinstance(buffer, io.StringIO) else buffer for buffer in buffers]
+        sys.stdout, sys.stderr = capped
         try:
             result = await original_async(source, globals, locals, **kwargs)
             caught = builtins._rlmopt_submitted
             if caught is not None:  # code caught SUBMIT's exception: the cell still ends with it
                 raise caught
+            written = getattr(capped[0], "written", 0)  # stderr is capped too, but never sent back
+            if written > max_output_chars:
+                raise too_large(written)
             return result
         except BaseException as error:
             submitted = builtins._rlmopt_submitted
@@ -112,6 +152,9 @@ def _rlmopt_install_hooks(report):
                 raise
             raise substitute from error
         finally:
+            for stream, buffer, name in _zip(capped, buffers, ("stdout", "stderr")):
+                if getattr(sys, name) is stream:
+                    setattr(sys, name, buffer)
             try:
                 tools = getattr(builtins, "_rlmopt_tools", None) or {}
                 rebound = sorted(
