@@ -248,6 +248,11 @@ def test_the_sandbox_reveals_no_host_path(box):
         "try:\n    js.eval('undefinedFunction()')\nexcept Exception as e:\n    _seen['thrown'] = str(e) + str(getattr(e, 'stack', ''))\n"
         "try:\n    js.eval('Error.prepareStackTrace = (e, frames) => frames.map(f => f.getFileName()).join()')\n"
         "    _seen['override'] = js.eval('new Error().stack')\nexcept Exception as e:\n    _seen['override'] = str(e)\n"
+        "import os, posix, sys, sysconfig\n"
+        "_seen['python'] = {name: repr(getattr(sys, name, None)) for name in dir(sys)}\n"
+        "_seen['environ'] = dict(os.environ)\n"
+        "_seen['posix'] = {k.decode(): v.decode() for k, v in posix.environ.items()}\n"
+        "_seen['sysconfig'] = sysconfig.get_config_var('projectbase')  # the others: Pyodide's build machine\n"
         "print(json.dumps(_seen))"
     )
     seen = json.loads(run(box, code))

@@ -22,7 +22,8 @@ look up ``pyodide.code.eval_code`` and ``eval_code_async`` on every call:
   kept), where a 50 MB print used to exhaust the process's memory in copies and restart the REPL.
 
 Once per process, the JavaScript side is hardened (:data:`_HARDEN_JS`): ``Deno.cwd()``, ``Deno.execPath()``,
-``Deno.mainModule`` and ``Deno.args`` reveal no host path, stack traces name files without their directory,
+``Deno.mainModule`` and ``Deno.args`` reveal no host path (nor do Python's ``sys.executable``, ``sys.orig_argv``
+and ``os.environ``: :func:`_hide_host_paths`), stack traces name files without their directory,
 and an uncaught error in a timer or callback does not end the process.
 
 The host appends one call: ``_rlmopt_install_hooks(globals().get(<report tool name>), <max output chars>)`` and
@@ -45,6 +46,7 @@ def _rlmopt_install_hooks(report, max_output_chars):
         code.eval_code_async.report = report  # the tool's function was defined again by this registration
         return
     js.eval(_HARDEN_JS)
+    _hide_host_paths(sys)
     original, original_async = code.eval_code, code.eval_code_async
     compiled = {}
     _id, _type, _list, _isinstance, _len, _str, _zip = id, type, list, isinstance, len, str, zip
@@ -199,6 +201,32 @@ def _rlmopt_install_hooks(report, max_output_chars):
     eval_code.__wrapped__, eval_code_async.__wrapped__ = original, original_async
     eval_code_async._rlmopt_hooked, eval_code_async.report = True, report
     code.eval_code, code.eval_code_async = eval_code, eval_code_async
+
+
+def _hide_host_paths(sys):
+    """Python's own view of how the process started names the host's runner.js (Emscripten's program name: the
+    ``_`` variable of the environment, ``sys.executable``, ``sys.orig_argv``, sysconfig's project base): the
+    same neutral name as ``Deno.mainModule`` instead."""
+    import os
+    import posix
+
+    shown = "/sandbox/main.js"
+    for name in ("executable", "_base_executable"):
+        if isinstance(getattr(sys, name, None), str):
+            setattr(sys, name, shown)
+    if getattr(sys, "orig_argv", None):
+        sys.orig_argv = [shown, *sys.orig_argv[1:]]
+    if "_" in os.environ:
+        os.environ["_"] = shown
+    if b"_" in getattr(posix, "environ", {}):
+        posix.environ[b"_"] = shown.encode()
+    sysconfig = sys.modules.get("sysconfig")  # imported before: its project base was read from the old name
+    if sysconfig is not None:
+        if hasattr(sysconfig, "_PROJECT_BASE"):
+            sysconfig._PROJECT_BASE = "/sandbox"
+        variables = getattr(sysconfig, "_CONFIG_VARS", None)
+        if isinstance(variables, dict) and "projectbase" in variables:
+            variables["projectbase"] = "/sandbox"
 
 
 _HARDEN_JS = r"""(() => {
