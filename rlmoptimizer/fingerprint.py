@@ -27,6 +27,8 @@ import json
 import logging
 import pathlib
 import re
+import sys
+import types
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -273,6 +275,87 @@ def structural_fingerprint(program: Any) -> dict[str, Any]:
 def fingerprint_digest(fp: dict[str, Any]) -> str:
     """sha256 of the canonical JSON of a fingerprint."""
     return sha256_json(fp)
+
+
+# -- the program's own code ------------------------------------------------------------------------
+_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+
+
+def _code_only(value: Any, depth: int = 0) -> Any:
+    """What code ``value`` stands for, the same in every process and after every call: a function's bytecode,
+    constants and names (its decorator's wrapped function too), its defaults and closure values as far as they are
+    plain values, tuples of them, functions or classes; any other object (a list, dict or set too) as its class's
+    name only, never its state (a retry decorator's statistics, a logger's cache, a client's clock, a mutable
+    default that fills up). Classes and functions are named without their
+    module, so a class run as ``__main__`` and imported later is the same."""
+    if isinstance(value, _PLAIN):
+        return repr(value)
+    if depth > 8:
+        return "..."
+    if isinstance(value, (tuple, frozenset)):  # a list, dict or set may be a cache that fills up: its kind only
+        items = [_code_only(item, depth + 1) for item in value]
+        return sorted(items, key=repr) if isinstance(value, frozenset) else items
+    if isinstance(value, types.CodeType):
+        return {
+            "bytecode": hashlib.sha256(value.co_code).hexdigest(),
+            "consts": [_code_only(const, depth + 1) for const in value.co_consts],
+            "names": list(value.co_names),
+        }
+    function = getattr(value, "__func__", value)  # a method, staticmethod or classmethod
+    if isinstance(function, types.FunctionType):
+        cells = []
+        for cell in function.__closure__ or ():
+            try:
+                cells.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                cells.append(None)
+        return {
+            "function": function.__qualname__,
+            "code": _code_only(function.__code__, depth + 1),
+            "defaults": _code_only([function.__defaults__, function.__kwdefaults__], depth + 1),
+            "closure": [_code_only(cell, depth + 1) if _carries_code(cell) else _kind(cell) for cell in cells],
+            "wrapped": _code_only(function.__wrapped__, depth + 1) if hasattr(function, "__wrapped__") else None,
+        }
+    if isinstance(value, type):
+        return {"class": value.__qualname__}
+    return _kind(value)
+
+
+def _carries_code(value: Any) -> bool:
+    return isinstance(value, (*_PLAIN, tuple, frozenset, type, types.FunctionType, types.MethodType))
+
+
+def _kind(value: Any) -> dict[str, str]:
+    return {"object": type(value).__qualname__}
+
+
+def program_code_identity(program: Any) -> dict[str, Any]:
+    """What the program's own code computes, for resuming a run directory: ``{"python": "3.11", "classes": {...}}``
+    where each module class of the program that is not dspy's own (``Predict``, ``ChainOfThought``) has, under its
+    ``__qualname__``, a digest of the functions it and its non-dspy bases define (``forward``, helpers) as
+    :func:`_code_only` describes them. Bytecode differs between Python versions, hence the version. Functions
+    outside the classes that the code calls are not part of it."""
+    classes: dict[str, list[str]] = {}
+    for _, module in program.named_sub_modules():
+        cls = type(module)
+        own = [base for base in cls.__mro__ if base is not object and not base.__module__.startswith("dspy.")]
+        if not own:
+            continue
+        try:
+            described = [
+                [base.__qualname__, name, _code_only(value)]
+                for base in own
+                for name, value in sorted(vars(base).items())
+                if isinstance(getattr(value, "__func__", value), types.FunctionType)
+            ]
+            digest = sha256_json(described)[:16]
+        except Exception:  # noqa: BLE001 (code that cannot be described is not recognised by its code)
+            digest = "unknown"
+        classes.setdefault(cls.__qualname__, [])
+        if digest not in classes[cls.__qualname__]:
+            classes[cls.__qualname__].append(digest)
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    return {"python": version, "classes": {name: "+".join(sorted(digests)) for name, digests in classes.items()}}
 
 
 # -- comparing -----------------------------------------------------------------------------------

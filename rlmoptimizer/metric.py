@@ -212,32 +212,6 @@ def metric_identity(fn: Callable[..., Any]) -> str:
     return f"{label}#{digest}"
 
 
-def program_code_identity(program: Any) -> dict[str, str]:
-    """What the program's own code computes, for resuming a run directory: for each module class of the program that
-    is not dspy's own (``Predict``, ``ChainOfThought``), the qualified class name and a digest of the functions it
-    and its non-dspy bases define (``forward``, helpers), described as :func:`metric_identity` describes a metric's
-    code: bytecode, constants, defaults and closure values, not line numbers. Module-level functions the code calls
-    are not part of it. A class whose code cannot be described gets ``"unknown"``."""
-    classes = {type(module) for _, module in program.named_sub_modules()}
-    identity = {}
-    for cls in sorted(classes, key=_qualified):
-        own = [base for base in cls.__mro__ if base is not object and not base.__module__.startswith("dspy.")]
-        if not own:
-            continue
-        try:
-            functions = {
-                f"{_qualified(base)}.{name}": _describe(getattr(value, "__func__", value))
-                for base in own
-                for name, value in sorted(vars(base).items())
-                if isinstance(getattr(value, "__func__", value), types.FunctionType)
-            }
-            digest = hashlib.sha256(json.dumps(functions, sort_keys=True, default=str).encode()).hexdigest()[:16]
-        except Exception:  # an exotic closure or default: the class is not recognised by its code
-            digest = "unknown"
-        identity[_qualified(cls)] = digest
-    return identity
-
-
 class Metric:
     """A user metric with its calling convention worked out once; ``fn`` is the original callable.
 

@@ -52,6 +52,7 @@ from rlmoptimizer.fingerprint import (
     examples_digest,
     fingerprint_digest,
     get_instructions,
+    program_code_identity,
     structural_fingerprint,
 )
 from rlmoptimizer.inputs import (
@@ -63,7 +64,7 @@ from rlmoptimizer.inputs import (
     resolve_eval_lm,
     step_lms,
 )
-from rlmoptimizer.metric import Metric, program_code_identity
+from rlmoptimizer.metric import Metric
 from rlmoptimizer.records import AgentOutcome, CompileResult, EvalRun, Selection
 from rlmoptimizer.report import MlflowTracker, check_use_mlflow, present_result, tracked
 from rlmoptimizer.sandbox import Sandbox

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import dspy
 import pytest
+from support.fakes import FunctionLM
 
 from rlmoptimizer.errors import ConfigurationError, StructureChangedError
 from rlmoptimizer.fingerprint import (
@@ -14,6 +21,7 @@ from rlmoptimizer.fingerprint import (
     fingerprint_digest,
     get_instructions,
     instructions_digest,
+    program_code_identity,
     structural_fingerprint,
 )
 
@@ -210,3 +218,85 @@ def test_an_edit_of_a_one_step_programs_instructions_keeps_its_demos():
     apply_instructions(program, {"self": "Answer with a number."})
     assert [dict(d) for d in program.demos] == [{"question": "1 + 1?", "answer": "2"}]
     assert program.signature.instructions == "Answer with a number."
+
+
+# -- the program's own code ------------------------------------------------------------------------------------
+
+
+class _Stateful:
+    """What a retry decorator or a client keeps: state that changes with every call and every process."""
+
+    def __init__(self):
+        self.calls, self.started = 0, time.time()
+
+
+def _counted(fn):
+    state = _Stateful()
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        state.calls += 1
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+class _Retrying(dspy.Module):
+    def __init__(self):
+        super().__init__()
+        self.answer = dspy.Predict("question -> answer")
+
+    @_counted
+    def forward(self, question, _seen={}):  # noqa: B006 (a mutable default that fills up)
+        _seen[question] = True
+        return self.answer(question=question)
+
+
+def test_a_programs_code_is_recognised_by_what_its_own_classes_compute_in_any_process():
+    from support.tickets import RouteTicket
+
+    identity = program_code_identity(RouteTicket())
+    assert list(identity["classes"]) == ["RouteTicket"]  # dspy's own Predict and ChainOfThought are not code
+    assert identity["python"] == f"{sys.version_info[0]}.{sys.version_info[1]}"
+    assert program_code_identity(dspy.Predict("question -> answer"))["classes"] == {}
+    again = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from support.tickets import RouteTicket\nfrom rlmoptimizer.fingerprint import program_code_identity as i"
+            "\nprint(i(RouteTicket())['classes']['RouteTicket'])",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).parent,
+        env={**os.environ, "PYTHONPATH": ".", "PYTHONHASHSEED": "7"},
+    )
+    assert again.stdout.strip() == identity["classes"]["RouteTicket"]
+
+    class Edited(RouteTicket):  # an edit under the same name: its own code and its base's count
+        def forward(self, ticket):
+            return super().forward(ticket=ticket.lower())
+
+    Edited.__qualname__ = "RouteTicket"
+    assert program_code_identity(Edited())["classes"]["RouteTicket"] != identity["classes"]["RouteTicket"]
+
+
+def test_state_a_decorator_default_or_closure_keeps_is_not_code():
+    """Regression of a first version: a retry decorator's statistics, a mutable default that fills up and a client's
+    clock in a closure changed the identity after a call or in a new process, and a resume was refused."""
+    program = _Retrying()
+    before = program_code_identity(program)
+    with dspy.context(lm=FunctionLM(lambda messages: {"answer": "4"})):
+        program(question="2 + 2?")
+    assert program_code_identity(program) == before
+    assert program_code_identity(_Retrying()) == before
+
+
+def test_the_module_a_class_is_imported_from_is_not_code():
+    """``python optimize.py`` records ``__main__.RAG``; a notebook importing ``optimize.RAG`` has the same code."""
+    from support.tickets import RouteTicket
+
+    moved = type("RouteTicket", (RouteTicket,), {"__module__": "__main__"})  # the same functions, run as a script
+    assert moved.__module__ != RouteTicket.__module__
+    assert program_code_identity(moved())["classes"] == program_code_identity(RouteTicket())["classes"]

@@ -368,7 +368,7 @@ def test_a_resume_after_the_programs_code_changed_is_refused_naming_the_class(fi
     with pytest.raises(RunDirectoryMismatchError) as refused:
         compile_in(finished_copy, root, task, student=_edited_route_ticket(), metric=partial_metric)
     message = str(refused.value)
-    assert "the code of support.tickets.RouteTicket" in message
+    assert "the code of RouteTicket" in message
     assert "new run_storage_dir" in message and "allow_program_change=True" in message
     assert root.calls == [] and task.calls == []
 
@@ -382,10 +382,10 @@ def test_allow_program_change_resumes_with_the_stored_records_and_records_the_ne
             finished_copy, TURNS, task, student=_edited_route_ticket(), allow_program_change=True, metric=partial_metric
         )
     assert task.calls == [] and result.optimized_dspy_program == first["optimized_dspy_program"]
-    assert "allow_program_change=True" in caplog.text and "support.tickets.RouteTicket" in caplog.text
+    assert "allow_program_change=True" in caplog.text and "The code of RouteTicket" in caplog.text
     # the edited code is now the recorded one: the original is the change now
     compile_in(finished_copy, TURNS, FunctionLM(task_lm_reply), student=_edited_route_ticket(), metric=partial_metric)
-    with pytest.raises(RunDirectoryMismatchError, match="the code of support.tickets.RouteTicket"):
+    with pytest.raises(RunDirectoryMismatchError, match="the code of RouteTicket"):
         compile_in(finished_copy, TURNS, FunctionLM(task_lm_reply), metric=partial_metric)
 
 
@@ -397,3 +397,15 @@ def test_a_directory_written_before_the_code_was_recorded_resumes_and_records_it
     path.write_text(json.dumps(manifest))
     compile_in(finished_copy, TURNS, FunctionLM(task_lm_reply), metric=partial_metric)
     assert json.loads(path.read_text())["program_code"] == recorded
+
+
+@pytest.mark.slow
+def test_a_resume_under_another_python_is_refused_saying_the_code_cannot_be_compared(finished_copy):
+    path = finished_copy / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["program_code"]["python"] = "3.0"
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(RunDirectoryMismatchError, match="written under Python 3.0 and this is Python 3") as refused:
+        compile_in(finished_copy, TURNS, FunctionLM(task_lm_reply), metric=partial_metric)
+    assert "allow_program_change=True" in str(refused.value)
+    compile_in(finished_copy, TURNS, FunctionLM(task_lm_reply), allow_program_change=True, metric=partial_metric)

@@ -109,11 +109,14 @@ def _dedent(text: str) -> str:
 
 
 def code_of(reply: str) -> str:
-    """The Python in a reply's ``code`` field: its fenced blocks (```python or a bare ```; an unclosed last one runs
-    to the end) joined in order, as one cell, or the whole text when it has no fence line. Blocks tagged with another
-    language (```text, an output shown) are left out, and so are bare ones beside a ```python one; a reply whose
-    blocks are all tagged with another language raises ``SyntaxError`` saying so. Fence lines wrapped around the code (``` then ```python) and a stray fence line (a
-    closing fence with no opening one) are dropped. Code indented as a whole (as in a list item) is dedented."""
+    """The Python in a reply's ``code`` field: its fenced blocks joined in order, as one cell, or the whole text when
+    it has no fence line. A ```python block always runs; a bare ``` one runs when it parses or comes first (else it
+    is taken for output the reply shows); a block tagged with another language (```text) is left out, and a reply
+    whose blocks are all tagged so raises ``SyntaxError`` saying so. An unclosed last block runs to the end. When
+    the joined blocks do not parse but the span from the first fence to the last does (a fence inside a string, as
+    in instructions that show a ```json example), that span is the code. Fence lines wrapped around the code
+    (``` then ```python) and a stray fence line (a closing fence with no opening one) are dropped. Code indented
+    as a whole (as in a list item) is dedented."""
     lines = _dedent(reply).strip().splitlines()
     while (
         len(lines) >= 4
@@ -132,15 +135,26 @@ def code_of(reply: str) -> str:
         before, after = (_dedent(part).strip() for part in (text[: fence.start()], text[fence.end() :]))
         return after or before
     blocks = [
-        (opening, text[opening.end() : closing.start() if closing else len(text)])
+        (opening.group(1).lower(), _dedent(text[opening.end() : closing.start() if closing else len(text)]).strip())
         for opening, closing in zip(fences[::2], [*fences[1::2], None], strict=False)  # None: unclosed
     ]
-    tags = [opening.group(1).lower() for opening, _ in blocks]
-    wanted = {tag for tag in tags if tag} & _PYTHON_TAGS or {""}  # beside a ```python block, a bare one is output
-    python = [_dedent(body).strip() for tag, (_, body) in zip(tags, blocks, strict=True) if tag in wanted]
-    if not python:
-        _python_tag(blocks[0][0])
-    return "\n\n".join(body for body in python if body)
+    candidates = [(tag, body) for tag, body in blocks if tag in _PYTHON_TAGS and body]
+    if not candidates:
+        _python_tag(fences[0])
+    code = "\n\n".join(body for at, (tag, body) in enumerate(candidates) if tag or at == 0 or _parses(body))
+    if not _parses(code) and fences[0].group(1).lower() in _PYTHON_TAGS:
+        span = _dedent(text[fences[0].end() : fences[-1].start()]).strip()
+        if _parses(span):
+            return span
+    return code
+
+
+def _parses(code: str) -> bool:
+    try:
+        compile(code, "<cell>", "exec", flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    except (SyntaxError, ValueError):
+        return False
+    return True
 
 
 def _python_tag(fence: re.Match) -> None:

@@ -46,7 +46,14 @@ def registration_code(names: list[str], removed: list[str]) -> str:
     wrap = f"_rlmopt_wrap_tools({json.dumps(names)}, {json.dumps(removed)}, {json.dumps(AgentToolError.__name__)})"
     hooks = f"_rlmopt_install_hooks(globals().get({json.dumps(NAMES_TOOL)}), {MAX_LINE_BYTES})"
     return "\n".join(
-        [_TOOL_WRAPPERS, wrap, "del _rlmopt_wrap_tools", _RUNNER_HOOKS, hooks, "del _rlmopt_install_hooks, _HARDEN_JS"]
+        [
+            _TOOL_WRAPPERS,
+            wrap,
+            "del _rlmopt_wrap_tools",
+            _RUNNER_HOOKS,
+            hooks,
+            "del _rlmopt_install_hooks, _hide_host_paths, _HARDEN_JS",
+        ]
     )
 
 

@@ -157,21 +157,36 @@ class RunJournal:
         old = stored.get("program_code")
         if code is None or old == code:
             return {}
-        if old is None:  # a directory written before the code was recorded: recorded from now on
+        if not isinstance(old, dict) or not isinstance(old.get("classes"), dict):  # written before it was recorded
             return {"program_code": code}
-        changed = ", ".join(sorted(name for name in {*old, *code} if old.get(name) != code.get(name)))
+        if old.get("python") != code["python"]:
+            what = (
+                f"was written under Python {old.get('python')} and this is Python {code['python']}: bytecode "
+                "differs between versions, so whether your program's code changed cannot be told"
+            )
+            changed = "your program"
+        else:
+            names = sorted(
+                name
+                for name in {*old["classes"], *code["classes"]}
+                if old["classes"].get(name) != code["classes"].get(name)
+            )
+            changed = "the code of " + ", ".join(names)
+            what = (
+                f"holds what your program answered before its code changed ({changed}: its forward or another method)"
+            )
         if not allow_change:
             raise RunDirectoryMismatchError(
-                f"run_storage_dir {str(self.directory)!r} holds what your program answered before its code changed "
-                f"(the code of {changed}: its forward or another method). Resuming would reuse the old code's "
-                "answers and scores as if the new code had given them. To start fresh, pass a new run_storage_dir "
-                "(or move or delete this one); if the change alters no answer (a refactor, logging), pass "
-                "RLMDocstringOptimizer(..., allow_program_change=True) to resume with the stored records."
+                f"run_storage_dir {str(self.directory)!r} {what}. Resuming would reuse the old code's answers and "
+                "scores as if the new code had given them. To start fresh, pass a new run_storage_dir (or move or "
+                "delete this one); if the code did not change, or the change alters no answer (a refactor, "
+                "logging), pass RLMDocstringOptimizer(..., allow_program_change=True) to resume with the stored "
+                "records."
             )
         logger.warning(
-            "The code of %s changed since %s was written (allowed by allow_program_change=True); the records of the "
-            "old code are reused.",
-            changed,
+            "%s changed since %s was written (allowed by allow_program_change=True); the records of the old code "
+            "are reused.",
+            changed[0].upper() + changed[1:],
             self.directory,
         )
         return {"program_code": code}

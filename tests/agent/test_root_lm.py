@@ -326,8 +326,25 @@ def test_code_that_is_not_indented_keeps_the_whitespace_inside_its_strings():
         ("```\nx = 1\n```\nand\n```\nprint(x)\n```", "x = 1\n\nprint(x)"),  # bare blocks are the code
         ("```python\nprint(1)\n```\nIt prints:\n```\n1 candidate, score 0.5\n```", "print(1)"),  # bare: output
         ("```python\nx = 1\n```\n```text\nwhat it shows\n```\n```python\nprint(x)", "x = 1\n\nprint(x)"),
+        ("Check:\n```\nprint(compare())\n```\nExpected output:\n```\nroute: 4/6 passed\n```", "print(compare())"),
+        (
+            "```\nrows = evaluate()\n```\nThen:\n```python\nprint(len(rows))\n```",
+            "rows = evaluate()\n\nprint(len(rows))",
+        ),
+        (
+            "```python\nupdate_prompt('route', '''Answer as:\n```json\n{}\n```\n''')\n```",
+            "update_prompt('route', '''Answer as:\n```json\n{}\n```\n''')",
+        ),
     ],
-    ids=["two python blocks", "two bare blocks", "python, then its output", "python, text, unclosed python"],
+    ids=[
+        "two python blocks",
+        "two bare blocks",
+        "python, then its output",
+        "python, text, unclosed python",
+        "bare code, then its output",
+        "bare code, then python",
+        "fences inside a string",
+    ],
 )
 def test_a_reply_with_several_code_blocks_runs_them_in_order_as_one_cell(reply, expected):
     """Regression: only the first block ran and the agent was not told, so a second block's call never happened."""

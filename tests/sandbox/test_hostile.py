@@ -170,7 +170,7 @@ def test_a_print_far_past_the_limit_keeps_the_repl_and_its_variables(box):
     buffer, the JavaScript string, its JSON) and the REPL restarted, losing every variable."""
     restarts = box.restarts
     with pytest.raises(CodeExecutionError) as raised:
-        box.execute("kept = 'still here'\nprint('A' * 200_000_000)\nimport sys\nsys.stderr.write('e' * 60_000_000)")
+        box.execute("kept = 'still here'\nprint('A' * 200_000_000)\nimport sys\n_ = sys.stderr.write('e' * 60_000_000)")
     message = str(raised.value)
     assert message.startswith("OutputTooLarge:") and "191 MiB" in message and "keeps its variables" in message
     assert box.restarts == restarts and run(box, "print(kept)") == "still here\n"
@@ -203,6 +203,44 @@ def test_submit_of_values_json_cannot_carry_is_an_answer_not_a_crash(box):
     restarts = box.restarts
     assert box.execute("SUBMIT({'n': float('nan'), 's': {3}})") == FinalOutput({"output": {"n": "nan", "s": "{3}"}})
     assert box.restarts == restarts
+
+
+def test_the_first_submit_ends_the_cell_even_when_caught_and_no_tool_runs_after_it():
+    """Uncaught, the first SUBMIT ends the cell: caught (``try: SUBMIT(...) except BaseException: ...``), it still
+    does, and a tool called after it (an evaluation that would spend budget) raises it again instead of running."""
+    calls = []
+
+    def spend(value: object = None) -> object:
+        calls.append(value)
+        return value
+
+    with Sandbox(tools={"spend": spend}, timeout_s=120) as box:
+        box.output_fields = [{"name": "answer", "type": "str"}]
+        code = (
+            "for value in ['first', 'second']:\n"
+            "    try:\n        SUBMIT(answer=value)\n    except BaseException:\n        pass\n"
+            "try:\n    spend('after')\nexcept BaseException:\n    pass\n"
+            "print('went on')"
+        )
+        assert box.execute(code) == FinalOutput({"answer": "first"})
+        assert calls == []
+        assert run(box, "spend('next cell')\nprint('ok')") == "ok\n" and calls == ["next cell"]
+
+
+def test_the_capped_output_buffer_is_still_a_string_buffer(box):
+    code = (
+        "import io, sys\n"
+        "print(isinstance(sys.stdout, io.StringIO), isinstance(sys.stdout, io.TextIOBase))\n"
+        "sys.stdout.writelines(['a', 'b\\n'])\n"
+        "with open('/tmp/x.txt', 'w') as f:\n    print('to a file', file=f)\n"
+        "print(sys.stdout.getvalue().splitlines()[0])"
+    )
+    assert run(box, code) == "True True\nab\nTrue True\n"
+    with pytest.raises(CodeExecutionError, match="OutputTooLarge"):  # writelines is counted too
+        box.execute("import sys\nsys.stdout.writelines(['y' * 2**20] * 40)")
+    assert run(box, "import sys\nsys.stdout.writelines(['y' * 2**20] * 40)\n'the value, not the output'") == (
+        "the value, not the output"
+    )
 
 
 def test_submit_rebound_by_a_cell_is_restored_after_it():

@@ -16,10 +16,11 @@ look up ``pyodide.code.eval_code`` and ``eval_code_async`` on every call:
   back (the wrappers are kept in ``builtins._rlmopt_tools``), and so is ``SUBMIT`` (kept in
   ``builtins._rlmopt_submit``); the cell's output says so: the agent is never cut off from a tool or from ending
   the run by its own definitions. A SUBMIT whose exception the code caught (``try: SUBMIT(...) except
-  BaseException: ...``) still ends the cell as a SUBMIT, with a notice, whatever the code did after it. The
-  cell's output buffers (dspy's ``io.StringIO``) take at most ``max_output_chars``, the most the host reads back:
-  past it, a print is only counted, and a cell that printed more fails with ``OutputTooLarge`` (its variables
-  kept), where a 50 MB print used to exhaust the process's memory in copies and restart the REPL.
+  BaseException: ...``) still ends the cell as a SUBMIT, whatever the code did after it. The cell's output buffers
+  (dspy's ``buf_stdout`` / ``buf_stderr``) are replaced by ``io.StringIO`` subclasses that keep at most ``max_output_chars``
+  UTF-8 bytes, the most the host reads back: past it, a print is only counted, and a cell that printed more fails
+  with ``OutputTooLarge`` (its variables kept), where a 50 MB print used to exhaust the process's memory in copies
+  and restart the REPL.
 
 Once per process, the JavaScript side is hardened (:data:`_HARDEN_JS`): ``Deno.cwd()``, ``Deno.execPath()``,
 ``Deno.mainModule`` and ``Deno.args`` reveal no host path (nor do Python's ``sys.executable``, ``sys.orig_argv``
@@ -49,7 +50,7 @@ def _rlmopt_install_hooks(report, max_output_chars):
     _hide_host_paths(sys)
     original, original_async = code.eval_code, code.eval_code_async
     compiled = {}
-    _id, _type, _list, _isinstance, _len, _str, _zip = id, type, list, isinstance, len, str, zip
+    _id, _type, _list, _isinstance, _len, _str = id, type, list, isinstance, len, str
     _dumps, _float, _dict, _tuple, _print = json.dumps, float, dict, tuple, builtins.print
 
     def plain(value, depth=0):
@@ -101,25 +102,28 @@ def _rlmopt_install_hooks(report, max_output_chars):
 
     OutputTooLarge = _type("OutputTooLarge", (Exception,), {"__module__": "builtins"})  # shown by this name
 
-    class Capped:
-        """The runner's output buffer, taking at most ``max_output_chars``: past that, what is written is only
-        counted, so a huge print costs no copies (each would be tens of MB in the process's memory)."""
+    class Capped(io.StringIO):
+        """The runner's output buffer, keeping at most ``max_output_chars`` (counted in UTF-8 bytes, as the host
+        counts the answer): past that, what is written is only counted, so a huge print costs no copies (each would
+        be tens of MB in the process's memory)."""
 
-        def __init__(self, buffer):
-            self._buffer, self.written = buffer, 0
+        written = 0
 
         def write(self, text):
-            size = _len(text)
+            if not _isinstance(text, _str):
+                return io.StringIO.write(self, text)  # StringIO's own error
+            size = _len(text) if text.isascii() else _len(text.encode("utf-8", "surrogatepass"))
             self.written += size
             if self.written <= max_output_chars:
-                return self._buffer.write(text)
+                return io.StringIO.write(self, text)
             if self.written - size <= max_output_chars:
-                self._buffer.seek(0)
-                self._buffer.truncate()
-            return size
+                self.seek(0)
+                self.truncate()
+            return _len(text)
 
-        def __getattr__(self, name):
-            return getattr(self._buffer, name)
+        def writelines(self, lines):
+            for line in lines:
+                self.write(line)
 
     def too_large(written):
         return OutputTooLarge(
@@ -130,33 +134,30 @@ def _rlmopt_install_hooks(report, max_output_chars):
         )
 
     async def eval_code_async(source, globals=None, locals=None, **kwargs):
-        builtins._rlmopt_submitted = caught = None  # SUBMIT's wrapper notes what it raises here
-        buffers = sys.stdout, sys.stderr
-        capped = [Capped(buffer) if _isinstance(buffer, io.StringIO) else buffer for buffer in buffers]
-        sys.stdout, sys.stderr = capped
+        builtins._rlmopt_submitted = None  # SUBMIT's wrapper notes what it raises here
+        output = None
+        if globals is not None:  # dspy's runner reads the output back as the global buf_stdout
+            for name in ("stdout", "stderr"):
+                if _type(getattr(sys, name)) is io.StringIO and globals.get("buf_" + name) is getattr(sys, name):
+                    globals["buf_" + name] = capped = Capped()
+                    setattr(sys, name, capped)
+                    output = capped if name == "stdout" else output
         try:
             result = await original_async(source, globals, locals, **kwargs)
-            caught = builtins._rlmopt_submitted
-            if caught is not None:  # code caught SUBMIT's exception: the cell still ends with it
-                raise caught
-            written = getattr(capped[0], "written", 0)  # stderr is capped too, but never sent back
-            if written > max_output_chars:
-                raise too_large(written)
+            if builtins._rlmopt_submitted is not None:  # code caught SUBMIT's exception: the cell still ends with it
+                raise builtins._rlmopt_submitted
+            if output is not None and output.written > max_output_chars and result is None:
+                raise too_large(output.written)  # (stderr is capped too, but never sent back)
             return result
         except BaseException as error:
             submitted = builtins._rlmopt_submitted
-            if submitted is not None and (caught is not None or _type(error).__name__ != "_DSPyFinalOutput"):
-                after = "" if caught is not None else f" (the {_type(error).__name__} raised after it is dropped)"
-                _print(f"\n[Notice] this cell caught SUBMIT's exception; SUBMIT still ends the run{after}.")
+            if submitted is not None and error is not submitted:  # the first SUBMIT ends the cell, caught or not
                 raise carried(submitted) from None
             substitute = carried(error)
             if substitute is error:
                 raise
             raise substitute from error
         finally:
-            for stream, buffer, name in _zip(capped, buffers, ("stdout", "stderr")):
-                if getattr(sys, name) is stream:
-                    setattr(sys, name, buffer)
             try:
                 tools = getattr(builtins, "_rlmopt_tools", None) or {}
                 rebound = sorted(

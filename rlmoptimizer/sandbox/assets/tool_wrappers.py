@@ -12,8 +12,9 @@ the argument) with one saying so, instead of the host's "is not valid JSON", and
 (a lone surrogate, which no LM can receive) with one naming it, instead of a bare UnicodeEncodeError. It also
 removes the functions of tools no longer registered, and keeps the wrappers by name in ``builtins._rlmopt_tools``
 and dspy's ``SUBMIT`` in ``builtins._rlmopt_submit`` (the runner hooks restore a tool or SUBMIT that code rebound).
-``SUBMIT`` is wrapped to note the submission it raises in ``builtins._rlmopt_submitted``: code that catches it
-(``try: SUBMIT(...) except BaseException: ...``) does not keep the run from ending.
+``SUBMIT`` is wrapped to note the first submission it raises in ``builtins._rlmopt_submitted``: code that catches
+it (``try: SUBMIT(...) except BaseException: ...``) does not keep the run from ending, and a tool called after it
+raises it again, so nothing is spent after the submission.
 
 The host appends one call: ``_rlmopt_wrap_tools(names, removed, error_name)``.
 """
@@ -44,8 +45,8 @@ def _rlmopt_wrap_tools(_names, _removed, _error_name):
             try:
                 return _submit(*args, **kwargs)
             except BaseException as final:
-                if type(final).__name__ == "_DSPyFinalOutput":
-                    builtins._rlmopt_submitted = final
+                if type(final).__name__ == "_DSPyFinalOutput" and getattr(builtins, "_rlmopt_submitted", None) is None:
+                    builtins._rlmopt_submitted = final  # the first: uncaught, it would have ended the cell
                 raise
 
         functools.update_wrapper(noted_submit, submit)
@@ -82,6 +83,9 @@ def _rlmopt_wrap_tools(_names, _removed, _error_name):
             continue
 
         def wrapper(*args, _tool=tool, _name=name, **kwargs):
+            submitted = getattr(builtins, "_rlmopt_submitted", None)
+            if submitted is not None and not _name.startswith("_"):
+                raise submitted  # code caught SUBMIT's exception: nothing is spent after the submission
             for where, value in [*enumerate(args), *kwargs.items()]:
                 try:
                     json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8")
