@@ -13,6 +13,7 @@ import difflib
 import inspect
 import logging
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -257,6 +258,30 @@ def check_flag(name: str, value: Any) -> bool:
     return value
 
 
+def check_directory(name: str, value: Any) -> Path | None:
+    """``value`` as a Path (a str or ``os.PathLike``), None as None, else :class:`ConfigurationError`."""
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)) or (isinstance(value, str) and not value.strip()):
+        raise ConfigurationError(
+            f"{name} must be a directory path (a str or pathlib.Path), got {type(value).__name__} {value!r}; "
+            "pass None for a temporary directory"
+        )
+    return Path(value)
+
+
+def check_console(value: Any) -> Any:
+    """A ``rich.console.Console`` or None, else :class:`ConfigurationError`."""
+    from rich.console import Console
+
+    if value is not None and not isinstance(value, Console):
+        raise ConfigurationError(
+            f"console must be a rich.console.Console (e.g. Console(stderr=True)) or None, got "
+            f"{type(value).__name__} {value!r}"
+        )
+    return value
+
+
 PILOT_MODES = ("off", "assist", "loop")
 
 
@@ -395,10 +420,10 @@ def check_settings(given: dict[str, Any], dspy_gepa: dict[str, Any]) -> dict[str
         "attempt": check_positive_int("attempt", given["attempt"], minimum=0),
         "track_best_outputs": given.get("track_best_outputs", False),  # checked with dspy.GEPA's names
         "verbose": check_flag("verbose", given["verbose"]),
-        "run_storage_dir": Path(given["run_storage_dir"]) if given["run_storage_dir"] is not None else None,
+        "run_storage_dir": check_directory("run_storage_dir", given["run_storage_dir"]),
         "allow_eval_lm_change": check_flag("allow_eval_lm_change", given["allow_eval_lm_change"]),
         "allow_program_change": check_flag("allow_program_change", given["allow_program_change"]),
-        "console": given["console"],
+        "console": check_console(given["console"]),
         "use_mlflow": given["use_mlflow"],
         # ``callbacks`` is also the attribute dspy reads around every teleprompter's compile (its BaseCallback's
         # on_compile_start / on_compile_end): it holds those; ours see the events of rlmoptimizer.events.

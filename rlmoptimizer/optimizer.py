@@ -312,13 +312,13 @@ class _Compile:
         if config.run_storage_dir is not None:
             directory = make_run_directory(Path(config.run_storage_dir))
             self.lock = RunDirectoryLock(directory, read_only=(directory / "result.json").exists())
-        try:
+        try:  # anything that stops the setup (a refusal, Ctrl-C while litellm loads) gives the directory up
             self._open_directory(config)
+            self.cost_estimate = estimate_at_start(self)  # before any paid call: verbose shows it, the result checks it
+            self.display.message(small_split_note(len(valset), len(trainset)) or "")
         except BaseException:
             self.release()
             raise
-        self.cost_estimate = estimate_at_start(self)  # before any paid call: verbose shows it, the result checks it
-        self.display.message(small_split_note(len(valset), len(trainset)) or "")
 
     def _open_directory(self, config: RLMDocstringOptimizer) -> None:
         self.store = RunStore(config.run_storage_dir, pass_threshold=config.pass_threshold)

@@ -124,3 +124,42 @@ def test_mlflow_params_hold_every_setting_that_shapes_a_run(tmp_path):
     arguments = {p.name for p in signature if p.kind is not inspect.Parameter.VAR_KEYWORD} - {"self"}
     assert arguments - shown_elsewhere <= set(params)
     assert {"root_lm", "eval_lm", "run_storage_dir", "metric"} <= set(params)
+
+
+def test_a_console_or_directory_of_the_wrong_kind_is_refused_when_constructed():
+    root = FunctionLM(lambda m: "x")
+    for wrong in ("x", 5, object()):
+        with pytest.raises(ConfigurationError, match="console must be a rich.console.Console"):
+            RLMDocstringOptimizer(root_lm=root, console=wrong, verbose=True)
+    for name in ("run_storage_dir", "log_dir"):
+        for wrong in (5, ["runs"], "  "):
+            with pytest.raises(ConfigurationError, match=f"{'run_storage_dir'} must be a directory path"):
+                RLMDocstringOptimizer(root_lm=root, **{name: wrong})
+    assert not root.calls
+
+
+def test_a_compile_stopped_during_its_setup_gives_its_run_directory_up(tmp_path, monkeypatch):
+    """Regression: a Ctrl-C while the first compile loaded litellm (inside the cost estimate, after the directory
+    was taken) kept the directory, and running the cell again was refused as "in use by another compile()"."""
+    import rlmoptimizer.optimizer as optimizer_module
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    trainset, valset = make_splits()
+    loop = {
+        "rlm_autopilot": "loop",
+        "eval_lm": FunctionLM(task_lm_reply),
+        "run_storage_dir": tmp_path,
+        "sub_lm": FunctionLM(lambda m: "x"),
+    }
+    with monkeypatch.context() as patched:
+        patched.setattr(optimizer_module, "estimate_at_start", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            RLMDocstringOptimizer(max_iterations=1, **loop).compile(
+                student=RouteTicket(), trainset=trainset, metric=metric, valset=valset
+            )
+    result = RLMDocstringOptimizer(max_iterations=1, **loop).compile(
+        student=RouteTicket(), trainset=trainset, metric=metric, valset=valset
+    )
+    assert result.route.signature.instructions  # the same directory, compiled in the same process
