@@ -187,3 +187,19 @@ def test_a_process_killed_mid_evaluation_loses_nothing_it_paid_for(tmp_path):
     assert len(task.calls) == 2 * (8 - 4)
     assert result.budget["spent"] == 2 + 8
     assert not list((directory / "runs").glob("pending-*"))
+
+
+def test_an_unusable_sub_lm_stops_the_run_naming_it_and_a_resume_with_a_working_one_goes_on(tmp_path):
+    """Regression: a sub LM with a bad key stopped GEPA with a log line, every later move failed the same way, and
+    compile() returned the unchanged program as a normal result."""
+    from support.optimizing import proposer
+
+    bad_key = FunctionLM(lambda messages: dspy.LMAuthError("Incorrect API key provided", model="gpt-4o"))
+    loop = {"rlm_autopilot": "loop", "max_metric_calls": 120}
+    with pytest.raises(OptimizationInterrupted, match="the sub LM is unusable: LMAuthError") as stopped:
+        compile_in(tmp_path, None, FunctionLM(task_lm_reply), sub_lm=bad_key, **loop)
+    assert "sub_lm=" in str(stopped.value) and str(tmp_path) in str(stopped.value)
+    assert bad_key.calls
+
+    resumed = compile_in(tmp_path, None, FunctionLM(task_lm_reply), sub_lm=proposer(POLICY_PROMPT), **loop)
+    assert resumed.route.signature.instructions == POLICY_PROMPT

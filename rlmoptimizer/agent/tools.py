@@ -7,12 +7,14 @@ values. A bad argument raises an exception whose message says what to do next (t
 its code cell); nothing a tool refuses changes state.
 The selection of example ids is parsed here, once per call; the inner rooms trust the ids they get.
 
-May import: ``rlmoptimizer.moves``, ``.budget``, ``.errors``, ``.events``, ``.fingerprint``, ``.records``, ``.storage``
+May import: ``rlmoptimizer.moves``, ``.budget``, ``.errors``, ``.evaluation.lm_failures``, ``.events``, ``.fingerprint``,
+``.records``, ``.storage``
 and the agent wing's own ``pilot``, ``policy``, ``prompts``, ``services`` and ``working_program``.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from collections.abc import Callable
@@ -33,7 +35,8 @@ from rlmoptimizer.agent.policy import (
 from rlmoptimizer.agent.prompts import BASELINE_TRAIN
 from rlmoptimizer.agent.services import CompileServices
 from rlmoptimizer.budget import SUB_LM_CALL, Reservation
-from rlmoptimizer.errors import ConfigurationError, StructureChangedError, agent_error
+from rlmoptimizer.errors import ConfigurationError, OptimizationInterrupted, StructureChangedError, agent_error
+from rlmoptimizer.evaluation.lm_failures import SYSTEMIC, classify_lm_failure, failure_summary
 from rlmoptimizer.events import CandidateAdded, GepaIteration
 from rlmoptimizer.fingerprint import canonical_json, demos_step, instructions_digest
 from rlmoptimizer.moves import Moves
@@ -51,6 +54,29 @@ from rlmoptimizer.storage.candidates import (
 from rlmoptimizer.storage.layout import GEPA_REFLECTIONS
 
 __all__ = ["AgentTools", "select_ids"]
+
+
+def _stops_when_the_sub_lm_is_unusable(tool: Callable) -> Callable:
+    """``tool`` (one that asks the sub LM) requesting the compile's stop when the sub LM failed with an error that
+    retrying cannot fix (a bad key, no billing, an unknown model, an unreachable host): every later move would fail
+    the same way, and the run would end with the unchanged program as if nothing could be improved."""
+
+    @functools.wraps(tool)
+    def guarded(self: AgentTools, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return tool(self, *args, **kwargs)
+        except Exception as exc:
+            failure = classify_lm_failure(exc)
+            if failure is not None and failure[0] == SYSTEMIC:  # (an unusable evaluation LM has asked to stop first)
+                self.services.stop.request(
+                    OptimizationInterrupted(
+                        f"the sub LM is unusable: {failure_summary(failure[1])}. Check its model name, API key, "
+                        "billing and network access (sub_lm=..., or root_lm when sub_lm is not given)"
+                    )
+                )
+            raise
+
+    return guarded
 
 
 def _parse_ids(ids: Any, split_size: int) -> list[int]:
@@ -329,6 +355,7 @@ class AgentTools:
         run = self.working.evaluate("train", selected, label="agent")
         return run.agent_view()
 
+    @_stops_when_the_sub_lm_is_unusable
     def run_gepa(
         self,
         budget: int | None = None,
@@ -378,6 +405,7 @@ class AgentTools:
         if observer is not None:
             observer.on_event(event)
 
+    @_stops_when_the_sub_lm_is_unusable
     def analyze_failures(self, run_id: str | None = None, step: str | None = None, use_lm: bool = True) -> dict:
         """Group every failure of a train run by step and cause, with counts and example ids. 1 unit per sub-LM prompt (use_lm=False: code groups only, free). Changes nothing.
 
@@ -387,6 +415,7 @@ class AgentTools:
             self.pilot.record(Analyzed(tuple((analysis.analysis_id, g.name, g.step) for g in analysis.groups)))
         return analysis.to_dict()
 
+    @_stops_when_the_sub_lm_is_unusable
     def propose_instructions(
         self, step: str, run_id: str | None = None, ids: Any = None, n: int = 1, guidance: str = "", group: Any = None
     ) -> dict:

@@ -6,7 +6,9 @@ evaluation stops early for two systemic reasons, and for an interrupt; it then r
 :class:`EvaluationStopped`, which holds the records that did complete and the reason:
 
 * :class:`EvaluationLMError`: the evaluation LM failed with an error retrying cannot fix (bad key, no
-  billing, unknown model, unreachable host) on ``max_consecutive_lm_failures`` consecutive examples;
+  billing, unknown model, unreachable host) on ``max_consecutive_lm_failures`` consecutive examples, or gave no
+  answer even after the retries (a 5xx, a timeout) on ``max_unanswered_in_a_row`` examples in a row, counted over
+  every evaluation of the compile (an LM that is down fails each 3-example minibatch the same way);
 * :class:`MetricError`: the metric returned something that is not a score (a bug in the metric);
 * ``KeyboardInterrupt`` (or any other exception in the calling thread) while the examples ran, or raised by a
   worker outside what the program and metric may raise (an interrupt raised inside a metric, a failing
@@ -133,6 +135,7 @@ class Evaluator:
         num_threads: int = 8,
         pass_threshold: float = 1.0,
         max_consecutive_lm_failures: int = 3,
+        max_unanswered_in_a_row: int = 8,
         transient_retries: int = 2,
         retry_backoff_s: float = 1.0,
         booked: Callable[[Callable], Callable] | None = None,
@@ -148,6 +151,11 @@ class Evaluator:
         self.transient_retries = transient_retries
         self.retry_backoff_s = float(retry_backoff_s)
         self._scale_noted = False
+        # examples in a row, over every evaluation, that got no answer even after their retries (a 5xx, a timeout):
+        # an LM that is down fails every minibatch of GEPA's the same way, and no single one is long enough to tell
+        self.max_unanswered_in_a_row = max_unanswered_in_a_row
+        self._unanswered_in_a_row = 0
+        self._unanswered_lock = threading.Lock()  # evaluations may run at once, each under its own batch lock
         self._rollout_lms: dict[int, dspy.BaseLM] = {}
         self._rollout_lock = threading.Lock()
 
@@ -241,7 +249,7 @@ class Evaluator:
             raise EvaluationStopped(batch.crash, records) from batch.crash
         if batch.fatal is not None:
             fatal = batch.fatal
-            if isinstance(fatal, EvaluationLMError):
+            if isinstance(fatal, EvaluationLMError) and batch.systemic_failures:
                 answered = len(records) - batch.systemic_failures
                 fatal = EvaluationLMError(
                     "the evaluation LM appears unusable: "
@@ -359,6 +367,10 @@ class Evaluator:
             if batch.on_record is not None:  # logged before it is charged: a kill in between never loses a paid unit
                 batch.on_record(record)
             batch.records.append(record)  # (a record the log refused is neither kept nor charged)
+            with self._unanswered_lock:
+                unanswered = self._unanswered_in_a_row = (
+                    self._unanswered_in_a_row + 1 if failure is not None and failure[0] == TRANSIENT else 0
+                )
             if failure is None:
                 if batch.reservation is not None:
                     batch.reservation.spend(1)
@@ -372,3 +384,12 @@ class Evaluator:
                     batch.stop.set()
             else:
                 batch.consecutive_lm_failures = 0
+                if unanswered >= self.max_unanswered_in_a_row and batch.fatal is None:
+                    batch.fatal = EvaluationLMError(
+                        f"the evaluation LM gave no answer on {unanswered} examples in a row, each "
+                        f"after {self.transient_retries} retries (the last: {format_error(failure[1])}); they were "
+                        "not charged. It may be down, overloaded or rate-limiting hard: check it, then run compile() "
+                        "again (with the same run_storage_dir it resumes where it stopped)."
+                    )
+                    batch.fatal.__cause__ = failure[1]
+                    batch.stop.set()

@@ -350,6 +350,41 @@ def test_an_unusable_lm_stops_within_one_batch_charges_nothing_and_keeps_records
     assert all(r.error_kind == LM_CALL_ERROR and not r.reusable for r in completed)
 
 
+def test_an_lm_that_never_answers_stops_after_examples_in_a_row_over_small_evaluations():
+    """Regression: an LM that is down (a 5xx on every call, retried) failed each 3-example minibatch the same way,
+    nothing counted it across evaluations, and a compile ran for minutes and returned the unchanged program."""
+    down = {"now": False}
+
+    def reply(messages):
+        if down["now"]:
+            return dspy.LMServerError("503 Service Unavailable", model="fake", status=503)
+        return {"answer": field(messages, "question").replace("q", "a")}
+
+    lm = FunctionLM(reply)
+    lm.num_retries = 0  # dspy's own retries back off for seconds
+    evaluator = make_evaluator(lm, num_threads=1, retry_backoff_s=0.0, max_unanswered_in_a_row=5)
+    program, pool = dspy.Predict("question -> answer"), list(enumerate(examples(12)))
+    ledger = BudgetLedger(100)
+
+    def minibatch(start):
+        with ledger.reserve(3, TRAIN_EXAMPLE) as reservation:
+            return evaluator.evaluate(program, pool[start : start + 3], reservation)
+
+    down["now"] = True
+    assert all(r.error_kind == LM_CALL_ERROR for r in minibatch(0))  # 3 in a row: not yet
+    down["now"] = False
+    assert all(r.error is None for r in minibatch(3))  # an answer starts the count again
+    down["now"] = True
+    minibatch(6)
+    with pytest.raises(EvaluationStopped) as info:
+        minibatch(9)  # 5 in a row over two evaluations
+    message = str(info.value.reason)
+    assert isinstance(info.value.reason, EvaluationLMError)
+    assert "no answer on 5 examples in a row" in message and "503 Service Unavailable" in message
+    assert "run compile() again" in message and "same run_storage_dir" in message
+    assert len(info.value.records) == 2 and ledger.spent == 3  # only the answered minibatch was charged
+
+
 def test_successes_before_a_systemic_failure_are_kept_and_charged():
     def reply(messages):
         number = int(field(messages, "question")[1:])
