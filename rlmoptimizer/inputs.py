@@ -42,8 +42,9 @@ def check_program(program: Any) -> None:
         )
 
 
-def check_examples(examples: Any, split: str, allow_empty: bool = False) -> list[dspy.Example]:
-    """Return ``examples`` as a list after checking each is a ``dspy.Example`` with its inputs marked."""
+def check_examples(examples: Any, split: str, allow_empty: bool = False, program: Any = None) -> list[dspy.Example]:
+    """Return ``examples`` as a list after checking each is a ``dspy.Example`` with its inputs marked, and, with
+    ``program``, that its inputs are what the program's own ``forward`` takes (:func:`_check_forward_takes`)."""
     if isinstance(examples, (str, bytes, dict)) or not isinstance(examples, Sequence):
         raise ConfigurationError(
             f"{split} must be a list of dspy.Example, got {type(examples).__name__}. Build each with {_EXAMPLE_FIX}."
@@ -68,7 +69,33 @@ def check_examples(examples: Any, split: str, allow_empty: bool = False) -> list
                 f"{split}[{index}] marks {missing} as inputs but has no such field(s); its fields are "
                 f"{sorted(example.keys())}. Fix the .with_inputs(...) call, e.g. {_EXAMPLE_FIX}."
             )
+        if program is not None:
+            _check_forward_takes(program, example, f"{split}[{index}]")
     return examples
+
+
+def _check_forward_takes(program: Any, example: dspy.Example, where: str) -> None:
+    """:class:`ConfigurationError` when the program's own ``forward`` (not one that takes ``**kwargs``, as dspy's
+    ``Predict`` does) cannot be called with ``example``'s inputs: it would raise ``TypeError`` on every example."""
+    try:
+        signature = inspect.signature(program.forward)
+    except (TypeError, ValueError, AttributeError):
+        return
+    parameters = signature.parameters.values()
+    if any(p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) for p in parameters):
+        return
+    taken = {p.name for p in parameters if p.kind != p.POSITIONAL_ONLY}
+    required = {p.name for p in parameters if p.default is p.empty}
+    inputs = set(example._input_keys)
+    unknown, missing = sorted(inputs - taken), sorted(required - inputs)
+    if unknown or missing:
+        problems = [f"{unknown} {'is' if len(unknown) == 1 else 'are'} not among its parameters"] if unknown else []
+        problems += [f"it requires {missing}"] if missing else []
+        raise ConfigurationError(
+            f"{where} cannot be passed to {type(program).__name__}.forward{signature}: its inputs are "
+            f"{sorted(inputs)}, and {' and '.join(problems)}. Mark the fields forward() takes as inputs, e.g. "
+            f"dspy.Example(...).with_inputs({', '.join(repr(name) for name in sorted(required) or sorted(taken))})."
+        )
 
 
 def resolve_eval_lm(eval_lm: Any, program: Any = None) -> dspy.BaseLM | None:

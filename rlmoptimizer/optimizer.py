@@ -252,8 +252,8 @@ class RLMDocstringOptimizer(CostEstimation, Teleprompter):
         check_compile_args(teacher, kwargs, metric)
         metric = Metric(metric, metric_id=metric_id if metric_id is not None else self.metric_id)
         check_program(student)
-        trainset = check_examples(trainset, "trainset")
-        valset = check_examples(valset, "valset", allow_empty=True) if valset is not None else []
+        trainset = check_examples(trainset, "trainset", program=student)
+        valset = check_examples(valset, "valset", allow_empty=True, program=student) if valset is not None else []
         eval_lm = resolve_eval_lm(self.eval_lm, student)
         config = self._sized(len(student.named_predictors()), len(trainset), len(valset))
         check_root_window(config, sandbox_rules(self.sandbox_timeout_s), student, len(trainset), len(valset))

@@ -62,3 +62,30 @@ def test_settings_are_checked_with_what_was_given():
     with pytest.raises(ConfigurationError, match=r"pass_threshold must be a finite number .* got inf"):
         check_pass_threshold(float("inf"))
     assert check_pass_threshold(1) == 1.0 and check_pass_threshold(5) == 5.0  # any scale: a 0-5 metric
+
+
+def test_inputs_that_the_programs_forward_cannot_take_are_refused_naming_both():
+    """Regression: valset marked ``.with_inputs("text")`` for ``forward(self, ticket)`` raised TypeError on every
+    example, and the run spent its budget on them and returned a 0.0 program with a warning."""
+    from support.tickets import RouteTicket
+
+    good = dspy.Example(ticket="refund please", queue="billing").with_inputs("ticket")
+    assert check_examples([good], "valset", program=RouteTicket()) == [good]
+    wrong = dspy.Example(text="refund please", queue="billing").with_inputs("text")
+    with pytest.raises(ConfigurationError) as refused:
+        check_examples([good, wrong], "valset", program=RouteTicket())
+    message = str(refused.value)
+    assert "valset[1] cannot be passed to RouteTicket.forward(ticket)" in message
+    assert "['text'] is not among its parameters" in message and "it requires ['ticket']" in message
+    assert ".with_inputs('ticket')" in message
+
+    class Flexible(dspy.Module):  # takes anything: dspy's own Predict does too
+        def __init__(self):
+            super().__init__()
+            self.predict = dspy.Predict("text -> queue")
+
+        def forward(self, **inputs):
+            return self.predict(**inputs)
+
+    assert check_examples([wrong], "valset", program=Flexible()) == [wrong]
+    assert check_examples([wrong], "valset", program=dspy.Predict("ticket -> queue")) == [wrong]
