@@ -77,10 +77,13 @@ def check_examples(examples: Any, split: str, allow_empty: bool = False, program
 def _check_forward_takes(program: Any, example: dspy.Example, where: str) -> None:
     """:class:`ConfigurationError` when the program's own ``forward`` (not one that takes ``**kwargs``, as dspy's
     ``Predict`` does) cannot be called with ``example``'s inputs: it would raise ``TypeError`` on every example."""
-    try:
-        signature = inspect.signature(program.forward)
+    try:  # (from the class: dspy warns when an instance's forward is looked up outside its call)
+        function = inspect.getattr_static(type(program), "forward")
+        signature = inspect.signature(function)
     except (TypeError, ValueError, AttributeError):
         return
+    if not isinstance(function, (staticmethod, classmethod)):
+        signature = signature.replace(parameters=list(signature.parameters.values())[1:])  # without self
     parameters = signature.parameters.values()
     if any(p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) for p in parameters):
         return

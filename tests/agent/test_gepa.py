@@ -337,8 +337,10 @@ def test_no_validation_example_reaches_the_agent_or_the_reflection_lm_through_ru
     assert any(ticket in reflections for ticket in train_tickets)  # the reflection did see train failures
 
 
-def test_a_reflection_lm_that_fails_stops_run_gepa_with_its_error_and_charges_nothing_for_it():
+def test_a_reflection_lm_that_fails_stops_run_gepa_then_the_run_naming_it_and_charges_nothing_for_it(tmp_path):
     from dspy.utils.exceptions import LMAuthError
+
+    from rlmoptimizer import OptimizationInterrupted
 
     failing = FunctionLM(lambda messages: LMAuthError("403 Forbidden: the key has no access"), name="revoked")
     turns = [
@@ -351,13 +353,15 @@ def test_a_reflection_lm_that_fails_stops_run_gepa_with_its_error_and_charges_no
         },
         {"reasoning": "submit", "code": SUBMIT_LINE},
     ]
-    result = compile_with(turns, sub_lm=failing)
-    output = result.agent_trajectory[0]["output"]
+    with pytest.raises(OptimizationInterrupted, match="the sub LM is unusable: LMAuthError: 403 Forbidden"):
+        compile_with(turns, sub_lm=failing, run_storage_dir=tmp_path)
+    taken = [json.loads(path.read_text()) for path in sorted((tmp_path / "turns").glob("turn-*.json"))]
+    assert len(taken) == 1  # the agent saw the error in its cell, and the run stopped after that turn
+    output = taken[0]["output"]
     assert "REFUSED AgentToolError" in output
     assert "the reflection LM (sub_lm) failed: LMAuthError: 403 Forbidden" in output
     assert "check sub_lm" in output
     assert "'sub_lm_call': 0" in output  # a call that got no answer is not charged
-    assert result.route.signature.instructions == ORIGINAL_ROUTE
 
 
 def test_run_gepa_refuses_bad_arguments_with_what_to_do():
