@@ -44,12 +44,13 @@ def check_program(program: Any) -> None:
 
 def check_examples(examples: Any, split: str, allow_empty: bool = False, program: Any = None) -> list[dspy.Example]:
     """Return ``examples`` as a list after checking each is a ``dspy.Example`` with its inputs marked, and, with
-    ``program``, that its inputs are what the program's own ``forward`` takes (:func:`_check_forward_takes`)."""
+    ``program``, that its inputs are what the program's own ``forward`` takes (:func:`_forward_parameters`)."""
     if isinstance(examples, (str, bytes, dict)) or not isinstance(examples, Sequence):
         raise ConfigurationError(
             f"{split} must be a list of dspy.Example, got {type(examples).__name__}. Build each with {_EXAMPLE_FIX}."
         )
     examples = list(examples)
+    forward = _forward_parameters(program) if program is not None else None
     if not examples and not allow_empty:
         raise ConfigurationError(f"{split} is empty; pass at least one example built with {_EXAMPLE_FIX}")
     for index, example in enumerate(examples):
@@ -69,26 +70,32 @@ def check_examples(examples: Any, split: str, allow_empty: bool = False, program
                 f"{split}[{index}] marks {missing} as inputs but has no such field(s); its fields are "
                 f"{sorted(example.keys())}. Fix the .with_inputs(...) call, e.g. {_EXAMPLE_FIX}."
             )
-        if program is not None:
-            _check_forward_takes(program, example, f"{split}[{index}]")
+        if forward is not None:
+            _check_forward_takes(program, forward, example, f"{split}[{index}]")
     return examples
 
 
-def _check_forward_takes(program: Any, example: dspy.Example, where: str) -> None:
-    """:class:`ConfigurationError` when the program's own ``forward`` (not one that takes ``**kwargs``, as dspy's
-    ``Predict`` does) cannot be called with ``example``'s inputs: it would raise ``TypeError`` on every example."""
+def _forward_parameters(program: Any) -> tuple[Any, set[str], set[str]] | None:
+    """The signature of the program's own ``forward`` (without ``self``), the names it takes and those it
+    requires; None when it takes ``**kwargs`` (as dspy's ``Predict`` does) or ``*args``, or cannot be read."""
     try:  # (from the class: dspy warns when an instance's forward is looked up outside its call)
         function = inspect.getattr_static(type(program), "forward")
         signature = inspect.signature(function)
     except (TypeError, ValueError, AttributeError):
-        return
+        return None
     if not isinstance(function, (staticmethod, classmethod)):
         signature = signature.replace(parameters=list(signature.parameters.values())[1:])  # without self
     parameters = signature.parameters.values()
     if any(p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) for p in parameters):
-        return
+        return None
     taken = {p.name for p in parameters if p.kind != p.POSITIONAL_ONLY}
-    required = {p.name for p in parameters if p.default is p.empty}
+    return signature, taken, {p.name for p in parameters if p.default is p.empty}
+
+
+def _check_forward_takes(program: Any, forward: tuple[Any, set[str], set[str]], example: Any, where: str) -> None:
+    """:class:`ConfigurationError` when ``forward`` (:func:`_forward_parameters`) cannot be called with
+    ``example``'s inputs: it would raise ``TypeError`` on every example."""
+    signature, taken, required = forward
     inputs = set(example._input_keys)
     unknown, missing = sorted(inputs - taken), sorted(required - inputs)
     if unknown or missing:

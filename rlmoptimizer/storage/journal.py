@@ -93,8 +93,8 @@ class RunJournal:
         Returns True when the directory already held this same compile (a resume). ``manifest["eval_lm"]``
         must equal the stored one (else RunDirectoryMismatchError naming each differing setting, unless
         ``allow_eval_lm_change``), and so must ``manifest["program_code"]`` where both record it (else the error
-        names the classes whose code changed, unless ``allow_program_change``); a changed ``pass_threshold`` is recorded and logged (the caller recomputes
-        ``passed``). Nothing is written when nothing changed."""
+        names the classes whose code changed, unless ``allow_program_change``); a changed ``pass_threshold`` is
+        recorded and logged (the caller recomputes ``passed``). Nothing is written when nothing changed."""
         path = self.layout.manifest
         if not path.exists():
             atomic_write_json(path, manifest)

@@ -36,7 +36,7 @@ def _rlmopt_wrap_tools(_names, _removed, _error_name):
     for _name in _removed:
         globals().pop(_name, None)
         registry.pop(_name, None)
-    # SUBMIT as dspy just defined it (with the output fields' signature), noting each submission it raises: the
+    # SUBMIT as dspy just defined it (with the output fields' signature), noting the first submission it raises: the
     # runner hooks put it back when code rebinds it, and end the cell with a submission that code caught.
     submit = globals().get("SUBMIT")
     if submit is not None and not getattr(submit, "_rlmopt_noted", False):
