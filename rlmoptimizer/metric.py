@@ -21,7 +21,9 @@ import inspect
 import json
 import math
 import numbers
+import threading
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -171,6 +173,9 @@ def _describe(value: Any, depth: int = 0, seen: set[int] | None = None) -> Any:
     cls = type(value)
     call = next((k.__dict__["__call__"] for k in cls.__mro__ if "__call__" in k.__dict__), None)
     state = getattr(value, "__dict__", None)
+    slots = [s for k in cls.__mro__ for s in _slot_names(k) if s not in ("__dict__", "__weakref__")]
+    if slots:  # a class with __slots__ keeps (part of) its state there
+        state = {**(state or {}), **{s: getattr(value, s) for s in slots if hasattr(value, s)}}
     return {
         "object": _qualified(cls),
         "call": _describe(call, depth + 1, seen) if isinstance(call, types.FunctionType) else None,
@@ -178,6 +183,11 @@ def _describe(value: Any, depth: int = 0, seen: set[int] | None = None) -> Any:
         if isinstance(state, dict)
         else None,
     }
+
+
+def _slot_names(cls: type) -> tuple[str, ...]:
+    slots = cls.__dict__.get("__slots__", ())
+    return (slots,) if isinstance(slots, str) else tuple(slots)
 
 
 def _cell_filled(cell: Any) -> bool:
@@ -188,7 +198,39 @@ def _cell_filled(cell: Any) -> bool:
     return True
 
 
+_SEEN: dict[int, tuple[weakref.ref, str, str]] = {}
+"""Per live metric object (by ``id``, checked by a weak reference): the identity it had when a compile first saw
+it, and the one it had when the last compile that called it ended."""
+_SEEN_LOCK = threading.Lock()
+
+
 def metric_identity(fn: Callable[..., Any]) -> str:
+    """:func:`described_identity` of ``fn``, except for a metric object a compile of this process has called: while
+    what it is now is what that compile left (state it changed itself as it ran: a counter, a cache), it keeps
+    the identity it had before its first call, so a cell run again resumes its own run directory. A change
+    made to it between compiles (``metric.threshold = 0.7``) makes it another metric, as in a new process."""
+    now = described_identity(fn)
+    with _SEEN_LOCK:
+        seen = _SEEN.get(id(fn))
+        if seen is not None and seen[0]() is fn:
+            return seen[1] if now in (seen[1], seen[2]) else now
+        try:
+            ref = weakref.ref(fn, lambda _ref, key=id(fn): _SEEN.pop(key, None))
+        except TypeError:  # an object that takes no weak reference: not remembered
+            return now
+        _SEEN[id(fn)] = (ref, now, now)
+    return now
+
+
+def metric_used(fn: Callable[..., Any]) -> None:
+    """A compile that called ``fn`` ended: what ``fn`` is now (the state its calls changed) still names it."""
+    with _SEEN_LOCK:
+        seen = _SEEN.get(id(fn))
+        if seen is not None and seen[0]() is fn:
+            _SEEN[id(fn)] = (seen[0], seen[1], described_identity(fn))
+
+
+def described_identity(fn: Callable[..., Any]) -> str:
     """What makes two metrics "the same" for resuming a run directory, as ``"<qualified name>#<digest>"``.
 
     The digest covers what the metric computes, never where it lives in memory: for a function its qualified
@@ -233,6 +275,11 @@ class Metric:
             raise ConfigurationError(f"metric_id must be a non-empty str naming the metric, got {metric_id!r}")
         self.metric_id = metric_id
         self.identity = metric_id if metric_id is not None else metric_identity(fn)
+
+    def used(self) -> None:
+        """The compile that called this metric ended (:func:`metric_used`)."""
+        if self.metric_id is None:
+            metric_used(self.fn)
 
     def mismatch_hint(self, stored: Any) -> str:
         """Why a run directory's metric does not match, and how to resume anyway when it is the same metric."""

@@ -442,6 +442,7 @@ class _Compile:
                 sandbox.shutdown()
                 self.journal.write_usage(self.usage.snapshot())  # an interrupted run says what it spent
             self.store.flush()
+            self.metric.used()
 
     def _where(self, what: str) -> str:
         return where_message(what, self.directory, self.store.is_temporary)
@@ -466,7 +467,7 @@ class _Compile:
 
         outcome = self._run_agent(sandbox, baseline_train, baseline_val)
         submission = {**self.working.instructions(), **outcome.submitted}
-        selection = self._choose(submission)
+        selection = self._choose(submission, outcome.submitted_by)
         return self._build_result(selection, outcome)
 
     def _baseline(self, split: str) -> EvalRun:
@@ -480,11 +481,7 @@ class _Compile:
     ) -> AgentOutcome:
         final = self.resume.final_turn
         if final is not None:  # the earlier compile got as far as the agent's submission
-            return AgentOutcome(
-                submitted=final.get("outputs", {}).get("optimized_dspy_program", {}),
-                trajectory=self.resume.turns,
-                final_reasoning=final.get("reasoning", ""),
-            )
+            return AgentOutcome.resumed(final, self.resume.turns)
         split = "val" if self.valset else "train"
         decided = no_check_left(self.services, split) if self.config.max_metric_calls else None
         if self.config.rlm_autopilot == "loop":
@@ -537,15 +534,17 @@ class _Compile:
             submitted=submitted,
             trajectory=tuple(agent.turns),
             final_reasoning=getattr(prediction, "final_reasoning", ""),
+            submitted_by=getattr(prediction, "submitted_by", None) or AgentOutcome.submitted_by,
         )
 
-    def _choose(self, submission: dict[str, str]) -> Selection:
+    def _choose(self, submission: dict[str, str], submitted_by: str) -> Selection:
         """Evaluate the submission on the selection split unless a complete run of it exists, then apply the
         never-worse policy (:func:`rlmoptimizer.selection.never_worse`) to first samples (a lucky rollout never wins)."""
         split = "val" if self.valset else "train"
         size = len(self.valset) if self.valset else len(self.trainset)
         complete = first_sample_complete(self.runs.all(), split, size)
-        runs = {"initial": self.initial_instructions, "train_runs": [r for r in self.runs.all() if r.split == "train"]}
+        train_runs = [r for r in self.runs.all() if r.split == "train"]
+        runs = {"initial": self.initial_instructions, "train_runs": train_runs, "submitted_by": submitted_by}
         submitted_run = next((r for r in reversed(complete) if r.instructions == submission), None)
         cap_set = self.usage.max_cost_usd is not None
         cap = self.usage.cap_reason

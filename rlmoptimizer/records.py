@@ -317,11 +317,24 @@ class Selection:
 @dataclass(frozen=True)
 class AgentOutcome:
     """What the agent left: its checked submission (``{}`` when it submitted nothing usable), its turns
-    in order (earlier turns first on a resume) and its final reasoning."""
+    in order (earlier turns first on a resume), its final reasoning, and what made the submission, as the
+    selection's reason names it (``submitted_by``: the agent's SUBMIT, the default loop, or the current
+    instructions of an agent that stopped without one)."""
 
     submitted: dict[str, str]
     trajectory: tuple[dict[str, Any], ...] = ()
     final_reasoning: str = ""
+    submitted_by: str = "the agent's submission"
+
+    @classmethod
+    def resumed(cls, final: dict[str, Any], turns: tuple[dict[str, Any], ...]) -> AgentOutcome:
+        """The outcome an earlier compile recorded in its final turn (``final``, the last of ``turns``)."""
+        return cls(
+            submitted=final.get("outputs", {}).get("optimized_dspy_program", {}),
+            trajectory=turns,
+            final_reasoning=final.get("reasoning", ""),
+            submitted_by=final.get("submitted_by") or cls.submitted_by,
+        )
 
 
 @dataclass(frozen=True)

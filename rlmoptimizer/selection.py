@@ -156,9 +156,11 @@ def never_worse(
     submission: dict[str, str],
     initial: dict[str, str],
     train_runs: Sequence[EvalRun] = (),
+    submitted_by: str = "the agent's submission",
 ) -> Selection:
     """Choose among ``complete`` (every run that evaluated the whole ``split``, ``submitted_run`` among them);
-    ``train_runs``: the compile's train runs (their fresh evidence counts, :func:`confirmed_differences`)."""
+    ``train_runs``: the compile's train runs (their fresh evidence counts, :func:`confirmed_differences`);
+    ``submitted_by``: what made the submission, as the reason names it (the agent's SUBMIT, the default loop, ...)."""
     ranking = ranked(complete, initial=initial, preferred=submitted_run)
     chosen_run, unclear = _clearly_better(ranking, initial, train_runs)
     others = [r for r in complete if r.instructions != submission]
@@ -168,9 +170,9 @@ def never_worse(
     else:
         basis = "unchanged" if chosen_run.instructions == initial else "other candidate"
     if chosen_run is submitted_run and submission == initial:
-        reason = f"the agent submitted the unchanged instructions, which score {submitted_run.score:.4f} on {split}"
+        reason = f"{submitted_by} is the unchanged instructions, which score {submitted_run.score:.4f} on {split}"
     elif chosen_run is submitted_run:
-        reason = f"the agent's submission scored {submitted_run.score:.4f} on {split}" + (
+        reason = f"{submitted_by} scored {submitted_run.score:.4f} on {split}" + (
             f", more than the unchanged program and at least as well as every other candidate (best: "
             f"{best.run_id} ({best.label}) at {best.score:.4f})"
             if best is not None
@@ -178,13 +180,13 @@ def never_worse(
         )
     elif chosen_run.instructions == initial and chosen_run.score == submitted_run.score:
         reason = (
-            f"the agent's submission scored {submitted_run.score:.4f} on {split}, the same as the unchanged "
+            f"{submitted_by} scored {submitted_run.score:.4f} on {split}, the same as the unchanged "
             f"program ({chosen_run.run_id}); a change is returned only when it scores better, so the unchanged "
             "instructions are returned"
         )
     else:
         reason = (
-            f"the agent's submission scored {submitted_run.score:.4f} on {split}, below {chosen_run.run_id} "
+            f"{submitted_by} scored {submitted_run.score:.4f} on {split}, below {chosen_run.run_id} "
             f"({chosen_run.label}) at {chosen_run.score:.4f}; returning that candidate instead"
         )
     if unclear:
@@ -215,16 +217,17 @@ def best_checked(
     spending_cap: bool | None = True,
     partial: EvalRun | None = None,
     train_runs: Sequence[EvalRun] = (),
+    submitted_by: str = "the agent's submission",
 ) -> Selection:
     """The submission could not be checked on the whole ``split`` (``why``: the spending cap stopped spending, or
     ``max_metric_calls`` is spent), before its check or during it (``partial``: the run of it that was cut
     short): the best candidate that was checked (:func:`ranked`); never a submission checked on part of the split."""
     chosen_run, unclear = _clearly_better(ranked(complete, initial=initial), initial, train_runs)
     if partial is None:
-        when = f"before the agent's submission could be checked on {split}"
+        when = f"before {submitted_by} could be checked on {split}"
     else:
         when = (
-            f"while the agent's submission was being checked on {split} ({partial.run_id}: "
+            f"while {submitted_by} was being checked on {split} ({partial.run_id}: "
             f"{partial.evaluated_count} of {partial.requested_count} examples, so it is not returned)"
         )
     reason = (

@@ -161,3 +161,56 @@ def test_describe_names_the_function_and_its_style():
         == "test_describe_names_the_function_and_its_style.<locals>.exact(example, prediction, trace)"
     )
     assert "Metric(" in repr(Metric(exact))
+
+
+class CachingJudge:
+    """A metric object that changes as it runs (a call counter, a cache of its verdicts), as LLM judges do."""
+
+    def __init__(self, threshold: float = 0.5):
+        self.threshold = threshold
+        self.calls = 0
+        self.cache: dict[str, float] = {}
+
+    def __call__(self, example, prediction, trace=None):
+        self.calls += 1
+        score = self.cache.setdefault(example.question, float(prediction.answer == example.answer))
+        return score >= self.threshold
+
+
+class Slotted:
+    __slots__ = ("threshold",)
+
+    def __init__(self, threshold: float):
+        self.threshold = threshold
+
+    def __call__(self, example, prediction, trace=None):
+        return 1.0
+
+
+def test_a_metric_object_keeps_its_identity_after_the_state_its_own_calls_changed():
+    judge = CachingJudge()
+    first = Metric(judge)
+    first.score(GOLD, PRED)
+    assert Metric(judge).identity != first.identity  # seen during a compile that has not ended: not yet its own
+    first.used()  # the compile that called it ended
+    assert Metric(judge).identity == first.identity  # a cell run again resumes its run directory
+    Metric(judge).score(GOLD, PRED)
+    Metric(judge).used()
+    assert Metric(judge).identity == first.identity  # and again after a second compile called it
+    assert Metric(CachingJudge()).identity == first.identity  # a fresh one, as a new process builds it
+    judge.threshold = 0.9  # changed by the user between compiles: another metric
+    assert Metric(judge).identity != first.identity
+
+
+def test_a_metric_id_or_an_object_without_weak_references_is_never_remembered():
+    judge = CachingJudge()
+    named = Metric(judge, metric_id="judge-v1")
+    named.score(GOLD, PRED)
+    named.used()
+    assert Metric(judge).identity != Metric(CachingJudge()).identity  # its calls under metric_id changed it
+    slotted = Slotted(0.5)
+    before = Metric(slotted)
+    slotted.threshold = 0.7  # its state is in its identity, and only its state now decides it
+    before.used()
+    assert Metric(slotted).identity != before.identity == Metric(Slotted(0.5)).identity
+    assert Metric(slotted).identity == Metric(Slotted(0.7)).identity

@@ -137,7 +137,7 @@ def test_submitting_the_unchanged_instructions_returns_them():
     )
     assert result.selection["chosen_label"] == "baseline"
     assert result.selection["submission_run_id"] == result.selection["chosen_run_id"]
-    assert "submitted the unchanged instructions" in result.selection["reason"]
+    assert result.selection["reason"].startswith("the agent's submission is the unchanged instructions")
     assert result.budget["spent"] == 0  # already evaluated by the free baseline: nothing paid for it
 
 

@@ -52,6 +52,7 @@ from rlmoptimizer.agent._dspy import (
     resolve_interpreter_factory,
 )
 from rlmoptimizer.agent.bounded_context import is_context_refusal, turn_inputs
+from rlmoptimizer.agent.pilot import LOOP_SUBMISSION
 from rlmoptimizer.agent.prompts import action_signature, extract_signature, tool_docs_code
 from rlmoptimizer.agent.root_lm import TurnSender
 from rlmoptimizer.agent.services import CompileServices, TurnAids, TurnSettings
@@ -290,7 +291,8 @@ class OptimizerAgent(dspy.Module):
                     result = self._after_turn(history, result, progress, output_field_names)
                 if isinstance(result, Prediction):
                     outputs = {name: result[name] for name in output_field_names}
-                    self._report(result.trajectory[-1], iteration, final=True, outputs=outputs)
+                    by = getattr(result, "submitted_by", None)
+                    self._report(result.trajectory[-1], iteration, final=True, outputs=outputs, submitted_by=by)
                     self._stop.raise_if_requested()
                     return result
                 self._report(result.entries[-1].model_dump(), iteration, final=False)
@@ -450,6 +452,7 @@ class OptimizerAgent(dspy.Module):
             **outputs,
             trajectory=[entry.model_dump() for entry in final],
             final_reasoning=f"The default loop submitted: {pilot.submitted}.",
+            submitted_by=LOOP_SUBMISSION,
         )
 
     @staticmethod
@@ -479,6 +482,7 @@ class OptimizerAgent(dspy.Module):
             return Prediction(
                 trajectory=[entry.model_dump() for entry in history],
                 final_reasoning="Extract forced final output",
+                submitted_by="the output extracted from the agent's turns when it ran out of them",
                 **{name: getattr(extracted, name) for name in output_field_names},
             )
         except Exception as exc:
@@ -529,7 +533,13 @@ class OptimizerAgent(dspy.Module):
         return parsed, None
 
     def _report(
-        self, entry: dict[str, Any], iteration: int, *, final: bool, outputs: dict[str, Any] | None = None
+        self,
+        entry: dict[str, Any],
+        iteration: int,
+        *,
+        final: bool,
+        outputs: dict[str, Any] | None = None,
+        submitted_by: str | None = None,
     ) -> None:
         turn = {
             "iteration": iteration + 1,
@@ -542,6 +552,8 @@ class OptimizerAgent(dspy.Module):
             turn["pilot"] = list(self._pilot_ran)
         if outputs is not None:
             turn["outputs"] = outputs
+        if submitted_by:  # made by the default loop, not the agent's SUBMIT
+            turn["submitted_by"] = submitted_by
         turn["created_at"] = time.time()
         self.turns.append(turn)
         self._observer.on_event(AgentTurn(turn, self._ledger.snapshot()))

@@ -56,6 +56,9 @@ NEXT_PHASE_LINE = "print(next_phase()['summary'])"
 MAX_ACTIONS = 100
 """A bound on the actions of one phase (a phase takes a handful; the bound only stops a policy that loops)."""
 LOOP_REASONING = "rlm_autopilot='loop': the default loop's next phase (no root-LM turn)"
+LOOP_SUBMISSION = "the default loop's submission"
+"""What the selection's reason calls a submission the policy made (``"loop"``, or ``"assist"`` when the pilot ended
+the run)."""
 
 _PHASES = {
     GEPA: "with the rest of GEPA's phase (its best adopted and checked on validation)",
@@ -224,6 +227,7 @@ def run_loop(
         }
         if final:
             turn["outputs"] = {"optimized_dspy_program": services.working.instructions()}
+            turn["submitted_by"] = LOOP_SUBMISSION
         turn["created_at"] = time.time()
         turns.append(turn)
         services.observer.on_event(AgentTurn(turn, services.ledger.snapshot()))
@@ -232,4 +236,5 @@ def run_loop(
                 submitted=dict(services.working.instructions()),
                 trajectory=tuple(turns),
                 final_reasoning=f"The default loop submitted: {pilot.submitted}.",
+                submitted_by=LOOP_SUBMISSION,
             )

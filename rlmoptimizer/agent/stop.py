@@ -88,5 +88,6 @@ def current_instructions_submitted(history: Any, output_field_names: list[str], 
     return Prediction(
         trajectory=[entry.model_dump() for entry in history],
         final_reasoning=f"{why}; the current instructions were submitted.",
+        submitted_by="the current instructions of the agent, which stopped without a SUBMIT",
         **{name: {} for name in output_field_names},
     )

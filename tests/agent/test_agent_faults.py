@@ -185,6 +185,7 @@ def test_out_of_turns_with_an_unusable_extraction_submits_the_current_instructio
     assert "extraction failed" in result.agent_final_reasoning
     assert result.optimized_dspy_program["route"] == POLICY_PROMPT  # the agent's edit, kept: it wins on val
     assert result.selection["chosen_label"] == "submission"
+    assert result.selection["reason"].startswith("the current instructions of the agent, which stopped without a")
 
 
 def test_out_of_turns_with_a_usable_extraction_submits_what_was_extracted():
@@ -194,6 +195,7 @@ def test_out_of_turns_with_a_usable_extraction_submits_what_was_extracted():
     }
     result = compile_tickets([*OUT_OF_TURNS, extracted], rlm_max_iterations=3)
     assert result.agent_final_reasoning == "Extract forced final output"
+    assert result.selection["reason"].startswith("the output extracted from the agent's turns when it ran out of")
     assert result.optimized_dspy_program["route"] == POLICY_PROMPT + " Answer with the queue name only."
 
 

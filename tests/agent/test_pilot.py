@@ -49,15 +49,12 @@ def reflecting(in_gepa: str, elsewhere: str) -> FunctionLM:
     return FunctionLM(reply, name="sub")
 
 
-def test_the_loop_mode_runs_the_policy_to_submit_without_a_root_lm_or_a_sandbox(monkeypatch):
+def test_the_loop_mode_runs_the_policy_to_submit_without_a_root_lm_or_a_sandbox(monkeypatch, tmp_path):
     no_sandbox(monkeypatch)
     counting = CountingMetric()
+    settings = {"sub_lm": proposer(POLICY_PROMPT), "rlm_autopilot": "loop", "max_metric_calls": 60}
     result = compile_tickets(
-        FunctionLM(never_called, name="root"),
-        sub_lm=proposer(POLICY_PROMPT),
-        rlm_autopilot="loop",
-        max_metric_calls=60,
-        metric=counting,
+        FunctionLM(never_called, name="root"), metric=counting, run_storage_dir=tmp_path / "run", **settings
     )
     assert counting.calls <= 60
     assert result.route.signature.instructions == POLICY_PROMPT
@@ -70,6 +67,12 @@ def test_the_loop_mode_runs_the_policy_to_submit_without_a_root_lm_or_a_sandbox(
     assert turns[-1]["final"] and turns[-1]["outputs"]["optimized_dspy_program"]["route"] == POLICY_PROMPT
     assert all(turn["reasoning"].startswith("rlm_autopilot='loop'") for turn in turns)
     assert result.usage["root"]["calls"] == 0
+    # the result names who submitted: the loop, not an agent, also when the finished run is read back
+    assert turns[-1]["submitted_by"] == "the default loop's submission"
+    assert result.selection["reason"].startswith("the default loop's submission scored 1.0000 on val")
+    root = FunctionLM(never_called, name="root")
+    again = compile_tickets(root, metric=counting, run_storage_dir=tmp_path / "run", **settings)
+    assert again.selection["reason"] == result.selection["reason"]
 
 
 def test_the_loop_mode_needs_no_root_lm_but_an_lm_to_propose_with(monkeypatch):
