@@ -31,6 +31,7 @@ import ast
 import asyncio
 import contextlib
 import contextvars
+import functools
 import json
 import logging
 import os
@@ -56,7 +57,7 @@ from rlmoptimizer.agent.pilot import LOOP_SUBMISSION
 from rlmoptimizer.agent.prompts import action_signature, extract_signature, tool_docs_code
 from rlmoptimizer.agent.root_lm import TurnSender
 from rlmoptimizer.agent.services import CompileServices, TurnAids, TurnSettings
-from rlmoptimizer.agent.stop import StopRequest, current_instructions_submitted
+from rlmoptimizer.agent.stop import StopRequest, current_instructions_submitted, stop_if_the_sub_lm_is_unusable
 from rlmoptimizer.agent.sub_lm import sub_lm_tools
 from rlmoptimizer.budget import BudgetLedger
 from rlmoptimizer.events import NO_OBSERVER, AgentTurn
@@ -322,6 +323,7 @@ class OptimizerAgent(dspy.Module):
                 usage=self._usage,
                 observer=self._observer,
                 as_sub=self._as_sub,
+                on_failure=functools.partial(stop_if_the_sub_lm_is_unusable, self._stop),
             )
             repl.tools.update({**llm_tools, **{tool.__name__: tool for tool in self._tools}})
             if hasattr(repl, "output_fields"):

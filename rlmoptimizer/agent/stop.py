@@ -19,6 +19,9 @@ from typing import Any
 
 from dspy import Prediction
 
+from rlmoptimizer.errors import OptimizationInterrupted
+from rlmoptimizer.evaluation.lm_failures import SYSTEMIC, classify_lm_failure, failure_summary
+
 logger = logging.getLogger(__name__)
 
 
@@ -44,6 +47,20 @@ class StopRequest:
         """Raise the recorded failure, if a stop was requested."""
         if self.reason is not None:
             raise self.reason
+
+
+def stop_if_the_sub_lm_is_unusable(stop: StopRequest, exc: BaseException) -> None:
+    """Request the compile's stop when ``exc`` says the sub LM failed with an error retrying cannot fix (a bad key,
+    no billing, an unknown model, an unreachable host): every later prompt would fail the same way, and the run
+    would end with the unchanged program as if nothing could be improved."""
+    failure = classify_lm_failure(exc)
+    if failure is not None and failure[0] == SYSTEMIC:  # (an unusable evaluation LM has asked to stop first)
+        stop.request(
+            OptimizationInterrupted(
+                f"the sub LM is unusable: {failure_summary(failure[1])}. Check its model name, API key, billing and "
+                "network access (sub_lm=..., or root_lm when sub_lm is not given)"
+            )
+        )
 
 
 class RunEnd:

@@ -80,11 +80,13 @@ def sub_lm_tools(
     usage: UsageMeter | None,
     observer: Observer,
     as_sub: Callable[[Any], Any],
+    on_failure: Callable[[BaseException], None] = lambda exc: None,
     max_workers: int = 8,
 ) -> dict[str, Callable]:
     """The REPL's ``llm_query`` and ``llm_query_batched`` for one run of the agent: each prompt costs one unit of
     ``ledger`` and one of ``max_llm_calls``, taken before it is sent and kept only when it was answered (an
-    answer that is not text is paid too); ``observer`` hears of every answered call before the turn ends. A
+    answer that is not text is paid too); ``observer`` hears of every answered call before the turn ends;
+    ``on_failure`` of every prompt the LM failed to answer (the compile stops when it cannot be used). A
     ``sub_lm`` of None is dspy's configured LM."""
     charged = _ChargedBudget(_CallCeiling(max_llm_calls), ledger)
 
@@ -115,6 +117,8 @@ def sub_lm_tools(
                     answered = True
                 except Exception as exc:
                     answered = classify_lm_failure(exc) is None  # it answered, but not with text: paid
+                    if not answered:
+                        on_failure(exc)
                     raise
                 finally:
                     if answered:
@@ -145,7 +149,9 @@ def sub_lm_tools(
                     failure = classify_lm_failure(exc)
                     if failure is None:  # it answered, but not with text: a paid call
                         reservation.spend(1)
-                    elif failure[0] == SYSTEMIC and unusable is None:
+                    else:
+                        on_failure(exc)
+                    if failure is not None and failure[0] == SYSTEMIC and unusable is None:
                         unusable = exc
                     results[index] = f"[ERROR] {format_error_for_lm(exc)}"
             answered = reservation.spent

@@ -34,9 +34,9 @@ from rlmoptimizer.agent.policy import (
 )
 from rlmoptimizer.agent.prompts import BASELINE_TRAIN
 from rlmoptimizer.agent.services import CompileServices
+from rlmoptimizer.agent.stop import stop_if_the_sub_lm_is_unusable
 from rlmoptimizer.budget import SUB_LM_CALL, Reservation
-from rlmoptimizer.errors import ConfigurationError, OptimizationInterrupted, StructureChangedError, agent_error
-from rlmoptimizer.evaluation.lm_failures import SYSTEMIC, classify_lm_failure, failure_summary
+from rlmoptimizer.errors import ConfigurationError, StructureChangedError, agent_error
 from rlmoptimizer.events import CandidateAdded, GepaIteration
 from rlmoptimizer.fingerprint import canonical_json, demos_step, instructions_digest
 from rlmoptimizer.moves import Moves
@@ -57,23 +57,15 @@ __all__ = ["AgentTools", "select_ids"]
 
 
 def _stops_when_the_sub_lm_is_unusable(tool: Callable) -> Callable:
-    """``tool`` (one that asks the sub LM) requesting the compile's stop when the sub LM failed with an error that
-    retrying cannot fix (a bad key, no billing, an unknown model, an unreachable host): every later move would fail
-    the same way, and the run would end with the unchanged program as if nothing could be improved."""
+    """``tool`` (one that asks the sub LM) requesting the compile's stop when the sub LM cannot be used
+    (:func:`~rlmoptimizer.agent.stop.stop_if_the_sub_lm_is_unusable`)."""
 
     @functools.wraps(tool)
     def guarded(self: AgentTools, *args: Any, **kwargs: Any) -> Any:
         try:
             return tool(self, *args, **kwargs)
         except Exception as exc:
-            failure = classify_lm_failure(exc)
-            if failure is not None and failure[0] == SYSTEMIC:  # (an unusable evaluation LM has asked to stop first)
-                self.services.stop.request(
-                    OptimizationInterrupted(
-                        f"the sub LM is unusable: {failure_summary(failure[1])}. Check its model name, API key, "
-                        "billing and network access (sub_lm=..., or root_lm when sub_lm is not given)"
-                    )
-                )
+            stop_if_the_sub_lm_is_unusable(self.services.stop, exc)
             raise
 
     return guarded

@@ -11,6 +11,8 @@ from support.fakes import FunctionLM, scripted_agent
 from support.optimizing import SUBMIT_POLICY, compile_tickets, outputs
 from support.tickets import POLICY_PROMPT
 
+from rlmoptimizer.errors import OptimizationInterrupted
+
 pytestmark = pytest.mark.slow  # every test here runs compile() with a real sandbox
 
 
@@ -128,6 +130,34 @@ def test_a_failed_prompt_of_a_batch_is_its_own_error_and_every_answered_call_is_
     assert out.count("short answer") == 2 and out.count("[ERROR]") == 2  # every prompt has its answer or error
     assert {call[0]["content"] for call in sub.calls} == {"one", "no text", "rate limited", "two"}
     assert result.budget["spent_by_kind"]["sub_lm_call"] == 3  # the two answers and the one without text
+
+
+@pytest.mark.parametrize("code", ["print(llm_query('why'))", "print(llm_query_batched(['why', 'how']))"])
+def test_a_sub_lm_that_cannot_be_used_stops_the_run_after_the_turn_that_met_it(code, tmp_path):
+    """Regression: a bad key met by llm_query was an error in the agent's cell and nothing more; a small root LM
+    asked again every turn and the run ended as a result."""
+    bad_key = FunctionLM(lambda messages: dspy.LMAuthError("Incorrect API key provided", model="gpt-4o"))
+    turns = [{"reasoning": "ask", "code": code}, {"reasoning": "again", "code": code}, SUBMIT_POLICY]
+    with pytest.raises(OptimizationInterrupted, match="the sub LM is unusable: LMAuthError") as stopped:
+        compile_tickets(turns, sub_lm=bad_key, max_iterations=1, run_storage_dir=tmp_path / "run")
+    assert "sub_lm=" in str(stopped.value) and str(tmp_path / "run") in str(stopped.value)
+    prompts = len(bad_key.calls)
+    assert prompts == (1 if "batched" not in code else 2)  # the second turn never ran
+    saved = [json.loads(path.read_text()) for path in sorted((tmp_path / "run" / "turns").glob("turn-*.json"))]
+    assert len(saved) == 1 and "LMAuthError" in saved[0]["output"]  # the turn the agent saw it in is kept
+
+
+def test_a_sub_lm_prompt_that_fails_once_does_not_stop_the_run():
+    def reply(messages):
+        return dspy.LMRateLimitError("slow down", model="sub", provider="fake")
+
+    result = compile_tickets(
+        [{"reasoning": "ask", "code": "print(llm_query('why'))"}, SUBMIT_POLICY],
+        sub_lm=FunctionLM(reply),
+        max_iterations=1,
+    )
+    assert "LMRateLimitError" in outputs(result)[0]
+    assert result.optimized_dspy_program["route"] == POLICY_PROMPT
 
 
 def test_sub_lm_calls_are_on_disk_before_the_turn_ends(tmp_path):
