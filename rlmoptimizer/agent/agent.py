@@ -111,6 +111,11 @@ def _dedent(text: str) -> str:
 
 
 def code_of(reply: str) -> str:
+    """The Python in a reply's ``code`` field (:func:`cell_of`)."""
+    return cell_of(reply)[0]
+
+
+def cell_of(reply: str) -> tuple[str, str]:
     """The Python in a reply's ``code`` field: its fenced blocks joined in order, as one cell, or the whole text when
     it has no fence line. A ```python block always runs; a bare ``` one runs when it parses or comes first (else it
     is taken for output the reply shows); a block tagged with another language (```text) is left out, and a reply
@@ -118,7 +123,8 @@ def code_of(reply: str) -> str:
     the joined blocks do not parse but the span from the first fence to the last does (a fence inside a string, as
     in instructions that show a ```json example), that span is the code. Fence lines wrapped around the code
     (``` then ```python) and a stray fence line (a closing fence with no opening one) are dropped. Code indented
-    as a whole (as in a list item) is dedented."""
+    as a whole (as in a list item) is dedented. Second: a note for the agent when a bare block after the first was
+    left out (it may be code with a syntax error, which the agent would otherwise never see), else ``""``."""
     lines = _dedent(reply).strip().splitlines()
     while (
         len(lines) >= 4
@@ -130,12 +136,12 @@ def code_of(reply: str) -> str:
     text = "\n".join(lines)
     fences = list(_FENCE.finditer(text))
     if not fences:
-        return _dedent(text).strip()
+        return _dedent(text).strip(), ""
     if len(fences) == 1:  # an unclosed block, or a stray closing fence after the code
         (fence,) = fences
         _python_tag(fence)
         before, after = (_dedent(part).strip() for part in (text[: fence.start()], text[fence.end() :]))
-        return after or before
+        return after or before, ""
     blocks = [
         (opening.group(1).lower(), _dedent(text[opening.end() : closing.start() if closing else len(text)]).strip())
         for opening, closing in zip(fences[::2], [*fences[1::2], None], strict=False)  # None: unclosed
@@ -143,12 +149,29 @@ def code_of(reply: str) -> str:
     candidates = [(tag, body) for tag, body in blocks if tag in _PYTHON_TAGS and body]
     if not candidates:
         _python_tag(fences[0])
-    code = "\n\n".join(body for at, (tag, body) in enumerate(candidates) if tag or at == 0 or _parses(body))
+    kept = [bool(tag) or at == 0 or _parses(body) for at, (tag, body) in enumerate(candidates)]
+    code = "\n\n".join(body for (_, body), keep in zip(candidates, kept, strict=True) if keep)
     if not _parses(code) and fences[0].group(1).lower() in _PYTHON_TAGS:
         span = _dedent(text[fences[0].end() : fences[-1].start()]).strip()
         if _parses(span):
-            return span
-    return code
+            return span, ""
+    left_out = [body for (_, body), keep in zip(candidates, kept, strict=True) if not keep]
+    return code, _left_out_note(left_out)
+
+
+def _left_out_note(bodies: list[str]) -> str:
+    if not bodies:
+        return ""
+    try:
+        compile(bodies[0], "<block>", "exec", flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+        why = "it is not valid Python"
+    except (SyntaxError, ValueError) as exc:
+        line = getattr(exc, "lineno", None)
+        why = f"it is not valid Python ({getattr(exc, 'msg', exc)}{f', its line {line}' if line else ''})"
+    return (
+        f"[note] {len(bodies)} ``` block(s) after the first did not run: {why}. A block meant to run goes in "
+        "```python (its errors are then shown); output you expect goes in ```text."
+    )
 
 
 def _parses(code: str) -> bool:
@@ -411,13 +434,13 @@ class OptimizerAgent(dspy.Module):
     def _run_action(self, repl, action, history, input_args, output_field_names):
         """Execute the action's code; the new history, or the final Prediction on a valid SUBMIT."""
         try:
-            code = code_of(action.code)
+            code, note = cell_of(action.code)
         except SyntaxError as exc:
             return self._after_cell(
                 action, action.code, f"[Error] {format_error_for_lm(exc)}", history, output_field_names
             )
         result = self._execute(repl, code, input_args)
-        return self._after_cell(action, code, result, history, output_field_names)
+        return self._after_cell(action, code, result, history, output_field_names, note)
 
     def _after_turn(
         self, history: REPLHistory, result: REPLHistory, progress: Any, output_field_names: list[str]
@@ -499,9 +522,10 @@ class OptimizerAgent(dspy.Module):
             )
 
     def _after_cell(
-        self, action, code: str, result: Any, history: REPLHistory, output_field_names: list[str]
+        self, action, code: str, result: Any, history: REPLHistory, output_field_names: list[str], note: str = ""
     ) -> Prediction | REPLHistory:
-        """The history with this cell's output, or the final Prediction on a SUBMIT that passes the checks."""
+        """The history with this cell's output (and ``note``, what :func:`cell_of` says of the reply), or the final
+        Prediction on a SUBMIT that passes the checks."""
         if isinstance(result, FinalOutput):
             parsed, error = self._submission(result.output, output_field_names)
             if error is not None:
@@ -514,9 +538,8 @@ class OptimizerAgent(dspy.Module):
             output = "\n".join(map(str, result))
         else:
             output = str(result) if result else ""
-        return _append(
-            history, reasoning=action.reasoning, code=code, output=output or "(no output - did you forget to print?)"
-        )
+        output = "\n".join(part for part in (output or "(no output - did you forget to print?)", note) if part)
+        return _append(history, reasoning=action.reasoning, code=code, output=output)
 
     def _submission(self, raw: Any, output_field_names: list[str]) -> tuple[dict[str, Any] | None, str | None]:
         """A SUBMIT's outputs, checked: every output field present, then ours (a refused submission is an error

@@ -358,3 +358,29 @@ def test_a_reply_whose_blocks_are_all_in_another_language_is_refused_with_what_t
 
     with pytest.raises(SyntaxError, match="tagged ```bash: write Python in a ```python block"):
         code_of("```bash\nls\n```\n```text\nout\n```")
+
+
+@pytest.mark.parametrize(
+    ("reply", "left_out"),
+    [
+        ("```python\nx = 1\n```\nthen\n```\nprint(x\n```", "1 ``` block(s) after the first did not run"),
+        ("```python\nprint(1)\n```\nIt prints:\n```\n1 candidate, score 0.5\n```", "1 ``` block(s)"),
+        ("```python\nx = 1\n```\n```text\nwhat it shows\n```", ""),  # tagged as text: meant to be shown
+        ("```python\nx = 1\n```\n```\nprint(x)\n```", ""),  # it parses: it runs
+    ],
+)
+def test_a_bare_block_that_is_left_out_is_named_to_the_agent(reply, left_out):
+    from rlmoptimizer.agent.agent import cell_of
+
+    _, note = cell_of(reply)
+    assert (left_out in note) if left_out else note == ""
+
+
+def test_a_second_block_with_a_syntax_error_is_not_run_and_the_agent_is_told_why():
+    """Regression: a reply's second block with a typo was dropped silently; the agent never saw its SyntaxError."""
+    reply = "```python\nprint('first ran')\n```\nNow the check:\n```\nprint(evaluate_program(split='val')\n```"
+    result = compile_tickets([{"reasoning": "two blocks", "code": reply}, SUBMIT_POLICY])
+    first = outputs(result)[0]
+    assert first.startswith("first ran")
+    assert "did not run: it is not valid Python (" in first and "```python" in first
+    assert "evaluate_program" not in result.agent_trajectory[0]["code"]  # the code that ran is what the turn shows
