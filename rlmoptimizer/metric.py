@@ -212,8 +212,8 @@ def metric_identity(fn: Callable[..., Any]) -> str:
     now = described_identity(fn)
     with _SEEN_LOCK:
         seen = _SEEN.get(id(fn))
-        if seen is not None and seen[0]() is fn:
-            return seen[1] if now in (seen[1], seen[2]) else now
+        if seen is not None and seen[0]() is fn and now in (seen[1], seen[2]):
+            return seen[1]
         try:
             ref = weakref.ref(fn, lambda _ref, key=id(fn): _SEEN.pop(key, None))
         except TypeError:  # an object that takes no weak reference: not remembered

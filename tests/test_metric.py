@@ -191,15 +191,19 @@ def test_a_metric_object_keeps_its_identity_after_the_state_its_own_calls_change
     judge = CachingJudge()
     first = Metric(judge)
     first.score(GOLD, PRED)
-    assert Metric(judge).identity != first.identity  # seen during a compile that has not ended: not yet its own
     first.used()  # the compile that called it ended
     assert Metric(judge).identity == first.identity  # a cell run again resumes its run directory
-    Metric(judge).score(GOLD, PRED)
-    Metric(judge).used()
+    second = Metric(judge)  # a second compile
+    second.score(GOLD, PRED)
+    second.used()
     assert Metric(judge).identity == first.identity  # and again after a second compile called it
     assert Metric(CachingJudge()).identity == first.identity  # a fresh one, as a new process builds it
     judge.threshold = 0.9  # changed by the user between compiles: another metric
-    assert Metric(judge).identity != first.identity
+    changed = Metric(judge)
+    assert changed.identity != first.identity
+    changed.score(GOLD, PRED)
+    changed.used()
+    assert Metric(judge).identity == changed.identity  # which keeps its own identity from then on
 
 
 def test_a_metric_id_or_an_object_without_weak_references_is_never_remembered():

@@ -122,19 +122,23 @@ class CostEstimation:
             raise ConfigurationError("sample= runs the metric too: pass metric= here or to RLMDocstringOptimizer(...)")
         scorer = Metric(metric) if metric is not None else None
         eval_lm = resolve_eval_lm(getattr(self, "eval_lm", None), student)
-        return estimate_cost(
-            self,
-            student,
-            trainset,
-            valset,
-            eval_lm=eval_lm,
-            metric=scorer,
-            sample=sample,
-            root_turns=root_turns,
-            proposal_tokens=proposal_tokens,
-            seconds_per_call=latency,
-            adapter=adapter,
-        )
+        try:
+            return estimate_cost(
+                self,
+                student,
+                trainset,
+                valset,
+                eval_lm=eval_lm,
+                metric=scorer,
+                sample=sample,
+                root_turns=root_turns,
+                proposal_tokens=proposal_tokens,
+                seconds_per_call=latency,
+                adapter=adapter,
+            )
+        finally:
+            if scorer is not None:  # what the sample's calls changed in the metric does not make it another one
+                scorer.used()
 
 
 def estimate_at_start(run: Any) -> CostEstimate | None:
