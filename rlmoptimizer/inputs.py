@@ -14,7 +14,6 @@ import inspect
 import logging
 import math
 import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,89 +22,6 @@ import dspy
 from rlmoptimizer.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
-
-_EXAMPLE_FIX = 'dspy.Example(question=..., answer=...).with_inputs("question")'
-
-
-def check_program(program: Any) -> None:
-    """Raise :class:`ConfigurationError` unless ``program`` is a ``dspy.Module`` with at least one predictor."""
-    if not isinstance(program, dspy.Module):
-        raise ConfigurationError(
-            f"the program must be a dspy.Module (e.g. dspy.ChainOfThought('question -> answer') or your own "
-            f"dspy.Module subclass), got {type(program).__name__}"
-        )
-    if not program.named_predictors():
-        raise ConfigurationError(
-            f"the program {type(program).__name__} has no predictors, so it has no instructions to optimize. "
-            "Store its dspy.Predict / dspy.ChainOfThought modules as attributes in __init__ "
-            "(self.generate = dspy.ChainOfThought(...)) so that program.named_predictors() finds them."
-        )
-
-
-def check_examples(examples: Any, split: str, allow_empty: bool = False, program: Any = None) -> list[dspy.Example]:
-    """Return ``examples`` as a list after checking each is a ``dspy.Example`` with its inputs marked, and, with
-    ``program``, that its inputs are what the program's own ``forward`` takes (:func:`_forward_parameters`)."""
-    if isinstance(examples, (str, bytes, dict)) or not isinstance(examples, Sequence):
-        raise ConfigurationError(
-            f"{split} must be a list of dspy.Example, got {type(examples).__name__}. Build each with {_EXAMPLE_FIX}."
-        )
-    examples = list(examples)
-    forward = _forward_parameters(program) if program is not None else None
-    if not examples and not allow_empty:
-        raise ConfigurationError(f"{split} is empty; pass at least one example built with {_EXAMPLE_FIX}")
-    for index, example in enumerate(examples):
-        if not isinstance(example, dspy.Example):
-            raise ConfigurationError(
-                f"{split}[{index}] is a {type(example).__name__}, not a dspy.Example. Build each example with {_EXAMPLE_FIX}."
-            )
-        input_keys = example._input_keys
-        if not input_keys:
-            raise ConfigurationError(
-                f"{split}[{index}] has no input fields marked; call .with_inputs(...) naming the fields the program "
-                f"receives, e.g. {_EXAMPLE_FIX}. Its fields are {sorted(example.keys())}."
-            )
-        missing = sorted(k for k in input_keys if k not in example)
-        if missing:
-            raise ConfigurationError(
-                f"{split}[{index}] marks {missing} as inputs but has no such field(s); its fields are "
-                f"{sorted(example.keys())}. Fix the .with_inputs(...) call, e.g. {_EXAMPLE_FIX}."
-            )
-        if forward is not None:
-            _check_forward_takes(program, forward, example, f"{split}[{index}]")
-    return examples
-
-
-def _forward_parameters(program: Any) -> tuple[Any, set[str], set[str]] | None:
-    """The signature of the program's own ``forward`` (without ``self``), the names it takes and those it
-    requires; None when it takes ``**kwargs`` (as dspy's ``Predict`` does) or ``*args``, or cannot be read."""
-    try:  # (from the class: dspy warns when an instance's forward is looked up outside its call)
-        function = inspect.getattr_static(type(program), "forward")
-        signature = inspect.signature(function)
-    except (TypeError, ValueError, AttributeError):
-        return None
-    if not isinstance(function, (staticmethod, classmethod)):
-        signature = signature.replace(parameters=list(signature.parameters.values())[1:])  # without self
-    parameters = signature.parameters.values()
-    if any(p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) for p in parameters):
-        return None
-    taken = {p.name for p in parameters if p.kind != p.POSITIONAL_ONLY}
-    return signature, taken, {p.name for p in parameters if p.default is p.empty}
-
-
-def _check_forward_takes(program: Any, forward: tuple[Any, set[str], set[str]], example: Any, where: str) -> None:
-    """:class:`ConfigurationError` when ``forward`` (:func:`_forward_parameters`) cannot be called with
-    ``example``'s inputs: it would raise ``TypeError`` on every example."""
-    signature, taken, required = forward
-    inputs = set(example._input_keys)
-    unknown, missing = sorted(inputs - taken), sorted(required - inputs)
-    if unknown or missing:
-        problems = [f"{unknown} {'is' if len(unknown) == 1 else 'are'} not among its parameters"] if unknown else []
-        problems += [f"it requires {missing}"] if missing else []
-        raise ConfigurationError(
-            f"{where} cannot be passed to {type(program).__name__}.forward{signature}: its inputs are "
-            f"{sorted(inputs)}, and {' and '.join(problems)}. Mark the fields forward() takes as inputs, e.g. "
-            f"dspy.Example(...).with_inputs({', '.join(repr(name) for name in sorted(required) or sorted(taken))})."
-        )
 
 
 def resolve_eval_lm(eval_lm: Any, program: Any = None) -> dspy.BaseLM | None:

@@ -57,8 +57,6 @@ from rlmoptimizer.fingerprint import (
 )
 from rlmoptimizer.inputs import (
     check_compile_args,
-    check_examples,
-    check_program,
     check_settings,
     make_run_directory,
     resolve_eval_lm,
@@ -76,6 +74,7 @@ from rlmoptimizer.storage.lock import RunDirectoryLock
 from rlmoptimizer.storage.notes import NotesStore
 from rlmoptimizer.storage.resume import metric_failed_message, open_run_directory, where_message
 from rlmoptimizer.storage.run_store import RunStore
+from rlmoptimizer.student import check_examples, check_program
 from rlmoptimizer.usage import EVAL, ROOT, UsageMeter, UsageObserver
 
 logger = logging.getLogger(__name__)

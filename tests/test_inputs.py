@@ -7,13 +7,8 @@ import pytest
 from support.qa import echo_lm, examples
 
 from rlmoptimizer.errors import ConfigurationError
-from rlmoptimizer.inputs import (
-    check_examples,
-    check_pass_threshold,
-    check_positive_int,
-    check_program,
-    resolve_eval_lm,
-)
+from rlmoptimizer.inputs import check_pass_threshold, check_positive_int, resolve_eval_lm
+from rlmoptimizer.student import check_examples, check_program
 
 
 def test_check_program_rejects_non_modules_and_modules_without_predictors():
@@ -87,5 +82,40 @@ def test_inputs_that_the_programs_forward_cannot_take_are_refused_naming_both():
         def forward(self, **inputs):
             return self.predict(**inputs)
 
-    assert check_examples([wrong], "valset", program=Flexible()) == [wrong]
-    assert check_examples([wrong], "valset", program=dspy.Predict("ticket -> queue")) == [wrong]
+    assert check_examples([wrong], "valset", program=Flexible()) == [wrong]  # its one predictor takes `text`
+
+
+@pytest.mark.parametrize(
+    "program",
+    [dspy.Predict("text, lang -> label"), dspy.ChainOfThought("text, lang -> label")],
+    ids=["Predict", "ChainOfThought"],
+)
+def test_a_module_that_takes_any_keyword_is_checked_against_its_signatures_inputs(program):
+    """Regression: a bare dspy.Predict whose examples lacked one of its inputs ran the whole optimization with
+    dspy's "Missing: ['lang']" warning on every call, the LM never seeing that field."""
+    no_lang = dspy.Example(text="bonjour", label="greeting").with_inputs("text")
+    with pytest.raises(ConfigurationError, match=r"trainset\[0\] cannot be passed to .*it requires \['lang'\]"):
+        check_examples([no_lang], "trainset", program=program)
+    both = dspy.Example(text="bonjour", lang="fr", extra=1, label="greeting").with_inputs("text", "lang", "extra")
+    assert check_examples([both], "trainset", program=program) == [both]  # an extra input is dspy's to ignore
+
+
+def test_an_input_that_may_be_none_or_has_a_default_may_be_left_out_and_several_predictors_are_not_guessed():
+    class Optional_(dspy.Signature):
+        text: str = dspy.InputField()
+        lang: str | None = dspy.InputField()
+        tone: str = dspy.InputField(default="neutral")
+        label: str = dspy.OutputField()
+
+    only_text = dspy.Example(text="bonjour", label="greeting").with_inputs("text")
+    assert check_examples([only_text], "trainset", program=dspy.Predict(Optional_)) == [only_text]
+
+    class TwoSteps(dspy.Module):  # takes anything and feeds two predictors: nothing to check it against
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = dspy.Predict("text, lang -> x"), dspy.Predict("x -> label")
+
+        def forward(self, **inputs):
+            return self.b(x=self.a(**inputs).x)
+
+    assert check_examples([only_text], "trainset", program=TwoSteps()) == [only_text]

@@ -22,6 +22,7 @@ RANKS = {
     "budget": 1,
     "metric": 1,
     "inputs": 1,
+    "student": 1,
     "testing": 1,
     # pure data and policies over records
     "fingerprint": 2,

@@ -33,9 +33,10 @@ from typing import Any
 
 from rlmoptimizer.errors import ConfigurationError
 from rlmoptimizer.estimate.model import SECONDS_PER_CALL, estimate_cost
-from rlmoptimizer.inputs import check_examples, check_program, resolve_eval_lm
+from rlmoptimizer.inputs import resolve_eval_lm
 from rlmoptimizer.metric import Metric
 from rlmoptimizer.report.costs import CostCheck, CostEstimate, RoleCost
+from rlmoptimizer.student import check_examples, check_program
 
 logger = logging.getLogger(__name__)
 

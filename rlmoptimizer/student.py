@@ -1,0 +1,130 @@
+"""The student and its examples, checked at the edge, before any LM call: the program is a ``dspy.Module`` with
+predictors, and every example is a ``dspy.Example`` whose marked inputs the program can take (its ``forward``'s
+parameters, or for a module that takes ``**kwargs`` as dspy's own do, its signature's input fields).
+
+May import: dspy, ``rlmoptimizer.errors``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+import typing
+from collections.abc import Sequence
+from typing import Any
+
+import dspy
+
+from rlmoptimizer.errors import ConfigurationError
+
+_EXAMPLE_FIX = 'dspy.Example(question=..., answer=...).with_inputs("question")'
+
+
+def check_program(program: Any) -> None:
+    """Raise :class:`ConfigurationError` unless ``program`` is a ``dspy.Module`` with at least one predictor."""
+    if not isinstance(program, dspy.Module):
+        raise ConfigurationError(
+            f"the program must be a dspy.Module (e.g. dspy.ChainOfThought('question -> answer') or your own "
+            f"dspy.Module subclass), got {type(program).__name__}"
+        )
+    if not program.named_predictors():
+        raise ConfigurationError(
+            f"the program {type(program).__name__} has no predictors, so it has no instructions to optimize. "
+            "Store its dspy.Predict / dspy.ChainOfThought modules as attributes in __init__ "
+            "(self.generate = dspy.ChainOfThought(...)) so that program.named_predictors() finds them."
+        )
+
+
+def check_examples(examples: Any, split: str, allow_empty: bool = False, program: Any = None) -> list[dspy.Example]:
+    """Return ``examples`` as a list after checking each is a ``dspy.Example`` with its inputs marked, and, with
+    ``program``, that its inputs are what the program's own ``forward`` takes (:func:`_forward_parameters`)."""
+    if isinstance(examples, (str, bytes, dict)) or not isinstance(examples, Sequence):
+        raise ConfigurationError(
+            f"{split} must be a list of dspy.Example, got {type(examples).__name__}. Build each with {_EXAMPLE_FIX}."
+        )
+    examples = list(examples)
+    forward = _forward_parameters(program) if program is not None else None
+    if not examples and not allow_empty:
+        raise ConfigurationError(f"{split} is empty; pass at least one example built with {_EXAMPLE_FIX}")
+    for index, example in enumerate(examples):
+        if not isinstance(example, dspy.Example):
+            raise ConfigurationError(
+                f"{split}[{index}] is a {type(example).__name__}, not a dspy.Example. Build each example with {_EXAMPLE_FIX}."
+            )
+        input_keys = example._input_keys
+        if not input_keys:
+            raise ConfigurationError(
+                f"{split}[{index}] has no input fields marked; call .with_inputs(...) naming the fields the program "
+                f"receives, e.g. {_EXAMPLE_FIX}. Its fields are {sorted(example.keys())}."
+            )
+        missing = sorted(k for k in input_keys if k not in example)
+        if missing:
+            raise ConfigurationError(
+                f"{split}[{index}] marks {missing} as inputs but has no such field(s); its fields are "
+                f"{sorted(example.keys())}. Fix the .with_inputs(...) call, e.g. {_EXAMPLE_FIX}."
+            )
+        if forward is not None:
+            _check_forward_takes(program, forward, example, f"{split}[{index}]")
+    return examples
+
+
+def _forward_parameters(program: Any) -> tuple[str, set[str] | None, set[str]] | None:
+    """What the program takes: a description of it, the names it takes (None: any) and those it requires. From
+    its own ``forward`` (without ``self``); for a ``forward(**kwargs)`` (dspy's ``Predict``, ``ChainOfThought``,
+    ``ReAct``), from its signature's input fields (its own, or its one predictor's), of which those with no
+    default that cannot be None are required. None when that cannot be read (``*args``, several predictors)."""
+    try:  # (from the class: dspy warns when an instance's forward is looked up outside its call)
+        function = inspect.getattr_static(type(program), "forward")
+        signature = inspect.signature(function)
+    except (TypeError, ValueError, AttributeError):
+        return None
+    if not isinstance(function, (staticmethod, classmethod)):
+        signature = signature.replace(parameters=list(signature.parameters.values())[1:])  # without self
+    parameters = signature.parameters.values()
+    if any(p.kind == p.VAR_KEYWORD for p in parameters):
+        return _signature_inputs(program)
+    if any(p.kind == p.VAR_POSITIONAL for p in parameters):
+        return None
+    taken = {p.name for p in parameters if p.kind != p.POSITIONAL_ONLY}
+    required = {p.name for p in parameters if p.default is p.empty}
+    return f"{type(program).__name__}.forward{signature}", taken, required
+
+
+def _signature_inputs(program: Any) -> tuple[str, None, set[str]] | None:
+    own = getattr(program, "signature", None)
+    predictors = program.named_predictors() if isinstance(program, dspy.Module) else []
+    if not (isinstance(own, type) and issubclass(own, dspy.Signature)):
+        if len(predictors) != 1:
+            return None
+        own = predictors[0][1].signature
+    required = {name for name, field in own.input_fields.items() if field.is_required() and not _may_be_none(field)}
+    return f"{type(program).__name__}({own.signature!r})", None, required
+
+
+def _may_be_none(field: Any) -> bool:
+    annotation = field.annotation
+    if annotation is None or annotation is type(None) or annotation is Any:
+        return True
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return type(None) in typing.get_args(annotation)
+    return False
+
+
+def _check_forward_takes(
+    program: Any, forward: tuple[str, set[str] | None, set[str]], example: Any, where: str
+) -> None:
+    """:class:`ConfigurationError` when the program (:func:`_forward_parameters`) cannot be called with
+    ``example``'s inputs: it would raise ``TypeError`` on every example, or (a signature's input left out) run
+    every example without it."""
+    described, taken, required = forward
+    inputs = set(example._input_keys)
+    unknown, missing = sorted(inputs - taken) if taken is not None else [], sorted(required - inputs)
+    if unknown or missing:
+        problems = [f"{unknown} {'is' if len(unknown) == 1 else 'are'} not among its parameters"] if unknown else []
+        problems += [f"it requires {missing}"] if missing else []
+        names = sorted(required) or sorted(taken or ())
+        raise ConfigurationError(
+            f"{where} cannot be passed to {described}: its inputs are {sorted(inputs)}, and "
+            f"{' and '.join(problems)}. Give the examples the fields the program takes, marked as inputs: "
+            f"dspy.Example(...).with_inputs({', '.join(repr(name) for name in names)})."
+        )
