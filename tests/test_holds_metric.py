@@ -157,3 +157,49 @@ def test_a_pass_threshold_above_a_0_1_metrics_scale_is_warned_about(caplog):
     with caplog.at_level("WARNING", logger="rlmoptimizer"):
         compile_tickets([], rlm_autopilot="loop", max_metric_calls=40)
     assert not [r for r in caplog.records if "pass_threshold" in r.getMessage()]
+
+
+def five_or_two(example, prediction, trace=None):  # a 0-5 judge: a wrong answer still scores 2
+    return 5.0 if metric(example, prediction) else 2.0
+
+
+def test_a_metric_above_1_with_the_default_pass_threshold_is_refused_when_every_example_passes(tmp_path):
+    """Regression: with a 0-5 judge and pass_threshold left at 1, every example passed, GEPA drew only passing
+    minibatches, and compile() returned the unchanged program with no word of why."""
+    with pytest.raises(ConfigurationError) as refused:
+        compile_tickets(
+            [], metric=five_or_two, rlm_autopilot="loop", max_metric_calls=40, run_storage_dir=tmp_path / "run"
+        )
+    message = str(refused.value)
+    assert "scores up to 5" in message and "pass_threshold=1" in message and "pass_threshold=5" in message
+    assert "every example passes" in message and str(tmp_path / "run") in message
+    # the baseline it paid for is kept: the same directory with the threshold on the metric's scale goes on
+    result = compile_tickets(
+        [],
+        metric=five_or_two,
+        rlm_autopilot="loop",
+        max_metric_calls=40,
+        run_storage_dir=tmp_path / "run",
+        pass_threshold=5,
+    )
+    assert result.selection["baseline_score"] < 5.0
+    baselines = [log for log in result.trial_logs if log["label"] == "baseline"]
+    assert [log["run_id"] for log in baselines] == ["run-0001"]  # the one it paid for, not run again
+
+
+def test_a_metric_above_1_is_warned_about_when_some_examples_still_fail_and_a_1_to_5_judge_is_not(caplog):
+    def zero_or_five(example, prediction, trace=None):
+        return 5.0 if metric(example, prediction) else 0.0
+
+    with caplog.at_level("WARNING", logger="rlmoptimizer"):
+        compile_tickets([], metric=zero_or_five, rlm_autopilot="loop", max_metric_calls=40)
+    warned = [r.getMessage() for r in caplog.records if "scores up to 5" in r.getMessage()]
+    assert len(warned) == 1 and "pass_threshold=5" in warned[0]
+
+    def weak_one_to_five(example, prediction, trace=None):  # a weak start under a 1-5 judge scores 1 everywhere
+        return 1.0
+
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rlmoptimizer"):
+        compile_tickets([], metric=weak_one_to_five, rlm_autopilot="loop", max_metric_calls=40, pass_threshold=5)
+    assert not [r for r in caplog.records if "pass_threshold" in r.getMessage()]

@@ -22,7 +22,7 @@ from typing import Any
 import dspy
 
 from rlmoptimizer.budget import BudgetLedger, Reservation, example_kind
-from rlmoptimizer.errors import EvaluationLMError, MetricError
+from rlmoptimizer.errors import ConfigurationError, EvaluationLMError, MetricError
 from rlmoptimizer.evaluation.evaluator import EvaluationStopped, Evaluator
 from rlmoptimizer.evaluation.lm_failures import format_error
 from rlmoptimizer.events import (
@@ -83,12 +83,15 @@ class Runs:
         spent on them. :class:`MetricError` when the metric raised one and the same error on every example and
         raises it again when given the example's expected answer as the prediction: it does not depend on what
         the LM answered (a typo), so no instructions can fix it. A warning when the program raised one and the
-        same error on at least 3 examples (it may be its code), and, with ``scale``, when ``pass_threshold`` is
-        above 1 while the metric scores like a 0-1 metric."""
+        same error on at least 3 examples (it may be its code). With ``scale``: a warning when ``pass_threshold``
+        is above 1 while the metric scores like a 0-1 metric, or at most 1 while it scores above 1, and
+        :class:`ConfigurationError` when, so, every example passes (nothing would be optimized)."""
         records = run.records if run is not None else ()
         threshold = self.evaluator.pass_threshold
         scores = [r.score for r in records if r.error is None]
-        if scale and threshold > 1 and scores and max(scores) == 1 and min(scores) >= 0:
+        if scale and threshold <= 1 and scores and max(scores) > 1:
+            self._check_threshold_below_scale(run.split, scores, threshold)
+        if scale and threshold > 1 and scores and max(scores) == 1 and 0 <= min(scores) < 1:
             logger.warning(
                 "pass_threshold=%r, but the metric's scores on the unchanged program lie between 0 and 1, and an "
                 "example scoring 1 fails: if the metric's scale is 0-1, leave pass_threshold at 1 (every example "
@@ -115,6 +118,22 @@ class Runs:
                 "this one hold the error).",
                 where,
             )
+
+    @staticmethod
+    def _check_threshold_below_scale(split: str, scores: list[float], threshold: float) -> None:
+        top, passing = max(scores), sum(1 for s in scores if s >= threshold)
+        said = (
+            f"the metric scores up to {top:g} on the unchanged program's {split} examples, but pass_threshold="
+            f"{threshold:g}: {passing} of {len(scores)} pass (an example passes at a score of at least "
+            "pass_threshold, and the optimizer works on the examples that fail). If the metric's scale goes above 1 "
+            f"(a 0-5 judge), pass pass_threshold=<the score of a right answer>, e.g. pass_threshold={top:g}"
+        )
+        if passing == len(scores) and min(scores) < top:
+            raise ConfigurationError(
+                f"{said}. As it is, every example passes and nothing would be optimized. The baseline is kept: "
+                "compile again with the same run_storage_dir and the new pass_threshold."
+            )
+        logger.warning("%s.", said)
 
     def _metric_raises_on_the_answer(self, example: Any, error: str) -> bool:
         """Whether the metric raises ``error`` again when the prediction is the example's own expected answer."""
