@@ -272,8 +272,10 @@ def test_an_agent_that_never_submits_after_the_cap_is_stopped_three_turns_later(
     with caplog.at_level(logging.WARNING, logger="rlmoptimizer"):
         result, _, root, _ = capped_compile(tmp_path, looks)
     assert "spending cap reached" in result.agent_trajectory[0]["output"]
-    assert [t["iteration"] for t in result.agent_trajectory] == [1, 2, 3, 4]
-    assert not any(t.get("final") for t in result.agent_trajectory)
+    assert [t["iteration"] for t in result.agent_trajectory] == [1, 2, 3, 4, 5]
+    *turns, ended = result.agent_trajectory  # the last record says how the run ended: no code, no LM call
+    assert not any(t.get("final") for t in turns) and ended["final"] and ended["code"] == ""
+    assert ended["submitted_by"] == "the agent's current instructions (it stopped without a SUBMIT)"
     assert len(root.calls) == 4  # no fifth turn, and no extraction call either
     assert result.agent_final_reasoning.endswith("the current instructions were submitted.")
     assert "did not SUBMIT within 3 turns" in caplog.text

@@ -97,7 +97,8 @@ def test_sub_lm_prompts_are_not_metric_calls_and_have_an_allowance_of_their_own(
     assert result.budget["sub_lm_limit"] == 20 and result.budget["sub_lm_left"] == 15
     assert "Sub-LM prompts (not metric calls): 15 of 20 left." in str(root.calls[-1])
     # no call is left to check 'Route it.' on validation: the run ended before the SUBMIT turn, with the baseline
-    assert len(result.agent_trajectory) == 4 and result.route.signature.instructions == ORIGINAL_ROUTE
+    assert len(result.agent_trajectory) == 4 + 1 and result.route.signature.instructions == ORIGINAL_ROUTE
+    assert result.agent_trajectory[-1]["code"] == "" and result.agent_trajectory[-1]["final"]  # how it ended
     assert "no turn could change the result" in result.agent_final_reasoning
 
 

@@ -301,7 +301,7 @@ class OptimizerAgent(dspy.Module):
             for iteration in range(len(history), self.max_iters):
                 if self._run_end is not None and self._run_end.ends_run():
                     setup.result()
-                    return self._run_end.outcome(history, output_field_names)
+                    return self._ended(self._run_end.outcome(history, output_field_names), iteration)
                 self._pilot_ran = []
                 progress = self._pilot.progress() if self._pilot is not None else None
                 action = self._next_action(variables, history, iteration)
@@ -324,7 +324,15 @@ class OptimizerAgent(dspy.Module):
                 history = result
 
             setup.result()
-            return self._extract_fallback(variables, history, output_field_names)
+            return self._ended(self._extract_fallback(variables, history, output_field_names), len(history))
+
+    def _ended(self, prediction: Prediction, iteration: int) -> Prediction:
+        """``prediction`` (a run ended without a SUBMIT), recorded as the trajectory's final turn: no code, the
+        outputs as submitted, so that the result and its reason read back the same (a resume takes them)."""
+        outputs = {name: prediction[name] for name in self.signature.output_fields}
+        entry = {"reasoning": prediction.final_reasoning, "code": "", "output": f"FINAL: {outputs}"}
+        self._report(entry, iteration, final=True, outputs=outputs, submitted_by=prediction.submitted_by)
+        return prediction
 
     def variables(self, **input_args: Any) -> list[REPLVariable]:
         """The inputs as the root LM is told about them (name, type, length, a preview)."""
@@ -507,7 +515,7 @@ class OptimizerAgent(dspy.Module):
             return Prediction(
                 trajectory=[entry.model_dump() for entry in history],
                 final_reasoning="Extract forced final output",
-                submitted_by="the output extracted from the agent's turns when it ran out of them",
+                submitted_by="the output extracted from the agent's turns (it ran out of turns)",
                 **{name: getattr(extracted, name) for name in output_field_names},
             )
         except Exception as exc:
@@ -577,7 +585,7 @@ class OptimizerAgent(dspy.Module):
             turn["pilot"] = list(self._pilot_ran)
         if outputs is not None:
             turn["outputs"] = outputs
-        if submitted_by:  # made by the default loop, not the agent's SUBMIT
+        if submitted_by:  # made by the default loop, or without a SUBMIT
             turn["submitted_by"] = submitted_by
         turn["created_at"] = time.time()
         self.turns.append(turn)

@@ -208,25 +208,35 @@ OUT_OF_TURNS = [
 ]
 
 
-def test_out_of_turns_with_an_unusable_extraction_submits_the_current_instructions():
+def test_out_of_turns_with_an_unusable_extraction_submits_the_current_instructions(tmp_path):
     # After the last turn the scripted root LM answers the extraction with a code turn, which does not parse.
-    result = compile_tickets(OUT_OF_TURNS, rlm_max_iterations=3)
-    assert [turn["iteration"] for turn in result.agent_trajectory] == [1, 2, 3]
+    result = compile_tickets(OUT_OF_TURNS, rlm_max_iterations=3, run_storage_dir=tmp_path / "run")
+    assert [turn["iteration"] for turn in result.agent_trajectory] == [1, 2, 3, 4]  # 4: how the run ended
+    assert result.agent_trajectory[-1]["code"] == "" and result.agent_trajectory[-1]["final"]
     assert "extraction failed" in result.agent_final_reasoning
     assert result.optimized_dspy_program["route"] == POLICY_PROMPT  # the agent's edit, kept: it wins on val
     assert result.selection["chosen_label"] == "submission"
-    assert result.selection["reason"].startswith("the current instructions of the agent, which stopped without a")
+    assert result.selection["reason"].startswith("the agent's current instructions (it stopped without a SUBMIT)")
+    # the finished run is read back as it ended: no agent turn, no extraction asked again, the same reason
+    again = compile_tickets(scripted_agent([]), rlm_max_iterations=3, run_storage_dir=tmp_path / "run")
+    assert again.selection["reason"] == result.selection["reason"]
+    assert again.optimized_dspy_program == result.optimized_dspy_program
 
 
-def test_out_of_turns_with_a_usable_extraction_submits_what_was_extracted():
+def test_out_of_turns_with_a_usable_extraction_submits_what_was_extracted(tmp_path):
     extracted = {
         "reasoning": "the policy",
         "optimized_dspy_program": {"route": POLICY_PROMPT + " Answer with the queue name only."},
     }
-    result = compile_tickets([*OUT_OF_TURNS, extracted], rlm_max_iterations=3)
+    result = compile_tickets([*OUT_OF_TURNS, extracted], rlm_max_iterations=3, run_storage_dir=tmp_path / "run")
     assert result.agent_final_reasoning == "Extract forced final output"
-    assert result.selection["reason"].startswith("the output extracted from the agent's turns when it ran out of")
+    assert result.selection["reason"].startswith("the output extracted from the agent's turns (it ran out of turns)")
     assert result.optimized_dspy_program["route"] == POLICY_PROMPT + " Answer with the queue name only."
+    # read back as it ended: the extraction is not asked again (a second answer could differ)
+    root = scripted_agent([])
+    again = compile_tickets(root, rlm_max_iterations=3, run_storage_dir=tmp_path / "run")
+    assert not root.calls and again.optimized_dspy_program == result.optimized_dspy_program
+    assert again.selection["reason"] == result.selection["reason"]
 
 
 def test_a_reply_only_json_can_parse_is_retried_with_the_same_prompt_before_the_json_fallback():
