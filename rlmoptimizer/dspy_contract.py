@@ -188,7 +188,9 @@ REQUIREMENTS: dict[str, tuple[Requirement, ...]] = {
         for name in (
             "BaseLM",
             "BaseModule",
+            "ChainOfThought",
             "Example",
+            "History",
             "InputField",
             "JSONAdapter",
             "LM",
@@ -197,6 +199,7 @@ REQUIREMENTS: dict[str, tuple[Requirement, ...]] = {
             "OutputField",
             "Predict",
             "Prediction",
+            "ReAct",
             "Signature",
             "context",
             "settings",

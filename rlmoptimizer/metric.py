@@ -186,8 +186,11 @@ def _describe(value: Any, depth: int = 0, seen: set[int] | None = None) -> Any:
 
 
 def _slot_names(cls: type) -> tuple[str, ...]:
+    """The attribute names of ``cls``'s own ``__slots__`` (a private ``__name`` as Python stores it)."""
     slots = cls.__dict__.get("__slots__", ())
-    return (slots,) if isinstance(slots, str) else tuple(slots)
+    names = (slots,) if isinstance(slots, str) else tuple(slots)
+    owner = cls.__name__.lstrip("_")
+    return tuple(f"_{owner}{n}" if n.startswith("__") and not n.endswith("__") and owner else n for n in names)
 
 
 def _cell_filled(cell: Any) -> bool:
@@ -198,7 +201,7 @@ def _cell_filled(cell: Any) -> bool:
     return True
 
 
-_SEEN: dict[int, tuple[weakref.ref, str, str]] = {}
+_SEEN: dict[int, tuple[Callable[[], Any], str, str]] = {}
 """Per live metric object (by ``id``, checked by a weak reference): the identity it had when a compile first saw
 it, and the one it had when the last compile that called it ended."""
 _SEEN_LOCK = threading.Lock()
@@ -216,10 +219,14 @@ def metric_identity(fn: Callable[..., Any]) -> str:
             return seen[1]
         try:
             ref = weakref.ref(fn, lambda _ref, key=id(fn): _SEEN.pop(key, None))
-        except TypeError:  # an object that takes no weak reference: not remembered
-            return now
+        except TypeError:  # no weak reference (a slotted class): held for the process's life, like a module's
+            ref = functools.partial(_same, fn)
         _SEEN[id(fn)] = (ref, now, now)
     return now
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 def metric_used(fn: Callable[..., Any]) -> None:

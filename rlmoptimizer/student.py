@@ -1,6 +1,6 @@
 """The student and its examples, checked at the edge, before any LM call: the program is a ``dspy.Module`` with
 predictors, and every example is a ``dspy.Example`` whose marked inputs the program can take (its ``forward``'s
-parameters, or for a module that takes ``**kwargs`` as dspy's own do, its signature's input fields).
+parameters, or for dspy's ``Predict``, ``ChainOfThought`` and ``ReAct``, their signature's input fields).
 
 May import: dspy, ``rlmoptimizer.errors``.
 """
@@ -70,9 +70,9 @@ def check_examples(examples: Any, split: str, allow_empty: bool = False, program
 
 def _forward_parameters(program: Any) -> tuple[str, set[str] | None, set[str]] | None:
     """What the program takes: a description of it, the names it takes (None: any) and those it requires. From
-    its own ``forward`` (without ``self``); for a ``forward(**kwargs)`` (dspy's ``Predict``, ``ChainOfThought``,
-    ``ReAct``), from its signature's input fields (its own, or its one predictor's), of which those with no
-    default that cannot be None are required. None when that cannot be read (``*args``, several predictors)."""
+    its own ``forward`` (without ``self``); for dspy's ``Predict``, ``ChainOfThought`` and ``ReAct``, whose
+    ``forward(**kwargs)`` passes every keyword to their signature, from its input fields, of which those with no
+    default that cannot be None are required. None when that cannot be read (``*args``, any other ``**kwargs``)."""
     try:  # (from the class: dspy warns when an instance's forward is looked up outside its call)
         function = inspect.getattr_static(type(program), "forward")
         signature = inspect.signature(function)
@@ -81,9 +81,9 @@ def _forward_parameters(program: Any) -> tuple[str, set[str] | None, set[str]] |
     if not isinstance(function, (staticmethod, classmethod)):
         signature = signature.replace(parameters=list(signature.parameters.values())[1:])  # without self
     parameters = signature.parameters.values()
-    if any(p.kind == p.VAR_KEYWORD for p in parameters):
+    if [p.kind for p in parameters if p.kind != p.POSITIONAL_ONLY] == [inspect.Parameter.VAR_KEYWORD]:
         return _signature_inputs(program)
-    if any(p.kind == p.VAR_POSITIONAL for p in parameters):
+    if any(p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) for p in parameters):
         return None
     taken = {p.name for p in parameters if p.kind != p.POSITIONAL_ONLY}
     required = {p.name for p in parameters if p.default is p.empty}
@@ -91,19 +91,22 @@ def _forward_parameters(program: Any) -> tuple[str, set[str] | None, set[str]] |
 
 
 def _signature_inputs(program: Any) -> tuple[str, None, set[str]] | None:
-    own = getattr(program, "signature", None)
-    predictors = program.named_predictors() if isinstance(program, dspy.Module) else []
-    if not (isinstance(own, type) and issubclass(own, dspy.Signature)):
-        if len(predictors) != 1:
-            return None
-        own = predictors[0][1].signature
+    """For dspy's own modules that pass every keyword to their signature (``Predict``, ``ChainOfThought``,
+    ``ReAct``); None for any other (what a custom ``forward(**kwargs)`` passes on, and to what, is its own)."""
+    if isinstance(program, (dspy.Predict, dspy.ReAct)):
+        own = program.signature
+    elif isinstance(program, dspy.ChainOfThought) and isinstance(getattr(program, "predict", None), dspy.Predict):
+        own = program.predict.signature
+    else:
+        return None
     required = {name for name, field in own.input_fields.items() if field.is_required() and not _may_be_none(field)}
     return f"{type(program).__name__}({own.signature!r})", None, required
 
 
 def _may_be_none(field: Any) -> bool:
+    """Whether an input may be left out: it may be None, or it is a conversation's history (empty at first)."""
     annotation = field.annotation
-    if annotation is None or annotation is type(None) or annotation is Any:
+    if annotation is None or annotation is type(None) or annotation is Any or annotation is dspy.History:
         return True
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         return type(None) in typing.get_args(annotation)

@@ -203,3 +203,17 @@ def test_a_metric_above_1_is_warned_about_when_some_examples_still_fail_and_a_1_
     with caplog.at_level("WARNING", logger="rlmoptimizer"):
         compile_tickets([], metric=weak_one_to_five, rlm_autopilot="loop", max_metric_calls=40, pass_threshold=5)
     assert not [r for r in caplog.records if "pass_threshold" in r.getMessage()]
+
+
+def test_an_example_that_raised_counts_as_failing_so_a_judge_above_1_is_only_warned_about(caplog):
+    _, val = make_splits()
+
+    def judge(example, prediction, trace=None):
+        if example.ticket == val[0].ticket:
+            raise ValueError("the judge could not read this one")
+        return five_or_two(example, prediction)
+
+    with caplog.at_level("WARNING", logger="rlmoptimizer"):
+        compile_tickets([], metric=judge, rlm_autopilot="loop", max_metric_calls=40)
+    warned = [r.getMessage() for r in caplog.records if "scores up to 5" in r.getMessage()]
+    assert len(warned) == 1 and f"{len(val) - 1} of {len(val)} pass" in warned[0]

@@ -100,11 +100,12 @@ def test_a_module_that_takes_any_keyword_is_checked_against_its_signatures_input
     assert check_examples([both], "trainset", program=program) == [both]  # an extra input is dspy's to ignore
 
 
-def test_an_input_that_may_be_none_or_has_a_default_may_be_left_out_and_several_predictors_are_not_guessed():
+def test_an_input_that_may_be_none_or_has_a_default_may_be_left_out_and_a_custom_forward_is_not_guessed():
     class Optional_(dspy.Signature):
         text: str = dspy.InputField()
         lang: str | None = dspy.InputField()
         tone: str = dspy.InputField(default="neutral")
+        history: dspy.History = dspy.InputField()
         label: str = dspy.OutputField()
 
     only_text = dspy.Example(text="bonjour", label="greeting").with_inputs("text")
@@ -119,3 +120,19 @@ def test_an_input_that_may_be_none_or_has_a_default_may_be_left_out_and_several_
             return self.b(x=self.a(**inputs).x)
 
     assert check_examples([only_text], "trainset", program=TwoSteps()) == [only_text]
+
+    class Retrieve(dspy.Module):  # fills `context` itself: its examples hold only the question
+        def __init__(self):
+            super().__init__()
+            self.signature = dspy.Signature("context, text -> label")
+            self.answer = dspy.ChainOfThought(self.signature)
+
+        def forward(self, text, **kwargs):
+            return self.answer(context="retrieved", text=text, **kwargs)
+
+    class Passing(Retrieve):
+        def forward(self, **kwargs):
+            return self.answer(context="retrieved", **kwargs)
+
+    assert check_examples([only_text], "trainset", program=Retrieve()) == [only_text]
+    assert check_examples([only_text], "trainset", program=Passing()) == [only_text]

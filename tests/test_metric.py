@@ -206,15 +206,33 @@ def test_a_metric_object_keeps_its_identity_after_the_state_its_own_calls_change
     assert Metric(judge).identity == changed.identity  # which keeps its own identity from then on
 
 
-def test_a_metric_id_or_an_object_without_weak_references_is_never_remembered():
+def test_a_metric_under_metric_id_is_never_remembered():
     judge = CachingJudge()
     named = Metric(judge, metric_id="judge-v1")
     named.score(GOLD, PRED)
     named.used()
     assert Metric(judge).identity != Metric(CachingJudge()).identity  # its calls under metric_id changed it
     slotted = Slotted(0.5)
-    before = Metric(slotted)
-    slotted.threshold = 0.7  # its state is in its identity, and only its state now decides it
-    before.used()
-    assert Metric(slotted).identity != before.identity == Metric(Slotted(0.5)).identity
+    slotted.threshold = 0.7  # its state is in its identity
+    assert Metric(slotted).identity != Metric(Slotted(0.5)).identity
     assert Metric(slotted).identity == Metric(Slotted(0.7)).identity
+
+
+class SlottedCounter:
+    __slots__ = ("threshold", "calls", "__secret")
+
+    def __init__(self, threshold: float, secret: str = "a"):
+        self.threshold, self.calls, self.__secret = threshold, 0, secret
+
+    def __call__(self, example, prediction, trace=None):
+        self.calls += 1
+        return 1.0
+
+
+def test_a_slotted_metric_without_weak_references_is_remembered_and_its_private_slots_count():
+    counter = SlottedCounter(0.5)
+    first = Metric(counter)
+    first.score(GOLD, PRED)
+    first.used()
+    assert Metric(counter).identity == first.identity == Metric(SlottedCounter(0.5)).identity
+    assert Metric(SlottedCounter(0.5, secret="b")).identity != first.identity

@@ -90,7 +90,7 @@ class Runs:
         threshold = self.evaluator.pass_threshold
         scores = [r.score for r in records if r.error is None]
         if scale and threshold <= 1 and scores and max(scores) > 1:
-            self._check_threshold_below_scale(run.split, scores, threshold)
+            self._check_threshold_below_scale(run.split, records, threshold)
         if scale and threshold > 1 and scores and max(scores) == 1 and 0 <= min(scores) < 1:
             logger.warning(
                 "pass_threshold=%r, but the metric's scores on the unchanged program lie between 0 and 1, and an "
@@ -120,15 +120,16 @@ class Runs:
             )
 
     @staticmethod
-    def _check_threshold_below_scale(split: str, scores: list[float], threshold: float) -> None:
-        top, passing = max(scores), sum(1 for s in scores if s >= threshold)
+    def _check_threshold_below_scale(split: str, records: Sequence[ExampleResult], threshold: float) -> None:
+        scores = [r.score for r in records if r.error is None]  # (an example that raised fails: it scores 0)
+        top, passing = max(scores), sum(1 for r in records if r.passed)
         said = (
             f"the metric scores up to {top:g} on the unchanged program's {split} examples, but pass_threshold="
-            f"{threshold:g}: {passing} of {len(scores)} pass (an example passes at a score of at least "
+            f"{threshold:g}: {passing} of {len(records)} pass (an example passes at a score of at least "
             "pass_threshold, and the optimizer works on the examples that fail). If the metric's scale goes above 1 "
             f"(a 0-5 judge), pass pass_threshold=<the score of a right answer>, e.g. pass_threshold={top:g}"
         )
-        if passing == len(scores) and min(scores) < top:
+        if passing == len(records) and min(scores) < top:
             raise ConfigurationError(
                 f"{said}. As it is, every example passes and nothing would be optimized. The baseline is kept: "
                 "compile again with the same run_storage_dir and the new pass_threshold."
