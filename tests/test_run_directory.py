@@ -4,6 +4,7 @@ in a new process, even examples holding objects."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import logging
@@ -19,7 +20,7 @@ import dspy
 import pytest
 from support.fakes import FunctionLM, scripted_agent
 from support.objects import Attachment, object_splits
-from support.optimizing import TURNS, compile_in, compile_tickets, dies_after
+from support.optimizing import TURNS, compile_in, compile_tickets, dies_after, proposer
 from support.processes import kill_group, run_script, start_script, wait_for_file
 from support.readonly import read_only_filesystem
 from support.tickets import POLICY_PROMPT, RouteTicket, task_lm_reply
@@ -409,3 +410,73 @@ def test_a_resume_under_another_python_is_refused_saying_the_code_cannot_be_comp
         compile_in(finished_copy, TURNS, FunctionLM(task_lm_reply), metric=partial_metric)
     assert "allow_program_change=True" in str(refused.value)
     compile_in(finished_copy, TURNS, FunctionLM(task_lm_reply), allow_program_change=True, metric=partial_metric)
+
+
+# -- a directory that is not (or no longer) what a compile can use ----------------------------------------------
+
+
+def loop() -> dict:
+    return {"rlm_autopilot": "loop", "max_metric_calls": 40, "sub_lm": proposer(POLICY_PROMPT)}
+
+
+def test_a_folder_of_other_files_is_refused_and_left_as_it_was(tmp_path):
+    """Regression: a project folder passed as run_storage_dir got its result.json and runs/run-0001.json written
+    over without a word."""
+    folder = tmp_path / "project"
+    (folder / "runs").mkdir(parents=True)
+    (folder / "result.json").write_text('{"mine": true}')
+    (folder / "runs" / "run-0001.json").write_text("my notes")
+    with pytest.raises(ConfigurationError, match=r"holds result\.json, runs/ but no manifest\.json"):
+        compile_in(folder, None, FunctionLM(task_lm_reply), **loop())
+    assert (folder / "result.json").read_text() == '{"mine": true}'
+    assert (folder / "runs" / "run-0001.json").read_text() == "my notes"
+    assert sorted(p.name for p in folder.iterdir()) == ["result.json", "runs"]  # no lock or holder left behind
+    empty = tmp_path / "empty"
+    (empty / ".git-keep-me").mkdir(parents=True)  # hidden entries and empty folders are nothing to write over
+    assert compile_in(empty, None, FunctionLM(task_lm_reply), **loop()).selection["chosen_score"] is not None
+
+
+@pytest.fixture(scope="module")
+def finished_loop(tmp_path_factory):
+    """A finished loop-mode run directory (compiled once for the module); tests copy it."""
+    directory = tmp_path_factory.mktemp("finished-loop")
+    compile_in(directory, None, FunctionLM(task_lm_reply), **loop())
+    return directory
+
+
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        (lambda d: (d / "manifest.json").unlink(), "no manifest.json"),
+        (lambda d: (d / "manifest.json").write_text('{"program": '), "manifest.json cannot be read (JSONDecodeError"),
+        (lambda d: (d / "manifest.json").write_text("[1, 2]"), "manifest.json cannot be read (it holds a JSON list"),
+        (lambda d: (d / "ledger.json").write_text(""), "ledger.json cannot be read (JSONDecodeError"),
+        (lambda d: sorted((d / "turns").glob("*.json"))[0].write_text("{"), "turn-0001.json cannot be read"),
+    ],
+    ids=["manifest deleted", "manifest cut", "manifest a list", "ledger empty", "turn cut"],
+)
+def test_a_run_directory_with_a_damaged_record_file_is_refused_naming_the_file(finished_loop, tmp_path, damage, named):
+    """Regression: a bare JSONDecodeError or AttributeError, or (manifest deleted) a fresh budget on top of the
+    old runs."""
+    directory = Path(shutil.copytree(finished_loop, tmp_path / "run"))
+    damage(directory)
+    task = FunctionLM(task_lm_reply)
+    with pytest.raises((ConfigurationError, RunDirectoryMismatchError)) as refused:
+        compile_in(directory, None, task, **loop())
+    assert named in str(refused.value) and (
+        "new run_storage_dir" in str(refused.value) or "new or empty" in str(refused.value)
+    )
+    assert not task.calls  # nothing was paid again
+
+
+def test_an_unreadable_run_file_is_never_written_over(finished_loop, tmp_path):
+    directory = Path(shutil.copytree(finished_loop, tmp_path / "run"))
+    last = sorted((directory / "runs").glob("run-*.json"))[-1]
+    last.write_text("{ cut")
+    store = RunStore(directory)
+    assert last.stem not in {run.run_id for run in store.all()}
+    new_id = store.next_run_id()
+    assert int(new_id.split("-")[1]) > int(last.stem.split("-")[1])
+    store.save(dataclasses.replace(store.all()[0], run_id=new_id))
+    store.flush()
+    assert last.read_text() == "{ cut"

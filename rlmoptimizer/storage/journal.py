@@ -50,6 +50,22 @@ def _budget_hint(stored: dict[str, Any], expected: dict[str, Any]) -> str:
     )
 
 
+def read_record_file(path: Path) -> dict[str, Any]:
+    """A JSON object the run directory depends on (the manifest, the ledger, a turn, a prompt version), or
+    :class:`RunDirectoryMismatchError` naming the file when it cannot be read as one."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        why = None if isinstance(data, dict) else f"it holds a JSON {type(data).__name__}, not an object"
+    except (OSError, ValueError) as exc:
+        why = f"{type(exc).__name__}: {exc}"
+    if why is not None:
+        raise RunDirectoryMismatchError(
+            f"{path} cannot be read ({why}): the run directory it belongs to cannot be resumed safely without it. "
+            "Restore the file (e.g. from a backup), or use a new run_storage_dir to start over."
+        )
+    return data
+
+
 class RunJournal:
     """Numbered JSON files for turns and prompt versions, plus the ledger and the manifest.
 
@@ -99,7 +115,7 @@ class RunJournal:
         if not path.exists():
             atomic_write_json(path, manifest)
             return False
-        stored = json.loads(path.read_text(encoding="utf-8"))
+        stored = read_record_file(path)
         different = [key for key in MANIFEST_KEYS_THAT_MUST_MATCH if stored.get(key) != manifest.get(key)]
         if different:
             raise RunDirectoryMismatchError(
@@ -202,7 +218,7 @@ class RunJournal:
         return self.layout.numbered_path(kind, last + 1)
 
     def _read_all(self, kind: Numbered) -> list[dict[str, Any]]:
-        return [json.loads(path.read_text()) for _, path in self.layout.numbered(kind)]
+        return [read_record_file(path) for _, path in self.layout.numbered(kind)]
 
     def _write_numbered(self, kind: Numbered, data: dict[str, Any]) -> None:
         with self._lock:
@@ -267,7 +283,7 @@ class RunJournal:
 
     def read_ledger(self) -> dict[str, Any] | None:
         path = self.layout.ledger
-        return json.loads(path.read_text()) if path.exists() else None
+        return read_record_file(path) if path.exists() else None
 
     def write_result(self, result: dict[str, Any]) -> None:
         """Write ``result.json`` (after every turn and prompt version is on disk), unless it already holds

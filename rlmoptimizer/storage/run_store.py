@@ -135,7 +135,8 @@ class RunStore:
         self._runs: dict[str, EvalRun] = {}
         self._sync = BackgroundSync("runs")
         self._load()
-        self._last_number = max((_run_number(r) or 0 for r in self._runs), default=0)
+        numbers = [_run_number(r) or 0 for r in self._runs] + [n for n, _ in self.layout.numbered(RUNS)]
+        self._last_number = max(numbers, default=0)  # an unreadable run file's number is never written over
 
     def __repr__(self) -> str:
         return f"RunStore({str(self.directory)!r}, runs={len(self)})"
