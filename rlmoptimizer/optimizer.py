@@ -335,9 +335,10 @@ class _Compile:
         self.usage = UsageMeter(max_cost_usd=config.max_cost_usd)
         self.usage.restore(self.journal.read_usage() if self.resume.resumed else None)
         gate = self.usage.gate() if config.max_cost_usd is not None else None  # the spending cap on reservations
+        stored = self.resume.ledger_for(self.budget_limit, config.max_metric_calls, self.store.all())
         self.ledger = (
-            BudgetLedger.from_snapshot(self.resume.ledger, gate=gate)
-            if self.resume.ledger
+            BudgetLedger.from_snapshot(stored, gate=gate)
+            if stored
             else BudgetLedger(self.budget_limit, gate=gate, sub_lm_limit=config.max_metric_calls)
         )
         self.observer = Observers(

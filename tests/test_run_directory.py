@@ -451,9 +451,21 @@ def finished_loop(tmp_path_factory):
         (lambda d: (d / "manifest.json").write_text('{"program": '), "manifest.json cannot be read (JSONDecodeError"),
         (lambda d: (d / "manifest.json").write_text("[1, 2]"), "manifest.json cannot be read (it holds a JSON list"),
         (lambda d: (d / "ledger.json").write_text(""), "ledger.json cannot be read (JSONDecodeError"),
+        (lambda d: _edit_json(d / "ledger.json", limit=540), "ledger.json in this run directory does not hold"),
+        (lambda d: _edit_json(d / "ledger.json", spent_by_kind={"train_example": -100}), "does not hold this"),
+        (lambda d: (d / "usage.json").write_text('{"root": '), "usage.json cannot be read (JSONDecodeError"),
         (lambda d: sorted((d / "turns").glob("*.json"))[0].write_text("{"), "turn-0001.json cannot be read"),
     ],
-    ids=["manifest deleted", "manifest cut", "manifest a list", "ledger empty", "turn cut"],
+    ids=[
+        "manifest deleted",
+        "manifest cut",
+        "manifest a list",
+        "ledger empty",
+        "ledger limit edited",
+        "ledger spent edited",
+        "usage cut",
+        "turn cut",
+    ],
 )
 def test_a_run_directory_with_a_damaged_record_file_is_refused_naming_the_file(finished_loop, tmp_path, damage, named):
     """Regression: a bare JSONDecodeError or AttributeError, or (manifest deleted) a fresh budget on top of the
@@ -467,6 +479,22 @@ def test_a_run_directory_with_a_damaged_record_file_is_refused_naming_the_file(f
         "new run_storage_dir" in str(refused.value) or "new or empty" in str(refused.value)
     )
     assert not task.calls  # nothing was paid again
+
+
+def _edit_json(path: Path, **changes) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def test_a_deleted_ledger_is_rebuilt_from_what_the_runs_spent_so_nothing_is_paid_again(finished_loop, tmp_path, caplog):
+    """Regression: a run directory without ledger.json started a fresh budget on top of its runs."""
+    directory = Path(shutil.copytree(finished_loop, tmp_path / "run"))
+    runs_spent = sum(json.loads(p.read_text())["budget_spent"] for p in (directory / "runs").glob("run-*.json"))
+    (directory / "ledger.json").unlink()
+    task = FunctionLM(task_lm_reply)
+    with caplog.at_level(logging.WARNING, logger="rlmoptimizer"):
+        again = compile_in(directory, None, task, **loop())
+    assert runs_spent > 0 and again.budget["spent"] >= runs_spent
+    assert not task.calls and "ledger.json is missing" in caplog.text
 
 
 def test_an_unreadable_run_file_is_never_written_over(finished_loop, tmp_path):

@@ -259,10 +259,8 @@ class RunJournal:
             atomic_write_json(self.layout.usage, snapshot, durable=False)
 
     def read_usage(self) -> dict[str, Any] | None:
-        try:
-            return json.loads(self.layout.usage.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
+        path = self.layout.usage  # (a damaged one would restart the spending cap from $0: refused, naming it)
+        return read_record_file(path) if path.exists() else None
 
     def write_estimate(self, estimate: dict[str, Any]) -> None:
         """estimate.json: what the compile was predicted to cost before its first paid call (written once)."""

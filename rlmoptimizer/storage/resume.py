@@ -7,11 +7,17 @@ evaluations a killed process never finished are read by :class:`~rlmoptimizer.st
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rlmoptimizer.budget import example_kind
+from rlmoptimizer.errors import RunDirectoryMismatchError
+from rlmoptimizer.records import EvalRun
 from rlmoptimizer.storage.journal import RunJournal
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,38 @@ class Resume:
     def final_turn(self) -> dict[str, Any] | None:
         """The turn in which the agent submitted, when the earlier compile got that far."""
         return self.turns[-1] if self.turns and self.turns[-1].get("final") else None
+
+    def ledger_for(self, limit: int, sub_lm_limit: int | None, runs: Sequence[EvalRun]) -> dict[str, Any] | None:
+        """The stored ledger, checked against this compile's budget ``limit``: :class:`RunDirectoryMismatchError`
+        naming ``ledger.json`` when it is not this budget's (edited, or written by another version). When it is
+        missing although stored ``runs`` were charged (deleted, or the process was killed before its first
+        write), one rebuilt from what those runs spent, so nothing they paid for is paid again."""
+        ledger = self.ledger
+        if ledger is None:
+            spent: dict[str, int] = {}
+            for run in runs:
+                kind = example_kind(run.split)
+                spent[kind] = spent.get(kind, 0) + run.budget_spent
+            if not sum(spent.values()):
+                return None
+            logger.warning(
+                "ledger.json is missing from this run directory; the budget spent is rebuilt from its runs "
+                "(%d unit(s); sub-LM prompts paid before are not counted).",
+                sum(spent.values()),
+            )
+            return {"limit": limit, "spent_by_kind": spent, "sub_lm_limit": sub_lm_limit}
+        spent_by_kind = ledger.get("spent_by_kind")
+        if not (
+            ledger.get("limit") == limit
+            and isinstance(spent_by_kind, dict)
+            and all(type(v) is int and v >= 0 for v in spent_by_kind.values())
+        ):
+            raise RunDirectoryMismatchError(
+                f"ledger.json in this run directory does not hold this compile's budget (limit {limit}) but limit "
+                f"{ledger.get('limit')!r}, spent {spent_by_kind!r}: it was edited or written by another version. "
+                "Restore it, or use a new run_storage_dir to start over."
+            )
+        return ledger
 
     @property
     def finished(self) -> bool:
