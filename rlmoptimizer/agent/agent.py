@@ -330,7 +330,8 @@ class OptimizerAgent(dspy.Module):
         """``prediction`` (a run ended without a SUBMIT), recorded as the trajectory's final turn: no code, the
         outputs as submitted, so that the result and its reason read back the same (a resume takes them)."""
         outputs = {name: prediction[name] for name in self.signature.output_fields}
-        entry = {"reasoning": prediction.final_reasoning, "code": "", "output": f"FINAL: {outputs}"}
+        shown = outputs if any(outputs.values()) else "the current instructions (the edits and adopted candidates)"
+        entry = {"reasoning": prediction.final_reasoning, "code": "", "output": f"FINAL: {shown}"}
         self._report(entry, iteration, final=True, outputs=outputs, submitted_by=prediction.submitted_by)
         return prediction
 
