@@ -265,7 +265,8 @@ def test_a_turn_that_makes_no_progress_is_followed_by_the_loop_only_in_assist(mo
     turns = result.agent_trajectory
     if mode == "off":
         assert all("pilot" not in turn and "[pilot]" not in turn["output"] for turn in turns)
-        assert len(turns) == 4 and result.route.signature.instructions == ORIGINAL_ROUTE
+        assert len(turns) == 4 + 1 and result.route.signature.instructions == ORIGINAL_ROUTE  # + how it ended
+        assert turns[-1]["code"] == "" and turns[-1]["final"]
         return
     assert turns[0]["code"] == idle[0]["code"]  # the cell stays the agent's; the phase ran after it
     assert "[pilot] this turn spent nothing, evaluated nothing new, made no candidate" in turns[0]["output"]
