@@ -162,24 +162,26 @@ def cell_of(reply: str) -> tuple[str, str]:
 def _left_out_note(bodies: list[str]) -> str:
     if not bodies:
         return ""
-    try:
-        compile(bodies[0], "<block>", "exec", flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
-        why = "it is not valid Python"
-    except (SyntaxError, ValueError) as exc:
-        line = getattr(exc, "lineno", None)
-        why = f"it is not valid Python ({getattr(exc, 'msg', exc)}{f', its line {line}' if line else ''})"
+    exc = _syntax_error(bodies[0])
+    line = getattr(exc, "lineno", None)
+    detail = f" ({getattr(exc, 'msg', exc)}{f', its line {line}' if line else ''})" if exc is not None else ""
     return (
-        f"[note] {len(bodies)} ``` block(s) after the first did not run: {why}. A block meant to run goes in "
-        "```python (its errors are then shown); output you expect goes in ```text."
+        f"[note] {len(bodies)} ``` block(s) after the first did not run: it is not valid Python{detail}. A block "
+        "meant to run goes in ```python (its errors are then shown); output you expect goes in ```text."
     )
 
 
 def _parses(code: str) -> bool:
+    return _syntax_error(code) is None
+
+
+def _syntax_error(code: str) -> SyntaxError | ValueError | None:
+    """Why ``code`` is not a cell Python can run (top-level ``await`` allowed), or None."""
     try:
         compile(code, "<cell>", "exec", flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
-    except (SyntaxError, ValueError):
-        return False
-    return True
+    except (SyntaxError, ValueError) as exc:
+        return exc
+    return None
 
 
 def _python_tag(fence: re.Match) -> None:
