@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -39,40 +38,41 @@ from rlmoptimizer.agent.window import check_root_window
 from rlmoptimizer.agent.working_program import WorkingProgram
 from rlmoptimizer.budget import BudgetLedger, baseline_on_demand, budget_for, budget_for_metric_calls, gepa_metric_calls
 from rlmoptimizer.display import Display
-from rlmoptimizer.errors import AgentToolError, MetricError, OptimizationInterrupted, RLMOptimizerError
+from rlmoptimizer.errors import (
+    AgentToolError,
+    MetricError,
+    OptimizationInterrupted,
+    RLMOptimizerError,
+    RunDirectoryMismatchError,
+)
 from rlmoptimizer.estimate import CostEstimation, estimate_at_start
 from rlmoptimizer.evaluation.evaluator import Evaluator
 from rlmoptimizer.evaluation.runs import Runs
 from rlmoptimizer.events import CompileFinished, CompileStarted, Observers, UserCallbacks
 from rlmoptimizer.fingerprint import (
-    EXAMPLES_DIGEST_VERSION,
     apply_instructions,
     check_structure,
     copy_program,
-    examples_digest,
-    fingerprint_digest,
     get_instructions,
-    program_code_identity,
     structural_fingerprint,
 )
-from rlmoptimizer.inputs import (
-    check_compile_args,
-    check_settings,
-    make_run_directory,
-    resolve_eval_lm,
-    step_lms,
-)
+from rlmoptimizer.inputs import check_compile_args, check_settings, make_run_directory, resolve_eval_lm, step_lms
 from rlmoptimizer.metric import Metric
 from rlmoptimizer.records import AgentOutcome, CompileResult, EvalRun, Selection
 from rlmoptimizer.report import MlflowTracker, check_use_mlflow, present_result, tracked
 from rlmoptimizer.sandbox import Sandbox
 from rlmoptimizer.sandbox.limits import instructions as sandbox_rules
 from rlmoptimizer.selection import best_checked, first_sample_complete, never_worse, small_split_note, with_spending_cap
-from rlmoptimizer.storage.identity import eval_lm_identity
 from rlmoptimizer.storage.journal import RunJournal
 from rlmoptimizer.storage.lock import RunDirectoryLock
 from rlmoptimizer.storage.notes import NotesStore
-from rlmoptimizer.storage.resume import metric_failed_message, open_run_directory, where_message
+from rlmoptimizer.storage.resume import (
+    compile_manifest,
+    metric_failed_message,
+    missing_from_finished_run,
+    open_run_directory,
+    where_message,
+)
 from rlmoptimizer.storage.run_store import RunStore
 from rlmoptimizer.student import check_examples, check_program
 from rlmoptimizer.usage import EVAL, ROOT, UsageMeter, UsageObserver
@@ -323,7 +323,16 @@ class _Compile:
         self.store = RunStore(config.run_storage_dir, pass_threshold=config.pass_threshold)
         self.directory = Path(self.store.directory)
         self.journal = RunJournal(self.directory)
-        manifest = self._manifest()
+        manifest = compile_manifest(
+            self.program,
+            self.fingerprint,
+            self.trainset,
+            self.valset,
+            self.eval_lm,
+            self.metric.identity,
+            self.budget_limit,
+            config,
+        )
         self.resume = open_run_directory(
             self.journal,
             manifest,
@@ -391,25 +400,6 @@ class _Compile:
         if self.lock is not None:
             self.lock.release()
 
-    def _manifest(self) -> dict[str, Any]:
-        return {
-            "program": fingerprint_digest(self.fingerprint),
-            "trainset": examples_digest(self.trainset),
-            "valset": examples_digest(self.valset),
-            "examples_digest_version": EXAMPLES_DIGEST_VERSION,
-            "eval_lm": eval_lm_identity(self.eval_lm, self.program),
-            "metric": self.metric.identity,
-            "program_code": program_code_identity(self.program),
-            "budget_limit": self.budget_limit,
-            "budget_mode": (
-                {"max_metric_calls": self.config.max_metric_calls}
-                if self.config.max_metric_calls
-                else {"max_iterations": self.config.max_iterations}
-            ),
-            "pass_threshold": self.config.pass_threshold,
-            "created_at": time.time(),
-        }
-
     # -- the flow -----------------------------------------------------------------------------------
     def run(self) -> dspy.Module:
         try:
@@ -433,6 +423,8 @@ class _Compile:
             raise MetricError(
                 f"{exc}\n{metric_failed_message(self.directory, self.store.is_temporary, self.metric.identity)}"
             ) from exc
+        except RunDirectoryMismatchError:  # nothing was paid: resuming the same directory would fail the same way
+            raise
         except RLMOptimizerError as exc:  # e.g. the evaluation LM is unusable: say where the paid work is
             raise type(exc)(f"{exc}\n{self._where('stopped')}") from exc
         except Exception as exc:
@@ -474,6 +466,8 @@ class _Compile:
         stored = self.runs.complete_run(split, self.initial_instructions, "baseline")
         if stored is not None:
             return stored
+        if self.read_back:
+            raise missing_from_finished_run(self.directory, f"the unchanged program's run on {split}")
         return self.runs.evaluate(copy_program(self.student), split, label="baseline", charged=False)
 
     def _run_agent(
@@ -550,8 +544,14 @@ class _Compile:
         cap = self.usage.cap_reason
         charged = self.ledger.left >= size - len(self.runs.stored(submission, split, range(size)))  # stored: free
         unpaid = "max_metric_calls left too few calls" if self.config.max_metric_calls and not charged else ""
+        if submitted_run is None and self.read_back and (self.resume.submission_checked or not (cap or unpaid)):
+            raise missing_from_finished_run(self.directory, f"the submission's run on {split}")  # never pay again
         if submitted_run is None and (cap or unpaid):  # no more spending: never return an unchecked submission
-            return best_checked(split=split, complete=complete, why=cap or unpaid, spending_cap=bool(cap), **runs)
+            cut = [
+                r for r in self.runs.all() if (r.split, r.label, r.instructions) == (split, "submission", submission)
+            ]
+            why = {"why": cap or unpaid, "spending_cap": bool(cap), "partial": cut[-1] if cut else None}
+            return best_checked(split=split, complete=complete, **why, **runs)
         if submitted_run is None:
             self.working.set_instructions(submission, source="submission")
             submitted_run = self.working.evaluate(split, None, label="submission", charged=charged)

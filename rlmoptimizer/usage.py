@@ -258,13 +258,17 @@ class UsageMeter:
         return out
 
     def restore(self, snapshot: dict[str, Any] | None) -> None:
-        """Continue counting from a stored :meth:`snapshot` (a resumed run)."""
+        """Continue counting from a stored :meth:`snapshot` (a resumed run); a cap it reached stays reached at the
+        same ``max_cost_usd``."""
         if not snapshot:
             return
         with self._lock:
             for role in ROLES:
                 if isinstance(snapshot.get(role), dict):
                     self._roles[role].load(snapshot[role])
+            if snapshot.get("cap_reached") and snapshot.get("max_cost_usd") == self.max_cost_usd:  # a raised cap: go on
+                spent = sum((t.usd for t in self._roles.values()), Decimal(0))
+                self._cap_reached_at = {"role": None, "spent_usd": float(spent)}
 
     @property
     def spent_usd(self) -> float:

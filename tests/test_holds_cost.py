@@ -32,21 +32,24 @@ def priced_task_lm() -> FunctionLM:
 def test_a_submission_the_cap_cut_short_on_validation_is_not_returned_and_the_reason_names_the_cap(tmp_path):
     trainset, valset = make_splits()
     valset = valset[:4]  # the unchanged program passes 2 of them; the policy passes all, the first 2 included
-    task = priced_task_lm()
     baseline_cost = 2 * PER_CALL * (len(trainset) + len(valset))  # two predictor calls per example
-    optimized = RLMDocstringOptimizer(
-        max_iterations=2,
-        eval_lm=task,
-        run_storage_dir=tmp_path,
-        num_threads=1,
-        max_cost_usd=baseline_cost + 2.5 * 2 * PER_CALL,  # room for 2 more examples
-        root_lm=scripted_agent(
-            [
-                {"reasoning": "fix", "code": f"print(update_prompt('route', {POLICY_PROMPT!r})['step'])"},
-                {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"},
-            ]
-        ),
-    ).compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
+
+    def compile_with(task):
+        return RLMDocstringOptimizer(
+            max_iterations=2,
+            eval_lm=task,
+            run_storage_dir=tmp_path,
+            num_threads=1,
+            max_cost_usd=baseline_cost + 2.5 * 2 * PER_CALL,  # room for 2 more examples
+            root_lm=scripted_agent(
+                [
+                    {"reasoning": "fix", "code": f"print(update_prompt('route', {POLICY_PROMPT!r})['step'])"},
+                    {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"},
+                ]
+            ),
+        ).compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
+
+    optimized = compile_with(priced_task_lm())
 
     [check] = [log for log in optimized.trial_logs if log["label"] == "submission"]
     assert (check["split"], check["evaluated_count"], check["requested_count"], check["score"]) == ("val", 2, 4, 1.0)
@@ -58,6 +61,10 @@ def test_a_submission_the_cap_cut_short_on_validation_is_not_returned_and_the_re
     # nothing paid is lost: the two records of the cut check are stored, and the returned program is checked
     assert optimized.candidate_programs[0]["instructions"] == optimized.optimized_dspy_program
     assert optimized.usage["eval"]["cost_usd"] <= optimized.usage["max_cost_usd"]  # the agent is unpriced
+    # read back, the finished run gives the same choice without a call (its submission never had a complete check)
+    task = priced_task_lm()
+    again = compile_with(task)
+    assert again.selection == selection and not task.calls
 
 
 def test_a_tiny_cap_is_shown_to_the_agent_with_its_digits(tmp_path):

@@ -508,3 +508,64 @@ def test_an_unreadable_run_file_is_never_written_over(finished_loop, tmp_path):
     store.save(dataclasses.replace(store.all()[0], run_id=new_id))
     store.flush()
     assert last.read_text() == "{ cut"
+
+
+def _run_files(directory: Path, **fields) -> list[Path]:
+    """The run files of ``directory`` whose record has every one of ``fields``."""
+    return [
+        path
+        for path in sorted((directory / "runs").glob("run-*.json"))
+        if all(json.loads(path.read_text()).get(k) == v for k, v in fields.items())
+    ]
+
+
+@pytest.mark.parametrize(
+    ("run", "damage", "named"),
+    [
+        ({"label": "baseline", "split": "val"}, Path.unlink, "the unchanged program's run on val"),
+        ({"label": "baseline", "split": "val"}, lambda p: p.write_text("{ cut"), "the unchanged program's run on val"),
+        ({"split": "val"}, Path.unlink, "the submission's run on val"),  # every check of it (GEPA's, the loop's)
+    ],
+    ids=["baseline deleted", "baseline cut", "checks of the submission deleted"],
+)
+def test_a_finished_run_missing_a_run_it_was_chosen_from_is_refused_not_paid_again(
+    finished_loop, tmp_path, run, damage, named
+):
+    """Regression: reading back a finished run whose baseline file was gone evaluated the baseline again (LM calls
+    a finished run had already paid for)."""
+    directory = Path(shutil.copytree(finished_loop, tmp_path / "run"))
+    baseline = _run_files(directory, label="baseline", split="val")
+    damaged = [path for path in _run_files(directory, **run) if "label" in run or path not in baseline]
+    assert damaged
+    for path in damaged:
+        damage(path)
+    task = FunctionLM(task_lm_reply)
+    with pytest.raises(RunDirectoryMismatchError) as refused:
+        compile_in(directory, None, task, **loop())
+    message = str(refused.value)
+    assert "holds a finished run" in message and named in message and "new run_storage_dir" in message
+    assert "resume where it stopped" not in message  # nothing to resume: the same call fails the same way
+    assert not task.calls
+
+
+def test_a_directory_holds_one_attempt(finished_loop, tmp_path):
+    """Regression: attempt= was not recorded, so another attempt given the same directory read back (or, unfinished,
+    resumed) the first attempt's work as its own."""
+    directory = Path(shutil.copytree(finished_loop, tmp_path / "run"))
+    task = FunctionLM(task_lm_reply)
+    with pytest.raises(RunDirectoryMismatchError) as refused:
+        compile_in(directory, None, task, attempt=1, **loop())
+    message = str(refused.value)
+    assert "holds attempt=0 and this compile() is attempt=1" in message
+    assert "its own run_storage_dir" in message and "attempt=0 to resume" in message and not task.calls
+    assert json.loads((directory / "manifest.json").read_text())["attempt"] == 0
+
+    # a directory written before the attempt was recorded takes the attempt that resumes it, and keeps to it
+    _edit_json(directory / "manifest.json", attempt=None)
+    manifest = json.loads((directory / "manifest.json").read_text())
+    del manifest["attempt"]
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    first = json.loads((directory / "result.json").read_text())
+    again = compile_in(directory, None, task, **loop())
+    assert again.optimized_dspy_program == first["optimized_dspy_program"] and not task.calls
+    assert json.loads((directory / "manifest.json").read_text())["attempt"] == 0

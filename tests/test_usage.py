@@ -142,6 +142,23 @@ def test_the_spending_cap_grants_what_the_average_unit_cost_allows_then_stops_th
     assert ledger.left == 1_000 - 10  # reserved, not spent: the budget itself is untouched, the cap is what stops
 
 
+def test_a_reached_cap_stays_reached_on_resume_unless_the_cap_was_raised():
+    """Regression: a resumed run forgot the reached cap until its next reservation, so a finished run read back
+    checked its submission again instead of returning the choice it had made."""
+    per_call = float(price_of_call("openai/gpt-4o-mini", 10_000, 100))
+    meter = UsageMeter(max_cost_usd=per_call * 2)
+    for _ in range(3):
+        meter.record(EVAL, "openai/gpt-4o-mini", {"prompt_tokens": 10_000, "completion_tokens": 100})
+        meter.add_units(EVAL, 1)
+    assert meter.affordable_units(EVAL, 1) == 0 and meter.cap_reached
+    same = UsageMeter(max_cost_usd=per_call * 2)
+    same.restore(meter.snapshot())
+    assert same.cap_reached and same.cap_reason == meter.cap_reason
+    raised = UsageMeter(max_cost_usd=per_call * 10)
+    raised.restore(meter.snapshot())
+    assert not raised.cap_reached and raised.affordable_units(EVAL, 5) > 0
+
+
 def test_a_request_the_cap_covers_only_in_part_is_its_last_grant():
     per_call = float(price_of_call("openai/gpt-4o-mini", 10_000, 100))
     meter = UsageMeter(max_cost_usd=per_call * 10.5)

@@ -126,7 +126,17 @@ class RunJournal:
                     f" {hints[key](stored[key])}" for key in different if key in (hints or {}) and stored.get(key)
                 )
             )
+        stored_attempt, attempt = stored.get("attempt"), manifest.get("attempt")
+        if stored_attempt is not None and attempt is not None and stored_attempt != attempt:
+            raise RunDirectoryMismatchError(
+                f"run_storage_dir {str(self.directory)!r} holds attempt={stored_attempt} and this compile() is "
+                f"attempt={attempt}: one directory holds one attempt (resuming would mix the two attempts' agent "
+                f"work{', and a finished attempt is only read back' if self.layout.result.exists() else ''}). Give "
+                f"attempt={attempt} its own run_storage_dir, or pass attempt={stored_attempt} to resume this one."
+            )
         updates = self._check_eval_lm(stored, manifest["eval_lm"], allow_eval_lm_change)
+        if stored_attempt is None and attempt is not None:  # written before the attempt was recorded
+            updates["attempt"] = attempt
         updates.update(self._check_program_code(stored, manifest.get("program_code"), allow_program_change))
         old_threshold, new_threshold = stored.get("pass_threshold"), manifest.get("pass_threshold")
         if old_threshold != new_threshold:

@@ -7,14 +7,23 @@ evaluations a killed process never finished are read by :class:`~rlmoptimizer.st
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rlmoptimizer.budget import example_kind
 from rlmoptimizer.errors import RunDirectoryMismatchError
+from rlmoptimizer.fingerprint import (
+    EXAMPLES_DIGEST_VERSION,
+    examples_digest,
+    fingerprint_digest,
+    program_code_identity,
+)
 from rlmoptimizer.records import EvalRun
+from rlmoptimizer.storage.identity import eval_lm_identity
 from rlmoptimizer.storage.journal import RunJournal
 
 logger = logging.getLogger(__name__)
@@ -37,6 +46,9 @@ class Resume:
     """Every agent turn so far, in order: the agent continues after them."""
     has_result: bool = False
     """``result.json`` exists: with :attr:`final_turn`, the run is finished and is only read back."""
+    submission_checked: bool = True
+    """The result was chosen with a complete check of the submission (``result.json`` names its run; True when
+    that cannot be read): reading the run back needs that run."""
 
     @property
     def final_turn(self) -> dict[str, Any] | None:
@@ -81,6 +93,39 @@ class Resume:
         return self.resumed and self.has_result and self.final_turn is not None
 
 
+def compile_manifest(
+    program: Any,
+    fingerprint: Any,
+    trainset: list,
+    valset: list,
+    eval_lm: Any,
+    metric_id: str,
+    budget_limit: int,
+    config: Any,
+) -> dict[str, Any]:
+    """What a run directory belongs to (``manifest.json``): the program's structure and code, the data, the
+    evaluation LM, the metric, the budget, ``pass_threshold`` and ``attempt``; ``budget_limit``: the budget's units;
+    ``config``: the optimizer (sized for this compile)."""
+    return {
+        "program": fingerprint_digest(fingerprint),
+        "trainset": examples_digest(trainset),
+        "valset": examples_digest(valset),
+        "examples_digest_version": EXAMPLES_DIGEST_VERSION,
+        "eval_lm": eval_lm_identity(eval_lm, program),
+        "metric": metric_id,
+        "program_code": program_code_identity(program),
+        "budget_limit": budget_limit,
+        "budget_mode": (
+            {"max_metric_calls": config.max_metric_calls}
+            if config.max_metric_calls
+            else {"max_iterations": config.max_iterations}
+        ),
+        "pass_threshold": config.pass_threshold,
+        "attempt": config.attempt,
+        "created_at": time.time(),
+    }
+
+
 def open_run_directory(
     journal: RunJournal,
     manifest: dict[str, Any],
@@ -102,7 +147,18 @@ def open_run_directory(
         prompt_versions=tuple(journal.prompt_versions()),
         turns=tuple(journal.turns()),
         has_result=journal.layout.result.exists(),
+        submission_checked=_submission_checked(journal.layout.result),
     )
+
+
+def _submission_checked(path: Any) -> bool:
+    """Whether ``result.json`` at ``path`` names the run that checked the submission (True unless it says none:
+    the spending cap or the budget kept the submission from a check)."""
+    try:
+        selection = json.loads(path.read_text(encoding="utf-8"))["selection"]
+        return selection["submission_run_id"] is not None
+    except (OSError, ValueError, TypeError, KeyError):
+        return True
 
 
 def metric_failed_message(directory: Any, temporary: bool, metric_id: str) -> str:
@@ -115,6 +171,17 @@ def metric_failed_message(directory: Any, temporary: bool, metric_id: str) -> st
         "fixed it is another metric to that directory: run compile() with a new run_storage_dir (or delete this "
         f"one); or, if the fix changes no score the metric already gave, pass metric_id={metric_id!r} to "
         "RLMDocstringOptimizer(...) or compile() to resume with what was paid."
+    )
+
+
+def missing_from_finished_run(directory: Any, what: str) -> RunDirectoryMismatchError:
+    """The error for a finished run whose result cannot be read back because ``what`` (a complete run the result
+    was chosen from) is missing or unreadable in its ``runs/``: reading it back must not pay for it again."""
+    return RunDirectoryMismatchError(
+        f"run_storage_dir {str(directory)!r} holds a finished run, but {what} is missing from its runs/ folder or "
+        "cannot be read (see the warnings above), so its result cannot be read back without evaluating it again. "
+        "Restore the file; or, to run the compile again, use a new run_storage_dir (dspy's cache answers the "
+        "requests it has seen)."
     )
 
 
