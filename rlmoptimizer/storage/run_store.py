@@ -89,22 +89,34 @@ def pending_header(header: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_pending_log(path: Path) -> tuple[dict[str, Any], list[ExampleResult]] | None:
-    """``(header, records)`` of the in-flight log at ``path``, reading up to a torn line (a record being written,
-    cut at any byte); None when it has no readable header (it was being written). The header's fields are typed
-    (:func:`pending_header`); one that parses but cannot say what was evaluated is a :class:`ValueError`. Reads
-    only; ``OSError`` (e.g. the file is gone) propagates."""
-    lines = path.read_bytes().split(b"\n")
-    header = _json_line(lines[0])
+    """``(header, records)`` of the in-flight log at ``path``, reading past a torn last line (a record being
+    written, cut at any byte); None when it has no readable header and nothing after it (the header was being
+    written). The header's fields are typed (:func:`pending_header`); a header that cannot say what was
+    evaluated, or that cannot be read although records follow it, is a :class:`ValueError` (damaged, not torn: the
+    log is kept). A damaged record line before the last is skipped with a warning (its example is evaluated again
+    when needed); the records after it are kept. Reads only; ``OSError`` (e.g. the file is gone) propagates."""
+    first, *rest = path.read_bytes().split(b"\n")
+    rest = [line for line in rest if line.strip()]
+    header = _json_line(first)
     if not isinstance(header, dict):
+        if rest:
+            raise ValueError(f"its header cannot be read, but {len(rest)} record line(s) follow it")
         return None
     header = pending_header(header)
     requested = header["requested"]
-    records = []
-    for line in lines[1:]:
+    records, damaged = [], 0
+    for number, line in enumerate(rest, start=1):
         try:
             records.append(ExampleResult.from_dict(_json_line(line)))
         except (ValueError, KeyError, TypeError, AttributeError):
-            break
+            damaged += number < len(rest)  # only the last line can be torn by a kill
+    if damaged:
+        logger.warning(
+            "%s: %d damaged record line(s) skipped, %d record(s) kept; those examples are evaluated again when needed.",
+            path,
+            damaged,
+            len(records),
+        )
     if not requested:
         header["requested"] = len(records)
     return header, records

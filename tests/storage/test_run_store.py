@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import threading
 
@@ -189,3 +190,30 @@ def test_a_run_saved_with_its_pending_log_is_written_in_the_background_and_then_
     store.flush()
     assert RunStore(tmp_path).get("run-0001") == run
     assert not pending.path.exists()
+
+
+def test_a_damaged_pending_log_keeps_every_record_it_can_and_is_never_deleted_with_records(tmp_path, caplog):
+    """Regressions: a damaged line in the middle of an in-flight log dropped every record after it, and a log
+    whose header was damaged was deleted with its records."""
+    store = RunStore(tmp_path)
+    run = make_run()
+    header = {"split": "train", "instructions": run.instructions, "label": "agent", "requested": 4}
+    log = store.open_pending(header)
+    for example_id in (0, 1, 2):
+        log.append(dataclasses.replace(run.records[0], example_id=example_id))
+    log.close()
+    lines = log.path.read_bytes().split(b"\n")
+    lines[2] = b'{"example_id": 1, "sco'  # damaged in place (not the kill's torn last line)
+    log.path.write_bytes(b"\n".join(lines) + b'{"example_id": 3, "sc')  # and a torn last line after it
+    with caplog.at_level(logging.WARNING, logger="rlmoptimizer"):
+        [(_, _, records)] = store.pending()
+    assert [r.example_id for r in records] == [0, 2]
+    assert "1 damaged record line(s) skipped, 2 record(s) kept" in caplog.text
+
+    log.path.write_bytes(b'{"split": "tra' + b"\n" + b"\n".join(lines[1:]))  # the header damaged, records after it
+    with caplog.at_level(logging.WARNING, logger="rlmoptimizer"):
+        assert store.pending() == []
+    assert log.path.exists() and "its header cannot be read, but 3 record line(s) follow it" in caplog.text
+
+    log.path.write_bytes(b'{"split": "tra')  # a header cut while it was written, nothing after it: nothing paid
+    assert store.pending() == [] and not log.path.exists()
