@@ -8,6 +8,7 @@ Values coming from a program (inputs, outputs) are made JSON-safe when the recor
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -312,6 +313,38 @@ class Selection:
             "candidates": [dict(c) for c in self.candidates],
             **({} if self.spending_cap_reached is None else {"spending_cap_reached": self.spending_cap_reached}),
         }
+
+
+def turn_record(
+    iteration: int,
+    reasoning: str,
+    code: str,
+    output: str,
+    *,
+    final: bool,
+    pilot: Sequence[str] | None = None,
+    outputs: dict[str, Any] | None = None,
+    submitted_by: str | None = None,
+) -> dict[str, Any]:
+    """One turn of the trajectory as it is stored (``turns/``) and shown (``agent_trajectory``): ``iteration``
+    (from 1), the turn's ``reasoning``, ``code`` and ``output``; ``final`` for the turn that ended the run, with the
+    ``outputs`` submitted and who made them (``submitted_by``) when that was not the agent's SUBMIT; ``pilot``: the
+    default loop's actions the pilot took in it (the key is left out when None)."""
+    turn: dict[str, Any] = {
+        "iteration": iteration,
+        "reasoning": reasoning,
+        "code": code,
+        "output": output,
+        "final": final,
+    }
+    if pilot is not None:
+        turn["pilot"] = list(pilot)
+    if outputs is not None:
+        turn["outputs"] = outputs
+    if submitted_by:
+        turn["submitted_by"] = submitted_by
+    turn["created_at"] = time.time()
+    return turn
 
 
 @dataclass(frozen=True)

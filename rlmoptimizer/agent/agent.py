@@ -36,7 +36,6 @@ import json
 import logging
 import os
 import re
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -61,6 +60,7 @@ from rlmoptimizer.agent.stop import StopRequest, current_instructions_submitted,
 from rlmoptimizer.agent.sub_lm import sub_lm_tools
 from rlmoptimizer.budget import BudgetLedger
 from rlmoptimizer.events import NO_OBSERVER, AgentTurn
+from rlmoptimizer.records import turn_record
 
 logger = logging.getLogger(__name__)
 
@@ -577,19 +577,15 @@ class OptimizerAgent(dspy.Module):
         outputs: dict[str, Any] | None = None,
         submitted_by: str | None = None,
     ) -> None:
-        turn = {
-            "iteration": iteration + 1,
-            "reasoning": entry.get("reasoning", ""),
-            "code": entry.get("code", ""),
-            "output": entry.get("output", ""),
-            "final": final,
-        }
-        if self._pilot_ran:  # the default loop's actions the pilot took in this turn
-            turn["pilot"] = list(self._pilot_ran)
-        if outputs is not None:
-            turn["outputs"] = outputs
-        if submitted_by:  # made by the default loop, or without a SUBMIT
-            turn["submitted_by"] = submitted_by
-        turn["created_at"] = time.time()
+        turn = turn_record(
+            iteration + 1,
+            entry.get("reasoning", ""),
+            entry.get("code", ""),
+            entry.get("output", ""),
+            final=final,
+            pilot=self._pilot_ran or None,  # the default loop's actions the pilot took in this turn
+            outputs=outputs,
+            submitted_by=submitted_by,  # made by the default loop, or without a SUBMIT
+        )
         self.turns.append(turn)
         self._observer.on_event(AgentTurn(turn, self._ledger.snapshot()))

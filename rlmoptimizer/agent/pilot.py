@@ -17,7 +17,6 @@ May import: ``rlmoptimizer.agent.policy``, ``rlmoptimizer.errors``, ``.events`` 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,7 +48,7 @@ from rlmoptimizer.agent.policy import (
 )
 from rlmoptimizer.errors import AgentToolError
 from rlmoptimizer.events import AgentTurn
-from rlmoptimizer.records import AgentOutcome
+from rlmoptimizer.records import AgentOutcome, turn_record
 
 NEXT_PHASE_LINE = "print(next_phase()['summary'])"
 """The line the state block suggests: one call that takes the default loop's next phase."""
@@ -217,18 +216,16 @@ def run_loop(
         final = pilot.submitted is not None
         if final and not report["summary"].endswith(f"({pilot.submitted})."):
             report["summary"] += f"\nThe run ends with the current instructions ({pilot.submitted})."
-        turn: dict[str, Any] = {
-            "iteration": len(turns) + 1,
-            "reasoning": LOOP_REASONING,
-            "code": "\n".join(report["ran"]) or NEXT_PHASE_LINE,
-            "output": report["summary"].strip(),
-            "final": final,
-            "pilot": list(report["ran"]),
-        }
-        if final:
-            turn["outputs"] = {"optimized_dspy_program": services.working.instructions()}
-            turn["submitted_by"] = LOOP_SUBMISSION
-        turn["created_at"] = time.time()
+        turn = turn_record(
+            len(turns) + 1,
+            LOOP_REASONING,
+            "\n".join(report["ran"]) or NEXT_PHASE_LINE,
+            report["summary"].strip(),
+            final=final,
+            pilot=report["ran"],
+            outputs={"optimized_dspy_program": services.working.instructions()} if final else None,
+            submitted_by=LOOP_SUBMISSION if final else None,
+        )
         turns.append(turn)
         services.observer.on_event(AgentTurn(turn, services.ledger.snapshot()))
         if final:
