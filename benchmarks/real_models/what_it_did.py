@@ -23,14 +23,20 @@ GEPA_LINE = re.compile(r"gepa run \d+: best (\S+) \(validation score ([\d.]+), t
 CONFIRM_LINE = re.compile(r"confirmed on (\d+ fresh train example\(s\) \(\d+ unit\(s\)\): .+)$", re.MULTILINE)
 
 
+PHASE_LINE = re.compile(r"^([a-z_]+\(.*?\)(?:; [a-z_]+\(.*?\))*) -> ", re.MULTILINE)
+"""A line of a phase's summary: the calls it ran, then what they did (``next_phase()`` called by the agent's code)."""
+
+
 def calls(arm: dict[str, Any]) -> list[str]:
-    """Every tool call the pilot made, in order, and every line of the agent's own code."""
+    """Every tool call the pilot made, in order, every line of the agent's own code, and the calls of every phase
+    the agent's code took with ``next_phase()`` (read from the phase's summary in the turn's output)."""
     turns = arm.get("details", {}).get("agent_trajectory") or []
     made = []
     for turn in turns:
         made += turn.get("pilot") or []
         if not turn.get("pilot"):
             made += [line for line in str(turn.get("code", "")).splitlines() if line.strip()]
+            made += PHASE_LINE.findall(str(turn.get("output", "")))
     # one call per entry: a pilot line may chain several ("p = propose_instructions(...); adopt_candidate(...)")
     return [re.sub(r"^\w+ = ", "", call.strip()) for line in made for call in line.split("; ") if call.strip()]
 
