@@ -201,27 +201,45 @@ def _cell_filled(cell: Any) -> bool:
     return True
 
 
-_SEEN: dict[int, tuple[Callable[[], Any], str, str]] = {}
-"""Per live metric object (by ``id``, checked by a weak reference): the identity it had when a compile first saw
-it, and the one it had when the last compile that called it ended."""
+_SEEN: dict[Any, tuple[Callable[[], Any], list[tuple[str, str]]]] = {}
+"""Per live metric object (by ``id``; a bound method by the ids of its object and its function; checked by a weak
+reference to the object): each identity it had when a compile first saw it, with the one it had when the last
+compile that called it under that identity ended, newest last (at most :data:`_MEMO_PAIRS`)."""
 _SEEN_LOCK = threading.Lock()
+_MEMO_PAIRS = 8
+
+
+def _memo_key(fn: Callable[..., Any]) -> tuple[Any, Any]:
+    """The memo's key for ``fn`` and the object its weak reference follows: a bound method is a new object on
+    every attribute access, so it is keyed by the object it is bound to and its function."""
+    if isinstance(fn, types.MethodType):
+        return (id(fn.__self__), id(fn.__func__)), fn.__self__
+    return id(fn), fn
 
 
 def metric_identity(fn: Callable[..., Any]) -> str:
     """:func:`described_identity` of ``fn``, except for a metric object a compile of this process has called: while
     what it is now is what that compile left (state it changed itself as it ran: a counter, a cache), it keeps
     the identity it had before its first call, so a cell run again resumes its own run directory. A change
-    made to it between compiles (``metric.threshold = 0.7``) makes it another metric, as in a new process."""
+    made to it between compiles (``metric.threshold = 0.7``) makes it another metric, as in a new process; changed
+    back, it is the first metric again."""
     now = described_identity(fn)
+    key, target = _memo_key(fn)
     with _SEEN_LOCK:
-        seen = _SEEN.get(id(fn))
-        if seen is not None and seen[0]() is fn and now in (seen[1], seen[2]):
-            return seen[1]
+        seen = _SEEN.get(key)
+        if seen is not None and seen[0]() is target:
+            pairs = seen[1]
+            for first, last in reversed(pairs):
+                if now in (first, last):
+                    return first
+            pairs.append((now, now))
+            del pairs[:-_MEMO_PAIRS]
+            return now
         try:
-            ref = weakref.ref(fn, lambda _ref, key=id(fn): _SEEN.pop(key, None))
+            ref = weakref.ref(target, lambda _ref, key=key: _SEEN.pop(key, None))
         except TypeError:  # no weak reference (a slotted class): held for the process's life, like a module's
-            ref = functools.partial(_same, fn)
-        _SEEN[id(fn)] = (ref, now, now)
+            ref = functools.partial(_same, target)
+        _SEEN[key] = (ref, [(now, now)])
     return now
 
 
@@ -229,12 +247,15 @@ def _same(value: Any) -> Any:
     return value
 
 
-def metric_used(fn: Callable[..., Any]) -> None:
-    """A compile that called ``fn`` ended: what ``fn`` is now (the state its calls changed) still names it."""
+def metric_used(fn: Callable[..., Any], identity: str) -> None:
+    """A compile that called ``fn`` as ``identity`` ended: what ``fn`` is now (the state its calls changed) still
+    names it."""
+    key, target = _memo_key(fn)
     with _SEEN_LOCK:
-        seen = _SEEN.get(id(fn))
-        if seen is not None and seen[0]() is fn:
-            _SEEN[id(fn)] = (seen[0], seen[1], described_identity(fn))
+        seen = _SEEN.get(key)
+        if seen is not None and seen[0]() is target:
+            now = described_identity(fn)
+            seen[1][:] = [(first, now if first == identity else last) for first, last in seen[1]]
 
 
 def described_identity(fn: Callable[..., Any]) -> str:
@@ -286,7 +307,7 @@ class Metric:
     def used(self) -> None:
         """The compile that called this metric ended (:func:`metric_used`)."""
         if self.metric_id is None:
-            metric_used(self.fn)
+            metric_used(self.fn, self.identity)
 
     def mismatch_hint(self, stored: Any) -> str:
         """Why a run directory's metric does not match, and how to resume anyway when it is the same metric."""

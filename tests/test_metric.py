@@ -236,3 +236,31 @@ def test_a_slotted_metric_without_weak_references_is_remembered_and_its_private_
     first.used()
     assert Metric(counter).identity == first.identity == Metric(SlottedCounter(0.5)).identity
     assert Metric(SlottedCounter(0.5, secret="b")).identity != first.identity
+
+
+class JudgeWithMethod(CachingJudge):
+    def judge(self, example, prediction, trace=None):
+        return self(example, prediction, trace)
+
+
+def test_a_bound_method_metric_keeps_its_objects_identity_and_a_change_undone_is_the_first_metric_again():
+    """Regressions: ``metric=judge.judge`` (a new bound-method object on every access) got a new identity after
+    every compile that called it; and a metric changed, refused (before any call), then changed back stayed
+    refused."""
+    holder = JudgeWithMethod()
+    first = Metric(holder.judge)
+    first.score(GOLD, PRED)
+    first.used()
+    assert Metric(holder.judge).identity == first.identity  # another bound-method object, the same metric
+    assert Metric(JudgeWithMethod().judge).identity == first.identity  # as a new process builds it
+
+    judge = CachingJudge()
+    ran = Metric(judge)
+    ran.score(GOLD, PRED)
+    ran.used()
+    judge.threshold = 0.9
+    refused = Metric(judge)  # another metric: the run directory refuses it, before any call
+    assert refused.identity != ran.identity
+    refused.used()
+    judge.threshold = 0.5  # the change undone
+    assert Metric(judge).identity == ran.identity
