@@ -3,7 +3,9 @@
 Two calling styles are accepted, told apart by the function's signature:
 
 * DSPy style, ``metric(example, prediction)`` or ``metric(example, prediction, trace=None)``;
-* GEPA style, ``metric(gold, pred, trace, pred_name, pred_trace)``: called with ``None`` for the last three.
+* GEPA style, ``metric(gold, pred, trace, pred_name, pred_trace)``: scored with ``None`` for the last three, then
+  (on train) asked once more per step that ran, with that step's name and call, for the step's own feedback
+  (:meth:`Metric.step_feedback`), as ``dspy.GEPA`` asks it while reflecting.
 
 A metric may return a bool (True is 1.0), any finite int or float (on any scale: 0-1, 0-5, negative
 rewards, as dspy.Evaluate, MIPROv2 and GEPA accept them; scores are used as returned, never rescaled), or
@@ -340,6 +342,24 @@ class Metric:
         else:
             value = self.fn(example, prediction, None, None, None)
         return self.coerce(value)
+
+    @property
+    def gives_step_feedback(self) -> bool:
+        """GEPA's form (``pred_name``, ``pred_trace``): the metric can give one step's own feedback."""
+        return self.arity == 5
+
+    def step_feedback(self, example: Any, prediction: Any, trace: list, step: str, step_trace: list) -> str | None:
+        """The feedback the metric gives for step ``step`` alone, as ``dspy.GEPA`` asks it while reflecting:
+        ``metric(gold, pred, trace, pred_name=step, pred_trace=step_trace)``; the score it returns is not used (the
+        example's score is the one without ``pred_name``). None for a metric of another form, one that gives no
+        feedback text, or one that raises or returns no score here (the example keeps its own feedback)."""
+        if not self.gives_step_feedback:
+            return None
+        try:
+            _, feedback = self.coerce(self.fn(example, prediction, trace, step, step_trace))
+        except Exception:  # the step's feedback is optional: the example's own score and feedback stand
+            return None
+        return feedback if isinstance(feedback, str) and feedback.strip() else None
 
     def coerce(self, value: Any) -> tuple[float, str | None]:
         """Turn a metric's return value into ``(score, feedback)`` or raise :class:`MetricError`."""

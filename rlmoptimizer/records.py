@@ -72,13 +72,21 @@ class StepTrace:
     step_name: str
     inputs: dict[str, Any]
     outputs: dict[str, Any]
+    feedback: str | None = None  # the metric's feedback for this step (GEPA's ``pred_name`` form), on train
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step_name": self.step_name, "inputs": self.inputs, "outputs": self.outputs}
+        data = {"step_name": self.step_name, "inputs": self.inputs, "outputs": self.outputs}
+        return data if self.feedback is None else {**data, "feedback": self.feedback}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StepTrace:
-        return cls(step_name=data["step_name"], inputs=dict(data["inputs"]), outputs=dict(data["outputs"]))
+        feedback = data.get("feedback")
+        return cls(
+            step_name=data["step_name"],
+            inputs=dict(data["inputs"]),
+            outputs=dict(data["outputs"]),
+            feedback=feedback if isinstance(feedback, str) else None,
+        )
 
 
 @dataclass(frozen=True)

@@ -137,3 +137,44 @@ def test_dspy_gepas_names_mean_ours(tmp_path):
         RLMDocstringOptimizer(root_lm=reflection, seed=1, attempt=2)
     with pytest.raises(ConfigurationError, match="auto must be 'light', 'medium' or 'heavy'"):
         RLMDocstringOptimizer(root_lm=reflection, auto="fast")
+
+
+def test_a_metric_in_gepas_form_gives_each_step_its_own_feedback_on_train_only(tmp_path):
+    """Regression: a dspy.GEPA metric was only ever called with pred_name=None, so the per-step feedback it writes
+    for GEPA's reflection never reached a proposal: the reflection LM saw the example's feedback for every step."""
+    asked: list[tuple[str | None, int]] = []
+
+    def per_step(gold, pred, trace=None, pred_name=None, pred_trace=None):
+        asked.append((pred_name, len(pred_trace or [])))
+        queue = (pred.queue or "").strip().lower()
+        score = float(queue == gold.queue)
+        if pred_name == "route":
+            return dspy.Prediction(score=score, feedback=f"ROUTE NOTE: the policy sends this to {gold.queue}.")
+        if pred_name is not None:
+            return dspy.Prediction(score=score, feedback="SUMMARY NOTE: keep the customer's words.")
+        return dspy.Prediction(score=score, feedback="EXAMPLE NOTE")
+
+    train, val = make_splits()
+    reflection = proposer(POLICY_PROMPT)
+    with dspy.context(lm=FunctionLM(task_lm_reply)):
+        optimized = RLMDocstringOptimizer(
+            per_step,
+            max_metric_calls=40,
+            reflection_lm=reflection,
+            rlm_autopilot="loop",
+            num_threads=1,
+            run_storage_dir=str(tmp_path / "run"),
+        ).compile(RouteTicket(), trainset=train, valset=val)
+    assert optimized.route.signature.instructions == POLICY_PROMPT
+    # asked as dspy.GEPA asks: the step's name with its one call
+    assert {("route", 1), ("summarize.predict", 1)} <= set(asked)
+    prompts = [" ".join(str(m.get("content", "")) for m in messages) for messages in reflection.calls]
+    for_route = [p for p in prompts if "ROUTE NOTE" in p]
+    assert for_route and not any("SUMMARY NOTE" in p for p in for_route)  # each step reflects on its own feedback
+    runs = [json.loads(p.read_text()) for p in sorted((tmp_path / "run" / "runs").glob("run-*.json"))]
+    steps = {
+        split: [s for r in runs if r["split"] == split for rec in r["records"] for s in rec["steps"]]
+        for split in ("train", "val")
+    }
+    assert steps["train"] and all(s.get("feedback", "").startswith(("ROUTE", "SUMMARY")) for s in steps["train"])
+    assert steps["val"] and not any("feedback" in s for s in steps["val"])  # validation is never reflected on

@@ -30,6 +30,7 @@ import math
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import dspy
@@ -109,6 +110,7 @@ class _Batch:
         self.finished = 0  # examples finished or skipped
         self.wake = threading.Event()  # set when all are finished or the evaluation must stop
         self.on_record: Callable[[ExampleResult], None] | None = None
+        self.step_feedback = False  # ask the metric for each step's own feedback (train)
 
 
 def _rollout_copy(lm: dspy.BaseLM, rollout: int) -> dspy.BaseLM:
@@ -184,9 +186,12 @@ class Evaluator:
         reservation: Reservation | None = None,
         on_record: Callable[[ExampleResult], None] | None = None,
         rollout: int = 0,
+        step_feedback: bool = False,
     ) -> list[ExampleResult]:
         """Evaluate ``items`` (``(example_id, example)`` pairs); at most ``reservation.remaining`` of them
-        when a reservation is given, spending one unit per charged example. Records sorted by id.
+        when a reservation is given, spending one unit per charged example. Records sorted by id. With
+        ``step_feedback``, a metric in GEPA's form is asked for each step's own feedback too (the step's last call
+        in the example: :meth:`Metric.step_feedback`), kept on the record's step.
         ``on_record(record)`` is called under a lock, from the worker threads, as each record completes, before
         it is charged; if it raises, the evaluation stops and the error propagates. ``rollout`` picks the LM
         (:meth:`lm_for`); for ``k > 0`` a step with its own LM (``set_lm``, which the pinned LM does not reach)
@@ -202,7 +207,7 @@ class Evaluator:
             predictor.lm = _rollout_copy(original, rollout)
         try:
             run = self._evaluate if self._booked is None else self._booked(self._evaluate)
-            return run(program, items, reservation, on_record, lm)
+            return run(program, items, reservation, on_record, lm, step_feedback)
         finally:
             for predictor, original in own:
                 predictor.lm = original
@@ -214,10 +219,12 @@ class Evaluator:
         reservation: Reservation | None,
         on_record: Callable[[ExampleResult], None] | None,
         lm: dspy.BaseLM | None,
+        step_feedback: bool = False,
     ) -> list[ExampleResult]:
         names = StepNames(program)
         batch = _Batch(len(items), reservation)
         batch.on_record = on_record
+        batch.step_feedback = step_feedback and self.metric.gives_step_feedback
         pool = ThreadPoolExecutor(max_workers=min(self.num_threads, len(items)), thread_name_prefix="rlmoptimizer-eval")
         futures = []
         try:
@@ -328,6 +335,8 @@ class Evaluator:
             except Exception as exc:
                 score, feedback, error = 0.0, None, format_error(exc)
                 error_kind = METRIC_ERROR
+            if error is None and batch.step_feedback:
+                steps = self._with_step_feedback(steps, list(trace), names, example, prediction)
         if error is None and not 0.0 <= score <= 1.0 and not self._scale_noted:
             self._scale_noted = True
             logger.info(
@@ -361,6 +370,20 @@ class Evaluator:
                 continue
             steps.append(StepTrace(step_name=name, inputs=_json_dict(dict(step_inputs)), outputs=_fields(outputs)))
         return tuple(steps)
+
+    def _with_step_feedback(
+        self, steps: tuple[StepTrace, ...], trace: list, names: StepNames, example: Any, prediction: Any
+    ) -> tuple[StepTrace, ...]:
+        """``steps`` with the metric's own feedback for each step on its last call (as ``dspy.GEPA`` reflects on
+        one call of a step: ``pred_trace`` is that call, ``trace`` the whole example's)."""
+        last = {name: entry for entry in trace if (name := names.name(entry[0])) is not None}
+        index = {step.step_name: i for i, step in enumerate(steps)}  # the last call of each step
+        out = list(steps)
+        for name, entry in last.items():
+            text = self.metric.step_feedback(example, prediction, trace, name, [entry])
+            if text is not None and name in index:
+                out[index[name]] = replace(out[index[name]], feedback=text)
+        return tuple(out)
 
     def _finish(self, batch: _Batch, record: ExampleResult, failure: tuple[str, BaseException] | None) -> None:
         with batch.lock:

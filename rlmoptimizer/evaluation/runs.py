@@ -282,7 +282,9 @@ class Runs:
                 source = own if own is not None else reservation
                 granted, before = min(source.remaining, len(todo)), source.spent
                 try:
-                    new = self.evaluator.evaluate(program, items, source, on_record=on_record, rollout=rollout)
+                    new = self.evaluator.evaluate(
+                        program, items, source, on_record=on_record, rollout=rollout, step_feedback=split == "train"
+                    )
                 finally:
                     spent = source.spent - before
                     if own is not None:
@@ -293,7 +295,13 @@ class Runs:
                         + (f"; {self.ledger.stop_reason}" if self.ledger.stop_reason else "")
                     )
             else:
-                new = self.evaluator.evaluate(program, items, on_record=on_record, rollout=rollout) if todo else []
+                new = (
+                    self.evaluator.evaluate(
+                        program, items, on_record=on_record, rollout=rollout, step_feedback=split == "train"
+                    )
+                    if todo
+                    else []
+                )
         except EvaluationStopped as stopped:  # EvaluationLMError, MetricError, Ctrl-C: keep what was paid for
             reason, completed = stopped.reason, stopped.records
             if completed or isinstance(reason, (EvaluationLMError, MetricError)):

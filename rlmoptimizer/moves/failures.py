@@ -430,6 +430,8 @@ def render_failure(failure: Failure, step: str | None) -> str:
         calls = calls[-1:]
     for call in calls:
         lines.append(f"step {call.step_name}: inputs {_value(call.inputs)} -> outputs {_value(call.outputs)}")
+        if call.feedback and call.feedback != record.feedback:  # the metric's own words for this step (pred_name)
+            lines.append(f"metric feedback for {call.step_name}: {clip(call.feedback, MAX_VALUE_CHARS)}")
     return clip_block("\n".join(lines), MAX_FAILURE_CHARS)
 
 

@@ -43,8 +43,8 @@ def reflective_example(step: str, record: ExampleResult) -> dict[str, Any] | Non
     not run on that example.
 
     As ``dspy.GEPA`` builds it: the step's own inputs and generated outputs (its last call, when the program
-    called it more than once) and a feedback text. When the metric wrote feedback, that text is the feedback, as
-    ``dspy.GEPA`` gives it (so a GEPA run here reflects on what ``dspy.GEPA`` would show the same reflection LM),
+    called it more than once) and a feedback text. When the metric wrote feedback (for this step, when it takes
+    ``pred_name``: GEPA's form; else for the example), that text is the feedback, as ``dspy.GEPA`` gives it (so a GEPA run here reflects on what ``dspy.GEPA`` would show the same reflection LM),
     with the program's final output when it is not this step's and the error, if any. When it wrote none, the
     feedback is what GEPA's default ("This trajectory got a score of ...") leaves out: the score, the expected
     fields, the program's final output when it is not this step's, and the error.
@@ -53,8 +53,9 @@ def reflective_example(step: str, record: ExampleResult) -> dict[str, Any] | Non
     if not calls:
         return None
     call = calls[-1]
+    feedback = call.feedback or record.feedback  # the metric's feedback for this step (pred_name), else the example's
     lines = []
-    if not record.feedback:
+    if not feedback:
         lines.append(f"Score: {record.score:g} ({'passed' if record.passed else 'did not pass'}).")
         if record.expected:
             lines.append(f"Expected (the example's labels): {_json(record.expected)}")
@@ -62,8 +63,8 @@ def reflective_example(step: str, record: ExampleResult) -> dict[str, Any] | Non
         lines.append(f"The program's final output: {_json(record.predicted)}")
     if record.error:
         lines.append(f"Error: {record.error}")
-    if record.feedback:
-        lines.append(record.feedback)
+    if feedback:
+        lines.append(feedback)
     return {"Inputs": dict(call.inputs), "Generated Outputs": dict(call.outputs), "Feedback": "\n".join(lines)}
 
 
