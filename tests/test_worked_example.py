@@ -43,3 +43,21 @@ def test_the_worked_run_returns_demos_that_teach_what_no_instruction_could(print
     assert "demos of the returned program, from train examples [4, 8, 6, 11]:" in printed
     assert "  'Feature request: a dark mode for the editor.' -> feedback" in printed
     assert "validation: 0.12 unchanged -> 0.88 returned" in printed
+
+
+def test_the_docs_show_what_the_example_prints(printed):
+    """Regression: the page showed a run of an older version (47 metric calls where the example spent 51, an
+    evaluation of the demos' own examples missing)."""
+    page = (EXAMPLE.parent.parent / "docs" / "analysis-and-demos.md").read_text(encoding="utf-8")
+    shown = page.split("```text\n", 1)[1].split("```", 1)[0]
+    assert shown.strip() == printed.strip()
+
+
+def test_the_loop_never_pays_to_evaluate_the_current_demos_own_examples(printed):
+    """A demo sees its own answer: evaluating the current instructions on its example can find no failure."""
+    import re
+
+    demos = {int(i) for i in re.search(r"from train examples \[([\d, ]+)\]", printed).group(1).split(", ")}
+    adopted = printed.index("adopt_candidate('demos-1')")
+    evaluated = re.findall(r"evaluate_program\(ids='([\d,]+)'\)", printed[adopted : printed.index("\n\n")])
+    assert not demos & {int(i) for ids in evaluated for i in ids.split(",")}

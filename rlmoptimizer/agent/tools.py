@@ -242,12 +242,15 @@ class AgentTools:
 
     def _train_status(self) -> tuple[list[int], int, int]:
         """Train ids the current instructions have not been evaluated on (those no search saw last: they are what a
-        confirmation of a lead can use), and how many evaluated ones fail and pass."""
+        confirmation of a lead can use; never their own demos' examples, which see their answer), and how many
+        evaluated ones fail and pass."""
         ids = range(len(self.runs.splits["train"]))
-        stored = self.runs.stored(self.working.instructions(), "train", ids)
+        current = self.working.instructions()
+        stored = self.runs.stored(current, "train", ids)
         failing = sum(1 for record in stored.values() if not record.passed)
         fresh = {i for i, _ in self.moves.fresh_ids(self.working.initial)}
-        unevaluated = sorted((i for i in ids if i not in stored), key=lambda i: i in fresh)
+        demos = self.moves.demo_sources(current)
+        unevaluated = sorted((i for i in ids if i not in stored and i not in demos), key=lambda i: i in fresh)
         return unevaluated, failing, len(stored) - failing
 
     def tool_functions(self) -> list[Callable]:

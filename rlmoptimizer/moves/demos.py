@@ -39,15 +39,19 @@ def _label(record: ExampleResult) -> str:
 def choose_demos(records: Sequence[ExampleResult], k: int, seed: int = 0) -> list[int]:
     """The ids of at most ``k`` passing records to use as demos: first those whose labels (expected fields) the
     failing records have, the most failed label first; then the other labels; one example per label in turn, in a
-    reproducible shuffle (``seed``) within each label."""
+    reproducible shuffle (``seed``) within each label. Examples with the same inputs count once."""
     passed = [r for r in records if r.passed]
     failing: dict[str, int] = {}
     for r in records:
         if not r.passed:
             failing[_label(r)] = failing.get(_label(r), 0) + 1
     by_label: dict[str, list[int]] = {}
+    seen: set[str] = set()
     for r in sorted(passed, key=lambda r: r.example_id):
-        by_label.setdefault(_label(r), []).append(r.example_id)
+        key = canonical_json(r.inputs)
+        if key not in seen:  # a duplicated example is one demo (k demos are k different examples)
+            seen.add(key)
+            by_label.setdefault(_label(r), []).append(r.example_id)
     rng = random.Random(seed)
     for ids in by_label.values():
         rng.shuffle(ids)

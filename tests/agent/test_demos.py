@@ -164,8 +164,8 @@ def test_demos_cover_the_labels_failed_most_first_then_vary():
     from rlmoptimizer.moves.demos import choose_demos
     from rlmoptimizer.records import ExampleResult
 
-    def record(i, label, passed):
-        return ExampleResult(i, {}, {"label": label}, {}, float(passed), passed)
+    def record(i, label, passed, inputs=None):
+        return ExampleResult(i, inputs or {"question": f"q{i}"}, {"label": label}, {}, float(passed), passed)
 
     records = [record(0, "a", True), record(1, "a", True), record(2, "b", True), record(3, "c", False)]
     records += [record(4, "c", True), record(5, "b", False), record(6, "c", False)]
@@ -174,3 +174,7 @@ def test_demos_cover_the_labels_failed_most_first_then_vary():
     assert chosen[:2] == [4, 2] and chosen[2] in (0, 1)
     assert sorted(choose_demos(records, 10)) == [0, 1, 2, 4]  # only passing records, each once
     assert choose_demos([record(0, "a", False)], 4) == []
+    # a train set with duplicated examples: k demos are k different examples, not copies of one
+    copies = [record(i, "a" if i % 3 else "b", True, {"question": "same" if i % 3 else "other"}) for i in range(12)]
+    chosen = choose_demos(copies, 4)
+    assert len(chosen) == 2 and {copies[i].inputs["question"] for i in chosen} == {"same", "other"}
