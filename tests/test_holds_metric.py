@@ -217,3 +217,16 @@ def test_an_example_that_raised_counts_as_failing_so_a_judge_above_1_is_only_war
         compile_tickets([], metric=judge, rlm_autopilot="loop", max_metric_calls=40)
     warned = [r.getMessage() for r in caplog.records if "scores up to 5" in r.getMessage()]
     assert len(warned) == 1 and f"{len(val) - 1} of {len(val)} pass" in warned[0]
+
+
+def test_an_evaluation_lm_whose_outputs_never_parse_is_named_not_taken_for_passing_minibatches(caplog):
+    """Regression: with every output unparsable, no warning came, GEPA's stop said the minibatches drawn already
+    pass, and the run returned the unchanged program (scoring 0) with no word of the format."""
+    garbage = FunctionLM(lambda messages: "I think it is billing.", name="garbage")
+    with caplog.at_level("WARNING", logger="rlmoptimizer"):
+        result = compile_tickets([], eval_lm=garbage, rlm_autopilot="loop", max_metric_calls=40, num_threads=1)
+    warned = [r.getMessage() for r in caplog.records if "gave an output that parses" in r.getMessage()]
+    assert len(warned) == 1 and "AdapterParseError" in warned[0] and "JSONAdapter" in warned[0]
+    said = " ".join(turn["output"] for turn in result.agent_trajectory)
+    assert "already pass" not in said or "did not parse" in said
+    assert result.selection["chosen_label"] == "baseline"

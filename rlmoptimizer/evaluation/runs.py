@@ -98,6 +98,18 @@ class Runs:
                 "fails otherwise, and the loop reflects on examples the program gets right).",
                 threshold,
             )
+        unparsed = sum(1 for r in records if (r.error or "").startswith("AdapterParseError"))
+        if len(records) >= 3 and unparsed == len(records):
+            logger.warning(
+                "None of the %d %s example(s) of the unchanged program gave an output that parses (AdapterParseError "
+                "on each): the evaluation LM does not answer in the format the program's adapter asks for, so every "
+                "example scores 0 whatever it answered. Instructions can only ask for the format; check the "
+                "evaluation LM (a chat model, max_tokens room for the whole answer) or set an adapter it follows "
+                "(dspy.configure(adapter=dspy.JSONAdapter())).",
+                len(records),
+                run.split,
+            )
+            return
         errors = {(r.error_kind, r.error) for r in records}
         if len(errors) != 1 or None in next(iter(errors)):
             return
@@ -126,8 +138,9 @@ class Runs:
         said = (
             f"the metric scores up to {top:g} on the unchanged program's {split} examples, but pass_threshold="
             f"{threshold:g}: {passing} of {len(records)} pass (an example passes at a score of at least "
-            "pass_threshold, and the optimizer works on the examples that fail). If the metric's scale goes above 1 "
-            f"(a 0-5 judge), pass pass_threshold=<the score of a right answer>, e.g. pass_threshold={top:g}"
+            "pass_threshold, and the optimizer works on the examples that fail). If the metric's scale goes above 1, "
+            "pass pass_threshold=<the score of a right answer on that scale> (e.g. pass_threshold=5 for a 0-5 judge; "
+            f"the unchanged program's best here, {top:g}, may be a wrong answer's score)"
         )
         if passing == len(records) and min(scores) < top:
             raise ConfigurationError(

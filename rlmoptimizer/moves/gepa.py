@@ -408,8 +408,9 @@ class GepaMoves(AnalysisMoves):
             )
         elif watch.idle >= watch.idle_limit:
             why = (
-                f"{watch.idle} iterations in a row had nothing to do (the minibatches drawn already pass): "
-                "nothing more to learn from train failures"
+                f"{watch.idle} iterations in a row had nothing to do (the minibatches drawn already pass, or their "
+                "failures left no step output to reflect on, e.g. outputs that did not parse): nothing more to learn "
+                "from train failures"
             )
         else:
             why = "gepa ended on its own"

@@ -161,6 +161,14 @@ class ProposalMoves(AnalysisMoves):
         for record in records:
             entry = reflective_example(step, record)
             (dataset.append(entry) if entry is not None else skipped.append(record.example_id))
+        if not dataset and records and all((r.error or "").startswith("AdapterParseError") for r in records):
+            raise refuse(
+                f"step {step!r} left no call to reflect on in the selected examples of {source} (ids "
+                f"{[r.example_id for r in records]}): their outputs did not parse (AdapterParseError: the evaluation "
+                "LM does not answer in the adapter's format)",
+                "state the output format in the step's instructions yourself (update_prompt), or pick examples whose "
+                "output parsed",
+            )
         if not dataset:
             raise refuse(
                 f"step {step!r} did not run on the selected examples of {source} (ids {[r.example_id for r in records]})",
