@@ -61,6 +61,7 @@ from rlmoptimizer.agent.sub_lm import sub_lm_tools
 from rlmoptimizer.budget import BudgetLedger
 from rlmoptimizer.events import NO_OBSERVER, AgentTurn
 from rlmoptimizer.records import turn_record
+from rlmoptimizer.storage.answers import AnswerStore
 
 logger = logging.getLogger(__name__)
 
@@ -270,6 +271,7 @@ class OptimizerAgent(dspy.Module):
         self._run_end = aids.run_end
         self._context_refusal_retries = settings.context_refusal_retries
         self._as_sub = services.as_sub if services is not None else (lambda fn: fn)
+        self._answers = AnswerStore(services.directory if services is not None else None)  # llm_query's, kept
         self._pilot_ran: list[str] = []  # the pilot's actions in the current turn
 
     async def aforward(self, **input_args: Any) -> Prediction:
@@ -358,6 +360,7 @@ class OptimizerAgent(dspy.Module):
                 observer=self._observer,
                 as_sub=self._as_sub,
                 on_failure=functools.partial(stop_if_the_sub_lm_is_unusable, self._stop),
+                answers=self._answers,
             )
             repl.tools.update({**llm_tools, **{tool.__name__: tool for tool in self._tools}})
             if hasattr(repl, "output_fields"):

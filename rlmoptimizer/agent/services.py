@@ -49,6 +49,11 @@ class CompileServices:
         """The compile's stop request (the working program's: a tool that meets a systemic failure sets it)."""
         return self.working.stop
 
+    @property
+    def directory(self) -> Any:
+        """The run directory the runs are kept in (None for runs kept elsewhere)."""
+        return getattr(getattr(self.runs, "store", None), "directory", None)
+
     def as_sub(self, fn: Callable) -> Callable:
         """``fn`` with its LM calls booked to the sub-LM role of the usage meter."""
         return self.usage.in_role(SUB, fn) if self.usage is not None else fn

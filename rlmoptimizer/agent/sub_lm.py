@@ -5,7 +5,8 @@ Each prompt is paid from the compile's budget (one unit) and from dspy.RLM's own
 failed) is released, one that got an answer is kept, also when that answer is not text. A sub LM that cannot be
 used at all (a bad key) raises once every prompt of a batch has its answer or its error.
 
-May import: ``rlmoptimizer.agent._dspy``, the budget, the events, the usage meter and the LM failure classes.
+May import: ``rlmoptimizer.agent._dspy``, the budget, the events, the usage meter, the LM failure classes and the
+run directory's answer store.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from rlmoptimizer.budget import SUB_LM_CALL, BudgetLedger, Reservation
 from rlmoptimizer.errors import BudgetExhaustedError
 from rlmoptimizer.evaluation.lm_failures import SYSTEMIC, classify_lm_failure
 from rlmoptimizer.events import Observer, SubLMAnswered
+from rlmoptimizer.storage.answers import AnswerStore
 from rlmoptimizer.usage import SUB, UsageMeter
 
 
@@ -82,13 +84,17 @@ def sub_lm_tools(
     as_sub: Callable[[Any], Any],
     on_failure: Callable[[BaseException], None] = lambda exc: None,
     max_workers: int = 8,
+    answers: AnswerStore | None = None,
 ) -> dict[str, Callable]:
     """The REPL's ``llm_query`` and ``llm_query_batched`` for one run of the agent: each prompt costs one unit of
     ``ledger`` and one of ``max_llm_calls``, taken before it is sent and kept only when it was answered (an
     answer that is not text is paid too); ``observer`` hears of every answered call before the turn ends;
     ``on_failure`` of every prompt the LM failed to answer (the compile stops when it cannot be used). A
-    ``sub_lm`` of None is dspy's configured LM."""
+    ``sub_lm`` of None is dspy's configured LM. ``answers`` (the run directory's) keeps every text answer as it
+    arrives: the same prompt asked again in the same order after a resume (the cell of a turn an interrupt cut
+    short, run again) is answered from it, free."""
     charged = _ChargedBudget(_CallCeiling(max_llm_calls), ledger)
+    answers = answers if answers is not None else AnswerStore()
 
     def query(prompt: str) -> str:
         lm = sub_lm if sub_lm is not None else dspy.settings.lm
@@ -109,12 +115,17 @@ def sub_lm_tools(
         """Query the sub-LM with a prompt string (costs 1 budget unit)."""
         if not prompt:
             raise ValueError("prompt cannot be empty")
+        key, _ = answers.key_for(prompt)
+        kept = answers.get(key)
+        if kept is not None:  # answered before an interrupt: paid already
+            return kept
         answered = False
         try:
             with charged.take(1) as reservation:
                 try:
                     text = query(prompt)
                     answered = True
+                    answers.put(key, text)
                 except Exception as exc:
                     answered = classify_lm_failure(exc) is None  # it answered, but not with text: paid
                     if not answered:
@@ -134,29 +145,39 @@ def sub_lm_tools(
             return []
         if any(not p for p in prompts):
             raise ValueError("prompts cannot contain empty strings")
-        results: dict[int, str] = {}
+        keys = [answers.key_for(prompt)[0] for prompt in prompts]
+        results: dict[int, str] = {i: text for i, key in enumerate(keys) if (text := answers.get(key)) is not None}
+        todo = [i for i in range(len(prompts)) if i not in results]  # the others were answered before an interrupt
         unusable: BaseException | None = None  # the sub LM cannot be used (a bad key): raised once all are paid
-        with charged.take(len(prompts)) as reservation, ThreadPoolExecutor(max_workers=max_workers) as pool:
-            futures = {
-                pool.submit(contextvars.copy_context().run, query, prompt): index
-                for index, prompt in enumerate(prompts)
-            }
-            for future, index in futures.items():  # every prompt gets its answer or its error
+        if todo:
+            with charged.take(len(todo)) as reservation, ThreadPoolExecutor(max_workers=max_workers) as pool:
+                futures = {pool.submit(contextvars.copy_context().run, query, prompts[i]): i for i in todo}
                 try:
-                    results[index] = future.result()
-                    reservation.spend(1)
-                except Exception as exc:
-                    failure = classify_lm_failure(exc)
-                    if failure is None:  # it answered, but not with text: a paid call
-                        reservation.spend(1)
-                    else:
-                        on_failure(exc)
-                    if failure is not None and failure[0] == SYSTEMIC and unusable is None:
-                        unusable = exc
-                    results[index] = f"[ERROR] {format_error_for_lm(exc)}"
-            answered = reservation.spent
-        if answered:
-            observer.on_event(SubLMAnswered(answered, ledger.snapshot()))
+                    for future, index in futures.items():  # every prompt gets its answer or its error
+                        try:
+                            results[index] = future.result()
+                            reservation.spend(1)
+                            answers.put(keys[index], results[index])
+                        except Exception as exc:
+                            failure = classify_lm_failure(exc)
+                            if failure is None:  # it answered, but not with text: a paid call
+                                reservation.spend(1)
+                            else:
+                                on_failure(exc)
+                            if failure is not None and failure[0] == SYSTEMIC and unusable is None:
+                                unusable = exc
+                            results[index] = f"[ERROR] {format_error_for_lm(exc)}"
+                except BaseException:  # an interrupt: the prompts answered by now are paid and kept, not lost
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    for future, index in futures.items():
+                        if index not in results and future.done() and not future.cancelled():
+                            if future.exception() is None:
+                                reservation.spend(1)
+                                answers.put(keys[index], future.result())
+                    raise
+                finally:
+                    if reservation.spent:  # on disk before the turn ends
+                        observer.on_event(SubLMAnswered(reservation.spent, ledger.snapshot()))
         if unusable is not None:
             raise unusable
         return [results[i] for i in range(len(prompts))]

@@ -23,6 +23,7 @@ made durable against a power loss a few milliseconds later, on a background thre
     proposals.jsonl              the proposal LM's answers (propose_instructions), replayed on resume
     analyses.json                every failure analysis (analyze_failures), reused free when asked again
     analysis_answers.jsonl       the sub-LM's answers to the analyses' prompts, replayed on resume
+    sub_lm_answers.jsonl         the answers of the agent's llm_query / llm_query_batched, replayed on resume
     result.json                  the final choice, once compile() has returned
     run.png                      the picture of the run (rlmoptimizer.report.plot)
 

@@ -44,7 +44,8 @@ class NotesStore:
             ]
 
     def add(self, text: str) -> str:
-        """Keep ``text`` as a note; the reply says its number. Too long a note is refused (say it shorter)."""
+        """Keep ``text`` as a note; the reply says its number. Too long a note is refused (say it shorter); a text
+        kept already is not kept twice."""
         if not isinstance(text, str) or not text.strip():
             raise ValueError("add_note(text) needs a non-empty string")
         text = text.strip()
@@ -54,6 +55,9 @@ class NotesStore:
                 "keep the conclusion, not the data"
             )
         with self._lock:
+            same = next((n for n in self._notes if n["text"] == text), None)
+            if same is not None:  # kept already (e.g. by the same cell before an interrupt): one note
+                return f"note {same['id']} kept already; your notes are shown on every turn"
             number = (self._notes[-1]["id"] + 1) if self._notes else 1
             self._notes.append({"id": number, "text": text, "created_at": time.time()})
             dropped = self._notes[: max(0, len(self._notes) - self.max_notes)]

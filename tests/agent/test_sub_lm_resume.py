@@ -1,0 +1,113 @@
+"""What the agent's ``llm_query`` / ``llm_query_batched`` paid for is kept: the cell of a turn an interrupt cut short
+runs again on resume and gets its answers back free; an interrupt in a batch charges and keeps the prompts that
+were answered."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from support.fakes import system_text
+from support.optimizing import POLICY_PROMPT, SUBMIT_CURRENT, compile_tickets
+from support.tickets import task_lm_reply
+
+from rlmoptimizer.agent.sub_lm import sub_lm_tools
+from rlmoptimizer.budget import SUB_LM_CALL, BudgetLedger
+from rlmoptimizer.events import NO_OBSERVER
+from rlmoptimizer.storage.answers import AnswerStore
+from rlmoptimizer.storage.notes import NotesStore
+from rlmoptimizer.testing import FunctionLM
+
+
+def tools(sub, ledger, directory):
+    return sub_lm_tools(
+        sub,
+        max_llm_calls=50,
+        ledger=ledger,
+        usage=None,
+        observer=NO_OBSERVER,
+        as_sub=lambda fn: fn,
+        answers=AnswerStore(directory),
+        max_workers=1,
+    )
+
+
+def test_an_answer_paid_before_an_interrupt_is_replayed_free_in_the_same_order(tmp_path):
+    calls = []
+    sub = FunctionLM(lambda messages: calls.append(1) or f"answer {len(calls)}", name="sub")
+    ledger = BudgetLedger(10)
+    first = tools(sub, ledger, tmp_path)
+    assert [first["llm_query"]("q"), first["llm_query"]("q")] == ["answer 1", "answer 2"]
+    assert ledger.snapshot()["spent_by_kind"][SUB_LM_CALL] == 2
+
+    again = tools(sub, ledger, tmp_path)  # a resumed compile: the same cell asks the same prompts again
+    assert [again["llm_query"]("q"), again["llm_query"]("q"), again["llm_query"]("q")] == [
+        "answer 1",
+        "answer 2",
+        "answer 3",  # a third asking is a new question: paid
+    ]
+    assert len(calls) == 3 and ledger.snapshot()["spent_by_kind"][SUB_LM_CALL] == 3
+
+
+def test_an_interrupt_in_a_batch_charges_and_keeps_the_prompts_answered(tmp_path):
+    asked = []
+    lock = threading.Lock()
+
+    def reply(messages):
+        text = str(messages[-1]["content"])
+        with lock:
+            asked.append(text)
+        if text == "p2" and asked.count("p2") == 1:
+            raise KeyboardInterrupt  # Ctrl-C while the batch runs (its second prompt)
+        return f"re {text}"
+
+    sub = FunctionLM(reply, name="sub")
+    ledger = BudgetLedger(10)
+    with pytest.raises(KeyboardInterrupt):
+        tools(sub, ledger, tmp_path)["llm_query_batched"](["p0", "p1", "p2", "p3"])
+    paid = ledger.snapshot()["spent_by_kind"][SUB_LM_CALL]
+    answered = [p for p in ("p0", "p1", "p3") if p in asked]
+    assert paid == len(answered) >= 2  # every answered prompt is charged (none was before)
+
+    out = tools(sub, ledger, tmp_path)["llm_query_batched"](["p0", "p1", "p2", "p3"])
+    assert out == ["re p0", "re p1", "re p2", "re p3"]
+    assert sorted(asked) == sorted(["p0", "p1", "p2", "p3", "p2", *[p for p in ("p3",) if p not in answered]])
+    assert ledger.snapshot()["spent_by_kind"][SUB_LM_CALL] == 4  # each prompt paid once
+
+
+def test_a_note_kept_already_is_not_kept_twice(tmp_path):
+    notes = NotesStore(tmp_path)
+    notes.add("the policy words matter")
+    assert "note 1 kept already" in notes.add("the policy words matter ")
+    assert [n["text"] for n in NotesStore(tmp_path).all()] == ["the policy words matter"]
+
+
+@pytest.mark.slow
+def test_a_turn_cut_short_by_ctrl_c_pays_its_llm_query_once_over_the_resume(tmp_path):
+    """Regression: the resumed turn ran its cell again and paid llm_query a second time (and kept its note twice)."""
+    sub_calls = []
+    sub = FunctionLM(lambda messages: sub_calls.append(1) or "a short answer", name="sub")
+    turns = [
+        {
+            "reasoning": "ask, note and evaluate",
+            "code": "a = llm_query('Summarize the routing policy in one line.')\nadd_note('the policy words matter')\n"
+            f"update_prompt('route', {POLICY_PROMPT!r})\nprint(evaluate_program(split='val')['score'])",
+        },
+        SUBMIT_CURRENT,
+    ]
+    seen = {"n": 0}
+
+    def interrupted(messages):
+        if POLICY_PROMPT[:40] in system_text(messages):  # the turn's validation run, after llm_query was paid
+            seen["n"] += 1
+            if seen["n"] == 3:
+                raise KeyboardInterrupt
+        return task_lm_reply(messages)
+
+    directory = tmp_path / "run"
+    with pytest.raises(BaseException):  # noqa: B017 (OptimizationInterrupted)
+        compile_tickets(turns, eval_lm=FunctionLM(interrupted), sub_lm=sub, run_storage_dir=directory, num_threads=1)
+    assert len(sub_calls) == 1
+    result = compile_tickets(turns, sub_lm=sub, run_storage_dir=directory, num_threads=1)
+    assert len(sub_calls) == 1 and result.budget["spent_by_kind"]["sub_lm_call"] == 1
+    assert len(NotesStore(directory).all()) == 1
