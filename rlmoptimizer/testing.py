@@ -43,7 +43,7 @@ class _FunctionEngine(DummyEngine):
             id=None,
             model=owner.model,
             message=Message.assistant([TextPart(text)]),
-            finish_reason="stop",
+            finish_reason=owner.finish_reason(messages, text) if owner.finish_reason is not None else "stop",
             usage=usage,
         )
 
@@ -59,7 +59,8 @@ class FunctionLM(DummyLM):
 
     Each reply reports a ``dspy.lm15.Usage``: by default the words of the messages as input tokens and the
     words of the reply as output tokens, or ``usage(messages, text)`` when given (e.g. to report cached input
-    tokens). ``reported_usage`` lists every usage reported, in order."""
+    tokens). ``reported_usage`` lists every usage reported, in order. ``finish_reason(messages, text)`` gives each
+    reply's finish reason (``"stop"`` when not given; ``"length"`` plays a reply cut off at ``max_tokens``)."""
 
     def __init__(
         self,
@@ -70,6 +71,7 @@ class FunctionLM(DummyLM):
         name="fake",
         with_settings: bool = False,
         usage: Callable[[list[dict], str], Usage] | None = None,
+        finish_reason: Callable[[list[dict], str], str] | None = None,
     ):
         super().__init__([], adapter=adapter)
         self.adapter_given = adapter is not None  # else the reply's format follows the request's
@@ -78,6 +80,7 @@ class FunctionLM(DummyLM):
         self.with_settings = with_settings
         self.latency = latency
         self.usage = usage
+        self.finish_reason = finish_reason
         self.reported_usage: list[Usage] = []
         self.calls: list[list[dict]] = []
         self._lock = threading.Lock()

@@ -8,12 +8,11 @@ dspy renders them) but none of RLM's loop, predictors or sub-agents.
 - ``llm_query`` / ``llm_query_batched`` (:func:`~rlmoptimizer.agent.sub_lm.sub_lm_tools`) charge one budget
   unit per prompt to the :class:`~rlmoptimizer.budget.BudgetLedger` (reserve first, so nothing is overspent).
 - The pilot (:class:`~rlmoptimizer.agent.pilot.Pilot`) runs the default policy: the agent takes its next phase with
-  the ``next_phase()`` tool; with ``pilot_mode="assist"`` the loop takes one itself after
-  a turn that made no progress (nothing spent or evaluated, no candidate, no note, no prompt change: measured from
-  the services, never from the cell's text). A submission the pilot makes
-  ends the run after that turn.
-- A root-LM reply that does not parse is retried, then shown to the agent as an error turn; it does not end
-  the run.
+  the ``next_phase()`` tool; with ``pilot_mode="assist"`` the loop takes one itself after a turn that made no
+  progress (nothing spent or evaluated, no candidate, no note, no prompt change: measured from the services, never
+  from the cell's text). A submission the pilot makes ends the run after that turn.
+- A root-LM reply that does not parse is retried, then shown to the agent as an error turn; it does not end the
+  run. A reply cut off at the root LM's output limit is named to the agent first in the turn's output.
 - Each turn is sent to the observer as :class:`~rlmoptimizer.events.AgentTurn` as soon as it exists, kept in
   :attr:`OptimizerAgent.turns`; a run can resume from them.
 - After each turn the loop checks its :class:`~rlmoptimizer.agent.stop.StopRequest`: a tool that met a
@@ -53,8 +52,8 @@ from rlmoptimizer.agent._dspy import (
 )
 from rlmoptimizer.agent.bounded_context import is_context_refusal, turn_inputs
 from rlmoptimizer.agent.pilot import LOOP_SUBMISSION
-from rlmoptimizer.agent.prompts import action_signature, extract_signature, tool_docs_code
-from rlmoptimizer.agent.root_lm import TurnSender
+from rlmoptimizer.agent.prompts import CUT_OFF_NOTE, action_signature, extract_signature, tool_docs_code
+from rlmoptimizer.agent.root_lm import TurnSender, cut_off_since, history_mark
 from rlmoptimizer.agent.services import CompileServices, TurnAids, TurnSettings
 from rlmoptimizer.agent.stop import StopRequest, current_instructions_submitted, stop_if_the_sub_lm_is_unusable
 from rlmoptimizer.agent.sub_lm import sub_lm_tools
@@ -409,6 +408,7 @@ class OptimizerAgent(dspy.Module):
                         fresh=bool(attempt),
                     )
                 else:
+                    mark = history_mark(root_lm)
                     with dspy.context(adapter=_root_adapter(last_attempt=attempt == self._parse_retries)):
                         action = self.generate_action(
                             signature=signature,
@@ -417,6 +417,7 @@ class OptimizerAgent(dspy.Module):
                             iteration=step,
                             **({"config": {"cache": False}} if attempt else {}),
                         )
+                    action._cut_off = cut_off_since(root_lm, mark)
                 break
             except AdapterParseError as exc:
                 last_error = exc
@@ -447,13 +448,17 @@ class OptimizerAgent(dspy.Module):
 
     def _run_action(self, repl, action, history, input_args, output_field_names):
         """Execute the action's code; the new history, or the final Prediction on a valid SUBMIT."""
+        cut = CUT_OFF_NOTE if getattr(action, "_cut_off", False) else ""
         try:
             code, note = cell_of(action.code)
         except SyntaxError as exc:
-            return self._after_cell(
-                action, action.code, f"[Error] {format_error_for_lm(exc)}", history, output_field_names
-            )
+            error = "\n".join(
+                filter(None, [cut, f"[Error] {format_error_for_lm(exc)}"])
+            )  # the note first: never clipped
+            return self._after_cell(action, action.code, error, history, output_field_names)
         result = self._execute(repl, code, input_args)
+        if cut and not isinstance(result, FinalOutput):  # first: a long output is clipped at its end
+            result = [cut, *(result if isinstance(result, list) else [result])]
         return self._after_cell(action, code, result, history, output_field_names, note)
 
     def _after_turn(

@@ -160,6 +160,13 @@ current_prompts = optimization_status()["current_prompts"]
 the host on first use, so a compile whose agent never reads it never pays for it."""
 
 
+CUT_OFF_NOTE = (
+    "[Note] Your reply was cut off at the root LM's output limit (max_tokens), so its code may be incomplete: write "
+    "a shorter cell, and build a long text over several cells (one part per variable)."
+)
+"""Added to a turn's output when the root LM's reply ran into its output limit."""
+
+
 def render_setup_code(train_run: str, val_run: str, step_names: list[str]) -> str:
     """The setup cell; an empty ``train_run`` reads the train baseline on demand (:data:`ON_DEMAND_SETUP_CODE`)."""
     if not train_run:

@@ -241,6 +241,7 @@ class TurnSender:
         else:
             response = _send(lm, self.renderer.messages(adapter, signature, **inputs), options, fresh=fresh)
         outputs = _parse(adapter, signature, response.text)
+        cut_off = response.finish_reason == "length"  # the reply ran into the LM's output limit (max_tokens)
         if chained and not self._chain_off:
             if response.id:
                 self.chain.advance(response.id, history, adapter.format_system_message(signature))
@@ -251,7 +252,9 @@ class TurnSender:
                     "root_stateful_session: the root LM's response carries no id to chain "
                     "from; the next turn is sent in full.",
                 )
-        return Prediction(**outputs)
+        prediction = Prediction(**outputs)
+        prediction._cut_off = cut_off  # (not a field: the agent adds a note to the turn's output)
+        return prediction
 
     # -- internals -------------------------------------------------------------------------------------
     def _can_chain(self, lm: Any) -> bool:
@@ -377,6 +380,22 @@ def _context_dropped(response: Response, previous_input_tokens: int | None) -> b
     chained turn is never smaller than its predecessor's. When it is, the server dropped the context."""
     current = _input_tokens(response)
     return previous_input_tokens is not None and current is not None and current < previous_input_tokens
+
+
+def history_mark(lm: Any) -> Any:
+    """What ``lm``'s history (dspy's, per LM) holds last now: :func:`cut_off_since` tells a reply recorded after it."""
+    history = getattr(lm, "history", None)
+    return history[-1].get("uuid") if isinstance(history, list) and history and isinstance(history[-1], dict) else None
+
+
+def cut_off_since(lm: Any, mark: Any) -> bool:
+    """Whether the reply ``lm`` recorded in its history after ``mark`` (:func:`history_mark`) ran into its output
+    limit (``max_tokens``): its finish reason is ``"length"``. False when dspy recorded none (history switched off)."""
+    history = getattr(lm, "history", None)
+    if not isinstance(history, list) or not history or not isinstance(history[-1], dict):
+        return False
+    entry = history[-1]
+    return entry.get("uuid") != mark and getattr(entry.get("response"), "finish_reason", None) == "length"
 
 
 def for_attempt(lm: dspy.BaseLM, attempt: int) -> dspy.BaseLM:

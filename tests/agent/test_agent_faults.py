@@ -271,3 +271,23 @@ def test_half_a_character_in_a_cells_output_is_shown_escaped_and_the_run_goes_on
     assert "half: \\\\ud83d" in second_request  # the turn as the agent sees it
     turns = sorted((tmp_path / "run" / "turns").glob("*.json"))
     assert turns and "half: \\\\ud83d" in turns[0].read_text(encoding="utf-8")
+
+
+def test_a_reply_cut_off_at_max_tokens_is_named_to_the_agent():
+    """Regression: a reply the root LM's output limit cut inside a long string was shown only as a SyntaxError, so
+    the agent sent the same long cell again."""
+    long_text = "Route by policy. " * 40
+    turns = [
+        {"reasoning": "state it", "code": f"update_prompt('route', {long_text!r}"},  # cut before its end
+        {"reasoning": "short", "code": "print(optimization_status()['budget']['left'] > 0)"},
+        {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])"},
+    ]
+    played = scripted_agent(turns)
+    root = FunctionLM(
+        played.fn,
+        name="cut-root",
+        finish_reason=lambda messages, text: "length" if "update_prompt" in text else "stop",
+    )
+    said = outputs(compile_tickets(root))
+    assert "[Error]" in said[0] and "cut off at the root LM's output limit (max_tokens)" in said[0]
+    assert "cut off" not in said[1]  # only the reply that was cut
