@@ -360,6 +360,7 @@ class OptimizerAgent(dspy.Module):
                 as_sub=self._as_sub,
                 on_failure=functools.partial(stop_if_the_sub_lm_is_unusable, self._stop),
                 answers=self._answers,
+                scope=lambda: f"turn {len(self.turns) + 1}",  # a turn run again after an interrupt gets its answers
             )
             repl.tools.update({**llm_tools, **{tool.__name__: tool for tool in self._tools}})
             if hasattr(repl, "output_fields"):

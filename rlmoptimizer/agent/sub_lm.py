@@ -85,14 +85,15 @@ def sub_lm_tools(
     on_failure: Callable[[BaseException], None] = lambda exc: None,
     max_workers: int = 8,
     answers: AnswerStore | None = None,
+    scope: Callable[[], str] = str,
 ) -> dict[str, Callable]:
     """The REPL's ``llm_query`` and ``llm_query_batched`` for one run of the agent: each prompt costs one unit of
     ``ledger`` and one of ``max_llm_calls``, taken before it is sent and kept only when it was answered (an
     answer that is not text is paid too); ``observer`` hears of every answered call before the turn ends;
     ``on_failure`` of every prompt the LM failed to answer (the compile stops when it cannot be used). A
     ``sub_lm`` of None is dspy's configured LM. ``answers`` (the run directory's) keeps every text answer as it
-    arrives: the same prompt asked again in the same order after a resume (the cell of a turn an interrupt cut
-    short, run again) is answered from it, free."""
+    arrives: the same prompt asked again in the same order in the same ``scope()`` (the agent's turn) after a
+    resume (the cell of a turn an interrupt cut short, run again) is answered from it, free."""
     charged = _ChargedBudget(_CallCeiling(max_llm_calls), ledger)
     answers = answers if answers is not None else AnswerStore()
 
@@ -115,7 +116,7 @@ def sub_lm_tools(
         """Query the sub-LM with a prompt string (costs 1 budget unit)."""
         if not prompt:
             raise ValueError("prompt cannot be empty")
-        key, _ = answers.key_for(prompt)
+        key, _ = answers.key_for(f"{scope()}\n{prompt}")
         kept = answers.get(key)
         if kept is not None:  # answered before an interrupt: paid already
             return kept
@@ -145,7 +146,7 @@ def sub_lm_tools(
             return []
         if any(not p for p in prompts):
             raise ValueError("prompts cannot contain empty strings")
-        keys = [answers.key_for(prompt)[0] for prompt in prompts]
+        keys = [answers.key_for(f"{scope()}\n{prompt}")[0] for prompt in prompts]
         results: dict[int, str] = {i: text for i, key in enumerate(keys) if (text := answers.get(key)) is not None}
         todo = [i for i in range(len(prompts)) if i not in results]  # the others were answered before an interrupt
         unusable: BaseException | None = None  # the sub LM cannot be used (a bad key): raised once all are paid

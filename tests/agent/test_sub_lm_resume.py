@@ -19,7 +19,7 @@ from rlmoptimizer.storage.notes import NotesStore
 from rlmoptimizer.testing import FunctionLM
 
 
-def tools(sub, ledger, directory):
+def tools(sub, ledger, directory, turn="turn 1"):
     return sub_lm_tools(
         sub,
         max_llm_calls=50,
@@ -29,6 +29,7 @@ def tools(sub, ledger, directory):
         as_sub=lambda fn: fn,
         answers=AnswerStore(directory),
         max_workers=1,
+        scope=lambda: turn,
     )
 
 
@@ -47,6 +48,8 @@ def test_an_answer_paid_before_an_interrupt_is_replayed_free_in_the_same_order(t
         "answer 3",  # a third asking is a new question: paid
     ]
     assert len(calls) == 3 and ledger.snapshot()["spent_by_kind"][SUB_LM_CALL] == 3
+    # another turn asking the same prompt asks afresh: only the turn an interrupt cut short gets its answers back
+    assert tools(sub, ledger, tmp_path, turn="turn 2")["llm_query"]("q") == "answer 4"
 
 
 def test_an_interrupt_in_a_batch_charges_and_keeps_the_prompts_answered(tmp_path):
