@@ -544,13 +544,14 @@ class _Compile:
         cap = self.usage.cap_reason
         charged = self.ledger.left >= size - len(self.runs.stored(submission, split, range(size)))  # stored: free
         unpaid = "max_metric_calls left too few calls" if self.config.max_metric_calls and not charged else ""
-        if submitted_run is None and self.read_back and (self.resume.submission_checked or not (cap or unpaid)):
+        if submitted_run is None and self.read_back and self.resume.submission_checked:
             raise missing_from_finished_run(self.directory, f"the submission's run on {split}")  # never pay again
-        if submitted_run is None and (cap or unpaid):  # no more spending: never return an unchecked submission
+        stopped = cap or unpaid or ("spending stopped when this run finished" if self.read_back else "")
+        if submitted_run is None and stopped:  # no more spending: never return an unchecked submission
             cut = [
                 r for r in self.runs.all() if (r.split, r.label, r.instructions) == (split, "submission", submission)
             ]
-            why = {"why": cap or unpaid, "spending_cap": bool(cap), "partial": cut[-1] if cut else None}
+            why = {"why": stopped, "spending_cap": bool(cap), "partial": cut[-1] if cut else None}
             return best_checked(split=split, complete=complete, **why, **runs)
         if submitted_run is None:
             self.working.set_instructions(submission, source="submission")

@@ -34,13 +34,13 @@ def test_a_submission_the_cap_cut_short_on_validation_is_not_returned_and_the_re
     valset = valset[:4]  # the unchanged program passes 2 of them; the policy passes all, the first 2 included
     baseline_cost = 2 * PER_CALL * (len(trainset) + len(valset))  # two predictor calls per example
 
-    def compile_with(task):
+    def compile_with(task, cap=baseline_cost + 2.5 * 2 * PER_CALL):  # room for 2 more examples
         return RLMDocstringOptimizer(
             max_iterations=2,
             eval_lm=task,
             run_storage_dir=tmp_path,
             num_threads=1,
-            max_cost_usd=baseline_cost + 2.5 * 2 * PER_CALL,  # room for 2 more examples
+            max_cost_usd=cap,
             root_lm=scripted_agent(
                 [
                     {"reasoning": "fix", "code": f"print(update_prompt('route', {POLICY_PROMPT!r})['step'])"},
@@ -65,6 +65,9 @@ def test_a_submission_the_cap_cut_short_on_validation_is_not_returned_and_the_re
     task = priced_task_lm()
     again = compile_with(task)
     assert again.selection == selection and not task.calls
+    # and so with a raised cap (a finished run is read back, never continued): the same program, nothing paid
+    raised = compile_with(task, cap=baseline_cost * 10)
+    assert raised.optimized_dspy_program == optimized.optimized_dspy_program and not task.calls
 
 
 def test_a_tiny_cap_is_shown_to_the_agent_with_its_digits(tmp_path):

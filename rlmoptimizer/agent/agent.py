@@ -431,15 +431,15 @@ class OptimizerAgent(dspy.Module):
                 self._context.refused()
         else:
             raw = (last_error.lm_response or "")[:2000] if last_error else ""
+            cut = sender.last_cut_off if sender is not None else cut_off_since(root_lm, mark)
             return _append(
                 history,
                 reasoning="(the reply could not be parsed)",
                 code=raw,
-                output=(
-                    f"[Error] Your last reply could not be parsed after {1 + self._parse_retries} attempts: "
-                    f"{format_error_for_lm(last_error)}. Reply with the output fields exactly as specified "
-                    "(reasoning, then code in a ```python block)."
-                ),
+                output=(f"{CUT_OFF_NOTE}\n" if cut else "")
+                + f"[Error] Your last reply could not be parsed after {1 + self._parse_retries} attempts: "
+                f"{format_error_for_lm(last_error)}. Reply with the output fields exactly as specified "
+                "(reasoning, then code in a ```python block).",
             )
         return action
 

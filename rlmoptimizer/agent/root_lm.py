@@ -208,6 +208,7 @@ class TurnSender:
         self._chain_off = False
         self._last_input_tokens: int | None = None
         self._logged: set[str] = set()
+        self.last_cut_off = False  # the last reply ran into the root LM's output limit (it may not have parsed)
 
     def takes_turn(self, lm: Any) -> bool:
         """False when the turn is dspy's usual one (one user message, no chain): the agent keeps its own path."""
@@ -240,8 +241,8 @@ class TurnSender:
             response = self._send_chained(lm, adapter, signature, inputs, options, fresh)
         else:
             response = _send(lm, self.renderer.messages(adapter, signature, **inputs), options, fresh=fresh)
+        self.last_cut_off = cut_off = response.finish_reason == "length"  # the reply ran into its max_tokens
         outputs = _parse(adapter, signature, response.text)
-        cut_off = response.finish_reason == "length"  # the reply ran into the LM's output limit (max_tokens)
         if chained and not self._chain_off:
             if response.id:
                 self.chain.advance(response.id, history, adapter.format_system_message(signature))

@@ -11,7 +11,9 @@ run directory's answer store.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import functools
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -149,36 +151,55 @@ def sub_lm_tools(
         keys = [answers.key_for(f"{scope()}\n{prompt}")[0] for prompt in prompts]
         results: dict[int, str] = {i: text for i, key in enumerate(keys) if (text := answers.get(key)) is not None}
         todo = [i for i in range(len(prompts)) if i not in results]  # the others were answered before an interrupt
+        if not todo:
+            return [results[i] for i in range(len(prompts))]
         unusable: BaseException | None = None  # the sub LM cannot be used (a bad key): raised once all are paid
-        if todo:
+        paid: set[int] = set()
+        lock = threading.Lock()
+
+        def charge(index: int, text: str | None) -> None:
+            """One prompt answered: paid and kept as it arrives (in its worker), whatever the main thread does."""
+            with lock:
+                if index in paid:
+                    return
+                paid.add(index)
+                try:
+                    reservation.spend(1)
+                except BudgetExhaustedError:  # the batch was given up (a second Ctrl-C): charged on its own
+                    with contextlib.suppress(BudgetExhaustedError), ledger.reserve_exactly(1, SUB_LM_CALL) as late:
+                        late.spend(1)
+            if text is not None:
+                answers.put(keys[index], text)
+
+        def settle(index: int, future: Any) -> None:
+            exc = None if future.cancelled() else future.exception()
+            if not future.cancelled() and exc is None:
+                charge(index, future.result())
+            elif isinstance(exc, Exception) and classify_lm_failure(exc) is None:  # answered, not with text: paid
+                charge(index, None)
+
+        try:
             with charged.take(len(todo)) as reservation, ThreadPoolExecutor(max_workers=max_workers) as pool:
                 futures = {pool.submit(contextvars.copy_context().run, query, prompts[i]): i for i in todo}
+                for future, index in futures.items():
+                    future.add_done_callback(functools.partial(settle, index))
                 try:
                     for future, index in futures.items():  # every prompt gets its answer or its error
                         try:
                             results[index] = future.result()
-                            reservation.spend(1)
-                            answers.put(keys[index], results[index])
                         except Exception as exc:
                             failure = classify_lm_failure(exc)
-                            if failure is None:  # it answered, but not with text: a paid call
-                                reservation.spend(1)
-                            else:
+                            if failure is not None:
                                 on_failure(exc)
                             if failure is not None and failure[0] == SYSTEMIC and unusable is None:
                                 unusable = exc
                             results[index] = f"[ERROR] {format_error_for_lm(exc)}"
-                except BaseException:  # an interrupt: the prompts answered by now are paid and kept, not lost
+                except BaseException:  # an interrupt: what is answered by now is paid and kept by its callback
                     pool.shutdown(wait=True, cancel_futures=True)
-                    for future, index in futures.items():
-                        if index not in results and future.done() and not future.cancelled():
-                            if future.exception() is None:
-                                reservation.spend(1)
-                                answers.put(keys[index], future.result())
                     raise
-                finally:
-                    if reservation.spent:  # on disk before the turn ends
-                        observer.on_event(SubLMAnswered(reservation.spent, ledger.snapshot()))
+        finally:
+            if paid:  # on disk before the turn ends (every callback ran: the pool was shut down)
+                observer.on_event(SubLMAnswered(len(paid), ledger.snapshot()))
         if unusable is not None:
             raise unusable
         return [results[i] for i in range(len(prompts))]

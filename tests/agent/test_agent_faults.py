@@ -291,3 +291,16 @@ def test_a_reply_cut_off_at_max_tokens_is_named_to_the_agent():
     said = outputs(compile_tickets(root))
     assert "[Error]" in said[0] and "cut off at the root LM's output limit (max_tokens)" in said[0]
     assert "cut off" not in said[1]  # only the reply that was cut
+
+
+def test_a_reply_cut_off_before_its_code_is_named_in_the_error_turn():
+    turns = [
+        "[[ ## reasoning ## ]]\nFirst I will look at every failure of the baseline and then write a very long",
+        {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])"},
+    ]
+    played = scripted_agent(turns)
+    root = FunctionLM(
+        played.fn, name="cut-root", finish_reason=lambda messages, text: "length" if "[[" in text else "stop"
+    )
+    said = outputs(compile_tickets(root))
+    assert said[0].startswith("[Note] Your reply was cut off") and "could not be parsed" in said[0]

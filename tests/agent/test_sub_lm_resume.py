@@ -114,3 +114,52 @@ def test_a_turn_cut_short_by_ctrl_c_pays_its_llm_query_once_over_the_resume(tmp_
     result = compile_tickets(turns, sub_lm=sub, run_storage_dir=directory, num_threads=1)
     assert len(sub_calls) == 1 and result.budget["spent_by_kind"]["sub_lm_call"] == 1
     assert len(NotesStore(directory).all()) == 1
+
+
+def test_a_second_ctrl_c_while_a_batch_waits_for_its_running_prompts_loses_no_paid_answer(tmp_path):
+    """Regression: the first Ctrl-C waited for the prompts still running before charging what was answered, and a
+    second one during that wait left every answered prompt unpaid and unkept (paid again on resume)."""
+    import os
+    import signal
+    import time
+
+    inside = threading.Event()
+
+    def interrupt_when_inside(signum, frame):
+        if inside.is_set():  # (outside the call a stray signal is ignored, so the test process never stops)
+            raise KeyboardInterrupt
+
+    def reply(messages):
+        text = str(messages[-1]["content"])
+        if text == "p0":  # the user presses Ctrl-C, then again while the batch waits for p3
+            time.sleep(0.2)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.3)
+            os.kill(os.getpid(), signal.SIGINT)
+        elif text == "p3":
+            time.sleep(2.0)
+        return f"re {text}"
+
+    ledger = BudgetLedger(10)
+    previous = signal.signal(signal.SIGINT, interrupt_when_inside)
+    batch = sub_lm_tools(
+        FunctionLM(reply, name="sub"),
+        max_llm_calls=50,
+        ledger=ledger,
+        usage=None,
+        observer=NO_OBSERVER,
+        as_sub=lambda fn: fn,
+        answers=AnswerStore(tmp_path),
+        max_workers=4,
+    )["llm_query_batched"]
+    try:
+        inside.set()
+        with pytest.raises(KeyboardInterrupt):
+            batch(["p0", "p1", "p2", "p3"])
+    finally:
+        inside.clear()
+        deadline = time.time() + 10
+        while ledger.snapshot()["spent_by_kind"].get(SUB_LM_CALL, 0) < 4 and time.time() < deadline:
+            time.sleep(0.1)  # p3 still running after the second Ctrl-C: its answer is paid when it comes
+        signal.signal(signal.SIGINT, previous)
+    assert ledger.snapshot()["spent_by_kind"][SUB_LM_CALL] == 4 and len(AnswerStore(tmp_path)) == 4
