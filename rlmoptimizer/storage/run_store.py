@@ -112,7 +112,8 @@ def read_pending_log(path: Path) -> tuple[dict[str, Any], list[ExampleResult]] |
             damaged += number < len(rest)  # only the last line can be torn by a kill
     if damaged:
         logger.warning(
-            "%s: %d damaged record line(s) skipped, %d record(s) kept; those examples are evaluated again when needed.",
+            "%s: %d damaged record line(s) skipped, %d record(s) kept; those examples are evaluated (and paid) again "
+            "when needed.",
             path,
             damaged,
             len(records),
