@@ -19,7 +19,7 @@ from rlmoptimizer.storage.notes import NotesStore
 from rlmoptimizer.testing import FunctionLM
 
 
-def tools(sub, ledger, directory, turn="turn 1"):
+def tools(sub, ledger, directory, turn="turn 1", workers=1):
     return sub_lm_tools(
         sub,
         max_llm_calls=50,
@@ -28,7 +28,7 @@ def tools(sub, ledger, directory, turn="turn 1"):
         observer=NO_OBSERVER,
         as_sub=lambda fn: fn,
         answers=AnswerStore(directory),
-        max_workers=1,
+        max_workers=workers,
         scope=lambda: turn,
     )
 
@@ -142,16 +142,7 @@ def test_a_second_ctrl_c_while_a_batch_waits_for_its_running_prompts_loses_no_pa
 
     ledger = BudgetLedger(10)
     previous = signal.signal(signal.SIGINT, interrupt_when_inside)
-    batch = sub_lm_tools(
-        FunctionLM(reply, name="sub"),
-        max_llm_calls=50,
-        ledger=ledger,
-        usage=None,
-        observer=NO_OBSERVER,
-        as_sub=lambda fn: fn,
-        answers=AnswerStore(tmp_path),
-        max_workers=4,
-    )["llm_query_batched"]
+    batch = tools(FunctionLM(reply, name="sub"), ledger, tmp_path, workers=4)["llm_query_batched"]
     try:
         inside.set()
         with pytest.raises(KeyboardInterrupt):
