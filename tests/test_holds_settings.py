@@ -141,7 +141,7 @@ def test_a_console_or_directory_of_the_wrong_kind_is_refused_when_constructed():
 def test_a_compile_stopped_during_its_setup_gives_its_run_directory_up(tmp_path, monkeypatch):
     """Regression: a Ctrl-C while the first compile loaded litellm (inside the cost estimate, after the directory
     was taken) kept the directory, and running the cell again was refused as "in use by another compile()"."""
-    import rlmoptimizer.optimizer as optimizer_module
+    import rlmoptimizer.flow as flow_module
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -154,7 +154,7 @@ def test_a_compile_stopped_during_its_setup_gives_its_run_directory_up(tmp_path,
         "sub_lm": FunctionLM(lambda m: "x"),
     }
     with monkeypatch.context() as patched:
-        patched.setattr(optimizer_module, "estimate_at_start", interrupted)
+        patched.setattr(flow_module, "estimate_at_start", interrupted)
         with pytest.raises(KeyboardInterrupt):
             RLMDocstringOptimizer(max_iterations=1, **loop).compile(
                 student=RouteTicket(), trainset=trainset, metric=metric, valset=valset

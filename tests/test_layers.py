@@ -41,9 +41,11 @@ RANKS = {
     "agent": 6,
     # what a compile will cost, from the agent's plan and prompts
     "estimate": 7,
-    "optimizer": 8,
-    "__init__": 9,
-    "__main__": 9,
+    # one compile(): the baselines, the agent or the loop, the choice, the result
+    "flow": 8,
+    "optimizer": 9,
+    "__init__": 10,
+    "__main__": 10,
 }
 MAX_LINES = 600  # a sanity limit: rooms are split by concept, not by line count
 MAX_AGENT_LINES = 5000  # the agent is its turn loop, root-LM calls, prompts and tools, not every algorithm it calls

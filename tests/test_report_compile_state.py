@@ -13,12 +13,13 @@ import pytest
 from support.fakes import FunctionLM
 
 from rlmoptimizer import RLMDocstringOptimizer
+from rlmoptimizer.flow import Compile
 from rlmoptimizer.metric import Metric
 from rlmoptimizer.report import CompileState, tracked
 from rlmoptimizer.report.compile_state import compile_params
 from rlmoptimizer.usage import UsageMeter
 
-OPTIMIZER = Path(inspect.getfile(RLMDocstringOptimizer))
+FLOW = Path(inspect.getfile(Compile))
 
 
 def members(protocol: type) -> set[str]:
@@ -29,7 +30,7 @@ def attributes_set_on_self(class_name: str) -> set[str]:
     """The ``self.name = ...`` assignments in any method of ``class_name`` in the optimizer's module."""
     [cls] = [
         node
-        for node in ast.walk(ast.parse(OPTIMIZER.read_text(encoding="utf-8")))
+        for node in ast.walk(ast.parse(FLOW.read_text(encoding="utf-8")))
         if isinstance(node, ast.ClassDef) and node.name == class_name
     ]
     found = set()
@@ -47,7 +48,7 @@ def attributes_set_on_self(class_name: str) -> set[str]:
 def test_the_optimizers_compile_holds_every_attribute_the_report_reads():
     wanted = members(CompileState)
     assert {"directory", "student", "tracker", "read_back", "usage", "metric", "budget_limit"} <= wanted
-    assert wanted - attributes_set_on_self("_Compile") == set()
+    assert wanted - attributes_set_on_self("Compile") == set()
     assert Metric(lambda example, prediction: 1.0, metric_id="exact").identity == "exact"
 
 

@@ -4,7 +4,7 @@ It is not a ``dspy.RLM`` subclass: it keeps dspy's REPL types and the RLM field 
 dspy renders them) but none of RLM's loop, predictors or sub-agents.
 
 - The turn's signature is ours (:func:`~rlmoptimizer.agent.prompts.action_signature`): the instructions, how a
-  turn works and each tool once. The code of a reply is read by :func:`code_of`, which drops a stray fence line.
+  turn works and each tool once. The code of a reply is read by :func:`~rlmoptimizer.agent.cells.cell_of`.
 - ``llm_query`` / ``llm_query_batched`` (:func:`~rlmoptimizer.agent.sub_lm.sub_lm_tools`) charge one budget
   unit per prompt to the :class:`~rlmoptimizer.budget.BudgetLedger` (reserve first, so nothing is overspent).
 - The pilot (:class:`~rlmoptimizer.agent.pilot.Pilot`) runs the default policy: the agent takes its next phase with
@@ -33,8 +33,6 @@ import contextvars
 import functools
 import json
 import logging
-import os
-import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -51,6 +49,7 @@ from rlmoptimizer.agent._dspy import (
     resolve_interpreter_factory,
 )
 from rlmoptimizer.agent.bounded_context import is_context_refusal, turn_inputs
+from rlmoptimizer.agent.cells import cell_of
 from rlmoptimizer.agent.pilot import LOOP_SUBMISSION
 from rlmoptimizer.agent.prompts import CUT_OFF_NOTE, action_signature, extract_signature, tool_docs_code
 from rlmoptimizer.agent.root_lm import TurnSender, cut_off_since, history_mark
@@ -77,12 +76,6 @@ def _root_adapter(*, last_attempt: bool):
     return dspy.settings.adapter or ChatAdapter(use_json_adapter_fallback=last_attempt)
 
 
-# A fence line: ``` at the start (a tag, then maybe a note: ```python # run), or after prose that ends a sentence
-# (Here is the code:```python). Not ``` inside code, such as print("```").
-_FENCE = re.compile(r"^(?:[ \t]*|[^\n`]*[:.!?][ \t]*)```[ \t]*([\w+.-]*)(?:[ \t]+[^\n`]*)?[ \t]*$", re.MULTILINE)
-_PYTHON_TAGS = frozenset({"", "python", "py", "python3", "py3"})
-
-
 def _append(history: REPLHistory, **fields: str) -> REPLHistory:
     """``history`` with one more turn, its texts made valid Unicode first: a lone surrogate (half of a character,
     which a sliced string or an LM's escape may hold) is shown escaped, as no provider accepts it in a request."""
@@ -97,97 +90,6 @@ def _valid_text(text: Any) -> Any:
     except UnicodeEncodeError:
         return text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text
-
-
-def _dedent(text: str) -> str:
-    """``text`` without the indentation all its non-blank lines share; other lines (blank ones in a string) kept
-    as they are, unlike ``textwrap.dedent``, which empties whitespace-only lines."""
-    lines = text.split("\n")
-    margins = [line[: len(line) - len(line.lstrip())] for line in lines if line.strip()]
-    margin = os.path.commonprefix(margins) if margins else ""
-    if not margin:
-        return text
-    return "\n".join(line[len(margin) :] if line.startswith(margin) else line for line in lines)
-
-
-def code_of(reply: str) -> str:
-    """The Python in a reply's ``code`` field (:func:`cell_of`)."""
-    return cell_of(reply)[0]
-
-
-def cell_of(reply: str) -> tuple[str, str]:
-    """The Python in a reply's ``code`` field: its fenced blocks joined in order, as one cell, or the whole text when
-    it has no fence line. A ```python block always runs; a bare ``` one runs when it parses or comes first (else it
-    is taken for output the reply shows); a block tagged with another language (```text) is left out, and a reply
-    whose blocks are all tagged so raises ``SyntaxError`` saying so. An unclosed last block runs to the end. When
-    the joined blocks do not parse but the span from the first fence to the last does (a fence inside a string, as
-    in instructions that show a ```json example), that span is the code. Fence lines wrapped around the code
-    (``` then ```python) and a stray fence line (a closing fence with no opening one) are dropped. Code indented
-    as a whole (as in a list item) is dedented. Second: a note for the agent when a bare block after the first was
-    left out (it may be code with a syntax error, which the agent would otherwise never see), else ``""``."""
-    lines = _dedent(reply).strip().splitlines()
-    while (
-        len(lines) >= 4
-        and lines[0].strip() == lines[-1].strip() == "```"
-        and lines[1].strip().startswith("```")
-        and lines[-2].strip().startswith("```")
-    ):
-        lines = lines[1:-1]
-    text = "\n".join(lines)
-    fences = list(_FENCE.finditer(text))
-    if not fences:
-        return _dedent(text).strip(), ""
-    if len(fences) == 1:  # an unclosed block, or a stray closing fence after the code
-        (fence,) = fences
-        _python_tag(fence)
-        before, after = (_dedent(part).strip() for part in (text[: fence.start()], text[fence.end() :]))
-        return after or before, ""
-    blocks = [
-        (opening.group(1).lower(), _dedent(text[opening.end() : closing.start() if closing else len(text)]).strip())
-        for opening, closing in zip(fences[::2], [*fences[1::2], None], strict=False)  # None: unclosed
-    ]
-    candidates = [(tag, body) for tag, body in blocks if tag in _PYTHON_TAGS and body]
-    if not candidates:
-        _python_tag(fences[0])
-    kept = [bool(tag) or at == 0 or _parses(body) for at, (tag, body) in enumerate(candidates)]
-    code = "\n\n".join(body for (_, body), keep in zip(candidates, kept, strict=True) if keep)
-    if not _parses(code) and fences[0].group(1).lower() in _PYTHON_TAGS:
-        span = _dedent(text[fences[0].end() : fences[-1].start()]).strip()
-        if _parses(span):
-            return span, ""
-    left_out = [body for (_, body), keep in zip(candidates, kept, strict=True) if not keep]
-    return code, _left_out_note(left_out)
-
-
-def _left_out_note(bodies: list[str]) -> str:
-    if not bodies:
-        return ""
-    exc = _syntax_error(bodies[0])
-    line = getattr(exc, "lineno", None)
-    detail = f" ({getattr(exc, 'msg', exc)}{f', its line {line}' if line else ''})" if exc is not None else ""
-    return (
-        f"[note] {len(bodies)} ``` block(s) after the first did not run: it is not valid Python{detail}. A block "
-        "meant to run goes in ```python (its errors are then shown); output you expect goes in ```text."
-    )
-
-
-def _parses(code: str) -> bool:
-    return _syntax_error(code) is None
-
-
-def _syntax_error(code: str) -> SyntaxError | ValueError | None:
-    """Why ``code`` is not a cell Python can run (top-level ``await`` allowed), or None."""
-    try:
-        compile(code, "<cell>", "exec", flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
-    except (SyntaxError, ValueError) as exc:
-        return exc
-    return None
-
-
-def _python_tag(fence: re.Match) -> None:
-    tag = fence.group(1).lower()
-    if tag not in _PYTHON_TAGS:
-        raise SyntaxError(f"the code block is tagged ```{tag}: write Python in a ```python block")
 
 
 def _json_object(value: Any) -> Any:
@@ -544,8 +446,8 @@ class OptimizerAgent(dspy.Module):
     def _after_cell(
         self, action, code: str, result: Any, history: REPLHistory, output_field_names: list[str], note: str = ""
     ) -> Prediction | REPLHistory:
-        """The history with this cell's output (and ``note``, what :func:`cell_of` says of the reply), or the final
-        Prediction on a SUBMIT that passes the checks."""
+        """The history with this cell's output (and ``note``, what :func:`~rlmoptimizer.agent.cells.cell_of` says of
+        the reply), or the final Prediction on a SUBMIT that passes the checks."""
         if isinstance(result, FinalOutput):
             parsed, error = self._submission(result.output, output_field_names)
             if error is not None:

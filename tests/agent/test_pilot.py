@@ -36,7 +36,7 @@ def no_sandbox(monkeypatch) -> None:
         def __init__(self, *args, **kwargs):
             raise AssertionError("the sandbox was started")
 
-    monkeypatch.setattr("rlmoptimizer.optimizer.Sandbox", Refused)
+    monkeypatch.setattr("rlmoptimizer.flow.Sandbox", Refused)
 
 
 def reflecting(in_gepa: str, elsewhere: str) -> FunctionLM:

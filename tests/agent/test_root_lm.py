@@ -293,7 +293,7 @@ def test_the_tool_list_sends_each_tools_summary_and_help_prints_the_rest_in_the_
     ],
 )
 def test_code_indented_as_a_whole_is_dedented_so_it_runs(reply):
-    from rlmoptimizer.agent.agent import code_of
+    from rlmoptimizer.agent.cells import code_of
 
     code = code_of(reply)
     assert code.splitlines()[0] == "x = 1" and code.splitlines()[2].strip() == "print(x)"
@@ -313,7 +313,7 @@ def test_a_memory_error_with_no_message_tells_the_agent_what_fills_the_memory():
 
 
 def test_code_that_is_not_indented_keeps_the_whitespace_inside_its_strings():
-    from rlmoptimizer.agent.agent import code_of
+    from rlmoptimizer.agent.cells import code_of
 
     code = 'update_prompt("route", """Rules:\n    \nAnswer tersely.""")'
     assert code_of(code) == code and code_of(f"```python\n{code}\n```") == code
@@ -348,13 +348,13 @@ def test_code_that_is_not_indented_keeps_the_whitespace_inside_its_strings():
 )
 def test_a_reply_with_several_code_blocks_runs_them_in_order_as_one_cell(reply, expected):
     """Regression: only the first block ran and the agent was not told, so a second block's call never happened."""
-    from rlmoptimizer.agent.agent import code_of
+    from rlmoptimizer.agent.cells import code_of
 
     assert code_of(reply) == expected
 
 
 def test_a_reply_whose_blocks_are_all_in_another_language_is_refused_with_what_to_write():
-    from rlmoptimizer.agent.agent import code_of
+    from rlmoptimizer.agent.cells import code_of
 
     with pytest.raises(SyntaxError, match="tagged ```bash: write Python in a ```python block"):
         code_of("```bash\nls\n```\n```text\nout\n```")
@@ -370,7 +370,7 @@ def test_a_reply_whose_blocks_are_all_in_another_language_is_refused_with_what_t
     ],
 )
 def test_a_bare_block_that_is_left_out_is_named_to_the_agent(reply, left_out):
-    from rlmoptimizer.agent.agent import cell_of
+    from rlmoptimizer.agent.cells import cell_of
 
     _, note = cell_of(reply)
     assert (left_out in note) if left_out else note == ""
