@@ -28,6 +28,7 @@ from rlmoptimizer.report import check_use_mlflow
 from rlmoptimizer.sandbox.limits import instructions as sandbox_rules
 from rlmoptimizer.student import check_examples, check_program
 
+
 class RLMDocstringOptimizer(CostEstimation, Teleprompter):
     """Optimize the instructions of every predictor of a DSPy program with an RLM agent.
 

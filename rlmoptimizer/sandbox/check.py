@@ -179,6 +179,11 @@ def isolation_probes(sandbox: Sandbox) -> list[Probe]:
                     lambda out: not server.paths,
                 ),
                 (
+                    "keep data on the host disk (web storage)",
+                    "import js\nreturn js.eval(\"localStorage.setItem('rlmoptimizer-check', 'x')\")",
+                    lambda out: True,
+                ),
+                (
                     "start a process",
                     "import js\nreturn js.eval(\"new Deno.Command('true').outputSync().code\")",
                     lambda out: True,

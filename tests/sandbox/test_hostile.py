@@ -20,6 +20,7 @@ from dspy.primitives.code_interpreter import CodeExecutionError, FinalOutput
 
 from rlmoptimizer.sandbox import Sandbox
 from rlmoptimizer.sandbox import process as process_module
+from rlmoptimizer.sandbox.deno import deno_cache_dir
 from rlmoptimizer.sandbox.process import cpu_seconds
 from rlmoptimizer.sandbox.session import IDLE_CPU_ALLOWANCE_S
 
@@ -453,3 +454,32 @@ def test_cpu_used_while_a_tool_call_waits_counts_toward_the_cells_limit_and_the_
         assert box.execute("print(setup_value)") == "3\n"  # the data is back in the new process
     finally:
         box.shutdown()
+
+
+def test_nothing_a_cell_stores_reaches_the_host_disk_or_a_later_sandbox():
+    """Regression: Deno's localStorage and Cache API need no write permission; they persisted under
+    DENO_DIR/location_data (a 20 MB cache body went to the host's disk) and a later sandbox read them back."""
+    attempts = (
+        "js.localStorage.setItem('left', 'x')",
+        "js.sessionStorage.setItem('left', 'x')",
+        "run_sync(js.caches.open('left'))",
+        "js.indexedDB.open('left')",
+        "js.eval(\"localStorage.setItem('left', 'x')\")",
+        "js.eval(\"globalThis.caches.open('left')\")",
+    )
+    location_data = None
+    for _ in range(2):  # the second process would read what the first left
+        sandbox = Sandbox(tools={}, timeout_s=120)
+        if location_data is None:
+            location_data = Path(deno_cache_dir(sandbox.deno_command[0]) or "/nonexistent") / "location_data"
+            before = sorted(location_data.rglob("*")) if location_data.exists() else []
+        try:
+            sandbox.start()
+            for attempt in attempts:
+                with pytest.raises(CodeExecutionError):
+                    sandbox.execute(f"import js\nfrom pyodide.ffi import run_sync\n{attempt}")
+            shown = run(sandbox, "import js\nprint([str(getattr(js, n, None)) for n in ('localStorage', 'caches')])")
+            assert shown == "['None', 'None']\n"
+        finally:
+            sandbox.shutdown()
+    assert (sorted(location_data.rglob("*")) if location_data.exists() else []) == before

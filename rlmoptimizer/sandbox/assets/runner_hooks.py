@@ -24,8 +24,9 @@ look up ``pyodide.code.eval_code`` and ``eval_code_async`` on every call:
 
 Once per process, the JavaScript side is hardened (:data:`_HARDEN_JS`): ``Deno.cwd()``, ``Deno.execPath()``,
 ``Deno.mainModule`` and ``Deno.args`` reveal no host path (nor do Python's ``sys.executable``, ``sys.orig_argv``
-and ``os.environ``: :func:`_hide_host_paths`), stack traces name files without their directory,
-and an uncaught error in a timer or callback does not end the process.
+and ``os.environ``: :func:`_hide_host_paths`), stack traces name files without their directory, an uncaught error
+in a timer or callback does not end the process, and web storage and the Cache API are gone (Deno keeps them on
+the host's disk whatever ``--deny-write`` says, unbounded by the memory cap, for every later sandbox to read).
 
 The host appends one call: ``_rlmopt_install_hooks(globals().get(<report tool name>), <max output chars>)`` and
 deletes the function again.
@@ -246,4 +247,10 @@ _HARDEN_JS = r"""(() => {
   };
   Object.defineProperty(Error, "prepareStackTrace", { value: prepare, writable: false, configurable: false });
   globalThis.addEventListener("error", (event) => event.preventDefault());
+  // Web storage and the Cache API need no write permission in Deno: they persist on the host's disk (under
+  // DENO_DIR/location_data), unbounded by the memory cap, and a later sandbox would read them back.
+  for (const name of ["localStorage", "sessionStorage", "caches", "indexedDB"]) {
+    try { delete globalThis[name]; } catch (e) {}
+    fix(globalThis, name, { value: undefined, writable: false });
+  }
 })()"""
