@@ -229,6 +229,10 @@ class UsageMeter:
                 totals.unpriced_models.add(str(model))
             else:
                 totals.usd += price
+            if self.max_cost_usd is not None and self._cap_reached_at is None:  # (any role: the root's turns too)
+                spent = sum((t.usd for t in self._roles.values()), Decimal(0))
+                if spent >= Decimal(repr(float(self.max_cost_usd))):
+                    self._cap_reached_at = {"role": role, "spent_usd": float(spent)}
 
     def add_units(self, role: str, n: int = 1) -> None:
         """Count ``n`` units of work done by ``role`` (an evaluated example, a sub-LM prompt), for the spending
@@ -320,6 +324,12 @@ class UsageMeter:
             if fits < n:  # what is granted now is the last the cap allows
                 self._cap_reached_at = {"role": role, "spent_usd": float(spent)}
             return fits
+
+    @property
+    def spent_all(self) -> bool:
+        """Whether what was spent is ``max_cost_usd`` or more: no LM call of any role is sent any more (the agent's
+        turns included, which the cap cannot price before they are sent)."""
+        return self.max_cost_usd is not None and self.spent_usd >= self.max_cost_usd
 
     def gate(self) -> CostGate:
         """The :class:`~rlmoptimizer.budget.BudgetLedger` gate that applies ``max_cost_usd`` to budget units."""

@@ -159,6 +159,21 @@ def test_a_reached_cap_stays_reached_on_resume_unless_the_cap_was_raised():
     assert not raised.cap_reached and raised.affordable_units(EVAL, 5) > 0
 
 
+def test_spending_the_cap_in_any_role_reaches_it():
+    """Regression: only a reservation (an evaluation, a sub-LM prompt) could reach the cap, so the agent's own turns
+    (the root role, never reserved) spent past it without end."""
+    per_call = float(price_of_call("openai/gpt-4o-mini", 10_000, 100))
+    meter = UsageMeter(max_cost_usd=per_call * 2.5)
+    ledger = BudgetLedger(1_000, gate=meter.gate())
+    for _ in range(2):
+        meter.record(ROOT, "openai/gpt-4o-mini", {"prompt_tokens": 10_000, "completion_tokens": 100})
+    assert not meter.cap_reached and not meter.spent_all
+    meter.record(ROOT, "openai/gpt-4o-mini", {"prompt_tokens": 10_000, "completion_tokens": 100})
+    assert meter.cap_reached and meter.spent_all and meter.snapshot()["cap_reached"] is True
+    assert ledger.reserve(1, TRAIN_EXAMPLE).granted == 0 and "spending cap reached" in ledger.stop_reason
+    assert not UsageMeter().spent_all  # no cap: never
+
+
 def test_a_request_the_cap_covers_only_in_part_is_its_last_grant():
     per_call = float(price_of_call("openai/gpt-4o-mini", 10_000, 100))
     meter = UsageMeter(max_cost_usd=per_call * 10.5)

@@ -65,6 +65,9 @@ logger = logging.getLogger(__name__)
 
 PILOT = "[pilot]"
 """Opens what the pilot adds to a turn's output (the host writes it; the root LM cannot copy it into a turn)."""
+UNPARSED_TURNS = 3
+"""After this many turns in a row whose root-LM reply never parsed (each retried), the root LM is not asked again: the
+run ends with the current instructions (with ``"assist"``, the default loop took a phase after each of them)."""
 NO_PROGRESS = "this turn spent nothing, evaluated nothing new, made no candidate, added no note and changed no prompt"
 
 
@@ -203,18 +206,24 @@ class OptimizerAgent(dspy.Module):
                     history, reasoning=turn.get("reasoning", ""), code=turn["code"], output=turn["output"]
                 )
 
+            unparsed = 0  # turns in a row whose reply never parsed
             for iteration in range(len(history), self.max_iters):
                 if self._run_end is not None and self._run_end.ends_run():
                     setup.result()
                     return self._ended(self._run_end.outcome(history, output_field_names), iteration)
                 self._pilot_ran = []
                 progress = self._pilot.progress() if self._pilot is not None else None
+                if unparsed >= UNPARSED_TURNS:
+                    setup.result()
+                    return self._ended(self._unusable_root(history, output_field_names), iteration)
                 action = self._next_action(variables, history, iteration)
                 if regular_args is None:
                     regular_args = setup.result()
                 if isinstance(action, REPLHistory):  # a reply that never parsed, recorded as an error turn
                     result = action
+                    unparsed += 1
                 else:
+                    unparsed = 0
                     result = self._run_action(repl, action, history, regular_args, output_field_names)
                 if isinstance(result, REPLHistory):
                     result = self._after_turn(history, result, progress, output_field_names)
@@ -230,6 +239,15 @@ class OptimizerAgent(dspy.Module):
 
             setup.result()
             return self._ended(self._extract_fallback(variables, history, output_field_names), len(history))
+
+    def _unusable_root(self, history: REPLHistory, output_field_names: list[str]) -> Prediction:
+        why = (
+            f"the root LM's replies did not parse in {UNPARSED_TURNS} turns in a row (root_lm does not follow the "
+            "turn's format: reasoning, then code; a model that writes code reliably, or rlm_autopilot='loop', "
+            "avoids this)"
+        )
+        logger.warning("%s; the run ends with the current instructions.", why)
+        return current_instructions_submitted(history, output_field_names, why)
 
     def _ended(self, prediction: Prediction, iteration: int) -> Prediction:
         """``prediction`` (a run ended without a SUBMIT), recorded as the trajectory's final turn: no code, the

@@ -87,7 +87,9 @@ def long_run_aids(
         state_block=state_block_of(services, pilot),
         pilot=pilot,
         run_end=RunEnd(
-            lambda: usage.cap_message() if usage is not None and usage.cap_reached else None, decided=decided
+            lambda: usage.cap_message() if usage is not None and usage.cap_reached else None,
+            decided=decided,
+            spent_all=lambda: usage.cap_reason if usage is not None and usage.spent_all else None,
         ),
     )
 

@@ -5,8 +5,8 @@ here; the agent sees the tool's error in its REPL as usual, and the loop stops a
 the recorded failure, so the work paid for so far is kept and the user gets the real error.
 
 :class:`RunEnd` ends the run a few turns after spending stopped (the spending cap), if the agent has not
-submitted by then: its turns cost too, and it was told it can only submit. It ends the run at once when the
-result is decided (``max_metric_calls`` has too few calls left to check any new candidate on the selection split,
+submitted by then: its turns cost too, and it was told it can only submit; at once when what was spent is the
+whole ``max_cost_usd`` (the agent's turns are LM calls too). It ends the run at once when the result is decided (``max_metric_calls`` has too few calls left to check any new candidate on the selection split,
 so compile() will return the best candidate checked so far whatever the agent does).
 """
 
@@ -66,17 +66,21 @@ def stop_if_the_sub_lm_is_unusable(stop: StopRequest, exc: BaseException) -> Non
 class RunEnd:
     """``reason()`` says why spending stopped (None while it goes on); after ``turns_after`` turns taken since,
     :meth:`ends_run` is True and :meth:`outcome` ends the run with the current instructions, without an LM call.
-    ``decided()`` says why no turn can change the result any more (None while one can): it ends the run at once."""
+    ``decided()`` says why no turn can change the result any more (None while one can): it ends the run at once.
+    ``spent_all()`` says why nothing may be spent any more, not even on a turn (None while something may): it ends
+    the run at once."""
 
     def __init__(
         self,
         reason: Callable[[], str | None],
         turns_after: int = 3,
         decided: Callable[[], str | None] | None = None,
+        spent_all: Callable[[], str | None] | None = None,
     ) -> None:
         self.reason = reason
         self.turns_after = turns_after
         self.decided = decided or (lambda: None)
+        self.spent_all = spent_all or (lambda: None)
         self._turns = 0
         self._why: str | None = None
 
@@ -85,6 +89,10 @@ class RunEnd:
         decided = self.decided()
         if decided is not None:
             self._why = f"{decided}; the agent was stopped, since no turn could change the result"
+            return True
+        spent_all = self.spent_all()
+        if spent_all is not None:
+            self._why = f"{spent_all}; the agent was stopped at once, since its turns are LM calls too"
             return True
         reason = self.reason()
         if reason is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import dspy
+import litellm
 import pytest
 from support.fakes import FunctionLM, scripted_agent
 from support.optimizing import SUBMIT_POLICY, compile_tickets, outputs
@@ -304,3 +305,40 @@ def test_a_reply_cut_off_before_its_code_is_named_in_the_error_turn():
     )
     said = outputs(compile_tickets(root))
     assert said[0].startswith("[Note] Your reply was cut off") and "could not be parsed" in said[0]
+
+
+def _prose(messages):
+    return "I think we should look at the data first."  # never the turn's fields
+
+
+def test_a_root_lm_whose_replies_never_parse_is_asked_for_three_turns_then_the_run_ends_saying_why():
+    """Regression: a root LM that never wrote the turn's format was asked for every one of rlm_max_iterations turns,
+    each retried (802 calls and 8.2M input tokens with the default 200 turns), and the run ended saying nothing of
+    why. Now, after three such turns, the root LM is not asked again and the run ends with the current instructions,
+    saying why (with "assist" the default loop takes a phase after each such turn, and has submitted by then)."""
+    root = FunctionLM(_prose, name="prose")
+    result = compile_tickets(root, max_iterations=7, rlm_max_iterations=30, rlm_autopilot="off")
+    turns = result.agent_trajectory
+    assert len(root.calls) == 3 * (3 + 1)  # three turns: three attempts each, the last with dspy's JSON fallback
+    assert all("could not be parsed" in turn["output"] for turn in turns[:3])
+    assert len(turns) == 3 + 1 and turns[-1]["final"] and turns[-1]["code"] == ""
+    assert "did not parse in 3 turns in a row" in result.agent_final_reasoning
+    assert result.selection["chosen_label"] == "baseline"
+
+
+def test_the_agents_own_turns_count_toward_max_cost_usd_and_stop_it_once_it_is_spent():
+    """Regression: only evaluations and sub-LM prompts were checked against the cap: a root LM priced at a tenth of
+    the cap a call was asked 242 times for a $0.50 cap ($2.54 spent, cap_reached False)."""
+    model = "openai/gpt-4o-mini"
+    per_call = litellm.cost_per_token(model=model, prompt_tokens=100_000, completion_tokens=0)[0]
+    from dspy.lm15 import Usage
+
+    looking = {"reasoning": "look", "code": "print(len(baseline_train['examples']))"}
+    root = FunctionLM(
+        lambda messages: looking, name=model, usage=lambda messages, text: Usage(input_tokens=100_000, output_tokens=0)
+    )
+    result = compile_tickets(root, max_iterations=2, rlm_autopilot="off", max_cost_usd=per_call * 2.5)
+    assert len(root.calls) == 3  # the third call spent the cap: no turn after it
+    assert result.usage["cap_reached"] is True and result.usage["root"]["cost_usd"] == pytest.approx(3 * per_call)
+    assert "the agent was stopped at once, since its turns are LM calls too" in result.agent_final_reasoning
+    assert "spending cap reached" in result.selection["reason"]
