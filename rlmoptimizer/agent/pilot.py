@@ -16,6 +16,7 @@ May import: ``rlmoptimizer.agent.policy``, ``rlmoptimizer.errors``, ``.events`` 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -40,6 +41,7 @@ from rlmoptimizer.agent.policy import (
     LoopState,
     Outcome,
     Propose,
+    Proposed,
     ProposeDemos,
     RunGepa,
     Submit,
@@ -153,7 +155,8 @@ class Pilot:
                 return f"no analysis ({exc}); proposals learn from the failures themselves"
         if isinstance(action, Propose):
             group = None if action.group is None else {"analysis": action.group[0], "name": action.group[1]}
-            return _proposal(tools.propose_instructions(action.step, **({"group": group} if group else {})))
+            with self._refused_proposal(action):
+                return _proposal(tools.propose_instructions(action.step, **({"group": group} if group else {})))
         if isinstance(action, ProposeDemos):
             return str(tools.propose_demos()["summary"])
         if isinstance(action, Compare):
@@ -165,7 +168,8 @@ class Pilot:
             return f"train score {float(run.get('score') or 0):.4f} on {run.get('evaluated_count')} example(s)"
         if isinstance(action, LastDraw):
             group = {} if action.group is None else {"group": {"analysis": action.group[0], "name": action.group[1]}}
-            proposal = tools.propose_instructions(action.step, **group)
+            with self._refused_proposal(action):
+                proposal = tools.propose_instructions(action.step, **group)
             return f"{_proposal(proposal)}; {self._adopt(proposal['candidate_ids'][0], True)}"
         if isinstance(action, Confirm):
             return str(tools.confirm_gain()["summary"])
@@ -173,6 +177,16 @@ class Pilot:
             self.submitted = action.why
             return f"SUBMIT: {action.why}"
         raise TypeError(f"not an action of the policy: {action!r}")
+
+    @contextlib.contextmanager
+    def _refused_proposal(self, action: Propose | LastDraw):
+        """A proposal the tool refused (the sub LM gave no usable instructions) is a proposal that gave nothing to
+        compare: without it the policy would ask for the same one again, paying a prompt each time."""
+        try:
+            yield
+        except AgentToolError:
+            self.record(Proposed(action.step, (), (), group=action.group))
+            raise
 
     def _adopt(self, candidate: str, check: bool) -> str:
         adopted = self.tools.adopt_candidate(candidate)

@@ -233,7 +233,7 @@ class GepaFinished:
 @dataclass(frozen=True)
 class Proposed:
     """A proposal for ``step``: ``candidate_ids`` to compare on ``check_ids``, of which ``failure_ids`` failed; no
-    candidate when it only repeated instructions already tried."""
+    candidate when it only repeated instructions already tried, or the sub LM gave no usable instructions."""
 
     step: str
     candidate_ids: tuple[str, ...]
@@ -308,7 +308,7 @@ class LoopMemory:
     gepa_ran: bool = False
     proposals_at_gepa_end: int = 0  # proposals made when the last GEPA run ended
     demos_tried: bool = False  # a demos candidate was proposed
-    repeats: int = 0  # proposals in a row that repeated instructions already tried (nothing new to compare)
+    repeats: int = 0  # proposals in a row that gave nothing new to compare (instructions already tried, no answer)
     analyzed: bool = False  # the current instructions' failures were analysed (or could not be)
     groups: tuple[tuple[str, str, str | None], ...] = ()  # that analysis's groups not proposed for yet
 
@@ -493,7 +493,10 @@ def next_action(state: LoopState) -> Action:
     if budget.proposals_left <= 0:
         return _confirm(state) or Submit("no sub-LM prompt is left for a proposal")
     if memory.repeats > len(memory.steps):  # every step had its turn and the sub-LM wrote nothing new
-        return _confirm(state) or Submit(f"the last {memory.repeats} proposals repeated instructions already tried")
+        return _confirm(state) or Submit(
+            f"the last {memory.repeats} proposals gave nothing new to compare (instructions already tried, or no "
+            "usable answer from the sub LM)"
+        )
     if memory.groups:
         analysis, name, step = memory.groups[0]
         return Propose(step if step in memory.steps else _next_step(memory), (analysis, name))

@@ -95,6 +95,19 @@ def test_the_loop_mode_needs_no_root_lm_but_an_lm_to_propose_with(monkeypatch):
     assert result.route.signature.instructions == POLICY_PROMPT
 
 
+def test_a_sub_lm_whose_proposals_never_parse_ends_the_loop_instead_of_being_asked_again(monkeypatch):
+    """Regression: a refused proposal (no usable instructions in the sub LM's reply) left the loop's memory as it
+    was, so the policy asked for the same proposal again, a paid prompt each time, until the budget was gone (66
+    identical refusals in 68 turns)."""
+    no_sandbox(monkeypatch)
+    prose = FunctionLM(lambda messages: "I think the instruction should be better.", name="prose")
+    result = compile_tickets(FunctionLM(never_called), sub_lm=prose, rlm_autopilot="loop", max_iterations=6)
+    calls = [call for turn in result.agent_trajectory for call in turn["pilot"]]
+    proposals = [call for call in calls if call.startswith("propose_instructions(")]
+    assert 1 <= len(proposals) <= 2 + 2  # the group's, then a round over the two steps: nothing new, the loop ends
+    assert result.agent_trajectory[-1]["final"] and result.budget["left"] > result.budget["limit"] / 2
+
+
 def test_a_budget_that_pays_targeted_rounds_gets_them_in_a_step_of_their_own(monkeypatch):
     no_sandbox(monkeypatch)
 

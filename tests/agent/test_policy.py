@@ -290,7 +290,10 @@ def test_a_proposal_that_repeats_tried_instructions_is_not_compared_and_repeats_
     assert memory.pending is None and memory.repeats == 1
     assert next_action(state(memory)) == Propose("summarize")  # the other step's turn
     memory = fold(fold(memory, Proposed("summarize", (), (1, 2))), Proposed("route", (), (1, 2)))
-    assert next_action(state(memory)) == Submit("the last 3 proposals repeated instructions already tried")
+    assert next_action(state(memory)) == Submit(
+        "the last 3 proposals gave nothing new to compare (instructions already tried, or no usable answer from the "
+        "sub LM)"
+    )
     assert fold(memory, Proposed("route", ("proposal-4",), (1, 2))).repeats == 0  # something new: counting restarts
 
 
