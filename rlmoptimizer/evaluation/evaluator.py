@@ -7,8 +7,9 @@ evaluation stops early for two systemic reasons, and for an interrupt; it then r
 
 * :class:`EvaluationLMError`: the evaluation LM failed with an error retrying cannot fix (bad key, no
   billing, unknown model, unreachable host) on ``max_consecutive_lm_failures`` consecutive examples, or gave no
-  answer even after the retries (a 5xx, a timeout) on ``max_unanswered_in_a_row`` examples in a row, counted over
-  every evaluation of the compile (an LM that is down fails each 3-example minibatch the same way);
+  answer even after the retries (a 5xx, a timeout) on ``max_unanswered_in_a_row`` distinct examples in a row,
+  counted over every evaluation of the compile (an LM that is down fails each 3-example minibatch the same way; an
+  example that fails on its own, drawn again and again, counts once);
 * :class:`MetricError`: the metric returned something that is not a score (a bug in the metric);
 * ``KeyboardInterrupt`` (or any other exception in the calling thread) while the examples ran, or raised by a
   worker outside what the program and metric may raise (an interrupt raised inside a metric, a failing
@@ -19,7 +20,8 @@ program raised on a bad LM reply and examples whose metric raised. An example th
 the LM call itself failed (authentication, transport, rate limit after DSPy's own retries, ...) is not
 charged, and neither is an example that never started.
 
-May import: dspy, ``rlmoptimizer.budget``, ``.errors``, ``.metric``, ``.records`` and ``.lm_failures``.
+May import: dspy, ``rlmoptimizer.budget``, ``.errors``, ``.fingerprint``, ``.metric``, ``.records`` and
+``.lm_failures``.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from rlmoptimizer.budget import Reservation
 from rlmoptimizer.errors import EvaluationLMError, MetricError
 from rlmoptimizer.evaluation.lm_failures import SYSTEMIC, TRANSIENT, classify_lm_failure, format_error
 from rlmoptimizer.evaluation.steps import StepNames
+from rlmoptimizer.fingerprint import canonical_json
 from rlmoptimizer.metric import Metric
 from rlmoptimizer.records import LM_CALL_ERROR, METRIC_ERROR, PROGRAM_ERROR, ExampleResult, StepTrace, jsonable
 
@@ -156,7 +159,7 @@ class Evaluator:
         # examples in a row, over every evaluation, that got no answer even after their retries (a 5xx, a timeout):
         # an LM that is down fails every minibatch of GEPA's the same way, and no single one is long enough to tell
         self.max_unanswered_in_a_row = max_unanswered_in_a_row
-        self._unanswered_in_a_row = 0
+        self._unanswered_in_a_row: set[tuple[int, str]] = set()  # the distinct examples of the current streak
         self._unanswered_lock = threading.Lock()  # evaluations may run at once, each under its own batch lock
         self._rollout_lms: dict[int, dspy.BaseLM] = {}
         self._rollout_lock = threading.Lock()
@@ -391,9 +394,11 @@ class Evaluator:
                 batch.on_record(record)
             batch.records.append(record)  # (a record the log refused is neither kept nor charged)
             with self._unanswered_lock:
-                unanswered = self._unanswered_in_a_row = (
-                    self._unanswered_in_a_row + 1 if failure is not None and failure[0] == TRANSIENT else 0
-                )
+                if failure is not None and failure[0] == TRANSIENT:
+                    self._unanswered_in_a_row.add((record.example_id, canonical_json(record.inputs)))
+                else:
+                    self._unanswered_in_a_row.clear()
+                unanswered = len(self._unanswered_in_a_row)
             if failure is None:
                 if batch.reservation is not None:
                     batch.reservation.spend(1)
@@ -409,7 +414,7 @@ class Evaluator:
                 batch.consecutive_lm_failures = 0
                 if unanswered >= self.max_unanswered_in_a_row and batch.fatal is None:
                     batch.fatal = EvaluationLMError(
-                        f"the evaluation LM gave no answer on {unanswered} examples in a row, each "
+                        f"the evaluation LM gave no answer on {unanswered} different examples in a row, each "
                         f"after {self.transient_retries} retries (the last: {format_error(failure[1])}); they were "
                         "not charged. It may be down, overloaded or rate-limiting hard: check it, then run compile() "
                         "again (with the same run_storage_dir it resumes where it stopped)."

@@ -380,9 +380,30 @@ def test_an_lm_that_never_answers_stops_after_examples_in_a_row_over_small_evalu
         minibatch(9)  # 5 in a row over two evaluations
     message = str(info.value.reason)
     assert isinstance(info.value.reason, EvaluationLMError)
-    assert "no answer on 5 examples in a row" in message and "503 Service Unavailable" in message
+    assert "no answer on 5 different examples in a row" in message and "503 Service Unavailable" in message
     assert "run compile() again" in message and "same run_storage_dir" in message
     assert len(info.value.records) == 2 and ledger.spent == 3  # only the answered minibatch was charged
+
+
+def test_examples_that_fail_on_their_own_drawn_again_and_again_are_no_outage():
+    """Regression: two examples the LM failed on (a 5xx on those inputs only), drawn into minibatch after minibatch
+    (unanswered, they are never stored, so every draw runs them again), counted as 8 "in a row" and stopped the
+    compile with "the evaluation LM ... may be down"; the same compile resumed finished normally."""
+
+    def reply(messages):
+        question = field(messages, "question")
+        if question in ("q3", "q7"):
+            return dspy.LMServerError("500 Internal Server Error", model="fake", status=500)
+        return {"answer": question.replace("q", "a")}
+
+    lm = FunctionLM(reply)
+    lm.num_retries = 0
+    evaluator = make_evaluator(lm, num_threads=1, retry_backoff_s=0.0, max_unanswered_in_a_row=5)
+    program, pool = dspy.Predict("question -> answer"), list(enumerate(examples(12)))
+    for _ in range(10):  # the two poisoned examples alone, as a minibatch whose other records are stored
+        records = evaluator.evaluate(program, [pool[3], pool[7]])
+        assert [r.error_kind for r in records] == [LM_CALL_ERROR, LM_CALL_ERROR]
+    assert all(r.error is None for r in evaluator.evaluate(program, pool[:3]))
 
 
 def test_successes_before_a_systemic_failure_are_kept_and_charged():
