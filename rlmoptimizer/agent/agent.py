@@ -81,8 +81,22 @@ def _root_adapter(*, last_attempt: bool):
 
 def _append(history: REPLHistory, **fields: str) -> REPLHistory:
     """``history`` with one more turn, its texts made valid Unicode first: a lone surrogate (half of a character,
-    which a sliced string or an LM's escape may hold) is shown escaped, as no provider accepts it in a request."""
+    which a sliced string or an LM's escape may hold) is shown escaped, as no provider accepts it in a request. An
+    output is kept to :func:`_kept_output`'s bound (the root LM is shown less of it still)."""
+    if "output" in fields:
+        fields["output"] = _kept_output(fields["output"], history.max_output_chars)
     return history.append(**{name: _valid_text(text) for name, text in fields.items()})
+
+
+def _kept_output(output: Any, max_output_chars: int) -> Any:
+    """A cell's output as the history, the trajectory and the run directory keep it: its head and its tail, ten
+    times what the root LM is shown of it (which is a head and a tail too), at least 100,000 characters. A cell may
+    print tens of MB: kept whole, every turn of them stayed in the host's memory and on disk."""
+    keep = max(100_000, 10 * max_output_chars)
+    if not isinstance(output, str) or len(output) <= keep:
+        return output
+    omitted = len(output) - keep
+    return f"{output[: keep // 2]}\n\n... ({omitted:,} characters of this output were not kept) ...\n\n{output[-keep // 2 :]}"
 
 
 def _valid_text(text: Any) -> Any:

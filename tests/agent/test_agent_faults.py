@@ -342,3 +342,21 @@ def test_the_agents_own_turns_count_toward_max_cost_usd_and_stop_it_once_it_is_s
     assert result.usage["cap_reached"] is True and result.usage["root"]["cost_usd"] == pytest.approx(3 * per_call)
     assert "the agent was stopped at once, since its turns are LM calls too" in result.agent_final_reasoning
     assert "spending cap reached" in result.selection["reason"]
+
+
+def test_a_cell_that_prints_megabytes_is_kept_as_its_head_and_tail(tmp_path):
+    """Regression: a cell's whole output was kept in the history, the trajectory and the run directory: cells
+    printing 30 MB each grew the host by hundreds of MB and the run directory by 29 MB a turn."""
+    result = compile_tickets(
+        [
+            {"reasoning": "dump", "code": "print('START' + 'x' * 3_000_000 + 'END')"},
+            SUBMIT_POLICY,
+        ],
+        run_storage_dir=tmp_path,
+    )
+    output = result.agent_trajectory[0]["output"]
+    assert output.startswith("START") and output.rstrip().endswith("END")
+    assert 100_000 <= len(output) < 110_000 and "characters of this output were not kept" in output
+    kept = [path.stat().st_size for path in (tmp_path / "turns").rglob("*") if path.is_file()]
+    assert kept and sum(kept) < 1_000_000
+    assert result.optimized_dspy_program["route"] == POLICY_PROMPT
