@@ -171,6 +171,7 @@ class Compile:
             num_threads=config.num_threads,
             pass_threshold=config.pass_threshold,
             booked=lambda fn: self.usage.in_role(EVAL, fn),
+            spent_all=lambda: self.usage.spent_all,
         )
         splits = {"train": self.trainset}
         if self.valset:

@@ -41,6 +41,8 @@ ROOT = "root"
 SUB = "sub"
 EVAL = "eval"
 ROLES: tuple[str, ...] = (ROOT, SUB, EVAL)
+CHARS_PER_TOKEN = 4.0
+"""Characters per token of English prose on common tokenizers: a prompt's size before it is sent."""
 
 __all__ = [
     "EVAL",
@@ -324,6 +326,31 @@ class UsageMeter:
             if fits < n:  # what is granted now is the last the cap allows
                 self._cap_reached_at = {"role": role, "spent_usd": float(spent)}
             return fits
+
+    def prompts_refused(self, role: str, model: str, prompts: list[str], max_tokens: int | None = None) -> str | None:
+        """Why ``max_cost_usd`` cannot pay ``prompts`` to ``model`` for ``role``, or None when it can (or no price is
+        known): each priced before it is sent from its own length (:data:`CHARS_PER_TOKEN`) and the role's average
+        answer so far (``max_tokens`` before the first). A prompt's size is the sender's to choose, so an average
+        over earlier, shorter prompts would let a long one through."""
+        if self.max_cost_usd is None or not prompts:
+            return None
+        with self._lock:
+            totals = self._roles[role]
+            answer = totals.output_tokens // totals.calls if totals.calls else int(max_tokens or 0)
+            room = Decimal(repr(float(self.max_cost_usd))) - sum((t.usd for t in self._roles.values()), Decimal(0))
+        cost = Decimal(0)
+        for prompt in prompts:
+            price = price_of_call(model, math.ceil(len(prompt) / CHARS_PER_TOKEN), answer)
+            if price is None:
+                return None
+            cost += price
+        if cost <= room:
+            return None
+        size = sum(len(prompt) for prompt in prompts)
+        return (
+            f"{len(prompts)} prompt(s) of {size:,} characters would cost about {dollars(float(cost))}, and "
+            f"{dollars(max(0.0, float(room)))} of max_cost_usd={dollars(self.max_cost_usd)} is left"
+        )
 
     @property
     def spent_all(self) -> bool:

@@ -16,6 +16,7 @@ from support.fakes import FunctionLM, scripted_agent
 from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 
 from rlmoptimizer import RLMDocstringOptimizer
+from rlmoptimizer.usage import price_of_call
 
 pytestmark = pytest.mark.slow
 
@@ -112,3 +113,41 @@ def test_a_model_without_a_price_is_named_not_shown_as_a_question_mark(tmp_path)
     assert "no price for local/unpriced-task-lm" in last
     assert "dollars unknown: litellm has no price for local/unpriced-agent," in shown  # the estimate, first
     assert "no price for local/unpriced-agent" in last
+
+
+def test_an_evaluation_of_instructions_far_larger_than_the_start_stops_once_the_cap_is_spent(tmp_path):
+    """Regression: a reservation is priced at the average example so far, so instructions of megabytes evaluated on
+    12 examples were all run: the evaluation LM spent 60x max_cost_usd. Now the examples not started once the cap is
+    spent are not run (with one thread, at most one example passes it)."""
+    trainset, valset = make_splits()
+    by_size = FunctionLM(
+        task_lm_reply,
+        name=MODEL,
+        usage=lambda messages, text: Usage(
+            input_tokens=sum(len(str(m["content"])) for m in messages) // 4, output_tokens=0
+        ),
+    )
+    huge = "Route the ticket. " + "w " * 200_000
+    optimized = RLMDocstringOptimizer(
+        max_iterations=2,
+        eval_lm=by_size,
+        run_storage_dir=tmp_path,
+        num_threads=1,
+        max_cost_usd=0.005,  # the baselines cost a fifth of it; one call with `huge` costs three times it
+        rlm_autopilot="off",
+        root_lm=scripted_agent(
+            [
+                {
+                    "reasoning": "big",
+                    "code": f"print(compare(['current', {{'route': {huge!r}}}], ids=list(range(12))))",
+                },
+                {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program={})"},
+            ]
+        ),
+    ).compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
+    big_calls = [call for call in by_size.calls if "w w w" in str(call)]
+    assert len(big_calls) == 1  # 12 before
+    assert optimized.usage["cap_reached"] is True
+    assert optimized.usage["eval"]["cost_usd"] < 0.005 + float(price_of_call(MODEL, len(huge) // 4 + 1_000, 0))
+    [cut] = [log for log in optimized.trial_logs if log["instructions"]["route"] == huge]
+    assert "11 of 12 granted examples were not run: max_cost_usd was spent" in cut["note"]

@@ -114,6 +114,19 @@ def sub_lm_tools(
             raise TypeError(f"Sub-LM returned no text (got {type(response).__name__}).")
         return text
 
+    def priced(prompts: list[str]) -> None:
+        """Refuse prompts the spending cap cannot pay, priced by their own size before they are sent."""
+        lm = sub_lm if sub_lm is not None else dspy.settings.lm
+        if usage is None or lm is None:
+            return
+        model = getattr(lm, "model", None) or type(lm).__name__
+        why = usage.prompts_refused(SUB, str(model), prompts, (getattr(lm, "kwargs", None) or {}).get("max_tokens"))
+        if why is not None:
+            raise RuntimeError(
+                f"the spending cap: {why}. Send fewer or shorter prompts, or analyse with Python code; nothing was "
+                "sent or charged"
+            )
+
     def llm_query(prompt: str) -> str:
         """Query the sub-LM with a prompt string (costs 1 budget unit)."""
         if not prompt:
@@ -122,6 +135,7 @@ def sub_lm_tools(
         kept = answers.get(key)
         if kept is not None:  # answered before an interrupt: paid already
             return kept
+        priced([prompt])
         answered = False
         try:
             with charged.take(1) as reservation:
@@ -153,6 +167,7 @@ def sub_lm_tools(
         todo = [i for i in range(len(prompts)) if i not in results]  # the others were answered before an interrupt
         if not todo:
             return [results[i] for i in range(len(prompts))]
+        priced([prompts[i] for i in todo])
         unusable: BaseException | None = None  # the sub LM cannot be used (a bad key): raised once all are paid
         paid: set[int] = set()
         lock = threading.Lock()

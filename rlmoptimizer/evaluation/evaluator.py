@@ -144,11 +144,15 @@ class Evaluator:
         transient_retries: int = 2,
         retry_backoff_s: float = 1.0,
         booked: Callable[[Callable], Callable] | None = None,
+        spent_all: Callable[[], bool] = lambda: False,
     ) -> None:
         """``booked(fn)``: ``fn`` with the LM calls it makes booked to whom they are for (the compile's usage
-        meter books the program's and the metric's calls to the evaluation role); None books nothing."""
+        meter books the program's and the metric's calls to the evaluation role); None books nothing.
+        ``spent_all()``: whether ``max_cost_usd`` is spent (a charged example not started yet is then skipped: a
+        reservation is priced at the average example, and one example may cost far more)."""
         self.metric = metric
         self._booked = booked
+        self._spent_all = spent_all
         self.lm = lm
         self.num_threads = num_threads
         self.pass_threshold = float(pass_threshold)
@@ -292,7 +296,7 @@ class Evaluator:
     def _run_one(
         self, lm: dspy.BaseLM | None, program: Any, names: StepNames, example_id: int, example: Any, batch: _Batch
     ) -> None:
-        if batch.stop.is_set():
+        if batch.stop.is_set() or (batch.reservation is not None and self._spent_all()):
             return
         inputs, labels = _inputs_and_labels(example)
         for attempt in range(self.transient_retries + 1):

@@ -302,6 +302,10 @@ class Runs:
                     spent = source.spent - before
                     if own is not None:
                         own.release()
+                if len(new) < granted:  # examples skipped once max_cost_usd was spent
+                    notes.append(
+                        f"{granted - len(new)} of {granted} granted examples were not run: max_cost_usd was spent"
+                    )
                 if granted < len(todo):
                     notes.append(
                         f"budget allowed {granted} of {len(todo)} requested examples; {self.ledger.left} units left"

@@ -154,3 +154,42 @@ def test_a_second_ctrl_c_while_a_batch_waits_for_its_running_prompts_loses_no_pa
             time.sleep(0.1)  # p3 still running after the second Ctrl-C: its answer is paid when it comes
         signal.signal(signal.SIGINT, previous)
     assert ledger.snapshot()["spent_by_kind"][SUB_LM_CALL] == 4 and len(AnswerStore(tmp_path)) == 4
+
+
+def test_prompts_the_spending_cap_cannot_pay_are_refused_by_their_own_size_before_they_are_sent(tmp_path):
+    """Regression: a prompt was priced at the role's average so far (nothing before the first), so a first batch of
+    30 prompts of 100k tokens cost 150x max_cost_usd, and a long prompt after a short one 5x."""
+    from dspy.lm15 import Usage
+
+    from rlmoptimizer.usage import SUB, UsageMeter, price_of_call
+
+    model = "openai/gpt-4o-mini"
+    sent = []
+
+    def reply(messages):
+        sent.append(len(str(messages[-1]["content"])))
+        return "ok"
+
+    sub = FunctionLM(
+        reply, name=model, usage=lambda messages, text: Usage(input_tokens=len(str(messages[-1]["content"])) // 4)
+    )
+    one_short = float(price_of_call(model, 250, 0))
+    meter = UsageMeter(max_cost_usd=one_short * 40)
+    ledger = BudgetLedger(100)
+    query = sub_lm_tools(
+        sub,
+        max_llm_calls=50,
+        ledger=ledger,
+        usage=meter,
+        observer=NO_OBSERVER,
+        as_sub=lambda lm: meter.in_role(SUB, lm),
+        answers=AnswerStore(tmp_path),
+    )
+    with pytest.raises(RuntimeError, match=r"the spending cap: 30 prompt\(s\) of 1,200,000 characters would cost"):
+        query["llm_query_batched"](["x" * 40_000] * 30)
+    assert sent == [] and ledger.spent == 0 and not meter.cap_reached  # nothing sent or charged; smaller ones may go
+    assert query["llm_query"]("x" * 1_000) == "ok"
+    with pytest.raises(RuntimeError, match="nothing was sent or charged"):
+        query["llm_query"]("x" * 1_000_000)  # the average so far (one short prompt) would have let it through
+    assert query["llm_query_batched"](["y" * 1_000] * 3) == ["ok"] * 3
+    assert sent == [1_000] * 4 and ledger.spent == 4

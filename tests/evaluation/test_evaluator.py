@@ -406,6 +406,23 @@ def test_examples_that_fail_on_their_own_drawn_again_and_again_are_no_outage():
     assert all(r.error is None for r in evaluator.evaluate(program, pool[:3]))
 
 
+def test_charged_examples_not_started_once_max_cost_usd_is_spent_are_skipped_and_not_charged():
+    """A reservation is priced at the average example; an example may cost far more (instructions of megabytes):
+    once the cap is spent, the examples of a charged evaluation that have not started are not run."""
+    ran = []
+
+    def reply(messages):
+        ran.append(1)
+        return {"answer": field(messages, "question").replace("q", "a")}
+
+    evaluator = make_evaluator(FunctionLM(reply), num_threads=1, spent_all=lambda: len(ran) >= 2)
+    ledger = BudgetLedger(100)
+    with ledger.reserve(6, TRAIN_EXAMPLE) as reservation:
+        records = evaluator.evaluate(dspy.Predict("question -> answer"), list(enumerate(examples(6))), reservation)
+    assert [r.example_id for r in records] == [0, 1] and ledger.spent == 2 and ledger.left == 98
+    assert len(evaluator.evaluate(dspy.Predict("question -> answer"), list(enumerate(examples(3))))) == 3  # free
+
+
 def test_successes_before_a_systemic_failure_are_kept_and_charged():
     def reply(messages):
         number = int(field(messages, "question")[1:])
