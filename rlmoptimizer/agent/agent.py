@@ -90,13 +90,14 @@ def _append(history: REPLHistory, **fields: str) -> REPLHistory:
 
 def _kept_output(output: Any, max_output_chars: int) -> Any:
     """A cell's output as the history, the trajectory and the run directory keep it: its head and its tail, ten
-    times what the root LM is shown of it (which is a head and a tail too), at least 100,000 characters. A cell may
-    print tens of MB: kept whole, every turn of them stayed in the host's memory and on disk."""
+    times what the root LM is shown of it (which is a head and a tail too), at least 100,000 characters, after a
+    line with its true length (which the root LM sees first). A cell may print tens of MB: kept whole, every turn
+    of them stayed in the host's memory and on disk."""
     keep = max(100_000, 10 * max_output_chars)
     if not isinstance(output, str) or len(output) <= keep:
         return output
-    omitted = len(output) - keep
-    return f"{output[: keep // 2]}\n\n... ({omitted:,} characters of this output were not kept) ...\n\n{output[-keep // 2 :]}"
+    note = f"[this output had {len(output):,} characters: its middle {len(output) - keep:,} were not kept]"
+    return f"{note}\n{output[: keep // 2]}\n\n...\n\n{output[-keep // 2 :]}"
 
 
 def _valid_text(text: Any) -> Any:
