@@ -71,7 +71,7 @@ def test_a_submission_the_cap_cut_short_on_validation_is_not_returned_and_the_re
     assert raised.optimized_dspy_program == optimized.optimized_dspy_program and not task.calls
 
 
-def test_a_tiny_cap_is_shown_to_the_agent_with_its_digits(tmp_path):
+def test_a_tiny_cap_is_shown_with_its_digits(tmp_path):
     trainset, valset = make_splits()
     optimized = RLMDocstringOptimizer(
         max_iterations=2,
@@ -88,10 +88,13 @@ def test_a_tiny_cap_is_shown_to_the_agent_with_its_digits(tmp_path):
             ]
         ),
     ).compile(student=RouteTicket(), trainset=trainset, valset=valset, metric=metric)
-    output = optimized.agent_trajectory[0]["output"]
+    # the baselines spent the cap: the agent is stopped before its first turn, and says why with the cap's digits
+    output = optimized.agent_final_reasoning
     assert "max_cost_usd=$0.000001" in output and "$0.0000 " not in output
+    assert "the agent was stopped at once, since its turns are LM calls too" in output
     spent = re.search(r"spending cap reached: \$([\d.]+) of", output).group(1)
-    assert float(spent) == pytest.approx(optimized.usage["eval"]["cost_usd"], rel=1e-3)  # the agent is unpriced
+    assert float(spent) == pytest.approx(optimized.usage["eval"]["cost_usd"], rel=1e-3)
+    assert optimized.usage["root"]["calls"] == 0
 
 
 def test_a_model_without_a_price_is_named_not_shown_as_a_question_mark(tmp_path):

@@ -16,7 +16,7 @@ from rlmoptimizer.agent.bounded_context import BoundedContext, ContextBudget, cl
 from rlmoptimizer.agent.pilot import Pilot
 from rlmoptimizer.agent.services import CompileServices, TurnAids
 from rlmoptimizer.agent.stop import RunEnd
-from rlmoptimizer.usage import ROOT
+from rlmoptimizer.usage import ROOT, dollars
 
 __all__ = ["long_run_aids", "no_check_left", "render_state_block", "state_block_of"]
 
@@ -103,7 +103,7 @@ def state_block_of(services: CompileServices, pilot: Pilot | None = None) -> Cal
         spending = ""
         if usage is not None and usage.max_cost_usd is not None:
             spending = (
-                f"Spending: ${usage.spent_usd:.4f} of max_cost_usd ${usage.max_cost_usd:.4f}"
+                f"Spending: {dollars(usage.spent_usd)} of max_cost_usd {dollars(usage.max_cost_usd)}"
                 + (f" -- {usage.cap_message()}" if usage.cap_reached else "")
                 + "."
             )

@@ -40,6 +40,7 @@ from rlmoptimizer.agent.state import render_state_block
 from rlmoptimizer.agent.tools import AgentTools
 from rlmoptimizer.budget import budget_for, budget_for_metric_calls
 from rlmoptimizer.errors import ConfigurationError
+from rlmoptimizer.usage import dollars
 
 __all__ = [
     "TYPICAL_CHARS_PER_TOKEN",
@@ -102,7 +103,7 @@ def first_request_messages(
     variables_info = [variable.format() for variable in agent.variables(task_brief=brief)]
     baselines = [("train", train_size)] + ([("val", val_size)] if val_size else [])
     spending = (
-        f"Spending: $0.0000 of max_cost_usd ${config.max_cost_usd:.4f}." if config.max_cost_usd is not None else ""
+        f"Spending: $0.0000 of max_cost_usd {dollars(config.max_cost_usd)}." if config.max_cost_usd is not None else ""
     )
     state = render_state_block(
         runs=[

@@ -171,6 +171,23 @@ def test_state_block_holds_runs_instructions_budget_and_notes_within_its_size():
     assert "- qa: Answer briefly." in block
 
 
+def test_the_state_block_shows_a_tiny_spending_cap_with_its_digits():
+    """Regression: a cap of $0.000001 was shown to the agent as ``max_cost_usd $0.0000``."""
+    from types import SimpleNamespace
+
+    from rlmoptimizer.agent.state import state_block_of
+    from rlmoptimizer.usage import UsageMeter
+
+    services = SimpleNamespace(
+        usage=UsageMeter(max_cost_usd=0.000001),
+        runs=SimpleNamespace(all=list),
+        working=SimpleNamespace(instructions=lambda: {"qa": "Answer."}),
+        ledger=SimpleNamespace(snapshot=lambda: {"spent": 0, "limit": 10, "left": 10}),
+        notes=SimpleNamespace(render=lambda max_chars: ""),
+    )
+    assert "Spending: $0.0000 of max_cost_usd $0.000001." in state_block_of(services)()
+
+
 def test_a_multiturn_rendering_of_the_view_keeps_the_header_and_the_real_step_numbers():
     from rlmoptimizer.agent.root_lm import TurnRenderer
 
