@@ -43,7 +43,7 @@ from rlmoptimizer.errors import (
     RunDirectoryMismatchError,
 )
 from rlmoptimizer.estimate import estimate_at_start
-from rlmoptimizer.evaluation.evaluator import Evaluator
+from rlmoptimizer.evaluation.evaluator import Evaluator, distinct_examples
 from rlmoptimizer.evaluation.runs import Runs
 from rlmoptimizer.events import CompileFinished, CompileStarted, Observers, UserCallbacks
 from rlmoptimizer.fingerprint import (
@@ -172,6 +172,7 @@ class Compile:
             pass_threshold=config.pass_threshold,
             booked=lambda fn: self.usage.in_role(EVAL, fn),
             spent_all=lambda: self.usage.spent_all,
+            distinct_examples=distinct_examples([self.trainset, self.valset or []]),
         )
         splits = {"train": self.trainset}
         if self.valset:

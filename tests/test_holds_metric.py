@@ -12,11 +12,13 @@ import subprocess
 import sys
 import types
 
+import dspy
 import pytest
+from support.fakes import FunctionLM
 from support.optimizing import TURNS, compile_tickets
 from support.tickets import RouteTicket, make_splits, metric, task_lm_reply
 
-from rlmoptimizer import ConfigurationError, MetricError
+from rlmoptimizer import ConfigurationError, EvaluationLMError, MetricError
 from rlmoptimizer.errors import SandboxError
 from rlmoptimizer.sandbox import session as session_module
 from rlmoptimizer.testing import FunctionLM
@@ -230,3 +232,24 @@ def test_an_evaluation_lm_whose_outputs_never_parse_is_named_not_taken_for_passi
     said = " ".join(turn["output"] for turn in result.agent_trajectory)
     assert "already pass" not in said or "did not parse" in said
     assert result.selection["chosen_label"] == "baseline"
+
+
+def test_a_small_compile_whose_evaluation_lm_is_down_stops_with_an_outage(tmp_path):
+    """Regression: with fewer examples than the outage streak (8), an evaluation LM answering 503 on every call was
+    never told apart from a hard task: the compile ran its whole budget of failures and returned the unchanged
+    program. Every example the compile has, unanswered, is an outage."""
+
+    def unavailable(messages):
+        error = dspy.LMServerError("503 Service Unavailable", model="fake", status=503)
+        error.retry_after = 0.01  # as a server's Retry-After header says
+        return error
+
+    down = FunctionLM(unavailable)
+    down.num_retries = 0
+    train, val = make_splits()
+    with pytest.raises(EvaluationLMError) as raised:
+        compile_tickets(
+            [], trainset=train[:3], valset=val[:3], eval_lm=down, rlm_autopilot="loop", run_storage_dir=tmp_path
+        )
+    assert "no answer on 6 different examples in a row" in str(raised.value)  # both baselines, all there is
+    assert "503 Service Unavailable" in str(raised.value) and str(tmp_path) in str(raised.value)

@@ -7,7 +7,8 @@ evaluation stops early for two systemic reasons, and for an interrupt; it then r
 
 * :class:`EvaluationLMError`: the evaluation LM failed with an error retrying cannot fix (bad key, no
   billing, unknown model, unreachable host) on ``max_consecutive_lm_failures`` consecutive examples, or gave no
-  answer even after the retries (a 5xx, a timeout) on ``max_unanswered_in_a_row`` distinct examples in a row,
+  answer even after the retries (a 5xx, a timeout) on ``max_unanswered_in_a_row`` distinct examples in a row (or on
+  every example the compile has, when it has fewer),
   counted over every evaluation of the compile (an LM that is down fails each 3-example minibatch the same way; an
   example that fails on its own, drawn again and again, counts once);
 * :class:`MetricError`: the metric returned something that is not a score (a bug in the metric);
@@ -62,6 +63,12 @@ class EvaluationStopped(Exception):  # noqa: N818 - a stop, not an error of its 
 
 
 _PLAIN_TYPES = frozenset({str, int, bool, type(None)})
+
+
+def distinct_examples(splits: Sequence[Sequence[Any]]) -> int:
+    """How many different examples ``splits`` hold, as the outage rule tells them apart (an example's id in its
+    split and its inputs): a validation set that repeats the train set adds nothing."""
+    return len({(i, canonical_json(_json_dict(_inputs_and_labels(ex)[0]))) for split in splits for i, ex in enumerate(split)})
 
 
 def _json_dict(data: dict[str, Any]) -> dict[str, Any]:
@@ -141,6 +148,7 @@ class Evaluator:
         pass_threshold: float = 1.0,
         max_consecutive_lm_failures: int = 3,
         max_unanswered_in_a_row: int = 8,
+        distinct_examples: int | None = None,
         transient_retries: int = 2,
         retry_backoff_s: float = 1.0,
         booked: Callable[[Callable], Callable] | None = None,
@@ -149,7 +157,10 @@ class Evaluator:
         """``booked(fn)``: ``fn`` with the LM calls it makes booked to whom they are for (the compile's usage
         meter books the program's and the metric's calls to the evaluation role); None books nothing.
         ``spent_all()``: whether ``max_cost_usd`` is spent (a charged example not started yet is then skipped: a
-        reservation is priced at the average example, and one example may cost far more)."""
+        reservation is priced at the average example, and one example may cost far more).
+        ``distinct_examples``: how many different examples the compile can evaluate (train plus validation), when
+        known: an outage is then told after ``min(max_unanswered_in_a_row, distinct_examples)`` of them, so a
+        compile with fewer examples than the streak is still stopped when every one of them got no answer."""
         self.metric = metric
         self._booked = booked
         self._spent_all = spent_all
@@ -162,7 +173,7 @@ class Evaluator:
         self._scale_noted = False
         # examples in a row, over every evaluation, that got no answer even after their retries (a 5xx, a timeout):
         # an LM that is down fails every minibatch of GEPA's the same way, and no single one is long enough to tell
-        self.max_unanswered_in_a_row = max_unanswered_in_a_row
+        self.max_unanswered_in_a_row = max(1, min(max_unanswered_in_a_row, distinct_examples or max_unanswered_in_a_row))
         self._unanswered_in_a_row: set[tuple[int, str]] = set()  # the distinct examples of the current streak
         self._unanswered_lock = threading.Lock()  # evaluations may run at once, each under its own batch lock
         self._rollout_lms: dict[int, dspy.BaseLM] = {}

@@ -14,7 +14,7 @@ from support.qa import Outer, TwoSteps, echo_lm, examples, field, make_evaluator
 
 from rlmoptimizer.budget import TRAIN_EXAMPLE, VAL_EXAMPLE, BudgetLedger
 from rlmoptimizer.errors import EvaluationLMError, MetricError
-from rlmoptimizer.evaluation.evaluator import EvaluationStopped
+from rlmoptimizer.evaluation.evaluator import EvaluationStopped, distinct_examples
 from rlmoptimizer.records import LM_CALL_ERROR, PROGRAM_ERROR
 
 
@@ -404,6 +404,22 @@ def test_examples_that_fail_on_their_own_drawn_again_and_again_are_no_outage():
         records = evaluator.evaluate(program, [pool[3], pool[7]])
         assert [r.error_kind for r in records] == [LM_CALL_ERROR, LM_CALL_ERROR]
     assert all(r.error is None for r in evaluator.evaluate(program, pool[:3]))
+
+
+def test_a_compile_with_fewer_examples_than_the_streak_is_stopped_when_none_of_them_gets_an_answer():
+    """Regression: the outage rule counted 8 different examples, so a compile with 6 examples whose LM was down
+    was never stopped: every minibatch failed unanswered and the compile returned the unchanged program."""
+    lm = FunctionLM(lambda messages: dspy.LMServerError("503 Service Unavailable", model="fake", status=503))
+    lm.num_retries = 0
+    train, val = examples(4), examples(2)
+    assert distinct_examples([train, val]) == 4 + 2 - 2  # val's two are train's first two (same id, same inputs)
+    assert distinct_examples([train, train]) == 4
+    evaluator = make_evaluator(lm, num_threads=1, retry_backoff_s=0.0, distinct_examples=distinct_examples([train]))
+    program, pool = dspy.Predict("question -> answer"), list(enumerate(train))
+    assert all(r.error_kind == LM_CALL_ERROR for r in evaluator.evaluate(program, pool[:3]))  # 3 of 4: not yet
+    with pytest.raises(EvaluationStopped) as info:
+        evaluator.evaluate(program, pool[1:])  # the fourth, and every example there is, got no answer
+    assert "no answer on 4 different examples in a row" in str(info.value.reason)
 
 
 def test_charged_examples_not_started_once_max_cost_usd_is_spent_are_skipped_and_not_charged():
