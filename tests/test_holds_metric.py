@@ -14,7 +14,6 @@ import types
 
 import dspy
 import pytest
-from support.fakes import FunctionLM
 from support.optimizing import TURNS, compile_tickets
 from support.tickets import RouteTicket, make_splits, metric, task_lm_reply
 

@@ -79,25 +79,33 @@ def _root_adapter(*, last_attempt: bool):
     return dspy.settings.adapter or ChatAdapter(use_json_adapter_fallback=last_attempt)
 
 
-def _append(history: REPLHistory, **fields: str) -> REPLHistory:
+def _append(history: REPLHistory, *, more: str | None = None, **fields: str) -> REPLHistory:
     """``history`` with one more turn, its texts made valid Unicode first: a lone surrogate (half of a character,
     which a sliced string or an LM's escape may hold) is shown escaped, as no provider accepts it in a request. An
-    output is kept to :func:`_kept_output`'s bound (the root LM is shown less of it still)."""
+    output is kept to :func:`_kept_output`'s bound (the root LM is shown less of it still). ``more``: a line added
+    after an output that is already kept (what the pilot ran, the submission), kept to the bound on its own, so the
+    output before it is not cut twice."""
     if "output" in fields:
         fields["output"] = _kept_output(fields["output"], history.max_output_chars)
+        if more is not None:
+            fields["output"] = f"{fields['output']}\n{_kept_output(more, history.max_output_chars)}"
     return history.append(**{name: _valid_text(text) for name, text in fields.items()})
 
 
 def _kept_output(output: Any, max_output_chars: int) -> Any:
     """A cell's output as the history, the trajectory and the run directory keep it: its head and its tail, ten
-    times what the root LM is shown of it (which is a head and a tail too), at least 100,000 characters, after a
-    line with its true length (which the root LM sees first). A cell may print tens of MB: kept whole, every turn
-    of them stayed in the host's memory and on disk."""
+    times what the root LM is shown of it (which is a head and a tail too), at least 100,000 characters in all,
+    after a line with its true length (which the root LM sees first). A cell may print tens of MB: kept whole, every
+    turn of them stayed in the host's memory and on disk. A kept output is within the bound, so keeping it again
+    (a resumed run's turns) leaves it as it is."""
     keep = max(100_000, 10 * max_output_chars)
     if not isinstance(output, str) or len(output) <= keep:
         return output
-    note = f"[this output had {len(output):,} characters: its middle {len(output) - keep:,} were not kept]"
-    return f"{note}\n{output[: keep // 2]}\n\n...\n\n{output[-keep // 2 :]}"
+    separator = "\n\n...\n\n"
+    room = keep - len(separator) - 100  # the note's line is shorter than 100 characters
+    note = f"[this output had {len(output):,} characters: its middle {len(output) - room:,} were not kept]"
+    head = room // 2
+    return f"{note}\n{output[:head]}{separator}{output[-(room - head) :]}"
 
 
 def _valid_text(text: Any) -> Any:
@@ -419,15 +427,16 @@ class OptimizerAgent(dspy.Module):
                 history,
                 reasoning=last.reasoning,
                 code=last.code,
-                output=f"{last.output}\n{PILOT} {NO_PROGRESS}, so the default loop's next phase ran:\n{taken}",
+                output=last.output,
+                more=f"{PILOT} {NO_PROGRESS}, so the default loop's next phase ran:\n{taken}",
             )
         if pilot.submitted is None:
             return result
         last = result.entries[-1]
         outputs, error = self._submission({name: self._current() for name in output_field_names}, output_field_names)
         if error is not None:  # (the working program's own instructions always pass; kept for a custom check)
-            return _append(history, reasoning=last.reasoning, code=last.code, output=f"{last.output}\n{error}")
-        final = _append(history, reasoning=last.reasoning, code=last.code, output=f"{last.output}\nFINAL: {outputs}")
+            return _append(history, reasoning=last.reasoning, code=last.code, output=last.output, more=error)
+        final = _append(history, reasoning=last.reasoning, code=last.code, output=last.output, more=f"FINAL: {outputs}")
         return Prediction(
             **outputs,
             trajectory=[entry.model_dump() for entry in final],

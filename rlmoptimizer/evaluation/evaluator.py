@@ -68,7 +68,9 @@ _PLAIN_TYPES = frozenset({str, int, bool, type(None)})
 def distinct_examples(splits: Sequence[Sequence[Any]]) -> int:
     """How many different examples ``splits`` hold, as the outage rule tells them apart (an example's id in its
     split and its inputs): a validation set that repeats the train set adds nothing."""
-    return len({(i, canonical_json(_json_dict(_inputs_and_labels(ex)[0]))) for split in splits for i, ex in enumerate(split)})
+    return len(
+        {(i, canonical_json(_json_dict(_inputs_and_labels(ex)[0]))) for split in splits for i, ex in enumerate(split)}
+    )
 
 
 def _json_dict(data: dict[str, Any]) -> dict[str, Any]:
@@ -173,7 +175,9 @@ class Evaluator:
         self._scale_noted = False
         # examples in a row, over every evaluation, that got no answer even after their retries (a 5xx, a timeout):
         # an LM that is down fails every minibatch of GEPA's the same way, and no single one is long enough to tell
-        self.max_unanswered_in_a_row = max(1, min(max_unanswered_in_a_row, distinct_examples or max_unanswered_in_a_row))
+        self.max_unanswered_in_a_row = max(
+            1, min(max_unanswered_in_a_row, distinct_examples or max_unanswered_in_a_row)
+        )
         self._unanswered_in_a_row: set[tuple[int, str]] = set()  # the distinct examples of the current streak
         self._unanswered_lock = threading.Lock()  # evaluations may run at once, each under its own batch lock
         self._rollout_lms: dict[int, dspy.BaseLM] = {}

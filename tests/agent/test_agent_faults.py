@@ -346,17 +346,32 @@ def test_the_agents_own_turns_count_toward_max_cost_usd_and_stop_it_once_it_is_s
 
 def test_a_cell_that_prints_megabytes_is_kept_as_its_head_and_tail(tmp_path):
     """Regression: a cell's whole output was kept in the history, the trajectory and the run directory: cells
-    printing 30 MB each grew the host by hundreds of MB and the run directory by 29 MB a turn."""
+    printing 30 MB each grew the host by hundreds of MB and the run directory by 29 MB a turn. In "assist" the
+    pilot's line after such an output did not cut it a second time (two notes, the second with a wrong length)."""
     result = compile_tickets(
         [
             {"reasoning": "dump", "code": "print('START' + 'x' * 3_000_000 + 'END')"},
             SUBMIT_POLICY,
         ],
         run_storage_dir=tmp_path,
+        sub_lm=FunctionLM(lambda messages: json.dumps({"new_instruction": POLICY_PROMPT}), name="proposer"),
+        rlm_autopilot="assist",
     )
     output = result.agent_trajectory[0]["output"]
-    assert output.startswith("[this output had 3,000,009 characters: its middle 2,900,009 were not kept]\nSTART")
-    assert output.rstrip().endswith("END") and 100_000 <= len(output) < 110_000
+    assert output.startswith("[this output had 3,000,009 characters: its middle 2,900,116 were not kept]\nSTART")
+    assert output.count("[this output had") == 1 and output.count("END") == 1
+    printed, pilot = output.split("\n[pilot] ", 1)
+    assert printed.rstrip().endswith("END") and 99_800 < len(printed) <= 100_000  # the bound, note included
+    assert pilot.startswith("this turn spent nothing") and "[this output had" not in pilot
     kept = [path.stat().st_size for path in (tmp_path / "turns").rglob("*") if path.is_file()]
     assert kept and sum(kept) < 1_000_000
     assert result.optimized_dspy_program["route"] == POLICY_PROMPT
+
+
+def test_a_kept_output_is_kept_again_as_it_is():
+    """A resumed run appends its earlier turns again: their outputs, already kept, are not cut a second time."""
+    from rlmoptimizer.agent.agent import _kept_output
+
+    once = _kept_output("a" * 500_000 + "b" * 500_000, max_output_chars=12_000)
+    assert 119_800 < len(once) <= 120_000 and once.startswith("[this output had 1,000,000 characters")
+    assert _kept_output(once, max_output_chars=12_000) == once
