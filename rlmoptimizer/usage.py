@@ -265,15 +265,17 @@ class UsageMeter:
 
     def restore(self, snapshot: dict[str, Any] | None) -> None:
         """Continue counting from a stored :meth:`snapshot` (a resumed run); a cap it reached stays reached at the
-        same ``max_cost_usd``."""
+        same ``max_cost_usd``, and a ``max_cost_usd`` lowered to what was already spent is reached at once."""
         if not snapshot:
             return
         with self._lock:
             for role in ROLES:
                 if isinstance(snapshot.get(role), dict):
                     self._roles[role].load(snapshot[role])
-            if snapshot.get("cap_reached") and snapshot.get("max_cost_usd") == self.max_cost_usd:  # a raised cap: go on
-                spent = sum((t.usd for t in self._roles.values()), Decimal(0))
+            spent = sum((t.usd for t in self._roles.values()), Decimal(0))
+            same_cap = snapshot.get("cap_reached") and snapshot.get("max_cost_usd") == self.max_cost_usd
+            lowered = self.max_cost_usd is not None and spent >= Decimal(repr(float(self.max_cost_usd)))
+            if same_cap or lowered:  # (a raised cap above what was spent: go on)
                 self._cap_reached_at = {"role": None, "spent_usd": float(spent)}
 
     @property

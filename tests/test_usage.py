@@ -157,6 +157,11 @@ def test_a_reached_cap_stays_reached_on_resume_unless_the_cap_was_raised():
     raised = UsageMeter(max_cost_usd=per_call * 10)
     raised.restore(meter.snapshot())
     assert not raised.cap_reached and raised.affordable_units(EVAL, 5) > 0
+    below = UsageMeter(max_cost_usd=per_call * 10)  # a run that had not reached its cap ...
+    below.restore(raised.snapshot())
+    lowered = UsageMeter(max_cost_usd=per_call * 2.5)  # ... resumed with a cap below what it had spent
+    lowered.restore(below.snapshot())
+    assert lowered.spent_all and lowered.cap_reached and "spending cap reached" in lowered.cap_reason
 
 
 def test_spending_the_cap_in_any_role_reaches_it():

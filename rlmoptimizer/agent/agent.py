@@ -261,6 +261,12 @@ class OptimizerAgent(dspy.Module):
                 history = result
 
             setup.result()
+            spent_all = self._run_end.spent_all() if self._run_end is not None else None
+            if spent_all is not None:  # the extraction is a root-LM call too: not made past the cap
+                ended = current_instructions_submitted(
+                    history, output_field_names, f"{spent_all}; the agent ran out of turns"
+                )
+                return self._ended(ended, len(history))
             return self._ended(self._extract_fallback(variables, history, output_field_names), len(history))
 
     def _unusable_root(self, history: REPLHistory, output_field_names: list[str]) -> Prediction:

@@ -344,6 +344,22 @@ def test_the_agents_own_turns_count_toward_max_cost_usd_and_stop_it_once_it_is_s
     assert "spending cap reached" in result.selection["reason"]
 
 
+def test_a_last_turn_that_spends_the_cap_is_not_followed_by_an_extraction_call():
+    """The run out of turns asks the root LM once more to extract its outputs: not once that LM spent the cap."""
+    model = "openai/gpt-4o-mini"
+    per_call = litellm.cost_per_token(model=model, prompt_tokens=100_000, completion_tokens=0)[0]
+    from dspy.lm15 import Usage
+
+    looking = {"reasoning": "look", "code": "print(len(baseline_train['examples']))"}
+    root = FunctionLM(
+        lambda messages: looking, name=model, usage=lambda messages, text: Usage(input_tokens=100_000, output_tokens=0)
+    )
+    result = compile_tickets(root, rlm_max_iterations=2, rlm_autopilot="off", max_cost_usd=per_call * 1.5)
+    assert len(root.calls) == 2  # both turns; the second spent the cap, and no extraction was asked for
+    assert "spending cap reached" in result.agent_final_reasoning and "ran out of turns" in result.agent_final_reasoning
+    assert result.usage["root"]["cost_usd"] == pytest.approx(2 * per_call)
+
+
 def test_a_cell_that_prints_megabytes_is_kept_as_its_head_and_tail(tmp_path):
     """Regression: a cell's whole output was kept in the history, the trajectory and the run directory: cells
     printing 30 MB each grew the host by hundreds of MB and the run directory by 29 MB a turn. In "assist" the
