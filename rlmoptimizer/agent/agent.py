@@ -344,7 +344,8 @@ class OptimizerAgent(dspy.Module):
         sender = self._turn_sender if self._turn_sender is not None and self._turn_sender.takes_turn(root_lm) else None
         refusals = 0
         attempt = 0
-        while attempt < 1 + self._parse_retries:
+        spent_all = self._run_end.spent_all if self._run_end is not None else lambda: None
+        while attempt < 1 + self._parse_retries and not (attempt and spent_all() is not None):  # (a retry is a call)
             shown, step = self._turn_inputs(signature, variables_info, history, iteration)
             try:
                 if sender is not None:
@@ -386,7 +387,7 @@ class OptimizerAgent(dspy.Module):
                 reasoning="(the reply could not be parsed)",
                 code=raw,
                 output=(f"{CUT_OFF_NOTE}\n" if cut else "")
-                + f"[Error] Your last reply could not be parsed after {1 + self._parse_retries} attempts: "
+                + f"[Error] Your last reply could not be parsed after {attempt} attempt(s): "
                 f"{format_error_for_lm(last_error)}. Reply with the output fields exactly as specified "
                 "(reasoning, then code in a ```python block).",
             )

@@ -360,6 +360,22 @@ def test_a_last_turn_that_spends_the_cap_is_not_followed_by_an_extraction_call()
     assert result.usage["root"]["cost_usd"] == pytest.approx(2 * per_call)
 
 
+def test_a_reply_that_does_not_parse_is_not_asked_for_again_once_the_cap_is_spent():
+    model = "openai/gpt-4o-mini"
+    per_call = litellm.cost_per_token(model=model, prompt_tokens=100_000, completion_tokens=0)[0]
+    from dspy.lm15 import Usage
+
+    root = FunctionLM(
+        lambda messages: "no fields here",
+        name=model,
+        usage=lambda messages, text: Usage(input_tokens=100_000, output_tokens=0),
+    )
+    result = compile_tickets(root, rlm_autopilot="off", max_cost_usd=per_call * 1.5)
+    assert len(root.calls) == 2  # the retry that spent the cap, then nothing (a turn has up to 3 attempts)
+    assert "parsed after 2 attempt(s)" in result.agent_trajectory[0]["output"]
+    assert "spending cap reached" in result.agent_final_reasoning
+
+
 def test_a_cell_that_prints_megabytes_is_kept_as_its_head_and_tail(tmp_path):
     """Regression: a cell's whole output was kept in the history, the trajectory and the run directory: cells
     printing 30 MB each grew the host by hundreds of MB and the run directory by 29 MB a turn. In "assist" the
