@@ -128,6 +128,22 @@ def test_a_program_that_raises_the_same_error_on_every_example_is_named_in_a_war
     assert result.selection["baseline_score"] == 0.0
 
 
+def test_a_program_that_raises_on_every_example_with_messages_that_differ_is_named_in_a_warning(caplog):
+    """Regression: the warning needed one and the same message on every example; an error that names its input (a
+    KeyError of a lookup, most errors do) raised on all of them and the run went on without a word."""
+
+    class Lookup(RouteTicket):
+        def forward(self, ticket):
+            self.summarize(ticket=ticket)
+            return {"queue": {}[ticket[:20]]}
+
+    with caplog.at_level("WARNING", logger="rlmoptimizer"):
+        compile_tickets([], student=Lookup(), rlm_autopilot="loop", max_metric_calls=40)
+    warned = [r.getMessage() for r in caplog.records if "The program raised on every one of" in r.getMessage()]
+    assert len(warned) == 1 and "(KeyError on " in warned[0] and "the first: KeyError: " in warned[0]
+    assert "Ctrl-C keeps what was paid" in warned[0]
+
+
 def test_a_metric_that_fails_on_every_answer_the_lm_gives_but_not_on_the_expected_one_does_not_stop_the_run():
     """The same error on every example, but caused by what the program answers (here: a label the metric cannot
     look up): other instructions may fix it, so it is data for the optimizer, not a stop."""

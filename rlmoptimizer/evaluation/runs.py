@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -111,6 +112,9 @@ class Runs:
             )
             return
         errors = {(r.error_kind, r.error) for r in records}
+        if len(errors) > 1 and len(records) >= 3 and {kind for kind, _ in errors} == {PROGRAM_ERROR}:
+            self._warn_program_raised_on_all(run.split, records)
+            return
         if len(errors) != 1 or None in next(iter(errors)):
             return
         [(kind, error)] = errors
@@ -130,6 +134,26 @@ class Runs:
                 "this one hold the error).",
                 where,
             )
+
+    @staticmethod
+    def _warn_program_raised_on_all(split: str, records: Sequence[ExampleResult]) -> None:
+        """Every example raised in the program, with messages that differ (they name the input, as most errors do):
+        the same warning as for one message, with the kinds of error counted."""
+        kinds = Counter((r.error or "").split(":", 1)[0].strip() or "an error" for r in records)
+        if kinds.keys() == {"AdapterParseError"}:
+            return
+        counted = ", ".join(f"{kind} on {n}" for kind, n in kinds.most_common(3))
+        more = f" and {len(kinds) - 3} other kind(s)" if len(kinds) > 3 else ""
+        logger.warning(
+            "The program raised on every one of the %d %s example(s) of the unchanged program (%s%s; the first: %s). "
+            "If that is an error in its code, no instructions can fix it: stop the run (Ctrl-C keeps what was paid), "
+            "fix it, and compile again with a new run_storage_dir (the records of this one hold the errors).",
+            len(records),
+            split,
+            counted,
+            more,
+            (records[0].error or "")[:200],
+        )
 
     @staticmethod
     def _check_threshold_below_scale(split: str, records: Sequence[ExampleResult], threshold: float) -> None:
