@@ -284,6 +284,9 @@ REQUIREMENTS: dict[str, tuple[Requirement, ...]] = {
         Requirement("dspy.primitives.repl_types", "REPLEntry"),
         Requirement("dspy.primitives.repl_types:REPLEntry", "format_output", params=("output", "max_output_chars")),
         Requirement("dspy.clients.backend_selection", "CLIENT_KEYS"),
+        # agent.py: the markers dspy's adapters turn into image (or other media) parts of a request
+        Requirement("dspy.adapters.types.base_type", "CUSTOM_TYPE_START_IDENTIFIER"),
+        Requirement("dspy.adapters.types.base_type", "CUSTOM_TYPE_END_IDENTIFIER"),
         Requirement(_EXC, "format_error_for_lm", params=("error", "traceback_frames")),
     ),
     # The REPL (rlmoptimizer/sandbox/): dspy's Deno/Pyodide PythonInterpreter, subclassed.

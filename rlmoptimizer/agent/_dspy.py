@@ -9,6 +9,7 @@ import below is known to work.
 from __future__ import annotations
 
 from dspy.adapters.chat_adapter import ChatAdapter
+from dspy.adapters.types.base_type import CUSTOM_TYPE_END_IDENTIFIER, CUSTOM_TYPE_START_IDENTIFIER
 from dspy.clients.backend_selection import CLIENT_KEYS
 from dspy.lm15 import Message, Request, Response, request_from_openai_chat
 from dspy.primitives.code_interpreter import CodeExecutionError, FinalOutput, resolve_interpreter_factory
@@ -21,6 +22,8 @@ REQUIRED = REQUIREMENTS["agent"]
 
 __all__ = [
     "CLIENT_KEYS",
+    "CUSTOM_TYPE_END_IDENTIFIER",
+    "CUSTOM_TYPE_START_IDENTIFIER",
     "CodeExecutionError",
     "FinalOutput",
     "REQUIRED",

@@ -56,6 +56,7 @@ from rlmoptimizer.agent.root_lm import TurnSender, cut_off_since, history_mark
 from rlmoptimizer.agent.services import CompileServices, TurnAids, TurnSettings
 from rlmoptimizer.agent.stop import StopRequest, current_instructions_submitted, stop_if_the_sub_lm_is_unusable
 from rlmoptimizer.agent.sub_lm import sub_lm_tools
+from rlmoptimizer.agent.texts import kept_output, valid_text, without_media
 from rlmoptimizer.budget import BudgetLedger
 from rlmoptimizer.events import NO_OBSERVER, AgentTurn
 from rlmoptimizer.records import turn_record
@@ -80,42 +81,15 @@ def _root_adapter(*, last_attempt: bool):
 
 
 def _append(history: REPLHistory, *, more: str | None = None, **fields: str) -> REPLHistory:
-    """``history`` with one more turn, its texts made valid Unicode first: a lone surrogate (half of a character,
-    which a sliced string or an LM's escape may hold) is shown escaped, as no provider accepts it in a request. An
-    output is kept to :func:`_kept_output`'s bound (the root LM is shown less of it still). ``more``: a line added
-    after an output that is already kept (what the pilot ran, the submission), kept to the bound on its own, so the
-    output before it is not cut twice."""
+    """``history`` with one more turn, its texts made valid Unicode and freed of media markers first
+    (:mod:`~rlmoptimizer.agent.texts`). An output is kept to :func:`~rlmoptimizer.agent.texts.kept_output`'s bound
+    (the root LM is shown less of it still). ``more``: a line added after an output that is already kept (what the
+    pilot ran, the submission), kept to the bound on its own, so the output before it is not cut twice."""
     if "output" in fields:
-        fields["output"] = _kept_output(fields["output"], history.max_output_chars)
+        fields["output"] = kept_output(fields["output"], history.max_output_chars)
         if more is not None:
-            fields["output"] = f"{fields['output']}\n{_kept_output(more, history.max_output_chars)}"
-    return history.append(**{name: _valid_text(text) for name, text in fields.items()})
-
-
-def _kept_output(output: Any, max_output_chars: int) -> Any:
-    """A cell's output as the history, the trajectory and the run directory keep it: its head and its tail, ten
-    times what the root LM is shown of it (which is a head and a tail too), at least 100,000 characters in all,
-    after a line with its true length (which the root LM sees first). A cell may print tens of MB: kept whole, every
-    turn of them stayed in the host's memory and on disk. A kept output is within the bound, so keeping it again
-    (a resumed run's turns) leaves it as it is."""
-    keep = max(100_000, 10 * max_output_chars)
-    if not isinstance(output, str) or len(output) <= keep:
-        return output
-    separator = "\n\n...\n\n"
-    room = keep - len(separator) - 100  # the note's line is shorter than 100 characters
-    note = f"[this output had {len(output):,} characters: its middle {len(output) - room:,} were not kept]"
-    head = room // 2
-    return f"{note}\n{output[:head]}{separator}{output[-(room - head) :]}"
-
-
-def _valid_text(text: Any) -> Any:
-    if not isinstance(text, str):
-        return text
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text
+            fields["output"] = f"{fields['output']}\n{kept_output(more, history.max_output_chars)}"
+    return history.append(**{name: valid_text(without_media(text)) for name, text in fields.items()})
 
 
 def _json_object(value: Any) -> Any:
@@ -337,7 +311,7 @@ class OptimizerAgent(dspy.Module):
     def _next_action(self, variables, history, iteration):
         """The root LM's next action; a reply that does not parse is retried, then recorded as an error turn
         (returned as the new REPLHistory)."""
-        variables_info = [variable.format() for variable in variables]
+        variables_info = [without_media(variable.format()) for variable in variables]
         signature = self.generate_action.signature
         last_error: AdapterParseError | None = None
         root_lm = self.generate_action.lm or dspy.settings.lm
@@ -474,7 +448,9 @@ class OptimizerAgent(dspy.Module):
         try:
             logger.warning("The agent reached its turn limit; extracting its final output from its history.")
             with dspy.context(adapter=_root_adapter(last_attempt=True)):
-                extracted = self.extract(variables_info=[v.format() for v in variables], repl_history=shown)
+                extracted = self.extract(
+                    variables_info=[without_media(v.format()) for v in variables], repl_history=shown
+                )
             return Prediction(
                 trajectory=[entry.model_dump() for entry in history],
                 final_reasoning="Extract forced final output",

@@ -41,6 +41,7 @@ from typing import Any
 import dspy
 
 from rlmoptimizer.agent._dspy import ChatAdapter, REPLEntry, REPLHistory
+from rlmoptimizer.agent.texts import without_media
 from rlmoptimizer.errors import exception_chain
 
 logger = logging.getLogger(__name__)
@@ -435,7 +436,7 @@ def turn_inputs(
     the window, and the state block after the iteration (the end of the request, where what changes every turn
     belongs: the history before it is a prefix of the next turn's request)."""
     if state_block is not None:
-        step = f"{step}\n\n{state_block()}"
+        step = f"{step}\n\n{without_media(state_block())}"  # (notes the agent wrote may quote data)
     if context is None:
         return history, step
     adapter = dspy.settings.adapter or ChatAdapter()

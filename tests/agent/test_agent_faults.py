@@ -402,7 +402,7 @@ def test_a_cell_that_prints_megabytes_is_kept_as_its_head_and_tail(tmp_path):
 
 def test_a_kept_output_is_kept_again_as_it_is():
     """A resumed run appends its earlier turns again: their outputs, already kept, are not cut a second time."""
-    from rlmoptimizer.agent.agent import _kept_output
+    from rlmoptimizer.agent.texts import kept_output as _kept_output
 
     once = _kept_output("a" * 500_000 + "b" * 500_000, max_output_chars=12_000)
     assert 119_800 < len(once) <= 120_000 and once.startswith("[this output had 1,000,000 characters")
