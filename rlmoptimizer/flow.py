@@ -138,6 +138,8 @@ class Compile:
             self.metric.identity,
             self.budget_limit,
             config,
+            adapter=dspy.settings.adapter,
+            default_adapter=dspy.ChatAdapter(),
         )
         self.resume = open_run_directory(
             self.journal,

@@ -569,3 +569,19 @@ def test_a_directory_holds_one_attempt(finished_loop, tmp_path):
     again = compile_in(directory, None, task, **loop())
     assert again.optimized_dspy_program == first["optimized_dspy_program"] and not task.calls
     assert json.loads((directory / "manifest.json").read_text())["attempt"] == 0
+
+
+def test_a_resume_under_another_adapter_is_refused_and_dspys_default_named_is_the_same(tmp_path):
+    """Regression: the adapter formats the prompts and parses the answers, yet a run directory resumed under
+    dspy.context(adapter=dspy.JSONAdapter()) reused the ChatAdapter's scores (a baseline of 0.5 where the program
+    under the JSONAdapter scored 1.0)."""
+    first = compile_tickets([], rlm_autopilot="loop", max_metric_calls=60, run_storage_dir=tmp_path)
+    task = FunctionLM(task_lm_reply)
+    with dspy.context(adapter=dspy.JSONAdapter()), pytest.raises(RunDirectoryMismatchError) as refused:
+        compile_tickets([], eval_lm=task, rlm_autopilot="loop", max_metric_calls=60, run_storage_dir=tmp_path)
+    message = str(refused.value)
+    assert "evaluation LM (or adapter)" in message and "adapter.class" in message and "JSONAdapter" in message
+    assert task.calls == []
+    with dspy.context(adapter=dspy.ChatAdapter()):  # what dspy uses when none is set: the same scores
+        again = compile_tickets([], eval_lm=task, rlm_autopilot="loop", max_metric_calls=60, run_storage_dir=tmp_path)
+    assert task.calls == [] and again.optimized_dspy_program == first.optimized_dspy_program

@@ -59,15 +59,35 @@ def lm_identity(lm: Any) -> dict[str, Any]:
     return json.loads(_ADDRESS.sub("", json.dumps(jsonable(identity), sort_keys=True)))
 
 
-def eval_lm_identity(lm: Any, program: Any) -> dict[str, Any]:
+def adapter_identity(adapter: Any) -> dict[str, Any]:
+    """What an adapter's prompts and parsing depend on: its class and its plain settings (JSON or chat format,
+    native function calling, the fallback to JSON)."""
+    settings = {
+        str(k): v
+        for k, v in (vars(adapter) if hasattr(adapter, "__dict__") else {}).items()
+        if not str(k).startswith("_") and isinstance(v, (bool, int, float, str, type(None)))
+    }
+    return {"class": f"{type(adapter).__module__}.{type(adapter).__qualname__}", "settings": settings}
+
+
+def eval_lm_identity(lm: Any, program: Any, adapter: Any = None, default_adapter: Any = None) -> dict[str, Any]:
     """The identity of the LM that runs the program (``lm``), and of every LM pinned to one predictor
-    (``predictor.lm``, which the program uses instead of ``lm`` for that step)."""
+    (``predictor.lm``, which the program uses instead of ``lm`` for that step); and of the adapter in effect
+    (``adapter``: ``dspy.settings.adapter``) when it is not dspy's default one (``default_adapter``), which formats
+    the prompts and parses the answers: a stored score under another one is not this program's."""
     per_step = {
         name: lm_identity(predictor.lm)
         for name, predictor in program.named_predictors()
         if getattr(predictor, "lm", None) is not None
     }
-    return {"lm": lm_identity(lm), "per_step": per_step}
+    identity = {"lm": lm_identity(lm), "per_step": per_step}
+    if adapter is not None and (
+        default_adapter is None or adapter_identity(adapter) != adapter_identity(default_adapter)
+    ):
+        identity["adapter"] = json.loads(
+            _ADDRESS.sub("", json.dumps(jsonable(adapter_identity(adapter)), sort_keys=True))
+        )
+    return identity
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:

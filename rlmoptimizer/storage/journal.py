@@ -165,8 +165,8 @@ class RunJournal:
         listed = "\n".join(f"  - {line}" for line in lines)
         if not allow_change:
             raise RunDirectoryMismatchError(
-                f"run_storage_dir {str(self.directory)!r} holds scores from a different evaluation LM than this "
-                f"compile() uses:\n{listed}\nResuming would reuse the old LM's scores as if the new one had "
+                f"run_storage_dir {str(self.directory)!r} holds scores from a different evaluation LM (or adapter) "
+                f"than this compile() uses:\n{listed}\nResuming would reuse the old LM's scores as if the new one had "
                 "produced them. To start fresh, pass a new run_storage_dir (or move or delete this one); to resume "
                 "with the stored scores anyway, pass RLMDocstringOptimizer(..., allow_eval_lm_change=True)."
             )

@@ -102,16 +102,19 @@ def compile_manifest(
     metric_id: str,
     budget_limit: int,
     config: Any,
+    adapter: Any = None,
+    default_adapter: Any = None,
 ) -> dict[str, Any]:
     """What a run directory belongs to (``manifest.json``): the program's structure and code, the data, the
     evaluation LM, the metric, the budget, ``pass_threshold`` and ``attempt``; ``budget_limit``: the budget's units;
-    ``config``: the optimizer (sized for this compile)."""
+    ``config``: the optimizer (sized for this compile); ``adapter``: the adapter in effect, recorded with the
+    evaluation LM unless it is dspy's default one (``default_adapter``)."""
     return {
         "program": fingerprint_digest(fingerprint),
         "trainset": examples_digest(trainset),
         "valset": examples_digest(valset),
         "examples_digest_version": EXAMPLES_DIGEST_VERSION,
-        "eval_lm": eval_lm_identity(eval_lm, program),
+        "eval_lm": eval_lm_identity(eval_lm, program, adapter, default_adapter),
         "metric": metric_id,
         "program_code": program_code_identity(program),
         "budget_limit": budget_limit,
