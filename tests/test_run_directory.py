@@ -585,3 +585,21 @@ def test_a_resume_under_another_adapter_is_refused_and_dspys_default_named_is_th
     with dspy.context(adapter=dspy.ChatAdapter()):  # what dspy uses when none is set: the same scores
         again = compile_tickets([], eval_lm=task, rlm_autopilot="loop", max_metric_calls=60, run_storage_dir=tmp_path)
     assert task.calls == [] and again.optimized_dspy_program == first.optimized_dspy_program
+
+
+def test_a_resume_from_other_instructions_is_refused_naming_the_steps(tmp_path):
+    """Regression: a finished directory resumed with the student's instructions edited (or with the optimized
+    program) said its baseline run "is missing from its runs/ folder ... Restore the file", though nothing was."""
+    first = compile_tickets([], rlm_autopilot="loop", max_metric_calls=60, run_storage_dir=tmp_path)
+    edited = RouteTicket()
+    edited.route.signature = edited.route.signature.with_instructions("Route the ticket.")
+    task = FunctionLM(task_lm_reply)
+    with pytest.raises(RunDirectoryMismatchError) as refused:
+        compile_tickets(
+            [], student=edited, eval_lm=task, rlm_autopilot="loop", max_metric_calls=60, run_storage_dir=tmp_path
+        )
+    message = str(refused.value)
+    assert "started from other instructions" in message and "step(s) 'route' differ" in message
+    assert "missing" not in message and "new run_storage_dir" in message and task.calls == []
+    again = compile_tickets([], eval_lm=task, rlm_autopilot="loop", max_metric_calls=60, run_storage_dir=tmp_path)
+    assert task.calls == [] and again.optimized_dspy_program == first.optimized_dspy_program

@@ -126,6 +126,7 @@ class RunJournal:
                     f" {hints[key](stored[key])}" for key in different if key in (hints or {}) and stored.get(key)
                 )
             )
+        self._check_starting_instructions(stored, manifest)
         stored_attempt, attempt = stored.get("attempt"), manifest.get("attempt")
         if stored_attempt is not None and attempt is not None and stored_attempt != attempt:
             raise RunDirectoryMismatchError(
@@ -156,6 +157,21 @@ class RunJournal:
                     raise
                 logger.warning("Could not record the change in %s (%s); the directory is read-only.", path, exc)
         return True
+
+    def _check_starting_instructions(self, stored: dict[str, Any], manifest: dict[str, Any]) -> None:
+        """The program's instructions must be those the run started from (a directory written before they were
+        recorded is not checked): its baseline, its floor and every comparison are of those."""
+        old, new = stored.get("starting_instructions"), manifest.get("starting_instructions")
+        if old is None or new is None or old == new:
+            return
+        steps = sorted(step for step in set(old) | set(new) if old.get(step) != new.get(step))
+        raise RunDirectoryMismatchError(
+            f"run_storage_dir {str(self.directory)!r} holds a run that started from other instructions: those of "
+            f"step(s) {', '.join(repr(s) for s in steps)} differ from the program passed now (its baseline, the "
+            "result's floor and every comparison are of the instructions it started from). To resume it, pass the "
+            "program as it was then; to optimize from the new instructions (an optimized program included), use a "
+            "new run_storage_dir."
+        )
 
     def _check_eval_lm(self, stored: dict[str, Any], identity: dict[str, Any], allow_change: bool) -> dict[str, Any]:
         old = stored.get("eval_lm") or {}  # a manifest without one names every setting as changed

@@ -20,7 +20,9 @@ from rlmoptimizer.fingerprint import (
     EXAMPLES_DIGEST_VERSION,
     examples_digest,
     fingerprint_digest,
+    get_instructions,
     program_code_identity,
+    sha256_json,
 )
 from rlmoptimizer.records import EvalRun
 from rlmoptimizer.storage.identity import eval_lm_identity
@@ -111,6 +113,7 @@ def compile_manifest(
     evaluation LM unless it is dspy's default one (``default_adapter``)."""
     return {
         "program": fingerprint_digest(fingerprint),
+        "starting_instructions": {step: sha256_json(text)[:16] for step, text in get_instructions(program).items()},
         "trainset": examples_digest(trainset),
         "valset": examples_digest(valset),
         "examples_digest_version": EXAMPLES_DIGEST_VERSION,
