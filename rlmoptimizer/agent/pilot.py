@@ -96,6 +96,7 @@ class Pilot:
         self.progress = progress
         self.tools: Any = None
         self.submitted: str | None = None  # why the policy submitted, once it has
+        self.refused: str | None = None  # the last phase's refused action and why (a failing sub LM, the budget)
 
     def record(self, outcome: Outcome) -> None:
         """A move's outcome, from the tool that made it."""
@@ -118,6 +119,7 @@ class Pilot:
         lines: list[str] = []
         first: Action | None = None
         before: tuple | None = None
+        self.refused = None
         while self.submitted is None and len(ran) < MAX_ACTIONS:
             state = self.state()
             action = next_action(state)
@@ -133,6 +135,8 @@ class Pilot:
                 lines.append(f"{action.call} -> {self._take(action)}")
             except AgentToolError as exc:
                 lines.append(f"{action.call} -> refused: {exc}")
+                why = str(exc)
+                self.refused = f"{action.call} was refused: {why if len(why) <= 300 else why[:300] + ' ...'}"
                 break
         summary = "\n".join(lines) or "nothing to do"
         if self.submitted is not None:
@@ -226,7 +230,9 @@ def run_loop(
                 pilot.submitted = f"the loop's phase failed ({type(exc).__name__})"
             services.stop.raise_if_requested()
             if pilot.submitted is None and pilot.progress() == before:
-                pilot.submitted = "the loop's last phase changed nothing"
+                pilot.submitted = "the loop's last phase changed nothing" + (
+                    f" ({pilot.refused})" if pilot.refused else ""
+                )
         final = pilot.submitted is not None
         if final and not report["summary"].endswith(f"({pilot.submitted})."):
             report["summary"] += f"\nThe run ends with the current instructions ({pilot.submitted})."

@@ -108,6 +108,21 @@ def test_a_sub_lm_whose_proposals_never_parse_ends_the_loop_instead_of_being_ask
     assert result.agent_trajectory[-1]["final"] and result.budget["left"] > result.budget["limit"] / 2
 
 
+def test_a_loop_ended_by_a_refused_move_says_which_and_why(monkeypatch):
+    """Regression: a sub LM failing every call with an error not known to be permanent ended the loop with "the
+    loop's last phase changed nothing" and no word of the failure in the result."""
+    no_sandbox(monkeypatch)
+
+    def broken(messages):
+        return RuntimeError("proxy said: 407 Proxy Authentication Required")
+
+    result = compile_tickets(FunctionLM(never_called), sub_lm=FunctionLM(broken, name="sub"), rlm_autopilot="loop")
+    why = result.agent_final_reasoning
+    assert "the loop's last phase changed nothing (run_gepa(" in why and "was refused: " in why
+    assert "407 Proxy Authentication Required" in why
+    assert result.route.signature.instructions == ORIGINAL_ROUTE
+
+
 def test_a_budget_that_pays_targeted_rounds_gets_them_in_a_step_of_their_own(monkeypatch):
     no_sandbox(monkeypatch)
 
