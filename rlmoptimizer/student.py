@@ -21,11 +21,21 @@ _EXAMPLE_FIX = 'dspy.Example(question=..., answer=...).with_inputs("question")'
 
 
 def check_program(program: Any) -> None:
-    """Raise :class:`ConfigurationError` unless ``program`` is a ``dspy.Module`` with at least one predictor."""
+    """Raise :class:`ConfigurationError` unless ``program`` is a ``dspy.Module`` with a ``forward`` (not only an
+    ``aforward``) and at least one predictor."""
     if not isinstance(program, dspy.Module):
         raise ConfigurationError(
             f"the program must be a dspy.Module (e.g. dspy.ChainOfThought('question -> answer') or your own "
             f"dspy.Module subclass), got {type(program).__name__}"
+        )
+    if not callable(getattr(program, "forward", None)):
+        has_async = callable(getattr(program, "aforward", None))
+        raise ConfigurationError(
+            f"the program {type(program).__name__} has no forward method"
+            + (", only aforward" if has_async else "")
+            + ": compile() runs the program as dspy.Evaluate does, by calling it, which calls forward. Define "
+            "forward(self, ...) calling the same steps"
+            + (" (dspy.Predict and dspy.ChainOfThought have both forms)." if has_async else ".")
         )
     if not program.named_predictors():
         raise ConfigurationError(

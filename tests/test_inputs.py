@@ -23,6 +23,17 @@ def test_check_program_rejects_non_modules_and_modules_without_predictors():
     with pytest.raises(ConfigurationError, match="no predictors"):
         check_program(NoSteps())
 
+    class AsyncOnly(dspy.Module):  # regression: it ran, raised AttributeError on every example, and was paid for
+        def __init__(self):
+            super().__init__()
+            self.answer = dspy.Predict("question -> answer")
+
+        async def aforward(self, question):
+            return await self.answer.acall(question=question)
+
+    with pytest.raises(ConfigurationError, match="has no forward method, only aforward: .* Define forward"):
+        check_program(AsyncOnly())
+
 
 def test_check_examples_names_the_bad_index_and_shows_the_fix():
     good = examples(3)
