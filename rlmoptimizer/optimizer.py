@@ -11,6 +11,7 @@ May import: every room.
 from __future__ import annotations
 
 import copy
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,8 @@ from rlmoptimizer.metric import Metric
 from rlmoptimizer.report import check_use_mlflow
 from rlmoptimizer.sandbox.limits import instructions as sandbox_rules
 from rlmoptimizer.student import check_examples, check_program
+
+logger = logging.getLogger(__name__)
 
 
 class RLMDocstringOptimizer(CostEstimation, Teleprompter):
@@ -64,7 +67,8 @@ class RLMDocstringOptimizer(CostEstimation, Teleprompter):
     Args:
         metric: ``metric(example, pred, trace=None)``, or GEPA's form with 5 arguments, returning a bool, any
             finite number, or ``dspy.Prediction(score=..., feedback=...)``. The one argument that may come first
-            without its name, as in ``dspy.GEPA(metric, ...)``; here or to ``compile()``, which wins.
+            without its name, as in ``dspy.GEPA(metric, ...)``; here or to ``compile()``, which wins (with a warning when
+            both are given).
         max_iterations: Budget multiplier: the agent may spend ``max_iterations * len(trainset) +
             len(valset)`` units, the baselines free. 5 when no budget is given (one of the four at most).
         max_metric_calls: Instead of ``max_iterations``, the budget in metric calls as ``dspy.GEPA`` counts
@@ -196,6 +200,11 @@ class RLMDocstringOptimizer(CostEstimation, Teleprompter):
         **kwargs: Any,
     ) -> dspy.Module:
         """Return a copy of ``student`` with optimized instructions and the result attributes attached."""
+        if metric is not None and self.metric is not None and metric is not self.metric:
+            logger.warning(
+                "A metric was given to RLMDocstringOptimizer(...) and another to compile(): compile()'s (%s) is used.",
+                getattr(metric, "__name__", type(metric).__name__),
+            )
         metric = metric if metric is not None else self.metric
         check_compile_args(teacher, kwargs, metric)
         metric = Metric(metric, metric_id=metric_id if metric_id is not None else self.metric_id)

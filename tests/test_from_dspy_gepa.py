@@ -178,3 +178,28 @@ def test_a_metric_in_gepas_form_gives_each_step_its_own_feedback_on_train_only(t
     }
     assert steps["train"] and all(s.get("feedback", "").startswith(("ROUTE", "SUMMARY")) for s in steps["train"])
     assert steps["val"] and not any("feedback" in s for s in steps["val"])  # validation is never reflected on
+
+
+def test_a_metric_given_to_the_constructor_and_another_to_compile_is_warned_about_and_compiles_is_used(caplog):
+    constructor_calls, compile_calls = [], []
+
+    def constructor_metric(gold, pred, trace=None):
+        constructor_calls.append(1)
+        return 0.0
+
+    def compile_metric(gold, pred, trace=None):
+        compile_calls.append(1)
+        return float(gold.queue == pred.queue)
+
+    train, val = make_splits()
+    optimizer = RLMDocstringOptimizer(
+        constructor_metric,
+        sub_lm=proposer(POLICY_PROMPT),
+        eval_lm=FunctionLM(task_lm_reply),
+        rlm_autopilot="loop",
+        max_metric_calls=60,
+    )
+    with caplog.at_level("WARNING", logger="rlmoptimizer"):
+        optimizer.compile(RouteTicket(), trainset=train, valset=val, metric=compile_metric)
+    assert "compile()'s (compile_metric) is used" in caplog.text
+    assert compile_calls and not constructor_calls
