@@ -340,6 +340,7 @@ class BudgetView:
     analysis_prompts: int = 0  # the sub-LM prompts an analysis of the failing train examples costs at most (0: none)
     confirmable: int = 0  # the current instructions lead the unchanged program on validation without a clear gain:
     # the fresh train examples the budget pays to confirm it (0: nothing to confirm, or nothing paid)
+    unfinished_gepa: int | None = None  # the budget of a GEPA run an earlier process was killed in (replayed with it)
 
 
 @dataclass(frozen=True)
@@ -443,7 +444,7 @@ def next_action(state: LoopState) -> Action:
     if memory.trial is not None and not budget.val_size and budget.left >= 2 * budget.train_size:
         return Compare((memory.trial,), tuple(range(budget.train_size)))  # train is the selection split: all of it
     if not memory.gepa_ran:
-        return RunGepa(gepa_budget(budget))
+        return RunGepa(budget.unfinished_gepa or gepa_budget(budget))
     free = budget.left - budget.reserve  # what moves may spend
     pending = memory.pending
     if pending is not None and free > 0:

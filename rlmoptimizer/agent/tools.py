@@ -217,6 +217,7 @@ class AgentTools:
             train_size=train_size,
             analysis_prompts=prompts_for(failing),
             confirmable=self.moves.confirmable(self.working.initial),
+            unfinished_gepa=self.moves.unfinished_gepa_budget(),
         )
 
     def _progress(self) -> tuple[int, ...]:

@@ -24,7 +24,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from rlmoptimizer.fingerprint import canonical_json, demos_key, instructions_digest
+from rlmoptimizer.fingerprint import canonical_json, demos_key, instructions_digest, sha256_json
 from rlmoptimizer.moves.context import MoveContext, refuse
 from rlmoptimizer.records import ExampleResult
 
@@ -85,7 +85,10 @@ class DemoMoves(MoveContext):
         source, by_id = self._demo_source(run_id)
         records = [r for r in by_id.values() if r.reusable]
         usable = [r for r in records if not r.passed or all(self._call(r, s) for s in steps)]
-        chosen = choose_demos(usable, k, seed=len(self.proposals))
+        # drawn from what it is drawn from (a count of candidates, which a killed process had changed, drew others
+        # on resume, and the comparison then paid for other examples): the same state gives the same candidate
+        state = sha256_json([instructions_digest(self._current()), steps, k, sorted(r.example_id for r in usable)])
+        chosen = choose_demos(usable, k, seed=int(state[:16], 16))
         if not chosen:
             raise refuse(
                 f"propose_demos: {source} hold no passing example with a trace of {steps}",
@@ -96,12 +99,16 @@ class DemoMoves(MoveContext):
             demos = [{**self._call(by_id[i], name).inputs, **self._call(by_id[i], name).outputs} for i in chosen]
             mapping[demos_key(name)] = canonical_json(demos)
         with self._naming:
-            self.demo_calls = getattr(self, "demo_calls", 0) + 1
-            candidate = f"demos-{self.demo_calls}"
-            while candidate in self.proposals:
-                self.demo_calls += 1
+            same = [name for name, known in self.proposals.items() if name.startswith("demos-") and known == mapping]
+            if same:  # proposed before (in this process, or in one a resume continues): the same candidate
+                candidate = same[0]
+            else:
+                self.demo_calls = getattr(self, "demo_calls", 0) + 1
                 candidate = f"demos-{self.demo_calls}"
-            self.proposals[candidate] = mapping
+                while candidate in self.proposals:
+                    self.demo_calls += 1
+                    candidate = f"demos-{self.demo_calls}"
+                self.proposals[candidate] = mapping
         self.lineage[candidate] = {
             "parents": [self.name_of(self._current())],
             "move": "propose_demos",

@@ -179,6 +179,15 @@ class GepaMoves(AnalysisMoves):
             self.lineage[candidate_id] = lineage
         return candidate_id
 
+    def unfinished_gepa_budget(self) -> int | None:
+        """The budget of the next GEPA run when an earlier process of this compile was killed in the middle of it:
+        asked for with that budget, it is replayed (its paid work free) and goes on with what is left of it; asked
+        for with another, it would start anew and drop what the killed run found."""
+        earlier = (self.gepa_hooks.progress if self.gepa_hooks is not None else {}).get(
+            f"gepa run {self.gepa_runs + 1}"
+        )
+        return int(earlier["budget"]) if earlier and not earlier["finished"] else None
+
     def run_gepa(self, spec: GepaSpec) -> dict[str, Any]:
         """Run gepa's engine as ``spec`` says, wired to the compile by :attr:`gepa_hooks`. A run killed in the middle
         is replayed on resume under the same name and takes only what is left of its budget (its replayed
@@ -237,8 +246,24 @@ class GepaMoves(AnalysisMoves):
         trainset = [("train", i) for i in train_ids]
         valset = [("val", i) for i in val_ids] if uses_val else trainset
 
+        # what was taken of the slice when each of the killed run's stop checks was made: its replay makes each
+        # check as the killed run made it (the slice's own 'left' already counts all the killed run took)
+        # and the units it had spent on evaluations there, so that its replayed iterations (free) are not idle
+        earlier_checks = [int(u) for u in (earlier or {}).get("checks", ())] if taken else []
+        earlier_evaluations = [int(u) for u in (earlier or {}).get("evaluations", ())] if taken else []
+        if len(earlier_evaluations) != len(earlier_checks):
+            earlier_checks, earlier_evaluations = [], []
+        checks: list[int] = []
+        evaluations: list[int] = []
+
         def record(units: int, finished: bool = False) -> None:
-            kept[run_name] = {"budget": budget, "taken": units, "finished": finished}
+            kept[run_name] = {
+                "budget": budget,
+                "taken": units,
+                "finished": finished,
+                "checks": list(checks),
+                "evaluations": list(evaluations),
+            }
             keep(kept)
 
         slice_ = Slice(self.ledger, budget, taken=taken, on_change=record)
@@ -269,10 +294,20 @@ class GepaMoves(AnalysisMoves):
             return proposals_per_iteration * (min(batch, unstored) + reflection_cost + batch) + len(valset)
 
         def too_little(state: Any) -> str | None:
-            caught_up = not taken or slice_.spent or reflection.calls
-            if caught_up and slice_.left < (cost := keep_cost(state)):
+            index = len(checks)
+            if index < len(earlier_checks):  # replayed: the check the killed run made here
+                checks.append(earlier_checks[index])
+                evaluations.append(earlier_evaluations[index])
+                left, caught_up = budget - earlier_checks[index], True
+            else:
+                checks.append(slice_.units - slice_.left)
+                evaluations.append((earlier_evaluations[-1] if earlier_evaluations else 0) + slice_.evaluations)
+                left = slice_.left
+                # (a run killed before its checks were kept: no check until the replay pays or asks something new)
+                caught_up = not taken or bool(earlier_checks) or slice_.spent or reflection.calls
+            if caught_up and left < (cost := keep_cost(state)):
                 return (
-                    f"the {slice_.left} unit(s) left cannot pay a child that could be kept (its parent's minibatch, "
+                    f"the {left} unit(s) left cannot pay a child that could be kept (its parent's minibatch, "
                     + ("its reflection, " if reflection_cost else "")
                     + f"its own and the {len(valset)} {'validation' if uses_val else 'train'} examples it is scored "
                     f"on: {cost}); "
@@ -282,7 +317,8 @@ class GepaMoves(AnalysisMoves):
 
         watch = _Watch(
             lambda: (
-                slice_.evaluations,  # (a reflection paid from the units is no evaluation)
+                # (a reflection paid from the units is no evaluation; a replayed one counts as the killed run paid it)
+                evaluations[-1] if evaluations else slice_.evaluations,
                 len(reflection.texts),
                 reflection.calls + reflection.replayed,
             ),

@@ -19,7 +19,7 @@ import dspy
 
 from rlmoptimizer.budget import SUB_LM_CALL, Reservation
 from rlmoptimizer.evaluation.lm_failures import classify_lm_failure, failure_summary
-from rlmoptimizer.fingerprint import instructions_digest
+from rlmoptimizer.fingerprint import instructions_digest, sha256_json
 from rlmoptimizer.moves._dspy import InstructionProposer
 from rlmoptimizer.moves.analysis import AnalysisMoves, group_guidance
 from rlmoptimizer.moves.context import (
@@ -226,7 +226,7 @@ class ProposalMoves(AnalysisMoves):
             "step": step,
             "from": source,
             "example_ids": used,
-            "check_ids": checked + self._others(checked),
+            "check_ids": checked + self._others(checked, unique),
             **({"made_for": made_for} if made_for else {}),
             "texts": unique,
             "candidates": [{step: text} for text in unique],
@@ -296,11 +296,13 @@ class ProposalMoves(AnalysisMoves):
                 self.kept_proposals = AnswerStore(directory, name=PROPOSALS)
             return self.kept_proposals
 
-    def _others(self, used: list[int]) -> list[int]:
+    def _others(self, used: list[int], texts: list[str]) -> list[int]:
         """A random sample of other train ids, as many as ``used`` (at least 5): the check that a proposal
-        fixing these failures breaks nothing else. Reproducible for a given number of stored runs."""
+        fixing these failures breaks nothing else. Drawn from the proposal itself (its examples and texts): the same
+        proposal replayed after a resume draws the same ids, whose stored records are then reused, not paid again
+        (a count of stored runs, which the killed process had changed, drew others)."""
         rest = [i for i in range(len(self.runs.splits["train"])) if i not in set(used)]
-        rng = random.Random(len(self.runs.all()))
+        rng = random.Random(int(sha256_json([sorted(used), texts])[:16], 16))
         return sorted(rng.sample(rest, min(len(rest), max(5, len(used)))))
 
     def _select_records(

@@ -66,8 +66,9 @@ def write_candidates(
 
 
 def read_gepa_progress(directory: str | Path | None) -> dict[str, dict[str, Any]]:
-    """``{GEPA run name: {"budget", "taken" (units paid or reserved), "finished"}}`` as kept in ``directory``;
-    empty when there is none (entries of another shape are dropped)."""
+    """``{GEPA run name: {"budget", "taken" (units paid or reserved), "finished", "checks" (what was taken at each of
+    its stop checks, so that a replay makes them as it did), "evaluations" (what it had spent on evaluations at each)}}`` as kept in ``directory``; empty when there is none
+    (entries of another shape are dropped; "checks" is empty when unknown)."""
     if directory is None:
         return {}
     try:
@@ -80,8 +81,17 @@ def read_gepa_progress(directory: str | Path | None) -> dict[str, dict[str, Any]
     def count(value: Any) -> bool:
         return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
+    def checks(value: Any) -> list[int]:
+        return [int(v) for v in value] if isinstance(value, list) and all(count(v) for v in value) else []
+
     return {
-        name: {"budget": entry["budget"], "taken": entry["taken"], "finished": entry["finished"]}
+        name: {
+            "budget": entry["budget"],
+            "taken": entry["taken"],
+            "finished": entry["finished"],
+            "checks": checks(entry.get("checks")),
+            "evaluations": checks(entry.get("evaluations")),
+        }
         for name, entry in data.items()
         if isinstance(name, str)
         and isinstance(entry, dict)

@@ -1,0 +1,87 @@
+"""A loop-mode compile interrupted anywhere and resumed pays what one uninterrupted run pays and returns what it
+returns: the resumed turn draws the same examples for its comparisons and the same demos, and a GEPA run cut off
+in the middle goes on with its own budget, its paid work replayed.
+
+Regressions: the comparison sample was seeded by the number of stored runs and the demos by the number of
+candidates, both changed by the interrupted process, so the resumed turn paid for other examples (83 units where
+one run paid 66); the policy asked for GEPA with the budget left, not the interrupted run's, so that run started
+anew and the child it had found and paid for was dropped."""
+
+from __future__ import annotations
+
+import _thread
+import hashlib
+import json
+import threading
+
+import pytest
+from support.tickets import RouteTicket, make_splits, metric, task_lm_reply
+
+from rlmoptimizer import OptimizationInterrupted, RLMDocstringOptimizer
+from rlmoptimizer.testing import FunctionLM, last_user_text
+
+VARIANTS = (
+    "Route by topic. Any chargeback goes to disputes.",
+    "Route by topic. An unknown login goes to security.",
+    "Choose billing, technical, how-to, disputes or security by the main topic.",
+)
+
+
+def digest(text: str) -> int:
+    return int(hashlib.sha1(text.encode()).hexdigest(), 16)
+
+
+class Lms:
+    """Deterministic task and reflection LMs; the task LM interrupts the main thread at its ``interrupt_at``-th
+    call, as Ctrl-C does."""
+
+    def __init__(self, interrupt_at: int | None = None) -> None:
+        self.interrupt_at, self.eval_calls, self.lock = interrupt_at, 0, threading.Lock()
+        self.eval = FunctionLM(self._task, name="task")
+        self.sub = FunctionLM(self._reflect, name="reflection")
+
+    def _task(self, messages):
+        with self.lock:
+            self.eval_calls += 1
+            if self.eval_calls == self.interrupt_at:
+                _thread.interrupt_main()
+        user = last_user_text(messages)
+        if "[[ ## summary ## ]]" in user and digest(user.split("[[ ## summary ## ]]", 1)[1][:80]) % 4 == 0:
+            return {"queue": "unknown"}  # a quarter of the tickets fail whatever the instructions
+        return task_lm_reply(messages)
+
+    def _reflect(self, messages):
+        text = json.dumps(messages, sort_keys=True, default=str)
+        parts = ["Route the summary by topic."] + (["Any chargeback goes to disputes."] if "chargeback" in text else [])
+        return json.dumps({"new_instruction": " ".join([*parts, VARIANTS[digest(text) % len(VARIANTS)]])})
+
+    def compile(self, directory, max_metric_calls: int):
+        train, val = make_splits()
+        optimizer = RLMDocstringOptimizer(
+            rlm_autopilot="loop",
+            max_metric_calls=max_metric_calls,
+            sub_lm=self.sub,
+            eval_lm=self.eval,
+            run_storage_dir=directory,
+            num_threads=1,
+        )
+        return optimizer.compile(student=RouteTicket(), trainset=train, valset=val, metric=metric)
+
+
+@pytest.mark.parametrize(
+    ("max_metric_calls", "where"),
+    [(150, "the comparisons after GEPA"), (150, "a GEPA iteration"), (40, "GEPA's check of its child")],
+)
+def test_an_interrupted_loop_resumed_pays_what_one_run_pays(tmp_path, max_metric_calls, where):
+    whole = Lms()
+    reference = whole.compile(tmp_path / "whole", max_metric_calls)
+    at = {"the comparisons after GEPA": whole.eval_calls - 1, "a GEPA iteration": 88, "GEPA's check of its child": 60}
+    first = Lms(interrupt_at=at[where])
+    with pytest.raises(OptimizationInterrupted):
+        first.compile(tmp_path / "cut", max_metric_calls)
+    second = Lms()
+    resumed = second.compile(tmp_path / "cut", max_metric_calls)
+    assert resumed.budget["spent"] == reference.budget["spent"]
+    assert first.eval_calls + second.eval_calls <= whole.eval_calls + 2  # (the example under way when cut: 2 calls)
+    assert resumed.optimized_dspy_program == reference.optimized_dspy_program
+    assert resumed.selection["chosen_score"] == reference.selection["chosen_score"]
