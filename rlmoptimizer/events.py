@@ -22,6 +22,7 @@ EvaluationStarted      ``evaluation.runs.Runs`` before it evaluates a program on
 ExampleEvaluated       ``evaluation.runs.Runs``, for each newly evaluated example, before it is charged
 EvaluationFinished     ``evaluation.runs.Runs`` once the run is saved (also a run cut short)
 PromptUpdated          ``agent.working_program.WorkingProgram`` for each new prompt version
+AgentReplied           ``agent.agent.OptimizerAgent`` when the root LM answered a turn, before its code runs
 AgentTurn              ``agent.agent.OptimizerAgent`` for each turn, as soon as it exists
 SubLMAnswered          ``agent.sub_lm`` after each ``llm_query`` / ``llm_query_batched`` it charged, and
                        ``moves.proposal.ask_proposer`` as each sub-LM call of a move (a proposal, a GEPA
@@ -109,6 +110,15 @@ class AgentTurn(_Snapshot):
 
     turn: dict[str, Any]
     budget: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class AgentReplied(_Snapshot):
+    """The root LM answered a turn and its code is about to run: ``reply`` is ``{"iteration", "reasoning",
+    "code"}``. Kept until the turn ends, so a turn cut off while its code ran is resumed with the same reply, not
+    paid for again."""
+
+    reply: dict[str, Any]
 
 
 @dataclass(frozen=True)

@@ -319,6 +319,7 @@ class Compile:
                 self.working.step_names,
             ),
             prior_turns=self.resume.turns,
+            pending_reply=self.resume.pending_reply,
         )
         brief = render_task_brief(
             {name: str(p.signature.signature) for name, p in self.program.named_predictors()},

@@ -3,6 +3,7 @@ another compile is refused; systemic faults stop the run with an error that says
 
 from __future__ import annotations
 
+import _thread
 import json
 import signal
 import threading
@@ -203,3 +204,34 @@ def test_an_unusable_sub_lm_stops_the_run_naming_it_and_a_resume_with_a_working_
 
     resumed = compile_in(tmp_path, None, FunctionLM(task_lm_reply), sub_lm=proposer(POLICY_PROMPT), **loop)
     assert resumed.route.signature.instructions == POLICY_PROMPT
+
+
+def test_a_turn_cut_off_while_its_code_ran_resumes_with_the_same_reply_unpaid(tmp_path):
+    """Regression: the root LM's reply of the turn under way was kept only with the turn, so a Ctrl-C (or a kill)
+    while its code ran asked the root LM again on resume: a second charge for that turn (usually the largest
+    request of all), and a real LM may well write other code the second time."""
+    whole = scripted_agent(TURNS)
+    reference = compile_in(tmp_path / "whole", whole, FunctionLM(task_lm_reply))
+    baselines = 2 * sum(len(split) for split in make_splits())  # two steps an example
+    calls = {"n": 0}
+
+    def interrupted(messages):  # Ctrl-C at the first evaluation after the baselines: inside a turn's code
+        calls["n"] += 1
+        if calls["n"] == baselines + 1:
+            _thread.interrupt_main()
+        return task_lm_reply(messages)
+
+    first = scripted_agent(TURNS)
+    with pytest.raises(OptimizationInterrupted):
+        compile_in(tmp_path / "cut", first, FunctionLM(interrupted), num_threads=1)
+    pending = json.loads((tmp_path / "cut" / "pending_reply.json").read_text())
+    turn = pending["iteration"]
+    assert pending["code"] == TURNS[turn - 1]["code"] and len(first.calls) == turn
+    assert len(list((tmp_path / "cut" / "turns").glob("*.json"))) == turn - 1
+
+    second = scripted_agent(TURNS)
+    result = compile_in(tmp_path / "cut", second, FunctionLM(task_lm_reply))
+    assert len(first.calls) + len(second.calls) == len(whole.calls)  # that turn's reply was not asked for again
+    assert [t["code"] for t in result.agent_trajectory] == [t["code"] for t in reference.agent_trajectory]
+    assert result.optimized_dspy_program == reference.optimized_dspy_program
+    assert not (tmp_path / "cut" / "pending_reply.json").exists()

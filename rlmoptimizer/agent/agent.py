@@ -58,7 +58,7 @@ from rlmoptimizer.agent.stop import StopRequest, current_instructions_submitted,
 from rlmoptimizer.agent.sub_lm import sub_lm_tools
 from rlmoptimizer.agent.texts import kept_output, valid_text, without_media
 from rlmoptimizer.budget import BudgetLedger
-from rlmoptimizer.events import NO_OBSERVER, AgentTurn
+from rlmoptimizer.events import NO_OBSERVER, AgentReplied, AgentTurn
 from rlmoptimizer.records import turn_record
 from rlmoptimizer.storage.answers import AnswerStore
 
@@ -123,10 +123,12 @@ class OptimizerAgent(dspy.Module):
         interpreter_factory: Callable[[], CodeInterpreter] | None = None,
         setup_code: str = "",
         prior_turns: Sequence[dict[str, Any]] = (),
+        pending_reply: dict[str, Any] | None = None,
     ) -> None:
         """``services``: the compile the agent works for (its ledger pays the sub-LM calls, its observer hears of
         every turn, its stop request ends the loop, its working program checks the submission); None for an agent
-        that only measures its requests (no sub-LM budget). ``aids``: what a long run adds to each turn."""
+        that only measures its requests (no sub-LM budget). ``aids``: what a long run adds to each turn.
+        ``pending_reply``: the root LM's reply of a turn an earlier process was cut off in (it runs again, unpaid)."""
         super().__init__()
         settings = settings or TurnSettings()
         aids = aids or TurnAids()
@@ -160,6 +162,7 @@ class OptimizerAgent(dspy.Module):
         self._observer = services.observer if services is not None else NO_OBSERVER
         self._stop = services.stop if services is not None else StopRequest()
         self._prior_turns = [dict(t) for t in prior_turns]
+        self._pending_reply = dict(pending_reply) if pending_reply else None
         self.turns: list[dict[str, Any]] = [dict(t) for t in prior_turns]
         self._parse_retries = settings.parse_retries
         self._validate_submission = services.working.validate_submission if services is not None else None
@@ -213,7 +216,7 @@ class OptimizerAgent(dspy.Module):
                 if unparsed >= UNPARSED_TURNS:
                     setup.result()
                     return self._ended(self._unusable_root(history, output_field_names), iteration)
-                action = self._next_action(variables, history, iteration)
+                action = self._reply(variables, history, iteration)
                 if regular_args is None:
                     regular_args = setup.result()
                 if isinstance(action, REPLHistory):  # a reply that never parsed, recorded as an error turn
@@ -307,6 +310,19 @@ class OptimizerAgent(dspy.Module):
         if callable(mark):
             mark()
         return regular_args
+
+    def _reply(self, variables, history, iteration):
+        """The turn's action: the reply an earlier process got for this turn and was cut off while running (not
+        asked for again), else the root LM's (:meth:`_next_action`), kept before its code runs."""
+        pending, self._pending_reply = self._pending_reply, None
+        if pending is not None and pending["iteration"] == iteration + 1:
+            logger.info("Turn %d: running the root LM's reply again (its turn was cut off).", iteration + 1)
+            return Prediction(reasoning=pending["reasoning"], code=pending["code"])
+        action = self._next_action(variables, history, iteration)
+        if not isinstance(action, REPLHistory):
+            reply = {"iteration": iteration + 1, "reasoning": str(action.reasoning), "code": str(action.code)}
+            self._observer.on_event(AgentReplied(reply))
+        return action
 
     def _next_action(self, variables, history, iteration):
         """The root LM's next action; a reply that does not parse is retried, then recorded as an error turn

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rlmoptimizer.errors import RunDirectoryMismatchError
-from rlmoptimizer.events import AgentTurn, EvaluationFinished, Event, PromptUpdated, SubLMAnswered
+from rlmoptimizer.events import AgentReplied, AgentTurn, EvaluationFinished, Event, PromptUpdated, SubLMAnswered
 from rlmoptimizer.records import jsonable
 from rlmoptimizer.storage.files import BackgroundSync, atomic_write_json
 from rlmoptimizer.storage.identity import describe_differences
@@ -86,8 +86,11 @@ class RunJournal:
         self._sync = BackgroundSync("journal")
 
     def on_event(self, event: Event) -> None:
-        if isinstance(event, AgentTurn):
+        if isinstance(event, AgentReplied):
+            atomic_write_json(self.layout.pending_reply, event.reply)
+        elif isinstance(event, AgentTurn):
             self.write_turn(event.turn)
+            self.layout.pending_reply.unlink(missing_ok=True)  # (the turn is kept: its reply with it)
             self.write_ledger(event.budget)
         elif isinstance(event, PromptUpdated):
             self.write_prompt_version(event.version)
@@ -261,6 +264,19 @@ class RunJournal:
 
     def turns(self) -> list[dict[str, Any]]:
         return self._read_all(TURNS)
+
+    def pending_reply(self) -> dict[str, Any] | None:
+        """The root LM's reply of a turn cut off while its code ran (``pending_reply.json``), or None."""
+        try:
+            reply = read_record_file(self.layout.pending_reply)
+        except (OSError, ValueError):
+            return None
+        fields = ("iteration", "reasoning", "code")
+        if not isinstance(reply, dict) or not all(
+            isinstance(reply.get(f), int if f == "iteration" else str) for f in fields
+        ):
+            return None
+        return {f: reply[f] for f in fields}
 
     def write_prompt_version(self, version: dict[str, Any]) -> None:
         self._write_numbered(PROMPT_VERSIONS, version)

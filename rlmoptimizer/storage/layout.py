@@ -14,6 +14,7 @@ made durable against a power loss a few milliseconds later, on a background thre
     runs/pending-<hex>.jsonl     the records of an evaluation in flight, deleted once its run is saved
     prompts/v-0001.json          every prompt version the agent made
     turns/turn-0001.json         every agent turn (reasoning, code, output)
+    pending_reply.json           the root LM's reply of the turn under way (its code runs next), until the turn is kept
     usage.json                   LM calls, tokens and dollars per role, after every evaluation and agent turn
     estimate.json                what the first compile() predicted it would cost, before its first paid call
     notes.json                   the agent's notes (rlmoptimizer.storage.notes)
@@ -51,6 +52,7 @@ ANALYSES = "analyses.json"
 ANALYSIS_ANSWERS = "analysis_answers.jsonl"
 SUB_LM_ANSWERS = "sub_lm_answers.jsonl"
 RESULT = "result.json"
+PENDING_REPLY = "pending_reply.json"
 PICTURE = "run.png"
 
 
@@ -100,6 +102,10 @@ class RunLayout:
     @property
     def manifest(self) -> Path:
         return self.directory / MANIFEST
+
+    @property
+    def pending_reply(self) -> Path:
+        return self.directory / PENDING_REPLY
 
     @property
     def ledger(self) -> Path:

@@ -46,6 +46,9 @@ class Resume:
     """Every prompt version the agent made, in order: re-applied to the working program."""
     turns: tuple[dict[str, Any], ...] = ()
     """Every agent turn so far, in order: the agent continues after them."""
+    pending_reply: dict[str, Any] | None = None
+    """The root LM's reply of the turn that was cut off while its code ran (``{"iteration", "reasoning", "code"}``):
+    the agent runs it again instead of asking the root LM for that turn again."""
     has_result: bool = False
     """``result.json`` exists: with :attr:`final_turn`, the run is finished and is only read back."""
     submission_checked: bool = True
@@ -152,6 +155,7 @@ def open_run_directory(
         ledger=journal.read_ledger(),
         prompt_versions=tuple(journal.prompt_versions()),
         turns=tuple(journal.turns()),
+        pending_reply=journal.pending_reply(),
         has_result=journal.layout.result.exists(),
         submission_checked=_submission_checked(journal.layout.result),
     )
