@@ -36,12 +36,12 @@ def test_the_worked_run_groups_the_failures_gepa_left_and_names_the_group_a_prop
     ]
     # proposal-1 repeated the current instructions: nothing to learn from comparing it, so it was not compared
     assert not any("'proposal-1'" in action for action in actions)
-    assert "  compare(['current', 'demos-1'], ids='3,0,5,1,9,2,14,7,10,12,13,15')" in actions
+    assert "  compare(['current', 'demos-1'], ids='3,0,5,1,9,2,14,4,6,10,11,12')" in actions
 
 
 def test_the_worked_run_returns_demos_that_teach_what_no_instruction_could(printed):
-    assert "demos of the returned program, from train examples [4, 8, 6, 11]:" in printed
-    assert "  'Feature request: a dark mode for the editor.' -> feedback" in printed
+    assert "demos of the returned program, from train examples [13, 8, 15, 7]:" in printed
+    assert "  'Feature request: keyboard shortcuts in the app.' -> feedback" in printed
     assert "validation: 0.12 unchanged -> 0.88 returned" in printed
 
 

@@ -267,9 +267,11 @@ class RunJournal:
 
     def pending_reply(self) -> dict[str, Any] | None:
         """The root LM's reply of a turn cut off while its code ran (``pending_reply.json``), or None."""
+        if not self.layout.pending_reply.is_file():
+            return None
         try:
             reply = read_record_file(self.layout.pending_reply)
-        except (OSError, ValueError):
+        except (OSError, ValueError, RunDirectoryMismatchError):  # unreadable: the root LM is asked again
             return None
         fields = ("iteration", "reasoning", "code")
         if not isinstance(reply, dict) or not all(
