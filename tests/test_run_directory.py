@@ -603,3 +603,27 @@ def test_a_resume_from_other_instructions_is_refused_naming_the_steps(tmp_path):
     assert "missing" not in message and "new run_storage_dir" in message and task.calls == []
     again = compile_tickets([], eval_lm=task, rlm_autopilot="loop", max_metric_calls=60, run_storage_dir=tmp_path)
     assert task.calls == [] and again.optimized_dspy_program == first.optimized_dspy_program
+
+
+def test_a_run_directory_deleted_while_the_compile_ran_is_warned_about(tmp_path, caplog):
+    """Regression: the compile rebuilt part of the deleted directory, without its manifest, and returned without a
+    word; the directory could then never be read back."""
+    directory, calls = tmp_path / "run", {"n": 0}
+
+    def deleting(messages):
+        calls["n"] += 1
+        if calls["n"] == 2 * 20 + 1:  # after the baselines (20 examples, two steps each)
+            shutil.rmtree(directory)
+        return task_lm_reply(messages)
+
+    with caplog.at_level(logging.WARNING, logger="rlmoptimizer"):
+        result = compile_tickets(
+            [],
+            eval_lm=FunctionLM(deleting),
+            sub_lm=proposer(POLICY_PROMPT),
+            rlm_autopilot="loop",
+            max_metric_calls=60,
+            run_storage_dir=directory,
+        )
+    assert result.optimized_dspy_program and "has no manifest.json any more" in caplog.text
+    assert "cannot be resumed or read back" in caplog.text

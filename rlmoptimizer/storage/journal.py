@@ -336,5 +336,11 @@ class RunJournal:
             unchanged = path.exists() and json.loads(path.read_text(encoding="utf-8")) == jsonable(result)
         except (OSError, ValueError):
             unchanged = False
+        if not self.layout.manifest.exists():  # (the lock held the directory, not its files)
+            logger.warning(
+                "%s has no manifest.json any more (was the directory deleted or emptied while compile() ran?): the "
+                "result is returned, but the directory holds only part of the run and cannot be resumed or read back.",
+                self.directory,
+            )
         if not unchanged:
             atomic_write_json(path, result)
