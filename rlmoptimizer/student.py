@@ -28,8 +28,8 @@ def check_program(program: Any) -> None:
             f"the program must be a dspy.Module (e.g. dspy.ChainOfThought('question -> answer') or your own "
             f"dspy.Module subclass), got {type(program).__name__}"
         )
-    if not callable(getattr(program, "forward", None)):
-        has_async = callable(getattr(program, "aforward", None))
+    if not callable(getattr(type(program), "forward", None)):  # (the class: dspy warns on reading program.forward)
+        has_async = callable(getattr(type(program), "aforward", None))
         raise ConfigurationError(
             f"the program {type(program).__name__} has no forward method"
             + (", only aforward" if has_async else "")
