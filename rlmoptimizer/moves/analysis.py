@@ -141,6 +141,7 @@ class _Asked:
     spent: int = 0
     unanswered: list[str] = field(default_factory=list)  # no answer (not charged): the analysis is not kept for reuse
     unusable: list[str] = field(default_factory=list)  # answered with nothing usable (charged)
+    copied: list[int] = field(default_factory=list)  # failures whose named cause copied their inputs (dropped)
 
 
 class AnalysisMoves(MoveContext):
@@ -217,7 +218,9 @@ class AnalysisMoves(MoveContext):
         with self._reserve(unpaid, len(prompts), merge) as reservation:
             answers = self._run(NameFailureCauses, "causes", prompts, lm, kept, reservation, asked)
             for batch, answer in zip(batches, answers, strict=True):
-                asked.causes.update(checked_causes(answer, [f.example_id for f in batch]))
+                causes, copied = checked_causes(answer, batch)
+                asked.causes.update(causes)
+                asked.copied.extend(copied)
             if merge and len(asked.causes) >= 2:
                 lines = "\n".join(f"{i}: {cause}" for i, cause in sorted(asked.causes.items()))
                 asked.prompts += 1
@@ -333,6 +336,11 @@ class AnalysisMoves(MoveContext):
             )
         if asked.unusable:
             notes.append(f"{len(asked.unusable)} answer(s) gave nothing usable (e.g. {asked.unusable[0]})")
+        if asked.copied:
+            notes.append(
+                f"the cause named for failure(s) {sorted(asked.copied)} copied the example's inputs instead of naming "
+                "a rule: they are grouped by code"
+            )
         groups, why = _cause_groups(analysis_id, analysed, asked, passing)
         if why:
             notes.append(why)

@@ -11,9 +11,11 @@ May import: pydantic, ``rlmoptimizer.records``.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from difflib import SequenceMatcher
 from typing import Any
 
 import pydantic
@@ -28,6 +30,9 @@ MAX_VALUE_CHARS = 300
 MAX_CONTRAST = 5
 """The most passing examples of the same kind a group lists (and two per prompt are shown to the sub-LM)."""
 UNGROUPED = "not grouped by the merge"
+COPIED_WORDS = 8
+"""A named cause whose longest run of words taken verbatim from its failure's inputs is at least this long and makes
+up two thirds of it is a copy of the example, not a cause (:func:`copies_inputs`)."""
 
 
 # -- what the sub-LM answers (typed outputs of the analysis' signatures) ------------------------------------------
@@ -453,16 +458,39 @@ def contrast_for(batch: Sequence[Failure], passing: Sequence[ExampleResult], mos
 
 
 # -- the check of what the sub-LM answered ----------------------------------------------------------------------
-def checked_causes(answer: Any, asked: Sequence[int]) -> dict[int, str]:
-    """The causes of an answer for the ids ``asked`` only (unknown ids dropped, the first cause of an id kept, empty
-    causes dropped)."""
+def checked_causes(answer: Any, asked: Sequence[Failure]) -> tuple[dict[int, str], list[int]]:
+    """The causes of an answer for the failures ``asked`` only (unknown ids dropped, the first cause of an id kept,
+    empty causes dropped), and the ids whose cause was dropped as a copy of the failure's own inputs
+    (:func:`copies_inputs`): such a failure is left to the code groups."""
+    by_id = {f.example_id: f for f in asked}
     causes: dict[int, str] = {}
+    copied: list[int] = []
     for item in answer or ():
         cause = clip(getattr(item, "cause", "") or "", 300)
         failure_id = getattr(item, "failure_id", None)
-        if failure_id in asked and failure_id not in causes and cause:
+        if failure_id not in by_id or failure_id in causes or failure_id in copied or not cause:
+            continue
+        if copies_inputs(cause, by_id[failure_id].record.inputs):
+            copied.append(failure_id)
+        else:
             causes[failure_id] = cause
-    return causes
+    return causes, copied
+
+
+def copies_inputs(cause: str, inputs: Any) -> bool:
+    """Whether a named cause restates its example instead of naming a rule: a run of at least :data:`COPIED_WORDS`
+    words taken verbatim from the example's inputs makes up two thirds of it or more. A rule that quotes a few words
+    of the example ("tickets that say 'charged twice' go to billing") is kept."""
+    said = _words(cause)
+    if len(said) < COPIED_WORDS:
+        return False
+    source = _words(json.dumps(inputs, ensure_ascii=False, default=str) if not isinstance(inputs, str) else inputs)
+    run = SequenceMatcher(None, said, source, autojunk=False).find_longest_match(0, len(said), 0, len(source)).size
+    return run >= COPIED_WORDS and 3 * run >= 2 * len(said)
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"\w+", text.casefold())
 
 
 def checked_merge(answer: Any, ids: Sequence[int]) -> tuple[list[tuple[str, str, list[int]]], list[int], list[str]]:

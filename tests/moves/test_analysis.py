@@ -454,3 +454,47 @@ def test_a_merge_that_groups_nothing_gives_way_to_the_code_groups_with_the_named
     largest = analysis.largest()
     assert largest.count == len(DAMAGED) and set(largest.example_ids) == set(DAMAGED)
     assert CAUSE_DAMAGED in largest.cause  # the causes the sub-LM named still reach a proposal for the group
+
+
+def test_a_cause_that_copies_its_examples_inputs_is_no_cause_and_those_failures_are_grouped_by_code(tmp_path):
+    # A sub-LM that answers a failure with its own ticket names no rule: a group named after one ticket would send the
+    # proposal after that ticket's words. Those failures stand in their code group, and the analysis says why.
+    def copying(messages):
+        user = last_user_text(messages)
+        if "[[ ## failures ## ]]" not in user:
+            return analyst().fn(messages)
+        blocks = re.split(r"(?=\[failure \d+\])", user.split("[[ ## failures ## ]]", 1)[1].split("[[ ## passing")[0])
+        causes = []
+        for block in blocks:
+            head = re.match(r"\[failure (\d+)\]", block)
+            if head:
+                ticket = TRAIN[int(head.group(1))][0]
+                cause = f"The ticket: {ticket}" if "dispute" in block else cause_of(block)
+                causes.append({"failure_id": int(head.group(1)), "cause": cause})
+        return {"causes": causes}
+
+    world = World(tmp_path, sub_lm=FunctionLM(copying, name="copying"))
+    analysis = world.moves.analyze_failures()
+    assert set(analysis.causes) == set(DAMAGED + CRASHED)  # the copies are not causes
+    assert [(g.name, g.example_ids) for g in analysis.groups] == [
+        ("damaged to returns", tuple(DAMAGED)),
+        ("route: wrong output, queue: 'disputes' -> 'billing'", tuple(DISPUTES)),
+        ("unparsed", tuple(CRASHED)),
+    ]
+    assert f"failure(s) {DISPUTES} copied the example's inputs" in analysis.note
+    assert not any("My card issuer" in g.name + g.cause for g in analysis.groups)
+
+
+@pytest.mark.parametrize(
+    ("cause", "copied"),
+    [
+        ("My card issuer filed a dispute about the payment.", True),
+        ("Customer says: my card issuer filed a dispute about the payment", True),
+        ("Tickets where a card issuer filed a dispute go to disputes, not billing, whatever the amount.", False),
+        ("A dispute goes to disputes.", False),  # too short to be a copy of anything
+    ],
+)
+def test_a_cause_is_a_copy_when_a_verbatim_run_of_the_inputs_makes_up_most_of_it(cause, copied):
+    from rlmoptimizer.moves.failures import copies_inputs
+
+    assert copies_inputs(cause, {"ticket": "My card issuer filed a dispute about the payment."}) is copied
