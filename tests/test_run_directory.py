@@ -9,6 +9,7 @@ import datetime
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -627,3 +628,23 @@ def test_a_run_directory_deleted_while_the_compile_ran_is_warned_about(tmp_path,
         )
     assert result.optimized_dspy_program and "has no manifest.json any more" in caplog.text
     assert "cannot be resumed or read back" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [({"max_demos": 0}, "max_demos=4"), ({"rlm_autopilot": "assist", "root_lm": "root"}, "rlm_autopilot='loop'")],
+    ids=["demos off", "another pilot"],
+)
+def test_a_finished_run_made_under_other_settings_is_refused_naming_them(finished_loop, tmp_path, change, named):
+    """Regression: max_demos=0 on a directory whose finished result held 4 demos returned those demos without a
+    word (the setting was not recorded)."""
+    run = Path(shutil.copytree(finished_loop, tmp_path / "run"))
+    settings = {**loop(), **change}
+    root = scripted_agent(TURNS) if settings.pop("root_lm", None) else None
+    task = FunctionLM(task_lm_reply)
+    with pytest.raises(RunDirectoryMismatchError, match="holds a run made with " + re.escape(named)) as refused:
+        compile_in(run, root, task, **settings)
+    assert "the run is finished" in str(refused.value) and "new run_storage_dir" in str(refused.value)
+    assert task.calls == [] and (root is None or root.calls == [])
+    # the same settings read it back, for nothing
+    assert compile_in(run, None, task, **loop()).selection["chosen_score"] is not None and task.calls == []

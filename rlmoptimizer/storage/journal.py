@@ -130,6 +130,7 @@ class RunJournal:
                 )
             )
         self._check_starting_instructions(stored, manifest)
+        self._check_settings(stored, manifest)
         stored_attempt, attempt = stored.get("attempt"), manifest.get("attempt")
         if stored_attempt is not None and attempt is not None and stored_attempt != attempt:
             raise RunDirectoryMismatchError(
@@ -174,6 +175,29 @@ class RunJournal:
             "result's floor and every comparison are of the instructions it started from). To resume it, pass the "
             "program as it was then; to optimize from the new instructions (an optimized program included), use a "
             "new run_storage_dir."
+        )
+
+    def _check_settings(self, stored: dict[str, Any], manifest: dict[str, Any]) -> None:
+        """The settings that decide what a run does must be those it was made with (a directory written before they
+        were recorded is not checked): a finished run read back under other ones would silently ignore them (demos
+        switched off, yet the result holds demos), an unfinished one would go on under other rules."""
+        old, new = stored.get("settings") or {}, manifest.get("settings") or {}
+        changed = sorted(name for name in set(old) & set(new) if old[name] != new[name])
+        if not changed:
+            return
+        was = ", ".join(f"{name}={old[name]!r}" for name in changed)
+        now = ", ".join(f"{name}={new[name]!r}" for name in changed)
+        finished = self.layout.result.exists()
+        raise RunDirectoryMismatchError(
+            f"run_storage_dir {str(self.directory)!r} holds a run made with {was}, and this compile() passes {now}: "
+            + (
+                "the run is finished, and reading it back would return its result as it was made, ignoring the new "
+                "setting. "
+                if finished
+                else "resuming would go on under other rules than it started with. "
+            )
+            + f"Pass {was} to {'read it back' if finished else 'resume it'}, or use a new run_storage_dir (or "
+            "delete this one) to optimize with the new setting."
         )
 
     def _check_eval_lm(self, stored: dict[str, Any], identity: dict[str, Any], allow_change: bool) -> dict[str, Any]:

@@ -98,6 +98,11 @@ class Resume:
         return self.resumed and self.has_result and self.final_turn is not None
 
 
+RESULT_SETTINGS = ("rlm_autopilot", "max_demos")
+"""Settings that decide what a run does (who decides, whether demos may change) beside the budget: a directory holds
+a run made under one value of each (:meth:`RunJournal.open_manifest` refuses another)."""
+
+
 def compile_manifest(
     program: Any,
     fingerprint: Any,
@@ -131,6 +136,7 @@ def compile_manifest(
         ),
         "pass_threshold": config.pass_threshold,
         "attempt": config.attempt,
+        "settings": {name: getattr(config, name) for name in RESULT_SETTINGS},
         "created_at": time.time(),
     }
 
