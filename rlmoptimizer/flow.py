@@ -58,7 +58,14 @@ from rlmoptimizer.metric import Metric
 from rlmoptimizer.records import AgentOutcome, CompileResult, EvalRun, Selection
 from rlmoptimizer.report import MlflowTracker, present_result, tracked
 from rlmoptimizer.sandbox import Sandbox
-from rlmoptimizer.selection import best_checked, first_sample_complete, never_worse, small_split_note, with_spending_cap
+from rlmoptimizer.selection import (
+    best_checked,
+    first_sample_complete,
+    never_worse,
+    small_split_note,
+    tiny_split_warning,
+    with_spending_cap,
+)
 from rlmoptimizer.storage.journal import RunJournal
 from rlmoptimizer.storage.lock import RunDirectoryLock
 from rlmoptimizer.storage.notes import NotesStore
@@ -121,6 +128,9 @@ class Compile:
             self._open_directory(config)
             self.cost_estimate = estimate_at_start(self)  # before any paid call: verbose shows it, the result checks it
             self.display.message(small_split_note(len(valset), len(trainset)) or "")
+            tiny = tiny_split_warning(len(valset), len(trainset))
+            if tiny and not self.read_back:
+                logger.warning(tiny)
         except BaseException:
             self.release()
             raise

@@ -45,6 +45,7 @@ __all__ = [
     "clear_gain",
     "confirmed_differences",
     "small_split_note",
+    "tiny_split_warning",
     "first_sample_complete",
     "never_worse",
     "ranked",
@@ -57,6 +58,28 @@ def clear_gain(differences: Sequence[float]) -> bool:
     decides: the total stays above zero when the largest single gain is turned into a loss of the same size. With
     pass/fail scores: at least 3 more examples won than lost."""
     return bool(differences) and sum(differences) - 2 * max(0.0, max(differences)) > 0
+
+
+TINY_SPLIT = 10
+"""Below this many examples, the selection split is warned about whatever ``verbose`` says (:func:`tiny_split_warning`)."""
+
+
+def tiny_split_warning(val_size: int, train_size: int) -> str | None:
+    """What a selection split too small to show most gains means, warned about when a compile starts; None from
+    :data:`TINY_SPLIT` examples up."""
+    size, split = (val_size, "valset") if val_size else (train_size, "trainset (no valset was given)")
+    if size >= TINY_SPLIT:
+        return None
+    odds = (
+        "no change can show that on it alone: only fresh train examples confirming a lead can"
+        if size < 3
+        else f"few changes can show that on {size}"
+    )
+    return (
+        f"The {split} decides what is returned and has {size} example(s): a change is returned only when it wins at "
+        f"least 3 more examples than it loses, and {odds}, so the unchanged program is the likely result. Give a "
+        f"valset of {SMALL_SPLIT} or more examples."
+    )
 
 
 def small_split_note(val_size: int, train_size: int) -> str | None:

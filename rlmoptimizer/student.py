@@ -8,6 +8,8 @@ May import: dspy, ``rlmoptimizer.errors``.
 from __future__ import annotations
 
 import inspect
+import json
+import logging
 import types
 import typing
 from collections.abc import Sequence
@@ -16,6 +18,8 @@ from typing import Any
 import dspy
 
 from rlmoptimizer.errors import ConfigurationError
+
+logger = logging.getLogger(__name__)
 
 _EXAMPLE_FIX = 'dspy.Example(question=..., answer=...).with_inputs("question")'
 
@@ -141,3 +145,45 @@ def _check_forward_takes(
             f"{' and '.join(problems)}. Give the examples the fields the program takes, marked as inputs: "
             f"dspy.Example(...).with_inputs({', '.join(repr(name) for name in names)})."
         )
+
+
+def warn_repeated_examples(trainset: Sequence[dspy.Example], valset: Sequence[dspy.Example]) -> list[str]:
+    """Warn (and return the warnings) when a split repeats an example (the same fields and values) or the validation
+    set repeats train examples: a copy in the validation set counts again in every comparison, so the rule that one
+    example never decides counts it twice; a copy is paid for again; a validation example the optimizer also learns
+    from (a proposal's failures, a demo) makes the validation score overstate. Examples whose content cannot be
+    compared (objects without a stable form) are left out of the check."""
+    keys = {"trainset": [_content_key(e) for e in trainset], "valset": [_content_key(e) for e in valset]}
+    said = []
+    for split, split_keys in keys.items():
+        known = [k for k in split_keys if k is not None]
+        repeated = len(known) - len(set(known))
+        if repeated:
+            said.append(
+                f"{split} holds {repeated} repeated example(s) (the same fields and values as an earlier one): each "
+                "copy is evaluated and paid for again"
+                + (
+                    ", and counts again when candidates are compared, so a change that wins on one repeated example "
+                    "wins twice (one example should never decide what is returned)"
+                    if split == "valset"
+                    else " and weighs more in what the optimizer learns from"
+                )
+                + f". Remove the copies from {split}."
+            )
+    shared = {k for k in keys["valset"] if k is not None} & {k for k in keys["trainset"] if k is not None}
+    if shared:
+        said.append(
+            f"{len(shared)} valset example(s) are also in the trainset: the optimizer learns from train (failures to "
+            "fix, demos) and judges on validation, so these are judged after being learned from and the validation "
+            "score overstates what the program does on new data. Keep the two sets apart."
+        )
+    for message in said:
+        logger.warning(message)
+    return said
+
+
+def _content_key(example: dspy.Example) -> str | None:
+    try:
+        return json.dumps(dict(example.items()), sort_keys=True, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return None

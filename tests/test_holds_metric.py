@@ -101,14 +101,31 @@ def test_a_metric_that_raises_the_same_error_on_every_example_stops_the_compile_
     assert sub_lm.calls == []
 
 
-def test_a_metric_that_raises_only_on_some_examples_does_not_stop_the_compile():
+def test_a_metric_that_raises_only_on_some_examples_does_not_stop_the_compile_and_is_named_in_a_warning(caplog):
+    """Regression: a metric raising on a quarter of the examples scored them 0 without a word (dspy.Evaluate logs
+    each such error)."""
+
     def partly(example, prediction, trace=None):
         if example.queue == "security":
             raise KeyError("no rubric for security yet")
         return metric(example, prediction)
 
-    result = compile_tickets([], metric=partly, rlm_autopilot="loop", max_metric_calls=60)
+    with caplog.at_level("WARNING", logger="rlmoptimizer"):
+        result = compile_tickets([], metric=partly, rlm_autopilot="loop", max_metric_calls=60)
     assert result.selection["baseline_score"] is not None
+    train, val = make_splits()
+    raised = sum(1 for example in val if example.queue == "security")
+    assert 0 < raised < len(val)
+    warned = [r.getMessage() for r in caplog.records if "The metric raised on" in r.getMessage()]
+    assert len(warned) == 1  # the validation baseline's (the train one is paid when read, under max_metric_calls)
+    assert f"raised on {raised} of the {len(val)} val example(s)" in warned[0]
+    assert "no rubric for security yet" in warned[0] and "scores 0" in warned[0]
+
+
+def test_a_metric_that_never_raises_is_not_warned_about(caplog):
+    with caplog.at_level("WARNING", logger="rlmoptimizer"):
+        compile_tickets([], rlm_autopilot="loop", max_metric_calls=60)
+    assert not [r for r in caplog.records if "The metric raised on" in r.getMessage()]
 
 
 def test_a_program_that_raises_the_same_error_on_every_example_is_named_in_a_warning(caplog):

@@ -147,3 +147,45 @@ def test_an_input_that_may_be_none_or_has_a_default_may_be_left_out_and_a_custom
 
     assert check_examples([only_text], "trainset", program=Retrieve()) == [only_text]
     assert check_examples([only_text], "trainset", program=Passing()) == [only_text]
+
+
+def test_repeated_examples_and_a_valset_that_repeats_train_are_warned_about_once_each(caplog):
+    from support.optimizing import compile_tickets
+    from support.tickets import make_splits
+
+    train, val = make_splits()
+    with caplog.at_level("WARNING", logger="rlmoptimizer"):
+        compile_tickets([], trainset=train, valset=[*val, val[0], val[1]], rlm_autopilot="loop", max_metric_calls=60)
+    warned = [r.getMessage() for r in caplog.records if "repeated example" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("valset holds 2 repeated example(s)")
+    assert "wins twice" in warned[0] and "Remove the copies from valset" in warned[0]
+    assert not [r for r in caplog.records if "also in the trainset" in r.getMessage()]
+
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rlmoptimizer"):
+        compile_tickets([], trainset=train, valset=[*val, train[3]], rlm_autopilot="loop", max_metric_calls=60)
+    shared = [r.getMessage() for r in caplog.records if "also in the trainset" in r.getMessage()]
+    assert len(shared) == 1 and shared[0].startswith("1 valset example(s) are also in the trainset")
+    assert not [r for r in caplog.records if "repeated example" in r.getMessage()]
+
+
+def test_examples_that_differ_in_one_field_are_not_repeats_and_objects_are_left_out():
+    from rlmoptimizer.student import warn_repeated_examples
+
+    a = dspy.Example(question="q", answer="a").with_inputs("question")
+    assert warn_repeated_examples([a, dspy.Example(question="q", answer="b").with_inputs("question")], []) == []
+    opaque = dspy.Example(question=object(), answer="a").with_inputs("question")
+    assert warn_repeated_examples([opaque, opaque], [opaque]) == []  # no stable form: not compared
+
+
+@pytest.mark.parametrize(
+    ("val_size", "warned"), [(0, "trainset"), (2, "no change can show"), (9, "few changes"), (10, None)]
+)
+def test_a_selection_split_too_small_to_show_most_gains_is_warned_about(val_size, warned):
+    from rlmoptimizer.selection import tiny_split_warning
+
+    said = tiny_split_warning(val_size, 8)
+    if warned is None:
+        assert said is None
+    else:
+        assert warned in said and "Give a valset of 30 or more" in said

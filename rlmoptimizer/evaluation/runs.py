@@ -111,6 +111,7 @@ class Runs:
                 run.split,
             )
             return
+        self._warn_metric_raised_on_some(run.split if run is not None else "", records)
         errors = {(r.error_kind, r.error) for r in records}
         if len(errors) > 1 and len(records) >= 3 and {kind for kind, _ in errors} == {PROGRAM_ERROR}:
             self._warn_program_raised_on_all(run.split, records)
@@ -134,6 +135,25 @@ class Runs:
                 "this one hold the error).",
                 where,
             )
+
+    @staticmethod
+    def _warn_metric_raised_on_some(split: str, records: Sequence[ExampleResult]) -> None:
+        """The metric raised on some examples of the unchanged program, not all: each scores 0 (as dspy.Evaluate
+        scores them), which a user should know, since the scores then measure the metric's errors too."""
+        raised = [r for r in records if r.error_kind == METRIC_ERROR]
+        if not raised or len(raised) == len(records):
+            return
+        logger.warning(
+            "The metric raised on %d of the %d %s example(s) of the unchanged program (the first, example %d: %s); "
+            "each such example scores 0 and fails, for every candidate the metric raises on. If the metric should "
+            "score these, fix it (call it on one of them to see where it fails) and compile again with a new "
+            "run_storage_dir.",
+            len(raised),
+            len(records),
+            split,
+            raised[0].example_id,
+            (raised[0].error or "")[:200],
+        )
 
     @staticmethod
     def _warn_program_raised_on_all(split: str, records: Sequence[ExampleResult]) -> None:
