@@ -71,14 +71,14 @@ def tiny_split_warning(val_size: int, train_size: int) -> str | None:
     if size >= TINY_SPLIT:
         return None
     odds = (
-        "no change can show that on it alone: only fresh train examples confirming a lead can"
+        "no change can show that on it alone (only fresh train examples confirming a lead can), so the unchanged "
+        "program is the likely result"
         if size < 3
-        else f"few changes can show that on {size}"
+        else f"on {size} only a large gain can show that (few changes make one)"
     )
     return (
         f"The {split} decides what is returned and has {size} example(s): a change is returned only when it wins at "
-        f"least 3 more examples than it loses, and {odds}, so the unchanged program is the likely result. Give a "
-        f"valset of {SMALL_SPLIT} or more examples."
+        f"least 3 more examples than it loses, and {odds}. Give a valset of {SMALL_SPLIT} or more examples."
     )
 
 

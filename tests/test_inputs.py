@@ -179,7 +179,7 @@ def test_examples_that_differ_in_one_field_are_not_repeats_and_objects_are_left_
 
 
 @pytest.mark.parametrize(
-    ("val_size", "warned"), [(0, "trainset"), (2, "no change can show"), (9, "few changes"), (10, None)]
+    ("val_size", "warned"), [(0, "trainset"), (2, "no change can show"), (9, "only a large gain"), (10, None)]
 )
 def test_a_selection_split_too_small_to_show_most_gains_is_warned_about(val_size, warned):
     from rlmoptimizer.selection import tiny_split_warning

@@ -648,3 +648,15 @@ def test_a_finished_run_made_under_other_settings_is_refused_naming_them(finishe
     assert task.calls == [] and (root is None or root.calls == [])
     # the same settings read it back, for nothing
     assert compile_in(run, None, task, **loop()).selection["chosen_score"] is not None and task.calls == []
+
+
+def test_a_program_whose_structure_changed_is_refused_naming_what_changed(finished_loop, tmp_path):
+    """Regression: a new demo or output field was refused as "a run of a different program" without saying what
+    differed."""
+    run = Path(shutil.copytree(finished_loop, tmp_path / "run"))
+    student = RouteTicket()
+    student.route.demos = [dspy.Example(ticket="my card was charged twice", queue="billing")]
+    task = FunctionLM(task_lm_reply)
+    with pytest.raises(RunDirectoryMismatchError, match="What changed in the program: step 'route': ") as refused:
+        compile_in(run, None, task, student=student, **loop())
+    assert "demo" in str(refused.value).split("What changed in the program:")[1] and task.calls == []

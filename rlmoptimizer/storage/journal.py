@@ -24,6 +24,7 @@ from typing import Any
 
 from rlmoptimizer.errors import RunDirectoryMismatchError
 from rlmoptimizer.events import AgentReplied, AgentTurn, EvaluationFinished, Event, PromptUpdated, SubLMAnswered
+from rlmoptimizer.fingerprint import diff_fingerprints
 from rlmoptimizer.records import jsonable
 from rlmoptimizer.storage.files import BackgroundSync, atomic_write_json
 from rlmoptimizer.storage.identity import describe_differences
@@ -35,6 +36,19 @@ logger = logging.getLogger(__name__)
 MANIFEST_KEYS_THAT_MUST_MATCH = ("program", "trainset", "valset", "metric", "budget_limit", "budget_mode")
 """What a run directory belongs to. ``budget_mode`` (``{"max_iterations": N}`` or ``{"max_metric_calls": B}``) says
 how its budget counts: the same limit means other work under the other mode (baselines free or paid)."""
+
+
+def _structure_changes(stored: dict[str, Any], manifest: dict[str, Any], different: list[str]) -> str:
+    """What changed in the program's structure (steps, fields, demos), when both manifests record it."""
+    before, after = stored.get("program_structure"), manifest.get("program_structure")
+    if "program" not in different or not isinstance(before, dict) or not isinstance(after, dict):
+        return ""
+    changes = diff_fingerprints(before, after)
+    return (
+        f" What changed in the program: {'; '.join(changes[:8])}{' ...' if len(changes) > 8 else ''}."
+        if changes
+        else ""
+    )
 
 
 def _budget_hint(stored: dict[str, Any], expected: dict[str, Any]) -> str:
@@ -128,6 +142,7 @@ class RunJournal:
                 + "".join(
                     f" {hints[key](stored[key])}" for key in different if key in (hints or {}) and stored.get(key)
                 )
+                + _structure_changes(stored, manifest, different)
             )
         self._check_starting_instructions(stored, manifest)
         self._check_settings(stored, manifest)

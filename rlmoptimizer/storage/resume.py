@@ -24,7 +24,7 @@ from rlmoptimizer.fingerprint import (
     program_code_identity,
     sha256_json,
 )
-from rlmoptimizer.records import EvalRun
+from rlmoptimizer.records import EvalRun, jsonable
 from rlmoptimizer.storage.identity import eval_lm_identity
 from rlmoptimizer.storage.journal import RunJournal
 
@@ -121,6 +121,7 @@ def compile_manifest(
     evaluation LM unless it is dspy's default one (``default_adapter``)."""
     return {
         "program": fingerprint_digest(fingerprint),
+        "program_structure": jsonable(fingerprint),
         "starting_instructions": {step: sha256_json(text)[:16] for step, text in get_instructions(program).items()},
         "trainset": examples_digest(trainset),
         "valset": examples_digest(valset),
