@@ -9,6 +9,7 @@ The tree::
      +-- BudgetExhaustedError                   a budgeted action was asked for with nothing left
      +-- StructureChangedError                  something other than instructions changed
      +-- EvaluationLMError                      the evaluation LM fails in a way retrying cannot fix
+     +-- ProgramError                           the program raises one error whatever its instructions say
      +-- SandboxError                           the sandbox could not be started or restarted
      +-- RunDirectoryMismatchError              run_storage_dir holds a run of another program/data/metric/LM
      +-- RunDirectoryInUseError                 another live compile() holds run_storage_dir
@@ -67,6 +68,11 @@ class StructureChangedError(RLMOptimizerError):
 
 class EvaluationLMError(RLMOptimizerError):
     """The evaluation LM failed on consecutive examples in a way that retrying cannot fix."""
+
+
+class ProgramError(RLMOptimizerError):
+    """The program raised one and the same error on every example of the unchanged program's baseline and again on
+    every example evaluated with other instructions: the error is in its code, which no instructions can fix."""
 
 
 class SandboxError(RLMOptimizerError):

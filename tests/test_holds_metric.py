@@ -7,6 +7,7 @@ FileExistsError."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -14,10 +15,10 @@ import types
 
 import dspy
 import pytest
-from support.optimizing import TURNS, compile_tickets
+from support.optimizing import TURNS, compile_tickets, proposer
 from support.tickets import RouteTicket, make_splits, metric, task_lm_reply
 
-from rlmoptimizer import ConfigurationError, EvaluationLMError, MetricError
+from rlmoptimizer import ConfigurationError, EvaluationLMError, MetricError, ProgramError
 from rlmoptimizer.errors import SandboxError
 from rlmoptimizer.sandbox import session as session_module
 from rlmoptimizer.testing import FunctionLM
@@ -128,21 +129,52 @@ def test_a_metric_that_never_raises_is_not_warned_about(caplog):
     assert not [r for r in caplog.records if "The metric raised on" in r.getMessage()]
 
 
-def test_a_program_that_raises_the_same_error_on_every_example_is_named_in_a_warning(caplog):
+def test_a_program_that_raises_the_same_error_whatever_its_instructions_stops_after_one_other_try(caplog, tmp_path):
     """The error may be the program's code (no instructions fix it) or what the LM answers (they may): the run goes
-    on, and the warning names the error and says how to stop without losing what was paid."""
+    on with a warning, and the first evaluation with other instructions that raises it again on every example
+    stops it with ProgramError (regression: a loop-mode run spent 174 of 188 units on a program that could never
+    run). What was paid is kept in the run directory."""
 
     class Broken(RouteTicket):
         def forward(self, ticket):
             self.summarize(ticket=ticket)
             raise RuntimeError("forgot to return the prediction")
 
-    with caplog.at_level("WARNING", logger="rlmoptimizer"):
-        result = compile_tickets([], student=Broken(), rlm_autopilot="loop", max_metric_calls=40)
+    eval_lm = FunctionLM(task_lm_reply)
+    with caplog.at_level("WARNING", logger="rlmoptimizer"), pytest.raises(ProgramError) as stopped:
+        compile_tickets(
+            [],
+            student=Broken(),
+            rlm_autopilot="loop",
+            max_metric_calls=40,
+            eval_lm=eval_lm,
+            sub_lm=proposer("Route the ticket to its queue."),
+            run_storage_dir=tmp_path,
+        )
     warned = [r.getMessage() for r in caplog.records if "The program raised on every one of" in r.getMessage()]
     assert len(warned) == 1 and "RuntimeError: forgot to return the prediction" in warned[0]
-    assert "Ctrl-C keeps what was paid" in warned[0]
-    assert result.selection["baseline_score"] == 0.0
+    message = str(stopped.value)
+    assert "for each step that ran" in message and "RuntimeError: forgot to return the prediction" in message
+    assert "fix the program's code" in message and str(tmp_path) in message  # where the paid work is
+    train, val = make_splits()
+    ledger = json.loads((tmp_path / "ledger.json").read_text())
+    assert ledger["spent"] <= 3 * 3  # after the validation baseline, a minibatch per step or so: not the budget
+    assert len(eval_lm.calls) == len(val) + ledger["spent"]  # one LM call an example (the first step), then none
+
+
+def test_an_error_that_other_instructions_make_go_away_does_not_stop_the_run(caplog):
+    """One error on every baseline example that depends on what the LM answers (the program's own check of its
+    label): instructions that change the answers make it go away, so the run goes on and can fix it."""
+
+    class Strict(RouteTicket):
+        def forward(self, ticket):
+            prediction = super().forward(ticket=ticket)
+            if "policy" not in self.route.signature.instructions.lower():  # the answers the instructions lead to
+                raise ValueError("not a known queue")
+            return prediction
+
+    result = compile_tickets([], student=Strict(), rlm_autopilot="loop", max_metric_calls=60, sub_lm=proposer())
+    assert result.selection["baseline_score"] == 0.0 and result.selection["chosen_score"] > 0.5
 
 
 def test_a_program_that_raises_on_every_example_with_messages_that_differ_is_named_in_a_warning(caplog):

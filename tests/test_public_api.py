@@ -15,6 +15,7 @@ def test_public_names():
             "BudgetExhaustedError",
             "StructureChangedError",
             "EvaluationLMError",
+            "ProgramError",
             "SandboxError",
             "RunDirectoryMismatchError",
             "RunDirectoryInUseError",

@@ -18,6 +18,7 @@ from rlmoptimizer.errors import (
     ConfigurationError,
     EvaluationLMError,
     MetricError,
+    ProgramError,
     StructureChangedError,
     agent_error,
 )
@@ -175,7 +176,7 @@ class WorkingProgram:
                 return self.runs.evaluate(
                     self.program, split, label=label, charged=charged, ids=ids, rollout=rollout, reservation=reservation
                 )
-            except (EvaluationLMError, MetricError) as exc:
+            except (EvaluationLMError, MetricError, ProgramError) as exc:
                 self.stop.request(exc)
                 raise
 

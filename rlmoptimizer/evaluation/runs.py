@@ -23,7 +23,7 @@ from typing import Any
 import dspy
 
 from rlmoptimizer.budget import BudgetLedger, Reservation, example_kind
-from rlmoptimizer.errors import ConfigurationError, EvaluationLMError, MetricError
+from rlmoptimizer.errors import ConfigurationError, EvaluationLMError, MetricError, ProgramError
 from rlmoptimizer.evaluation.evaluator import EvaluationStopped, Evaluator
 from rlmoptimizer.evaluation.lm_failures import format_error
 from rlmoptimizer.events import (
@@ -75,6 +75,9 @@ class Runs:
         self.observer = observer
         self._lock = threading.Lock()
         self._cache: dict[tuple[str, int, str, int], ExampleResult] = {}
+        # (the unchanged program's instructions, the error) when it raised that one error on every baseline example
+        # and the steps that ran on it whose instructions no evaluation that raised it again on every example changed
+        self._code_error: tuple[dict[str, str], str, set[str]] | None = None
         for run in store.all():
             self._index(run)
         self._recover_pending()
@@ -129,12 +132,43 @@ class Runs:
                 "error (call the metric on one example and the program's prediction for it to see where it fails)."
             )
         if kind == PROGRAM_ERROR and len(records) >= 3 and not error.startswith("AdapterParseError"):
+            ran = {call.step_name for record in records for call in record.steps}  # (only their instructions can)
+            self._code_error = (dict(run.instructions), error, ran)  # evaluations with other instructions tell
             logger.warning(
                 "The program raised on %s. If that is an error in its code, no instructions can fix it: stop the run "
                 "(Ctrl-C keeps what was paid), fix it, and compile again with a new run_storage_dir (the records of "
                 "this one hold the error).",
                 where,
             )
+
+    def _check_code_error(self, instructions: dict[str, str], label: str, new: Sequence[ExampleResult]) -> None:
+        """:class:`ProgramError` when the program raised one error on every baseline example and raises it again on
+        every example (at least 3 a run) evaluated with other instructions, until the instructions of every step
+        that ran on the baseline have been changed in one of those runs (a step that never ran cannot be the cause,
+        whatever its instructions say): the error does not depend on the instructions, so the rest of the budget
+        would be spent on it for nothing. (One error everywhere may depend on what the LM answers, e.g. the
+        program's own check of a label; a run whose examples raise anything else shows that instructions matter.)"""
+        if self._code_error is None or not new:
+            return
+        baseline_instructions, error, untried = self._code_error
+        changed = {step for step, text in instructions.items() if baseline_instructions.get(step) != text}
+        if not changed:
+            return
+        if any(r.error != error for r in new):
+            self._code_error = None  # other instructions changed what happens: instructions can matter
+            return
+        if len(new) < 3:  # too few to tell
+            return
+        untried -= changed
+        if untried:
+            return
+        raise ProgramError(
+            f"The program raised the same error on every example of the unchanged program, and again on every "
+            f"example evaluated with other instructions for each step that ran ({len(new)} of them with the last, "
+            f"{label}): {error[:300]}. It does not depend on the instructions, so no optimization can fix it: fix the "
+            "program's code (run it on one example to see where it fails) and compile again with a new "
+            "run_storage_dir (the records of this one hold the error)."
+        )
 
     @staticmethod
     def _warn_metric_raised_on_some(split: str, records: Sequence[ExampleResult]) -> None:
@@ -395,9 +429,11 @@ class Runs:
         uncharged = [r for r in new if not r.reusable]
         if uncharged and charged:
             notes.append(f"{len(uncharged)} example(s) failed in the LM call itself and were not charged")
-        return self._save(
+        saved = self._save(
             label, split, instructions, reused + new, len(ids), spent, notes, settles=pending, rollout=rollout
         )
+        self._check_code_error(instructions, label, new)  # (after the run is kept: it was paid for)
+        return saved
 
     def _save(
         self,
