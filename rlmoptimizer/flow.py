@@ -33,7 +33,13 @@ from rlmoptimizer.agent.state import long_run_aids, no_check_left
 from rlmoptimizer.agent.stop import StopRequest
 from rlmoptimizer.agent.tools import AgentTools
 from rlmoptimizer.agent.working_program import WorkingProgram
-from rlmoptimizer.budget import BudgetLedger, baseline_on_demand, budget_for, budget_for_metric_calls
+from rlmoptimizer.budget import (
+    BudgetLedger,
+    baseline_on_demand,
+    budget_for,
+    budget_for_metric_calls,
+    thin_budget_warning,
+)
 from rlmoptimizer.display import Display
 from rlmoptimizer.errors import (
     AgentToolError,
@@ -128,9 +134,13 @@ class Compile:
             self._open_directory(config)
             self.cost_estimate = estimate_at_start(self)  # before any paid call: verbose shows it, the result checks it
             self.display.message(small_split_note(len(valset), len(trainset)) or "")
-            tiny = tiny_split_warning(len(valset), len(trainset))
-            if tiny and not self.read_back:
-                logger.warning(tiny)
+            if not self.read_back:
+                thin = config.max_metric_calls and thin_budget_warning(
+                    config.max_metric_calls, len(trainset), len(valset)
+                )
+                for warning in (tiny_split_warning(len(valset), len(trainset)), thin):
+                    if warning:
+                        logger.warning(warning)
         except BaseException:
             self.release()
             raise

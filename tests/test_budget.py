@@ -195,3 +195,34 @@ def test_auto_sizes_max_metric_calls_as_dspy_gepa_does():
     assert gepa_metric_calls("light", None, 2, 12, 0) == auto_metric_calls("light", 2, 12)  # no valset: train's size
     assert gepa_metric_calls(None, 3, 2, 12, 8) == 60  # max_full_evals: the train and validation sets together
     assert gepa_metric_calls(None, None, 2, 12, 8) is None
+
+
+@pytest.mark.parametrize(
+    ("calls", "warned"), [(24, True), (29, True), (30, False), (200, False)], ids=["24", "29", "30", "200"]
+)
+def test_a_budget_that_pays_the_baseline_and_one_check_but_no_candidate_is_warned_about(calls, warned):
+    """Regression: max_metric_calls=24 with 12 validation examples was taken, and the run paid its baseline and then
+    returned the unchanged program without a word of why."""
+    from rlmoptimizer.budget import thin_budget_warning
+
+    said = thin_budget_warning(calls, 20, 12)
+    assert (said is not None) is warned
+    if warned:
+        assert f"max_metric_calls={calls} leaves {calls - 12}" in said and "max_metric_calls >= 30" in said
+    train_only = thin_budget_warning(calls, 12, 0)  # no valset: the train set is the selection split
+    assert (train_only is not None) is warned
+    assert train_only is None or ("12 train examples" in train_only and "fewer train examples" in train_only)
+
+
+def test_compile_warns_of_a_budget_that_pays_no_candidate_when_it_starts(caplog):
+    from support.optimizing import compile_tickets, proposer
+    from support.tickets import make_splits
+
+    _, val = make_splits()
+    with caplog.at_level("WARNING", logger="rlmoptimizer"):
+        result = compile_tickets([], rlm_autopilot="loop", max_metric_calls=2 * len(val) + 2, sub_lm=proposer())
+    warned = [
+        r.getMessage() for r in caplog.records if "leaves" in r.getMessage() and "max_metric_calls=" in r.getMessage()
+    ]
+    assert len(warned) == 1 and f"max_metric_calls >= {2 * len(val) + 6}" in warned[0]
+    assert result.budget["spent"] <= result.budget["limit"]  # (one proposal checked at once may still win)
