@@ -47,6 +47,7 @@ from rlmoptimizer.errors import (
     OptimizationInterrupted,
     RLMOptimizerError,
     RunDirectoryMismatchError,
+    exception_chain,
 )
 from rlmoptimizer.estimate import estimate_at_start
 from rlmoptimizer.evaluation.evaluator import Evaluator, distinct_examples
@@ -86,6 +87,13 @@ from rlmoptimizer.storage.run_store import RunStore
 from rlmoptimizer.usage import EVAL, ROOT, UsageMeter, UsageObserver
 
 logger = logging.getLogger(__name__)
+
+
+def _first_foreign(exc: BaseException) -> BaseException | None:
+    """What ``exc`` (one of ours) was raised from that is not one of ours (the metric's own KeyError, an LM's
+    error), or None: the error re-raised with where the paid work is shows that cause once, not each of our copies
+    of the same message along the way."""
+    return next((e for e in exception_chain(exc) if not type(e).__module__.startswith("rlmoptimizer.")), None)
 
 
 class Compile:
@@ -252,11 +260,11 @@ class Compile:
         except MetricError as exc:  # resuming with the fixed metric is refused (another metric): say what works
             raise MetricError(
                 f"{exc}\n{metric_failed_message(self.directory, self.store.is_temporary, self.metric.identity)}"
-            ) from exc
+            ) from _first_foreign(exc)
         except RunDirectoryMismatchError:  # nothing was paid: resuming the same directory would fail the same way
             raise
         except RLMOptimizerError as exc:  # e.g. the evaluation LM is unusable: say where the paid work is
-            raise type(exc)(f"{exc}\n{self._where('stopped')}") from exc
+            raise type(exc)(f"{exc}\n{self._where('stopped')}") from _first_foreign(exc)
         except Exception as exc:
             raise OptimizationInterrupted(self._where(f"stopped by {type(exc).__name__}: {exc}")) from exc
         finally:

@@ -100,6 +100,15 @@ def test_a_metric_that_raises_the_same_error_on_every_example_stops_the_compile_
     assert "run compile() with a new run_storage_dir" in message  # what to do once it is fixed
     assert len(eval_lm.calls) == 2 * train_size  # that baseline only (two steps an example); nothing after it
     assert sub_lm.calls == []
+    # the traceback shows the message once (the metric's error is in it): none of our copies of it along the way
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__
+
+
+def test_a_metric_error_without_a_cause_of_the_metrics_own_is_raised_once():
+    """Regression: a metric returning None gave a 48-line traceback that repeated the same message three times."""
+    with pytest.raises(MetricError, match="returned None") as raised:
+        compile_tickets([], metric=lambda example, prediction, trace=None: None, rlm_autopilot="loop")
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__
 
 
 def test_a_metric_that_raises_only_on_some_examples_does_not_stop_the_compile_and_is_named_in_a_warning(caplog):
