@@ -216,6 +216,7 @@ def run_loop(
     raised (the services' stop request)."""
     turns = [dict(t) for t in prior_turns]
     usage = services.usage
+    submitted_by = LOOP_SUBMISSION
     while True:
         cap = usage.cap_message() if usage is not None and usage.cap_reached else None
         pilot.submitted = pilot.submitted or (decided and decided()) or cap
@@ -233,6 +234,8 @@ def run_loop(
                 pilot.submitted = "the loop's last phase changed nothing" + (
                     f" ({pilot.refused})" if pilot.refused else ""
                 )
+                if pilot.refused:  # the result's reason says why the loop stopped early (a failing sub LM, ...)
+                    submitted_by = f"{LOOP_SUBMISSION} (the loop stopped early: {pilot.refused})"
         final = pilot.submitted is not None
         if final and not report["summary"].endswith(f"({pilot.submitted})."):
             report["summary"] += f"\nThe run ends with the current instructions ({pilot.submitted})."
@@ -244,7 +247,7 @@ def run_loop(
             final=final,
             pilot=report["ran"],
             outputs={"optimized_dspy_program": services.working.instructions()} if final else None,
-            submitted_by=LOOP_SUBMISSION if final else None,
+            submitted_by=submitted_by if final else None,
         )
         turns.append(turn)
         services.observer.on_event(AgentTurn(turn, services.ledger.snapshot()))
@@ -253,5 +256,5 @@ def run_loop(
                 submitted=dict(services.working.instructions()),
                 trajectory=tuple(turns),
                 final_reasoning=f"The default loop submitted: {pilot.submitted}.",
-                submitted_by=LOOP_SUBMISSION,
+                submitted_by=submitted_by,
             )

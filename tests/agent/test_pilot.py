@@ -121,6 +121,10 @@ def test_a_loop_ended_by_a_refused_move_says_which_and_why(monkeypatch):
     assert "the loop's last phase changed nothing (run_gepa(" in why and "was refused: " in why
     assert "407 Proxy Authentication Required" in why
     assert result.route.signature.instructions == ORIGINAL_ROUTE
+    # and the result's reason says it, where a user reads why this program was returned
+    reason = result.selection["reason"]
+    assert reason.startswith("the default loop's submission (the loop stopped early: run_gepa(")
+    assert "407 Proxy Authentication Required" in reason and "is the unchanged instructions" in reason
 
 
 def test_a_budget_that_pays_targeted_rounds_gets_them_in_a_step_of_their_own(monkeypatch):
