@@ -162,7 +162,14 @@ def _clearly_better(
         return run, ""
     top = ranking[0]
     on_split, fresh = _evidence(top, baseline, train_runs)
-    confirm = "" if fresh or top.split != "val" else "; fresh train examples can confirm a lead (confirm_gain())"
+    confirm = (
+        ""
+        if fresh or top.split != "val"
+        else (
+            "; a lead can be confirmed on train examples no search saw, when budget is left for them (confirm_gain(), "
+            "the default loop's last move)"
+        )
+    )
     return run, (
         f"{top.run_id} ({top.label}) scored {top.score:.4f}, above the unchanged program's {baseline.score:.4f}, but "
         f"it {describe_evidence(on_split, fresh, top.split)}: a gain one example could undo (a change is returned "
