@@ -660,3 +660,16 @@ def test_a_program_whose_structure_changed_is_refused_naming_what_changed(finish
     with pytest.raises(RunDirectoryMismatchError, match="What changed in the program: step 'route': ") as refused:
         compile_in(run, None, task, student=student, **loop())
     assert "demo" in str(refused.value).split("What changed in the program:")[1] and task.calls == []
+
+
+def test_the_manifest_keeps_the_structure_small_whatever_the_demos_hold():
+    from rlmoptimizer.fingerprint import diff_fingerprints, structural_fingerprint
+    from rlmoptimizer.storage.resume import _compact_structure
+
+    program = dspy.Predict("question -> answer")
+    program.demos = [dspy.Example(question="x" * 50_000, answer="H")]
+    kept = _compact_structure(structural_fingerprint(program))
+    assert len(json.dumps(kept)) < 2_000 and "50,000 chars" in json.dumps(kept)
+    program.demos = [dspy.Example(question="x" * 49_999 + "y", answer="H")]  # differs past what is kept whole
+    [change] = diff_fingerprints(kept, _compact_structure(structural_fingerprint(program)))
+    assert change.startswith("step 'self': demo 0 changed from ")

@@ -103,6 +103,24 @@ RESULT_SETTINGS = ("rlm_autopilot", "max_demos")
 a run made under one value of each (:meth:`RunJournal.open_manifest` refuses another)."""
 
 
+def _compact_structure(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """The program's structure as the manifest keeps it, to say what changed when a resume is refused: its demos'
+    long values (an image's data, a long document) cut to their start and a digest, so the file stays small."""
+
+    def short(value: Any) -> Any:
+        text = value if isinstance(value, str) else json.dumps(jsonable(value), sort_keys=True)
+        return text if len(text) <= 120 else f"{text[:80]}... ({len(text):,} chars, sha256 {sha256_json(text)[:12]})"
+
+    compact = jsonable(fingerprint)
+    for predictor in compact.get("predictors", []):
+        demos = predictor.get("demos")
+        if isinstance(demos, list):
+            predictor["demos"] = [
+                {k: short(v) for k, v in d.items()} if isinstance(d, dict) else short(d) for d in demos
+            ]
+    return compact
+
+
 def compile_manifest(
     program: Any,
     fingerprint: Any,
@@ -121,7 +139,7 @@ def compile_manifest(
     evaluation LM unless it is dspy's default one (``default_adapter``)."""
     return {
         "program": fingerprint_digest(fingerprint),
-        "program_structure": jsonable(fingerprint),
+        "program_structure": _compact_structure(fingerprint),
         "starting_instructions": {step: sha256_json(text)[:16] for step, text in get_instructions(program).items()},
         "trainset": examples_digest(trainset),
         "valset": examples_digest(valset),
