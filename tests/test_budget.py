@@ -155,7 +155,10 @@ def test_sixteen_threads_never_overspend_and_the_totals_are_exact(eager_thread_s
     assert ledger.spent_by_kind == expected
     assert ledger.spent == sum(expected.values()) - (expected[SUB_LM_CALL] if own else 0) <= limit
     assert ledger.left == limit - ledger.spent and ledger._reserved == {"main": 0, "sub": 0}
-    assert ledger.spent == limit  # the demand (16 * 300 * ~3 units) exceeds the limit: it was all used
+    # the demand (16 * 300 * ~3 units) exceeds the limit: it was all used, but for what the last reservation of the
+    # last thread left unspent (at most one request, 12 units: nobody was left to take them)
+    assert limit - 12 <= ledger.spent <= limit
+    assert ledger.reserve(limit, TRAIN_EXAMPLE).granted == limit - ledger.spent  # and what is left can be had
     if own:
         assert expected[SUB_LM_CALL] == sub_lm_limit and ledger.snapshot()["sub_lm_left"] == 0
 
