@@ -72,7 +72,8 @@ class EvaluationLMError(RLMOptimizerError):
 
 class ProgramError(RLMOptimizerError):
     """The program raised one and the same error on every example of the unchanged program's baseline and again on
-    every example evaluated with other instructions: the error is in its code, which no instructions can fix."""
+    every example of several evaluations with other instructions for each step that ran: instructions have not changed
+    it (an error in its code, or in its handling of what the LM answers)."""
 
 
 class SandboxError(RLMOptimizerError):

@@ -15,7 +15,7 @@ import types
 
 import dspy
 import pytest
-from support.optimizing import TURNS, compile_tickets, proposer
+from support.optimizing import POLICY_PROMPT, TURNS, compile_tickets, proposer
 from support.tickets import RouteTicket, make_splits, metric, task_lm_reply
 
 from rlmoptimizer import ConfigurationError, EvaluationLMError, MetricError, ProgramError
@@ -138,11 +138,13 @@ def test_a_metric_that_never_raises_is_not_warned_about(caplog):
     assert not [r for r in caplog.records if "The metric raised on" in r.getMessage()]
 
 
-def test_a_program_that_raises_the_same_error_whatever_its_instructions_stops_after_one_other_try(caplog, tmp_path):
+def test_a_program_that_raises_the_same_error_whatever_its_instructions_stops_after_three_tries_a_step(
+    caplog, tmp_path
+):
     """The error may be the program's code (no instructions fix it) or what the LM answers (they may): the run goes
-    on with a warning, and the first evaluation with other instructions that raises it again on every example
-    stops it with ProgramError (regression: a loop-mode run spent 174 of 188 units on a program that could never
-    run). What was paid is kept in the run directory."""
+    on with a warning, and once three evaluations with other instructions for the step that ran raised it again on
+    every example, ProgramError stops it (regression: a loop-mode run spent 174 of 188 units on a program that
+    could never run). What was paid is kept in the run directory."""
 
     class Broken(RouteTicket):
         def forward(self, ticket):
@@ -155,25 +157,30 @@ def test_a_program_that_raises_the_same_error_whatever_its_instructions_stops_af
             [],
             student=Broken(),
             rlm_autopilot="loop",
-            max_metric_calls=40,
+            max_metric_calls=80,
             eval_lm=eval_lm,
-            sub_lm=proposer("Route the ticket to its queue."),
+            sub_lm=proposer("Route the ticket to its queue.", "Summarize the ticket.", "Say what the ticket asks."),
             run_storage_dir=tmp_path,
         )
     warned = [r.getMessage() for r in caplog.records if "The program raised on every one of" in r.getMessage()]
     assert len(warned) == 1 and "RuntimeError: forgot to return the prediction" in warned[0]
     message = str(stopped.value)
-    assert "for each step that ran" in message and "RuntimeError: forgot to return the prediction" in message
-    assert "fix the program's code" in message and str(tmp_path) in message  # where the paid work is
+    assert "at least 3 for each step that ran" in message and "RuntimeError: forgot to return the prediction" in message
+    assert "error in the program's code" in message and "catch it there" in message
+    assert str(tmp_path) in message  # where the paid work is
+    runs = [json.loads(f.read_text()) for f in sorted((tmp_path / "runs").glob("run-*.json"))]
+    tried = [r for r in runs if r["instructions"]["summarize.predict"] != runs[0]["instructions"]["summarize.predict"]]
+    assert len(tried) == 3  # the step that ran, three times; then it stopped
     train, val = make_splits()
     ledger = json.loads((tmp_path / "ledger.json").read_text())
-    assert ledger["spent"] <= 3 * 3  # after the validation baseline, a minibatch per step or so: not the budget
+    assert ledger["spent"] < 80 // 2  # minibatches, not the budget
     assert len(eval_lm.calls) == len(val) + ledger["spent"]  # one LM call an example (the first step), then none
 
 
-def test_an_error_that_other_instructions_make_go_away_does_not_stop_the_run(caplog):
+def test_an_error_that_the_third_proposal_for_its_step_makes_go_away_does_not_stop_the_run(tmp_path):
     """One error on every baseline example that depends on what the LM answers (the program's own check of its
-    label): instructions that change the answers make it go away, so the run goes on and can fix it."""
+    label): two proposals for the step that decides it leave it, the third fixes it, so the run goes on and returns
+    the fix (regression: the first evaluation with other instructions that raised it again stopped the run)."""
 
     class Strict(RouteTicket):
         def forward(self, ticket):
@@ -182,7 +189,13 @@ def test_an_error_that_other_instructions_make_go_away_does_not_stop_the_run(cap
                 raise ValueError("not a known queue")
             return prediction
 
-    result = compile_tickets([], student=Strict(), rlm_autopilot="loop", max_metric_calls=60, sub_lm=proposer())
+    sub_lm = proposer("Route the ticket.", "Route each ticket.", "Queue it.", "Queue it well.", POLICY_PROMPT)
+    result = compile_tickets(
+        [], student=Strict(), rlm_autopilot="loop", max_metric_calls=80, sub_lm=sub_lm, run_storage_dir=tmp_path
+    )
+    runs = [json.loads(f.read_text()) for f in sorted((tmp_path / "runs").glob("run-*.json"))]
+    routes = [r["instructions"]["route"] for r in runs if r["split"] == "train"]
+    assert routes.index(POLICY_PROMPT) > routes.index("Queue it well.") > routes.index("Route each ticket.")
     assert result.selection["baseline_score"] == 0.0 and result.selection["chosen_score"] > 0.5
 
 
@@ -326,3 +339,37 @@ def test_a_small_compile_whose_evaluation_lm_is_down_stops_with_an_outage(tmp_pa
         )
     assert "no answer on 6 different examples in a row" in str(raised.value)  # both baselines, all there is
     assert "503 Service Unavailable" in str(raised.value) and str(tmp_path) in str(raised.value)
+
+
+def test_an_error_on_every_train_example_that_validation_does_not_raise_never_stops_the_run(caplog, tmp_path):
+    """The train baseline raises one error on every example, the validation baseline on none (the error depends on
+    the examples, not on the code alone): tries with other instructions that raise it again on train are no evidence
+    against the program, so the run goes on to the end (regression: the check was set from the train baseline and
+    never cleared by the validation one)."""
+    train, _ = make_splits()
+    train_tickets = {example.ticket for example in train}
+
+    class TrainOnly(RouteTicket):
+        def forward(self, ticket):
+            prediction = super().forward(ticket=ticket)
+            if ticket in train_tickets:
+                raise ValueError("a ticket of the first batch")
+            return prediction
+
+    sub_lm = proposer("Route the ticket.", "Route each ticket.", "Queue it.", "Queue it well.")
+    with caplog.at_level("WARNING", logger="rlmoptimizer"):
+        compile_tickets(
+            [],
+            student=TrainOnly(),
+            rlm_autopilot="loop",
+            max_iterations=None,
+            max_metric_calls=None,
+            sub_lm=sub_lm,
+            run_storage_dir=tmp_path,
+        )
+    assert [r for r in caplog.records if "always with ValueError: a ticket of the first batch" in r.getMessage()]
+    runs = [json.loads(f.read_text()) for f in sorted((tmp_path / "runs").glob("run-*.json"))]
+    first = runs[0]["instructions"]
+    tried = [r for r in runs if r["split"] == "train" and len(r["records"]) >= 3 and r["instructions"] != first]
+    assert all(record["error"] for run in tried for record in run["records"])
+    assert len(tried) >= 6  # more tries than would have stopped it

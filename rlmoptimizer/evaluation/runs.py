@@ -39,6 +39,11 @@ from rlmoptimizer.storage.run_store import PendingLog, RunStore
 
 logger = logging.getLogger(__name__)
 
+# Runs with other instructions for each step that ran, each raising the baseline's one error on every example,
+# before ProgramError stops the run: one try would stop a run that a later proposal fixes (an error that depends on
+# what the LM answers), while every try costs a minibatch of an error that may be the code's.
+CODE_ERROR_TRIES = 3
+
 
 class _RecordSink:
     """Where each record of one evaluation goes as it completes: the pending log, then the observer."""
@@ -75,9 +80,9 @@ class Runs:
         self.observer = observer
         self._lock = threading.Lock()
         self._cache: dict[tuple[str, int, str, int], ExampleResult] = {}
-        # (the unchanged program's instructions, the error) when it raised that one error on every baseline example
-        # and the steps that ran on it whose instructions no evaluation that raised it again on every example changed
-        self._code_error: tuple[dict[str, str], str, set[str]] | None = None
+        # (the unchanged program's instructions, the error, the steps that ran) when it raised that one error on
+        # every example of its first baseline; set before anything else is evaluated, read only after
+        self._code_error: tuple[dict[str, str], str, frozenset[str]] | None = None
         for run in store.all():
             self._index(run)
         self._recover_pending()
@@ -133,7 +138,7 @@ class Runs:
             )
         if kind == PROGRAM_ERROR and len(records) >= 3 and not error.startswith("AdapterParseError"):
             ran = {call.step_name for record in records for call in record.steps}  # (only their instructions can)
-            self._code_error = (dict(run.instructions), error, ran)  # evaluations with other instructions tell
+            self._code_error = (dict(run.instructions), error, frozenset(ran))  # other instructions will tell
             logger.warning(
                 "The program raised on %s. If that is an error in its code, no instructions can fix it: stop the run "
                 "(Ctrl-C keeps what was paid), fix it, and compile again with a new run_storage_dir (the records of "
@@ -141,33 +146,40 @@ class Runs:
                 where,
             )
 
-    def _check_code_error(self, instructions: dict[str, str], label: str, new: Sequence[ExampleResult]) -> None:
+    def _check_code_error(self, label: str, new: Sequence[ExampleResult]) -> None:
         """:class:`ProgramError` when the program raised one error on every baseline example and raises it again on
-        every example (at least 3 a run) evaluated with other instructions, until the instructions of every step
-        that ran on the baseline have been changed in one of those runs (a step that never ran cannot be the cause,
-        whatever its instructions say): the error does not depend on the instructions, so the rest of the budget
-        would be spent on it for nothing. (One error everywhere may depend on what the LM answers, e.g. the
-        program's own check of a label; a run whose examples raise anything else shows that instructions matter.)"""
+        every example of every run since, and :data:`CODE_ERROR_TRIES` runs or more (of at least 3 examples) with
+        other instructions for each step that ran on the baseline have done so (a step that never ran cannot be the
+        cause): the error has not depended on the instructions, so the rest of the budget would likely be spent on
+        it for nothing. One error everywhere may still depend on what the LM answers (the program's own parse or
+        check of a label), which is why one try is not enough and the message says what to do in that case. Any
+        run with an example that does not raise it (a baseline of another split included) ends the check for
+        good. Computed from the stored runs, so a resumed run counts the tries of the one it resumes."""
         if self._code_error is None or not new:
             return
-        baseline_instructions, error, untried = self._code_error
-        changed = {step for step, text in instructions.items() if baseline_instructions.get(step) != text}
-        if not changed:
-            return
-        if any(r.error != error for r in new):
-            self._code_error = None  # other instructions changed what happens: instructions can matter
-            return
-        if len(new) < 3:  # too few to tell
-            return
-        untried -= changed
-        if untried:
+        baseline_instructions, error, ran = self._code_error
+        tries = dict.fromkeys(ran, 0)
+        runs = 0
+        for run in self.store.all():
+            if any(record.error != error for record in run.records):
+                return  # instructions (or examples) changed what happens: they can matter
+            changed = {step for step, text in run.instructions.items() if baseline_instructions.get(step) != text}
+            if not changed or len(run.records) < 3:
+                continue
+            runs += 1
+            for step in changed:
+                tries[step] = tries.get(step, 0) + 1
+        if runs < CODE_ERROR_TRIES or any(tries[step] < CODE_ERROR_TRIES for step in ran):
             return
         raise ProgramError(
             f"The program raised the same error on every example of the unchanged program, and again on every "
-            f"example evaluated with other instructions for each step that ran ({len(new)} of them with the last, "
-            f"{label}): {error[:300]}. It does not depend on the instructions, so no optimization can fix it: fix the "
-            "program's code (run it on one example to see where it fails) and compile again with a new "
-            "run_storage_dir (the records of this one hold the error)."
+            f"example of {runs} evaluations with other instructions, at least {CODE_ERROR_TRIES} for each step that "
+            f"ran (the last, {label}, on {len(new)} new example(s)): {error[:300]}. Instructions have not changed it, "
+            "so the rest of the budget would be spent on it for nothing. If it is an error in the program's code, "
+            "fix it (run the program on one example to see where it fails); if it depends on what the LM answers "
+            "(the program parses or checks the answer), catch it there and return a prediction the metric scores "
+            "as failing, so that the optimizer can learn from it. Then compile again with a new run_storage_dir "
+            "(the records of this one hold the error)."
         )
 
     @staticmethod
@@ -432,7 +444,7 @@ class Runs:
         saved = self._save(
             label, split, instructions, reused + new, len(ids), spent, notes, settles=pending, rollout=rollout
         )
-        self._check_code_error(instructions, label, new)  # (after the run is kept: it was paid for)
+        self._check_code_error(label, new)  # (after the run is kept: it was paid for)
         return saved
 
     def _save(
