@@ -52,6 +52,7 @@ from rlmoptimizer.moves.failures import (
     make_group,
     render_failure,
     render_passing,
+    shared_inputs,
     spread_sample,
     step_order,
 )
@@ -217,8 +218,9 @@ class AnalysisMoves(MoveContext):
         asked = _Asked(prompts=len(prompts))
         with self._reserve(unpaid, len(prompts), merge) as reservation:
             answers = self._run(NameFailureCauses, "causes", prompts, lm, kept, reservation, asked)
+            shared = shared_inputs([f.record for f in analysed])
             for batch, answer in zip(batches, answers, strict=True):
-                causes, copied = checked_causes(answer, batch)
+                causes, copied = checked_causes(answer, batch, shared)
                 asked.causes.update(causes)
                 asked.copied.extend(copied)
             if merge and len(asked.causes) >= 2:

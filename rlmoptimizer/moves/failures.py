@@ -458,10 +458,12 @@ def contrast_for(batch: Sequence[Failure], passing: Sequence[ExampleResult], mos
 
 
 # -- the check of what the sub-LM answered ----------------------------------------------------------------------
-def checked_causes(answer: Any, asked: Sequence[Failure]) -> tuple[dict[int, str], list[int]]:
+def checked_causes(
+    answer: Any, asked: Sequence[Failure], shared: frozenset[str] = frozenset()
+) -> tuple[dict[int, str], list[int]]:
     """The causes of an answer for the failures ``asked`` only (unknown ids dropped, the first cause of an id kept,
     empty causes dropped), and the ids whose cause was dropped as a copy of the failure's own inputs
-    (:func:`copies_inputs`): such a failure is left to the code groups."""
+    (:func:`copies_inputs`, the input fields in ``shared`` left out): such a failure is left to the code groups."""
     by_id = {f.example_id: f for f in asked}
     causes: dict[int, str] = {}
     copied: list[int] = []
@@ -470,23 +472,43 @@ def checked_causes(answer: Any, asked: Sequence[Failure]) -> tuple[dict[int, str
         failure_id = getattr(item, "failure_id", None)
         if failure_id not in by_id or failure_id in causes or failure_id in copied or not cause:
             continue
-        if copies_inputs(cause, by_id[failure_id].record.inputs):
+        if copies_inputs(cause, by_id[failure_id].record.inputs, shared):
             copied.append(failure_id)
         else:
             causes[failure_id] = cause
     return causes, copied
 
 
-def copies_inputs(cause: str, inputs: Any) -> bool:
+def shared_inputs(records: Sequence[ExampleResult]) -> frozenset[str]:
+    """The input fields whose value is the same in every one of ``records`` (two or more): a policy or a context
+    every example carries. Quoting one of its rules names a cause, it does not copy the example."""
+    if len(records) < 2 or not all(isinstance(r.inputs, dict) for r in records):
+        return frozenset()
+    first = records[0].inputs
+    return frozenset(k for k, v in first.items() if all(k in r.inputs and r.inputs[k] == v for r in records[1:]))
+
+
+def copies_inputs(cause: str, inputs: Any, shared: frozenset[str] = frozenset()) -> bool:
     """Whether a named cause restates its example instead of naming a rule: a run of at least :data:`COPIED_WORDS`
-    words taken verbatim from the example's inputs makes up two thirds of it or more. A rule that quotes a few words
-    of the example ("tickets that say 'charged twice' go to billing") is kept."""
+    words taken verbatim from the example's own inputs (the fields in ``shared``, which every example carries, left
+    out) makes up two thirds of it or more. A rule that quotes a few words of the example ("tickets that say
+    'charged twice' go to billing") is kept."""
     said = _words(cause)
     if len(said) < COPIED_WORDS:
         return False
-    source = _words(json.dumps(inputs, ensure_ascii=False, default=str) if not isinstance(inputs, str) else inputs)
+    own = {k: v for k, v in inputs.items() if k not in shared} if isinstance(inputs, dict) else inputs
+    source = _words("\n".join(_texts(own)))
     run = SequenceMatcher(None, said, source, autojunk=False).find_longest_match(0, len(said), 0, len(source)).size
     return run >= COPIED_WORDS and 3 * run >= 2 * len(said)
+
+
+def _texts(value: Any) -> list[str]:
+    """The text of every value in ``value`` (nested dicts and lists included), keys left out."""
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _texts(v)]
+    if isinstance(value, list | tuple):
+        return [t for v in value for t in _texts(v)]
+    return [value if isinstance(value, str) else str(value)]
 
 
 def _words(text: str) -> list[str]:

@@ -498,3 +498,28 @@ def test_a_cause_is_a_copy_when_a_verbatim_run_of_the_inputs_makes_up_most_of_it
     from rlmoptimizer.moves.failures import copies_inputs
 
     assert copies_inputs(cause, {"ticket": "My card issuer filed a dispute about the payment."}) is copied
+
+
+def test_a_copy_of_a_multi_line_input_is_a_copy_and_a_quoted_rule_of_a_shared_policy_is_a_cause():
+    """The inputs' text is read as written (a JSON dump turned each line break into part of the next word, so a
+    copy of a multi-line ticket passed as a cause), and an input every failure carries alike (a policy) is no
+    example's own: a cause that quotes one of its rules verbatim names the rule."""
+    from rlmoptimizer.moves.failures import copies_inputs, shared_inputs
+    from rlmoptimizer.records import ExampleResult
+
+    policy = "Rules:\nRefund requests go to billing even when the item arrived damaged.\nDisputes go to disputes."
+    tickets = ["Hello,\nmy card issuer filed\na dispute about the payment\nyesterday.", "Where is my parcel?"]
+    records = [
+        ExampleResult(
+            example_id=i, inputs={"policy": policy, "ticket": t}, expected={}, predicted={}, score=0.0, passed=False
+        )
+        for i, t in enumerate(tickets)
+    ]
+    shared = shared_inputs(records)
+    assert shared == {"policy"}
+    copy = "my card issuer filed a dispute about the payment yesterday"
+    assert copies_inputs(copy, records[0].inputs, shared)
+    rule = "Refund requests go to billing even when the item arrived damaged."
+    assert not copies_inputs(rule, records[0].inputs, shared)
+    assert copies_inputs(rule, records[0].inputs)  # read as the example's own, it would be a copy
+    assert shared_inputs(records[:1]) == frozenset()  # one failure: nothing is known to be shared
