@@ -66,13 +66,15 @@ def thin_budget_warning(max_metric_calls: int, train_size: int, val_size: int) -
     """What a ``max_metric_calls`` that covers the baseline and one check but not a candidate found before that check
     means for the result, said when a compile starts; None when a first candidate fits."""
     baseline = val_size or train_size
-    needed = 2 * baseline + FIRST_CANDIDATE
+    # with a valset, the parent's minibatch is paid too; without, the train baseline holds it
+    found = FIRST_CANDIDATE if val_size else FIRST_CANDIDATE // 2
+    needed = 2 * baseline + found
     if max_metric_calls >= needed:
         return None
     return (
         f"max_metric_calls={max_metric_calls} leaves {max_metric_calls - baseline} after the baseline on the "
         f"{baseline} {'validation' if val_size else 'train'} examples, and a first changed program costs about "
-        f"{FIRST_CANDIDATE + baseline} (found on a {FIRST_CANDIDATE // 2}-example minibatch, then checked on all "
+        f"{found + baseline} (found on a {FIRST_CANDIDATE // 2}-example minibatch, then checked on all "
         f"{baseline}): there is no room for a search, only for one proposal checked on those examples at once, and "
         f"the unchanged program is the likely result. Pass max_metric_calls >= {needed} "
         f"(a useful run needs several times the train set more), or use fewer {'validation' if val_size else 'train'} "

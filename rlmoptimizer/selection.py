@@ -70,12 +70,15 @@ def tiny_split_warning(val_size: int, train_size: int) -> str | None:
     size, split = (val_size, "valset") if val_size else (train_size, "trainset (no valset was given)")
     if size >= TINY_SPLIT:
         return None
-    odds = (
-        "no change can show that on it alone (only fresh train examples confirming a lead can), so the unchanged "
-        "program is the likely result"
-        if size < 3
-        else f"on {size} only a large gain can show that (few changes make one)"
-    )
+    if size >= 3:
+        odds = f"on {size} only a large gain can show that (few changes make one)"
+    elif val_size:
+        odds = (
+            "no change can show that on it alone (only fresh train examples confirming a lead can), so the unchanged "
+            "program is the likely result"
+        )
+    else:
+        odds = "no change can show that on it, so the unchanged program is returned"
     return (
         f"The {split} decides what is returned and has {size} example(s): a change is returned only when it wins at "
         f"least 3 more examples than it loses, and {odds}. Give a valset of {SMALL_SPLIT} or more examples."

@@ -212,9 +212,11 @@ def test_a_budget_that_pays_the_baseline_and_one_check_but_no_candidate_is_warne
     assert (said is not None) is warned
     if warned:
         assert f"max_metric_calls={calls} leaves {calls - 12}" in said and "max_metric_calls >= 30" in said
-    train_only = thin_budget_warning(calls, 12, 0)  # no valset: the train set is the selection split
-    assert (train_only is not None) is warned
+    # no valset: the train set is the selection split, and its baseline holds the parent's minibatch
+    train_only = thin_budget_warning(calls, 12, 0)
+    assert (train_only is not None) is (calls < 27)
     assert train_only is None or ("12 train examples" in train_only and "fewer train examples" in train_only)
+    assert train_only is None or ("costs about 15" in train_only and "max_metric_calls >= 27" in train_only)
 
 
 def test_compile_warns_of_a_budget_that_pays_no_candidate_when_it_starts(caplog):

@@ -189,3 +189,12 @@ def test_a_selection_split_too_small_to_show_most_gains_is_warned_about(val_size
         assert said is None
     else:
         assert warned in said and "Give a valset of 30 or more" in said
+
+
+def test_a_train_set_of_two_without_a_valset_is_told_that_nothing_can_confirm_a_change():
+    """With no valset the train set is the selection split: there are no fresh train examples to confirm on."""
+    from rlmoptimizer.selection import tiny_split_warning
+
+    said = tiny_split_warning(0, 2)
+    assert "trainset (no valset was given)" in said and "the unchanged program is returned" in said
+    assert "fresh train examples" not in said
