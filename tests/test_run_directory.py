@@ -650,6 +650,21 @@ def test_a_finished_run_made_under_other_settings_is_refused_naming_them(finishe
     assert compile_in(run, None, task, **loop()).selection["chosen_score"] is not None and task.calls == []
 
 
+def test_an_unfinished_run_written_without_its_settings_records_them_when_resumed(finished_loop, tmp_path):
+    """A directory written before the settings were recorded is not checked against them; once resumed it goes on
+    under this compile's, so they are recorded and the next resume is checked (regression: never recorded)."""
+    run = Path(shutil.copytree(finished_loop, tmp_path / "run"))
+    (run / "result.json").unlink()  # unfinished
+    manifest = json.loads((run / "manifest.json").read_text())
+    del manifest["settings"]
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    compile_in(run, None, FunctionLM(task_lm_reply), **loop())
+    assert json.loads((run / "manifest.json").read_text())["settings"]["max_demos"] == 4
+    (run / "result.json").unlink()
+    with pytest.raises(RunDirectoryMismatchError, match="holds a run made with max_demos=4"):
+        compile_in(run, None, FunctionLM(task_lm_reply), **loop(), max_demos=0)
+
+
 def test_a_program_whose_structure_changed_is_refused_naming_what_changed(finished_loop, tmp_path):
     """Regression: a new demo or output field was refused as "a run of a different program" without saying what
     differed."""

@@ -145,7 +145,7 @@ class RunJournal:
                 + _structure_changes(stored, manifest, different)
             )
         self._check_starting_instructions(stored, manifest)
-        self._check_settings(stored, manifest)
+        updates = self._check_settings(stored, manifest)
         stored_attempt, attempt = stored.get("attempt"), manifest.get("attempt")
         if stored_attempt is not None and attempt is not None and stored_attempt != attempt:
             raise RunDirectoryMismatchError(
@@ -154,7 +154,7 @@ class RunJournal:
                 f"work{', and a finished attempt is only read back' if self.layout.result.exists() else ''}). Give "
                 f"attempt={attempt} its own run_storage_dir, or pass attempt={stored_attempt} to resume this one."
             )
-        updates = self._check_eval_lm(stored, manifest["eval_lm"], allow_eval_lm_change)
+        updates.update(self._check_eval_lm(stored, manifest["eval_lm"], allow_eval_lm_change))
         if stored_attempt is None and attempt is not None:  # written before the attempt was recorded
             updates["attempt"] = attempt
         updates.update(self._check_program_code(stored, manifest.get("program_code"), allow_program_change))
@@ -192,14 +192,16 @@ class RunJournal:
             "new run_storage_dir."
         )
 
-    def _check_settings(self, stored: dict[str, Any], manifest: dict[str, Any]) -> None:
-        """The settings that decide what a run does must be those it was made with (a directory written before they
-        were recorded is not checked): a finished run read back under other ones would silently ignore them (demos
-        switched off, yet the result holds demos), an unfinished one would go on under other rules."""
+    def _check_settings(self, stored: dict[str, Any], manifest: dict[str, Any]) -> dict[str, Any]:
+        """The settings that decide what a run does must be those it was made with: a finished run read back under
+        other ones would silently ignore them (demos switched off, yet the result holds demos), an unfinished one
+        would go on under other rules. A setting the directory was written without is not checked; an unfinished
+        run resumed goes on under this compile's, so they are recorded (the manifest's update)."""
         old, new = stored.get("settings") or {}, manifest.get("settings") or {}
         changed = sorted(name for name in set(old) & set(new) if old[name] != new[name])
         if not changed:
-            return
+            missing = {name: value for name, value in new.items() if name not in old}
+            return {"settings": {**missing, **old}} if missing and not self.layout.result.exists() else {}
         was = ", ".join(f"{name}={old[name]!r}" for name in changed)
         now = ", ".join(f"{name}={new[name]!r}" for name in changed)
         finished = self.layout.result.exists()
