@@ -160,7 +160,8 @@ def test_sixteen_threads_never_overspend_and_the_totals_are_exact(eager_thread_s
     assert limit - 12 <= ledger.spent <= limit
     assert ledger.reserve(limit, TRAIN_EXAMPLE).granted == limit - ledger.spent  # and what is left can be had
     if own:
-        assert expected[SUB_LM_CALL] == sub_lm_limit and ledger.snapshot()["sub_lm_left"] == 0
+        assert sub_lm_limit - 12 <= expected[SUB_LM_CALL] <= sub_lm_limit  # (the same: the last one's unspent)
+        assert ledger.snapshot()["sub_lm_left"] == sub_lm_limit - expected[SUB_LM_CALL]
 
 
 def test_concurrent_single_unit_reservations_grant_exactly_the_limit(eager_thread_switching):
