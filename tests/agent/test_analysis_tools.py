@@ -69,3 +69,24 @@ def test_with_max_metric_calls_an_analysis_is_paid_from_the_sub_lm_allowance_and
     assert json.loads(outputs[1].strip().splitlines()[-1]) == [2, 30 - 8 - 12, 30 - 2]
     assert counting.calls == 8 + 12  # the validation baseline and the train baseline read: the analysis made none
     assert result.budget["spent_by_kind"] == {"train_example": 12, "val_example": 0, "sub_lm_call": 2}
+
+
+def test_a_tool_result_left_as_a_cells_value_shows_its_summary_and_is_still_a_whole_dict():
+    """Regression: ``analyze_failures()`` as a cell's last line showed the whole result's repr (10k characters on the
+    benchmark), which every later turn of the root LM carried in its history."""
+    turns = [
+        {"reasoning": "analyse", "code": "analyze_failures()"},
+        {
+            "reasoning": "read it",
+            "code": "a = analyze_failures()\nprint(isinstance(a, dict), a['groups'][0]['count'], sorted(dict(a)) == "
+            "sorted(json.loads(json.dumps(a))), len(repr(dict(a))) > len(repr(a)))",
+        },
+        {"reasoning": "submit", "code": SUBMIT_LINE},
+    ]
+    result = compile_tickets(turns, sub_lm=analyst(), max_iterations=3)
+    shown, read = (turn["output"].strip() for turn in result.agent_trajectory[:2])
+    assert shown.startswith("analysis-1 of the current instructions' train records: 2 failure(s) of 12"), shown
+    assert f"0. {GROUP} (2): {DISPUTE_CAUSE}" in shown
+    assert shown.splitlines()[-1].startswith("(a dict: result[key] reads one of 'analysis_id', ")
+    assert "'groups'" in shown.splitlines()[-1] and "{'analysis_id'" not in shown
+    assert read == "True 2 True True"

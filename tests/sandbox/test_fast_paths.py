@@ -1,4 +1,5 @@
-"""The sandbox's per-execute fast paths (real Deno/Pyodide) keep dspy's runner behaviour exactly.
+"""The sandbox's per-execute fast paths (real Deno/Pyodide) keep dspy's runner behaviour exactly, but for one
+change: a cell that printed and ends with a value sends back both (the runner sends the value alone).
 
 Each execute reports the REPL's names as it ends (no second execute listing them), and the runner's own
 snippets are compiled once. Regressions here would show as wrong results, or as lost-variable messages
@@ -45,7 +46,7 @@ def box():
         ("fp_a", 1),
         ("fp_a;", ""),
         ("fp_b, fp_c = 1, 2\nfp_b, fp_c", [1, 2]),
-        ("print('hi')\n41 + 1", 42),
+        ("print('hi')\n41 + 1", "hi\n42"),
         ("for fp_i in range(2):\n    print(fp_i)", "0\n1\n"),
         ("fp_d = echo(value=[1, None])\nfp_d[1] is None", True),
         ("import asyncio\nawait asyncio.sleep(0)\n'awaited'", "awaited"),

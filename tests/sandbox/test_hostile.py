@@ -483,3 +483,21 @@ def test_nothing_a_cell_stores_reaches_the_host_disk_or_a_later_sandbox():
         finally:
             sandbox.shutdown()
     assert (sorted(location_data.rglob("*")) if location_data.exists() else []) == before
+
+
+def test_a_cells_last_value_comes_after_what_it_printed_and_a_tool_result_shows_its_summary(box):
+    """Regression: a cell that printed and ended with a value sent back the value alone (dspy's runner drops the
+    prints), and a tool's result as the cell's last value showed its whole dict (10k characters on the benchmark)
+    where its summary says what it holds."""
+    assert run(box, "print('before')\n1 + 1") == "before\n2"
+    assert run(box, "print('before')\n'text'") == "before\ntext"
+    assert box.execute("1 + 1") == 2  # nothing printed: the value as the runner sends it
+    big = "{'summary': 'two groups', 'groups': [1] * 5000, 'note': None}"
+    assert run(box, f"echo({big})") == (
+        "two groups\n(a dict: result[key] reads one of 'groups', 'note'; print(dict(result)) shows all)"
+    )
+    assert run(box, f"r = echo({big})\nprint(isinstance(r, dict), r['groups'][:2], len(json.dumps(r)) > 5000)") == (
+        "True [1, 1] True\n"
+    )
+    assert run(box, "print(r['note'] is None, len(repr(dict(r))) > 5000)") == "True True\n"
+    assert box.execute("echo({'a': 1})") == {"a": 1}  # no summary: a plain dict

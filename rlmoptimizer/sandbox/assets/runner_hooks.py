@@ -20,7 +20,8 @@ look up ``pyodide.code.eval_code`` and ``eval_code_async`` on every call:
   (dspy's ``buf_stdout`` / ``buf_stderr``) are replaced by ``io.StringIO`` subclasses that keep at most ``max_output_chars``
   UTF-8 bytes, the most the host reads back: past it, a print is only counted, and a cell that printed more fails
   with ``OutputTooLarge`` (its variables kept), where a 50 MB print used to exhaust the process's memory in copies
-  and restart the REPL.
+  and restart the REPL. A cell's last value is sent back after what the cell printed (the runner sends the value
+  alone), and a tool's result (``ToolResult``, see ``tool_wrappers.py``) as its summary.
 
 Once per process, the JavaScript side is hardened (:data:`_HARDEN_JS`): ``Deno.cwd()``, ``Deno.execPath()``,
 ``Deno.mainModule`` and ``Deno.args`` reveal no host path (nor do Python's ``sys.executable``, ``sys.orig_argv``
@@ -51,7 +52,7 @@ def _rlmopt_install_hooks(report, max_output_chars):
     _hide_host_paths(sys)
     original, original_async = code.eval_code, code.eval_code_async
     compiled = {}
-    _id, _type, _list, _isinstance, _len, _str = id, type, list, isinstance, len, str
+    _id, _type, _list, _isinstance, _len, _str, _repr = id, type, list, isinstance, len, str, repr
     _dumps, _float, _dict, _tuple, _print = json.dumps, float, dict, tuple, builtins.print
 
     def plain(value, depth=0):
@@ -134,6 +135,23 @@ def _rlmopt_install_hooks(report, max_output_chars):
             "and keep large data in variables."
         )
 
+    def sent_back(result, output):
+        """A cell's last value as the runner sends it back: a tool's result as its summary (``ToolResult``), and after
+        what the cell printed, which the runner drops whenever the last value is not None."""
+        if result is None or output is None:
+            return result
+        tool_result = getattr(builtins, "ToolResult", None)
+        printed = output.getvalue()
+        if not printed and (tool_result is None or _type(result) is not tool_result):
+            return result
+        try:
+            value = (
+                result if _isinstance(result, _str) else _str(result) if _type(result) is tool_result else _repr(result)
+            )
+        except Exception:
+            return result
+        return printed + value
+
     async def eval_code_async(source, globals=None, locals=None, **kwargs):
         builtins._rlmopt_submitted = None  # SUBMIT's wrapper notes what it raises here
         output = None
@@ -149,7 +167,7 @@ def _rlmopt_install_hooks(report, max_output_chars):
                 raise builtins._rlmopt_submitted
             if output is not None and output.written > max_output_chars and result is None:
                 raise too_large(output.written)  # (stderr is capped too, but never sent back)
-            return result
+            return sent_back(result, output)
         except BaseException as error:
             submitted = builtins._rlmopt_submitted
             if submitted is not None and error is not submitted:  # the first SUBMIT ends the cell, caught or not

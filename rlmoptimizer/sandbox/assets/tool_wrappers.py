@@ -15,6 +15,9 @@ and dspy's ``SUBMIT`` in ``builtins._rlmopt_submit`` (the runner hooks restore a
 ``SUBMIT`` is wrapped to note the first submission it raises in ``builtins._rlmopt_submitted``: code that catches
 it (``try: SUBMIT(...) except BaseException: ...``) does not keep the run from ending, and a tool called after it
 raises it again, so nothing is spent after the submission.
+A result that carries a ``'summary'`` (the moves') is a :class:`ToolResult`: a dict in every way, shown (printed, or
+as a cell's last value) as that summary and the names of its other keys, since the whole dict runs to thousands of
+characters that every later turn of the root LM would carry in its history.
 
 The host appends one call: ``_rlmopt_wrap_tools(names, removed, error_name)``.
 """
@@ -68,11 +71,30 @@ def _rlmopt_wrap_tools(_names, _removed, _error_name):
         setattr(builtins, _error_name, error_type)
     prefix = _error_name + ": "
 
-    def clean(value):
+    tool_result = getattr(builtins, "ToolResult", None)
+    if tool_result is None:
+
+        class ToolResult(dict):
+            """A tool's result: a dict (index it, slice its lists, ``dict(result)`` for all of it), shown as its
+            summary and the names of its other keys."""
+
+            __slots__ = ()
+            __module__ = "builtins"
+
+            def __repr__(self):
+                keys = ", ".join(repr(key) for key in self if key != "summary")
+                return f"{self['summary']}\n(a dict: result[key] reads one of {keys}; print(dict(result)) shows all)"
+
+            __str__ = __repr__
+
+        builtins.ToolResult = tool_result = ToolResult
+
+    def clean(value, top=False):
         if value is jsnull:
             return None
         if isinstance(value, dict):
-            return {key: clean(item) for key, item in value.items()}
+            cleaned = {key: clean(item) for key, item in value.items()}
+            return tool_result(cleaned) if top and isinstance(cleaned.get("summary"), str) else cleaned
         if isinstance(value, list):
             return [clean(item) for item in value]
         return value
@@ -119,7 +141,7 @@ def _rlmopt_wrap_tools(_names, _removed, _error_name):
                 if not message.startswith(prefix):
                     raise
                 raise error_type(message[len(prefix) :]) from None
-            return clean(result)
+            return clean(result, top=True)
 
         functools.update_wrapper(wrapper, tool)
         wrapper._rlmopt_clean = True
