@@ -117,5 +117,7 @@ def _clip(text: str, limit: int = REFUSAL_CLIP) -> str:
 
 def agent_error(problem: str, fix: str) -> AgentToolError:
     """The one place that formats errors shown to the agent (by the agent's tools and by the moves): what went
-    wrong, then what to do (each clipped)."""
-    return AgentToolError(f"{_clip(problem)} -> {_clip(fix)}")
+    wrong, then what to do (each clipped); ``problem`` alone is kept on it, for a reason shown to the user."""
+    error = AgentToolError(f"{_clip(problem)} -> {_clip(fix)}")
+    error.problem = _clip(problem)
+    return error

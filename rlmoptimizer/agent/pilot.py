@@ -135,7 +135,7 @@ class Pilot:
                 lines.append(f"{action.call} -> {self._take(action)}")
             except AgentToolError as exc:
                 lines.append(f"{action.call} -> refused: {exc}")
-                why = str(exc)
+                why = getattr(exc, "problem", None) or str(exc)  # (what to do next is the agent's)
                 self.refused = f"{action.call} was refused: {why if len(why) <= 300 else why[:300] + ' ...'}"
                 break
         summary = "\n".join(lines) or "nothing to do"

@@ -408,7 +408,9 @@ class AgentTools:
         The run: the current instructions' train records by default; step=: only failures where that step ran or raised. Code groups by step, kind and 'expected -> produced' label; the sub-LM names one short cause per failure (8 failures a prompt) and merges them into groups. Returns {'groups': [{'name', 'cause', 'count', 'example_ids', 'step', 'kind', 'labels', 'contrast_ids' (passing examples of the same kind)}] largest first, 'code_groups', 'causes', 'summary' (print it), 'analysis_id', 'note'}; then propose_instructions(step, group=0). Prompts: failures/8 rounded up, plus 1 (at most 7), refused if the budget cannot cover them all; asked again about the same records: free."""
         analysis = self._as_sub(self.moves.analyze_failures)(run_id=run_id, step=step, use_lm=use_lm)
         if run_id is None and use_lm:  # the current instructions' failures: the default loop proposes for its groups
-            self.pilot.record(Analyzed(tuple((analysis.analysis_id, g.name, g.step) for g in analysis.groups)))
+            # (those whose step ran on some of their examples: a proposal has nothing to reflect on otherwise)
+            groups = tuple((analysis.analysis_id, g.name, g.step) for g in analysis.groups if g.step_ran != 0)
+            self.pilot.record(Analyzed(groups))
         return analysis.to_dict()
 
     @_stops_when_the_sub_lm_is_unusable

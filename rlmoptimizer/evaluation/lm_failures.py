@@ -47,18 +47,24 @@ _REQUEST_LM_ERRORS: tuple[type[BaseException], ...] = (
     dspy_errors.LMCollectionLimitError,
 )
 
+# LiteLLM's own names for a rejected request (a context window exceeded, a content policy): dspy.LM maps them to
+# LMInvalidRequestError; unwrapped (a custom LM raising litellm's error) they are a request, not an outage.
+_REQUEST_LITELLM_NAMES = ("BadRequestError", "UnprocessableEntityError")
 
-def _is_systemic(exc: BaseException) -> bool:
-    if isinstance(exc, _SYSTEMIC_LM_ERRORS):
-        return True
+
+def _litellm_error(exc: BaseException, names: tuple[str, ...]) -> bool:
     litellm = sys.modules.get("litellm")
     if litellm is None:
         return False
-    for name in _SYSTEMIC_LITELLM_NAMES:
+    for name in names:
         cls = getattr(litellm, name, None)
         if isinstance(cls, type) and isinstance(exc, cls):
             return True
     return False
+
+
+def _is_systemic(exc: BaseException) -> bool:
+    return isinstance(exc, _SYSTEMIC_LM_ERRORS) or _litellm_error(exc, _SYSTEMIC_LITELLM_NAMES)
 
 
 def classify_lm_failure(exc: BaseException) -> tuple[str, BaseException] | None:
@@ -68,8 +74,10 @@ def classify_lm_failure(exc: BaseException) -> tuple[str, BaseException] | None:
     for e in chain:
         if _is_systemic(e):
             return SYSTEMIC, e
+    if any(isinstance(e, _REQUEST_LM_ERRORS) or _litellm_error(e, _REQUEST_LITELLM_NAMES) for e in chain):
+        return None  # the request was sent and rejected: charged, not tried again
     for e in chain:
-        if isinstance(e, dspy_errors.LMError) and not isinstance(e, _REQUEST_LM_ERRORS):
+        if isinstance(e, dspy_errors.LMError):
             return TRANSIENT, e
     return None
 

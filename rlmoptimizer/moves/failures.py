@@ -60,7 +60,8 @@ class FailureGroup:
     one group of its kind (cause groups, code groups); ``contrast_ids`` are passing train ids of the same kind (the
     same expected label), disjoint from ``example_ids``; ``step`` is the step most of its failures point at (None
     when none ran), ``kind`` the most common kind (``wrong output``, ``partial score``, ``program error (Type)``,
-    ``metric error``); ``labels`` counts its ``field: expected -> produced`` pairs of short outputs."""
+    ``metric error``); ``labels`` counts its ``field: expected -> produced`` pairs of short outputs; ``step_ran`` is
+    how many of its examples ``step`` ran on (left a call a proposal can reflect on: 0 when each raised before it)."""
 
     name: str
     cause: str
@@ -70,6 +71,7 @@ class FailureGroup:
     labels: tuple[tuple[str, int], ...] = ()
     contrast_ids: tuple[int, ...] = ()
     analysis_id: str = ""
+    step_ran: int | None = None  # (None: read from an analysis kept before it was recorded)
 
     @property
     def count(self) -> int:
@@ -86,6 +88,7 @@ class FailureGroup:
             "labels": {label: n for label, n in self.labels},
             "contrast_ids": list(self.contrast_ids),
             "analysis": self.analysis_id,
+            "step_ran": self.step_ran,
         }
 
     @classmethod
@@ -99,6 +102,7 @@ class FailureGroup:
             labels=tuple((str(k), int(v)) for k, v in dict(data.get("labels") or {}).items()),
             contrast_ids=tuple(int(i) for i in data.get("contrast_ids") or ()),
             analysis_id=str(data.get("analysis", "")),
+            step_ran=None if data.get("step_ran") is None else int(data["step_ran"]),
         )
 
 
@@ -357,15 +361,17 @@ def make_group(
     labels = Counter(f.labels for f in members if f.labels)
     kinds_of = {expected_labels(f.record) for f in members} - {None}
     contrast = [r.example_id for r in passing if expected_labels(r) in kinds_of][:MAX_CONTRAST]
+    step = steps.most_common(1)[0][0] if steps else None
     return FailureGroup(
         name=name,
         cause=cause,
         example_ids=tuple(sorted(f.example_id for f in members)),
-        step=steps.most_common(1)[0][0] if steps else None,
+        step=step,
         kind=kinds.most_common(1)[0][0] if kinds else "",
         labels=tuple(labels.most_common()),
         contrast_ids=tuple(contrast),
         analysis_id=analysis_id,
+        step_ran=sum(1 for f in members if any(call.step_name == step for call in f.record.steps)),
     )
 
 

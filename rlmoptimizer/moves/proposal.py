@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextvars
 import json
 import random
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -154,7 +155,7 @@ class ProposalMoves(AnalysisMoves):
         made_for, notes = None, []
         if group is None:
             found = self._source(run_id, "propose_instructions")
-            source, records = found.label, self._select_records(found.label, found.records, ids)
+            source, records = found.label, self._select_records(found.label, found.records, ids, step)
         else:
             source, records, guidance, made_for, notes = self._for_group(group, step, run_id, ids, guidance)
         dataset, skipped = [], []
@@ -306,8 +307,10 @@ class ProposalMoves(AnalysisMoves):
         return sorted(rng.sample(rest, min(len(rest), max(5, len(used)))))
 
     def _select_records(
-        self, source: str, by_id: dict[int, ExampleResult], ids: list[int] | None
+        self, source: str, by_id: dict[int, ExampleResult], ids: list[int] | None, step: str
     ) -> list[ExampleResult]:
+        """The examples to reflect on: ``ids``, or a sample of the failures ``step`` ran on (a failure that raised
+        before it leaves it nothing to reflect on; when every failure did, the refusal names their errors)."""
         if ids is None:
             failed = [r for r in by_id.values() if not r.passed]
             if not failed:
@@ -316,6 +319,17 @@ class ProposalMoves(AnalysisMoves):
                     "evaluate new examples first (evaluate_program(sample='random', limit=10, seed=1)), pass "
                     "ids=[...] of examples to reflect on, or run_id= of a run with failures",
                 )
+            ran = [r for r in failed if any(call.step_name == step for call in r.steps)]
+            if not ran:
+                errors = Counter((r.error or "no error").split(":", 1)[0] for r in failed)
+                raise refuse(
+                    f"step {step!r} ran on none of the {len(failed)} failure(s) of {source}: each raised before it "
+                    f"({', '.join(f'{error} on {n}' for error, n in errors.most_common(3))}), which no instructions "
+                    f"of {step!r} can change",
+                    "pass ids=[...] of other examples to reflect on; an example that raises is the program's or its "
+                    "LM's to fix",
+                )
+            failed = ran
             if len(failed) > MAX_REFLECTION_EXAMPLES:  # another sample each call: the next proposal learns from others
                 rng = random.Random(self.proposal_calls)
                 failed = sorted(rng.sample(failed, MAX_REFLECTION_EXAMPLES), key=lambda r: r.example_id)

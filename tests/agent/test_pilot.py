@@ -17,7 +17,7 @@ import pytest
 from support.fakes import FunctionLM, last_user_text
 from support.metrics import CountingMetric
 from support.optimizing import ORIGINAL_ROUTE, compile_tickets, copier, proposer, steps_seen
-from support.tickets import POLICY_PROMPT, make_splits, metric
+from support.tickets import POLICY_PROMPT, make_splits, metric, task_lm_reply
 
 import rlmoptimizer
 from rlmoptimizer import RLMDocstringOptimizer
@@ -125,6 +125,40 @@ def test_a_loop_ended_by_a_refused_move_says_which_and_why(monkeypatch):
     reason = result.selection["reason"]
     assert reason.startswith("the default loop's submission (the loop stopped early: run_gepa(")
     assert "407 Proxy Authentication Required" in reason and "is the unchanged instructions" in reason
+
+
+def test_failures_that_raise_before_a_step_are_not_proposed_for_and_the_reason_says_why_the_loop_ended(monkeypatch):
+    """Train examples whose first LM call fails for good (too long for the model) fail for every instructions.
+    Regression: the loop proposed for their group (refused: the step never ran on them), then for the next step on
+    a sample of the same failures (refused again), and ended with advice meant for the agent ("pick examples where
+    the step ran") as the result's reason."""
+    from dspy.utils.exceptions import ContextWindowExceededError
+
+    no_sandbox(monkeypatch)
+    train, val = make_splits()
+    long = " (attached log: " + "x" * 50 + ")"
+    train = [e.copy(ticket=e.ticket + long) if i % 3 == 0 else e for i, e in enumerate(train)]
+
+    def task(messages):
+        user = last_user_text(messages)
+        if long.strip() in user and "[[ ## ticket ## ]]" in user:
+            return ContextWindowExceededError(model="fake")
+        return task_lm_reply(messages)
+
+    result = compile_tickets(
+        FunctionLM(never_called),
+        trainset=train,
+        eval_lm=FunctionLM(task),
+        sub_lm=proposer(POLICY_PROMPT),
+        rlm_autopilot="loop",
+        max_metric_calls=60,
+    )
+    calls = [call for turn in result.agent_trajectory for call in turn["pilot"]]
+    assert not any(call.startswith("p = propose_instructions('summarize.predict', group=") for call in calls)
+    assert result.route.signature.instructions == POLICY_PROMPT  # the failures instructions could fix, fixed
+    reason = result.selection["reason"]
+    assert "ran on none of the 4 failure(s)" in reason and "ContextWindowExceededError on 4" in reason
+    assert "no instructions of 'route' can change" in reason and "pass ids=" not in reason
 
 
 def test_a_budget_that_pays_targeted_rounds_gets_them_in_a_step_of_their_own(monkeypatch):

@@ -29,6 +29,28 @@ def test_classify_lm_failure_tells_systemic_transient_and_content_errors_apart()
     assert kind == "systemic" and isinstance(cause, dspy.LMAuthError)
 
 
+def test_litellms_own_rejected_request_is_charged_also_when_an_lm_wrapper_raised_it_unmapped():
+    """Regression: a custom LM raising litellm's ContextWindowExceededError (which dspy.LM maps to its own) reached
+    the evaluator inside dspy's LMUnexpectedError and was taken for an outage: retried with backoff in every
+    evaluation, never charged (186 calls and 80 s where 72 calls took 1 s)."""
+    import litellm
+
+    too_long = litellm.ContextWindowExceededError("maximum context length is 8192", model="m", llm_provider="openai")
+    assert classify_lm_failure(too_long) is None
+    assert classify_lm_failure(wrapped(too_long)) is None
+    try:
+        try:
+            raise too_long
+        except litellm.ContextWindowExceededError as caught:
+            raise dspy.LMUnexpectedError("[fake] litellm.ContextWindowExceededError") from caught
+    except dspy.LMUnexpectedError as unmapped:
+        assert classify_lm_failure(unmapped) is None
+    assert classify_lm_failure(litellm.AuthenticationError("bad key", llm_provider="openai", model="m"))[0] == (
+        "systemic"
+    )
+    assert classify_lm_failure(dspy.LMUnexpectedError("connection reset"))[0] == "lm"  # still an outage
+
+
 def test_a_failure_reads_as_the_lm_error_behind_it_on_one_line():
     assert failure_summary(wrapped(dspy.LMAuthError("403 Forbidden\nrequest id abc"))) == "LMAuthError: 403 Forbidden"
     assert failure_summary(ValueError("no field 'answer'\nin the reply")) == "ValueError: no field 'answer'"
