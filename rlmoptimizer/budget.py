@@ -75,8 +75,8 @@ def thin_budget_warning(max_metric_calls: int, train_size: int, val_size: int) -
         f"max_metric_calls={max_metric_calls} leaves {max_metric_calls - baseline} after the baseline on the "
         f"{baseline} {'validation' if val_size else 'train'} examples, and a first changed program costs about "
         f"{found + baseline} (found on a {FIRST_CANDIDATE // 2}-example minibatch, then checked on all "
-        f"{baseline}): there is no room for a search, only for one proposal checked on those examples at once, and "
-        f"the unchanged program is the likely result. Pass max_metric_calls >= {needed} "
+        f"{baseline}): the default loop tries no change on what is left, and the unchanged program is the likely "
+        f"result. Pass max_metric_calls >= {needed} "
         f"(a useful run needs several times the train set more), or use fewer {'validation' if val_size else 'train'} "
         "examples."
     )
