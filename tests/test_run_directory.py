@@ -559,6 +559,8 @@ def test_a_directory_holds_one_attempt(finished_loop, tmp_path):
     message = str(refused.value)
     assert "holds attempt=0 and this compile() is attempt=1" in message
     assert "its own run_storage_dir" in message and "attempt=0 to resume" in message and not task.calls
+    with pytest.raises(RunDirectoryMismatchError, match=r"dspy\.GEPA's seed= is attempt= here"):
+        compile_in(directory, None, task, seed=1, **loop())  # as a dspy.GEPA user writes it
     assert json.loads((directory / "manifest.json").read_text())["attempt"] == 0
 
     # a directory written before the attempt was recorded takes the attempt that resumes it, and keeps to it

@@ -152,7 +152,8 @@ class RunJournal:
                 f"run_storage_dir {str(self.directory)!r} holds attempt={stored_attempt} and this compile() is "
                 f"attempt={attempt}: one directory holds one attempt (resuming would mix the two attempts' agent "
                 f"work{', and a finished attempt is only read back' if self.layout.result.exists() else ''}). Give "
-                f"attempt={attempt} its own run_storage_dir, or pass attempt={stored_attempt} to resume this one."
+                f"attempt={attempt} its own run_storage_dir, or pass attempt={stored_attempt} to resume this one "
+                "(dspy.GEPA's seed= is attempt= here)."
             )
         updates.update(self._check_eval_lm(stored, manifest["eval_lm"], allow_eval_lm_change))
         if stored_attempt is None and attempt is not None:  # written before the attempt was recorded
