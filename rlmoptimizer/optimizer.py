@@ -61,7 +61,7 @@ class RLMDocstringOptimizer(CostEstimation, Teleprompter):
             run_storage_dir="runs/route-v1",
         )
         optimized = optimizer.compile(program, trainset=trainset, valset=valset, metric=metric)
-        optimized.optimized_dspy_program  # {step name: instructions}
+        optimized.optimized_dspy_program  # {step name: instructions}, and "<step>:demos" where a step has demos
         ```
 
     Args:

@@ -389,7 +389,8 @@ class CompileResult:
     """
 
     optimized_dspy_program: dict[str, str]
-    """The returned instructions, ``{step name: instructions}`` for every step (already applied to the program)."""
+    """The returned prompts, already applied to the program: ``{step name: instructions}`` for every step, and
+    ``{"<step name>:demos": the step's demos as a JSON list}`` for each step that has demos (its own or chosen)."""
     latest_run_id: str | None
     """The id of the last evaluation run (``"run-0007"``), or None when nothing was evaluated."""
     trial_logs: tuple[dict[str, Any], ...]
