@@ -87,6 +87,14 @@ class FunctionLM(DummyLM):
         self._engine_spec = _FunctionEngine(self)
         self._async_engine_spec = AsyncDummyEngine(self._engine_spec)
 
+    @classmethod
+    def load_state(cls, state: dict[str, Any], **kwargs: Any) -> FunctionLM:
+        """A saved program's fake LM cannot come back: the file holds its name, not its function."""
+        raise TypeError(
+            f"{cls.__name__} {state.get('model')!r} answers with a Python function, which a saved program does not "
+            "hold: save the program with predictor.lm = None, and set it again after load"
+        )
+
     def _answer(self, fields: dict[str, Any], messages: list[dict]) -> str:
         """``fields`` in the format the request asks for: a JSON object when it asks for one (dspy's JSONAdapter, as
         dspy's InstructionProposer uses), else the adapter's (ChatAdapter's ``[[ ## field ## ]]`` by default)."""

@@ -255,6 +255,15 @@ def test_function_lm_copies_share_the_function_and_the_call_log():
     lm.kill()
 
 
+def test_a_saved_program_with_a_function_lm_pinned_says_how_to_load_it(tmp_path):
+    """Regression: loading it failed with "FunctionLM.__init__() got an unexpected keyword argument 'model'"."""
+    predict = dspy.Predict("question -> answer")
+    predict.lm = FunctionLM(lambda m: {"answer": "x"}, name="pinned")
+    predict.save(tmp_path / "p.json")
+    with pytest.raises(TypeError, match=r"FunctionLM 'pinned' answers with a Python function.*predictor\.lm = None"):
+        dspy.Predict("question -> answer").load(tmp_path / "p.json", allow_unsafe_lm_state=True)
+
+
 def test_scripted_lm_copies_continue_one_script():
     lm = ScriptedLM([{"answer": "1"}, {"answer": "2"}, {"answer": "3"}])
     assert lm.copy(rollout_id=7)("a") == ["[[ ## answer ## ]]\n1"]
