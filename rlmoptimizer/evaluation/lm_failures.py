@@ -34,8 +34,11 @@ _SYSTEMIC_LM_ERRORS: tuple[type[BaseException], ...] = (
     dspy_errors.LMTransportError,  # already retried num_retries times by dspy.LM
 )
 # LiteLLM's own names for the same failures, in case one reaches us unwrapped (e.g. from a custom LM).
+# Checked before the request names below: litellm derives some of these from BadRequestError.
 _SYSTEMIC_LITELLM_NAMES = (
     "AuthenticationError",
+    "PaymentRequiredError",  # no credits left (HTTP 402)
+    "LiteLLMUnknownProvider",  # a model name litellm cannot route (a typo)
     "PermissionDeniedError",
     "NotFoundError",
     "APIConnectionError",
@@ -67,19 +70,38 @@ def _is_systemic(exc: BaseException) -> bool:
     return isinstance(exc, _SYSTEMIC_LM_ERRORS) or _litellm_error(exc, _SYSTEMIC_LITELLM_NAMES)
 
 
+def _lm_failure_kind(exc: BaseException) -> str | None:
+    """What ``exc`` itself says: SYSTEMIC, ``"request"`` (sent and rejected), TRANSIENT for a specific LM error
+    (rate limit, timeout, server error), ``"unexpected"`` for dspy's catch-all wrapper, ``None`` for no LM error."""
+    if _is_systemic(exc):
+        return SYSTEMIC
+    if isinstance(exc, _REQUEST_LM_ERRORS) or _litellm_error(exc, _REQUEST_LITELLM_NAMES):
+        return "request"
+    if isinstance(exc, dspy_errors.LMUnexpectedError):
+        return "unexpected"
+    if isinstance(exc, dspy_errors.LMError):
+        return TRANSIENT
+    return None
+
+
 def classify_lm_failure(exc: BaseException) -> tuple[str, BaseException] | None:
     """``("systemic", e)`` when the LM is unusable, ``("lm", e)`` when the LM call failed without an
-    answer (rate limit, timeout, server error after retries), ``None`` for any other error (charged)."""
-    chain = list(exception_chain(exc))
-    for e in chain:
-        if _is_systemic(e):
-            return SYSTEMIC, e
-    if any(isinstance(e, _REQUEST_LM_ERRORS) or _litellm_error(e, _REQUEST_LITELLM_NAMES) for e in chain):
-        return None  # the request was sent and rejected: charged, not tried again
-    for e in chain:
-        if isinstance(e, dspy_errors.LMError):
-            return TRANSIENT, e
-    return None
+    answer (rate limit, timeout, server error after retries), ``None`` for any other error (charged).
+
+    The LM error nearest the top of ``exc``'s chain decides (a program that falls back after a rejected request
+    and then meets a rate limit failed on the rate limit), except that dspy's catch-all ``LMUnexpectedError``
+    yields to the error it wraps (a custom LM's litellm error, which dspy.LM would have mapped); an outage
+    behind it is transient."""
+    unexpected = None
+    for e in exception_chain(exc):
+        kind = _lm_failure_kind(e)
+        if kind == "request":
+            return None  # the request was sent and rejected: charged, not tried again
+        if kind in (SYSTEMIC, TRANSIENT):
+            return kind, e
+        if kind == "unexpected" and unexpected is None:
+            unexpected = e
+    return (TRANSIENT, unexpected) if unexpected is not None else None
 
 
 def format_error(exc: BaseException) -> str:

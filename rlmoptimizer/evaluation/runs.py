@@ -34,7 +34,7 @@ from rlmoptimizer.events import (
     Observer,
 )
 from rlmoptimizer.fingerprint import get_instructions, instructions_digest
-from rlmoptimizer.records import METRIC_ERROR, PROGRAM_ERROR, EvalRun, ExampleResult
+from rlmoptimizer.records import LM_CALL_ERROR, METRIC_ERROR, PROGRAM_ERROR, EvalRun, ExampleResult
 from rlmoptimizer.storage.run_store import PendingLog, RunStore
 
 logger = logging.getLogger(__name__)
@@ -148,38 +148,45 @@ class Runs:
 
     def _check_code_error(self, label: str, new: Sequence[ExampleResult]) -> None:
         """:class:`ProgramError` when the program raised one error on every baseline example and raises it again on
-        every example of every run since, and :data:`CODE_ERROR_TRIES` runs or more (of at least 3 examples) with
-        other instructions for each step that ran on the baseline have done so (a step that never ran cannot be the
-        cause): the error has not depended on the instructions, so the rest of the budget would likely be spent on
-        it for nothing. One error everywhere may still depend on what the LM answers (the program's own parse or
-        check of a label), which is why one try is not enough and the message says what to do in that case. Any
-        run with an example that does not raise it (a baseline of another split included) ends the check for
-        good. Computed from the stored runs, so a resumed run counts the tries of the one it resumes."""
+        every example of every run since, and :data:`CODE_ERROR_TRIES` different instructions or more for each step
+        that ran on the baseline (each evaluated on at least 3 examples; a step that never ran cannot be the cause)
+        have done so: the error has not depended on the instructions, so the rest of the budget would likely be
+        spent on it for nothing. One candidate evaluated again counts once. One error everywhere may still depend
+        on what the LM answers (the program's own parse or check of a label), which is why one try is not enough
+        and the message says what to do in that case. Any run with an example that does not raise it (a baseline
+        of another split included) ends the check for good; an example whose LM call failed (not charged) says
+        nothing either way and is left out. Computed from the stored runs, so a resumed run counts the tries of
+        the one it resumes."""
         if self._code_error is None or not new:
             return
         baseline_instructions, error, ran = self._code_error
-        tries = dict.fromkeys(ran, 0)
-        runs = 0
+        tried: dict[str, set[str]] = {step: set() for step in ran}
+        candidates: set[tuple[tuple[str, str], ...]] = set()
         for run in self.store.all():
-            if any(record.error != error for record in run.records):
+            records = [record for record in run.records if record.error_kind != LM_CALL_ERROR]
+            if any(record.error != error for record in records):
                 return  # instructions (or examples) changed what happens: they can matter
-            changed = {step for step, text in run.instructions.items() if baseline_instructions.get(step) != text}
-            if not changed or len(run.records) < 3:
+            changed = {
+                step: text
+                for step, text in run.instructions.items()
+                if step in ran and baseline_instructions.get(step) != text
+            }
+            if not changed or len(records) < 3:
                 continue
-            runs += 1
-            for step in changed:
-                tries[step] = tries.get(step, 0) + 1
-        if runs < CODE_ERROR_TRIES or any(tries[step] < CODE_ERROR_TRIES for step in ran):
+            candidates.add(tuple(sorted(changed.items())))
+            for step, text in changed.items():
+                tried[step].add(text)
+        if len(candidates) < CODE_ERROR_TRIES or any(len(texts) < CODE_ERROR_TRIES for texts in tried.values()):
             return
         raise ProgramError(
             f"The program raised the same error on every example of the unchanged program, and again on every "
-            f"example of {runs} evaluations with other instructions, at least {CODE_ERROR_TRIES} for each step that "
-            f"ran (the last, {label}, on {len(new)} new example(s)): {error[:300]}. Instructions have not changed it, "
-            "so the rest of the budget would be spent on it for nothing. If it is an error in the program's code, "
-            "fix it (run the program on one example to see where it fails); if it depends on what the LM answers "
-            "(the program parses or checks the answer), catch it there and return a prediction the metric scores "
-            "as failing, so that the optimizer can learn from it. Then compile again with a new run_storage_dir "
-            "(the records of this one hold the error)."
+            f"example of {len(candidates)} evaluated candidates with other instructions, at least {CODE_ERROR_TRIES} "
+            f"different ones for each step that ran (the last, {label}, on {len(new)} new example(s)): "
+            f"{error[:300]}. Instructions have not changed it, so the rest of the budget would be spent on it for "
+            "nothing. If it is an error in the program's code, fix it (run the program on one example to see where "
+            "it fails); if it depends on what the LM answers (the program parses or checks the answer), catch it "
+            "there and return a prediction the metric scores as failing, so that the optimizer can learn from it. "
+            "Then compile again with a new run_storage_dir (the records of this one hold the error)."
         )
 
     @staticmethod

@@ -51,6 +51,32 @@ def test_litellms_own_rejected_request_is_charged_also_when_an_lm_wrapper_raised
     assert classify_lm_failure(dspy.LMUnexpectedError("connection reset"))[0] == "lm"  # still an outage
 
 
+def test_the_lm_error_nearest_the_top_of_the_chain_decides():
+    """Regression: a rejected request anywhere in the chain made the failure charged, so a program that fell back
+    after a rejected request and then met a rate limit was charged for an outage; and litellm's 402 (a subclass of
+    its BadRequestError) was charged on every example instead of stopping the evaluation."""
+    import litellm
+
+    try:
+        try:
+            raise dspy.LMInvalidRequestError("context too long", model="m")
+        except dspy.LMInvalidRequestError:
+            raise dspy.LMRateLimitError("429 rate limited", model="m")  # the program's fallback call
+    except dspy.LMRateLimitError as fallback:
+        kind, cause = classify_lm_failure(fallback)
+    assert kind == "lm" and isinstance(cause, dspy.LMRateLimitError)
+    assert classify_lm_failure(wrapped(dspy.LMInvalidRequestError("too long", model="m"))) is None
+    no_credits = litellm.PaymentRequiredError("insufficient credits", model="m", llm_provider="openrouter")
+    assert classify_lm_failure(no_credits)[0] == "systemic"
+    try:
+        try:
+            raise no_credits
+        except litellm.PaymentRequiredError as caught:
+            raise dspy.LMUnexpectedError("[fake] litellm.PaymentRequiredError") from caught
+    except dspy.LMUnexpectedError as unmapped:
+        assert classify_lm_failure(unmapped) == ("systemic", no_credits)
+
+
 def test_a_failure_reads_as_the_lm_error_behind_it_on_one_line():
     assert failure_summary(wrapped(dspy.LMAuthError("403 Forbidden\nrequest id abc"))) == "LMAuthError: 403 Forbidden"
     assert failure_summary(ValueError("no field 'answer'\nin the reply")) == "ValueError: no field 'answer'"

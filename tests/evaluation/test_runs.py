@@ -275,3 +275,47 @@ def test_a_pending_log_left_by_a_killed_process_becomes_a_recovered_run_and_is_c
     assert len(recovered) == 1 and recovered[0].records == (ok, no_answer)
     assert recovered[0].budget_spent == 1 == ledger.spent  # the LM-call failure is not charged
     assert not list((tmp_path / "runs").glob("pending-*"))
+
+
+class RaisesAfterItsStep(dspy.Module):
+    """A program whose own check of the LM's answer raises on every example, whatever its instructions."""
+
+    def __init__(self):
+        super().__init__()
+        self.predict = dspy.Predict("question -> answer")
+
+    def forward(self, question):
+        self.predict(question=question)
+        raise ValueError("not a known queue")
+
+
+def test_a_program_error_stops_only_after_three_different_instructions_for_its_step(tmp_path):
+    """Regression: one candidate evaluated three times (on more ids each time) counted as three tries and raised
+    ProgramError after a single change; an example whose LM call failed (uncharged, it says nothing about the
+    program) ended the check for good."""
+    from rlmoptimizer.errors import ProgramError
+
+    def reply(messages):
+        if field(messages, "question") == "q9":
+            raise dspy.LMUnexpectedError("connection reset")  # an outage (dspy does not retry this one)
+        return {"answer": "billing"}
+
+    service, _, store = make_service(
+        tmp_path, FunctionLM(reply), splits={"train": examples(12), "val": examples(4)}, retry_backoff_s=0
+    )
+    program = RaisesAfterItsStep()
+    service.check_baseline(service.evaluate(program, "train", label="baseline", ids=range(6), charged=False))
+
+    def candidate(text):
+        changed = program.deepcopy()
+        apply_instructions(changed, {"predict": text})
+        return changed
+
+    same = candidate("Answer with one known queue.")
+    for ids in ([0, 1, 2], [0, 1, 2, 3, 4, 5], [6, 7, 8, 9]):  # example 9's LM call fails: an uncharged record
+        service.evaluate(same, "train", label="agent", ids=ids)
+    assert any(r.error_kind == LM_CALL_ERROR for run in store.all() for r in run.records)
+    service.evaluate(candidate("Name the queue."), "train", label="agent", ids=[0, 1, 2])
+    with pytest.raises(ProgramError, match="3 evaluated candidates with other instructions") as stopped:
+        service.evaluate(candidate("Say which queue."), "train", label="agent", ids=[0, 1, 2])
+    assert "ValueError: not a known queue" in str(stopped.value)
