@@ -3,7 +3,7 @@ instructions for one step from that step's inputs and outputs on selected exampl
 scores and metric feedback.
 
 May import: dspy, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.fingerprint``, ``.records``,
-``.storage`` and ``rlmoptimizer.moves``' ``_dspy``, ``analysis`` and ``context``.
+``.storage`` and ``rlmoptimizer.moves``' ``_dspy``, ``analysis``, ``context`` and ``failures``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from rlmoptimizer.moves.context import (
     exhausted,
     refuse,
 )
+from rlmoptimizer.moves.failures import failure_step
 from rlmoptimizer.records import ExampleResult, StepTrace
 from rlmoptimizer.storage.answers import AnswerStore
 from rlmoptimizer.storage.layout import PROPOSALS
@@ -310,7 +311,8 @@ class ProposalMoves(AnalysisMoves):
         self, source: str, by_id: dict[int, ExampleResult], ids: list[int] | None, step: str
     ) -> list[ExampleResult]:
         """The examples to reflect on: ``ids``, or a sample of the failures ``step`` ran on (a failure that raised
-        before it leaves it nothing to reflect on; when every failure did, the refusal names their errors)."""
+        before it leaves it nothing to reflect on; when every failure did, the refusal names their errors, unless
+        some are the step's own output that did not parse, which the caller refuses with what can help)."""
         if ids is None:
             failed = [r for r in by_id.values() if not r.passed]
             if not failed:
@@ -320,6 +322,12 @@ class ProposalMoves(AnalysisMoves):
                     "ids=[...] of examples to reflect on, or run_id= of a run with failures",
                 )
             ran = [r for r in failed if any(call.step_name == step for call in r.steps)]
+            order = list(self._current())
+            unparsed = [
+                r for r in failed if (r.error or "").startswith("AdapterParseError") and failure_step(r, order) == step
+            ]
+            if not ran and unparsed:
+                return unparsed  # the step's own output did not parse: refused below with what can help
             if not ran:
                 errors = Counter((r.error or "no error").split(":", 1)[0] for r in failed)
                 raise refuse(

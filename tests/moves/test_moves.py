@@ -191,6 +191,27 @@ def test_propose_refusals_say_what_to_do_and_charge_nothing(tmp_path):
     assert world.ledger.spent_by_kind[SUB_LM_CALL] == 0
 
 
+def test_a_step_whose_own_outputs_did_not_parse_is_refused_with_what_can_help(tmp_path):
+    """Regression: a failure whose output at the step did not parse leaves no call of that step in the trace, and
+    the refusal said the failures raised before the step, "which no instructions of it can change": instructions
+    that state the output format can."""
+    answers = task_lm()
+
+    def reply(messages, settings):
+        if "`reasoning`" in system_text(messages) and int(field(messages, "question")[1:]) % 2:
+            return "I think the answer is a1."  # no fields: AdapterParseError at 'generate.predict'
+        return answers.fn(messages, settings)
+
+    world = World(tmp_path, lm=FunctionLM(reply, with_settings=True), proposal_lm=proposal_reply())
+    assert {r.example_id for r in world.baseline.records if not r.passed} == {1, 3, 5}
+    with pytest.raises(AgentToolError) as refused:
+        world.moves.propose_instructions("generate.predict")
+    message = str(refused.value)
+    assert "outputs did not parse (AdapterParseError" in message and "no instructions" not in message
+    assert "state the output format in the step's instructions yourself (update_prompt)" in message
+    assert world.ledger.spent_by_kind[SUB_LM_CALL] == 0
+
+
 def test_propose_with_no_budget_left_refuses_and_a_failed_call_costs_nothing(tmp_path):
     world = World(tmp_path, limit=0, proposal_lm=proposal_reply())
     with pytest.raises(AgentToolError, match=r"no budget unit is left.*-> the budget is spent: SUBMIT"):
