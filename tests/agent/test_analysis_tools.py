@@ -79,7 +79,8 @@ def test_a_tool_result_left_as_a_cells_value_shows_its_summary_and_is_still_a_wh
         {
             "reasoning": "read it",
             "code": "a = analyze_failures()\nprint(isinstance(a, dict), a['groups'][0]['count'], sorted(dict(a)) == "
-            "sorted(json.loads(json.dumps(a))), len(repr(dict(a))) > len(repr(a)))",
+            "sorted(json.loads(json.dumps(a))), len(repr(dict(a))) > len(repr(a)))\n"
+            "del a['summary']\nprint(repr(a) == repr(dict(a)))",  # without its summary: a plain dict's repr
         },
         {"reasoning": "submit", "code": SUBMIT_LINE},
     ]
@@ -89,4 +90,4 @@ def test_a_tool_result_left_as_a_cells_value_shows_its_summary_and_is_still_a_wh
     assert f"0. {GROUP} (2): {DISPUTE_CAUSE}" in shown
     assert shown.splitlines()[-1].startswith("(a dict: result[key] reads one of 'analysis_id', ")
     assert "'groups'" in shown.splitlines()[-1] and "{'analysis_id'" not in shown
-    assert read == "True 2 True True"
+    assert read == "True 2 True True\nTrue"

@@ -165,7 +165,7 @@ def _rlmopt_install_hooks(report, max_output_chars):
             result = await original_async(source, globals, locals, **kwargs)
             if builtins._rlmopt_submitted is not None:  # code caught SUBMIT's exception: the cell still ends with it
                 raise builtins._rlmopt_submitted
-            if output is not None and output.written > max_output_chars and result is None:
+            if output is not None and output.written > max_output_chars:
                 raise too_large(output.written)  # (stderr is capped too, but never sent back)
             return sent_back(result, output)
         except BaseException as error:

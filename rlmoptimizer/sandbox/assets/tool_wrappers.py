@@ -82,8 +82,11 @@ def _rlmopt_wrap_tools(_names, _removed, _error_name):
             __module__ = "builtins"
 
             def __repr__(self):
+                summary = self.get("summary")
+                if not isinstance(summary, str):  # (code deleted or replaced it: a plain dict again)
+                    return dict.__repr__(self)
                 keys = ", ".join(repr(key) for key in self if key != "summary")
-                return f"{self['summary']}\n(a dict: result[key] reads one of {keys}; print(dict(result)) shows all)"
+                return f"{summary}\n(a dict: result[key] reads one of {keys}; print(dict(result)) shows all)"
 
             __str__ = __repr__
 
