@@ -60,8 +60,8 @@ def test_the_lm_error_nearest_the_top_of_the_chain_decides():
     try:
         try:
             raise dspy.LMInvalidRequestError("context too long", model="m")
-        except dspy.LMInvalidRequestError:
-            raise dspy.LMRateLimitError("429 rate limited", model="m")  # the program's fallback call
+        except dspy.LMInvalidRequestError as rejected:
+            raise dspy.LMRateLimitError("429 rate limited", model="m") from rejected  # the program's fallback call
     except dspy.LMRateLimitError as fallback:
         kind, cause = classify_lm_failure(fallback)
     assert kind == "lm" and isinstance(cause, dspy.LMRateLimitError)
