@@ -165,7 +165,10 @@ def test_a_program_that_raises_the_same_error_whatever_its_instructions_stops_af
     warned = [r.getMessage() for r in caplog.records if "The program raised on every one of" in r.getMessage()]
     assert len(warned) == 1 and "RuntimeError: forgot to return the prediction" in warned[0]
     message = str(stopped.value)
-    assert "at least 3 different ones for each step that ran" in message and "RuntimeError: forgot to return the prediction" in message
+    assert (
+        "at least 3 different ones for each step that ran" in message
+        and "RuntimeError: forgot to return the prediction" in message
+    )
     assert "error in the program's code" in message and "catch it there" in message
     assert str(tmp_path) in message  # where the paid work is
     runs = [json.loads(f.read_text()) for f in sorted((tmp_path / "runs").glob("run-*.json"))]
