@@ -120,6 +120,7 @@ class Runs:
             )
             return
         self._warn_metric_raised_on_some(run.split if run is not None else "", records)
+        records = [r for r in records if r.error_kind != LM_CALL_ERROR]  # (an outage says nothing of the program)
         errors = {(r.error_kind, r.error) for r in records}
         if len(errors) > 1 and len(records) >= 3 and {kind for kind, _ in errors} == {PROGRAM_ERROR}:
             self._warn_program_raised_on_all(run.split, records)
@@ -169,14 +170,14 @@ class Runs:
             changed = {
                 step: text
                 for step, text in run.instructions.items()
-                if step in ran and baseline_instructions.get(step) != text
+                if (step in ran or not ran) and baseline_instructions.get(step) != text  # (none ran: any step)
             }
             if not changed or len(records) < 3:
                 continue
             candidates.add(tuple(sorted(changed.items())))
             for step, text in changed.items():
-                tried[step].add(text)
-        if len(candidates) < CODE_ERROR_TRIES or any(len(texts) < CODE_ERROR_TRIES for texts in tried.values()):
+                tried.setdefault(step, set()).add(text)
+        if len(candidates) < CODE_ERROR_TRIES or any(len(tried[step]) < CODE_ERROR_TRIES for step in ran):
             return
         raise ProgramError(
             f"The program raised the same error on every example of the unchanged program, and again on every "

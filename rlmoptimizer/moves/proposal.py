@@ -327,7 +327,7 @@ class ProposalMoves(AnalysisMoves):
                 r for r in failed if (r.error or "").startswith("AdapterParseError") and failure_step(r, order) == step
             ]
             if not ran and unparsed:
-                return unparsed  # the step's own output did not parse: refused below with what can help
+                return unparsed[:MAX_REFLECTION_EXAMPLES]  # the step's own output did not parse: refused below
             if not ran:
                 errors = Counter((r.error or "no error").split(":", 1)[0] for r in failed)
                 raise refuse(

@@ -304,7 +304,9 @@ def test_a_program_error_stops_only_after_three_different_instructions_for_its_s
         tmp_path, FunctionLM(reply), splits={"train": examples(12), "val": examples(4)}, retry_backoff_s=0
     )
     program = RaisesAfterItsStep()
-    service.check_baseline(service.evaluate(program, "train", label="baseline", ids=range(6), charged=False))
+    baseline = service.evaluate(program, "train", label="baseline", ids=range(10), charged=False)
+    assert [r.error_kind for r in baseline.records].count(LM_CALL_ERROR) == 1  # an outage on the baseline too
+    service.check_baseline(baseline)
 
     def candidate(text):
         changed = program.deepcopy()
@@ -319,3 +321,23 @@ def test_a_program_error_stops_only_after_three_different_instructions_for_its_s
     with pytest.raises(ProgramError, match="3 evaluated candidates with other instructions") as stopped:
         service.evaluate(candidate("Say which queue."), "train", label="agent", ids=[0, 1, 2])
     assert "ValueError: not a known queue" in str(stopped.value)
+
+
+def test_a_program_that_raises_before_any_step_runs_is_stopped_after_three_different_instructions(tmp_path):
+    """Regression: with no step run on the baseline, no changed instructions counted as a try, and a program that
+    could never reach its LM spent the whole budget."""
+    from rlmoptimizer.errors import ProgramError
+
+    class RaisesFirst(RaisesAfterItsStep):
+        def forward(self, question):
+            raise KeyError("context")
+
+    service, _, _ = make_service(tmp_path, echo_lm())
+    program = RaisesFirst()
+    service.check_baseline(service.evaluate(program, "train", label="baseline", charged=False))
+    with pytest.raises(ProgramError, match="KeyError"):
+        for text in ("Answer.", "Answer well.", "Answer briefly.", "Answer at once."):
+            changed = program.deepcopy()
+            apply_instructions(changed, {"predict": text})
+            service.evaluate(changed, "train", label="agent", ids=[0, 1, 2])
+    assert text == "Answer briefly."  # the third
