@@ -75,7 +75,8 @@ def thin_budget_warning(max_metric_calls: int, train_size: int, val_size: int) -
         f"max_metric_calls={max_metric_calls} leaves {max_metric_calls - baseline} after the baseline on the "
         f"{baseline} {'validation' if val_size else 'train'} examples, and a first changed program costs about "
         f"{found + baseline} (found on a {FIRST_CANDIDATE // 2}-example minibatch, then checked on all "
-        f"{baseline}): the default loop tries no change on what is left (an agent's own moves get little), and the "
+        f"{baseline}): the default loop tries no change on what is left, an agent's own moves have those "
+        f"{max_metric_calls - baseline} for all they try, and the "
         f"unchanged program is the likely result. Pass max_metric_calls >= {needed} (a useful run needs several times "
         f"the train set more), or use fewer {'validation' if val_size else 'train'} examples."
     )

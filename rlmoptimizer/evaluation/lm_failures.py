@@ -93,9 +93,13 @@ def classify_lm_failure(exc: BaseException) -> tuple[str, BaseException] | None:
     yields to the error it wraps (a custom LM's litellm error, which dspy.LM would have mapped); an outage
     behind it is transient."""
     unexpected = None
-    for e in exception_chain(exc):
+    chain = list(exception_chain(exc))
+    for i, e in enumerate(chain):
         kind = _lm_failure_kind(e)
         if kind == "request":
+            for behind in chain[i:]:  # dspy maps litellm's 402 and unknown provider to a rejected request
+                if getattr(behind, "status", None) == 402 or _litellm_error(behind, _SYSTEMIC_LITELLM_NAMES):
+                    return SYSTEMIC, behind
             return None  # the request was sent and rejected: charged, not tried again
         if kind in (SYSTEMIC, TRANSIENT):
             return kind, e

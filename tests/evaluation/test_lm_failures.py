@@ -75,6 +75,14 @@ def test_the_lm_error_nearest_the_top_of_the_chain_decides():
             raise dspy.LMUnexpectedError("[fake] litellm.PaymentRequiredError") from caught
     except dspy.LMUnexpectedError as unmapped:
         assert classify_lm_failure(unmapped) == ("systemic", no_credits)
+    try:
+        try:
+            raise no_credits
+        except litellm.PaymentRequiredError as caught:  # as dspy.LM maps it: a rejected request, status 402
+            raise dspy.LMInvalidRequestError("insufficient credits", model="m", status=402) from caught
+    except dspy.LMInvalidRequestError as mapped:
+        assert classify_lm_failure(mapped)[0] == "systemic"
+    assert classify_lm_failure(dspy.LMInvalidRequestError("402 no credits", model="m", status=402))[0] == "systemic"
 
 
 def test_a_failure_reads_as_the_lm_error_behind_it_on_one_line():
