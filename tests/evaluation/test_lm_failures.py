@@ -18,6 +18,14 @@ def wrapped(inner: BaseException) -> RuntimeError:
         return outer
 
 
+def raised_from(outer: BaseException, inner: BaseException) -> BaseException:
+    """``outer`` as ``raise outer from inner`` leaves it (an LM wrapper's or a program's error over ``inner``)."""
+    try:
+        raise outer from inner
+    except BaseException as raised:
+        return raised
+
+
 def test_classify_lm_failure_tells_systemic_transient_and_content_errors_apart():
     assert classify_lm_failure(dspy.LMNotConfiguredError("no key"))[0] == "systemic"
     assert classify_lm_failure(dspy.LMUnsupportedModelError("no such model"))[0] == "systemic"
@@ -38,13 +46,8 @@ def test_litellms_own_rejected_request_is_charged_also_when_an_lm_wrapper_raised
     too_long = litellm.ContextWindowExceededError("maximum context length is 8192", model="m", llm_provider="openai")
     assert classify_lm_failure(too_long) is None
     assert classify_lm_failure(wrapped(too_long)) is None
-    try:
-        try:
-            raise too_long
-        except litellm.ContextWindowExceededError as caught:
-            raise dspy.LMUnexpectedError("[fake] litellm.ContextWindowExceededError") from caught
-    except dspy.LMUnexpectedError as unmapped:
-        assert classify_lm_failure(unmapped) is None
+    unmapped = raised_from(dspy.LMUnexpectedError("[fake] litellm.ContextWindowExceededError"), too_long)
+    assert classify_lm_failure(unmapped) is None
     assert classify_lm_failure(litellm.AuthenticationError("bad key", llm_provider="openai", model="m"))[0] == (
         "systemic"
     )
@@ -57,31 +60,18 @@ def test_the_lm_error_nearest_the_top_of_the_chain_decides():
     its BadRequestError) was charged on every example instead of stopping the evaluation."""
     import litellm
 
-    try:
-        try:
-            raise dspy.LMInvalidRequestError("context too long", model="m")
-        except dspy.LMInvalidRequestError as rejected:
-            raise dspy.LMRateLimitError("429 rate limited", model="m") from rejected  # the program's fallback call
-    except dspy.LMRateLimitError as fallback:
-        kind, cause = classify_lm_failure(fallback)
+    fallback = raised_from(  # the program's fallback call after a rejected request
+        dspy.LMRateLimitError("429 rate limited", model="m"), dspy.LMInvalidRequestError("too long", model="m")
+    )
+    kind, cause = classify_lm_failure(fallback)
     assert kind == "lm" and isinstance(cause, dspy.LMRateLimitError)
     assert classify_lm_failure(wrapped(dspy.LMInvalidRequestError("too long", model="m"))) is None
     no_credits = litellm.PaymentRequiredError("insufficient credits", model="m", llm_provider="openrouter")
     assert classify_lm_failure(no_credits)[0] == "systemic"
-    try:
-        try:
-            raise no_credits
-        except litellm.PaymentRequiredError as caught:
-            raise dspy.LMUnexpectedError("[fake] litellm.PaymentRequiredError") from caught
-    except dspy.LMUnexpectedError as unmapped:
-        assert classify_lm_failure(unmapped) == ("systemic", no_credits)
-    try:
-        try:
-            raise no_credits
-        except litellm.PaymentRequiredError as caught:  # as dspy.LM maps it: a rejected request, status 402
-            raise dspy.LMInvalidRequestError("insufficient credits", model="m", status=402) from caught
-    except dspy.LMInvalidRequestError as mapped:
-        assert classify_lm_failure(mapped)[0] == "systemic"
+    unmapped = raised_from(dspy.LMUnexpectedError("[fake] litellm.PaymentRequiredError"), no_credits)
+    assert classify_lm_failure(unmapped) == ("systemic", no_credits)
+    mapped = raised_from(dspy.LMInvalidRequestError("no credits", model="m", status=402), no_credits)  # as dspy.LM
+    assert classify_lm_failure(mapped)[0] == "systemic"
     assert classify_lm_failure(dspy.LMInvalidRequestError("402 no credits", model="m", status=402))[0] == "systemic"
 
 
