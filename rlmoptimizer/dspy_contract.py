@@ -324,6 +324,10 @@ REQUIREMENTS: dict[str, tuple[Requirement, ...]] = {
         Requirement(_EXC, "LMTransportError"),
         Requirement(_EXC, "LMInvalidRequestError"),
         Requirement(_EXC, "LMCollectionLimitError"),
+        # evaluator.py: which step's call raised, from the module callbacks dspy calls around each module call
+        Requirement("dspy.utils", "BaseCallback"),
+        Requirement("dspy.utils:BaseCallback", "on_module_start", params=("call_id", "instance", "inputs")),
+        Requirement("dspy.utils:BaseCallback", "on_module_end", params=("call_id", "outputs", "exception")),
     ),
     # The teleprompter itself (rlmoptimizer/optimizer.py).
     "optimizer": (

@@ -96,7 +96,8 @@ class ExampleResult:
     Invariants: ``score`` is a finite number on the metric's own scale; ``passed == (score >= pass_threshold)``
     of the run that made it; when ``error`` is set (the program or the metric raised) ``score == 0.0``,
     ``passed is False`` and ``error_kind`` (one of :data:`ERROR_KINDS`) says what failed; ``error_kind is None``
-    when ``error`` is.
+    when ``error`` is. ``raised_in`` is the step whose call raised the program's error (an output that did not
+    parse, a request the LM refused), None when the program did not raise or raised outside every step.
     ``example_id`` is the example's position in its split, stable across runs.
     """
 
@@ -110,6 +111,7 @@ class ExampleResult:
     error: str | None = None
     steps: tuple[StepTrace, ...] = ()
     error_kind: str | None = None
+    raised_in: str | None = None
 
     @property
     def reusable(self) -> bool:
@@ -118,7 +120,7 @@ class ExampleResult:
         return self.error_kind != LM_CALL_ERROR
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "example_id": self.example_id,
             "inputs": self.inputs,
             "expected": self.expected,
@@ -130,6 +132,7 @@ class ExampleResult:
             "error_kind": self.error_kind,
             "steps": [s.to_dict() for s in self.steps],
         }
+        return data if self.raised_in is None else {**data, "raised_in": self.raised_in}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ExampleResult:
@@ -144,6 +147,7 @@ class ExampleResult:
             error=data.get("error"),
             steps=tuple(StepTrace.from_dict(s) for s in data.get("steps", ())),
             error_kind=data.get("error_kind"),
+            raised_in=data.get("raised_in") if isinstance(data.get("raised_in"), str) else None,
         )
 
 

@@ -105,6 +105,39 @@ def _inputs_and_labels(example: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     return dict(example.inputs().items()), dict(example.labels().items())
 
 
+class _RaisingSteps(dspy.utils.BaseCallback):
+    """Which step's call raised, while the program runs on one example (the trace keeps only calls that
+    returned). A dspy callback beside the program's own: it watches the calls of the steps that end with an error."""
+
+    def __init__(self, names: StepNames) -> None:
+        self._names = names
+        self._open: dict[str, str] = {}
+        self._raised: list[tuple[str, BaseException]] = []
+
+    def on_module_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        name = self._names.name(instance)
+        if name is not None:
+            self._open[call_id] = name
+
+    def on_module_end(self, call_id: str, outputs: Any, exception: BaseException | None = None) -> None:
+        name = self._open.pop(call_id, None)
+        if name is not None and exception is not None:
+            self._raised.append((name, exception))
+
+    def step_of(self, error: BaseException) -> str | None:
+        """The step whose call raised ``error`` or the nearest error of its chain (a program may wrap it); None
+        when it raised outside every step. A step's error that the program caught (a retry) is not the one."""
+        seen: set[int] = set()
+        link: BaseException | None = error
+        while link is not None and id(link) not in seen:
+            seen.add(id(link))
+            for name, raised in self._raised:  # in the order the calls ended: the innermost step first
+                if raised is link:
+                    return name
+            link = link.__cause__ or link.__context__
+        return None
+
+
 class _Batch:
     """Mutable state of one ``Evaluator.evaluate`` call, shared by its worker threads."""
 
@@ -316,7 +349,8 @@ class Evaluator:
         inputs, labels = _inputs_and_labels(example)
         for attempt in range(self.transient_retries + 1):
             trace: list = []
-            with dspy.context(lm=lm, trace=trace):
+            watch = _RaisingSteps(names)
+            with dspy.context(lm=lm, trace=trace, callbacks=[*(dspy.settings.get("callbacks") or []), watch]):
                 try:
                     prediction = program(**inputs)
                     break
@@ -338,6 +372,7 @@ class Evaluator:
                         error=format_error(failure[1] if failure else exc),
                         error_kind=LM_CALL_ERROR if failure else PROGRAM_ERROR,
                         steps=self._steps(trace, names),
+                        raised_in=watch.step_of(exc),
                     )
                     self._finish(batch, record, failure)
                     return

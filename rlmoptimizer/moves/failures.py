@@ -270,10 +270,13 @@ def step_order(records: Iterable[ExampleResult], step_names: Sequence[str]) -> l
 
 
 def failure_step(record: ExampleResult, order: Sequence[str]) -> str | None:
-    """The step a failure points at: where the program raised (the first step of ``order`` that did not run), else
-    the step that produced the final output (the last one called)."""
+    """The step a failure points at: where the program raised (the step whose call raised, as the evaluation saw
+    it; for a record kept before that was recorded, the first step of ``order`` that did not run), else the step
+    that produced the final output (the last one called)."""
     calls = [s.step_name for s in record.steps]
     if record.error_kind == PROGRAM_ERROR:
+        if record.raised_in is not None:
+            return record.raised_in
         missing = [s for s in order if s not in set(calls)]
         if missing:
             return missing[0]

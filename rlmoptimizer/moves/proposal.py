@@ -311,8 +311,9 @@ class ProposalMoves(AnalysisMoves):
         self, source: str, by_id: dict[int, ExampleResult], ids: list[int] | None, step: str
     ) -> list[ExampleResult]:
         """The examples to reflect on: ``ids``, or a sample of the failures ``step`` ran on (a failure that raised
-        before it leaves it nothing to reflect on; when every failure did, the refusal names their errors, unless
-        some are the step's own output that did not parse, which the caller refuses with what can help)."""
+        before it, or took another branch, leaves it nothing to reflect on; when every failure did, the refusal names
+        their errors, unless some are the step's own output that did not parse, which the caller refuses with what
+        can help)."""
         if ids is None:
             failed = [r for r in by_id.values() if not r.passed]
             if not failed:
@@ -329,9 +330,9 @@ class ProposalMoves(AnalysisMoves):
             if not ran and unparsed:
                 return unparsed[:MAX_REFLECTION_EXAMPLES]  # the step's own output did not parse: refused below
             if not ran:
-                errors = Counter((r.error or "no error").split(":", 1)[0] for r in failed)
+                errors = Counter((r.error or "a wrong output").split(":", 1)[0] for r in failed)
                 raise refuse(
-                    f"step {step!r} ran on none of the {len(failed)} failure(s) of {source}: each raised before it "
+                    f"step {step!r} ran on none of the {len(failed)} failure(s) of {source} "
                     f"({', '.join(f'{error} on {n}' for error, n in errors.most_common(3))}), which no instructions "
                     f"of {step!r} can change",
                     "pass ids=[...] of other examples to reflect on; an example that raises is the program's or its "

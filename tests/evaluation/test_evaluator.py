@@ -10,7 +10,7 @@ import types
 import dspy
 import pytest
 from support.fakes import FunctionLM, last_user_text, system_text
-from support.qa import Outer, TwoSteps, echo_lm, examples, field, make_evaluator, two_step_lm
+from support.qa import Outer, Triage, TwoSteps, echo_lm, examples, field, make_evaluator, triage_lm, two_step_lm
 
 from rlmoptimizer.budget import TRAIN_EXAMPLE, VAL_EXAMPLE, BudgetLedger
 from rlmoptimizer.errors import EvaluationLMError, MetricError
@@ -539,3 +539,49 @@ def test_an_interrupt_raised_inside_the_metric_keeps_the_records_completed_befor
         evaluator.evaluate(dspy.Predict("question -> answer"), list(enumerate(examples(10))))
     assert isinstance(stopped.value.reason, KeyboardInterrupt)
     assert [r.example_id for r in stopped.value.records] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("unparsed_in", ["tech", "billing"])
+def test_a_record_names_the_step_whose_call_raised_wherever_the_program_calls_it(unparsed_in):
+    """The trace keeps only calls that returned, so which step raised cannot be read from it when the program
+    branches (tech raised, billing never ran either) or calls a step twice (billing's second call raised)."""
+    from rlmoptimizer.moves.failures import failure_step, step_order
+
+    program = Triage()
+    records = make_evaluator(triage_lm(unparsed_in)).evaluate(program, list(enumerate(examples(4))))
+    failed = {r.example_id: r for r in records if r.error}
+    assert set(failed) == ({3} if unparsed_in == "tech" else {1})
+    (record,) = failed.values()
+    assert record.error.startswith("AdapterParseError") and record.error_kind == PROGRAM_ERROR
+    assert record.raised_in == unparsed_in
+    order = step_order(records, [name for name, _ in program.named_predictors()])
+    assert failure_step(record, order) == unparsed_in
+    assert all(r.raised_in is None for r in records if not r.error)
+
+
+def test_a_step_error_the_program_caught_is_not_where_it_raised():
+    class Fallback(dspy.Module):
+        def __init__(self):
+            super().__init__()
+            self.route = dspy.Predict("question -> team")
+            self.tech = dspy.Predict("question -> tech_reply")
+
+        def forward(self, question):
+            try:
+                self.route(question=question)
+            except Exception:
+                pass  # a retry wrapper's way: go on without the router
+            reply = self.tech(question=question).tech_reply
+            if reply == "a1":
+                raise ValueError("the program's own check failed")
+            return dspy.Prediction(answer=reply)
+
+    def reply(messages):
+        if "`team`" in system_text(messages).split("Your output fields are:")[1]:
+            return "no format at all"
+        return {"tech_reply": field(messages, "question").replace("q", "a")}
+
+    records = make_evaluator(FunctionLM(reply)).evaluate(Fallback(), list(enumerate(examples(2))))
+    assert records[1].error == "ValueError: the program's own check failed"
+    assert records[1].raised_in is None  # raised outside every step: the router's caught error is not it
+    assert records[0].passed and records[0].raised_in is None

@@ -13,7 +13,7 @@ import pytest
 from support.evaluating import program_evaluator
 from support.fakes import FunctionLM, system_text
 from support.optimizing import proposer
-from support.qa import TwoSteps, field
+from support.qa import Triage, TwoSteps, field, triage_lm
 
 from rlmoptimizer.budget import SUB_LM_CALL, TRAIN_EXAMPLE, VAL_EXAMPLE, BudgetLedger
 from rlmoptimizer.errors import AgentToolError
@@ -67,9 +67,18 @@ class World:
     """One optimization's worth of state: program, runs, ledger and the moves over them."""
 
     def __init__(
-        self, tmp_path, *, limit: int = 100, train: int = 6, val: int = 4, proposal_lm=None, lm=None, **evaluator_kwargs
+        self,
+        tmp_path,
+        *,
+        limit: int = 100,
+        train: int = 6,
+        val: int = 4,
+        proposal_lm=None,
+        lm=None,
+        program=None,
+        **evaluator_kwargs,
     ):
-        self.program = TwoSteps()
+        self.program = program or TwoSteps()
         self.lm = lm or task_lm()
         self.ledger = BudgetLedger(limit)
         self.runs = Runs(
@@ -209,6 +218,21 @@ def test_a_step_whose_own_outputs_did_not_parse_is_refused_with_what_can_help(tm
     message = str(refused.value)
     assert "outputs did not parse (AdapterParseError" in message and "no instructions" not in message
     assert "state the output format in the step's instructions yourself (update_prompt)" in message
+    assert world.ledger.spent_by_kind[SUB_LM_CALL] == 0
+
+
+def test_the_did_not_parse_refusal_goes_to_the_step_that_raised_when_the_program_branches(tmp_path):
+    """Regression: which step's output did not parse was guessed from the trace (the first step, in the order the
+    longest trace calls them, that left no call), so a branch's handler that failed was told its failures raised
+    before it, and the other branch's handler, which never saw them, was told to state its output format."""
+    world = World(tmp_path, program=Triage(), lm=triage_lm("tech"), proposal_lm=proposal_reply())
+    assert {r.example_id for r in world.baseline.records if not r.passed} == {3, 5}  # tech's replies out of format
+    with pytest.raises(AgentToolError) as tech:
+        world.moves.propose_instructions("tech")
+    assert "outputs did not parse (AdapterParseError" in str(tech.value)
+    with pytest.raises(AgentToolError) as billing:
+        world.moves.propose_instructions("billing")
+    assert "ran on none of the 2 failure(s)" in str(billing.value) and "did not parse" not in str(billing.value)
     assert world.ledger.spent_by_kind[SUB_LM_CALL] == 0
 
 
