@@ -230,6 +230,7 @@ class Compile:
             sub_lm=self.sub_lm,
             attempt=config.attempt,
             max_demos=config.max_demos,
+            format_failures=config.add_format_failure_as_feedback,
         )
         self.tools = AgentTools(self.services)
 

@@ -395,6 +395,7 @@ def check_settings(given: dict[str, Any], dspy_gepa: dict[str, Any]) -> dict[str
         "max_cost_usd": check_max_cost(given["max_cost_usd"]),
         "attempt": check_positive_int("attempt", given["attempt"], minimum=0),
         "track_best_outputs": given.get("track_best_outputs", False),  # checked with dspy.GEPA's names
+        "add_format_failure_as_feedback": given.get("add_format_failure_as_feedback", False),  # (the same)
         "verbose": check_flag("verbose", given["verbose"]),
         "run_storage_dir": check_directory("run_storage_dir", given["run_storage_dir"]),
         "allow_eval_lm_change": check_flag("allow_eval_lm_change", given["allow_eval_lm_change"]),
@@ -420,10 +421,13 @@ as ``run_storage_dir``; ``seed`` is GEPA's seed, as ``attempt`` is the seed of e
 the agent's requests, so another seed is another attempt); ``perfect_score`` is the score at which gepa counts an
 example as solved, as ``pass_threshold`` is (it is gepa's ``perfect_score`` in every GEPA run)."""
 
-DSPY_GEPA_FLAGS = ("track_stats", "track_best_outputs", "warn_on_score_mismatch")
+DSPY_GEPA_FLAGS = ("track_stats", "track_best_outputs", "warn_on_score_mismatch", "add_format_failure_as_feedback")
 """``dspy.GEPA``'s switches taken as True or False. ``track_stats`` changes nothing (``detailed_results`` is always
 attached); ``track_best_outputs`` fills ``detailed_results.best_outputs_valset``; ``warn_on_score_mismatch`` changes
-nothing (the metric is called once per example, so its scores cannot disagree)."""
+nothing (the metric is called once per example, so its scores cannot disagree); ``add_format_failure_as_feedback``
+lets GEPA's reflections read a step's own output that did not parse, with the parse error as its feedback."""
+DSPY_GEPA_KEPT = ("track_best_outputs", "add_format_failure_as_feedback")
+"""The switches of :data:`DSPY_GEPA_FLAGS` that change what a run does or shows, kept as settings."""
 
 DSPY_GEPA_DEFAULTS = {
     "reflection_minibatch_size": (
@@ -433,11 +437,6 @@ DSPY_GEPA_DEFAULTS = {
     ),
     "candidate_selection_strategy": (("pareto",), "GEPA's runs here take their parents from the Pareto front only"),
     "skip_perfect_score": ((True,), "GEPA's runs here always skip a minibatch that passes everywhere"),
-    "add_format_failure_as_feedback": (
-        (False,),
-        "GEPA's reflections here read, in its feedback, the error of an example whose program raised after the step "
-        "ran; a step whose own output does not parse leaves the example out, as dspy.GEPA does with False",
-    ),
     "instruction_proposer": (
         (None,),
         "sub_lm writes every proposal through dspy's own InstructionProposer; the agent steers its proposals with "
@@ -494,7 +493,7 @@ def from_dspy_gepa(given: dict[str, Any], dspy_gepa: dict[str, Any]) -> dict[str
             ours[mine] = value
         elif name in DSPY_GEPA_FLAGS:
             check_flag(name, value)
-            if name == "track_best_outputs":
+            if name in DSPY_GEPA_KEPT:
                 ours[name] = value
         else:
             accepted, why = DSPY_GEPA_DEFAULTS[name]

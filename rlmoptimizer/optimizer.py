@@ -135,8 +135,9 @@ class RLMDocstringOptimizer(CostEstimation, Teleprompter):
             dspy teleprompter.
         **dspy_gepa_arguments: ``dspy.GEPA``'s other arguments, each taken with its meaning here (``reflection_lm``
             is ``sub_lm``, ``log_dir`` is ``run_storage_dir``, ``seed`` is ``attempt``, ``perfect_score`` is
-            ``pass_threshold``, ``track_stats`` and ``track_best_outputs``) or refused in one line saying what to write
-            instead; any other name is refused naming the arguments it is close to.
+            ``pass_threshold``, ``track_stats``, ``track_best_outputs`` and ``add_format_failure_as_feedback``) or
+            refused in one line saying what to write instead; any other name is refused naming the arguments it is
+            close to.
 
     Raises:
         ConfigurationError: A bad argument here or in ``compile()``, before any LM call, saying what to fix.

@@ -96,8 +96,9 @@ class ExampleResult:
     Invariants: ``score`` is a finite number on the metric's own scale; ``passed == (score >= pass_threshold)``
     of the run that made it; when ``error`` is set (the program or the metric raised) ``score == 0.0``,
     ``passed is False`` and ``error_kind`` (one of :data:`ERROR_KINDS`) says what failed; ``error_kind is None``
-    when ``error`` is. ``raised_in`` is the step whose call raised the program's error (an output that did not
-    parse, a request the LM refused), None when the program did not raise or raised outside every step.
+    when ``error`` is. ``failed_call`` is the step call that raised the program's error (an output that did not
+    parse, a request the LM refused), with the inputs it was called with and no outputs (``steps`` holds the calls
+    that returned); None when the program did not raise or raised outside every step.
     ``example_id`` is the example's position in its split, stable across runs.
     """
 
@@ -111,7 +112,7 @@ class ExampleResult:
     error: str | None = None
     steps: tuple[StepTrace, ...] = ()
     error_kind: str | None = None
-    raised_in: str | None = None
+    failed_call: StepTrace | None = None
 
     @property
     def reusable(self) -> bool:
@@ -132,7 +133,7 @@ class ExampleResult:
             "error_kind": self.error_kind,
             "steps": [s.to_dict() for s in self.steps],
         }
-        return data if self.raised_in is None else {**data, "raised_in": self.raised_in}
+        return data if self.failed_call is None else {**data, "failed_call": self.failed_call.to_dict()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ExampleResult:
@@ -147,7 +148,7 @@ class ExampleResult:
             error=data.get("error"),
             steps=tuple(StepTrace.from_dict(s) for s in data.get("steps", ())),
             error_kind=data.get("error_kind"),
-            raised_in=data.get("raised_in") if isinstance(data.get("raised_in"), str) else None,
+            failed_call=StepTrace.from_dict(data["failed_call"]) if data.get("failed_call") else None,
         )
 
 

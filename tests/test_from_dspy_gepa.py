@@ -124,11 +124,16 @@ def test_dspy_gepas_names_mean_ours(tmp_path):
         warn_on_score_mismatch=False,
         failure_score=0.0,
         max_merge_invocations=5,
+        add_format_failure_as_feedback=True,
     )
     assert optimizer.metric is metric_with_feedback and optimizer.sub_lm is reflection
     assert optimizer.run_storage_dir == tmp_path and optimizer.attempt == 7 and optimizer.pass_threshold == 5.0
     assert optimizer.num_threads == dspy.settings.num_threads and optimizer.track_best_outputs is False
     assert optimizer.max_full_evals == 3 and optimizer.max_iterations is None
+    assert optimizer.add_format_failure_as_feedback is True
+    assert RLMDocstringOptimizer(root_lm=reflection).add_format_failure_as_feedback is False  # dspy.GEPA's default
+    with pytest.raises(ConfigurationError, match="add_format_failure_as_feedback must be True or False"):
+        RLMDocstringOptimizer(root_lm=reflection, add_format_failure_as_feedback="yes")
     # the budget auto stands for is sized in compile(); the constructor's window check sizes it for the smallest
     assert RLMDocstringOptimizer(root_lm=reflection, auto="heavy").max_metric_calls is None
     # the same setting under both names agrees, or is refused

@@ -58,9 +58,10 @@ def test_records_round_trip_through_json():
     assert ExampleResult.from_dict(json.loads(json.dumps(record.to_dict()))) == record
     errored = _record(5, 0.0, False, error="ValueError: boom")
     assert ExampleResult.from_dict(json.loads(json.dumps(errored.to_dict()))) == errored
-    assert "raised_in" not in errored.to_dict()  # records stored before it existed read back the same
-    raised = _record(6, 0.0, False, error="AdapterParseError: no fields", error_kind="program", raised_in="route")
-    assert ExampleResult.from_dict(json.loads(json.dumps(raised.to_dict()))).raised_in == "route"
+    assert "failed_call" not in errored.to_dict()  # records stored before it existed read back the same
+    call = StepTrace("route", {"question": "q6"}, {})
+    raised = _record(6, 0.0, False, error="AdapterParseError: no fields", error_kind="program", failed_call=call)
+    assert ExampleResult.from_dict(json.loads(json.dumps(raised.to_dict()))) == raised
 
 
 def _run(split: str = "train", records=None) -> EvalRun:

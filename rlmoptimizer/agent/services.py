@@ -43,6 +43,7 @@ class CompileServices:
     sub_lm: Any = None
     attempt: int = 0
     max_demos: int = 4  # the demos propose_demos gives a step by default; 0: no demos
+    format_failures: bool = False  # GEPA's reflections read a step's output that did not parse (dspy.GEPA's name)
 
     @property
     def stop(self) -> StopRequest:

@@ -166,6 +166,7 @@ class AgentTools:
             progress=self._gepa_progress,
             keep_progress=lambda kept: write_gepa_progress(self._directory, kept),
             iteration_ended=self._gepa_iteration_ended,
+            format_failures=services.format_failures,
         )
         # the named candidates of an earlier process of this compile (a resume): their ids keep working
         named, lineage = read_candidates(self._directory)

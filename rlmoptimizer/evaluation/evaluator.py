@@ -106,34 +106,36 @@ def _inputs_and_labels(example: Any) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 class _RaisingSteps(dspy.utils.BaseCallback):
-    """Which step's call raised, while the program runs on one example (the trace keeps only calls that
-    returned). A dspy callback beside the program's own: it watches the calls of the steps that end with an error."""
+    """Which step's call raised, and with what inputs, while the program runs on one example (the trace keeps only
+    calls that returned). A dspy callback beside the program's own: it watches the calls of the steps."""
 
     def __init__(self, names: StepNames) -> None:
         self._names = names
-        self._open: dict[str, str] = {}
-        self._raised: list[tuple[str, BaseException]] = []
+        self._open: dict[str, tuple[str, dict[str, Any]]] = {}
+        self._raised: list[tuple[StepTrace, BaseException]] = []
 
     def on_module_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
         name = self._names.name(instance)
         if name is not None:
-            self._open[call_id] = name
+            given = inputs.get("kwargs") or {}  # (a predictor takes its inputs by keyword)
+            fields = getattr(getattr(instance, "signature", None), "input_fields", None) or {}
+            self._open[call_id] = (name, {str(k): v for k, v in given.items() if k in fields})
 
     def on_module_end(self, call_id: str, outputs: Any, exception: BaseException | None = None) -> None:
-        name = self._open.pop(call_id, None)
-        if name is not None and exception is not None:
-            self._raised.append((name, exception))
+        opened = self._open.pop(call_id, None)
+        if opened is not None and exception is not None:
+            self._raised.append((StepTrace(step_name=opened[0], inputs=_json_dict(opened[1]), outputs={}), exception))
 
-    def step_of(self, error: BaseException) -> str | None:
-        """The step whose call raised ``error`` or the nearest error of its chain (a program may wrap it); None
-        when it raised outside every step. A step's error that the program caught (a retry) is not the one."""
+    def call_of(self, error: BaseException) -> StepTrace | None:
+        """The step call that raised ``error`` or the nearest error of its chain (a program may wrap it); None when
+        it raised outside every step. A step's error that the program caught (a retry) is not the one."""
         seen: set[int] = set()
         link: BaseException | None = error
         while link is not None and id(link) not in seen:
             seen.add(id(link))
-            for name, raised in self._raised:  # in the order the calls ended: the innermost step first
+            for call, raised in self._raised:  # in the order the calls ended: the innermost step first
                 if raised is link:
-                    return name
+                    return call
             link = link.__cause__ or link.__context__
         return None
 
@@ -372,7 +374,7 @@ class Evaluator:
                         error=format_error(failure[1] if failure else exc),
                         error_kind=LM_CALL_ERROR if failure else PROGRAM_ERROR,
                         steps=self._steps(trace, names),
-                        raised_in=watch.step_of(exc),
+                        failed_call=watch.call_of(exc),
                     )
                     self._finish(batch, record, failure)
                     return

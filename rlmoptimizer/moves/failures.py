@@ -275,8 +275,8 @@ def failure_step(record: ExampleResult, order: Sequence[str]) -> str | None:
     that produced the final output (the last one called)."""
     calls = [s.step_name for s in record.steps]
     if record.error_kind == PROGRAM_ERROR:
-        if record.raised_in is not None:
-            return record.raised_in
+        if record.failed_call is not None:
+            return record.failed_call.step_name
         missing = [s for s in order if s not in set(calls)]
         if missing:
             return missing[0]

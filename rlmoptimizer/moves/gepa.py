@@ -71,7 +71,8 @@ class GepaHooks:
     """What GEPA runs need of the compile around them, set once: the reflections kept for a resume (``answers``),
     how a reflection's LM calls are booked (``book``), who is told when one was charged (``answered``), what each
     run has paid as kept on disk (``progress``) and how to keep it (``keep_progress``), and who is told the end of
-    each of gepa's iterations (``iteration_ended(run, iteration, accepted, spent)``)."""
+    each of gepa's iterations (``iteration_ended(run, iteration, accepted, spent)``); ``format_failures``: whether
+    reflections read a step's own output that did not parse (``dspy.GEPA``'s ``add_format_failure_as_feedback``)."""
 
     answers: AnswerStore = field(default_factory=AnswerStore)
     book: Callable[[Callable], Callable] = lambda fn: fn
@@ -79,6 +80,7 @@ class GepaHooks:
     progress: dict[str, dict[str, Any]] = field(default_factory=dict)
     keep_progress: Callable[[dict[str, dict[str, Any]]], None] = lambda kept: None
     iteration_ended: Callable[[str, int, bool, int], None] = lambda run, iteration, accepted, spent: None
+    format_failures: bool = False  # reflections read a step's output that did not parse (dspy.GEPA's name for it)
 
 
 class _Watch:
@@ -271,7 +273,14 @@ class GepaMoves(AnalysisMoves):
             self._lm(), slice_, hooks.answers, hooks.book, hooks.answered or self._answered, guidance=guidance
         )
         adapter = Adapter(
-            self.runs, self._evaluate, self.is_known, base, slice_, self._score_bound, propose=reflection.propose
+            self.runs,
+            self._evaluate,
+            self.is_known,
+            base,
+            slice_,
+            self._score_bound,
+            propose=reflection.propose,
+            format_failures=hooks.format_failures,
         )
         # Idle: as many iterations in a row without a new payment or reflection as one pass over the train set
         # takes in minibatches (every minibatch drawn already passes), and at least 3.

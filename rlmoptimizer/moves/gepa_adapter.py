@@ -105,11 +105,15 @@ class Adapter:
         budget: Slice,
         score_bound: Callable[[], float | None],
         propose: Callable[[str, str, list[dict[str, Any]]], str],
+        format_failures: bool = False,
     ) -> None:
         """``is_known(instructions)``: whether a candidate already has those instructions; ``score_bound()``: the
         highest score one example can have, or None when that is not known (then every child runs whole);
-        ``propose(step, text, dataset)``: new instructions for ``step`` (:meth:`Reflection.propose`)."""
+        ``propose(step, text, dataset)``: new instructions for ``step`` (:meth:`Reflection.propose`);
+        ``format_failures``: a step's own output that did not parse is reflected on (``dspy.GEPA``'s
+        ``add_format_failure_as_feedback``; else the example is left out of that step's reflection, as there)."""
         self._propose = propose
+        self._format_failures = format_failures
         self._runs = runs
         self._evaluate = evaluate
         self._is_known = is_known
@@ -232,7 +236,8 @@ class Adapter:
         records = list({record.example_id: record for record in eval_batch.trajectories or []}.values())
         dataset = {}
         for step in components_to_update:
-            entries = [entry for entry in (reflective_example(step, record) for record in records) if entry is not None]
+            entries = [reflective_example(step, record, self._format_failures) for record in records]
+            entries = [entry for entry in entries if entry is not None]
             if entries:
                 dataset[step] = entries
         return dataset

@@ -40,17 +40,36 @@ def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
-def reflective_example(step: str, record: ExampleResult) -> dict[str, Any] | None:
+def unparsed_at(record: ExampleResult) -> str | None:
+    """The step whose own output did not parse on this example (the program raised ``AdapterParseError`` in that
+    step's call), or None."""
+    call = record.failed_call
+    return call.step_name if call is not None and (record.error or "").startswith("AdapterParseError") else None
+
+
+def reflective_example(step: str, record: ExampleResult, format_failures: bool = True) -> dict[str, Any] | None:
     """One entry of GEPA's reflective dataset for ``step`` from a stored record, or None when the step did
     not run on that example.
 
     As ``dspy.GEPA`` builds it: the step's own inputs and generated outputs (its last call, when the program
     called it more than once) and a feedback text. When the metric wrote feedback (for this step, when it takes
-    ``pred_name``: GEPA's form; else for the example), that text is the feedback, as ``dspy.GEPA`` gives it (so a GEPA run here reflects on what ``dspy.GEPA`` would show the same reflection LM),
-    with the program's final output when it is not this step's and the error, if any. When it wrote none, the
-    feedback is what GEPA's default ("This trajectory got a score of ...") leaves out: the score, the expected
-    fields, the program's final output when it is not this step's, and the error.
+    ``pred_name``: GEPA's form; else for the example), that text is the feedback, as ``dspy.GEPA`` gives it (so a
+    GEPA run here reflects on what ``dspy.GEPA`` would show the same reflection LM), with the program's final output
+    when it is not this step's and the error, if any. When it wrote none, the feedback is what GEPA's default ("This
+    trajectory got a score of ...") leaves out: the score, the expected fields, the program's final output when it
+    is not this step's, and the error.
+
+    A call of ``step`` whose output did not parse is, with ``format_failures`` (``dspy.GEPA``'s
+    ``add_format_failure_as_feedback``), the entry: its inputs, and the parse error (which holds the reply) as
+    the feedback; without it, the example's other calls of the step, if any.
     """
+    if format_failures and unparsed_at(record) == step:
+        return {
+            "Inputs": dict(record.failed_call.inputs),
+            "Generated Outputs": "Couldn't parse the output as per the expected output format (the feedback holds "
+            "the error, with the raw response).",
+            "Feedback": f"Your output failed to parse, so the program raised {record.error}",
+        }
     calls: list[StepTrace] = [s for s in record.steps if s.step_name == step]
     if not calls:
         return None
@@ -322,9 +341,9 @@ class ProposalMoves(AnalysisMoves):
                     "evaluate new examples first (evaluate_program(sample='random', limit=10, seed=1)), pass "
                     "ids=[...] of examples to reflect on, or run_id= of a run with failures",
                 )
-            ran = [r for r in failed if any(call.step_name == step for call in r.steps)]
+            ran = [r for r in failed if any(call.step_name == step for call in r.steps) or unparsed_at(r) == step]
             order = list(self._current())
-            unparsed = [
+            unparsed = [  # (kept before the call that raised was: no inputs to reflect on)
                 r for r in failed if (r.error or "").startswith("AdapterParseError") and failure_step(r, order) == step
             ]
             if not ran and unparsed:

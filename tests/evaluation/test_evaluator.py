@@ -542,7 +542,7 @@ def test_an_interrupt_raised_inside_the_metric_keeps_the_records_completed_befor
 
 
 @pytest.mark.parametrize("unparsed_in", ["tech", "billing"])
-def test_a_record_names_the_step_whose_call_raised_wherever_the_program_calls_it(unparsed_in):
+def test_a_record_keeps_the_step_call_that_raised_wherever_the_program_calls_it(unparsed_in):
     """The trace keeps only calls that returned, so which step raised cannot be read from it when the program
     branches (tech raised, billing never ran either) or calls a step twice (billing's second call raised)."""
     from rlmoptimizer.moves.failures import failure_step, step_order
@@ -553,10 +553,12 @@ def test_a_record_names_the_step_whose_call_raised_wherever_the_program_calls_it
     assert set(failed) == ({3} if unparsed_in == "tech" else {1})
     (record,) = failed.values()
     assert record.error.startswith("AdapterParseError") and record.error_kind == PROGRAM_ERROR
-    assert record.raised_in == unparsed_in
+    assert record.failed_call.step_name == unparsed_in
+    # the inputs of the call that raised: billing's second, which was given its first reply
+    assert record.failed_call.inputs == {"question": "q3" if unparsed_in == "tech" else "q1 a1"}
     order = step_order(records, [name for name, _ in program.named_predictors()])
     assert failure_step(record, order) == unparsed_in
-    assert all(r.raised_in is None for r in records if not r.error)
+    assert all(r.failed_call is None for r in records if not r.error)
 
 
 def test_a_step_error_the_program_caught_is_not_where_it_raised():
@@ -583,5 +585,5 @@ def test_a_step_error_the_program_caught_is_not_where_it_raised():
 
     records = make_evaluator(FunctionLM(reply)).evaluate(Fallback(), list(enumerate(examples(2))))
     assert records[1].error == "ValueError: the program's own check failed"
-    assert records[1].raised_in is None  # raised outside every step: the router's caught error is not it
-    assert records[0].passed and records[0].raised_in is None
+    assert records[1].failed_call is None  # raised outside every step: the router's caught error is not it
+    assert records[0].passed and records[0].failed_call is None

@@ -22,6 +22,7 @@ from rlmoptimizer.evaluation.runs import Runs
 from rlmoptimizer.fingerprint import get_instructions
 from rlmoptimizer.metric import Metric
 from rlmoptimizer.moves import MAX_REFLECTION_EXAMPLES, Moves, reflective_example
+from rlmoptimizer.moves.gepa import GepaHooks, GepaSpec
 from rlmoptimizer.storage.run_store import RunStore
 
 # -- a two-step program whose answers follow its instructions -------------------------------------------
@@ -131,6 +132,37 @@ def test_reflective_example_without_metric_feedback_gives_the_score_and_the_expe
     assert feedback[2:] == ["Error: ValueError: no answer"]
 
 
+def test_a_call_whose_output_did_not_parse_is_an_entry_only_with_format_failures(tmp_path):
+    """dspy.GEPA's add_format_failure_as_feedback: False (GEPA's runs here, dspy.GEPA's default) reflects on the
+    step's calls that returned, if any; True (a targeted proposal) on the call that did not parse."""
+    world = World(tmp_path, program=Triage(), lm=triage_lm("billing"))
+    (record,) = [r for r in world.baseline.records if r.error]  # billing's second call did not parse on q1
+    assert record.failed_call.step_name == "billing"
+    kept = reflective_example("billing", record, format_failures=False)
+    assert kept["Inputs"] == {"question": "q1"} and kept["Generated Outputs"] == {"billing_reply": "a1"}
+    entry = reflective_example("billing", record)
+    assert entry["Inputs"] == {"question": "q1 a1"}
+    assert entry["Feedback"].startswith("Your output failed to parse, so the program raised AdapterParseError")
+    assert "Sorry, I will answer in my own words." in entry["Feedback"]
+    assert reflective_example("route", record) == reflective_example("route", record, format_failures=False)
+    assert reflective_example("tech", record) is None
+
+
+@pytest.mark.parametrize("format_failures", [False, True])
+def test_gepa_reflects_on_a_steps_own_parse_failures_only_when_asked_as_dspy_gepa_is(tmp_path, format_failures):
+    """dspy.GEPA's add_format_failure_as_feedback: every failure of 'tech' is a reply that did not parse, so
+    without it GEPA's reflections on that step read only its passing examples; with it, also the parse errors."""
+    proposer = proposal_reply("Reply in the tech_reply field.")
+    world = World(tmp_path, program=Triage(), lm=triage_lm("tech"), proposal_lm=proposer, train=8)
+    world.moves.gepa_hooks = GepaHooks(format_failures=format_failures)
+    world.moves.run_gepa(GepaSpec(budget=20, steps=["tech"]))
+    asked = ["\n".join(str(m["content"]) for m in call) for call in proposer.calls]
+    assert asked  # the minibatches' passing examples are reflected on either way, as dspy.GEPA does
+    read = [a for a in asked if "Your output failed to parse, so the program raised AdapterParseError" in a]
+    assert bool(read) is format_failures
+    assert world.ledger.spent <= 20
+
+
 # -- propose_instructions ----------------------------------------------------------------------------------
 
 
@@ -200,10 +232,11 @@ def test_propose_refusals_say_what_to_do_and_charge_nothing(tmp_path):
     assert world.ledger.spent_by_kind[SUB_LM_CALL] == 0
 
 
-def test_a_step_whose_own_outputs_did_not_parse_is_refused_with_what_can_help(tmp_path):
-    """Regression: a failure whose output at the step did not parse leaves no call of that step in the trace, and
-    the refusal said the failures raised before the step, "which no instructions of it can change": instructions
-    that state the output format can."""
+def test_a_step_whose_own_outputs_did_not_parse_is_proposed_for_from_its_parse_errors(tmp_path):
+    """A failure whose output at the step did not parse leaves no call of that step in the trace; the call that
+    raised is kept with its inputs, and a proposal reflects on it with the parse error as feedback (what
+    dspy.GEPA's add_format_failure_as_feedback=True shows), so instructions that state the output format can come
+    of it. It used to be refused."""
     answers = task_lm()
 
     def reply(messages, settings):
@@ -211,29 +244,29 @@ def test_a_step_whose_own_outputs_did_not_parse_is_refused_with_what_can_help(tm
             return "I think the answer is a1."  # no fields: AdapterParseError at 'generate.predict'
         return answers.fn(messages, settings)
 
-    world = World(tmp_path, lm=FunctionLM(reply, with_settings=True), proposal_lm=proposal_reply())
+    proposer = proposal_reply("Reply with the reasoning and answer fields.")
+    world = World(tmp_path, lm=FunctionLM(reply, with_settings=True), proposal_lm=proposer)
     assert {r.example_id for r in world.baseline.records if not r.passed} == {1, 3, 5}
-    with pytest.raises(AgentToolError) as refused:
-        world.moves.propose_instructions("generate.predict")
-    message = str(refused.value)
-    assert "outputs did not parse (AdapterParseError" in message and "no instructions" not in message
-    assert "state the output format in the step's instructions yourself (update_prompt)" in message
-    assert world.ledger.spent_by_kind[SUB_LM_CALL] == 0
+    result = world.moves.propose_instructions("generate.predict")
+    assert result["example_ids"] == [1, 3, 5] and result["texts"] == ["Reply with the reasoning and answer fields."]
+    asked = "\n".join(str(m["content"]) for m in proposer.calls[0])
+    assert asked.count("Your output failed to parse, so the program raised AdapterParseError") == 3
+    assert "I think the answer is a1." in asked and "D:q3" in asked  # the reply, and the inputs of the call
+    assert world.ledger.spent_by_kind[SUB_LM_CALL] == 1
 
 
-def test_the_did_not_parse_refusal_goes_to_the_step_that_raised_when_the_program_branches(tmp_path):
+def test_a_parse_error_is_reflected_on_by_the_step_that_raised_when_the_program_branches(tmp_path):
     """Regression: which step's output did not parse was guessed from the trace (the first step, in the order the
     longest trace calls them, that left no call), so a branch's handler that failed was told its failures raised
     before it, and the other branch's handler, which never saw them, was told to state its output format."""
-    world = World(tmp_path, program=Triage(), lm=triage_lm("tech"), proposal_lm=proposal_reply())
+    proposer = proposal_reply("Answer tech tickets in the reply format.")
+    world = World(tmp_path, program=Triage(), lm=triage_lm("tech"), proposal_lm=proposer)
     assert {r.example_id for r in world.baseline.records if not r.passed} == {3, 5}  # tech's replies out of format
-    with pytest.raises(AgentToolError) as tech:
-        world.moves.propose_instructions("tech")
-    assert "outputs did not parse (AdapterParseError" in str(tech.value)
+    assert world.moves.propose_instructions("tech")["example_ids"] == [3, 5]
     with pytest.raises(AgentToolError) as billing:
         world.moves.propose_instructions("billing")
-    assert "ran on none of the 2 failure(s)" in str(billing.value) and "did not parse" not in str(billing.value)
-    assert world.ledger.spent_by_kind[SUB_LM_CALL] == 0
+    assert "ran on none of the 2 failure(s)" in str(billing.value) and "AdapterParseError on 2" in str(billing.value)
+    assert world.ledger.spent_by_kind[SUB_LM_CALL] == 1
 
 
 def test_propose_with_no_budget_left_refuses_and_a_failed_call_costs_nothing(tmp_path):
