@@ -62,7 +62,7 @@ from rlmoptimizer.fingerprint import (
 )
 from rlmoptimizer.inputs import make_run_directory, step_lms
 from rlmoptimizer.metric import Metric
-from rlmoptimizer.records import AgentOutcome, CompileResult, EvalRun, Selection
+from rlmoptimizer.records import AgentOutcome, CompileResult, EvalRun, Selection, steps_never_run
 from rlmoptimizer.report import MlflowTracker, present_result, tracked
 from rlmoptimizer.sandbox import Sandbox
 from rlmoptimizer.selection import (
@@ -431,6 +431,15 @@ class Compile:
             demo_sources=self.tools.moves.demo_train_ids(selection.instructions),
         )
         self.store.flush()
+        never, examples = steps_never_run(runs, self.working.step_names)
+        if never and examples and not self.read_back:
+            logger.warning(
+                "Step(s) %s ran on none of the %d train example(s) evaluated (a branch the train set never takes?): "
+                "no proposal could learn from their inputs and outputs, so they keep the instructions they came with "
+                "unless you wrote others. Add train examples that reach them.",
+                never,
+                examples,
+            )
         if not self.read_back:  # a finished run returned again writes nothing: its seed is the one it ran with
             self.journal.write_result({**result.result_file(), "seed": self.config.attempt})
         self.display.message(

@@ -132,6 +132,19 @@ def check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
     return value
 
 
+MAX_DEMOS = 16
+"""The most demos one step may be given (each one lengthens every prompt of that step)."""
+
+
+def check_max_demos(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_DEMOS:
+        raise ConfigurationError(
+            f"max_demos must be an int from 0 to {MAX_DEMOS} (the demos a step may be given; 0 switches demos off), "
+            f"got {value!r}"
+        )
+    return value
+
+
 def make_run_directory(path: Path) -> Path:
     """``run_storage_dir`` as a directory, created if missing; :class:`ConfigurationError` if it is a file, cannot
     be created, or holds files but no ``manifest.json`` (a folder of something else, whose files a compile would
@@ -383,7 +396,7 @@ def check_settings(given: dict[str, Any], dspy_gepa: dict[str, Any]) -> dict[str
         "metric": check_metric(given["metric"]),
         "metric_id": given["metric_id"],
         "pass_threshold": check_pass_threshold(given["pass_threshold"]),
-        "max_demos": check_positive_int("max_demos", given["max_demos"], minimum=0),
+        "max_demos": check_max_demos(given["max_demos"]),
         "num_threads": check_positive_int("num_threads", num_threads),
         "rlm_max_iterations": check_positive_int("rlm_max_iterations", given["rlm_max_iterations"]),
         "rlm_max_llm_calls": check_positive_int("rlm_max_llm_calls", given["rlm_max_llm_calls"], minimum=0),
@@ -485,6 +498,8 @@ def from_dspy_gepa(given: dict[str, Any], dspy_gepa: dict[str, Any]) -> dict[str
         if name in DSPY_GEPA_ALIASES:
             mine, default = DSPY_GEPA_ALIASES[name]
             _check_alias(name, value)
+            if value is None and default is None:  # dspy.GEPA's own default (reflection_lm=None): not given
+                continue
             if not (given[mine] is None or given[mine] == default or given[mine] is value or given[mine] == value):
                 raise ConfigurationError(
                     f"pass {name} or {mine}, not both: {name} is dspy.GEPA's name for {mine} here; you set "

@@ -451,3 +451,19 @@ class CompileResult:
             "usage": dict(self.usage),
             "demo_sources": {step: list(ids) for step, ids in self.demo_sources.items()},
         }
+
+
+def steps_never_run(runs: Iterable[EvalRun], step_names: Sequence[str]) -> tuple[list[str], int]:
+    """The steps of ``step_names`` that no train example of ``runs`` called (none returned nor raised in it), and
+    how many train examples the runs hold: a step no move saw the inputs and outputs of."""
+    seen: set[str] = set()
+    examples: set[int] = set()
+    for run in runs:
+        if run.split != "train":
+            continue
+        for record in run.records:
+            examples.add(record.example_id)
+            seen.update(call.step_name for call in record.steps)
+            if record.failed_call is not None:
+                seen.add(record.failed_call.step_name)
+    return [name for name in step_names if name not in seen], len(examples)

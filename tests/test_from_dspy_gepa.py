@@ -138,6 +138,9 @@ def test_dspy_gepas_names_mean_ours(tmp_path):
     assert RLMDocstringOptimizer(root_lm=reflection, auto="heavy").max_metric_calls is None
     # the same setting under both names agrees, or is refused
     assert RLMDocstringOptimizer(root_lm=reflection, sub_lm=reflection, reflection_lm=reflection).sub_lm is reflection
+    # dspy.GEPA's defaults written out (None) are not a second value
+    assert RLMDocstringOptimizer(root_lm=reflection, sub_lm=reflection, reflection_lm=None).sub_lm is reflection
+    assert RLMDocstringOptimizer(root_lm=reflection, run_storage_dir=tmp_path, log_dir=None).run_storage_dir == tmp_path
     with pytest.raises(ConfigurationError, match="pass seed or attempt, not both"):
         RLMDocstringOptimizer(root_lm=reflection, seed=1, attempt=2)
     with pytest.raises(ConfigurationError, match="auto must be 'light', 'medium' or 'heavy'"):

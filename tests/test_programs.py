@@ -483,3 +483,31 @@ def test_an_identical_compile_replays_from_dspys_cache_and_attempt_asks_again(tm
 def test_attempt_must_be_a_whole_number():
     with pytest.raises(ConfigurationError, match="attempt must be an int >= 0"):
         RLMDocstringOptimizer(root_lm=scripted_agent([FIX_AND_SUBMIT]), attempt=-1)
+
+
+def test_a_step_no_train_example_reaches_is_named_when_the_compile_ends(tmp_path, caplog):
+    """A branch the train set never takes leaves its step nothing to learn from: the user is told which."""
+    from support.qa import Triage, field
+
+    def reply(messages):
+        question = field(messages, "question")
+        wanted = messages[0]["content"].split("Your output fields are:")[1].split("All interactions")[0]
+        if "`team`" in wanted:  # train tickets ('q..') are billing's, validation tickets ('v..') tech's
+            return {"team": "billing" if question.startswith("q") else "tech"}
+        step = "billing_reply" if "`billing_reply`" in wanted else "tech_reply"
+        return {step: question.split()[0].replace("q", "a").replace("v", "a")}
+
+    train = [dspy.Example(question=f"q{i}", answer=f"a{i}").with_inputs("question") for i in range(6)]
+    val = [dspy.Example(question=f"v{i}", answer=f"a{i}").with_inputs("question") for i in range(6)]
+    with caplog.at_level("WARNING", logger="rlmoptimizer"):
+        RLMDocstringOptimizer(
+            lambda example, prediction, trace=None: float(example.answer == prediction.answer),
+            max_metric_calls=30,
+            rlm_autopilot="loop",
+            sub_lm=FunctionLM(lambda m: json.dumps({"new_instruction": "Answer."})),
+            eval_lm=FunctionLM(reply),
+            num_threads=1,
+            run_storage_dir=str(tmp_path / "run"),
+        ).compile(Triage(), trainset=train, valset=val)
+    warned = [r.getMessage() for r in caplog.records if "ran on none of the" in r.getMessage()]
+    assert len(warned) == 1 and "Step(s) ['tech'] ran on none of the 6 train example(s)" in warned[0]

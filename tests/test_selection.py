@@ -116,8 +116,10 @@ def test_a_small_selection_split_is_named_with_the_gain_it_takes():
 
 
 def test_max_demos_is_checked_when_the_optimizer_is_made():
-    with pytest.raises(ConfigurationError, match="max_demos must be an int >= 0"):
-        RLMDocstringOptimizer(rlm_autopilot="loop", sub_lm=dspy.utils.DummyLM([]), max_demos=-1)
+    for bad in (-1, 17, True, 2.0):
+        with pytest.raises(ConfigurationError, match=r"max_demos must be an int from 0 to 16 .*, got"):
+            RLMDocstringOptimizer(rlm_autopilot="loop", sub_lm=dspy.utils.DummyLM([]), max_demos=bad)
+    assert RLMDocstringOptimizer(rlm_autopilot="loop", sub_lm=dspy.utils.DummyLM([]), max_demos=16).max_demos == 16
 
 
 def train_run(run_id: str, label: str, instructions: dict[str, str], scores: dict[int, float]) -> EvalRun:

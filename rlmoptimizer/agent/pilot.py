@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlmoptimizer.agent.policy import (
+    DEMOS,
     END,
     GEPA,
     TARGETED,
@@ -162,7 +163,11 @@ class Pilot:
             with self._refused_proposal(action):
                 return _proposal(tools.propose_instructions(action.step, **({"group": group} if group else {})))
         if isinstance(action, ProposeDemos):
-            return str(tools.propose_demos()["summary"])
+            try:
+                return str(tools.propose_demos()["summary"])
+            except AgentToolError as exc:  # no demos to give (no passing example where a step ran): go on without
+                self.record(Proposed(DEMOS, (), ()))
+                return f"no demos ({exc}); the loop goes on without"
         if isinstance(action, Compare):
             return str(tools.compare(["current", *action.candidates], ids=list(action.ids))["summary"])
         if isinstance(action, CompareValidation):

@@ -380,7 +380,8 @@ def fold(memory: LoopMemory, outcome: Outcome) -> LoopMemory:
             proposed=proposed,
             pending=pending,
             groups=groups,
-            repeats=0 if outcome.candidate_ids else memory.repeats + 1,
+            # (demos that give nothing new say nothing of what the sub LM writes)
+            repeats=memory.repeats if outcome.step == DEMOS else 0 if outcome.candidate_ids else memory.repeats + 1,
             demos_tried=memory.demos_tried or outcome.step == DEMOS,
         )
     if isinstance(outcome, Compared):

@@ -14,7 +14,7 @@ so ``k`` demos are not ``k`` copies of the commonest answer.
 A demo sees its own answer: an example that is a demo of a candidate is left out of every train comparison that
 candidate is in (:meth:`DemoMoves.demo_sources`), so its score is never evidence for the candidate that holds it.
 
-May import: ``rlmoptimizer.fingerprint``, ``.records`` and ``rlmoptimizer.moves.context``.
+May import: ``rlmoptimizer.fingerprint``, ``.inputs``, ``.records`` and ``rlmoptimizer.moves.context``.
 """
 
 from __future__ import annotations
@@ -25,11 +25,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from rlmoptimizer.fingerprint import canonical_json, demos_key, instructions_digest, sha256_json
+from rlmoptimizer.inputs import MAX_DEMOS
 from rlmoptimizer.moves.context import MoveContext, refuse
 from rlmoptimizer.records import ExampleResult
-
-MAX_DEMOS = 16
-"""The most demos one step may be given by one call (each one lengthens every prompt of that step)."""
 
 
 def _label(record: ExampleResult) -> str:
@@ -84,19 +82,33 @@ class DemoMoves(MoveContext):
             self._check_step(name, "propose_demos")
         source, by_id = self._demo_source(run_id)
         records = [r for r in by_id.values() if r.reusable]
-        usable = [r for r in records if not r.passed or all(self._call(r, s) for s in steps)]
         # drawn from what it is drawn from (a count of candidates, which a killed process had changed, drew others
         # on resume, and the comparison then paid for other examples): the same state gives the same candidate
-        state = sha256_json([instructions_digest(self._current()), steps, k, sorted(r.example_id for r in usable)])
-        chosen = choose_demos(usable, k, seed=int(state[:16], 16))
-        if not chosen:
+        state = sha256_json([instructions_digest(self._current()), steps, k, sorted(r.example_id for r in records)])
+        by_step: dict[str, list[int]] = {}
+        for name in steps:  # each step's demos from the passing examples it ran on (a branch runs on some only)
+            usable = [r for r in records if not r.passed or self._call(r, name)]
+            chosen = choose_demos(usable, k, seed=int(state[:16], 16))  # one seed: a pipeline's steps share examples
+            if chosen:
+                by_step[name] = chosen
+        if not by_step:
             raise refuse(
-                f"propose_demos: {source} hold no passing example with a trace of {steps}",
+                f"propose_demos: {source} hold no passing example where {steps if step is None else step!r} ran",
                 "evaluate more train examples first (evaluate_program(sample='random', limit=10, seed=1))",
             )
+        steps = list(by_step)
+        lists = list(dict.fromkeys(tuple(ids) for ids in by_step.values()))
+        chosen = list(lists[0]) if len(lists) == 1 else sorted({i for ids in lists for i in ids})
+        where = (
+            f"{len(chosen)} demo(s) for {steps} from train examples {chosen}"
+            if len(lists) == 1
+            else "; ".join(
+                f"{len(ids)} demo(s) for {name!r} from train examples {ids}" for name, ids in by_step.items()
+            )
+        )
         mapping = {}
-        for name in steps:
-            demos = [{**self._call(by_id[i], name).inputs, **self._call(by_id[i], name).outputs} for i in chosen]
+        for name, ids in by_step.items():
+            demos = [{**self._call(by_id[i], name).inputs, **self._call(by_id[i], name).outputs} for i in ids]
             mapping[demos_key(name)] = canonical_json(demos)
         with self._naming:
             same = [name for name, known in self.proposals.items() if name.startswith("demos-") and known == mapping]
@@ -127,7 +139,7 @@ class DemoMoves(MoveContext):
             "check_ids": failing + others,
             "failure_ids": failing,
             "summary": (
-                f"{candidate}: {len(chosen)} demo(s) for {steps} from train examples {chosen} ({source}), "
+                f"{candidate}: {where} ({source}), "
                 f"{len(labels)} distinct label(s); compare it on other examples (its demos are left out of its "
                 "comparisons), then adopt_candidate it if it wins"
             ),

@@ -61,7 +61,8 @@ class FailureGroup:
     same expected label), disjoint from ``example_ids``; ``step`` is the step most of its failures point at (None
     when none ran), ``kind`` the most common kind (``wrong output``, ``partial score``, ``program error (Type)``,
     ``metric error``); ``labels`` counts its ``field: expected -> produced`` pairs of short outputs; ``step_ran`` is
-    how many of its examples ``step`` ran on (left a call a proposal can reflect on: 0 when each raised before it)."""
+    how many of its examples left ``step`` a call a proposal can reflect on (one that returned, or whose own output
+    did not parse): 0 when each raised before it or took another branch."""
 
     name: str
     cause: str
@@ -283,6 +284,13 @@ def failure_step(record: ExampleResult, order: Sequence[str]) -> str | None:
     return calls[-1] if calls else None
 
 
+def unparsed_at(record: ExampleResult) -> str | None:
+    """The step whose own output did not parse on this example (the program raised ``AdapterParseError`` in that
+    step's call), or None."""
+    call = record.failed_call
+    return call.step_name if call is not None and (record.error or "").startswith("AdapterParseError") else None
+
+
 def failure_kind(record: ExampleResult) -> str:
     if record.error_kind == PROGRAM_ERROR:
         name = (record.error or "").split(":", 1)[0].strip()
@@ -374,7 +382,11 @@ def make_group(
         labels=tuple(labels.most_common()),
         contrast_ids=tuple(contrast),
         analysis_id=analysis_id,
-        step_ran=sum(1 for f in members if any(call.step_name == step for call in f.record.steps)),
+        step_ran=sum(
+            1
+            for f in members
+            if any(call.step_name == step for call in f.record.steps) or unparsed_at(f.record) == step
+        ),
     )
 
 

@@ -30,7 +30,7 @@ from rlmoptimizer.moves.context import (
     exhausted,
     refuse,
 )
-from rlmoptimizer.moves.failures import failure_step
+from rlmoptimizer.moves.failures import failure_step, unparsed_at
 from rlmoptimizer.records import ExampleResult, StepTrace
 from rlmoptimizer.storage.answers import AnswerStore
 from rlmoptimizer.storage.layout import PROPOSALS
@@ -38,13 +38,6 @@ from rlmoptimizer.storage.layout import PROPOSALS
 
 def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True)
-
-
-def unparsed_at(record: ExampleResult) -> str | None:
-    """The step whose own output did not parse on this example (the program raised ``AdapterParseError`` in that
-    step's call), or None."""
-    call = record.failed_call
-    return call.step_name if call is not None and (record.error or "").startswith("AdapterParseError") else None
 
 
 def reflective_example(step: str, record: ExampleResult, format_failures: bool = True) -> dict[str, Any] | None:
@@ -83,7 +76,13 @@ def reflective_example(step: str, record: ExampleResult, format_failures: bool =
     if record.predicted and record.predicted != call.outputs:
         lines.append(f"The program's final output: {_json(record.predicted)}")
     if record.error:
-        lines.append(f"Error: {record.error}")
+        where = record.failed_call.step_name if record.failed_call is not None else None
+        if where is None:
+            lines.append(f"Error: {record.error}")
+        elif where == step:
+            lines.append(f"Error (raised by a later call of this step): {record.error}")
+        else:
+            lines.append(f"Error (raised by step {where!r}, after this step ran): {record.error}")
     if feedback:
         lines.append(feedback)
     return {"Inputs": dict(call.inputs), "Generated Outputs": dict(call.outputs), "Feedback": "\n".join(lines)}
@@ -273,7 +272,7 @@ class ProposalMoves(AnalysisMoves):
                 f"{tool}: {source} hold none of the examples of group {chosen.name!r} ({list(chosen.example_ids)})",
                 "leave run_id out (the records the analysis was made from), or analyse again",
             )
-        ran = [r for r in members if any(s.step_name == step for s in r.steps)] or members
+        ran = [r for r in members if any(s.step_name == step for s in r.steps) or unparsed_at(r) == step] or members
         if len(ran) > MAX_REFLECTION_EXAMPLES:  # a few of them, another sample each call
             rng = random.Random(self.proposal_calls)
             ran = sorted(rng.sample(ran, MAX_REFLECTION_EXAMPLES), key=lambda r: r.example_id)

@@ -38,6 +38,15 @@ MANIFEST_KEYS_THAT_MUST_MATCH = ("program", "trainset", "valset", "metric", "bud
 how its budget counts: the same limit means other work under the other mode (baselines free or paid)."""
 
 
+_MANIFEST_WORDS = {"program": "program", "trainset": "trainset", "valset": "valset", "metric": "metric"}
+"""What a user calls each key of :data:`MANIFEST_KEYS_THAT_MUST_MATCH` (the budget's two are one: the budget)."""
+
+
+def _what_differs(different: list[str]) -> str:
+    words = [_MANIFEST_WORDS.get(key, "budget") for key in different]
+    return ", ".join(dict.fromkeys(words))
+
+
 def _structure_changes(stored: dict[str, Any], manifest: dict[str, Any], different: list[str]) -> str:
     """What changed in the program's structure (steps, fields, demos), when both manifests record it."""
     before, after = stored.get("program_structure"), manifest.get("program_structure")
@@ -137,7 +146,7 @@ class RunJournal:
         if different:
             raise RunDirectoryMismatchError(
                 f"run_storage_dir {str(self.directory)!r} holds a run of a different "
-                f"{', '.join(different)}; it cannot be resumed with this compile(). Use a new run_storage_dir "
+                f"{_what_differs(different)}; it cannot be resumed with this compile(). Use a new run_storage_dir "
                 f"(or delete this one) to start over.{_budget_hint(stored, manifest)}"
                 + "".join(
                     f" {hints[key](stored[key])}" for key in different if key in (hints or {}) and stored.get(key)

@@ -278,6 +278,30 @@ def test_a_refused_analysis_is_recorded_and_the_loop_goes_on_with_a_plain_propos
     assert "no analysis (analyze_failures: 3 prompts needed" in report["summary"]
 
 
+class NoDemos(Tools):
+    """Refuses demos (no passing example where a step ran); proposals are refused too."""
+
+    def propose_demos(self):
+        self.calls.append("demos")
+        raise AgentToolError("propose_demos: no passing example where ['route'] ran -> evaluate more train examples")
+
+
+def test_refused_demos_are_recorded_as_tried_and_the_loop_goes_on_with_a_proposal():
+    """Regression: a refused propose_demos ended the phase, and with nothing changed the loop mode ended the run
+    with most of its budget unspent."""
+    left = [40]
+    pilot = Pilot(
+        ["route"], lambda: BudgetView(left=left[0], val_size=8, reserve=8, proposals_left=40, demos=True), lambda: 0
+    )
+    pilot.tools = NoDemos(pilot, left)
+    pilot.record(GepaFinished(None))
+    report = pilot.take_phase()
+    assert pilot.tools.calls == ["demos", "propose"]
+    assert report["ran"] == ["propose_demos()", "propose_instructions('route')"]
+    assert "no demos (propose_demos: no passing example" in report["summary"]
+    assert pilot.state().memory.demos_tried and pilot.state().memory.repeats == 1  # the proposal's, not the demos'
+
+
 def test_a_proposal_recorded_makes_the_comparison_the_next_action():
     pilot = Pilot(["route"], lambda: BudgetView(left=40, val_size=8, reserve=8, proposals_left=40), lambda: 0)
     pilot.record(GepaFinished(None))

@@ -140,6 +140,9 @@ def test_a_call_whose_output_did_not_parse_is_an_entry_only_with_format_failures
     assert record.failed_call.step_name == "billing"
     kept = reflective_example("billing", record, format_failures=False)
     assert kept["Inputs"] == {"question": "q1"} and kept["Generated Outputs"] == {"billing_reply": "a1"}
+    assert "Error (raised by a later call of this step): AdapterParseError" in kept["Feedback"]
+    route = reflective_example("route", record)["Feedback"]  # the error is another step's, and says so
+    assert "Error (raised by step 'billing', after this step ran): AdapterParseError" in route
     entry = reflective_example("billing", record)
     assert entry["Inputs"] == {"question": "q1 a1"}
     assert entry["Feedback"].startswith("Your output failed to parse, so the program raised AdapterParseError")
@@ -161,6 +164,35 @@ def test_gepa_reflects_on_a_steps_own_parse_failures_only_when_asked_as_dspy_gep
     read = [a for a in asked if "Your output failed to parse, so the program raised AdapterParseError" in a]
     assert bool(read) is format_failures
     assert world.ledger.spent <= 20
+
+
+def test_each_step_of_a_branching_program_gets_demos_from_the_passing_examples_it_ran_on(tmp_path):
+    """Regression: demos were taken only from passing examples on which every step ran, which a program that
+    branches never has: propose_demos was always refused there (and the loop mode ended the run on it)."""
+    world = World(tmp_path, program=Triage(), lm=triage_lm("tech"))
+    assert sorted(r.example_id for r in world.baseline.records if r.passed) == [0, 1, 2, 4]
+    result = world.moves.propose_demos()
+    assert result["steps"] == ["route", "billing", "tech"] and result["demo_ids"] == [0, 1, 2, 4]
+    demos = {
+        key.split(":")[0]: json.loads(text) for key, text in world.moves.proposals[result["candidate_ids"][0]].items()
+    }
+    assert sorted(d["question"] for d in demos["route"]) == ["q0", "q1", "q2", "q4"]
+    assert sorted(d["question"] for d in demos["tech"]) == ["q2", "q4"]  # the tickets routed to it
+    assert sorted(d["question"] for d in demos["billing"]) == ["q0 a0", "q1 a1"]  # its last call on each
+    assert "2 demo(s) for 'tech' from train examples" in result["summary"]
+    run = world.runs.evaluate(world.program, "train", label="agent", ids=[0, 1, 3])  # tech passes on none of these
+    with pytest.raises(AgentToolError, match="no passing example where 'tech' ran"):
+        world.moves.propose_demos("tech", run_id=run.run_id)
+    assert world.moves.propose_demos(run_id=run.run_id)["steps"] == ["route", "billing"]  # the others still get some
+
+
+def test_a_group_of_a_steps_own_parse_failures_leaves_that_step_something_to_reflect_on(tmp_path):
+    """Regression: ``step_ran`` counted only a step's calls that returned, so the default loop dropped the group of
+    a step's own replies that did not parse, and proposed for another step first."""
+    world = World(tmp_path, program=Triage(), lm=triage_lm("tech"))
+    (group,) = world.moves.analyze_failures(use_lm=False).groups
+    assert (group.step, group.kind, group.example_ids) == ("tech", "program error (AdapterParseError)", (3, 5))
+    assert group.step_ran == 2
 
 
 # -- propose_instructions ----------------------------------------------------------------------------------

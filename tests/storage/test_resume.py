@@ -52,7 +52,7 @@ def test_a_directory_whose_examples_were_digested_another_way_is_another_run(tmp
 
 @pytest.mark.parametrize(
     ("missing", "message"),
-    [("budget_mode", r"a run of a different budget_mode"), ("eval_lm", r"scores from a different evaluation LM")],
+    [("budget_mode", r"a run of a different budget;"), ("eval_lm", r"scores from a different evaluation LM")],
 )
 def test_a_manifest_without_a_key_every_manifest_holds_is_another_compiles(tmp_path, missing, message):
     """0.1.0 reads no manifest written before it: one without ``budget_mode`` or ``eval_lm`` is refused, and left as
