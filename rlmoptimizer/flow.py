@@ -431,14 +431,16 @@ class Compile:
             demo_sources=self.tools.moves.demo_train_ids(selection.instructions),
         )
         self.store.flush()
-        never, examples = steps_never_run(runs, self.working.step_names)
+        never, examples, always_raised = steps_never_run(runs, self.working.step_names)
         if never and examples and not self.read_back:
             logger.warning(
-                "Step(s) %s ran on none of the %d train example(s) evaluated (a branch the train set never takes?): "
-                "no proposal could learn from their inputs and outputs, so they keep the instructions they came with "
-                "unless you wrote others. Add train examples that reach them.",
+                "Step(s) %s ran on none of the %d train example(s) evaluated (%s): no proposal could learn from their "
+                "inputs and outputs, so they keep the instructions they came with unless you wrote others.",
                 never,
                 examples,
+                "the program raised on every one of them before reaching them"
+                if always_raised
+                else "a branch the train set never takes? Add train examples that reach them",
             )
         if not self.read_back:  # a finished run returned again writes nothing: its seed is the one it ran with
             self.journal.write_result({**result.result_file(), "seed": self.config.attempt})

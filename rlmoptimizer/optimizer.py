@@ -108,7 +108,8 @@ class RLMDocstringOptimizer(CostEstimation, Teleprompter):
         rlm_autopilot: Who runs the default loop (GEPA first, its best adopted and checked, targeted rounds,
             SUBMIT; the agent takes its next phase with the ``next_phase()`` tool). ``"assist"`` (the default):
             after a turn without progress (nothing spent or evaluated, no candidate, no note, no prompt change)
-            the loop's next phase runs, marked ``[pilot]``. ``"off"``: every turn is the agent's; the
+            the loop's next phase runs, marked ``[pilot]``; a turn whose cell failed first gets one more turn to fix
+            it. ``"off"``: every turn is the agent's; the
             loop's next action is only shown. ``"loop"``: the loop runs to its end in Python, with no agent turn, no root-LM call
             and no sandbox (for a weak or costly root LM, and the baseline the agent is measured against). True
             and False mean ``"assist"`` and ``"off"``.

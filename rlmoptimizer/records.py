@@ -453,11 +453,13 @@ class CompileResult:
         }
 
 
-def steps_never_run(runs: Iterable[EvalRun], step_names: Sequence[str]) -> tuple[list[str], int]:
-    """The steps of ``step_names`` that no train example of ``runs`` called (none returned nor raised in it), and
-    how many train examples the runs hold: a step no move saw the inputs and outputs of."""
+def steps_never_run(runs: Iterable[EvalRun], step_names: Sequence[str]) -> tuple[list[str], int, bool]:
+    """The steps of ``step_names`` that no train example of ``runs`` called (none returned nor raised in it), how
+    many train examples the runs hold, and whether the program raised on every record of them (then the steps may
+    come after the error): a step no move saw the inputs and outputs of."""
     seen: set[str] = set()
     examples: set[int] = set()
+    always_raised = True
     for run in runs:
         if run.split != "train":
             continue
@@ -466,4 +468,5 @@ def steps_never_run(runs: Iterable[EvalRun], step_names: Sequence[str]) -> tuple
             seen.update(call.step_name for call in record.steps)
             if record.failed_call is not None:
                 seen.add(record.failed_call.step_name)
-    return [name for name in step_names if name not in seen], len(examples)
+            always_raised = always_raised and record.error_kind == PROGRAM_ERROR
+    return [name for name in step_names if name not in seen], len(examples), always_raised

@@ -8,7 +8,7 @@ import math
 import dspy
 import pydantic
 
-from rlmoptimizer.records import EvalRun, ExampleResult, StepTrace, jsonable
+from rlmoptimizer.records import EvalRun, ExampleResult, StepTrace, jsonable, steps_never_run
 
 
 class Citation(pydantic.BaseModel):
@@ -115,3 +115,14 @@ def test_the_agent_sees_train_examples_but_only_validation_aggregates():
         "budget_left",
         "note",
     }
+
+
+def test_steps_never_run_reads_train_calls_returned_or_raised_and_says_when_every_example_raised():
+    route = StepTrace("route", {"question": "q"}, {"team": "tech"})
+    ok = _record(0, 1.0, True, steps=(route,))
+    raised = _record(1, 0.0, False, error="X: y", error_kind="program", failed_call=StepTrace("tech", {}, {}))
+    train = _run(records=[ok, raised])
+    val = _run(split="val", records=[_record(2, 1.0, True, steps=(StepTrace("billing", {}, {}),))])
+    assert steps_never_run([train, val], ["route", "billing", "tech"]) == (["billing"], 2, False)
+    before = _record(3, 0.0, False, error="X: y", error_kind="program")  # raised before any step
+    assert steps_never_run([_run(records=[before])], ["route"]) == (["route"], 1, True)

@@ -177,6 +177,8 @@ class OptimizerAgent(dspy.Module):
         self._as_sub = services.as_sub if services is not None else (lambda fn: fn)
         self._answers = AnswerStore(services.directory if services is not None else None)  # llm_query's, kept
         self._pilot_ran: list[str] = []  # the pilot's actions in the current turn
+        self._failed = False  # the current turn's cell failed: an error, a refused SUBMIT, a reply that did not parse
+        self._failed_before = False  # so did the turn before it, which made no progress either
 
     async def aforward(self, **input_args: Any) -> Prediction:
         """The same budgeted loop as :meth:`forward`, in a worker thread (the sandbox and the tools block)."""
@@ -211,7 +213,7 @@ class OptimizerAgent(dspy.Module):
                 if self._run_end is not None and self._run_end.ends_run():
                     setup.result()
                     return self._ended(self._run_end.outcome(history, output_field_names), iteration)
-                self._pilot_ran = []
+                self._pilot_ran, self._failed = [], False
                 progress = self._pilot.progress() if self._pilot is not None else None
                 if unparsed >= UNPARSED_TURNS:
                     setup.result()
@@ -222,6 +224,7 @@ class OptimizerAgent(dspy.Module):
                 if isinstance(action, REPLHistory):  # a reply that never parsed, recorded as an error turn
                     result = action
                     unparsed += 1
+                    self._failed = True
                 else:
                     unparsed = 0
                     result = self._run_action(repl, action, history, regular_args, output_field_names)
@@ -393,6 +396,7 @@ class OptimizerAgent(dspy.Module):
         try:
             code, note = cell_of(action.code)
         except SyntaxError as exc:
+            self._failed = True
             error = "\n".join(
                 filter(None, [cut, f"[Error] {format_error_for_lm(exc)}"])
             )  # the note first: never clipped
@@ -406,12 +410,15 @@ class OptimizerAgent(dspy.Module):
         self, history: REPLHistory, result: REPLHistory, progress: Any, output_field_names: list[str]
     ) -> REPLHistory | Prediction:
         """The turn's history once the pilot had its say: with ``assist``, a turn that made no progress is followed
-        by the loop's next phase; a submission the pilot made (there, or in the agent's own ``next_phase()`` call)
-        ends the run with the current instructions."""
+        by the loop's next phase, unless its cell failed and the turn before it did not (the agent gets one turn to
+        fix its own error); a submission the pilot made (there, or in the agent's own ``next_phase()`` call) ends the
+        run with the current instructions."""
         pilot = self._pilot
         if pilot is None:
             return result
-        if self._assist and pilot.submitted is None and not self._stop.requested and pilot.progress() == progress:
+        idle = pilot.progress() == progress
+        first_failure, self._failed_before = self._failed and not self._failed_before, self._failed and idle
+        if self._assist and pilot.submitted is None and not self._stop.requested and idle and not first_failure:
             last = result.entries[-1]
             try:
                 report = pilot.take_phase()
@@ -441,18 +448,23 @@ class OptimizerAgent(dspy.Module):
             submitted_by=LOOP_SUBMISSION,
         )
 
-    @staticmethod
-    def _execute(repl: CodeInterpreter, code: str, input_args: dict[str, Any]) -> Any:
+    def _execute(self, repl: CodeInterpreter, code: str, input_args: dict[str, Any]) -> Any:
         try:
             return repl.execute(code, variables=dict(input_args))
         except (CodeExecutionError, SyntaxError) as exc:
-            text = format_error_for_lm(exc)
-            if text.rstrip().endswith("MemoryError:"):  # Python's own says nothing: say what fills the memory
-                text = text.rstrip() + (
-                    " the REPL's memory is full: objects you keep in variables hold it (del the large ones you no "
-                    "longer need) and process the data in pieces."
-                )
-            return f"[Error] {text}"
+            self._failed = True
+            return self._error_text(exc)
+
+    @staticmethod
+    def _error_text(exc: BaseException) -> str:
+        """A cell's error as the agent reads it."""
+        text = format_error_for_lm(exc)
+        if text.rstrip().endswith("MemoryError:"):  # Python's own says nothing: say what fills the memory
+            text = text.rstrip() + (
+                " the REPL's memory is full: objects you keep in variables hold it (del the large ones you no "
+                "longer need) and process the data in pieces."
+            )
+        return f"[Error] {text}"
 
     def _extract_fallback(self, variables, history, output_field_names) -> Prediction:
         """Out of turns without a SUBMIT: the root LM is asked to extract the outputs from the history. When that
@@ -492,6 +504,7 @@ class OptimizerAgent(dspy.Module):
         if isinstance(result, FinalOutput):
             parsed, error = self._submission(result.output, output_field_names)
             if error is not None:
+                self._failed = True
                 return _append(history, reasoning=action.reasoning, code=code, output=error)
             final = _append(history, reasoning=action.reasoning, code=code, output=f"FINAL: {parsed}")
             return Prediction(

@@ -107,15 +107,17 @@ def _inputs_and_labels(example: Any) -> tuple[dict[str, Any], dict[str, Any]]:
 
 class _RaisingSteps(dspy.utils.BaseCallback):
     """Which step's call raised, and with what inputs, while the program runs on one example (the trace keeps only
-    calls that returned). A dspy callback beside the program's own: it watches the calls of the steps."""
+    calls that returned). A dspy callback beside the program's own: it watches the calls of the steps (the
+    predictors; a module around one that keeps its signature is not a step)."""
 
     def __init__(self, names: StepNames) -> None:
         self._names = names
         self._open: dict[str, tuple[str, dict[str, Any]]] = {}
-        self._raised: list[tuple[StepTrace, BaseException]] = []
+        self._raised: list[tuple[StepTrace, BaseException, int]] = []  # (call, its error, step calls ended by then)
+        self._ended = 0
 
     def on_module_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
-        name = self._names.name(instance)
+        name = self._names.name(instance) if isinstance(instance, dspy.Predict) else None
         if name is not None:
             given = inputs.get("kwargs") or {}  # (a predictor takes its inputs by keyword)
             fields = getattr(getattr(instance, "signature", None), "input_fields", None) or {}
@@ -123,20 +125,31 @@ class _RaisingSteps(dspy.utils.BaseCallback):
 
     def on_module_end(self, call_id: str, outputs: Any, exception: BaseException | None = None) -> None:
         opened = self._open.pop(call_id, None)
-        if opened is not None and exception is not None:
-            self._raised.append((StepTrace(step_name=opened[0], inputs=_json_dict(opened[1]), outputs={}), exception))
+        if opened is None:
+            return
+        self._ended += 1
+        if exception is not None:
+            call = StepTrace(step_name=opened[0], inputs=_json_dict(opened[1]), outputs={})
+            self._raised.append((call, exception, self._ended))
 
     def call_of(self, error: BaseException) -> StepTrace | None:
-        """The step call that raised ``error`` or the nearest error of its chain (a program may wrap it); None when
-        it raised outside every step. A step's error that the program caught (a retry) is not the one."""
+        """The step call that raised ``error``, or an error it was raised from: its ``__cause__`` (``raise ... from``),
+        or the error it was raised while handling when no step call ended after that one (a step's error the
+        program caught and went on from, a fallback, is not the one); None when it raised outside every step."""
         seen: set[int] = set()
         link: BaseException | None = error
+        last_only = False  # reached through an implicit context: only the last step call that ended
         while link is not None and id(link) not in seen:
             seen.add(id(link))
-            for call, raised in self._raised:  # in the order the calls ended: the innermost step first
-                if raised is link:
+            for call, raised, ended in self._raised:  # in the order the calls ended: the innermost step first
+                if raised is link and (not last_only or ended == self._ended):
                     return call
-            link = link.__cause__ or link.__context__
+            if link.__cause__ is not None:
+                link = link.__cause__
+            elif link.__context__ is not None and not link.__suppress_context__:
+                link, last_only = link.__context__, True
+            else:
+                link = None
         return None
 
 

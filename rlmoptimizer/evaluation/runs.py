@@ -139,6 +139,7 @@ class Runs:
             )
         if kind == PROGRAM_ERROR and len(records) >= 3 and not error.startswith("AdapterParseError"):
             ran = {call.step_name for record in records for call in record.steps}  # (only their instructions can)
+            ran |= {record.failed_call.step_name for record in records if record.failed_call is not None}
             self._code_error = (dict(run.instructions), error, frozenset(ran))  # other instructions will tell
             logger.warning(
                 "The program raised on %s. If that is an error in its code, no instructions can fix it: stop the run "

@@ -96,6 +96,7 @@ class DemoMoves(MoveContext):
                 f"propose_demos: {source} hold no passing example where {steps if step is None else step!r} ran",
                 "evaluate more train examples first (evaluate_program(sample='random', limit=10, seed=1))",
             )
+        left_out = [name for name in steps if name not in by_step]
         steps = list(by_step)
         lists = list(dict.fromkeys(tuple(ids) for ids in by_step.values()))
         chosen = list(lists[0]) if len(lists) == 1 else sorted({i for ids in lists for i in ids})
@@ -139,7 +140,9 @@ class DemoMoves(MoveContext):
             "check_ids": failing + others,
             "failure_ids": failing,
             "summary": (
-                f"{candidate}: {where} ({source}), "
+                f"{candidate}: {where} ({source})"
+                + (f"; none for {left_out}: it ran on no passing example" if left_out else "")
+                + ", "
                 f"{len(labels)} distinct label(s); compare it on other examples (its demos are left out of its "
                 "comparisons), then adopt_candidate it if it wins"
             ),

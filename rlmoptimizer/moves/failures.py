@@ -438,7 +438,7 @@ def _value(value: Any) -> str:
 
 def render_failure(failure: Failure, step: str | None) -> str:
     """One failure as the sub-LM reads it: inputs, expected, produced, score, feedback, error, the steps' calls
-    (only ``step``'s last call when one is given)."""
+    (only ``step``'s last call when one is given) and the call that raised the error, with its inputs."""
     record = failure.record
     lines = [
         f"[failure {record.example_id}]",
@@ -458,6 +458,9 @@ def render_failure(failure: Failure, step: str | None) -> str:
         lines.append(f"step {call.step_name}: inputs {_value(call.inputs)} -> outputs {_value(call.outputs)}")
         if call.feedback and call.feedback != record.feedback:  # the metric's own words for this step (pred_name)
             lines.append(f"metric feedback for {call.step_name}: {clip(call.feedback, MAX_VALUE_CHARS)}")
+    failed = record.failed_call
+    if failed is not None and (step is None or failed.step_name == step):  # the call the error came from
+        lines.append(f"step {failed.step_name} raised the error: inputs {_value(failed.inputs)}")
     return clip_block("\n".join(lines), MAX_FAILURE_CHARS)
 
 

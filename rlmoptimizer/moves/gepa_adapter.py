@@ -111,7 +111,8 @@ class Adapter:
         highest score one example can have, or None when that is not known (then every child runs whole);
         ``propose(step, text, dataset)``: new instructions for ``step`` (:meth:`Reflection.propose`);
         ``format_failures``: a step's own output that did not parse is reflected on (``dspy.GEPA``'s
-        ``add_format_failure_as_feedback``; else the example is left out of that step's reflection, as there)."""
+        ``add_format_failure_as_feedback``); else that call is left out, and the step's other calls on the example,
+        if any, are reflected on with the error named (``dspy.GEPA`` leaves such an example out)."""
         self._propose = propose
         self._format_failures = format_failures
         self._runs = runs

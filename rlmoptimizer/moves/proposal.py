@@ -181,6 +181,14 @@ class ProposalMoves(AnalysisMoves):
         for record in records:
             entry = reflective_example(step, record)
             (dataset.append(entry) if entry is not None else skipped.append(record.example_id))
+        elsewhere = sorted({unparsed_at(r) for r in records} - {None, step})
+        if not dataset and elsewhere:
+            raise refuse(
+                f"step {step!r} left no call to reflect on in the selected examples of {source} (ids "
+                f"{[r.example_id for r in records]}): the output of step(s) {elsewhere} did not parse there",
+                f"propose for {elsewhere[0]!r} instead (its proposals read its replies that did not parse), or pick "
+                f"examples where {step!r} ran",
+            )
         if not dataset and records and all((r.error or "").startswith("AdapterParseError") for r in records):
             raise refuse(
                 f"step {step!r} left no call to reflect on in the selected examples of {source} (ids "

@@ -98,9 +98,10 @@ class Resume:
         return self.resumed and self.has_result and self.final_turn is not None
 
 
-RESULT_SETTINGS = ("rlm_autopilot", "max_demos")
-"""Settings that decide what a run does (who decides, whether demos may change) beside the budget: a directory holds
-a run made under one value of each (:meth:`RunJournal.open_manifest` refuses another)."""
+RESULT_SETTINGS = ("rlm_autopilot", "max_demos", "add_format_failure_as_feedback")
+"""Settings that decide what a run does (who decides, whether demos may change, what GEPA's reflections read) beside
+the budget: a directory holds a run made under one value of each (:meth:`RunJournal.open_manifest` refuses
+another)."""
 
 
 def _compact_structure(fingerprint: dict[str, Any]) -> dict[str, Any]:

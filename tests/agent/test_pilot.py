@@ -366,6 +366,27 @@ def test_a_turn_that_makes_no_progress_is_followed_by_the_loop_only_in_assist(mo
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("fixes_it", [True, False])
+def test_assist_gives_a_turn_whose_cell_failed_one_more_turn_before_the_loop_takes_over(fixes_it):
+    """Regression: a refused SUBMIT (a misspelled step) counted as a turn without progress, so the loop spent the
+    budget and submitted in that same turn, before the agent could read the error and fix the name."""
+    misspelled = {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'router': {POLICY_PROMPT!r}}})"}
+    fixed = {"reasoning": "fix the name", "code": f"SUBMIT(optimized_dspy_program={{'route': {POLICY_PROMPT!r}}})"}
+    broken = {"reasoning": "again", "code": "r = run_gepa(budget=20"}  # a syntax error: no progress either
+    turns_played = [misspelled, fixed if fixes_it else broken]
+    root = FunctionLM(lambda messages: turns_played[min(steps_seen(messages), 1)], name="root")
+    result = compile_tickets(root, sub_lm=proposer(POLICY_PROMPT), max_metric_calls=60, rlm_autopilot="assist")
+    turns = result.agent_trajectory
+    assert "Submission refused: unknown step name 'router'" in turns[0]["output"] and "pilot" not in turns[0]
+    assert result.route.signature.instructions == POLICY_PROMPT
+    if fixes_it:  # the agent's own submission, checked on validation: nothing of the budget on the loop
+        assert len(turns) == 2 and "pilot" not in turns[1] and turns[1]["final"]
+        assert result.budget["spent"] == 8  # the submission's check on the 8 validation examples
+    else:  # a second failed turn in a row: the loop takes its next phase after it
+        assert "[pilot] this turn spent nothing" in turns[1]["output"] and turns[1]["pilot"]
+
+
+@pytest.mark.slow
 def test_an_agent_that_analyses_and_takes_notes_is_not_taken_over():
     turns = [
         {"reasoning": "look", "code": "print(baseline_train['score'])\nadd_note('route decides every failure')"},

@@ -304,11 +304,7 @@ def test_a_memory_error_with_no_message_tells_the_agent_what_fills_the_memory():
     from rlmoptimizer.agent._dspy import CodeExecutionError
     from rlmoptimizer.agent.agent import OptimizerAgent
 
-    class FullREPL:
-        def execute(self, code, variables=None):
-            raise CodeExecutionError("MemoryError: ")
-
-    shown = OptimizerAgent._execute(FullREPL(), "x = [0] * 10**10", {})
+    shown = OptimizerAgent._error_text(CodeExecutionError("MemoryError: "))
     assert shown.startswith("[Error] MemoryError: the REPL's memory is full") and "del the large ones" in shown
 
 

@@ -587,3 +587,55 @@ def test_a_step_error_the_program_caught_is_not_where_it_raised():
     assert records[1].error == "ValueError: the program's own check failed"
     assert records[1].failed_call is None  # raised outside every step: the router's caught error is not it
     assert records[0].passed and records[0].failed_call is None
+
+
+def test_an_error_is_pinned_on_a_step_only_when_it_came_from_that_steps_call():
+    """A wrapper module that keeps its step's signature is not the step; a fallback that ran another step after
+    catching a step's error, then raised its own, is not that step's error; ``raise ... from`` is."""
+
+    class Wrapper(dspy.Module):  # keeps the signature of its step, as dspy's ReAct does
+        def __init__(self):
+            super().__init__()
+            self.step = dspy.Predict("question -> answer")
+            self.signature, self.check = self.step.signature, False
+
+        def forward(self, question):
+            out = self.step(question=question)
+            if self.check:
+                int(out.answer)  # its own check raises, after its step returned
+            return out
+
+    class Programs(dspy.Module):
+        def __init__(self, how):
+            super().__init__()
+            self.how, self.route, self.inner = how, dspy.Predict("question -> team"), Wrapper()
+
+        def forward(self, question):
+            if self.how == "wrapper":
+                self.inner.check = True
+                self.inner(question=question)
+            try:
+                self.route(question=question)
+            except Exception as exc:
+                if self.how == "from":
+                    raise RuntimeError("routing failed") from exc
+                if self.how == "suppressed":
+                    raise RuntimeError("routing failed") from None
+                answer = self.inner(question=question).answer  # the fallback: another step, which returns
+                raise ValueError(f"fallback answer {answer!r} is not accepted")  # noqa: B904 - the implicit context is the point
+            return dspy.Prediction(answer="never")
+
+    def reply(messages):
+        if "`team`" in system_text(messages).split("Your output fields are:")[1]:
+            return "no format at all"
+        return {"answer": "not a number"}
+
+    def failed(how):
+        (record,) = make_evaluator(FunctionLM(reply)).evaluate(Programs(how), [(0, examples(1)[0])])
+        assert record.error_kind == PROGRAM_ERROR
+        return record.failed_call.step_name if record.failed_call else None
+
+    assert failed("wrapper") is None  # ValueError: invalid literal for int(): the wrapper's, after inner.step returned
+    assert failed("fallback") is None  # the ValueError's context is route's error, but inner.step ran after it
+    assert failed("from") == "route"
+    assert failed("suppressed") is None

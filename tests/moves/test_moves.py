@@ -183,7 +183,9 @@ def test_each_step_of_a_branching_program_gets_demos_from_the_passing_examples_i
     run = world.runs.evaluate(world.program, "train", label="agent", ids=[0, 1, 3])  # tech passes on none of these
     with pytest.raises(AgentToolError, match="no passing example where 'tech' ran"):
         world.moves.propose_demos("tech", run_id=run.run_id)
-    assert world.moves.propose_demos(run_id=run.run_id)["steps"] == ["route", "billing"]  # the others still get some
+    others = world.moves.propose_demos(run_id=run.run_id)
+    assert others["steps"] == ["route", "billing"]  # the others still get some, and the summary says which got none
+    assert "none for ['tech']: it ran on no passing example" in others["summary"]
 
 
 def test_a_group_of_a_steps_own_parse_failures_leaves_that_step_something_to_reflect_on(tmp_path):
@@ -298,6 +300,10 @@ def test_a_parse_error_is_reflected_on_by_the_step_that_raised_when_the_program_
     with pytest.raises(AgentToolError) as billing:
         world.moves.propose_instructions("billing")
     assert "ran on none of the 2 failure(s)" in str(billing.value) and "AdapterParseError on 2" in str(billing.value)
+    with pytest.raises(
+        AgentToolError, match=r"the output of step\(s\) \['tech'\] did not parse there -> propose for 'tech'"
+    ):
+        world.moves.propose_instructions("billing", ids=[3, 5])  # chosen by hand: tech's parse failures
     assert world.ledger.spent_by_kind[SUB_LM_CALL] == 1
 
 
