@@ -132,7 +132,7 @@ class ProtocolReader:
         if self._executing and self._oversize_bytes:
             return self._error_line(message.get("id"), "OutputTooLarge", self._too_large_text())
         if not (self._executing and self.violations):
-            return line
+            return self._as_python_shows(message, line)
         count = len(self.violations)
         shown = "; ".join(self.violations[:3])
         text = (
@@ -142,6 +142,19 @@ class ProtocolReader:
             "output and call tools as functions."
         )
         return self._error_line(message.get("id"), "ProtocolError", text)
+
+    @staticmethod
+    def _as_python_shows(message: dict, line: str) -> str:
+        """An execute's error with its arguments as Python shows them: dspy's host writes ``"Type: {args}"`` with
+        the list the runner sends, so every error read ``ValueError: ['message']``; one argument is sent as itself,
+        several as a tuple (``str()`` of the exception)."""
+        error = message.get("error")
+        data = error.get("data") if isinstance(error, dict) else None
+        args = data.get("args") if isinstance(data, dict) else None
+        if not isinstance(args, list) or not args:
+            return line
+        data["args"] = str(args[0]) if len(args) == 1 else str(tuple(args))
+        return json.dumps(message)
 
     def _violation(self, line: str) -> None:
         self.violations.append(_describe(line))

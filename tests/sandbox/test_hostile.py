@@ -186,9 +186,10 @@ def test_a_print_far_past_the_limit_keeps_the_repl_and_its_variables(box):
     [
         ("import js\njs.Deno.env.get('HOME')", "env access"),
         ("import js\njs.eval('null.x')", "TypeError"),
-        ("raise ValueError(object(), float('nan'))", "ValueError: ['<object object"),
+        ("raise ValueError(object(), float('nan'))", "ValueError: ('<object object"),
+        ("raise ValueError('the plain message')", "ValueError: the plain message"),
     ],
-    ids=["permission", "js-type-error", "unserializable-args"],
+    ids=["permission", "js-type-error", "unserializable-args", "one-arg-as-python-shows-it"],
 )
 def test_an_uncaught_javascript_error_is_an_ordinary_error_of_that_cell(box, code, shown):
     restarts = box.restarts
@@ -256,6 +257,16 @@ def test_submit_rebound_by_a_cell_is_restored_after_it():
         assert "[Notice] SUBMIT is reserved" in run(box, "del SUBMIT")
         assert box.execute("SUBMIT(answer='after del')") == FinalOutput({"answer": "after del"})
         assert "[Notice]" not in run(box, "print('quiet')")  # nothing rebound: no notice
+
+
+@pytest.mark.parametrize("code", ["import os\nos.system('ls')", "import os\nos.kill(os.getpid(), 9)"])
+def test_starting_or_signalling_a_process_is_an_error_of_the_cell_not_the_end_of_the_process(box, code):
+    """Regression: os.system and os.kill aborted Pyodide (the agent lost every variable), where subprocess raises."""
+    restarts = box.restarts
+    run(box, "kept = 'alive'")
+    with pytest.raises(CodeExecutionError, match="OSError: the sandbox runs no processes"):
+        box.execute(code)
+    assert run(box, "print(kept)") == "alive\n" and box.restarts == restarts
 
 
 def test_an_error_thrown_later_in_a_timer_does_not_end_the_process(box):

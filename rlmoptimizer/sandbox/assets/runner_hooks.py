@@ -25,7 +25,8 @@ look up ``pyodide.code.eval_code`` and ``eval_code_async`` on every call:
 
 Once per process, the JavaScript side is hardened (:data:`_HARDEN_JS`): ``Deno.cwd()``, ``Deno.execPath()``,
 ``Deno.mainModule`` and ``Deno.args`` reveal no host path (nor do Python's ``sys.executable``, ``sys.orig_argv``
-and ``os.environ``: :func:`_hide_host_paths`), stack traces name files without their directory, an uncaught error
+and ``os.environ``: :func:`_hide_host_paths`), ``os.system`` and ``os.kill`` raise ``OSError`` as ``subprocess``
+does instead of aborting the process (:func:`_no_processes`), stack traces name files without their directory, an uncaught error
 in a timer or callback does not end the process, and web storage and the Cache API are gone (Deno keeps them on
 the host's disk whatever ``--deny-write`` says, unbounded by the memory cap, for every later sandbox to read).
 
@@ -50,6 +51,7 @@ def _rlmopt_install_hooks(report, max_output_chars):
         return
     js.eval(_HARDEN_JS)
     _hide_host_paths(sys)
+    _no_processes()
     original, original_async = code.eval_code, code.eval_code_async
     compiled = {}
     _id, _type, _list, _isinstance, _len, _str, _repr = id, type, list, isinstance, len, str, repr
@@ -221,6 +223,19 @@ def _rlmopt_install_hooks(report, max_output_chars):
     eval_code.__wrapped__, eval_code_async.__wrapped__ = original, original_async
     eval_code_async._rlmopt_hooked, eval_code_async.report = True, report
     code.eval_code, code.eval_code_async = eval_code, eval_code_async
+
+
+def _no_processes():
+    """``os.system``, ``os.kill`` and ``os.killpg`` abort Pyodide's process (the agent would lose every variable),
+    where ``subprocess`` raises ``OSError``: they raise the same."""
+    import os
+
+    def refuse(*args, **kwargs):
+        raise OSError("the sandbox runs no processes (emscripten does not support processes)")
+
+    for name in ("system", "kill", "killpg"):
+        if hasattr(os, name):
+            setattr(os, name, refuse)
 
 
 def _hide_host_paths(sys):
