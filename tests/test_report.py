@@ -351,3 +351,37 @@ def test_the_picture_joins_the_returned_candidates_ancestors(gepa_from_a_proposa
     assert [t.get_text() for t in axes.texts if t.get_gid() == "ancestry"] == ["unchanged", "proposal-1", "gepa-1"]
     pixels = picture_pixels(directory / "run.png")  # compile() drew it
     assert has_colour(pixels, np.array([0x2C, 0xA0, 0x2C]) / 255)
+
+
+def test_a_turn_the_default_loop_took_actions_in_says_so_in_the_table_and_in_full():
+    """Regression: a turn after which the pilot spent most of the budget and submitted showed only the agent's
+    failed cell in the notebook's table, and "(submitted)" as if the agent had submitted."""
+    turns = [
+        {
+            "iteration": 1,
+            "reasoning": "r",
+            "code": "x = (",
+            "output": "[Error] SyntaxError",
+            "pilot": ["run_gepa(budget=68)"],
+        },
+        {
+            "iteration": 2,
+            "reasoning": "r",
+            "code": "",
+            "output": "FINAL: ...",
+            "final": True,
+            "pilot": ["analyze_failures()", "SUBMIT(...)"],
+            "submitted_by": "the default loop's submission",
+        },
+    ]
+    trajectory = Trajectory(turns)
+    rows = trajectory.summary_rows()
+    assert rows[0]["turn"] == "1 (+ the default loop: 1 action(s))"
+    assert rows[1]["turn"] == "2 (+ the default loop: 2 action(s)) (final: the default loop's submission)"
+    shown = repr(trajectory.show(0))
+    assert "--- the default loop's actions ---\nrun_gepa(budget=68)" in shown
+    console = Console(record=True, width=120)
+    console.print(trajectory.show(1))
+    text = console.export_text()
+    assert "the default loop's actions" in text and "analyze_failures()" in text
+    assert "(submitted)" in Trajectory([{**turns[0], "final": True, "pilot": []}]).summary_rows()[0]["turn"]

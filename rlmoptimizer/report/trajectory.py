@@ -24,6 +24,27 @@ def _first_lines(text: Any, lines: int = 3, limit: int = _SHORT) -> str:
     return short
 
 
+def _title(turn: dict[str, Any], index: int | str = "?") -> str:
+    """``turn N``, with what the default loop took in it and how it ended (the agent's SUBMIT: "submitted")."""
+    title = f"turn {turn.get('iteration', index)}"
+    ran = turn.get("pilot")
+    if isinstance(ran, list) and ran:
+        title += f" (+ the default loop: {len(ran)} action(s))"
+    if turn.get("final"):
+        by = turn.get("submitted_by")
+        title += f" (final: {_first_lines(by, lines=1, limit=80)})" if by else " (submitted)"
+    return title
+
+
+def _blocks(turn: dict[str, Any]) -> list[tuple[str, str]]:
+    """The parts of a turn shown in full: reasoning, code, output, and the default loop's actions when it took some."""
+    parts = [(key, str(turn.get(key, ""))) for key in ("reasoning", "code", "output")]
+    ran = turn.get("pilot")
+    if isinstance(ran, list) and ran:
+        parts.append(("the default loop's actions", "\n".join(map(str, ran))))
+    return parts
+
+
 class Trajectory(list):
     """A list of agent turns (``{"iteration", "reasoning", "code", "output", "final", ...}``) that renders
     readably in Jupyter (``_repr_html_``) and with rich (``__rich__``). Equal to, and serialized as, a plain list."""
@@ -37,10 +58,9 @@ class Trajectory(list):
             if not isinstance(turn, dict):
                 rows.append({"turn": str(index), "reasoning": _first_lines(turn), "code": "", "output": ""})
                 continue
-            number = str(turn.get("iteration", index + 1)) + (" (submitted)" if turn.get("final") else "")
             rows.append(
                 {
-                    "turn": number,
+                    "turn": _title(turn, index + 1).removeprefix("turn "),
                     "reasoning": _first_lines(turn.get("reasoning"), lines=2),
                     "code": _first_lines(turn.get("code")),
                     "output": _first_lines(turn.get("output")),
@@ -86,19 +106,15 @@ class TurnView:
         self.turn = turn if isinstance(turn, dict) else {"output": str(turn)}
 
     def __repr__(self) -> str:
-        parts = [f"turn {self.turn.get('iteration', '?')}" + (" (submitted)" if self.turn.get("final") else "")]
-        for key in ("reasoning", "code", "output"):
-            parts.append(f"--- {key} ---\n{self.turn.get(key, '')}")
+        parts = [_title(self.turn)]
+        for key, text in _blocks(self.turn):
+            parts.append(f"--- {key} ---\n{text}")
         return "\n".join(parts)
 
     def _repr_html_(self) -> str:
         pre = 'style="white-space:pre-wrap;font-family:monospace;font-size:12px;margin:0 0 8px 0"'
-        title = f"turn {self.turn.get('iteration', '?')}" + (" (submitted)" if self.turn.get("final") else "")
-        blocks = "".join(
-            f"<b>{key}</b><pre {pre}>{html.escape(str(self.turn.get(key, '')))}</pre>"
-            for key in ("reasoning", "code", "output")
-        )
-        return f"<div><h4>{html.escape(title)}</h4>{blocks}</div>"
+        blocks = "".join(f"<b>{key}</b><pre {pre}>{html.escape(text)}</pre>" for key, text in _blocks(self.turn))
+        return f"<div><h4>{html.escape(_title(self.turn))}</h4>{blocks}</div>"
 
     def __rich__(self):
         from rich.console import Group
@@ -106,10 +122,13 @@ class TurnView:
         from rich.syntax import Syntax
         from rich.text import Text
 
+        styles = {"reasoning": "blue", "code": "green", "output": "yellow"}
         parts = [
-            Panel(Text(str(self.turn.get("reasoning", ""))), title="reasoning", border_style="blue"),
-            Panel(Syntax(str(self.turn.get("code", "")), "python", word_wrap=True), title="code", border_style="green"),
-            Panel(Text(str(self.turn.get("output", ""))), title="output", border_style="yellow"),
+            Panel(
+                Syntax(text, "python", word_wrap=True) if key == "code" else Text(text),
+                title=key,
+                border_style=styles.get(key, "cyan"),
+            )
+            for key, text in _blocks(self.turn)
         ]
-        title = f"agent turn {self.turn.get('iteration', '?')}" + (" (submitted)" if self.turn.get("final") else "")
-        return Panel(Group(*parts), title=title, border_style="magenta")
+        return Panel(Group(*parts), title=f"agent {_title(self.turn)}", border_style="magenta")
