@@ -443,15 +443,13 @@ def test_cannot_start_processes(sandbox, tmp_path):
         f"import subprocess\nreturn subprocess.run(['touch', {str(marker)!r}])",
         f"return js.eval(\"new Deno.Command('touch', {{args: ['{marker}']}}).outputSync().code\")",
         "return js.Deno.dlopen('libc.so.6', js.Object.new())",
+        f"import os\nreturn os.system('touch {marker}')",  # (it used to bring Pyodide down: a restart)
     ]
+    restarts = sandbox.restarts
     for attempt in attempts:
         output = probe(sandbox, attempt)
         assert output.startswith(("BLOCKED OSError", "BLOCKED JsException NotCapable")), (attempt, output)
-    # os.system brings Pyodide down (a fatal error): a crash the sandbox recovers from, and nothing ran.
-    restarts = sandbox.restarts
-    with pytest.raises(CodeExecutionError, match="process died"):
-        probe(sandbox, f"import os\nreturn os.system('touch {marker}')")
-    assert sandbox.restarts == restarts + 1
+    assert sandbox.restarts == restarts
     assert not marker.exists()
     assert run(sandbox, "print(baseline['score'])") == "0.5\n"
 
