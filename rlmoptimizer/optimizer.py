@@ -92,7 +92,8 @@ class RLMDocstringOptimizer(CostEstimation, Teleprompter):
             for a 0-5 judge); scores are never rescaled.
         max_demos: The demos ``propose_demos`` gives a step by default, each the step's own inputs and outputs on a
             train example the program got right (the default loop proposes them once, after GEPA), from 0 to 16; 0
-            switches demos off, so only instructions change. Demos the program already has are kept unless a winner replaces them.
+            switches demos off, so only instructions change. Demos the program already has are kept unless a
+            winner replaces them.
         num_threads: Threads for evaluating examples; None takes ``dspy.settings.num_threads``.
         rlm_max_iterations: Agent turns before the agent must answer.
         rlm_max_llm_calls: Cap on sub-LM calls in one run, on top of the budget (0: none).

@@ -291,6 +291,12 @@ def unparsed_at(record: ExampleResult) -> str | None:
     return call.step_name if call is not None and (record.error or "").startswith("AdapterParseError") else None
 
 
+def reflects_on(record: ExampleResult, step: str) -> bool:
+    """Whether ``record`` leaves ``step`` a call to reflect on: one that returned, or one whose own output did not
+    parse."""
+    return any(call.step_name == step for call in record.steps) or unparsed_at(record) == step
+
+
 def failure_kind(record: ExampleResult) -> str:
     if record.error_kind == PROGRAM_ERROR:
         name = (record.error or "").split(":", 1)[0].strip()
@@ -382,11 +388,7 @@ def make_group(
         labels=tuple(labels.most_common()),
         contrast_ids=tuple(contrast),
         analysis_id=analysis_id,
-        step_ran=sum(
-            1
-            for f in members
-            if any(call.step_name == step for call in f.record.steps) or unparsed_at(f.record) == step
-        ),
+        step_ran=sum(1 for f in members if reflects_on(f.record, step)),
     )
 
 

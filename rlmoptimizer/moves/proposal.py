@@ -30,7 +30,7 @@ from rlmoptimizer.moves.context import (
     exhausted,
     refuse,
 )
-from rlmoptimizer.moves.failures import failure_step, unparsed_at
+from rlmoptimizer.moves.failures import failure_step, reflects_on, unparsed_at
 from rlmoptimizer.records import ExampleResult, StepTrace
 from rlmoptimizer.storage.answers import AnswerStore
 from rlmoptimizer.storage.layout import PROPOSALS
@@ -280,7 +280,7 @@ class ProposalMoves(AnalysisMoves):
                 f"{tool}: {source} hold none of the examples of group {chosen.name!r} ({list(chosen.example_ids)})",
                 "leave run_id out (the records the analysis was made from), or analyse again",
             )
-        ran = [r for r in members if any(s.step_name == step for s in r.steps) or unparsed_at(r) == step] or members
+        ran = [r for r in members if reflects_on(r, step)] or members
         if len(ran) > MAX_REFLECTION_EXAMPLES:  # a few of them, another sample each call
             rng = random.Random(self.proposal_calls)
             ran = sorted(rng.sample(ran, MAX_REFLECTION_EXAMPLES), key=lambda r: r.example_id)
@@ -348,7 +348,7 @@ class ProposalMoves(AnalysisMoves):
                     "evaluate new examples first (evaluate_program(sample='random', limit=10, seed=1)), pass "
                     "ids=[...] of examples to reflect on, or run_id= of a run with failures",
                 )
-            ran = [r for r in failed if any(call.step_name == step for call in r.steps) or unparsed_at(r) == step]
+            ran = [r for r in failed if reflects_on(r, step)]
             order = list(self._current())
             unparsed = [  # (kept before the call that raised was: no inputs to reflect on)
                 r for r in failed if (r.error or "").startswith("AdapterParseError") and failure_step(r, order) == step

@@ -38,13 +38,9 @@ MANIFEST_KEYS_THAT_MUST_MATCH = ("program", "trainset", "valset", "metric", "bud
 how its budget counts: the same limit means other work under the other mode (baselines free or paid)."""
 
 
-_MANIFEST_WORDS = {"program": "program", "trainset": "trainset", "valset": "valset", "metric": "metric"}
-"""What a user calls each key of :data:`MANIFEST_KEYS_THAT_MUST_MATCH` (the budget's two are one: the budget)."""
-
-
 def _what_differs(different: list[str]) -> str:
-    words = [_MANIFEST_WORDS.get(key, "budget") for key in different]
-    return ", ".join(dict.fromkeys(words))
+    """The keys of :data:`MANIFEST_KEYS_THAT_MUST_MATCH` that differ, as a user says them (the budget's two: budget)."""
+    return ", ".join(dict.fromkeys("budget" if key.startswith("budget_") else key for key in different))
 
 
 def _structure_changes(stored: dict[str, Any], manifest: dict[str, Any], different: list[str]) -> str:

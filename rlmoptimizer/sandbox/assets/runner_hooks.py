@@ -26,9 +26,10 @@ look up ``pyodide.code.eval_code`` and ``eval_code_async`` on every call:
 Once per process, the JavaScript side is hardened (:data:`_HARDEN_JS`): ``Deno.cwd()``, ``Deno.execPath()``,
 ``Deno.mainModule`` and ``Deno.args`` reveal no host path (nor do Python's ``sys.executable``, ``sys.orig_argv``
 and ``os.environ``: :func:`_hide_host_paths`), ``os.system`` and ``os.kill`` raise ``OSError`` as ``subprocess``
-does instead of aborting the process (:func:`_no_processes`), stack traces name files without their directory, an uncaught error
-in a timer or callback does not end the process, and web storage and the Cache API are gone (Deno keeps them on
-the host's disk whatever ``--deny-write`` says, unbounded by the memory cap, for every later sandbox to read).
+does instead of aborting the process (:func:`_no_processes`), stack traces name files without their directory, an
+uncaught error in a timer or callback does not end the process, and web storage and the Cache API are gone (Deno
+keeps them on the host's disk whatever ``--deny-write`` says, unbounded by the memory cap, for every later sandbox to
+read).
 
 The host appends one call: ``_rlmopt_install_hooks(globals().get(<report tool name>), <max output chars>)`` and
 deletes the function again.
