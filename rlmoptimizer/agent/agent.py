@@ -12,7 +12,7 @@ dspy renders them) but none of RLM's loop, predictors or sub-agents.
   progress (nothing spent or evaluated, no candidate, no note, no prompt change: measured from the services, never
   from the cell's text). A submission the pilot makes ends the run after that turn.
 - A root-LM reply that does not parse is retried, then shown to the agent as an error turn; it does not end the
-  run. A reply cut off at the root LM's output limit is named to the agent first in the turn's output.
+  run. One that holds a ```python block is not retried: the block runs, with a note to the agent. A reply cut off at the root LM's output limit is named to the agent first in the turn's output.
 - Each turn is sent to the observer as :class:`~rlmoptimizer.events.AgentTurn` as soon as it exists, kept in
   :attr:`OptimizerAgent.turns`; a run can resume from them.
 - After each turn the loop checks its :class:`~rlmoptimizer.agent.stop.StopRequest`: a tool that met a
@@ -49,7 +49,7 @@ from rlmoptimizer.agent._dspy import (
     resolve_interpreter_factory,
 )
 from rlmoptimizer.agent.bounded_context import is_context_refusal, turn_inputs
-from rlmoptimizer.agent.cells import cell_of
+from rlmoptimizer.agent.cells import cell_of, fenced_action
 from rlmoptimizer.agent.pilot import LOOP_SUBMISSION
 from rlmoptimizer.agent.prompts import CUT_OFF_NOTE, action_signature, extract_signature, tool_docs_code
 from rlmoptimizer.agent.root_lm import TurnSender, cut_off_since, history_mark
@@ -69,6 +69,10 @@ PILOT = "[pilot]"
 UNPARSED_TURNS = 3
 """After this many turns in a row whose root-LM reply never parsed (each retried), the root LM is not asked again: the
 run ends with the current instructions (with ``"assist"``, the default loop took a phase after each of them)."""
+FIELDS_MISSED = (
+    "[note] Your reply had no [[ ## code ## ]] field, so its ```python block ran as the code. Reply with the fields "
+    "as specified."
+)
 NO_PROGRESS = "this turn spent nothing, evaluated nothing new, made no candidate, added no note and changed no prompt"
 
 
@@ -364,6 +368,12 @@ class OptimizerAgent(dspy.Module):
                     action._cut_off = cut_off_since(root_lm, mark)
                 break
             except AdapterParseError as exc:
+                salvaged = fenced_action(exc.lm_response)
+                if salvaged is not None:  # no fields, but a ```python block: run it, not pay for a retry
+                    action = Prediction(reasoning=salvaged[0] or "(none given)", code=salvaged[1])
+                    action._cut_off = sender.last_cut_off if sender is not None else cut_off_since(root_lm, mark)
+                    action._note = FIELDS_MISSED
+                    break
                 last_error = exc
                 attempt += 1
                 logger.warning("Root LM reply did not parse (attempt %d): %s", attempt, exc)
@@ -393,6 +403,7 @@ class OptimizerAgent(dspy.Module):
     def _run_action(self, repl, action, history, input_args, output_field_names):
         """Execute the action's code; the new history, or the final Prediction on a valid SUBMIT."""
         cut = CUT_OFF_NOTE if getattr(action, "_cut_off", False) else ""
+        cut = "\n".join(filter(None, [cut, getattr(action, "_note", "")]))  # notes on the reply itself, first
         try:
             code, note = cell_of(action.code)
         except SyntaxError as exc:

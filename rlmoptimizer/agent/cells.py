@@ -1,6 +1,7 @@
 """What a root-LM reply holds: the Python cell of its ``code`` field (:func:`cell_of`), read as tolerantly as a
-small model writes it (fences, prose around them, blocks in other languages, indentation), and why a cell would not
-run (:func:`syntax_error`).
+small model writes it (fences, prose around them, blocks in other languages, indentation); the action of a reply
+that missed the turn's fields but holds a ```python block (:func:`fenced_action`); and why a cell would not run
+(:func:`syntax_error`).
 
 May import: nothing of the package.
 """
@@ -15,6 +16,7 @@ import re
 # (Here is the code:```python). Not ``` inside code, such as print("```").
 _FENCE = re.compile(r"^(?:[ \t]*|[^\n`]*[:.!?][ \t]*)```[ \t]*([\w+.-]*)(?:[ \t]+[^\n`]*)?[ \t]*$", re.MULTILINE)
 _PYTHON_TAGS = frozenset({"", "python", "py", "python3", "py3"})
+_FIELD_HEADER = re.compile(r"^[ \t]*\[\[ ## \w+ ## \]\][ \t]*$", re.MULTILINE)  # [[ ## reasoning ## ]]
 
 
 def _dedent(text: str) -> str:
@@ -75,6 +77,18 @@ def cell_of(reply: str) -> tuple[str, str]:
             return span, ""
     left_out = [body for (_, body), keep in zip(candidates, kept, strict=True) if not keep]
     return code, _left_out_note(left_out)
+
+
+def fenced_action(reply: str | None) -> tuple[str, str] | None:
+    """A reply that did not parse into the turn's fields but holds a block tagged ```python (a model writing as in a
+    chat): ``(reasoning, code)``, the prose before that block and the text from it on (read by :func:`cell_of`), with
+    any field headers it did write dropped. None when it has no such block: a bare ``` block may be output the reply
+    shows, and prose alone is no action."""
+    text = _FIELD_HEADER.sub("", reply or "")
+    first = next((fence for fence in _FENCE.finditer(text) if fence.group(1).lower() in _PYTHON_TAGS - {""}), None)
+    if first is None:
+        return None
+    return text[: first.start()].strip(), text[first.start() :].strip()
 
 
 def _left_out_note(bodies: list[str]) -> str:

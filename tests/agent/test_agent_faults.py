@@ -202,6 +202,22 @@ def test_a_root_reply_that_does_not_parse_is_shown_to_the_agent_and_the_run_goes
     assert len(result.agent_trajectory) == 2
 
 
+def test_a_root_reply_with_a_python_block_but_no_fields_runs_without_a_retry():
+    """Regression: a model that answered as in a chat (prose, then a ```python block, no field headers) was asked
+    again twice for the same turn, then shown an error; the code it wrote never ran."""
+    turns = [
+        "Let me check the budget first.\n```python\nprint('left', optimization_status()['budget_left'])\n```",
+        SUBMIT_POLICY,
+    ]
+    root = scripted_agent(turns)
+    result = compile_tickets(root)
+    first = outputs(result)[0]
+    assert "no [[ ## code ## ]] field" in first and "\nleft " in first
+    assert result.agent_trajectory[0]["reasoning"] == "Let me check the budget first."
+    assert len(root.calls) == 2  # one call a turn: nothing retried
+    assert result.optimized_dspy_program["route"] == POLICY_PROMPT
+
+
 OUT_OF_TURNS = [
     {"reasoning": "look", "code": "print(baseline_train['score'])"},
     {"reasoning": "edit", "code": f"update_prompt('route', {POLICY_PROMPT!r})\nprint('edited')"},

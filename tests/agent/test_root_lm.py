@@ -380,3 +380,33 @@ def test_a_second_block_with_a_syntax_error_is_not_run_and_the_agent_is_told_why
     assert first.startswith("first ran")
     assert "did not run: it is not valid Python (" in first and "```python" in first
     assert "evaluate_program" not in result.agent_trajectory[0]["code"]  # the code that ran is what the turn shows
+
+
+@pytest.mark.parametrize(
+    ("reply", "reasoning", "runs"),
+    [
+        ("I will look first.\n```python\nprint(1)\n```", "I will look first.", "print(1)"),
+        ("[[ ## reasoning ## ]]\nLook.\n```python\nprint(1)\n```\n[[ ## completed ## ]]", "Look.", "print(1)"),
+        ("```py\nx = 1\n```\nthen\n```python\nprint(x)\n```", "", "x = 1\n\nprint(x)"),
+    ],
+)
+def test_a_reply_without_fields_but_with_a_python_block_is_read_as_its_action(reply, reasoning, runs):
+    from rlmoptimizer.agent.cells import code_of, fenced_action
+
+    found = fenced_action(reply)
+    assert found is not None and found[0] == reasoning and code_of(found[1]) == runs
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "no code at all",
+        "Output:\n```\nprint(1)\n```",
+        '```json\n{"a": 1}\n```',
+        '{"code": "```python\\nprint(1)\\n```"}',
+    ],
+)
+def test_a_reply_without_fields_or_a_python_block_is_no_action(reply):
+    from rlmoptimizer.agent.cells import fenced_action
+
+    assert fenced_action(reply) is None
