@@ -19,7 +19,10 @@ from pathlib import Path
 from typing import Any
 
 GROUP_LINE = re.compile(r"^\s+(\d+)\. (.+?) \((\d+)\): ")
-GEPA_LINE = re.compile(r"gepa run \d+: best (\S+) \(validation score ([\d.]+), the start scored ([\d.]+)\); (\d+) new")
+GEPA_LINE = re.compile(
+    r"gepa run \d+: best (\S+) \(validation score ([\d.]+), "
+    r"(?:the start|its seed, the instructions it started from,) scored ([\d.]+)\); (\d+) new"
+)
 CONFIRM_LINE = re.compile(r"confirmed on (\d+ fresh train example\(s\) \(\d+ unit\(s\)\): .+)$", re.MULTILINE)
 
 

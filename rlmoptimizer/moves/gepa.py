@@ -460,10 +460,12 @@ class GepaMoves(AnalysisMoves):
         else:
             why = "gepa ended on its own"
         best_score = rows[[r["id"] for r in rows].index(best)]["score"] if best is not None else None
+        scores = ([f"{split} score {best_score:.3f}"] if best_score is not None else []) + (
+            [f"its seed, the instructions it started from, scored {rows[0]['score']:.3f}"] if rows else []
+        )
         summary = (
             f"{run_name}: best {best}"
-            + (f" ({split} score {best_score:.3f}" if best_score is not None else "")
-            + (f", the start scored {rows[0]['score']:.3f})" if rows else "")
+            + (f" ({', '.join(scores)})" if scores else "")
             + f"; {len(new)} new candidate(s)"
             + f"; spent {slice_.spent} of {slice_.units} unit(s)"
             + (f" (and {slice_.before} before the compile was resumed)" if slice_.before else "")

@@ -68,7 +68,10 @@ def test_a_root_lm_that_only_copies_the_suggested_line_gets_gepas_best():
     assert seen == ["print(next_phase()['summary'])"] and len(turns) == 1 and turns[0]["final"]
     assert turns[0]["code"] == "print(next_phase()['summary'])"
     first = turns[0]["output"]
-    assert "run_gepa(budget=44) -> gepa run 1: best gepa-1 (validation score 1.000, the start scored 0.500)" in first
+    assert (
+        "run_gepa(budget=44) -> gepa run 1: best gepa-1 (validation score 1.000, its seed, the instructions it started from, scored 0.500)"
+        in first
+    )
     assert "adopt_candidate('gepa-1'); evaluate_program(split='val') -> adopted gepa-1 (changed: route)" in first
     assert all("Error" not in turn["output"] for turn in turns), turns
     # the checkpoint was free: GEPA had scored its best on the whole validation split
