@@ -501,7 +501,7 @@ class OptimizerAgent(dspy.Module):
                 "The agent ran out of turns and its final output could not be extracted (%s: %s); "
                 "submitting the current instructions.",
                 type(exc).__name__,
-                exc,
+                f"{str(exc)[:500]} ..." if len(str(exc)) > 500 else exc,  # a parse error holds the whole reply
             )
             return current_instructions_submitted(
                 history, output_field_names, f"Out of turns; the extraction failed ({type(exc).__name__})"

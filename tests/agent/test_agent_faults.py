@@ -225,6 +225,13 @@ OUT_OF_TURNS = [
 ]
 
 
+def test_the_warning_for_an_unusable_extraction_does_not_carry_the_whole_reply(caplog):
+    long_reply = "I cannot decide. " * 400  # 6,800 characters that are no output fields
+    compile_tickets([{"reasoning": "look", "code": "print(1)"}, long_reply], rlm_max_iterations=1)
+    (warning,) = [r.getMessage() for r in caplog.records if "could not be extracted" in r.getMessage()]
+    assert "I cannot decide." in warning and len(warning) < 1_000
+
+
 def test_out_of_turns_with_an_unusable_extraction_submits_the_current_instructions(tmp_path):
     # After the last turn the scripted root LM answers the extraction with a code turn, which does not parse.
     result = compile_tickets(OUT_OF_TURNS, rlm_max_iterations=3, run_storage_dir=tmp_path / "run")
