@@ -37,6 +37,10 @@ logger = logging.getLogger(__name__)
 # Deno flags added to PythonInterpreter's command. PythonInterpreter already grants nothing but reading the
 # runner, Deno's cache (revoked by runner.js once Pyodide is loaded) and the mounted files; these make the
 # denials explicit (an explicit deny also wins over any allow a future dspy might add) and turn off prompts.
+# Loading a module is not network access to Deno: --deny-net leaves import() of https: (deno.land, esm.sh, jsr.io
+# by default) and npm: specifiers free to download. --deny-import refuses remote hosts and --cached-only any npm
+# package not in the cache, so the running sandbox downloads nothing: Pyodide is fetched before it starts, by a
+# process that runs no sandboxed code (:func:`fetch_command`).
 # Checked with Deno 2.9: Pyodide still loads from the npm cache and mounting still works with all of them.
 DENO_FLAGS = (
     "--no-prompt",
@@ -46,7 +50,12 @@ DENO_FLAGS = (
     "--deny-ffi",
     "--deny-sys",
     "--deny-write",
+    "--deny-import",
+    "--cached-only",
 )
+# Flags of the run command the fetch repeats, so that it resolves the packages the same way (no config file, no
+# lock file, no node_modules directory: nothing written to the user's project).
+_RESOLUTION_FLAGS = ("--no-config", "--no-lock", "--node-modules-dir")
 
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 
@@ -56,6 +65,7 @@ _DENO_LAND_IMPORT = re.compile(r"""(?:import|export)\b[^'"]*?['"](https://deno\.
 _STD_URL = re.compile(r"https://deno\.land/std@[^/]+/(.+\.ts)")
 _ANY_REMOTE_IMPORT = re.compile(r"""(?:import|export)\b[^'"]*?['"](https?://[^'"]+)['"]""")
 _PYODIDE_IMPORT = re.compile(r"""['"]npm:pyodide@([^/'"]+)""")
+_NPM_IMPORT = re.compile(r"""(?:import|export)\b[^'"]*?['"](npm:[^'"]+)['"]""")
 
 # Environment the Deno process keeps: what Deno needs to find its cache, reach the npm registry the first
 # time (proxies, certificates, registry settings) and run on Windows. Everything else (API keys...) is
@@ -146,6 +156,43 @@ def build_command(read_paths: list[str], memory_limit_mb: int, workdir: str) -> 
     at = command.index("run") + 1
     command[at:at] = [f"--import-map={map_path}", *DENO_FLAGS, f"--v8-flags=--wasm-max-mem-pages={pages}"]
     return command
+
+
+def fetch_command(run_command: list[str], source: str | None = None) -> list[str] | None:
+    """The ``deno cache`` command that brings the npm packages dspy's runner imports (Pyodide) into Deno's cache,
+    resolved as ``run_command`` resolves them; None when the runner imports none. The sandbox runs with
+    ``--cached-only``, so this runs first; it runs no code, and does nothing when the packages are cached."""
+    packages = sorted(set(_NPM_IMPORT.findall(runner_source() if source is None else source)))
+    if not packages:
+        return None
+    flags = [arg for arg in run_command if arg.startswith(_RESOLUTION_FLAGS)]
+    return [run_command[0], "cache", "--quiet", *flags, *packages]
+
+
+_FETCHED: set[tuple[str, ...]] = set()  # fetch commands that succeeded in this process, with their DENO_DIR
+
+
+def fetch(run_command: list[str], cwd: str | None, timeout_s: float) -> tuple[int | None, str] | None:
+    """Run :func:`fetch_command` (once per process for a command and ``DENO_DIR``); None when the packages are in
+    the cache, else ``(exit code, or None when it ran out of timeout_s, Deno's stderr)``."""
+    command = fetch_command(run_command)
+    if command is None:
+        return None
+    env = deno_environment()
+    key = (*command, env.get("DENO_DIR", ""))
+    if key in _FETCHED:
+        return None
+    try:
+        done = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:
+        said = e.stderr.decode("utf-8", "replace") if isinstance(e.stderr, bytes) else e.stderr or ""
+        return None, said
+    except OSError as e:
+        return 127, str(e)
+    if done.returncode != 0:
+        return done.returncode, done.stderr
+    _FETCHED.add(key)
+    return None
 
 
 @functools.cache
@@ -254,4 +301,5 @@ def deno_environment(source: dict[str, str] | None = None) -> dict[str, str]:
     env.update(tls_trust(source).env)
     env["DENO_NO_PACKAGE_JSON"] = "1"  # what PythonInterpreter sets for its default command
     env["NO_COLOR"] = "1"  # plain diagnostics in messages
+    env["DENO_NO_UPDATE_CHECK"] = "1"  # no request to dl.deno.land at each start
     return env

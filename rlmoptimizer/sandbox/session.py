@@ -46,6 +46,14 @@ class Session:
         if self.watchdog is None:
             self.watchdog = Watchdog()
         deno.check_deno_version(command[0])
+        failed = deno.fetch(command, workdir, start_timeout_s)  # the sandbox downloads nothing itself
+        if failed is not None:
+            exit_code, said = failed
+            message = start_failure.explain_start_failure(
+                said, exit_code, "its download did not finish", deno.deno_cache_dir(command[0])
+            )
+            late = f"The sandbox did not start within {start_timeout_s:g} s. " if exit_code is None else ""
+            raise SandboxError(late + message)
         interp = DenoInterpreter(deno_command=command)
         interp.workdir = workdir
         interp.memory_limit_mb = memory_limit_mb

@@ -283,7 +283,9 @@ _HARDEN_JS = r"""(() => {
   globalThis.addEventListener("error", (event) => event.preventDefault());
   // Web storage and the Cache API need no write permission in Deno: they persist on the host's disk (under
   // DENO_DIR/location_data), unbounded by the memory cap, and a later sandbox would read them back.
-  for (const name of ["localStorage", "sessionStorage", "caches", "indexedDB"]) {
+  // A Worker has a global scope of its own, which none of this reaches (its Deno shows host paths, its Cache API
+  // persists): sandboxed code needs no thread, so there is none to start.
+  for (const name of ["localStorage", "sessionStorage", "caches", "indexedDB", "Worker"]) {
     try { delete globalThis[name]; } catch (e) {}
     fix(globalThis, name, { value: undefined, writable: false });
   }
