@@ -293,6 +293,7 @@ REQUIREMENTS: dict[str, tuple[Requirement, ...]] = {
     "sandbox": (
         Requirement("dspy.primitives.code_interpreter", "CodeExecutionError"),
         Requirement("dspy.primitives.code_interpreter", "CodeInterpreterError"),
+        Requirement("dspy.primitives.code_interpreter", "FinalOutput"),  # a submission the host noted, returned
         Requirement("dspy.primitives.python_interpreter", "PythonInterpreter"),
         # Each private member below keeps dspy's own Deno/Pyodide runner (unchanged from 3.3.1 to 3.4.1) under our
         # process control, limits and recovery; owning the runner instead would mean forking runner.js.

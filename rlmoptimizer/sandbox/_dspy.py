@@ -8,7 +8,7 @@ every import below is known to work.
 
 from __future__ import annotations
 
-from dspy.primitives.code_interpreter import CodeExecutionError, CodeInterpreterError
+from dspy.primitives.code_interpreter import CodeExecutionError, CodeInterpreterError, FinalOutput
 from dspy.primitives.facade import HOST_TOKEN_VAR, SHIM_SETUP
 from dspy.primitives.python_interpreter import PythonInterpreter, _validate_deno_version
 
@@ -20,6 +20,7 @@ __all__ = [
     "REQUIRED",
     "CodeExecutionError",
     "CodeInterpreterError",
+    "FinalOutput",
     "HOST_TOKEN_VAR",
     "SHIM_SETUP",
     "PythonInterpreter",

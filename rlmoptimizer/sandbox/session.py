@@ -15,7 +15,7 @@ from typing import Any
 
 from rlmoptimizer.errors import SandboxError
 from rlmoptimizer.sandbox import deno, process, start_failure
-from rlmoptimizer.sandbox._dspy import CodeExecutionError, CodeInterpreterError
+from rlmoptimizer.sandbox._dspy import CodeExecutionError, CodeInterpreterError, FinalOutput
 from rlmoptimizer.sandbox.process import DenoInterpreter
 from rlmoptimizer.sandbox.recovery import ProcessLost, exit_diagnostic, lost_process, shorten
 from rlmoptimizer.sandbox.tool_bridge import ToolBridge
@@ -89,8 +89,11 @@ class Session:
             if registering:  # execute() registers the tools first, then this wraps them
                 self.tools.register(interp)
             self.tools.reported_names = None  # what this execute reports as it ends
-            return interp.execute(code, variables)
+            self.tools.submission = None
+            result = interp.execute(code, variables)
         except (CodeExecutionError, SyntaxError):
+            if self.tools.submission is not None:  # the first SUBMIT ends the cell, caught or not
+                return FinalOutput(self.tools.submission)
             raise
         except (CodeInterpreterError, OSError, ValueError) as e:
             if process.alive(interp):
@@ -105,6 +108,9 @@ class Session:
             timed_out = self.watchdog.disarm()
             if timed_out and process.alive(interp):
                 process.kill(interp)
+        if self.tools.submission is not None and not isinstance(result, FinalOutput):
+            return FinalOutput(self.tools.submission)  # a cell that undid the sandbox's own record of it
+        return result
 
     def lost(self, interp: DenoInterpreter, diagnostic: str, timed_out: bool) -> ProcessLost:
         """Why ``interp`` is gone (see :func:`~rlmoptimizer.sandbox.recovery.lost_process`)."""

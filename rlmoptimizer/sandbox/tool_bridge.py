@@ -39,11 +39,18 @@ _RUNNER_HOOKS = (deno.ASSETS_DIR / "runner_hooks.py").read_text(encoding="utf-8"
 # never listed itself, and not in ``Sandbox.tools``): one tool round trip (~0.5 ms) instead of a second
 # execute listing them (dspy's runner sets up every execute: ~5 ms).
 NAMES_TOOL = "_rlmopt_names"
+# The internal host tool through which SUBMIT's wrapper reports the first submission of an execute as it raises it:
+# the host then refuses every tool call after it in that execute and ends it with that submission, whatever the
+# cell did to the sandbox's own record (a builtin it can write) or however it reached a tool (``__wrapped__``).
+SUBMITTED_TOOL = "_rlmopt_submitted"
 
 
 def registration_code(names: list[str], removed: list[str]) -> str:
     """What runs in the sandbox after dspy registered the tools ``names`` (``removed`` are gone since)."""
-    wrap = f"_rlmopt_wrap_tools({json.dumps(names)}, {json.dumps(removed)}, {json.dumps(AgentToolError.__name__)})"
+    wrap = (
+        f"_rlmopt_wrap_tools({json.dumps(names)}, {json.dumps(removed)}, {json.dumps(AgentToolError.__name__)}, "
+        f"{json.dumps(SUBMITTED_TOOL)})"
+    )
     hooks = f"_rlmopt_install_hooks(globals().get({json.dumps(NAMES_TOOL)}), {MAX_LINE_BYTES})"
     return "\n".join(
         [
@@ -74,6 +81,7 @@ class ToolBridge:
         self.registered_tools: set[str] = set()  # tool functions defined in the current process
         self.wrapped: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {}
         self.reported_names: set[str] | None = None  # what the running execute reported (NAMES_TOOL)
+        self.submission: dict | None = None  # the running execute's first submission (SUBMITTED_TOOL)
 
     def reset(self) -> None:
         """A new process: nothing is registered in it yet."""
@@ -94,6 +102,7 @@ class ToolBridge:
                 self.wrapped[name] = cached
             wrapped[name] = cached[1]
         wrapped[NAMES_TOOL] = self.receive_names
+        wrapped[SUBMITTED_TOOL] = self.receive_submission
         interp.tools = wrapped
         interp.output_fields = output_fields
         key = json.dumps(
@@ -117,6 +126,11 @@ class ToolBridge:
         if isinstance(names, list) and all(isinstance(name, str) for name in names):
             self.reported_names = set(names)
 
+    def receive_submission(self, outputs: dict) -> None:
+        """SUBMITTED_TOOL: SUBMIT's wrapper reports what it raises; the first of an execute is kept."""
+        if self.submission is None and isinstance(outputs, dict):
+            self.submission = outputs
+
     def pausing(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` with the watchdog paused while it runs (awaiting it too if it is async): the cell's time limit
         counts only the CPU the process uses meanwhile (a Worker, a timer, the cell's other tasks), not the wait."""
@@ -125,6 +139,8 @@ class ToolBridge:
 
         @functools.wraps(fn)
         def tool(**kwargs: Any) -> Any:
+            if self.submission is not None:
+                raise AgentToolError("SUBMIT was called earlier in this cell: nothing runs after a submission")
             kwargs = check(kwargs)
             watchdog = self._watchdog()
             watchdog.pause(self._cpu_clock())

@@ -229,6 +229,32 @@ def test_the_first_submit_ends_the_cell_even_when_caught_and_no_tool_runs_after_
         assert run(box, "spend('next cell')\nprint('ok')") == "ok\n" and calls == ["next cell"]
 
 
+@pytest.mark.parametrize(
+    "after",
+    [
+        "import builtins\nbuiltins._rlmopt_submitted = None\nspend('after')",  # the sandbox's own record undone
+        "spend.__wrapped__('after')",  # dspy's tool function under the wrapper that checks the record
+        "import builtins\nbuiltins._rlmopt_submitted = None\nraise ValueError('and an error')",
+    ],
+)
+def test_a_cell_that_undoes_the_sandboxs_record_of_its_submit_still_ends_with_it_and_spends_nothing(after):
+    """Regression: the record of a caught SUBMIT was a builtin the cell could reset, and the unchecked tool was
+    reachable as ``__wrapped__``: evaluations ran after the submission, and the submission was lost. The host keeps
+    its own record now."""
+    calls = []
+
+    def spend(value: object = None) -> object:
+        calls.append(value)
+        return value
+
+    with Sandbox(tools={"spend": spend}, timeout_s=120) as box:
+        box.output_fields = [{"name": "answer", "type": "str"}]
+        code = f"try:\n    SUBMIT(answer='first')\nexcept BaseException:\n    pass\ntry:\n    {after.replace(chr(10), chr(10) + '    ')}\nexcept ValueError:\n    raise\nexcept BaseException:\n    pass\nprint('went on')"
+        assert box.execute(code) == FinalOutput({"answer": "first"})
+        assert calls == []
+        assert run(box, "spend('next cell')\nprint('ok')") == "ok\n" and calls == ["next cell"]
+
+
 def test_the_capped_output_buffer_is_still_a_string_buffer(box):
     code = (
         "import io, sys\n"
@@ -358,10 +384,9 @@ def test_javascript_buffers_are_capped_with_the_rest_of_the_process():
 # ---------------------------------------------------------------- what a cell leaves running
 
 
-BUSY_WORKER = (
+BUSY_WORKER = (  # (the Web Worker constructor is gone; Node's worker_threads still start a thread)
     "import js\n"
-    "js.eval(\"new Worker(URL.createObjectURL(new Blob(['let n = 0; for (;;) { n++ }'], "
-    "{type: 'application/javascript'})), {type: 'module'})\")\n"
+    "js.eval(\"import('node:worker_threads').then((m) => new m.Worker('let n = 0; for (;;) { n++ }', {eval: true}))\")\n"
     "print('started')"
 )
 BUSY_TIMER = "import js\njs.eval('setInterval(() => { const t = Date.now(); while (Date.now() - t < 50) {} }, 0)')\nprint('started')"

@@ -19,11 +19,14 @@ A result that carries a ``'summary'`` (the moves') is a :class:`ToolResult`: a d
 as a cell's last value) as that summary and the names of its other keys, since the whole dict runs to thousands of
 characters that every later turn of the root LM would carry in its history.
 
-The host appends one call: ``_rlmopt_wrap_tools(names, removed, error_name)``.
+The first submission is also reported to the host through the tool named ``submitted_tool``, which then refuses every
+tool call after it in that execute and ends the execute with it, whatever the cell does to ``builtins``.
+
+The host appends one call: ``_rlmopt_wrap_tools(names, removed, error_name, submitted_tool)``.
 """
 
 
-def _rlmopt_wrap_tools(_names, _removed, _error_name):
+def _rlmopt_wrap_tools(_names, _removed, _error_name, _SUBMITTED):
     import builtins
     import functools
     import inspect
@@ -50,6 +53,12 @@ def _rlmopt_wrap_tools(_names, _removed, _error_name):
             except BaseException as final:
                 if type(final).__name__ == "_DSPyFinalOutput" and getattr(builtins, "_rlmopt_submitted", None) is None:
                     builtins._rlmopt_submitted = final  # the first: uncaught, it would have ended the cell
+                    note = registry.get(_SUBMITTED)  # and the host's record, which no cell can undo
+                    if note is not None and final.args and isinstance(final.args[0], dict):
+                        try:
+                            note(final.args[0])
+                        except Exception:
+                            pass
                 raise
 
         functools.update_wrapper(noted_submit, submit)
