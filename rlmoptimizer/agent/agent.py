@@ -357,7 +357,7 @@ class OptimizerAgent(dspy.Module):
                     )
                 else:
                     mark = history_mark(root_lm)
-                    with dspy.context(adapter=_root_adapter(last_attempt=attempt == self._parse_retries)):
+                    with dspy.context(adapter=_root_adapter(last_attempt=attempt == self._parse_retries), trace=[]):
                         action = self.generate_action(
                             signature=signature,
                             variables_info=variables_info,
@@ -486,7 +486,7 @@ class OptimizerAgent(dspy.Module):
             shown = self._context.view(history, fixed_chars=sum(len(v.format()) for v in variables) + 4_000)
         try:
             logger.warning("The agent reached its turn limit; extracting its final output from its history.")
-            with dspy.context(adapter=_root_adapter(last_attempt=True)):
+            with dspy.context(adapter=_root_adapter(last_attempt=True), trace=[]):
                 extracted = self.extract(
                     variables_info=[without_media(v.format()) for v in variables], repl_history=shown
                 )

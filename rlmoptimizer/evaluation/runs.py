@@ -252,7 +252,7 @@ class Runs:
         """Whether the metric raises ``error`` again when the prediction is the example's own expected answer."""
         labels = dict(example.labels().items()) if hasattr(example, "labels") else {}
         try:
-            with dspy.context(lm=self.evaluator.lm):
+            with dspy.context(lm=self.evaluator.lm, trace=[]):
                 self.evaluator.metric.score(example, dspy.Prediction(**labels))
         except Exception as exc:
             return format_error(exc) == error

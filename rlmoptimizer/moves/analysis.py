@@ -290,7 +290,7 @@ class AnalysisMoves(MoveContext):
         """One prompt of ``signature`` to ``lm`` with dspy's JSON adapter (one LM call, as dspy's proposer makes):
         1 unit of ``reservation`` when it answered, also with a reply that does not parse; on disk at once."""
         try:
-            with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+            with dspy.context(lm=lm, adapter=dspy.JSONAdapter(), trace=[]):
                 answer = getattr(dspy.Predict(signature)(**inputs), output)
         except Exception as exc:
             if classify_lm_failure(exc) is None:  # the LM answered: a call

@@ -108,7 +108,7 @@ def ask_proposer(
     not parse (it was a call), and ``answered()`` then puts the charge on disk at once (every move's sub-LM call
     comes through here: a process killed before the turn ends still has it); what failed is raised."""
     try:
-        with dspy.context(lm=lm):
+        with dspy.context(lm=lm, trace=[]):  # the caller's dspy.settings.trace stays theirs
             new = proposer({step: text}, {step: dataset}, [step])[step]
     except Exception as exc:
         if classify_lm_failure(exc) is None:  # the LM answered (e.g. a reply that does not parse): a call

@@ -10,7 +10,7 @@ from typing import Any
 
 from rlmoptimizer.fingerprint import copy_program
 from rlmoptimizer.report.compile_state import CompileState
-from rlmoptimizer.report.plot import write_run_picture
+from rlmoptimizer.report.plot import picture_unavailable, write_run_picture
 from rlmoptimizer.report.results import DetailedResults
 from rlmoptimizer.report.trajectory import Trajectory
 
@@ -34,7 +34,9 @@ def present_result(program: Any, state: CompileState, best_outputs: bool = False
     if program.cost_check is not None and not state.read_back:
         state.display.message(str(program.cost_check))
     picture = None
-    if not state.read_back:
+    if not state.read_back and picture_unavailable() is not None:  # the plot extra is optional: nothing to say
+        logger.debug("No run.png: %s", picture_unavailable())
+    elif not state.read_back:
         try:
             picture = write_run_picture(directory)
         except Exception as exc:  # a view of what is on disk: the run itself is complete
