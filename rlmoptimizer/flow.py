@@ -448,4 +448,5 @@ class Compile:
             f"Done: {selection.reason}. Runs are in {self.directory}. LM usage: {self.usage.summary()}.", style="bold"
         )
         self.observer.on_event(CompileFinished(selection.to_dict(), self.ledger.snapshot()))
+        self.journal.flush()  # the result on disk before it is returned (and the journal's sync thread gone)
         return present_result(result.attach_to(program), self, best_outputs=self.config.track_best_outputs)

@@ -8,6 +8,10 @@ import threading
 from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+# The temporary files of this session (the run directories of compiles given none, the sandboxes', the processes'
+# the tests start) go to a directory of its own, removed when it ends: a full run leaves thousands of them.
+tempfile.tempdir = os.environ["TMPDIR"] = tempfile.mkdtemp(prefix="rlmopt-tests-")
+atexit.register(shutil.rmtree, tempfile.tempdir, ignore_errors=True)
 if "DSPY_CACHEDIR" not in os.environ:  # a cache of this session's own, removed when it ends
     os.environ["DSPY_CACHEDIR"] = tempfile.mkdtemp(prefix="rlmopt-dspy-cache-")
     atexit.register(shutil.rmtree, os.environ["DSPY_CACHEDIR"], ignore_errors=True)

@@ -95,11 +95,13 @@ def _write_sync_remove(path: Path, then_remove: Path | None, data: Any) -> None:
 
 
 class BackgroundSync:
-    """fsyncs files on one background thread, so that the writer does not wait for the disk."""
+    """fsyncs files on one background thread, so that the writer does not wait for the disk. The thread starts with
+    the first file and ends at :meth:`flush`: none outlives the compile that wrote."""
 
     def __init__(self, name: str) -> None:
         self._lock = threading.Lock()
-        self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rlmoptimizer-{name}-sync")
+        self._name = name
+        self._syncer: ThreadPoolExecutor | None = None
         self._syncs: list[Future] = []
 
     def submit(self, path: Path, then_remove: Path | None = None, data: Any = _UNSET) -> None:
@@ -109,16 +111,23 @@ class BackgroundSync:
         with self._lock:
             self._syncs = [future for future in self._syncs if not future.done()]
             try:
+                if self._syncer is None:
+                    self._syncer = ThreadPoolExecutor(
+                        max_workers=1, thread_name_prefix=f"rlmoptimizer-{self._name}-sync"
+                    )
                 self._syncs.append(self._syncer.submit(_write_sync_remove, path, then_remove, data))
             except RuntimeError:  # the interpreter is shutting down: no new threads, do it here
                 _write_sync_remove(path, then_remove, data)
 
     def flush(self) -> None:
-        """Wait until every file submitted so far is on disk."""
+        """Wait until every file submitted so far is on disk, and end the thread (the next file starts another)."""
         with self._lock:
             syncs, self._syncs = self._syncs, []
+            syncer, self._syncer = self._syncer, None
         for future in syncs:
             try:
                 future.result()
             except Exception as exc:  # fsync is best effort; nothing to undo
                 logger.warning("Could not sync a file to disk: %s", exc)
+        if syncer is not None:
+            syncer.shutdown(wait=True)  # its files are written: the thread ends now
