@@ -37,6 +37,12 @@ from rlmoptimizer.fingerprint import (
 )
 from rlmoptimizer.records import EvalRun
 
+MAX_INSTRUCTION_CHARS = 50_000
+"""The longest instructions the agent may give a step (about 12k tokens, sent with every call of the step), or twice
+the unchanged program's own when they are longer: a text past it is refused before any evaluation pays for it."""
+MAX_DEMOS_CHARS = 400_000
+"""The same for a step's demos (their JSON text): examples the program runs on can be long documents."""
+
 
 class WorkingProgram:
     """The program the agent's tools edit, and every prompt version it went through.
@@ -110,7 +116,7 @@ class WorkingProgram:
                     f"{sorted(demos[strangers[0]])[:8]})",
                     "give each demo the step's fields, e.g. a train example's inputs and expected outputs",
                 )
-            return canonical_json(demos)
+            return self._within_limit(step, canonical_json(demos), MAX_DEMOS_CHARS)
         if not isinstance(text, str):
             raise agent_error(
                 f"instructions for step {step!r} must be a string, got {type(text).__name__}",
@@ -118,6 +124,16 @@ class WorkingProgram:
             )
         if not text.strip():
             raise agent_error(f"instructions for step {step!r} are empty", "pass non-empty instructions text")
+        return self._within_limit(step, text, MAX_INSTRUCTION_CHARS)
+
+    def _within_limit(self, step: str, text: str, limit: int) -> str:
+        limit = max(limit, 2 * len(self.initial.get(step) or ""))
+        if len(text) > limit:
+            raise agent_error(
+                f"the text for {step!r} has {len(text):,} characters, more than the {limit:,} a step may have (each "
+                "call of the step would send it, and every evaluation pays for it)",
+                "give shorter instructions: the rules the failures call for, not the data",
+            )
         return text
 
     def set_instructions(self, mapping: dict[str, str], source: str) -> None:

@@ -99,3 +99,38 @@ def test_demos_with_none_of_the_steps_fields_are_refused_unless_they_are_the_pro
     assert working.check_text("self:demos", own) == own
     run = working.evaluate("train", None, "baseline", instructions=working.initial)
     assert run.evaluated_count == 3
+
+
+def test_instructions_past_the_length_limit_are_refused_before_anything_is_paid(tmp_path):
+    """Regression: a 20 MB SUBMIT (or update_prompt) was accepted and evaluated, each evaluation-LM request carrying
+    all of it."""
+    from rlmoptimizer.agent.working_program import MAX_DEMOS_CHARS, MAX_INSTRUCTION_CHARS
+
+    lm = FunctionLM(exact_when_told)
+    working = working_program(tmp_path, lm)
+    long = "Give the EXACT answer. " * (MAX_INSTRUCTION_CHARS // 20)
+    with pytest.raises(AgentToolError, match=r"more than the 50,000 a step may have"):
+        working.validate_prompt_map({"self": long})
+    assert working.validate_prompt_map({"self": long[:MAX_INSTRUCTION_CHARS]}) == {"self": long[:MAX_INSTRUCTION_CHARS]}
+    demos = [{"question": "q" * 1_000, "answer": "a"}] * (MAX_DEMOS_CHARS // 1_000)
+    with pytest.raises(AgentToolError, match="a step may have"):
+        working.validate_prompt_map({"self:demos": demos})
+    assert lm.calls == []
+
+
+def test_a_program_whose_own_instructions_are_long_may_keep_them_and_grow_them(tmp_path):
+    from rlmoptimizer.agent.working_program import MAX_INSTRUCTION_CHARS
+
+    runs = Runs(
+        evaluator=make_evaluator(FunctionLM(exact_when_told)),
+        store=RunStore(tmp_path),
+        ledger=BudgetLedger(100),
+        splits={"train": examples(3)},
+    )
+    own = "Rule. " * MAX_INSTRUCTION_CHARS  # 300,000 characters of the user's own
+    program = dspy.Predict(dspy.Signature("question -> answer", own))
+    working = WorkingProgram(
+        program=program, fingerprint=structural_fingerprint(program), runs=runs, stop=StopRequest()
+    )
+    grown = own + " Give the EXACT answer."
+    assert working.validate_prompt_map({"self": grown}) == {"self": grown}
