@@ -104,6 +104,44 @@ def test_a_metric_that_raises_the_same_error_on_every_example_stops_the_compile_
     assert raised.value.__cause__ is None and raised.value.__suppress_context__
 
 
+def test_a_metric_that_raises_on_every_example_is_warned_of_and_stops_the_compile(caplog):
+    """Regression: a metric reading a table the user left empty raised on every example, one message an example,
+    without a word: the loop spent its budget on scores of 0 and returned the unchanged program. Now a warning says
+    so at the baseline, and the compile stops once other instructions have not changed it."""
+
+    def table(example, prediction, trace=None):
+        return {}[example.ticket[:12]]  # KeyError naming each example's own ticket
+
+    with caplog.at_level("WARNING", logger="rlmoptimizer"), pytest.raises(MetricError) as raised:
+        compile_tickets(
+            [],
+            metric=table,
+            sub_lm=proposer(*(f"Route by the policy, rule {i}." for i in range(12))),  # a new text each time
+            rlm_autopilot="loop",
+            max_metric_calls=60,
+        )
+    warned = [r.getMessage() for r in caplog.records if "The metric raised on every one" in r.getMessage()]
+    assert len(warned) == 1 and "no change can show a gain" in warned[0] and "KeyError" in warned[0]
+    assert "evaluated candidates with other instructions" in str(raised.value)
+
+
+def test_the_metric_called_again_on_the_expected_answer_is_charged_to_the_budget():
+    """Regression: to tell a metric bug from wrong answers, the metric was called once more, on the expected answer,
+    outside the budget: max_metric_calls was exceeded by one (an LM-judge metric pays for that call)."""
+    calls = []
+
+    def strict(example, prediction, trace=None):
+        calls.append(1)
+        if prediction.queue != example.queue:
+            raise KeyError("no rubric for a wrong queue")  # the same error on every wrong answer
+        return 1.0
+
+    wrong = FunctionLM(lambda messages: {**task_lm_reply(messages), "queue": "nowhere"}, name="wrong")
+    result = compile_tickets([], metric=strict, eval_lm=wrong, rlm_autopilot="loop", max_metric_calls=40)
+    _, val = make_splits()
+    assert len(calls) == result.budget["spent"] + len(val) <= 40  # the probe is counted, and within the budget
+
+
 def test_a_metric_error_without_a_cause_of_the_metrics_own_is_raised_once():
     """Regression: a metric returning None gave a 48-line traceback that repeated the same message three times."""
     with pytest.raises(MetricError, match="returned None") as raised:

@@ -22,7 +22,7 @@ from typing import Any
 
 import dspy
 
-from rlmoptimizer.budget import BudgetLedger, Reservation, example_kind
+from rlmoptimizer.budget import TRAIN_EXAMPLE, BudgetLedger, Reservation, example_kind
 from rlmoptimizer.errors import ConfigurationError, EvaluationLMError, MetricError, ProgramError
 from rlmoptimizer.evaluation.evaluator import EvaluationStopped, Evaluator
 from rlmoptimizer.evaluation.lm_failures import format_error
@@ -81,8 +81,9 @@ class Runs:
         self._lock = threading.Lock()
         self._cache: dict[tuple[str, int, str, int], ExampleResult] = {}
         # (the unchanged program's instructions, the error, the steps that ran) when it raised that one error on
-        # every example of its first baseline; set before anything else is evaluated, read only after
-        self._code_error: tuple[dict[str, str], str, frozenset[str]] | None = None
+        # every example of its first baseline, or when the metric raised on every one (the error None then: any
+        # metric error); set before anything else is evaluated, read only after
+        self._code_error: tuple[dict[str, str], str | None, frozenset[str]] | None = None
         for run in store.all():
             self._index(run)
         self._recover_pending()
@@ -121,6 +122,9 @@ class Runs:
             return
         self._warn_metric_raised_on_some(run.split if run is not None else "", records)
         records = [r for r in records if r.error_kind != LM_CALL_ERROR]  # (an outage says nothing of the program)
+        if records and all(r.error_kind == METRIC_ERROR for r in records):
+            self._metric_raised_on_all(run, records)
+            return
         errors = {(r.error_kind, r.error) for r in records}
         if len(errors) > 1 and len(records) >= 3 and {kind for kind, _ in errors} == {PROGRAM_ERROR}:
             self._warn_program_raised_on_all(run.split, records)
@@ -129,24 +133,43 @@ class Runs:
             return
         [(kind, error)] = errors
         where = f"every one of the {len(records)} {run.split} example(s) of the unchanged program, always with {error}"
-        if kind == METRIC_ERROR and self._metric_raises_on_the_answer(
-            self.splits[run.split][records[0].example_id], error
-        ):
-            raise MetricError(
-                f"the metric raised on {where}, and again when given the expected answer as the prediction: it does "
-                "not depend on what the program answers. A metric returns a low score for a wrong answer; fix the "
-                "error (call the metric on one example and the program's prediction for it to see where it fails)."
-            )
         if kind == PROGRAM_ERROR and len(records) >= 3 and not error.startswith("AdapterParseError"):
-            ran = {call.step_name for record in records for call in record.steps}  # (only their instructions can)
-            ran |= {record.failed_call.step_name for record in records if record.failed_call is not None}
-            self._code_error = (dict(run.instructions), error, frozenset(ran))  # other instructions will tell
+            self._code_error = (dict(run.instructions), error, _steps_that_ran(records))  # other instructions will tell
             logger.warning(
                 "The program raised on %s. If that is an error in its code, no instructions can fix it: stop the run "
                 "(Ctrl-C keeps what was paid), fix it, and compile again with a new run_storage_dir (the records of "
                 "this one hold the error).",
                 where,
             )
+
+    def _metric_raised_on_all(self, run: EvalRun, records: Sequence[ExampleResult]) -> None:
+        """The metric raised on every example of the unchanged program's first baseline: every score is 0, so no
+        change can show. :class:`MetricError` when it was one error, raised again on the expected answer given as
+        the prediction (it does not depend on the answer: a typo); else a warning, and the run stops like one
+        whose code raises everywhere (:meth:`_check_code_error`) when other instructions do not change that (a
+        metric that raises on answers of a wrong form, which instructions can fix, is given those tries)."""
+        errors = {r.error for r in records}
+        first = records[0]
+        if len(errors) == 1 and self._metric_raises_on_the_answer(
+            self.splits[run.split][first.example_id], first.error
+        ):
+            raise MetricError(
+                f"the metric raised on every one of the {len(records)} {run.split} example(s) of the unchanged "
+                f"program, always with {first.error}, and again when given the expected answer as the prediction: it "
+                "does not depend on what the program answers. A metric returns a low score for a wrong answer; fix "
+                "the error (call the metric on one example and the program's prediction for it to see where it fails)."
+            )
+        self._code_error = (dict(run.instructions), None, _steps_that_ran(records))
+        logger.warning(
+            "The metric raised on every one of the %d %s example(s) of the unchanged program (the first, example %d: "
+            "%s), so every example scores 0 and no change can show a gain. If the metric does not fit the program's "
+            "outputs (a field name, a table left to fill), stop the run (Ctrl-C keeps what was paid), fix it and "
+            "compile again with a new run_storage_dir; the run stops by itself if other instructions do not change it.",
+            len(records),
+            run.split,
+            first.example_id,
+            (first.error or "")[:200],
+        )
 
     def _check_code_error(self, label: str, new: Sequence[ExampleResult]) -> None:
         """:class:`ProgramError` when the program raised one error on every baseline example and raises it again on
@@ -166,7 +189,9 @@ class Runs:
         candidates: set[tuple[tuple[str, str], ...]] = set()
         for run in self.store.all():
             records = [record for record in run.records if record.error_kind != LM_CALL_ERROR]
-            if any(record.error != error for record in records):
+            if any(
+                record.error != error if error is not None else record.error_kind != METRIC_ERROR for record in records
+            ):
                 return  # instructions (or examples) changed what happens: they can matter
             changed = {
                 step: text
@@ -180,6 +205,15 @@ class Runs:
                 tried.setdefault(step, set()).add(text)
         if len(candidates) < CODE_ERROR_TRIES or any(len(tried[step]) < CODE_ERROR_TRIES for step in ran):
             return
+        if error is None:
+            raise MetricError(
+                f"The metric raised on every example of the unchanged program, and again on every example of "
+                f"{len(candidates)} evaluated candidates with other instructions, at least {CODE_ERROR_TRIES} different "
+                f"ones for each step that ran (the last, {label}, on {len(new)} new example(s); its first error: "
+                f"{(new[0].error or '')[:300]}). Instructions have not changed it, so the rest of the budget would be "
+                "spent on it for nothing. Call the metric on one example and the program's prediction for it to see "
+                "where it fails, fix it, and compile again with a new run_storage_dir."
+            )
         raise ProgramError(
             f"The program raised the same error on every example of the unchanged program, and again on every "
             f"example of {len(candidates)} evaluated candidates with other instructions, at least {CODE_ERROR_TRIES} "
@@ -249,13 +283,18 @@ class Runs:
         logger.warning("%s.", said)
 
     def _metric_raises_on_the_answer(self, example: Any, error: str) -> bool:
-        """Whether the metric raises ``error`` again when the prediction is the example's own expected answer."""
+        """Whether the metric raises ``error`` again when the prediction is the example's own expected answer. The
+        call is charged one unit, like a program run scored (a metric may call an LM); with none left, False."""
         labels = dict(example.labels().items()) if hasattr(example, "labels") else {}
-        try:
-            with dspy.context(lm=self.evaluator.lm, trace=[]):
-                self.evaluator.metric.score(example, dspy.Prediction(**labels))
-        except Exception as exc:
-            return format_error(exc) == error
+        with self.ledger.reserve(1, TRAIN_EXAMPLE) as reservation:
+            if not reservation.remaining:
+                return False
+            reservation.spend(1)
+            try:
+                with dspy.context(lm=self.evaluator.lm, trace=[]):
+                    self.evaluator.metric.score(example, dspy.Prediction(**labels))
+            except Exception as exc:
+                return format_error(exc) == error
         return False
 
     def _recover_pending(self) -> None:
@@ -486,3 +525,10 @@ class Runs:
         self._index(run)
         self.observer.on_event(EvaluationFinished(run, self.ledger.snapshot(), complete=complete))
         return run
+
+
+def _steps_that_ran(records: Sequence[ExampleResult]) -> frozenset[str]:
+    """The steps that ran on ``records``, the one that raised included: only their instructions can change them."""
+    ran = {call.step_name for record in records for call in record.steps}
+    ran |= {record.failed_call.step_name for record in records if record.failed_call is not None}
+    return frozenset(ran)
