@@ -263,6 +263,17 @@ class MoveContext:
             )
         return rollouts
 
+    def _in_validation(self) -> frozenset[int]:
+        """The train ids whose example is also a validation example (the splits are fixed: worked out once): never
+        a demo, nor evidence a confirmation counts."""
+        found = getattr(self, "_train_in_val", None)
+        if found is None:
+            val = {canonical_json(example_fields(example)) for example in self.runs.splits.get("val", ())}
+            train = self.runs.splits["train"]
+            found = frozenset(i for i, ex in enumerate(train) if canonical_json(example_fields(ex)) in val)
+            self._train_in_val = found
+        return found
+
     def demo_sources(self, instructions: dict[str, str]) -> set[int]:
         """The train ids whose own calls (or own fields) are demos in ``instructions``: an example a candidate
         sees as a demo is no evidence for it. Read from the data, so demos kept from an earlier process or written

@@ -81,7 +81,7 @@ class DemoMoves(MoveContext):
         for name in steps:
             self._check_step(name, "propose_demos")
         source, by_id = self._demo_source(run_id)
-        records = [r for r in by_id.values() if r.reusable]
+        records = [r for r in by_id.values() if r.reusable and r.example_id not in self._in_validation()]
         # drawn from what it is drawn from (a count of candidates, which a killed process had changed, drew others
         # on resume, and the comparison then paid for other examples): the same state gives the same candidate
         state = sha256_json([instructions_digest(self._current()), steps, k, sorted(r.example_id for r in records)])

@@ -16,8 +16,8 @@ from typing import Any
 
 from rlmoptimizer.budget import example_kind
 from rlmoptimizer.errors import BudgetExhaustedError
-from rlmoptimizer.fingerprint import canonical_json, demos_step, instructions_digest
-from rlmoptimizer.moves.context import MoveContext, budget_spent, example_fields, exhausted, mean, refuse
+from rlmoptimizer.fingerprint import demos_step, instructions_digest
+from rlmoptimizer.moves.context import MoveContext, budget_spent, exhausted, mean, refuse
 from rlmoptimizer.records import EvalRun, ExampleResult
 from rlmoptimizer.selection import CONFIRM, clear_gain, confirmed_differences, describe_evidence
 
@@ -129,16 +129,6 @@ class PairedMoves(MoveContext):
         order = list(range(size))
         random.Random(size).shuffle(order)
         return [(i, 1 if i in unchanged else 2) for i in order if i not in seen and i not in self._in_validation()]
-
-    def _in_validation(self) -> frozenset[int]:
-        """The train ids whose example is also a validation example (the splits are fixed: worked out once)."""
-        found = getattr(self, "_train_in_val", None)
-        if found is None:
-            val = {canonical_json(example_fields(example)) for example in self.runs.splits.get("val", ())}
-            train = self.runs.splits["train"]
-            found = frozenset(i for i, ex in enumerate(train) if canonical_json(example_fields(ex)) in val)
-            self._train_in_val = found
-        return found
 
     def gain_evidence(self, initial: dict[str, str]) -> tuple[list[float], list[float]]:
         """The current instructions' paired score differences with the unchanged program (``initial``): on all of

@@ -91,6 +91,20 @@ def test_the_default_loop_returns_a_program_with_demos_that_beats_the_baseline(t
     assert [dict(d) for d in loaded.demos] == [dict(d) for d in demos]
 
 
+def test_a_train_example_that_is_also_a_validation_example_never_becomes_a_demo(caplog):
+    """Regression: with a valset that overlaps the trainset (warned of at the start), the copies of validation
+    examples were demos like any other train success: the validation score then read their own answers."""
+    train, val = make_splits()
+    val = val + train[:2]  # the easy north and south examples are validation examples too
+    eval_lm = FunctionLM(task_reply, name="task")
+    optimizer = RLMDocstringOptimizer(
+        eval_lm=eval_lm, sub_lm=useless_proposals(), num_threads=4, rlm_autopilot="loop", max_metric_calls=120
+    )
+    result = optimizer.compile(student=dspy.Predict("question -> label"), trainset=train, valset=val, metric=metric)
+    assert sorted(d.label for d in result.demos) == ["E5", "W9"]  # the two easy successes that are train only
+    assert not {d.question for d in result.demos} & {e.question for e in val}
+
+
 def test_max_demos_0_switches_the_move_off(tmp_path):
     result, _, _ = compile_labels(rlm_autopilot="loop", max_metric_calls=120, max_demos=0)
     assert not result.demos
