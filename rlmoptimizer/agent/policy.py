@@ -433,6 +433,8 @@ def gepa_budget(budget: BudgetView) -> int:
 def next_action(state: LoopState) -> Action:
     """The loop's next action in ``state``."""
     memory, budget = state.memory, state.budget
+    if not budget.val_size and 0 < budget.train_size < 3:  # train decides, and no change can win 3 more than it loses
+        return Submit(f"the {budget.train_size} train example(s) that decide what is returned cannot show a change")
     on_val = memory.winner is not None and memory.winner_on_val
     if budget.left <= 0 and not on_val:  # (a winner scored on validation is adopted and checked for free)
         return Submit("the budget is spent")

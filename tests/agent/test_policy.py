@@ -344,3 +344,13 @@ def test_too_little_to_compare_on_after_gepa_checks_the_largest_groups_proposal_
     # once: after a proposal since GEPA, no second draw
     drawn = fold(memory, Proposed("summarize", (), (), (), ("analysis-1", "disputes")))
     assert not isinstance(next_action(state(drawn, left=16)), LastDraw)
+
+
+@pytest.mark.parametrize("train_size", [1, 2])
+def test_without_validation_a_train_split_too_small_to_show_a_change_ends_the_run_before_anything_is_spent(train_size):
+    """Regression: with 1 or 2 train examples and no valset, no change can win 3 more examples than it loses (the
+    start's warning says the unchanged program is returned), yet GEPA ran and paid a metric call and a sub-LM prompt."""
+    action = next_action(state(val_size=0, reserve=train_size, train_size=train_size))
+    assert isinstance(action, Submit) and "cannot show a change" in action.why
+    assert isinstance(next_action(state(val_size=0, reserve=3, train_size=3)), RunGepa)  # 3 can show one
+    assert isinstance(next_action(state(val_size=2, reserve=2, train_size=1)), RunGepa)  # validation decides
