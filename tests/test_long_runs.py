@@ -275,7 +275,7 @@ def test_an_agent_that_never_submits_after_the_cap_is_stopped_three_turns_later(
     assert [t["iteration"] for t in result.agent_trajectory] == [1, 2, 3, 4, 5]
     *turns, ended = result.agent_trajectory  # the last record says how the run ended: no code, no LM call
     assert not any(t.get("final") for t in turns) and ended["final"] and ended["code"] == ""
-    assert ended["submitted_by"] == "the agent's current instructions (it stopped without a SUBMIT)"
+    assert ended["submitted_by"] == "the agent's current instructions (its run ended without a SUBMIT)"
     assert len(root.calls) == 4  # no fifth turn, and no extraction call either
     assert result.agent_final_reasoning.endswith("the current instructions were submitted.")
     assert "did not SUBMIT within 3 turns" in caplog.text

@@ -113,6 +113,6 @@ def current_instructions_submitted(history: Any, output_field_names: list[str], 
     return Prediction(
         trajectory=[entry.model_dump() for entry in history],
         final_reasoning=f"{why}; the current instructions were submitted.",
-        submitted_by="the agent's current instructions (it stopped without a SUBMIT)",
+        submitted_by="the agent's current instructions (its run ended without a SUBMIT)",
         **{name: {} for name in output_field_names},
     )

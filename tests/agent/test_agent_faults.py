@@ -240,7 +240,7 @@ def test_out_of_turns_with_an_unusable_extraction_submits_the_current_instructio
     assert "extraction failed" in result.agent_final_reasoning
     assert result.optimized_dspy_program["route"] == POLICY_PROMPT  # the agent's edit, kept: it wins on val
     assert result.selection["chosen_label"] == "submission"
-    assert result.selection["reason"].startswith("the agent's current instructions (it stopped without a SUBMIT)")
+    assert result.selection["reason"].startswith("the agent's current instructions (its run ended without a SUBMIT)")
     # the finished run is read back as it ended: no agent turn, no extraction asked again, the same reason
     again = compile_tickets(scripted_agent([]), rlm_max_iterations=3, run_storage_dir=tmp_path / "run")
     assert again.selection["reason"] == result.selection["reason"]
