@@ -169,7 +169,7 @@ def test_gepa_reflects_on_a_steps_own_parse_failures_only_when_asked_as_dspy_gep
 def test_each_step_of_a_branching_program_gets_demos_from_the_passing_examples_it_ran_on(tmp_path):
     """Regression: demos were taken only from passing examples on which every step ran, which a program that
     branches never has: propose_demos was always refused there (and the loop mode ended the run on it)."""
-    world = World(tmp_path, program=Triage(), lm=triage_lm("tech"))
+    world = World(tmp_path, program=Triage(), lm=triage_lm("tech"), val=0)  # (a validation example is never a demo)
     assert sorted(r.example_id for r in world.baseline.records if r.passed) == [0, 1, 2, 4]
     result = world.moves.propose_demos()
     assert result["steps"] == ["route", "billing", "tech"] and result["demo_ids"] == [0, 1, 2, 4]
