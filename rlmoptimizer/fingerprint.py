@@ -54,6 +54,11 @@ def sha256_json(value: Any) -> str:
 
 
 DEMOS_SUFFIX = ":demos"
+MAX_INSTRUCTION_CHARS = 50_000
+"""The longest instructions the agent may give a step (about 12k tokens, sent with every call of the step), or twice
+the unchanged program's own when they are longer: a text past it is refused before any evaluation pays for it."""
+MAX_DEMOS_CHARS = 400_000
+"""The same for a step's demos (their JSON text): examples the program runs on can be long documents."""
 """A step's demos are the prompt map's entry ``step + DEMOS_SUFFIX`` (no predictor name holds a colon)."""
 
 

@@ -273,6 +273,7 @@ class Compile:
                 sandbox.shutdown()
                 self.journal.write_usage(self.usage.snapshot())  # an interrupted run says what it spent
             self.store.flush()
+            self.journal.flush()  # (its sync thread ends with the compile, however it ended)
             self.metric.used()
 
     def _where(self, what: str) -> str:

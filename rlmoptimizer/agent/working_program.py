@@ -25,6 +25,8 @@ from rlmoptimizer.errors import (
 from rlmoptimizer.evaluation.runs import Runs
 from rlmoptimizer.events import NO_OBSERVER, Observer, PromptUpdated
 from rlmoptimizer.fingerprint import (
+    MAX_DEMOS_CHARS,
+    MAX_INSTRUCTION_CHARS,
     apply_instructions,
     canonical_json,
     check_structure,
@@ -36,12 +38,6 @@ from rlmoptimizer.fingerprint import (
     save_signatures,
 )
 from rlmoptimizer.records import EvalRun
-
-MAX_INSTRUCTION_CHARS = 50_000
-"""The longest instructions the agent may give a step (about 12k tokens, sent with every call of the step), or twice
-the unchanged program's own when they are longer: a text past it is refused before any evaluation pays for it."""
-MAX_DEMOS_CHARS = 400_000
-"""The same for a step's demos (their JSON text): examples the program runs on can be long documents."""
 
 
 class WorkingProgram:
@@ -127,12 +123,16 @@ class WorkingProgram:
         return self._within_limit(step, text, MAX_INSTRUCTION_CHARS)
 
     def _within_limit(self, step: str, text: str, limit: int) -> str:
+        """``text``, unless it is longer than ``limit`` (or twice the unchanged program's own) and is not what the
+        step already holds (a candidate a move made, adopted: its own moves keep within the limit)."""
         limit = max(limit, 2 * len(self.initial.get(step) or ""))
-        if len(text) > limit:
+        if len(text) > limit and text != self.instructions().get(step):
             raise agent_error(
                 f"the text for {step!r} has {len(text):,} characters, more than the {limit:,} a step may have (each "
                 "call of the step would send it, and every evaluation pays for it)",
-                "give shorter instructions: the rules the failures call for, not the data",
+                "give fewer demos"
+                if demos_step(step)
+                else "give shorter instructions: the rules the failures call for, not the data",
             )
         return text
 

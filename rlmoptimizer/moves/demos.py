@@ -24,7 +24,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from rlmoptimizer.fingerprint import canonical_json, demos_key, instructions_digest, sha256_json
+from rlmoptimizer.fingerprint import MAX_DEMOS_CHARS, canonical_json, demos_key, instructions_digest, sha256_json
 from rlmoptimizer.inputs import MAX_DEMOS
 from rlmoptimizer.moves.context import MoveContext, refuse
 from rlmoptimizer.records import ExampleResult
@@ -89,6 +89,8 @@ class DemoMoves(MoveContext):
         for name in steps:  # each step's demos from the passing examples it ran on (a branch runs on some only)
             usable = [r for r in records if not r.passed or self._call(r, name)]
             chosen = choose_demos(usable, k, seed=int(state[:16], 16))  # one seed: a pipeline's steps share examples
+            while chosen and len(canonical_json(self._demos(by_id, chosen, name))) > MAX_DEMOS_CHARS:
+                chosen.pop()  # long documents: fewer demos, as many as the limit takes
             if chosen:
                 by_step[name] = chosen
         if not by_step:
@@ -107,10 +109,7 @@ class DemoMoves(MoveContext):
                 f"{len(ids)} demo(s) for {name!r} from train examples {ids}" for name, ids in by_step.items()
             )
         )
-        mapping = {}
-        for name, ids in by_step.items():
-            demos = [{**self._call(by_id[i], name).inputs, **self._call(by_id[i], name).outputs} for i in ids]
-            mapping[demos_key(name)] = canonical_json(demos)
+        mapping = {demos_key(name): canonical_json(self._demos(by_id, ids, name)) for name, ids in by_step.items()}
         with self._naming:
             same = [name for name, known in self.proposals.items() if name.startswith("demos-") and known == mapping]
             if same:  # proposed before (in this process, or in one a resume continues): the same candidate
@@ -147,6 +146,11 @@ class DemoMoves(MoveContext):
                 "comparisons), then adopt_candidate it if it wins"
             ),
         }
+
+    @classmethod
+    def _demos(cls, by_id: dict[int, ExampleResult], ids: list[int], step: str) -> list[dict[str, Any]]:
+        """The demos of ``step`` from the train records ``ids``: the inputs and outputs of its call."""
+        return [{**cls._call(by_id[i], step).inputs, **cls._call(by_id[i], step).outputs} for i in ids]
 
     @staticmethod
     def _call(record: ExampleResult, step: str) -> Any:

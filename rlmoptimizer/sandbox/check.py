@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import http.server
+import json
 import os
+import socket
 import sys
 import tempfile
 import threading
@@ -132,6 +134,86 @@ class _RecordingServer:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class ConnectRecorder:
+    """A proxy on 127.0.0.1 that records the request line of each connection it gets (a download attempt sent
+    through it), then closes it."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self._socket = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self._socket.accept()
+            except OSError:
+                return
+            with connection:
+                connection.settimeout(5)
+                try:
+                    self.lines.append(connection.recv(4096).decode("latin-1").split("\r\n", 1)[0])
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._socket.close()
+
+
+_PROXY_VARIABLES = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY")
+
+# A module import from the page and from a Node worker thread (a scope of its own): the cell returns only if one
+# loaded.
+_WORKER_JS = (
+    "import('npm:left-pad@1.3.0').then(() => 'loaded', () => 'refused')"
+    ".then((r) => require('worker_threads').parentPort.postMessage(r))"
+)
+_PAGE_JS = """(async () => {
+  const out = [];
+  try { await import("https://esm.sh/left-pad@1.3.0"); out.push("page"); } catch (e) {}
+  const m = await import("node:worker_threads");
+  const w = new m.Worker(globalThis.rlmoptimizer_probe, { eval: true });
+  if (await new Promise((done) => w.on("message", done)) === "loaded") out.push("worker");
+  await w.terminate();
+  return out.join(",");
+})()"""
+_DOWNLOAD = (
+    "import js\n"
+    f"js.globalThis.rlmoptimizer_probe = {json.dumps(_WORKER_JS)}\n"
+    f"loaded = await js.eval({json.dumps(_PAGE_JS)})\n"
+    "if not loaded:\n"
+    "    raise PermissionError('refused from the page and from a worker thread')\n"
+    "return loaded"
+)
+
+
+def download_probe(make_sandbox: Callable[[], Sandbox]) -> Probe:
+    """Import a module from the npm registry and from esm.sh, from the page and from a worker thread, in a sandbox
+    whose Deno sends every download through a :class:`ConnectRecorder`: passes when all are refused and not one
+    attempt reached it (Pyodide is in the cache by then: its fetch sends nothing)."""
+    recorder = ConnectRecorder()
+    saved = {name: os.environ.get(name) for name in _PROXY_VARIABLES}
+    sandbox = None
+    try:
+        os.environ.pop("NO_PROXY", None)
+        os.environ.update({name: recorder.url for name in _PROXY_VARIABLES[:3]})
+        sandbox = make_sandbox()
+        sandbox.start()
+        outcome = _attempt(sandbox, _DOWNLOAD)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        if sandbox is not None:
+            sandbox.shutdown()
+        recorder.close()
+    reached = f"; a download reached the network: {recorder.lines[0]}" if recorder.lines else ""
+    return Probe("download a module", outcome.startswith("refused") and not recorder.lines, outcome + reached)
 
 
 def _attempt(sandbox: Sandbox, code: str) -> str:
@@ -259,6 +341,8 @@ def run_check(make_sandbox: Callable[[], Sandbox] = Sandbox) -> CheckReport:
         report.cold_start_s = time.perf_counter() - started
         report.protections = platform_protections(probe_sandbox)
         report.probes = isolation_probes(probe_sandbox)
+        probe_sandbox.shutdown()
+        report.probes.append(download_probe(make_sandbox))
     except SandboxError as exc:
         report.error = str(exc)
     finally:

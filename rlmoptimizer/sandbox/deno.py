@@ -26,6 +26,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -172,9 +173,15 @@ def fetch_command(run_command: list[str], source: str | None = None) -> list[str
 _FETCHED: set[tuple[str, ...]] = set()  # fetch commands that succeeded in this process, with their DENO_DIR
 
 
-def fetch(run_command: list[str], cwd: str | None, timeout_s: float) -> tuple[int | None, str] | None:
+def fetch(
+    run_command: list[str],
+    cwd: str | None,
+    timeout_s: float,
+    started: Callable[[subprocess.Popen | None], None] = lambda process: None,
+) -> tuple[int | None, str] | None:
     """Run :func:`fetch_command` (once per process for a command and ``DENO_DIR``); None when the packages are in
-    the cache, else ``(exit code, or None when it ran out of timeout_s, Deno's stderr)``."""
+    the cache, else ``(exit code, or None when it ran out of timeout_s, Deno's stderr)``. ``started`` is handed the
+    process while it runs (so that a shutdown can kill it), then None."""
     command = fetch_command(run_command)
     if command is None:
         return None
@@ -183,16 +190,28 @@ def fetch(run_command: list[str], cwd: str | None, timeout_s: float) -> tuple[in
     if key in _FETCHED:
         return None
     try:
-        done = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired as e:
-        said = e.stderr.decode("utf-8", "replace") if isinstance(e.stderr, bytes) else e.stderr or ""
-        return None, said
+        process = subprocess.Popen(
+            command, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
     except OSError as e:
         return 127, str(e)
-    if done.returncode != 0:
-        return done.returncode, done.stderr
+    started(process)
+    try:
+        _, said = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        _, said = process.communicate()
+        return None, said or ""
+    finally:
+        started(None)
+    if process.returncode != 0:
+        return process.returncode, said or ""
     _FETCHED.add(key)
     return None
+
+
+MIN_DENO = (2, 4)
+"""The oldest Deno with ``--deny-import`` (:data:`DENO_FLAGS`)."""
 
 
 @functools.cache
@@ -201,6 +220,14 @@ def check_deno_version(deno_executable: str) -> None:
         _validate_deno_version(deno_executable)
     except CodeInterpreterError as e:
         raise SandboxError(str(e)) from e
+    shown = deno_version(deno_executable) or ""
+    found = re.match(r"deno (\d+)\.(\d+)", shown)
+    if found and (int(found.group(1)), int(found.group(2))) < MIN_DENO:
+        raise SandboxError(
+            f"The sandbox needs Deno {'.'.join(map(str, MIN_DENO))} or newer (its --deny-import keeps sandboxed code "
+            f"from downloading modules); {deno_executable} is {shown.split(' (')[0]}. Upgrade it (pip install -U "
+            "'deno>=2.4' installs one in this environment, which dspy prefers)."
+        )
 
 
 def deno_version(deno_executable: str) -> str | None:

@@ -46,7 +46,7 @@ from typing import Any
 
 from rlmoptimizer.errors import SandboxError
 from rlmoptimizer.sandbox import deno, process
-from rlmoptimizer.sandbox._dspy import CodeExecutionError, CodeInterpreterError
+from rlmoptimizer.sandbox._dspy import CodeExecutionError, CodeInterpreterError, FinalOutput
 from rlmoptimizer.sandbox.limits import INSTRUCTIONS, check_limits, instructions
 from rlmoptimizer.sandbox.process import DenoInterpreter
 from rlmoptimizer.sandbox.recovery import ProcessLost, SetupLog, restart_message, shorten
@@ -103,8 +103,9 @@ class Sandbox:
                 most writable memory the whole process may add to what it used once started (JavaScript
                 buffers included; past it an allocation fails, or the process is restarted with a message
                 that says memory).
-            start_timeout_s: the most seconds starting the process may take (the first start on a machine
-                downloads Pyodide from npm), and the limit for each replayed execute.
+            start_timeout_s: the most seconds starting the process may take, and the limit for each replayed
+                execute; the first start on a machine downloads Pyodide from npm before it, within a limit of
+                its own of the same length.
         """
         check_limits(timeout_s, start_timeout_s, replay_limit, memory_limit_mb)
 
@@ -240,9 +241,7 @@ class Sandbox:
         if background is not None:
             self._closed = True  # a start that has not begun yet does not begin
             while background.is_alive():
-                starting = self._session.interp
-                if starting is not None:
-                    process.kill(starting)
+                self._session.kill_start()  # its download of Pyodide, or its process
                 background.join(timeout=0.05)
         with self._lock:
             self._closed = True
@@ -268,7 +267,12 @@ class Sandbox:
         try:
             result = self._call(code, variables, self.timeout_s)
         except ProcessLost as lost:
-            raise CodeExecutionError(self._recover(lost, variables)) from None
+            submitted = self._session.tools.submission  # (a restart's replays reset it)
+            message = self._recover(lost, variables)
+            if submitted is not None:  # the process died after a SUBMIT the cell caught: the cell ended with it
+                self._notice = message
+                return FinalOutput(submitted)
+            raise CodeExecutionError(message) from None
         except CodeExecutionError:
             self._after_execute(code, variables, succeeded=False)
             raise

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import subprocess
 from collections.abc import Callable
 from typing import Any
 
@@ -40,13 +41,14 @@ class Session:
         self.watchdog: Watchdog | None = None
         self.tools = ToolBridge(lambda: self.watchdog, self._cpu_clock)
         self._idle_cpu_kill: float | None = None  # CPU seconds burnt between executes, when that killed it
+        self.fetching: subprocess.Popen | None = None  # the download of Pyodide before a first start, while it runs
 
     def start(self, command: list[str], workdir: str | None, memory_limit_mb: int, start_timeout_s: float) -> None:
         """Start a process running ``command``; ``SandboxError`` saying why in Deno's words if it does not."""
         if self.watchdog is None:
             self.watchdog = Watchdog()
         deno.check_deno_version(command[0])
-        failed = deno.fetch(command, workdir, start_timeout_s)  # the sandbox downloads nothing itself
+        failed = deno.fetch(command, workdir, start_timeout_s, self._fetching)  # the sandbox downloads nothing itself
         if failed is not None:
             exit_code, said = failed
             message = start_failure.explain_start_failure(
@@ -108,9 +110,20 @@ class Session:
             timed_out = self.watchdog.disarm()
             if timed_out and process.alive(interp):
                 process.kill(interp)
-        if self.tools.submission is not None and not isinstance(result, FinalOutput):
-            return FinalOutput(self.tools.submission)  # a cell that undid the sandbox's own record of it
+        if self.tools.submission is not None:  # the first, whatever the cell did to the sandbox's own record of it
+            return FinalOutput(self.tools.submission)
         return result
+
+    def _fetching(self, process: subprocess.Popen | None) -> None:
+        self.fetching = process
+
+    def kill_start(self) -> None:
+        """Cut short a start in progress on another thread: its download, or its process."""
+        fetching, starting = self.fetching, self.interp
+        if fetching is not None and fetching.poll() is None:
+            fetching.kill()
+        if starting is not None:
+            process.kill(starting)
 
     def lost(self, interp: DenoInterpreter, diagnostic: str, timed_out: bool) -> ProcessLost:
         """Why ``interp`` is gone (see :func:`~rlmoptimizer.sandbox.recovery.lost_process`)."""

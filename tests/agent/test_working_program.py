@@ -13,7 +13,12 @@ from rlmoptimizer.agent.working_program import WorkingProgram
 from rlmoptimizer.budget import BudgetLedger
 from rlmoptimizer.errors import AgentToolError, ConfigurationError, EvaluationLMError
 from rlmoptimizer.evaluation.runs import Runs
-from rlmoptimizer.fingerprint import get_instructions, instructions_for_now, structural_fingerprint
+from rlmoptimizer.fingerprint import (
+    MAX_INSTRUCTION_CHARS,
+    get_instructions,
+    instructions_for_now,
+    structural_fingerprint,
+)
 from rlmoptimizer.storage.run_store import RunStore
 
 
@@ -104,7 +109,7 @@ def test_demos_with_none_of_the_steps_fields_are_refused_unless_they_are_the_pro
 def test_instructions_past_the_length_limit_are_refused_before_anything_is_paid(tmp_path):
     """Regression: a 20 MB SUBMIT (or update_prompt) was accepted and evaluated, each evaluation-LM request carrying
     all of it."""
-    from rlmoptimizer.agent.working_program import MAX_DEMOS_CHARS, MAX_INSTRUCTION_CHARS
+    from rlmoptimizer.fingerprint import MAX_DEMOS_CHARS, MAX_INSTRUCTION_CHARS
 
     lm = FunctionLM(exact_when_told)
     working = working_program(tmp_path, lm)
@@ -119,7 +124,7 @@ def test_instructions_past_the_length_limit_are_refused_before_anything_is_paid(
 
 
 def test_a_program_whose_own_instructions_are_long_may_keep_them_and_grow_them(tmp_path):
-    from rlmoptimizer.agent.working_program import MAX_INSTRUCTION_CHARS
+    from rlmoptimizer.fingerprint import MAX_INSTRUCTION_CHARS
 
     runs = Runs(
         evaluator=make_evaluator(FunctionLM(exact_when_told)),
@@ -134,3 +139,14 @@ def test_a_program_whose_own_instructions_are_long_may_keep_them_and_grow_them(t
     )
     grown = own + " Give the EXACT answer."
     assert working.validate_prompt_map({"self": grown}) == {"self": grown}
+
+
+def test_what_a_step_already_holds_passes_the_length_limit(tmp_path):
+    """A candidate a move made (demos of long documents) and adopted is the step's text: submitting the current
+    instructions must not be refused for it."""
+    working = working_program(tmp_path, FunctionLM(exact_when_told))
+    held = "Give the EXACT answer. " * (MAX_INSTRUCTION_CHARS // 10)  # past the limit
+    working.set_instructions({"self": held}, source="adopt_candidate")
+    assert working.validate_prompt_map({"self": held}) == {"self": held}
+    with pytest.raises(AgentToolError, match="a step may have"):
+        working.validate_prompt_map({"self": held + " More."})

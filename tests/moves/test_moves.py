@@ -188,6 +188,20 @@ def test_each_step_of_a_branching_program_gets_demos_from_the_passing_examples_i
     assert "none for ['tech']: it ran on no passing example" in others["summary"]
 
 
+def test_demos_of_long_examples_are_as_many_as_the_length_limit_takes(tmp_path, monkeypatch):
+    """Regression: demos copied from long train examples passed no length limit as a candidate, and once adopted
+    every SUBMIT of the current instructions was refused for their length."""
+    from rlmoptimizer.moves import demos as demos_module
+
+    world = World(tmp_path, program=Triage(), lm=triage_lm("tech"), val=0)
+    one = len(json.dumps([{"question": "q0", "team": "billing"}]))
+    monkeypatch.setattr(demos_module, "MAX_DEMOS_CHARS", 2 * one + 1)  # two short demos fit, not three
+    result = world.moves.propose_demos("route")
+    assert len(result["demo_ids"]) == 2
+    (text,) = world.moves.proposals[result["candidate_ids"][0]].values()
+    assert len(json.loads(text)) == 2 and len(text) <= 2 * one + 1
+
+
 def test_a_group_of_a_steps_own_parse_failures_leaves_that_step_something_to_reflect_on(tmp_path):
     """Regression: ``step_ran`` counted only a step's calls that returned, so the default loop dropped the group of
     a step's own replies that did not parse, and proposed for another step first."""

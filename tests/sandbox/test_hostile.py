@@ -235,6 +235,7 @@ def test_the_first_submit_ends_the_cell_even_when_caught_and_no_tool_runs_after_
         "import builtins\nbuiltins._rlmopt_submitted = None\nspend('after')",  # the sandbox's own record undone
         "spend.__wrapped__('after')",  # dspy's tool function under the wrapper that checks the record
         "import builtins\nbuiltins._rlmopt_submitted = None\nraise ValueError('and an error')",
+        "import builtins\nbuiltins._rlmopt_submitted = None\nSUBMIT(answer='second')",  # a second SUBMIT
     ],
 )
 def test_a_cell_that_undoes_the_sandboxs_record_of_its_submit_still_ends_with_it_and_spends_nothing(after):
@@ -253,6 +254,28 @@ def test_a_cell_that_undoes_the_sandboxs_record_of_its_submit_still_ends_with_it
         assert box.execute(code) == FinalOutput({"answer": "first"})
         assert calls == []
         assert run(box, "spend('next cell')\nprint('ok')") == "ok\n" and calls == ["next cell"]
+
+
+@pytest.mark.parametrize(
+    "after",
+    [
+        "import builtins\nbuiltins._rlmopt_submitted = None\nspend('after')",  # a payload JSON cannot carry
+        "import js\njs.Deno.exit(3)",  # the process dies after the caught SUBMIT
+    ],
+)
+def test_a_caught_submit_of_values_json_cannot_carry_or_before_the_process_dies_still_ends_the_cell(after):
+    calls = []
+
+    def spend(value: object = None) -> object:
+        calls.append(value)
+        return value
+
+    with Sandbox(tools={"spend": spend}, timeout_s=120) as box:
+        box.output_fields = [{"name": "answer", "type": "str"}]
+        code = f"try:\n    SUBMIT(answer={{1, 2}})\nexcept BaseException:\n    pass\n{after}\nprint('went on')"
+        assert box.execute(code) == FinalOutput({"answer": "{1, 2}"})
+        assert calls == []
+        assert run(box, "spend('next cell')\nprint('ok')").endswith("ok\n") and calls == ["next cell"]
 
 
 def test_the_capped_output_buffer_is_still_a_string_buffer(box):

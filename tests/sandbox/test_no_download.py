@@ -5,12 +5,10 @@ no sandboxed code."""
 
 from __future__ import annotations
 
-import socket
-import threading
-
 import pytest
 
 from rlmoptimizer.sandbox import Sandbox
+from rlmoptimizer.sandbox.check import ConnectRecorder
 from rlmoptimizer.sandbox.deno import fetch_command
 
 pytestmark = pytest.mark.slow
@@ -43,34 +41,8 @@ print(found)
 """
 
 
-class _ConnectRecorder:
-    """A proxy on 127.0.0.1 that records each request line it gets (a download attempt through it) and closes."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self._socket = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                connection, _ = self._socket.accept()
-            except OSError:
-                return
-            with connection:
-                connection.settimeout(5)
-                try:
-                    self.lines.append(connection.recv(4096).decode("latin-1").split("\r\n", 1)[0])
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self._socket.close()
-
-
 def test_no_cell_downloads_a_module_from_the_page_or_a_worker(monkeypatch):
-    recorder = _ConnectRecorder()
+    recorder = ConnectRecorder()
     for name in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY"):
         monkeypatch.setenv(name, recorder.url)
     monkeypatch.delenv("NO_PROXY", raising=False)
@@ -100,3 +72,14 @@ def test_the_fetch_resolves_the_runners_npm_imports_as_the_sandbox_does():
         "npm:pyodide@0.29.4/pyodide.js",
     ]
     assert fetch_command(command, 'import { x } from "./local.js";') is None
+
+
+def test_a_deno_too_old_for_deny_import_is_refused_saying_what_to_install(tmp_path):
+    from rlmoptimizer.errors import SandboxError
+    from rlmoptimizer.sandbox.deno import check_deno_version
+
+    old = tmp_path / "deno"
+    old.write_text('#!/bin/sh\necho "deno 2.3.3 (stable, release, x86_64-unknown-linux-gnu)"\n')
+    old.chmod(0o755)
+    with pytest.raises(SandboxError, match=r"needs Deno 2\.4 or newer .* is deno 2\.3\.3\. Upgrade it"):
+        check_deno_version(str(old))

@@ -120,6 +120,30 @@ def test_a_refusing_proxy_fails_fast_with_the_cause_and_the_fix(bare_env, monkey
     assert "python -m rlmoptimizer.sandbox" in message and "DENO_DIR" in message
 
 
+def test_a_sandbox_shut_down_while_it_downloads_pyodide_kills_the_download(bare_env, monkeypatch):
+    """Regression: the download of Pyodide before a first start is a process of its own; a shutdown while it ran
+    (a compile failing on its metric, a Ctrl-C) waited for it, up to the start's time limit, behind a proxy that
+    never answers."""
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
+    proxy = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    monkeypatch.setenv("HTTPS_PROXY", proxy)
+    monkeypatch.setenv("HTTP_PROXY", proxy)
+    box = Sandbox(start_timeout_s=600)
+    try:
+        box.start_in_background()
+        session = box._session
+        for _ in range(600):
+            if session.fetching is not None:
+                break
+            threading.Event().wait(0.05)
+        fetching = session.fetching
+        assert fetching is not None
+        box.shutdown()
+        assert fetching.returncode is not None and fetching.returncode < 0  # killed, not finished
+    finally:
+        silent.close()
+
+
 def _make_ca_and_server_cert(directory: Path) -> tuple[Path, Path, Path]:
     """A CA and a certificate for 127.0.0.1 signed by it (openssl's command line)."""
     openssl = shutil.which("openssl")

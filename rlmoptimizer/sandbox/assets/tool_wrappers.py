@@ -55,8 +55,9 @@ def _rlmopt_wrap_tools(_names, _removed, _error_name, _SUBMITTED):
                     builtins._rlmopt_submitted = final  # the first: uncaught, it would have ended the cell
                     note = registry.get(_SUBMITTED)  # and the host's record, which no cell can undo
                     if note is not None and final.args and isinstance(final.args[0], dict):
+                        plain = getattr(builtins, "_rlmopt_plain", None)  # as the runner hooks send it back
                         try:
-                            note(final.args[0])
+                            note(plain(final.args[0]) if plain is not None else final.args[0])
                         except Exception:
                             pass
                 raise
