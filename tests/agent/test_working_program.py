@@ -14,6 +14,7 @@ from rlmoptimizer.budget import BudgetLedger
 from rlmoptimizer.errors import AgentToolError, ConfigurationError, EvaluationLMError
 from rlmoptimizer.evaluation.runs import Runs
 from rlmoptimizer.fingerprint import (
+    MAX_DEMOS_CHARS,
     MAX_INSTRUCTION_CHARS,
     get_instructions,
     instructions_for_now,
@@ -28,11 +29,11 @@ def exact_when_told(messages):
     return {"answer": answer if "EXACT" in system_text(messages) else "no idea"}
 
 
-def working_program(tmp_path, lm) -> WorkingProgram:
+def working_program(tmp_path, lm, program: dspy.Module | None = None) -> WorkingProgram:
     runs = Runs(
         evaluator=make_evaluator(lm), store=RunStore(tmp_path), ledger=BudgetLedger(100), splits={"train": examples(3)}
     )
-    program = dspy.Predict("question -> answer")
+    program = program or dspy.Predict("question -> answer")
     return WorkingProgram(program=program, fingerprint=structural_fingerprint(program), runs=runs, stop=StopRequest())
 
 
@@ -109,8 +110,6 @@ def test_demos_with_none_of_the_steps_fields_are_refused_unless_they_are_the_pro
 def test_instructions_past_the_length_limit_are_refused_before_anything_is_paid(tmp_path):
     """Regression: a 20 MB SUBMIT (or update_prompt) was accepted and evaluated, each evaluation-LM request carrying
     all of it."""
-    from rlmoptimizer.fingerprint import MAX_DEMOS_CHARS, MAX_INSTRUCTION_CHARS
-
     lm = FunctionLM(exact_when_told)
     working = working_program(tmp_path, lm)
     long = "Give the EXACT answer. " * (MAX_INSTRUCTION_CHARS // 20)
@@ -124,19 +123,9 @@ def test_instructions_past_the_length_limit_are_refused_before_anything_is_paid(
 
 
 def test_a_program_whose_own_instructions_are_long_may_keep_them_and_grow_them(tmp_path):
-    from rlmoptimizer.fingerprint import MAX_INSTRUCTION_CHARS
-
-    runs = Runs(
-        evaluator=make_evaluator(FunctionLM(exact_when_told)),
-        store=RunStore(tmp_path),
-        ledger=BudgetLedger(100),
-        splits={"train": examples(3)},
-    )
     own = "Rule. " * MAX_INSTRUCTION_CHARS  # 300,000 characters of the user's own
     program = dspy.Predict(dspy.Signature("question -> answer", own))
-    working = WorkingProgram(
-        program=program, fingerprint=structural_fingerprint(program), runs=runs, stop=StopRequest()
-    )
+    working = working_program(tmp_path, FunctionLM(exact_when_told), program)
     grown = own + " Give the EXACT answer."
     assert working.validate_prompt_map({"self": grown}) == {"self": grown}
 

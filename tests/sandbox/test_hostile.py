@@ -207,17 +207,24 @@ def test_submit_of_values_json_cannot_carry_is_an_answer_not_a_crash(box):
     assert box.restarts == restarts
 
 
-def test_the_first_submit_ends_the_cell_even_when_caught_and_no_tool_runs_after_it():
-    """Uncaught, the first SUBMIT ends the cell: caught (``try: SUBMIT(...) except BaseException: ...``), it still
-    does, and a tool called after it (an evaluation that would spend budget) raises it again instead of running."""
-    calls = []
+def spending_sandbox(calls: list) -> Sandbox:
+    """A sandbox whose tool ``spend`` (an evaluation that would spend budget) records each call in ``calls``, and
+    whose SUBMIT takes one field, ``answer``."""
 
     def spend(value: object = None) -> object:
         calls.append(value)
         return value
 
-    with Sandbox(tools={"spend": spend}, timeout_s=120) as box:
-        box.output_fields = [{"name": "answer", "type": "str"}]
+    box = Sandbox(tools={"spend": spend}, timeout_s=120)
+    box.output_fields = [{"name": "answer", "type": "str"}]
+    return box
+
+
+def test_the_first_submit_ends_the_cell_even_when_caught_and_no_tool_runs_after_it():
+    """Uncaught, the first SUBMIT ends the cell: caught (``try: SUBMIT(...) except BaseException: ...``), it still
+    does, and a tool called after it (an evaluation that would spend budget) raises it again instead of running."""
+    calls = []
+    with spending_sandbox(calls) as box:
         code = (
             "for value in ['first', 'second']:\n"
             "    try:\n        SUBMIT(answer=value)\n    except BaseException:\n        pass\n"
@@ -243,13 +250,7 @@ def test_a_cell_that_undoes_the_sandboxs_record_of_its_submit_still_ends_with_it
     reachable as ``__wrapped__``: evaluations ran after the submission, and the submission was lost. The host keeps
     its own record now."""
     calls = []
-
-    def spend(value: object = None) -> object:
-        calls.append(value)
-        return value
-
-    with Sandbox(tools={"spend": spend}, timeout_s=120) as box:
-        box.output_fields = [{"name": "answer", "type": "str"}]
+    with spending_sandbox(calls) as box:
         code = f"try:\n    SUBMIT(answer='first')\nexcept BaseException:\n    pass\ntry:\n    {after.replace(chr(10), chr(10) + '    ')}\nexcept ValueError:\n    raise\nexcept BaseException:\n    pass\nprint('went on')"
         assert box.execute(code) == FinalOutput({"answer": "first"})
         assert calls == []
@@ -265,13 +266,7 @@ def test_a_cell_that_undoes_the_sandboxs_record_of_its_submit_still_ends_with_it
 )
 def test_a_caught_submit_of_values_json_cannot_carry_or_before_the_process_dies_still_ends_the_cell(after):
     calls = []
-
-    def spend(value: object = None) -> object:
-        calls.append(value)
-        return value
-
-    with Sandbox(tools={"spend": spend}, timeout_s=120) as box:
-        box.output_fields = [{"name": "answer", "type": "str"}]
+    with spending_sandbox(calls) as box:
         code = f"try:\n    SUBMIT(answer={{1, 2}})\nexcept BaseException:\n    pass\n{after}\nprint('went on')"
         assert box.execute(code) == FinalOutput({"answer": "{1, 2}"})
         assert calls == []
