@@ -190,6 +190,28 @@ _DOWNLOAD = (
 )
 
 
+# The Cache API from a worker thread (the page has none): it needs no write permission and writes below DENO_DIR.
+_WORKER_CACHE_JS = (
+    "caches.open('rlmoptimizer-check').then((c) => c.put('http://check/x', new Response('x')))"
+    ".then(() => 'stored', (e) => 'refused: ' + e).then((r) => require('worker_threads').parentPort.postMessage(r))"
+)
+_WORKER_SAYS = """(async () => {
+  const m = await import("node:worker_threads");
+  const w = new m.Worker(globalThis.rlmoptimizer_probe, { eval: true });
+  const said = await new Promise((done) => w.on("message", done));
+  await w.terminate();
+  return said;
+})()"""
+_WORKER_CACHE = (
+    "import js\n"
+    f"js.globalThis.rlmoptimizer_probe = {json.dumps(_WORKER_CACHE_JS)}\n"
+    f"said = await js.eval({json.dumps(_WORKER_SAYS)})\n"
+    "if said != 'stored':\n"
+    "    raise PermissionError(said)\n"
+    "return said"
+)
+
+
 def download_probe(make_sandbox: Callable[[], Sandbox]) -> Probe:
     """Import a module from the npm registry and from esm.sh, from the page and from a worker thread, in a sandbox
     whose Deno sends every download through a :class:`ConnectRecorder`: passes when all are refused and not one
@@ -265,6 +287,7 @@ def isolation_probes(sandbox: Sandbox) -> list[Probe]:
                     "import js\nreturn js.eval(\"localStorage.setItem('rlmoptimizer-check', 'x')\")",
                     lambda out: True,
                 ),
+                ("keep data on the host disk (a worker thread's Cache API)", _WORKER_CACHE, lambda out: True),
                 (
                     "start a process",
                     "import js\nreturn js.eval(\"new Deno.Command('true').outputSync().code\")",

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -157,6 +158,31 @@ def build_command(read_paths: list[str], memory_limit_mb: int, workdir: str) -> 
     at = command.index("run") + 1
     command[at:at] = [f"--import-map={map_path}", *DENO_FLAGS, f"--v8-flags=--wasm-max-mem-pages={pages}"]
     return command
+
+
+def own_deno_dir(run_command: list[str], into: str) -> str | None:
+    """A Deno cache directory of one sandbox's own, made in ``into``, for its process's ``DENO_DIR``; None when
+    the command names no shared cache or the link cannot be made (Windows without the right to make symlinks).
+
+    Its ``npm`` is a link to the shared cache's (the one ``run_command`` may read and revokes once Pyodide is
+    loaded), so Pyodide loads from where :func:`fetch` put it. Its ``location_data``, where Deno keeps what the Web
+    storage APIs write, is an empty file: the Cache API, which a ``node:worker_threads`` thread still has (and
+    which ignores ``--deny-write``), fails instead of writing to the user's disk, where a later sandbox could
+    read it. What else Deno writes while it runs (its analysis and code caches) stays here and goes with the
+    sandbox's temporary directory."""
+    shared = next((arg.split("=", 1)[1] for arg in run_command if arg.startswith("--dspy-deno-dir=")), None)
+    if not shared:
+        return None
+    own = os.path.join(into, "deno")
+    try:
+        os.mkdir(own)
+        os.symlink(os.path.join(shared, "npm"), os.path.join(own, "npm"), target_is_directory=True)
+        open(os.path.join(own, "location_data"), "x").close()
+    except OSError as e:
+        logger.warning("The sandbox uses Deno's shared cache %s (no directory of its own: %s).", shared, e)
+        shutil.rmtree(own, ignore_errors=True)
+        return None
+    return own
 
 
 def fetch_command(run_command: list[str], source: str | None = None) -> list[str] | None:
@@ -316,9 +342,9 @@ def tls_trust(environ: dict[str, str] | None = None) -> TlsTrust:
     return TlsTrust({"DENO_TLS_CA_STORE": "system,mozilla"}, "DENO_TLS_CA_STORE=system,mozilla (the system store)")
 
 
-def deno_environment(source: dict[str, str] | None = None) -> dict[str, str]:
+def deno_environment(source: dict[str, str] | None = None, deno_dir: str | None = None) -> dict[str, str]:
     """The environment the Deno process starts with: a short allow-list of ``source`` (``os.environ``) plus
-    :func:`tls_trust`'s variables."""
+    :func:`tls_trust`'s variables, with ``DENO_DIR`` set to ``deno_dir`` when one is given (:func:`own_deno_dir`)."""
     source = dict(os.environ) if source is None else source
     env = {
         key: value
@@ -329,4 +355,6 @@ def deno_environment(source: dict[str, str] | None = None) -> dict[str, str]:
     env["DENO_NO_PACKAGE_JSON"] = "1"  # what PythonInterpreter sets for its default command
     env["NO_COLOR"] = "1"  # plain diagnostics in messages
     env["DENO_NO_UPDATE_CHECK"] = "1"  # no request to dl.deno.land at each start
+    if deno_dir:
+        env["DENO_DIR"] = deno_dir
     return env

@@ -98,6 +98,7 @@ class DenoInterpreter(PythonInterpreter):
     stderr: StreamTail | None = None
     reader: ProtocolReader | None = None
     workdir: str | None = None
+    deno_dir: str | None = None  # the process's own DENO_DIR (deno.own_deno_dir), or None for the shared one
     memory_limit_mb: int | None = None
     data_limit_bytes: int | None = None
     _in_send_request = False
@@ -112,7 +113,7 @@ class DenoInterpreter(PythonInterpreter):
                 text=True,
                 encoding="UTF-8",
                 errors="replace",
-                env=deno_environment(),
+                env=deno_environment(deno_dir=self.deno_dir),
                 cwd=self.workdir,
             )
         except OSError as e:

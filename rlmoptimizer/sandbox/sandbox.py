@@ -129,6 +129,7 @@ class Sandbox:
         self._session = Session()  # the process, its watchdog and tools
         self._deno_command: list[str] | None = None
         self._tmpdir: str | None = None
+        self._deno_dir: str | None = None  # the process's own Deno cache directory (deno.own_deno_dir)
         self._finalizer: weakref.finalize | None = None
         self._closed = False
         self._broken: SandboxError | None = None
@@ -314,7 +315,7 @@ class Sandbox:
         """Start a process and bring it to the setup state; ``SandboxError`` on failure."""
         command = self.deno_command
         workdir = os.path.join(self._tmpdir, "work") if self._tmpdir else None
-        self._session.start(command, workdir, self.memory_limit_mb, self.start_timeout_s)
+        self._session.start(command, workdir, self.memory_limit_mb, self.start_timeout_s, self._deno_dir)
         try:
             self._setup.pristine_names = self._global_names() or set()
             replay_failures = []
@@ -405,12 +406,14 @@ class Sandbox:
     # ------------------------------------------------------------------ construction helpers
 
     def _build_deno_command(self) -> list[str]:
-        """The Deno command (see :func:`deno.build_command`); its import map and working directory live in a
-        temporary directory removed with the sandbox."""
+        """The Deno command (see :func:`deno.build_command`); its import map, working directory and Deno cache
+        directory (:func:`deno.own_deno_dir`) live in a temporary directory removed with the sandbox."""
         self._tmpdir = tempfile.mkdtemp(prefix="rlmoptimizer-sandbox-")
         self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)
         os.mkdir(os.path.join(self._tmpdir, "work"))
-        return deno.build_command([], self.memory_limit_mb, self._tmpdir)
+        command = deno.build_command([], self.memory_limit_mb, self._tmpdir)
+        self._deno_dir = deno.own_deno_dir(command, self._tmpdir)
+        return command
 
 
 def _explained(error: SyntaxError, code: str) -> SyntaxError:

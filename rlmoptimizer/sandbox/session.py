@@ -43,8 +43,16 @@ class Session:
         self._idle_cpu_kill: float | None = None  # CPU seconds burnt between executes, when that killed it
         self.fetching: subprocess.Popen | None = None  # the download of Pyodide before a first start, while it runs
 
-    def start(self, command: list[str], workdir: str | None, memory_limit_mb: int, start_timeout_s: float) -> None:
-        """Start a process running ``command``; ``SandboxError`` saying why in Deno's words if it does not."""
+    def start(
+        self,
+        command: list[str],
+        workdir: str | None,
+        memory_limit_mb: int,
+        start_timeout_s: float,
+        deno_dir: str | None = None,
+    ) -> None:
+        """Start a process running ``command`` with ``deno_dir`` as its ``DENO_DIR`` (the shared cache when None);
+        ``SandboxError`` saying why in Deno's words if it does not."""
         if self.watchdog is None:
             self.watchdog = Watchdog()
         deno.check_deno_version(command[0])
@@ -58,6 +66,7 @@ class Session:
             raise SandboxError(late + message)
         interp = DenoInterpreter(deno_command=command)
         interp.workdir = workdir
+        interp.deno_dir = deno_dir
         interp.memory_limit_mb = memory_limit_mb
         self.interp = interp
         self.tools.reset()

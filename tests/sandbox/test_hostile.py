@@ -509,9 +509,36 @@ def test_cpu_used_while_a_tool_call_waits_counts_toward_the_cells_limit_and_the_
         box.shutdown()
 
 
+# A node:worker_threads thread (which the page's hardening does not reach) reads what an earlier sandbox stored
+# with the Cache API, then stores a body of its own.
+WORKER_CACHE = r"""
+import js
+js.globalThis.worker_code = '''
+const { parentPort } = require("worker_threads");
+(async () => {
+  try {
+    const cache = await caches.open("left");
+    const earlier = await cache.match("http://left/x");
+    const said = earlier ? "READ " + (await earlier.text()).slice(0, 20) : "nothing earlier";
+    await cache.put("http://left/x", new Response("stored " + "x".repeat(100000)));
+    parentPort.postMessage(said + "; STORED");
+  } catch (e) { parentPort.postMessage("refused: " + e); }
+})();
+'''
+print(await js.eval('''(async () => {
+  const m = await import("node:worker_threads");
+  const w = new m.Worker(globalThis.worker_code, { eval: true });
+  const said = await new Promise((done) => { w.on("message", done); w.on("error", (e) => done("error " + e)); });
+  await w.terminate();
+  return said;
+})()'''))
+"""
+
+
 def test_nothing_a_cell_stores_reaches_the_host_disk_or_a_later_sandbox():
     """Regression: Deno's localStorage and Cache API need no write permission; they persisted under
-    DENO_DIR/location_data (a 20 MB cache body went to the host's disk) and a later sandbox read them back."""
+    DENO_DIR/location_data (a 20 MB cache body went to the host's disk) and a later sandbox read them back. A
+    worker thread still has the Cache API: each sandbox has a Deno directory of its own where it cannot store."""
     attempts = (
         "js.localStorage.setItem('left', 'x')",
         "js.sessionStorage.setItem('left', 'x')",
@@ -533,6 +560,8 @@ def test_nothing_a_cell_stores_reaches_the_host_disk_or_a_later_sandbox():
                     sandbox.execute(f"import js\nfrom pyodide.ffi import run_sync\n{attempt}")
             shown = run(sandbox, "import js\nprint([str(getattr(js, n, None)) for n in ('localStorage', 'caches')])")
             assert shown == "['None', 'None']\n"
+            from_worker = run(sandbox, WORKER_CACHE)
+            assert from_worker.startswith("refused: ") and "READ" not in from_worker, from_worker
         finally:
             sandbox.shutdown()
     assert (sorted(location_data.rglob("*")) if location_data.exists() else []) == before

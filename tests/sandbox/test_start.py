@@ -319,3 +319,24 @@ def test_the_self_check_fails_a_sandbox_that_leaks():
     failed = [probe.name for probe in report.probes if not probe.passed]
     assert failed == ["read the environment"]
     assert not report.ok and "FAILED  read the environment: ALLOWED" in report.render()
+
+
+def test_each_sandbox_has_a_deno_directory_of_its_own_that_shares_only_the_packages(tmp_path, monkeypatch, caplog):
+    from rlmoptimizer.sandbox.deno import own_deno_dir
+
+    shared = tmp_path / "shared"
+    command = ["deno", "run", f"--dspy-deno-dir={shared}", "runner.js"]
+    own = Path(own_deno_dir(command, str(tmp_path)))
+    assert os.readlink(own / "npm") == str(shared / "npm")  # Pyodide from where the fetch puts it
+    assert (own / "location_data").is_file()  # no directory for the Web storage APIs to write in
+    assert deno_environment(deno_dir=str(own))["DENO_DIR"] == str(own)
+    assert own_deno_dir(["deno", "run", "runner.js"], str(tmp_path / "x")) is None  # no shared cache named
+
+    def refused(*args, **kwargs):
+        raise OSError("symbolic links are not allowed here")
+
+    monkeypatch.setattr(os, "symlink", refused)
+    (tmp_path / "other").mkdir()
+    assert own_deno_dir(command, str(tmp_path / "other")) is None
+    assert not (tmp_path / "other" / "deno").exists()
+    assert "shared cache" in caplog.text and "symbolic links are not allowed" in caplog.text
