@@ -348,10 +348,30 @@ def check_timeout(name: str, value: Any) -> float:
     return float(value)
 
 
+COMPILE_ARGUMENTS_ELSEWHERE = {
+    "requires_permission_to_run": "drop it (nothing asks before running; optimizer.estimate(...) prices a run first)",
+    "max_bootstrapped_demos": "RLMDocstringOptimizer(max_demos=N)",
+    "max_labeled_demos": "RLMDocstringOptimizer(max_demos=N)",
+    "num_trials": "RLMDocstringOptimizer(max_metric_calls=N) or auto= sets how much to search",
+    "minibatch": "drop it (comparisons here run on the examples they need)",
+    "minibatch_size": "drop it (GEPA's runs here take minibatches of 3; the agent's run_gepa(minibatch_size=N) another)",
+    "seed": "RLMDocstringOptimizer(seed=N)",
+    "provide_traceback": "drop it (a program's errors are in every record that failed)",
+}
+"""dspy.MIPROv2's ``compile()`` arguments and where their meaning lives here."""
+
+
 def check_compile_args(teacher: Any, kwargs: dict[str, Any], metric: Any) -> None:
     """The arguments of ``compile()`` beyond the program and the data."""
     if kwargs:
-        raise ConfigurationError(f"unexpected compile() arguments: {sorted(kwargs)}")
+        moved = {
+            name: COMPILE_ARGUMENTS_ELSEWHERE[name] for name in sorted(kwargs) if name in COMPILE_ARGUMENTS_ELSEWHERE
+        }
+        said = "".join(f"; {name}: {what}" for name, what in moved.items())
+        raise ConfigurationError(
+            f"unexpected compile() arguments: {sorted(kwargs)}{said}. compile() takes the program, trainset=, "
+            "valset=, metric= and metric_id=; the rest goes to RLMDocstringOptimizer(...)"
+        )
     if teacher is not None:
         raise ConfigurationError("RLMDocstringOptimizer does not use a teacher program; drop teacher=")
     if metric is None:
@@ -476,6 +496,13 @@ RENAMED = {
     "for the budget",
     "max_llm_calls": "rlm_max_llm_calls=N (dspy.RLM's max_llm_calls)",
     "max_output_chars": "rlm_max_output_chars=N (dspy.RLM's max_output_chars)",
+    # dspy.MIPROv2's
+    "prompt_model": "sub_lm=... (it writes the proposals, as MIPROv2's prompt_model does)",
+    "task_model": "eval_lm=... (it runs the program, as MIPROv2's task_model does)",
+    "max_bootstrapped_demos": "max_demos=N (demos per step, from the program's own successful train traces; 0: none)",
+    "max_labeled_demos": "max_demos=N (demos per step, from the program's own successful train traces; 0: none)",
+    "num_candidates": "max_metric_calls=N or auto= for how much to search (candidates are proposed as it goes)",
+    "init_temperature": "nothing: the proposal LM's settings are the sub_lm's own (dspy.LM(..., temperature=...))",
 }
 """Names from dspy's other modules a user may bring along, and what to write here."""
 

@@ -65,6 +65,8 @@ def test_a_dspy_gepa_script_runs_with_the_optimizer_swapped_in(tmp_path):
         assert results.val_aggregate_scores[results.best_idx] == 1.0 == optimized.score
         assert results.val_aggregate_scores[0] == optimized.selection["baseline_score"] < 1.0
         assert results.parents[0] == [None]
+        # every other candidate was made from one: a child GEPA did not keep is not a second seed
+        assert all(results.parents[i] != [None] for i in range(1, len(results.parents))), results.parents
         assert all(p is None or p < i for i, parents in enumerate(results.parents) for p in parents)
         assert any(p == 0 for p in results.parents[results.best_idx])  # GEPA's child of the unchanged program
         assert sorted(results.per_val_instance_best_candidates) == list(range(len(val)))
@@ -108,6 +110,29 @@ def test_what_dspy_gepa_takes_and_this_optimizer_does_not_is_refused_in_one_line
         with pytest.raises(ConfigurationError, match=message) as refused:
             RLMDocstringOptimizer(metric_with_feedback, **{**arguments, **changes})
         assert "\n" not in str(refused.value)
+
+
+def test_a_miprov2_script_is_told_where_each_of_its_arguments_went():
+    """MIPROv2's constructor and compile() names are refused before any LM call, each with what to write here."""
+    lm = FunctionLM(lambda m: {})
+    refusals = [
+        ({"prompt_model": lm}, r"prompt_model \(write sub_lm=\.\.\."),
+        ({"task_model": lm}, r"task_model \(write eval_lm=\.\.\."),
+        ({"max_bootstrapped_demos": 2}, r"max_bootstrapped_demos \(write max_demos=N"),
+    ]
+    for given, message in refusals:
+        with pytest.raises(ConfigurationError, match=message):
+            RLMDocstringOptimizer(metric_with_feedback, root_lm=lm, **given)
+    train, val = make_splits()
+    optimizer = RLMDocstringOptimizer(metric_with_feedback, rlm_autopilot="loop", sub_lm=lm, eval_lm=lm)
+    with pytest.raises(ConfigurationError) as refused:
+        optimizer.compile(
+            RouteTicket(), trainset=train, valset=val, requires_permission_to_run=False, max_labeled_demos=0
+        )
+    said = str(refused.value)
+    assert "max_labeled_demos: RLMDocstringOptimizer(max_demos=N)" in said
+    assert "requires_permission_to_run: drop it" in said and "optimizer.estimate(" in said
+    assert lm.calls == []
 
 
 def test_dspy_gepas_names_mean_ours(tmp_path):

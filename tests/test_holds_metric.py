@@ -36,7 +36,7 @@ def test_a_broken_metric_stops_the_compile_without_waiting_for_the_sandbox_start
     baseline. The start still running is cut short: its process is killed, not waited for."""
     started: list[subprocess.Popen] = []
 
-    def slow_start(self, command, workdir, memory_limit_mb, start_timeout_s):
+    def slow_start(self, command, workdir, memory_limit_mb, start_timeout_s, deno_dir=None):
         # a start that takes far longer than the baseline: it ends early only if its process is killed
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
         started.append(child)

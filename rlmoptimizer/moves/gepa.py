@@ -422,6 +422,21 @@ class GepaMoves(AnalysisMoves):
                         "score": round(float(result.val_aggregate_scores[index]), 4),
                     }
                 )
+        if result is not None:  # children gepa did not keep: their lineage too, so that none looks like a seed
+            kept = {instructions_digest(adapter.instructions(c)): ids[i] for i, c in enumerate(result.candidates)}
+            for parent, child, minibatch in adapter.children:
+                if instructions_digest(child) in kept:
+                    continue
+                lineage = {
+                    "parents": [kept[d] for d in [instructions_digest(parent)] if d in kept],
+                    "move": "gepa reflective proposal (not kept: it did not beat its parent on the minibatch)",
+                    "run": run_name,
+                    "steps": steps,
+                    "parent_digests": [instructions_digest(parent)],
+                    "reflected_on": minibatch,
+                    **({"made_for": made_for} if made_for else {}),
+                }
+                self._register(child, lineage)
         unevaluated = []
         for instructions in adapter.unevaluated:
             lineage = {

@@ -123,6 +123,7 @@ class Adapter:
         self._score_bound = score_bound
         self.unevaluated: list[dict[str, str]] = []  # proposals the budget stopped before their evaluation
         self._children: dict[tuple, list[dict[str, str]]] = {}  # minibatch -> parents of the children to score
+        self.children: list[tuple[dict[str, str], dict[str, str], list[int]]] = []  # (parent, child, minibatch ids)
         self.cut_short = 0  # children stopped once they could not beat their parent
         self.not_run = 0  # the examples those children were not run on
 
@@ -148,6 +149,8 @@ class Adapter:
         instructions = self.instructions(candidate)
         parents = self._children.get(tuple(batch))
         parent = self.instructions(parents.pop(0)) if parents else None
+        if parent is not None and parent != instructions:
+            self.children.append((parent, instructions, sorted(set(ids))))
         bound = self._score_bound() if parent is not None and parent != instructions else None
         if parent is not None and bound is not None:
             before = self._runs.stored(parent, split, ids)

@@ -526,9 +526,9 @@ def test_a_lead_on_validation_that_is_not_clear_is_confirmed_on_fresh_train_exam
     assert calls.index(confirm) == len(calls) - 2  # after GEPA's best was adopted and checked, before SUBMIT
     assert result.route.signature.instructions == POLICY_PROMPT
     reason = result.selection["reason"]
-    assert "a clear gain: it won 2 and lost 0 of 6 val examples, won 2 and lost 0 of 5 fresh train examples" in reason
-    # the fresh examples are ones no search saw (no candidate was evaluated on or written from them), each run with
-    # the unchanged program too
+    assert "a clear gain: it won 2 and lost 0 of 6 val examples, won 2 and lost 0 of 3 fresh train examples" in reason
+    # the fresh examples are ones no search saw (no candidate was evaluated on or written from them, a child GEPA
+    # did not keep included), each run with the unchanged program too
     runs = [json.loads(p.read_text()) for p in sorted(Path(result.run_storage_dir, "runs").glob("run-*.json"))]
     confirmed = {run["instructions"]["route"]: run for run in runs if run["label"] == "confirm"}
     assert set(confirmed) == {POLICY_PROMPT, ORIGINAL_ROUTE}
@@ -541,7 +541,11 @@ def test_a_lead_on_validation_that_is_not_clear_is_confirmed_on_fresh_train_exam
         for r in run["records"]
     }
     reflected = {i for entry in result.detailed_results.lineage.values() for i in entry.get("reflected_on", ())}
-    assert len(fresh) == 5 and not fresh & seen and not fresh & reflected and reflected
+    assert len(fresh) == 3 and not fresh & seen and not fresh & reflected and reflected
+    not_kept = [
+        e for e in result.detailed_results.lineage.values() if e["move"].startswith("gepa reflective proposal (not")
+    ]
+    assert not_kept and all(e["reflected_on"] and e["parents"] == ["current"] for e in not_kept)
 
 
 @pytest.mark.parametrize("budget", [{"max_metric_calls": 80}, {"max_iterations": 6}])

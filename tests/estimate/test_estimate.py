@@ -17,6 +17,7 @@ from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, tas
 
 from rlmoptimizer import ConfigurationError, CostEstimate, RLMDocstringOptimizer
 from rlmoptimizer.__main__ import main
+from rlmoptimizer.budget import gepa_metric_calls
 from rlmoptimizer.estimate._dspy import InstructionProposer
 from rlmoptimizer.estimate.plan import RUNS_PER_ITERATION
 from rlmoptimizer.estimate.sizes import PROPOSAL_TOKENS, REASONING_TOKENS, ROOT_OUTPUT_TOKENS, ROOT_REPLY_TOKENS
@@ -244,3 +245,20 @@ def test_dspy_callbacks_are_not_told_of_the_prompts_an_estimate_renders():
             RouteTicket(), trainset=trainset, valset=valset
         )
     assert Seen.events == []
+
+
+@pytest.mark.parametrize("sized", [{"auto": "light"}, {"max_full_evals": 3}])
+def test_a_budget_given_as_dspy_gepa_gives_it_is_estimated_at_the_size_compile_runs_it(sized):
+    """auto= and max_full_evals= stand for a max_metric_calls sized on the program and data, as compile() sizes
+    them: the estimate prices that budget, not a default one."""
+    lm = FunctionLM(qa_reply, name="qa-lm")
+    examples = qa_examples()
+    train, val = examples[:6], examples[6:]
+    program = dspy.Predict("question -> answer")
+    calls = gepa_metric_calls(sized.get("auto"), sized.get("max_full_evals"), 1, len(train), len(val))
+    given = RLMDocstringOptimizer(**sized, rlm_autopilot="loop", sub_lm=lm, eval_lm=lm)
+    explicit = RLMDocstringOptimizer(max_metric_calls=calls, rlm_autopilot="loop", sub_lm=lm, eval_lm=lm)
+    estimate = given.estimate(program, trainset=train, valset=val)
+    assert estimate == explicit.estimate(program, trainset=train, valset=val)
+    assert f"max_metric_calls={calls}" in estimate.setting
+    assert given.max_metric_calls is None  # sized per call, not kept
