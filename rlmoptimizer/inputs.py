@@ -317,6 +317,12 @@ def check_lm(name: str, lm: Any, required: bool) -> Any:
 def check_metric(metric: Any) -> Any:
     if metric is not None and not callable(metric):
         raise ConfigurationError(f"metric must be callable, got {type(metric).__name__}")
+    if metric is not None and _is_async(metric):
+        raise ConfigurationError(
+            f"metric {getattr(metric, '__name__', type(metric).__name__)!r} is async (calling it makes a coroutine, "
+            "not a score): the metric is called from the evaluation's threads and must return its score. Make it a "
+            "plain def (run an async judge inside it with asyncio.run(...))."
+        )
     return metric
 
 

@@ -298,6 +298,12 @@ class Metric:
                 "For example: `def metric(example, prediction, trace=None): "
                 "return float(prediction.answer == example.answer)`."
             )
+        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__):
+            raise ConfigurationError(
+                f"metric {_metric_name(fn)!r} is async (calling it makes a coroutine, not a score): the metric is "
+                "called from the evaluation's threads and must return its score. Make it a plain def (run an async "
+                "judge inside it with asyncio.run(...))."
+            )
         self.fn = fn
         self.name = _metric_name(fn)
         self.arity = _arity(fn, self.name)

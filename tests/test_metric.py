@@ -264,3 +264,32 @@ def test_a_bound_method_metric_keeps_its_objects_identity_and_a_change_undone_is
     refused.used()
     judge.threshold = 0.5  # the change undone
     assert Metric(judge).identity == ran.identity
+
+
+async def judged(example, prediction, trace=None):
+    return 1.0
+
+
+class AsyncJudge:
+    async def __call__(self, example, prediction, trace=None):
+        return 1.0
+
+
+@pytest.mark.parametrize("fn", [judged, functools.partial(judged), AsyncJudge()], ids=["def", "partial", "object"])
+def test_an_async_metric_is_refused_before_any_lm_call(fn):
+    """Regression: an async metric was taken, and the baseline's paid runs ended in a MetricError about a coroutine."""
+    from support.tickets import RouteTicket, make_splits
+
+    from rlmoptimizer import RLMDocstringOptimizer
+    from rlmoptimizer.testing import FunctionLM
+
+    with pytest.raises(ConfigurationError, match="is async .* plain def"):
+        Metric(fn)
+    lm = FunctionLM(lambda messages: {"queue": "billing"})
+    with pytest.raises(ConfigurationError, match="is async"):
+        RLMDocstringOptimizer(fn, rlm_autopilot="loop", sub_lm=lm)
+    train, val = make_splits()
+    optimizer = RLMDocstringOptimizer(rlm_autopilot="loop", sub_lm=lm, eval_lm=lm, max_iterations=1)
+    with pytest.raises(ConfigurationError, match="is async"):
+        optimizer.compile(RouteTicket(), trainset=train, valset=val, metric=fn)
+    assert lm.calls == []
