@@ -246,7 +246,8 @@ class UsageMeter:
     def snapshot(self) -> dict[str, Any]:
         """``{"root": {...}, "sub": {...}, "eval": {...}, "total": {...}}``; each with ``calls``,
         ``input_tokens``, ``cached_input_tokens``, ``output_tokens`` and ``cost_usd`` (None when a model of that
-        role has no price in litellm's table, listed in ``unpriced_models``)."""
+        role has no price in litellm's table, listed in ``unpriced_models``); and ``<role>_units``, the work each
+        role's calls paid for (evaluated examples, sub-LM prompts)."""
         with self._lock:
             out: dict[str, Any] = {role: totals.as_dict() for role, totals in self._roles.items()}
             total = _RoleTotals()
@@ -258,6 +259,9 @@ class UsageMeter:
                 total.usd += totals.usd
                 total.unpriced_models |= totals.unpriced_models
             out["total"] = total.as_dict()
+            # the work each role's dollars paid for (evaluated examples, sub-LM prompts): a resumed run's spending cap
+            # prices its next unit from them, as the run before it did
+            out.update({f"{role}_units": totals.units for role, totals in self._roles.items()})
             if self.max_cost_usd is not None:
                 out["max_cost_usd"] = self.max_cost_usd
                 out["cap_reached"] = self._cap_reached_at is not None
@@ -272,6 +276,7 @@ class UsageMeter:
             for role in ROLES:
                 if isinstance(snapshot.get(role), dict):
                     self._roles[role].load(snapshot[role])
+                    self._roles[role].units = _int(snapshot.get(f"{role}_units"))
             spent = sum((t.usd for t in self._roles.values()), Decimal(0))
             same_cap = snapshot.get("cap_reached") and snapshot.get("max_cost_usd") == self.max_cost_usd
             lowered = self.max_cost_usd is not None and spent >= Decimal(repr(float(self.max_cost_usd)))

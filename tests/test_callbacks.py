@@ -64,6 +64,9 @@ def test_callbacks_see_the_compile_as_it_happens_with_candidates_their_lineage_a
     assert [e.turn["code"] for e in events if isinstance(e, AgentTurn)] == [t["code"] for t in TURNS]
 
     added = [e for e in events if isinstance(e, CandidateAdded)]
+    not_kept = [e for e in added if e.lineage["move"].startswith("gepa reflective proposal (not kept")]
+    assert all(e.lineage["parents"] == ["current"] for e in not_kept)  # a child GEPA did not keep is told of too
+    added = [e for e in added if e not in not_kept]
     assert [e.candidate_id for e in added] == ["gepa-1"]
     assert added[0].instructions["route"] == POLICY_PROMPT
     assert added[0].lineage["parents"] == ["current"] and added[0].lineage["move"] == "gepa reflective proposal"

@@ -282,10 +282,14 @@ def test_detailed_results_name_each_candidate_and_give_the_returned_ones_ancestr
     assert results.instructions[best]["route"] == POLICY_PROMPT
     assert results.candidate_ids[p1] == ("proposal-1",) and results.candidate_ids[best] == ("gepa-1",)
     assert results.candidate_ids[0] == ()
-    assert results.lineage == {
+    kept = {name: entry for name, entry in results.lineage.items() if "(not kept" not in entry["move"]}
+    assert kept == {
         "proposal-1": {**stored["proposal-1"], "candidate": p1},
         "gepa-1": {**stored["gepa-1"], "candidate": best},
     }
+    for name, entry in results.lineage.items():  # children GEPA did not keep: evaluated, and made from a parent
+        assert entry == {**stored[name], "candidate": entry["candidate"]} and entry["candidate"] is not None
+        assert results.parents[entry["candidate"]] != [None]
     assert results.candidate_lineage(best) == {"gepa-1": results.lineage["gepa-1"]}
 
     # the ancestry: the unchanged program, the proposal GEPA started from, GEPA's candidate (returned)

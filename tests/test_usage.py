@@ -164,6 +164,26 @@ def test_a_reached_cap_stays_reached_on_resume_unless_the_cap_was_raised():
     assert lowered.spent_all and lowered.cap_reached and "spending cap reached" in lowered.cap_reason
 
 
+def test_a_resumed_run_prices_its_next_units_as_the_run_before_did():
+    """Regression: the snapshot kept the dollars but not the units they paid for, so a resumed run priced its next
+    example at 0 (granting a whole request past the cap), then at all the dollars over a few examples (stopping
+    with most of the cap left)."""
+    per_call = float(price_of_call("openai/gpt-4o-mini", 10_000, 100))
+    meter = UsageMeter(max_cost_usd=per_call * 10.5)
+    for _ in range(4):
+        meter.record(EVAL, "openai/gpt-4o-mini", {"prompt_tokens": 10_000, "completion_tokens": 100})
+        meter.add_units(EVAL, 1)
+    resumed = UsageMeter(max_cost_usd=per_call * 10.5)
+    resumed.restore(meter.snapshot())
+    assert resumed.affordable_units(EVAL, 20) == 6  # not 20: 4 of 10.5 calls' worth were spent
+    assert resumed.cap_reached
+    again = UsageMeter(max_cost_usd=per_call * 10.5)
+    again.restore(meter.snapshot())
+    again.record(EVAL, "openai/gpt-4o-mini", {"prompt_tokens": 10_000, "completion_tokens": 100})
+    again.add_units(EVAL, 1)
+    assert again.affordable_units(EVAL, 5) == 5 and not again.cap_reached  # not priced at 5 calls a unit
+
+
 def test_spending_the_cap_in_any_role_reaches_it():
     """Regression: only a reservation (an evaluation, a sub-LM prompt) could reach the cap, so the agent's own turns
     (the root role, never reserved) spent past it without end."""
