@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import threading
 from collections.abc import Callable
 from decimal import Decimal
@@ -84,11 +85,28 @@ def _cached_tokens(usage: dict[str, Any]) -> int:
     return cached or _int(usage.get("cache_read_input_tokens"))
 
 
+def import_litellm() -> Any:
+    """``litellm``, imported. Its first import takes seconds; one stopped midway (a Ctrl-C, as a compile starts)
+    leaves half-made ``litellm.*`` modules behind, and every later ``import litellm`` in the process then fails on
+    them (``partially initialized module 'litellm'``), dspy's own LM calls included. So the modules an import that
+    did not finish added are taken out again, and the next import starts clean."""
+    if "litellm" in sys.modules:
+        return sys.modules["litellm"]
+    before = {name for name in sys.modules if name == "litellm" or name.startswith("litellm.")}
+    try:
+        import litellm
+    except BaseException:
+        for name in [n for n in sys.modules if (n == "litellm" or n.startswith("litellm.")) and n not in before]:
+            sys.modules.pop(name, None)
+        raise
+    return litellm
+
+
 @lru_cache(maxsize=256)
 def _priced_name(model: str) -> str | None:
     """The key under which litellm's price table knows ``model`` (with or without its provider prefix)."""
     try:
-        import litellm
+        litellm = import_litellm()
     except ImportError:  # pragma: no cover - litellm ships with dspy's default extras
         return None
     table = getattr(litellm, "model_cost", {}) or {}
@@ -109,7 +127,7 @@ def price_of_call(model: str, input_tokens: int, output_tokens: int, cached_inpu
     name = _priced_name(model) if isinstance(model, str) and model else None
     if name is None:
         return None
-    import litellm
+    litellm = import_litellm()
 
     try:
         prompt_cost, completion_cost = litellm.cost_per_token(

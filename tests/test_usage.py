@@ -265,3 +265,31 @@ def test_calls_a_program_makes_through_dspy_parallel_are_counted_too():
     assert all(r.answer == "x" for r in results)
     assert meter.snapshot()[EVAL]["calls"] == len(lm.reported_usage) == 12
     assert meter.snapshot()[EVAL]["input_tokens"] == _totals(lm)[1]
+
+
+def test_an_import_of_litellm_stopped_midway_leaves_nothing_half_made(tmp_path):
+    """Regression: a Ctrl-C while a compile first imported litellm left half-made litellm modules, every later import
+    failed on them, and the compile run again recorded every example as a program error."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "stopped.py"
+    script.write_text(
+        "import importlib.abc, sys\n"
+        "class CtrlC(importlib.abc.MetaPathFinder):\n"
+        "    fired = False\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'litellm.main' and not CtrlC.fired:\n"
+        "            CtrlC.fired = True\n"
+        "            raise KeyboardInterrupt\n"
+        "sys.meta_path.insert(0, CtrlC())\n"
+        "from rlmoptimizer.usage import import_litellm\n"
+        "try:\n"
+        "    import_litellm()\n"
+        "except KeyboardInterrupt:\n"
+        "    print('stopped', sum(n == 'litellm' or n.startswith('litellm.') for n in sys.modules))\n"
+        "import litellm\n"
+        "print('again', callable(litellm.completion), isinstance(litellm.model_cost, dict))\n"
+    )
+    shown = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert shown.stdout.split("\n")[:2] == ["stopped 0", "again True True"], shown.stderr[-2000:]

@@ -43,6 +43,7 @@ import dspy
 from rlmoptimizer.agent._dspy import ChatAdapter, REPLEntry, REPLHistory
 from rlmoptimizer.agent.texts import without_media
 from rlmoptimizer.errors import exception_chain
+from rlmoptimizer.usage import import_litellm
 
 logger = logging.getLogger(__name__)
 
@@ -84,8 +85,7 @@ def context_window_of(lm: Any, explicit: int | None = None) -> tuple[int, str]:
     model = getattr(lm, "model", None)
     if isinstance(model, str) and model:
         try:
-            import litellm
-
+            litellm = import_litellm()
             names = [model] + ([model.split("/", 1)[1]] if "/" in model else [])
             for name in names:
                 entry = litellm.model_cost.get(name)

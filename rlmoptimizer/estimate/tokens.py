@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from functools import lru_cache
 from typing import Any
 
+from rlmoptimizer.usage import import_litellm
+
 logger = logging.getLogger(__name__)
 
 CHARS_PER_TOKEN = 4.0
@@ -43,9 +45,7 @@ def placeholder(tokens: float) -> str:
 @lru_cache(maxsize=1024)
 def _litellm_count(model: str, text: str) -> int | None:
     try:
-        import litellm
-
-        return int(litellm.token_counter(model=model, text=text))
+        return int(import_litellm().token_counter(model=model, text=text))
     except Exception:  # noqa: BLE001 - any failure of the tokenizer falls back to characters
         return None
 
