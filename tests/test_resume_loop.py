@@ -85,3 +85,35 @@ def test_an_interrupted_loop_resumed_pays_what_one_run_pays(tmp_path, max_metric
     assert first.eval_calls + second.eval_calls <= whole.eval_calls + 2  # (the example under way when cut: 2 calls)
     assert resumed.optimized_dspy_program == reference.optimized_dspy_program
     assert resumed.selection["chosen_score"] == reference.selection["chosen_score"]
+
+
+def test_a_ctrl_c_landing_as_an_evaluation_completes_keeps_its_paid_records_for_the_resume(tmp_path, monkeypatch):
+    """Regression: an interrupt that reached the run after its examples completed but before it was saved (outside
+    the evaluation's own Ctrl-C handling) deleted the pending log of those paid records: the resume paid them again
+    and the program ran more often than max_metric_calls allows."""
+    import concurrent.futures
+
+    from rlmoptimizer.evaluation import evaluator
+
+    whole = Lms()
+    reference = whole.compile(tmp_path / "whole", 30)
+    ended = {"n": 0}
+
+    class Pool(concurrent.futures.ThreadPoolExecutor):
+        def shutdown(self, wait=True, *, cancel_futures=False):
+            super().shutdown(wait=wait, cancel_futures=cancel_futures)
+            ended["n"] += 1
+            if ended["n"] == 7:  # the 7th evaluation's examples have all completed: Ctrl-C now
+                raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluator, "ThreadPoolExecutor", Pool)
+    first = Lms()
+    with pytest.raises((KeyboardInterrupt, OptimizationInterrupted)):
+        first.compile(tmp_path / "cut", 30)
+    assert ended["n"] == 7
+    monkeypatch.setattr(evaluator, "ThreadPoolExecutor", concurrent.futures.ThreadPoolExecutor)
+    second = Lms()
+    resumed = second.compile(tmp_path / "cut", 30)
+    assert first.eval_calls + second.eval_calls == whole.eval_calls  # nothing paid twice
+    assert resumed.budget["spent"] == reference.budget["spent"]
+    assert resumed.optimized_dspy_program == reference.optimized_dspy_program

@@ -480,9 +480,9 @@ class Runs:
             elif pending is not None:
                 pending.discard()
             raise reason from reason.__cause__
-        except BaseException:
-            if pending is not None:
-                pending.discard()
+        except BaseException:  # (a Ctrl-C landing as the examples completed, say): the paid records stay pending,
+            if pending is not None:  # for a resume to take and charge as after a killed process
+                pending.close()
             raise
         if reused:
             notes.append(f"{len(reused)} record(s) reused from earlier runs with identical instructions (not charged)")
