@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -186,18 +185,21 @@ def sub_lm_tools(
             if text is not None:
                 answers.put(keys[index], text)
 
-        def settle(index: int, future: Any) -> None:
-            exc = None if future.cancelled() else future.exception()
-            if not future.cancelled() and exc is None:
-                charge(index, future.result())
-            elif isinstance(exc, Exception) and classify_lm_failure(exc) is None:  # answered, not with text: paid
-                charge(index, None)
+        def answer(index: int) -> str:
+            """One prompt, paid and kept in its worker as it is answered: a prompt that started is charged
+            whatever the main thread does meanwhile (a Ctrl-C while the others are still being submitted too)."""
+            try:
+                text = query(prompts[index])
+            except Exception as exc:
+                if classify_lm_failure(exc) is None:  # answered, not with text: paid
+                    charge(index, None)
+                raise
+            charge(index, text)
+            return text
 
         try:
             with charged.take(len(todo)) as reservation, ThreadPoolExecutor(max_workers=max_workers) as pool:
-                futures = {pool.submit(contextvars.copy_context().run, query, prompts[i]): i for i in todo}
-                for future, index in futures.items():
-                    future.add_done_callback(functools.partial(settle, index))
+                futures = {pool.submit(contextvars.copy_context().run, answer, i): i for i in todo}
                 try:
                     for future, index in futures.items():  # every prompt gets its answer or its error
                         try:
@@ -209,7 +211,7 @@ def sub_lm_tools(
                             if failure is not None and failure[0] == SYSTEMIC and unusable is None:
                                 unusable = exc
                             results[index] = f"[ERROR] {format_error_for_lm(exc)}"
-                except BaseException:  # an interrupt: what is answered by now is paid and kept by its callback
+                except BaseException:  # an interrupt: what is answered by now is paid and kept by its worker
                     pool.shutdown(wait=True, cancel_futures=True)
                     raise
         finally:

@@ -78,6 +78,47 @@ def test_an_interrupt_in_a_batch_charges_and_keeps_the_prompts_answered(tmp_path
     assert ledger.snapshot()["spent_by_kind"][SUB_LM_CALL] == 4  # each prompt paid once
 
 
+def test_an_interrupt_while_a_batch_is_still_being_submitted_charges_and_keeps_the_prompts_that_started(
+    tmp_path, monkeypatch
+):
+    """Regression: the answers were charged by callbacks attached after every prompt was submitted; a Ctrl-C while
+    the pool was still starting its threads left the prompts already running paid but neither charged nor kept,
+    and the resume paid them again."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rlmoptimizer.agent import sub_lm
+
+    asked = []
+    lock = threading.Lock()
+    sub = FunctionLM(lambda messages: _asked(asked, lock, messages), name="sub")
+
+    class Pool(ThreadPoolExecutor):
+        submitted = 0
+
+        def submit(self, *args, **kwargs):
+            if Pool.submitted == 2:  # the third prompt is never submitted: Ctrl-C
+                raise KeyboardInterrupt
+            Pool.submitted += 1
+            return super().submit(*args, **kwargs)
+
+    monkeypatch.setattr(sub_lm, "ThreadPoolExecutor", Pool)
+    ledger = BudgetLedger(10)
+    with pytest.raises(KeyboardInterrupt):
+        tools(sub, ledger, tmp_path, workers=4)["llm_query_batched"](["p0", "p1", "p2"])
+    assert sorted(asked) == ["p0", "p1"] and ledger.snapshot()["spent_by_kind"][SUB_LM_CALL] == 2
+    monkeypatch.setattr(sub_lm, "ThreadPoolExecutor", ThreadPoolExecutor)
+    out = tools(sub, ledger, tmp_path, workers=4)["llm_query_batched"](["p0", "p1", "p2"])
+    assert out == ["re p0", "re p1", "re p2"]
+    assert sorted(asked) == ["p0", "p1", "p2"] and ledger.snapshot()["spent_by_kind"][SUB_LM_CALL] == 3
+
+
+def _asked(asked: list, lock: threading.Lock, messages) -> str:
+    text = str(messages[-1]["content"])
+    with lock:
+        asked.append(text)
+    return f"re {text}"
+
+
 def test_a_note_kept_already_is_not_kept_twice(tmp_path):
     notes = NotesStore(tmp_path)
     notes.add("the policy words matter")
