@@ -248,7 +248,9 @@ def check_flag(name: str, value: Any) -> bool:
 
 
 def check_directory(name: str, value: Any) -> Path | None:
-    """``value`` as a Path (a str or ``os.PathLike``), None as None, else :class:`ConfigurationError`."""
+    """``value`` as an absolute Path (a str or ``os.PathLike``; ``~`` expanded, a relative path taken from the working
+    directory now, so the same optimizer keeps the same directory after a ``%cd``), None as None, else
+    :class:`ConfigurationError`."""
     if value is None:
         return None
     if not isinstance(value, (str, os.PathLike)) or (isinstance(value, str) and not value.strip()):
@@ -256,7 +258,7 @@ def check_directory(name: str, value: Any) -> Path | None:
             f"{name} must be a directory path (a str or pathlib.Path), got {type(value).__name__} {value!r}; "
             "pass None for a temporary directory"
         )
-    return Path(value)
+    return Path(value).expanduser().absolute()
 
 
 def check_console(value: Any) -> Any:

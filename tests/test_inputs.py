@@ -198,3 +198,19 @@ def test_a_train_set_of_two_without_a_valset_is_told_that_nothing_can_confirm_a_
     said = tiny_split_warning(0, 2)
     assert "trainset (no valset was given)" in said and "the unchanged program is returned" in said
     assert "fresh train examples" not in said
+
+
+def test_a_relative_run_storage_dir_is_the_one_of_the_working_directory_when_the_optimizer_was_made(
+    tmp_path, monkeypatch
+):
+    """Regression: after a %cd the same optimizer started a new directory and paid everything again, and its
+    interrupt message named a relative path."""
+    from rlmoptimizer import RLMDocstringOptimizer
+
+    monkeypatch.chdir(tmp_path)
+    optimizer = RLMDocstringOptimizer(root_lm=dspy.utils.DummyLM([]), run_storage_dir="runs/a")
+    monkeypatch.chdir(tmp_path.parent)
+    assert optimizer.run_storage_dir == tmp_path / "runs" / "a"
+    monkeypatch.setenv("HOME", str(tmp_path))
+    home = RLMDocstringOptimizer(root_lm=dspy.utils.DummyLM([]), run_storage_dir="~/runs/b")
+    assert home.run_storage_dir == tmp_path / "runs" / "b"

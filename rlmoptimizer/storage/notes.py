@@ -10,6 +10,7 @@ in ``notes.json`` in the run directory, written atomically after every change). 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from pathlib import Path
@@ -18,6 +19,8 @@ from typing import Any
 from rlmoptimizer.storage.files import atomic_write_json
 from rlmoptimizer.storage.layout import NOTES as FILENAME
 from rlmoptimizer.storage.layout import RunLayout
+
+logger = logging.getLogger(__name__)
 
 MAX_NOTE_CHARS = 1_000
 MAX_NOTES = 200
@@ -37,11 +40,20 @@ class NotesStore:
         self._lock = threading.Lock()
         self._notes: list[dict[str, Any]] = []
         if self.path is not None and self.path.exists():
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-            self._notes = [
-                {"id": int(n["id"]), "text": str(n["text"]), "created_at": n.get("created_at")}
-                for n in data.get("notes", [])
-            ]
+            try:
+                data = json.loads(self.path.read_text(encoding="utf-8"))
+                self._notes = [
+                    {"id": int(n["id"]), "text": str(n["text"]), "created_at": n.get("created_at")}
+                    for n in data.get("notes", [])
+                ]
+            except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:  # notes cost nothing: go on
+                logger.warning(
+                    "%s cannot be read (%s: %s): the agent's notes of this run are lost; the run goes on without them.",
+                    self.path,
+                    type(exc).__name__,
+                    exc,
+                )
+                self._notes = []
 
     def add(self, text: str) -> str:
         """Keep ``text`` as a note; the reply says its number. Too long a note is refused (say it shorter); a text

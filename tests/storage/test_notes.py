@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -55,3 +56,17 @@ def test_notes_added_from_threads_all_get_distinct_numbers(tmp_path):
         list(pool.map(lambda i: store.add(f"t{i}"), range(64)))
     ids = [n["id"] for n in NotesStore(tmp_path).all()]
     assert sorted(ids) == list(range(1, 65))
+
+
+@pytest.mark.parametrize("damage", ["", "{not json", '{"notes": [{"text": "no id"}]}', "[1, 2]"])
+def test_a_damaged_notes_file_is_warned_about_and_the_run_goes_on_without_its_notes(tmp_path, caplog, damage):
+    """Regression: a damaged notes.json raised a bare JSONDecodeError naming no file, and a finished run could not
+    be read back at all. Notes cost nothing: the run goes on without them."""
+    NotesStore(tmp_path).add("kept")
+    path = next(tmp_path.glob("notes.json"))
+    path.write_text(damage, encoding="utf-8")
+    with caplog.at_level(logging.WARNING):
+        notes = NotesStore(tmp_path)
+    assert notes.all() == [] and str(path) in caplog.text and "cannot be read" in caplog.text
+    notes.add("after")
+    assert [n["text"] for n in NotesStore(tmp_path).all()] == ["after"]
