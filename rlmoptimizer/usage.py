@@ -85,21 +85,30 @@ def _cached_tokens(usage: dict[str, Any]) -> int:
     return cached or _int(usage.get("cache_read_input_tokens"))
 
 
+_LITELLM_IMPORT = threading.Lock()
+
+
 def import_litellm() -> Any:
     """``litellm``, imported. Its first import takes seconds; one stopped midway (a Ctrl-C, as a compile starts)
     leaves half-made ``litellm.*`` modules behind, and every later ``import litellm`` in the process then fails on
     them (``partially initialized module 'litellm'``), dspy's own LM calls included. So the modules an import that
     did not finish added are taken out again, and the next import starts clean."""
-    if "litellm" in sys.modules:
-        return sys.modules["litellm"]
-    before = {name for name in sys.modules if name == "litellm" or name.startswith("litellm.")}
-    try:
-        import litellm
-    except BaseException:
-        for name in [n for n in sys.modules if (n == "litellm" or n.startswith("litellm.")) and n not in before]:
-            sys.modules.pop(name, None)
-        raise
-    return litellm
+    module = sys.modules.get("litellm")
+    if module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False):
+        return module  # (one still being imported by another thread is waited for by the import below)
+    with _LITELLM_IMPORT:
+        started = "litellm" not in sys.modules  # this import makes it (not one another thread started)
+        before = {name for name in sys.modules if name == "litellm" or name.startswith("litellm.")}
+        try:
+            import litellm
+        except BaseException:
+            if started:
+                for name in [
+                    n for n in sys.modules if (n == "litellm" or n.startswith("litellm.")) and n not in before
+                ]:
+                    sys.modules.pop(name, None)
+            raise
+        return litellm
 
 
 @lru_cache(maxsize=256)

@@ -293,3 +293,25 @@ def test_an_import_of_litellm_stopped_midway_leaves_nothing_half_made(tmp_path):
     )
     shown = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert shown.stdout.split("\n")[:2] == ["stopped 0", "again True True"], shown.stderr[-2000:]
+
+
+def test_litellm_imported_by_several_threads_at_once_is_whole_for_each(tmp_path):
+    """Regression: a thread that found litellm in sys.modules while another was still importing it got a half-made
+    module, and the price of its model was cached as unknown for the rest of the process."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "threads.py"
+    script.write_text(
+        "import threading\n"
+        "from rlmoptimizer.usage import import_litellm, price_of_call\n"
+        "got = []\n"
+        "def price():\n"
+        "    got.append((hasattr(import_litellm(), 'cost_per_token'), price_of_call('openai/gpt-4o-mini', 1000, 10)))\n"
+        "threads = [threading.Thread(target=price) for _ in range(8)]\n"
+        "[t.start() for t in threads]\n"
+        "[t.join() for t in threads]\n"
+        "print(all(whole and cost is not None and cost > 0 for whole, cost in got), len(got))\n"
+    )
+    shown = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert shown.stdout.strip() == "True 8", shown.stdout + shown.stderr[-2000:]

@@ -480,8 +480,12 @@ class Runs:
             elif pending is not None:
                 pending.discard()
             raise reason from reason.__cause__
-        except BaseException:  # (a Ctrl-C landing as the examples completed, say): the paid records stay pending,
-            if pending is not None:  # for a resume to take and charge as after a killed process
+        except Exception:  # the compile goes on (an agent's tool call failed): the log is not a resume's to charge
+            if pending is not None:
+                pending.discard()
+            raise
+        except BaseException:  # a Ctrl-C landing as the examples completed, say: it ends the process, and the paid
+            if pending is not None:  # records stay pending, for a resume to take and charge as after a kill
                 pending.close()
             raise
         if reused:

@@ -123,7 +123,8 @@ class Adapter:
         self._score_bound = score_bound
         self.unevaluated: list[dict[str, str]] = []  # proposals the budget stopped before their evaluation
         self._children: dict[tuple, list[dict[str, str]]] = {}  # minibatch -> parents of the children to score
-        self.children: list[tuple[dict[str, str], dict[str, str], list[int]]] = []  # (parent, child, minibatch ids)
+        # children scored on their minibatch, kept by gepa or not: (parent, child, minibatch ids)
+        self.children: list[tuple[dict[str, str], dict[str, str], list[int]]] = []
         self.cut_short = 0  # children stopped once they could not beat their parent
         self.not_run = 0  # the examples those children were not run on
 
@@ -149,9 +150,9 @@ class Adapter:
         instructions = self.instructions(candidate)
         parents = self._children.get(tuple(batch))
         parent = self.instructions(parents.pop(0)) if parents else None
-        if parent is not None and parent != instructions:
-            self.children.append((parent, instructions, sorted(set(ids))))
-        bound = self._score_bound() if parent is not None and parent != instructions else None
+        child = parent is not None and parent != instructions
+        bound = self._score_bound() if child else None
+        scored = None
         if parent is not None and bound is not None:
             before = self._runs.stored(parent, split, ids)
             unique = list(dict.fromkeys(ids))
@@ -160,9 +161,13 @@ class Adapter:
             # with its parent's scores at hand, and its whole minibatch paid for if it has to run whole (else the
             # run stops before paying anything, as it would have)
             if len(before) == len(unique) and self._budget.covers(cost, kind):
-                return self._evaluate_child(split, ids, instructions, before, bound, capture_traces)
-        records, charged = self._run(split, ids, instructions)
-        return evaluation_batch([records[i] for i in ids], capture_traces, charged)
+                scored = self._evaluate_child(split, ids, instructions, before, bound, capture_traces)
+        if scored is None:
+            records, charged = self._run(split, ids, instructions)
+            scored = evaluation_batch([records[i] for i in ids], capture_traces, charged)
+        if child:  # scored on its minibatch (a child whose evaluation stopped is not one gepa could keep or reject)
+            self.children.append((parent, instructions, sorted(set(ids))))
+        return scored
 
     def _evaluate_child(
         self,

@@ -198,7 +198,7 @@ _WORKER_CACHE_JS = (
 _WORKER_SAYS = """(async () => {
   const m = await import("node:worker_threads");
   const w = new m.Worker(globalThis.rlmoptimizer_probe, { eval: true });
-  const said = await new Promise((done) => w.on("message", done));
+  const said = await new Promise((done) => { w.on("message", done); w.on("error", (e) => done("refused: " + e)); });
   await w.terminate();
   return said;
 })()"""
@@ -287,13 +287,16 @@ def isolation_probes(sandbox: Sandbox) -> list[Probe]:
                     "import js\nreturn js.eval(\"localStorage.setItem('rlmoptimizer-check', 'x')\")",
                     lambda out: True,
                 ),
-                ("keep data on the host disk (a worker thread's Cache API)", _WORKER_CACHE, lambda out: True),
                 (
                     "start a process",
                     "import js\nreturn js.eval(\"new Deno.Command('true').outputSync().code\")",
                     lambda out: True,
                 ),
             ]
+            if sandbox.own_deno_dir is not None:  # (else it would write to your Deno cache: a protection that is off)
+                cases.insert(
+                    -1, ("keep data on the host disk (a worker thread's Cache API)", _WORKER_CACHE, lambda out: True)
+                )
             for name, code, host_clean in cases:
                 outcome = _attempt(sandbox, code)
                 passed = outcome.startswith("refused") and host_clean(outcome)
@@ -332,6 +335,15 @@ def platform_protections(sandbox: Sandbox) -> list[Protection]:
             if data_limit is not None
             else f"off on {sys.platform}: it needs Linux (prlimit and /proc); only the Pyodide memory cap bounds "
             "the process, so JavaScript buffers made from Python can grow without bound",
+        ),
+        Protection(
+            "a Deno cache directory of its own",
+            sandbox.own_deno_dir is not None,
+            "nothing a cell stores reaches your disk or a later sandbox (a worker thread's Cache API has no room to "
+            "write)"
+            if sandbox.own_deno_dir is not None
+            else "off: symbolic links cannot be made here, so the sandbox uses your Deno cache, where a worker thread's "
+            "Cache API can keep data between runs",
         ),
         Protection(
             "idle-CPU watch",

@@ -159,6 +159,13 @@ class Sandbox:
         return list(self._deno_command)
 
     @property
+    def own_deno_dir(self) -> str | None:
+        """The Deno cache directory of this sandbox's own (:func:`deno.own_deno_dir`), or None when it uses the
+        shared one (symbolic links cannot be made here)."""
+        _ = self.deno_command  # (made with the command)
+        return self._deno_dir
+
+    @property
     def process_id(self) -> int | None:
         """The Deno process id, or None when no process runs."""
         process = self._interp.deno_process if self._interp is not None else None

@@ -47,11 +47,17 @@ class NotesStore:
                     for n in data.get("notes", [])
                 ]
             except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:  # notes cost nothing: go on
+                kept = self.path.with_name(self.path.name + ".damaged")
+                try:
+                    self.path.replace(kept)  # (the next note would write over it)
+                except OSError:
+                    kept = self.path
                 logger.warning(
-                    "%s cannot be read (%s: %s): the agent's notes of this run are lost; the run goes on without them.",
+                    "%s cannot be read (%s: %s): the run goes on without the agent's notes; the file is kept as %s.",
                     self.path,
                     type(exc).__name__,
                     exc,
+                    kept,
                 )
                 self._notes = []
 

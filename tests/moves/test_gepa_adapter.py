@@ -90,6 +90,7 @@ def test_a_child_runs_where_its_parent_failed_first_and_only_as_far_as_it_can_st
     ran = sum(len(ids) for _, ids in program.runs)
     assert after.num_metric_calls + before.num_metric_calls == ran == budget.spent
     assert adapter.cut_short == (1 if len(child_runs) == 1 and len(child_runs[0]) < 3 else 0)
+    assert adapter.children == [(PARENT, CHILD, [0, 1, 2])]  # scored on its minibatch: its lineage is known
 
 
 def test_an_example_drawn_twice_in_a_minibatch_runs_once_and_counts_twice_in_the_sums():
@@ -138,6 +139,7 @@ def test_a_child_whose_minibatch_the_slice_cannot_pay_whole_pays_nothing():
 
     # not its first wave either: a child that might win is never paid for in part and then left unjudged
     assert [text for text, _ in program.runs] == [PARENT["route"]] and budget.spent == 3
+    assert adapter.children == []  # never scored: not a child gepa kept or rejected
 
 
 def test_an_announcement_is_for_its_own_iteration_only():

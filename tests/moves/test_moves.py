@@ -672,3 +672,28 @@ def test_rollouts_reach_steps_that_have_their_own_lm(tmp_path):
     assert [e["rollout_scores"] for e in view["examples"]] == [[1.0, 1.0], [0.0, 1.0]]
     assert all(p.lm is own for _, p in world.program.named_predictors())  # the program keeps its own LMs
     assert get_instructions(world.program)["generate.predict"] == "FLAKY"
+
+
+@pytest.mark.parametrize("raised", [RuntimeError, KeyboardInterrupt])
+def test_paid_records_stay_pending_only_when_an_interrupt_ends_the_process(tmp_path, monkeypatch, raised):
+    """A Ctrl-C landing after an evaluation's examples completed (outside its own interrupt handling) leaves their
+    paid records pending, for the resume to take; an ordinary error there does not end the compile (an agent's tool
+    call failed), and the ledger written after it counts them already: a log left then would be charged twice."""
+    import concurrent.futures
+
+    from rlmoptimizer.evaluation import evaluator
+
+    world = World(tmp_path)
+
+    class Pool(concurrent.futures.ThreadPoolExecutor):
+        def shutdown(self, wait=True, *, cancel_futures=False):
+            super().shutdown(wait=wait, cancel_futures=cancel_futures)
+            raise raised("after the examples completed")
+
+    monkeypatch.setattr(evaluator, "ThreadPoolExecutor", Pool)
+    with pytest.raises(raised):
+        world.runs.evaluate(world.program, "val", label="agent")
+    left = list(world.runs.store.layout.pending_logs())
+    assert len(left) == (1 if raised is KeyboardInterrupt else 0)
+    if left:
+        assert len(left[0].read_text().splitlines()) == 1 + 4  # its header and the 4 paid records

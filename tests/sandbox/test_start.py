@@ -340,3 +340,20 @@ def test_each_sandbox_has_a_deno_directory_of_its_own_that_shares_only_the_packa
     assert own_deno_dir(command, str(tmp_path / "other")) is None
     assert not (tmp_path / "other" / "deno").exists()
     assert "shared cache" in caplog.text and "symbolic links are not allowed" in caplog.text
+
+
+def test_without_a_deno_directory_of_its_own_the_self_check_says_so_and_stores_nothing(monkeypatch):
+    """Where symbolic links cannot be made, the sandbox uses the shared Deno cache: the self-check reports that
+    protection off instead of running the Cache API probe, which would write into that cache."""
+    from rlmoptimizer.sandbox import deno
+
+    monkeypatch.setattr(deno, "own_deno_dir", lambda command, into: None)
+    report = run_check(Sandbox)
+    assert report.ok, report.render()
+    own = next(p for p in report.protections if p.name == "a Deno cache directory of its own")
+    assert not own.active and "symbolic links cannot be made" in own.detail
+    assert not any("Cache API" in probe.name for probe in report.probes)
+    monkeypatch.undo()
+    report = run_check(Sandbox)
+    assert any("Cache API" in probe.name and probe.passed for probe in report.probes)
+    assert next(p for p in report.protections if p.name == "a Deno cache directory of its own").active

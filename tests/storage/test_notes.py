@@ -68,5 +68,6 @@ def test_a_damaged_notes_file_is_warned_about_and_the_run_goes_on_without_its_no
     with caplog.at_level(logging.WARNING):
         notes = NotesStore(tmp_path)
     assert notes.all() == [] and str(path) in caplog.text and "cannot be read" in caplog.text
+    assert (tmp_path / "notes.json.damaged").read_text(encoding="utf-8") == damage  # kept, for a look or a repair
     notes.add("after")
     assert [n["text"] for n in NotesStore(tmp_path).all()] == ["after"]
