@@ -89,6 +89,7 @@ def test_the_self_check_names_the_protections_of_this_platform():
         "time limit per cell": True,
         "Pyodide memory cap": True,
         "process memory cap": True,
+        "a Deno cache directory of its own": True,
         "idle-CPU watch": True,
     }
     assert "protections on this platform (linux):" in report.render()
@@ -106,6 +107,7 @@ def test_the_self_check_says_which_protections_a_platform_without_proc_lacks(mon
         "time limit per cell": True,
         "Pyodide memory cap": True,
         "process memory cap": False,
+        "a Deno cache directory of its own": True,  # (symbolic links: every platform but Windows without the right)
         "idle-CPU watch": False,
     }
     text = report.render()
