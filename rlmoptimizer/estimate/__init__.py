@@ -123,9 +123,8 @@ class CostEstimation:
             raise ConfigurationError("sample= runs the metric too: pass metric= here or to RLMDocstringOptimizer(...)")
         scorer = Metric(metric) if metric is not None else None
         eval_lm = resolve_eval_lm(getattr(self, "eval_lm", None), student)
-        sized = getattr(
-            self, "_sized", None
-        )  # auto= / max_full_evals= sized on this program and data, as compile() does
+        # auto= / max_full_evals= sized on this program and data, as compile() sizes them
+        sized = getattr(self, "_sized", None)
         config = sized(len(student.named_predictors()), len(trainset), len(valset)) if sized else self
         try:
             return estimate_cost(
