@@ -344,7 +344,8 @@ def tls_trust(environ: dict[str, str] | None = None) -> TlsTrust:
 
 def deno_environment(source: dict[str, str] | None = None, deno_dir: str | None = None) -> dict[str, str]:
     """The environment the Deno process starts with: a short allow-list of ``source`` (``os.environ``) plus
-    :func:`tls_trust`'s variables, with ``DENO_DIR`` set to ``deno_dir`` when one is given (:func:`own_deno_dir`)."""
+    :func:`tls_trust`'s variables, with ``DENO_DIR`` set to ``deno_dir`` when one is given (:func:`own_deno_dir`),
+    else yours made absolute (Deno is started in another directory: a relative one would name another cache)."""
     source = dict(os.environ) if source is None else source
     env = {
         key: value
@@ -357,4 +358,6 @@ def deno_environment(source: dict[str, str] | None = None, deno_dir: str | None 
     env["DENO_NO_UPDATE_CHECK"] = "1"  # no request to dl.deno.land at each start
     if deno_dir:
         env["DENO_DIR"] = deno_dir
+    elif env.get("DENO_DIR"):  # yours, relative to this process's directory, not to where Deno is started
+        env["DENO_DIR"] = os.path.abspath(os.path.expanduser(env["DENO_DIR"]))
     return env

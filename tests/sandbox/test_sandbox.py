@@ -501,6 +501,13 @@ def test_deno_gets_only_the_environment_it_needs():
     assert env["DENO_NO_PACKAGE_JSON"] == "1"
 
 
+def test_a_relative_deno_dir_names_the_same_cache_wherever_deno_starts(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert _deno_environment({"DENO_DIR": "cache"})["DENO_DIR"] == str(tmp_path / "cache")
+    assert _deno_environment({"DENO_DIR": "~/deno", "HOME": "/home/u"})["DENO_DIR"].endswith("/deno")
+    assert not _deno_environment({"DENO_DIR": "~/deno"})["DENO_DIR"].startswith("~")
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
