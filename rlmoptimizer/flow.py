@@ -178,7 +178,15 @@ class Compile:
         )
         self.read_back = self.resume.finished  # a finished compile: read back, nothing runs
         self.usage = UsageMeter(max_cost_usd=config.max_cost_usd)
-        self.usage.restore(self.journal.read_usage() if self.resume.resumed else None)
+        self.usage.restore(self.journal.read_usage() if self.resume.resumed else None, finished=self.read_back)
+        if self.read_back and self.usage.max_cost_usd != config.max_cost_usd:
+            logger.warning(
+                "%s holds a finished run, made with max_cost_usd=%s: it is returned as it ended, and a different "
+                "max_cost_usd (%s) does not reopen it. To spend more, compile with a new run_storage_dir.",
+                self.directory,
+                self.usage.max_cost_usd,
+                config.max_cost_usd,
+            )
         gate = self.usage.gate() if config.max_cost_usd is not None else None  # the spending cap on reservations
         stored = self.resume.ledger_for(self.budget_limit, config.max_metric_calls, self.store.all())
         self.ledger = (

@@ -294,9 +294,10 @@ class UsageMeter:
                 out["cap_reached"] = self._cap_reached_at is not None
         return out
 
-    def restore(self, snapshot: dict[str, Any] | None) -> None:
+    def restore(self, snapshot: dict[str, Any] | None, finished: bool = False) -> None:
         """Continue counting from a stored :meth:`snapshot` (a resumed run); a cap it reached stays reached at the
-        same ``max_cost_usd``, and a ``max_cost_usd`` lowered to what was already spent is reached at once."""
+        same ``max_cost_usd``, and a ``max_cost_usd`` lowered to what was already spent is reached at once.
+        ``finished``: a finished run read back, which is shown with the cap it ran with, reached or not."""
         if not snapshot:
             return
         with self._lock:
@@ -305,6 +306,10 @@ class UsageMeter:
                     self._roles[role].load(snapshot[role])
                     self._roles[role].units = _int(snapshot.get(f"{role}_units"))
             spent = sum((t.usd for t in self._roles.values()), Decimal(0))
+            if finished:  # nothing more is spent: the cap is the one it ran with, as it ended
+                self.max_cost_usd = snapshot.get("max_cost_usd")
+                self._cap_reached_at = {"role": None, "spent_usd": float(spent)} if snapshot.get("cap_reached") else None
+                return
             same_cap = snapshot.get("cap_reached") and snapshot.get("max_cost_usd") == self.max_cost_usd
             lowered = self.max_cost_usd is not None and spent >= Decimal(repr(float(self.max_cost_usd)))
             if same_cap or lowered:  # (a raised cap above what was spent: go on)

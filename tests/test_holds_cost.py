@@ -30,7 +30,7 @@ def priced_task_lm() -> FunctionLM:
     )
 
 
-def test_a_submission_the_cap_cut_short_on_validation_is_not_returned_and_the_reason_names_the_cap(tmp_path):
+def test_a_submission_the_cap_cut_short_on_validation_is_not_returned_and_the_reason_names_the_cap(tmp_path, caplog):
     trainset, valset = make_splits()
     valset = valset[:4]  # the unchanged program passes 2 of them; the policy passes all, the first 2 included
     baseline_cost = 2 * PER_CALL * (len(trainset) + len(valset))  # two predictor calls per example
@@ -67,8 +67,12 @@ def test_a_submission_the_cap_cut_short_on_validation_is_not_returned_and_the_re
     again = compile_with(task)
     assert again.selection == selection and not task.calls
     # and so with a raised cap (a finished run is read back, never continued): the same program, nothing paid
-    raised = compile_with(task, cap=baseline_cost * 10)
+    with caplog.at_level("WARNING", logger="rlmoptimizer"):
+        raised = compile_with(task, cap=baseline_cost * 10)
     assert raised.optimized_dspy_program == optimized.optimized_dspy_program and not task.calls
+    # shown as it ended: the cap it ran with was reached (not "not reached" under the new cap), and the user is told
+    assert raised.selection == selection and raised.usage["max_cost_usd"] == optimized.usage["max_cost_usd"]
+    assert "does not reopen it" in caplog.text and "new run_storage_dir" in caplog.text
 
 
 def test_a_tiny_cap_is_shown_with_its_digits(tmp_path):
