@@ -159,7 +159,7 @@ def test_the_trajectory_reads_turn_by_turn_and_stays_a_plain_list(finished):
     assert "(submitted)" in html
     long = Trajectory([{"iteration": 1, "reasoning": "r", "code": "x = 1\n" * 500, "output": "y" * 20_000}])
     assert len(long._repr_html_()) < 2_000  # a short form per turn, not a wall of text
-    assert long.show(0).__repr__().count("x = 1") == 500  # show(i) gives the whole turn
+    assert long.show(1).__repr__().count("x = 1") == 500  # show(i) gives the whole turn
     console = Console(record=True, width=120)
     console.print(trajectory)
     console.print(trajectory.show(-1))
@@ -382,10 +382,14 @@ def test_a_turn_the_default_loop_took_actions_in_says_so_in_the_table_and_in_ful
     rows = trajectory.summary_rows()
     assert rows[0]["turn"] == "1 (+ the default loop: 1 action(s))"
     assert rows[1]["turn"] == "2 (+ the default loop: 2 action(s)) (final: the default loop's submission)"
-    shown = repr(trajectory.show(0))
-    assert "--- the default loop's actions ---\nrun_gepa(budget=68)" in shown
+    shown = repr(trajectory.show(1))  # the turn the table numbers 1
+    assert shown.startswith("turn 1") and "--- the default loop's actions ---\nrun_gepa(budget=68)" in shown
+    assert repr(trajectory.show()).startswith("turn 2") and repr(trajectory.show(-2)).startswith("turn 1")
+    for missing in (0, 3, -3):
+        with pytest.raises(IndexError, match=f"no turn {missing}: this trajectory has turns 1 to 2"):
+            trajectory.show(missing)
     console = Console(record=True, width=120)
-    console.print(trajectory.show(1))
+    console.print(trajectory.show(2))
     text = console.export_text()
     assert "the default loop's actions" in text and "analyze_failures()" in text
     assert "(submitted)" in Trajectory([{**turns[0], "final": True, "pilot": []}]).summary_rows()[0]["turn"]

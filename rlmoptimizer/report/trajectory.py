@@ -1,7 +1,7 @@
 """``optimized.agent_trajectory``: still the plain list of turn dicts (JSON as it is), shown turn by turn.
 
 In a notebook the list renders as a table, one short row per turn (what the agent meant, the first lines of its
-code, the first lines of the output); ``trajectory.show(i)`` renders one turn in full. ``rich.print(trajectory)``
+code, the first lines of the output); ``trajectory.show(i)`` renders turn ``i`` (as the table numbers it) in full. ``rich.print(trajectory)``
 gives the same table in a terminal.
 """
 
@@ -94,9 +94,21 @@ class Trajectory(list):
             table.add_row(row["turn"], row["reasoning"], row["code"], row["output"])
         return table
 
-    def show(self, index: int = -1) -> TurnView:
-        """One turn in full (the last by default), rendered in a notebook or by rich."""
-        return TurnView(self[index])
+    def show(self, turn: int = -1) -> TurnView:
+        """Turn ``turn`` in full, as the table numbers it (``show(1)`` is the first turn; negative numbers count from
+        the end, ``show()`` is the last), rendered in a notebook or by rich."""
+        if isinstance(turn, bool) or not isinstance(turn, int):
+            raise TypeError(f"show() takes a turn number as the table shows it, got {turn!r}")
+        if turn < 0 and -turn <= len(self):
+            return TurnView(self[turn])
+        numbered = {
+            str(entry.get("iteration", index + 1)) if isinstance(entry, dict) else str(index + 1): entry
+            for index, entry in enumerate(self)
+        }
+        if turn > 0 and str(turn) in numbered:
+            return TurnView(numbered[str(turn)])
+        shown = f"turns 1 to {len(self)}" if len(self) > 1 else ("turn 1" if self else "no turn")
+        raise IndexError(f"no turn {turn}: this trajectory has {shown} (show(-1) is the last)")
 
 
 class TurnView:
