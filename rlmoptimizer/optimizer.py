@@ -73,7 +73,8 @@ class RLMDocstringOptimizer(CostEstimation, Teleprompter):
             len(valset)`` units, the baselines free. 5 when no budget is given (one of the four at most).
         max_metric_calls: Instead of ``max_iterations``, the budget in metric calls as ``dspy.GEPA`` counts
             them: every run of the program on one example, the baselines and the submission's validation check
-            included. Refused when it does not cover the baseline on validation (on train without a valset).
+            included. Refused below twice the validation set (the train set without one): the unchanged program's
+            check and one candidate's.
         auto: ``"light"``, ``"medium"`` or ``"heavy"``: ``max_metric_calls`` sized in ``compile()`` as
             ``dspy.GEPA`` sizes it, from the number of steps and the validation set's size (the train set's without one).
         max_full_evals: ``max_metric_calls`` of that many evaluations of the train and validation sets together, as
@@ -94,9 +95,11 @@ class RLMDocstringOptimizer(CostEstimation, Teleprompter):
             train example the program got right (the default loop proposes them once, after GEPA), from 0 to 16; 0
             switches demos off, so only instructions change. Demos the program already has are kept unless a
             winner replaces them.
-        num_threads: Threads for evaluating examples; None takes ``dspy.settings.num_threads``.
+        num_threads: Threads for evaluating examples; None takes ``dspy.settings.num_threads`` as it is when the
+            optimizer is made.
         rlm_max_iterations: Agent turns before the agent must answer.
-        rlm_max_llm_calls: Cap on sub-LM calls in one run, on top of the budget (0: none).
+        rlm_max_llm_calls: Cap on the agent's own ``llm_query`` / ``llm_query_batched`` prompts in one run, on top
+            of the budget (proposals, GEPA's reflections and analyses are not counted here); 0 allows none.
         rlm_max_output_chars: REPL output shown to the agent per turn, in characters (at least 100).
         root_stateful_session: With a ``root_lm`` on the OpenAI Responses API, each turn continues the
             previous response (``previous_response_id``) and sends only the new part; other LMs run statelessly.
@@ -104,8 +107,9 @@ class RLMDocstringOptimizer(CostEstimation, Teleprompter):
             (the output) messages instead of one message.
         sandbox_timeout_s: Seconds of sandbox time one code cell may use (time spent in tools does not count);
             more than 0 and at most 86400 (one day).
-        root_context_window: The root LM's input window in tokens (at least 4000). None takes it from
-            litellm's model information, or 32,000 for a model litellm does not know.
+        root_context_window: The root LM's input window in tokens; one too small for the agent's fixed prompt
+            (about 4,800 tokens for the smallest program) is refused, naming the smallest that works. None takes it
+            from litellm's model information, or 32,000 for a model litellm does not know.
         rlm_autopilot: Who runs the default loop (GEPA first, its best adopted and checked, targeted rounds,
             SUBMIT; the agent takes its next phase with the ``next_phase()`` tool). ``"assist"`` (the default):
             after a turn without progress (nothing spent or evaluated, no candidate, no note, no prompt change)
