@@ -308,7 +308,9 @@ class UsageMeter:
             spent = sum((t.usd for t in self._roles.values()), Decimal(0))
             if finished:  # nothing more is spent: the cap is the one it ran with, as it ended
                 self.max_cost_usd = snapshot.get("max_cost_usd")
-                self._cap_reached_at = {"role": None, "spent_usd": float(spent)} if snapshot.get("cap_reached") else None
+                self._cap_reached_at = (
+                    {"role": None, "spent_usd": float(spent)} if snapshot.get("cap_reached") else None
+                )
                 return
             same_cap = snapshot.get("cap_reached") and snapshot.get("max_cost_usd") == self.max_cost_usd
             lowered = self.max_cost_usd is not None and spent >= Decimal(repr(float(self.max_cost_usd)))

@@ -48,9 +48,12 @@ def test_limits_stated_in_words_hold():
     assert RLMDocstringOptimizer(root_lm=_lm(), sandbox_timeout_s=86400).sandbox_timeout_s == 86400
     with pytest.raises(ConfigurationError):
         RLMDocstringOptimizer(root_lm=_lm(), sandbox_timeout_s=86401)
-    assert "at least 4000" in documented["root_context_window"]
-    with pytest.raises(ConfigurationError):
-        RLMDocstringOptimizer(root_lm=_lm(), root_context_window=3999)
+    assert "about 4,800 tokens" in documented["root_context_window"]
+    with pytest.raises(ConfigurationError, match=r"Pass root_context_window=(\d+) \(or more\)") as refused:
+        RLMDocstringOptimizer(root_lm=_lm(), root_context_window=4000)
+    smallest = int(re.search(r"Pass root_context_window=(\d+)", str(refused.value)).group(1))
+    assert abs(smallest - 4800) < 600  # "about 4,800" stays true
+    assert RLMDocstringOptimizer(root_lm=_lm(), root_context_window=smallest).root_context_window == smallest
     assert "at least 100" in documented["rlm_max_output_chars"]
     with pytest.raises(ConfigurationError):
         RLMDocstringOptimizer(root_lm=_lm(), rlm_max_output_chars=99)
