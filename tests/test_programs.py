@@ -15,7 +15,7 @@ import dspy
 import pytest
 from support.fakes import FunctionLM, ScriptedLM, last_user_text, scripted_agent
 from support.metrics import Judge, weighted
-from support.optimizing import FIX_AND_SUBMIT, compile_tickets, optimizer
+from support.optimizing import FIX_AND_SUBMIT, compile_tickets, optimizer, proposer
 from support.processes import run_script
 from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
 
@@ -511,3 +511,27 @@ def test_a_step_no_train_example_reaches_is_named_when_the_compile_ends(tmp_path
         ).compile(Triage(), trainset=train, valset=val)
     warned = [r.getMessage() for r in caplog.records if "ran on none of the" in r.getMessage()]
     assert len(warned) == 1 and "Step(s) ['tech'] ran on none of the 6 train example(s)" in warned[0]
+
+
+class MemoRoute(RouteTicket):
+    """Keeps every answer on itself and gives it back when the ticket comes again, as a program with a cache does."""
+
+    def __init__(self):
+        super().__init__()
+        self.memo = {}
+
+    def forward(self, ticket):
+        if ticket not in self.memo:
+            self.memo[ticket] = super().forward(ticket)
+        return self.memo[ticket]
+
+
+def test_what_a_program_keeps_on_itself_never_carries_from_one_candidates_evaluation_to_another():
+    """Regression: every candidate was evaluated on one shared working program, so a program that caches its answers
+    gave each candidate the first evaluation's answers: every proposal scored as the unchanged program and nothing
+    was adopted (dspy.GEPA, which builds a program per candidate, found the fix)."""
+    student = MemoRoute()
+    result = compile_tickets([], rlm_autopilot="loop", sub_lm=proposer(), student=student)
+    assert result.selection["chosen_label"] != "baseline"
+    assert result.selection["chosen_score"] > result.selection["baseline_score"]
+    assert student.memo == {}  # the caller's program never ran

@@ -7,7 +7,6 @@ agent wing's own ``stop``.
 from __future__ import annotations
 
 import threading
-from contextlib import nullcontext
 from typing import Any
 
 import dspy
@@ -30,6 +29,7 @@ from rlmoptimizer.fingerprint import (
     apply_instructions,
     canonical_json,
     check_structure,
+    copy_program,
     demos_step,
     get_instructions,
     instructions_for_now,
@@ -179,18 +179,19 @@ class WorkingProgram:
         rollout: int = 0,
         reservation: Reservation | None = None,
     ) -> EvalRun:
-        """Evaluate the working program, or the working program with ``instructions`` applied for this evaluation
-        only (no copy: a program may hold things that cannot be copied; its signatures are restored afterwards,
-        so the current prompts do not change). A systemic failure (the evaluation LM is unusable, the metric is
-        broken) propagates and also requests a stop, so the agent loop ends after its current turn."""
-        # a candidate's map is a whole program's (the current one's with its changes merged in)
-        trial = (
-            instructions_for_now(self.program, instructions, whole=True) if instructions is not None else nullcontext()
-        )
-        with self._lock, trial:
+        """Evaluate a fresh copy of the working program, with ``instructions`` applied to it when given (the current
+        prompts do not change). Each evaluation has its own copy, as ``dspy.GEPA`` builds one per candidate: what a
+        program's ``forward`` keeps on itself (a cache of answers, a counter) never carries from one candidate's
+        evaluation into another's; what cannot be copied is shared, as dspy's ``Module.deepcopy()`` shares it. A
+        systemic failure (the evaluation LM is unusable, the metric is broken) propagates and also requests a stop,
+        so the agent loop ends after its current turn."""
+        with self._lock:
+            program = copy_program(self.program)
+            if instructions is not None:  # a candidate's map is a whole program's (the current one's, changes merged)
+                apply_instructions(program, instructions, whole=True)
             try:
                 return self.runs.evaluate(
-                    self.program, split, label=label, charged=charged, ids=ids, rollout=rollout, reservation=reservation
+                    program, split, label=label, charged=charged, ids=ids, rollout=rollout, reservation=reservation
                 )
             except (EvaluationLMError, MetricError, ProgramError) as exc:
                 self.stop.request(exc)
