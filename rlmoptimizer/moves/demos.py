@@ -3,8 +3,9 @@ each step produced on train examples the program got right (MIPROv2's bootstrapp
 successes), compared and adopted like any candidate.
 
 Where demos come from: the first-rollout train records of the current instructions (or of one train run), the
-examples that passed; a step's demo is that step's own call on the example (its last call, as the reflective
-dataset takes it), so an inner step of a pipeline gets the inputs it really saw. Validation records are never
+examples that passed; a step's demo is that step's own call on the example, so an inner step of a pipeline gets
+the inputs it really saw (a step called several times on one example, as ReAct's is, gives its demos calls spread
+over its positions: the first demo its first call, the last its last). Validation records are never
 read: only train records hold traces the moves can see.
 
 Which ones: :func:`choose_demos`, a policy in code. It covers the labels the current instructions fail most
@@ -149,13 +150,21 @@ class DemoMoves(MoveContext):
 
     @classmethod
     def _demos(cls, by_id: dict[int, ExampleResult], ids: list[int], step: str) -> list[dict[str, Any]]:
-        """The demos of ``step`` from the train records ``ids``: the inputs and outputs of its call."""
-        return [{**cls._call(by_id[i], step).inputs, **cls._call(by_id[i], step).outputs} for i in ids]
+        """The demos of ``step`` from the train records ``ids``: the inputs and outputs of one of its calls. A step
+        called several times on one example (ReAct's loop, a step asked again) gives calls spread over its
+        positions, the first demo its first call and the last its last, so that the demos show each kind of call
+        (only last calls would show ReAct only finishing), as ``dspy.BootstrapFewShot`` mixes earlier calls in."""
+        demos = []
+        for position, i in enumerate(ids):
+            call = cls._call(by_id[i], step, position / (len(ids) - 1) if len(ids) > 1 else 1.0)
+            demos.append({**call.inputs, **call.outputs})
+        return demos
 
     @staticmethod
-    def _call(record: ExampleResult, step: str) -> Any:
+    def _call(record: ExampleResult, step: str, where: float = 1.0) -> Any:
+        """The call of ``step`` at ``where`` (0: its first on this example, 1: its last), None when it did not run."""
         calls = [s for s in record.steps if s.step_name == step]
-        return calls[-1] if calls else None
+        return calls[round(where * (len(calls) - 1))] if calls else None
 
     def _demo_source(self, run_id: Any) -> tuple[str, dict[int, ExampleResult]]:
         if run_id is not None:
