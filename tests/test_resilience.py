@@ -206,6 +206,23 @@ def test_an_unusable_sub_lm_stops_the_run_naming_it_and_a_resume_with_a_working_
     assert resumed.route.signature.instructions == POLICY_PROMPT
 
 
+def test_a_sub_lm_that_is_down_stops_the_run_resumable_instead_of_ending_it_unchanged(tmp_path):
+    """Regression: a sub LM answering 500 after its retries stopped GEPA, the loop tried GEPA once more and then
+    ended early, returning the unchanged program as a finished run: compiling again read it back, and the sub LM's
+    recovery changed nothing. A bad key stopped the run resumably; an outage did not."""
+    from support.optimizing import proposer
+
+    down = FunctionLM(lambda messages: dspy.LMServerError("500 Internal Server Error", model="gpt-4o", status=500))
+    loop = {"rlm_autopilot": "loop", "max_metric_calls": 120}
+    with pytest.raises(OptimizationInterrupted, match="the sub LM gave no answer in 2 moves in a row") as stopped:
+        compile_in(tmp_path, None, FunctionLM(task_lm_reply), sub_lm=down, **loop)
+    assert "LMServerError" in str(stopped.value) and "same run_storage_dir" in str(stopped.value)
+    assert not (tmp_path / "result.json").exists()  # not finished: a resume goes on
+
+    resumed = compile_in(tmp_path, None, FunctionLM(task_lm_reply), sub_lm=proposer(POLICY_PROMPT), **loop)
+    assert resumed.route.signature.instructions == POLICY_PROMPT
+
+
 def test_a_turn_cut_off_while_its_code_ran_resumes_with_the_same_reply_unpaid(tmp_path):
     """Regression: the root LM's reply of the turn under way was kept only with the turn, so a Ctrl-C (or a kill)
     while its code ran asked the root LM again on resume: a second charge for that turn (usually the largest

@@ -20,7 +20,7 @@ from typing import Any
 from dspy import Prediction
 
 from rlmoptimizer.errors import OptimizationInterrupted
-from rlmoptimizer.evaluation.lm_failures import SYSTEMIC, classify_lm_failure, failure_summary
+from rlmoptimizer.evaluation.lm_failures import SYSTEMIC, TRANSIENT, classify_lm_failure, failure_summary
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +32,7 @@ class StopRequest:
         self._lock = threading.Lock()
         self._event = threading.Event()
         self.reason: BaseException | None = None
+        self.sub_lm_silent_moves = 0  # moves in a row whose sub LM gave no answer (sub_lm_move_ended)
 
     def request(self, reason: BaseException) -> None:
         with self._lock:
@@ -59,6 +60,36 @@ def stop_if_the_sub_lm_is_unusable(stop: StopRequest, exc: BaseException) -> Non
             OptimizationInterrupted(
                 f"the sub LM is unusable: {failure_summary(failure[1])}. Check its model name, API key, billing and "
                 "network access (sub_lm=..., or root_lm when sub_lm is not given)"
+            )
+        )
+
+
+SILENT_SUB_LM_MOVES = 2
+"""Moves in a row (a GEPA run, a proposal, an analysis) that failed because the sub LM gave no answer even after its
+retries (a 5xx, a timeout, a rate limit), with no answer between them, that stop the compile: the sub LM is down."""
+
+
+def sub_lm_move_ended(stop: StopRequest, exc: BaseException | None, answered: bool) -> None:
+    """A move that asks the sub LM ended: it returned (``exc`` None) or raised ``exc``; ``answered``: the sub LM
+    answered a prompt of it. A sub LM that cannot be used stops the compile at once; one that gave no answer in
+    :data:`SILENT_SUB_LM_MOVES` moves in a row stops it too (resumable, as an unusable one), instead of the run
+    ending early with the unchanged program as if nothing could be improved, and finished, so never resumed."""
+    if exc is not None:
+        stop_if_the_sub_lm_is_unusable(stop, exc)
+    failure = classify_lm_failure(exc) if exc is not None else None
+    with stop._lock:
+        if failure is None or failure[0] != TRANSIENT:
+            stop.sub_lm_silent_moves = 0
+            return
+        stop.sub_lm_silent_moves = 1 if answered else stop.sub_lm_silent_moves + 1
+        silent = stop.sub_lm_silent_moves
+    if silent >= SILENT_SUB_LM_MOVES:
+        stop.request(
+            OptimizationInterrupted(
+                f"the sub LM gave no answer in {silent} moves in a row, even after its retries (last: "
+                f"{failure_summary(failure[1])}): it may be down, overloaded or rate-limiting. Everything paid for is "
+                "kept: once it answers again, compile again with the same run_storage_dir to resume (sub_lm=..., or "
+                "root_lm when sub_lm is not given; a timeout= on the LM bounds a request that hangs)"
             )
         )
 

@@ -34,7 +34,7 @@ from rlmoptimizer.agent.policy import (
 )
 from rlmoptimizer.agent.prompts import BASELINE_TRAIN
 from rlmoptimizer.agent.services import CompileServices
-from rlmoptimizer.agent.stop import stop_if_the_sub_lm_is_unusable
+from rlmoptimizer.agent.stop import sub_lm_move_ended
 from rlmoptimizer.budget import SUB_LM_CALL, Reservation
 from rlmoptimizer.errors import ConfigurationError, StructureChangedError, agent_error
 from rlmoptimizer.events import CandidateAdded, GepaIteration
@@ -57,16 +57,20 @@ __all__ = ["AgentTools", "select_ids"]
 
 
 def _stops_when_the_sub_lm_is_unusable(tool: Callable) -> Callable:
-    """``tool`` (one that asks the sub LM) requesting the compile's stop when the sub LM cannot be used
-    (:func:`~rlmoptimizer.agent.stop.stop_if_the_sub_lm_is_unusable`)."""
+    """``tool`` (one that asks the sub LM) requesting the compile's stop when the sub LM cannot be used, or gave no
+    answer in several such tool calls in a row (:func:`~rlmoptimizer.agent.stop.sub_lm_move_ended`)."""
 
     @functools.wraps(tool)
     def guarded(self: AgentTools, *args: Any, **kwargs: Any) -> Any:
+        before = self.ledger.spent_by_kind.get(SUB_LM_CALL, 0)
         try:
-            return tool(self, *args, **kwargs)
+            result = tool(self, *args, **kwargs)
         except Exception as exc:
-            stop_if_the_sub_lm_is_unusable(self.services.stop, exc)
+            answered = self.ledger.spent_by_kind.get(SUB_LM_CALL, 0) > before  # (an answered prompt is charged)
+            sub_lm_move_ended(self.services.stop, exc, answered)
             raise
+        sub_lm_move_ended(self.services.stop, None, True)
+        return result
 
     return guarded
 
