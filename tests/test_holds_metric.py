@@ -288,6 +288,23 @@ def test_a_pass_threshold_above_a_0_1_metrics_scale_is_warned_about(caplog):
     assert not [r for r in caplog.records if "pass_threshold" in r.getMessage()]
 
 
+def test_a_metric_whose_best_score_is_below_the_pass_threshold_is_warned_about(caplog):
+    """Regression: a metric scoring 0 for right and -1 for wrong, with pass_threshold left at 1, had every example
+    fail without a word: the loop reflected on right answers and could make no demos."""
+
+    def penalty(example, prediction, trace=None):
+        return metric(example, prediction) - 1.0
+
+    with caplog.at_level("WARNING", logger="rlmoptimizer"):
+        compile_tickets([], metric=penalty, rlm_autopilot="loop", max_metric_calls=40)
+    warned = [r.getMessage() for r in caplog.records if "all at most 0" in r.getMessage()]
+    assert len(warned) == 1 and "from -1.0 to 0.0" in warned[0] and "pass pass_threshold=" in warned[0]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rlmoptimizer"):
+        compile_tickets([], metric=penalty, rlm_autopilot="loop", max_metric_calls=40, pass_threshold=0)
+    assert not [r for r in caplog.records if "all at most 0" in r.getMessage()]
+
+
 def five_or_two(example, prediction, trace=None):  # a 0-5 judge: a wrong answer still scores 2
     return 5.0 if metric(example, prediction) else 2.0
 

@@ -20,7 +20,7 @@ from typing import Any
 from dspy import Prediction
 
 from rlmoptimizer.errors import OptimizationInterrupted
-from rlmoptimizer.evaluation.lm_failures import SYSTEMIC, TRANSIENT, classify_lm_failure, failure_summary
+from rlmoptimizer.evaluation.lm_failures import SYSTEMIC, classify_lm_failure, failure_summary, is_outage
 
 logger = logging.getLogger(__name__)
 
@@ -76,9 +76,8 @@ def sub_lm_move_ended(stop: StopRequest, exc: BaseException | None, answered: bo
     ending early with the unchanged program as if nothing could be improved, and finished, so never resumed."""
     if exc is not None:
         stop_if_the_sub_lm_is_unusable(stop, exc)
-    failure = classify_lm_failure(exc) if exc is not None else None
     with stop._lock:
-        if failure is None or failure[0] != TRANSIENT:
+        if exc is None or not is_outage(exc):
             stop.sub_lm_silent_moves = 0
             return
         stop.sub_lm_silent_moves = 1 if answered else stop.sub_lm_silent_moves + 1
@@ -87,7 +86,7 @@ def sub_lm_move_ended(stop: StopRequest, exc: BaseException | None, answered: bo
         stop.request(
             OptimizationInterrupted(
                 f"the sub LM gave no answer in {silent} moves in a row, even after its retries (last: "
-                f"{failure_summary(failure[1])}): it may be down, overloaded or rate-limiting. Everything paid for is "
+                f"{failure_summary(exc)}): it may be down, overloaded or rate-limiting. Everything paid for is "
                 "kept: once it answers again, compile again with the same run_storage_dir to resume (sub_lm=..., or "
                 "root_lm when sub_lm is not given; a timeout= on the LM bounds a request that hangs)"
             )

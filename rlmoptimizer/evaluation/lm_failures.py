@@ -108,6 +108,13 @@ def classify_lm_failure(exc: BaseException) -> tuple[str, BaseException] | None:
     return (TRANSIENT, unexpected) if unexpected is not None else None
 
 
+def is_outage(exc: BaseException) -> bool:
+    """Whether ``exc`` is an LM that gave no answer for a reason of its service (a rate limit, a timeout, a server
+    error after its retries), not an unusable LM and not dspy's catch-all around an error of a custom LM's own code."""
+    failure = classify_lm_failure(exc)
+    return failure is not None and failure[0] == TRANSIENT and _lm_failure_kind(failure[1]) == TRANSIENT
+
+
 def format_error(exc: BaseException) -> str:
     """How an error is stored on a record and shown: ``"TypeName: message"``."""
     return f"{type(exc).__name__}: {exc}"

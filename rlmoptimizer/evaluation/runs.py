@@ -108,6 +108,16 @@ class Runs:
                 "fails otherwise, and the loop reflects on examples the program gets right).",
                 threshold,
             )
+        if scale and scores and max(scores) <= 0 < threshold and len(set(scores)) > 1:
+            logger.warning(
+                "pass_threshold=%r, but the metric's scores on the unchanged program are all at most 0 (from %r to %r): "
+                "if its best score is 0 or below (e.g. 0 right, -1 wrong), pass pass_threshold=<that score>. Every "
+                "example fails otherwise: the loop reflects on examples the program gets right, and no demos can be "
+                "made (they come from passing examples).",
+                threshold,
+                min(scores),
+                max(scores),
+            )
         unparsed = sum(1 for r in records if (r.error or "").startswith("AdapterParseError"))
         if len(records) >= 3 and unparsed == len(records):
             logger.warning(
