@@ -27,7 +27,7 @@ AgentTurn              ``agent.agent.OptimizerAgent`` for each turn, as soon as 
 SubLMAnswered          ``agent.sub_lm`` after each ``llm_query`` / ``llm_query_batched`` it charged, and
                        ``moves.proposal.ask_proposer`` as each sub-LM call of a move (a proposal, a GEPA
                        reflection) is charged
-CandidateAdded         ``agent.tools`` for each candidate a move named (``proposal-N``, ``gepa-N``)
+CandidateAdded         ``agent.tools`` for each candidate a move named (``proposal-N``, ``gepa-N``, ``demos-N``)
 GepaIteration          ``agent.tools`` at the end of each iteration of a ``run_gepa`` run
 =====================  ================================================================================
 
@@ -152,8 +152,8 @@ class CompileFinished(_Snapshot):
 
 @dataclass(frozen=True)
 class CandidateAdded(_Snapshot):
-    """A move named a candidate: ``candidate_id`` (``proposal-N``, ``gepa-N``), its ``instructions`` (the steps it
-    sets) and its ``lineage`` (``parents``, ``move``, and for GEPA's the ``run`` and the train ids
+    """A move named a candidate: ``candidate_id`` (``proposal-N``, ``gepa-N``, ``demos-N``), its ``instructions``
+    (the steps it sets) and its ``lineage`` (``parents``, ``move``, and for GEPA's the ``run`` and the train ids
     ``reflected_on``)."""
 
     candidate_id: str
@@ -178,6 +178,7 @@ Event = (
     | ExampleEvaluated
     | EvaluationFinished
     | PromptUpdated
+    | AgentReplied
     | AgentTurn
     | SubLMAnswered
     | CompileStarted

@@ -412,7 +412,8 @@ class CompileResult:
     ``submission_run_id``, ``submission_score``, ``baseline_score``, ``reason`` and the ``candidates`` compared
     (a dict on the program; see :class:`Selection`)."""
     budget: dict[str, Any]
-    """The budget in units: ``{"limit", "spent", "left", "spent_by_kind"}``."""
+    """The budget in units: ``{"limit", "spent", "left", "spent_by_kind"}``, and with ``max_metric_calls``
+    ``"sub_lm_limit"`` and ``"sub_lm_left"`` (the sub-LM prompts' own allowance)."""
     run_storage_dir: str
     """The run directory: everything the run paid for, ``result.json`` and ``run.png``
     (``python -m rlmoptimizer report`` reads it)."""
