@@ -17,6 +17,7 @@ converted: it propagates as is and the evaluation records it on that one example
 
 from __future__ import annotations
 
+import decimal
 import functools
 import hashlib
 import inspect
@@ -399,7 +400,7 @@ class Metric:
 def _is_number(value: Any) -> bool:
     if isinstance(value, bool):
         return True
-    if isinstance(value, numbers.Real):
+    if isinstance(value, numbers.Real | decimal.Decimal):  # (Decimal is a number, not a numbers.Real)
         return True
     # numpy scalars (np.bool_ is not a numbers.Real)
     return (

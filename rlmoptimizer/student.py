@@ -42,11 +42,34 @@ def check_program(program: Any) -> None:
             + (" (dspy.Predict and dspy.ChainOfThought have both forms)." if has_async else ".")
         )
     if not program.named_predictors():
+        frozen = _compiled_parts(program)
+        if frozen:
+            raise ConfigurationError(
+                f"the program {type(program).__name__} has no predictors dspy lists: its predictors are inside "
+                f"{', '.join(frozen)}, marked compiled (_compiled=True, as an earlier optimizer such as "
+                "BootstrapFewShot leaves its result), and dspy's named_predictors() skips a compiled part. Set "
+                "_compiled = False on it to optimize it again, or give compile() the program before that optimizer."
+            )
         raise ConfigurationError(
             f"the program {type(program).__name__} has no predictors, so it has no instructions to optimize. "
             "Store its dspy.Predict / dspy.ChainOfThought modules as attributes in __init__ "
             "(self.generate = dspy.ChainOfThought(...)) so that program.named_predictors() finds them."
         )
+
+
+def _compiled_parts(program: Any) -> list[str]:
+    """The attributes of ``program`` (also inside a list, tuple or dict) that are modules marked compiled and hold
+    predictors: dspy's ``named_predictors()`` does not look inside them."""
+    found = []
+    for name, value in vars(program).items():
+        items = (
+            value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list | tuple) else ()
+        )
+        parts = [(name, value)] if not items else [(f"{name}[{key!r}]", item) for key, item in items]
+        for where, part in parts:
+            if isinstance(part, dspy.BaseModule) and getattr(part, "_compiled", False) and part.named_predictors():
+                found.append(f"self.{where}")
+    return found
 
 
 def check_examples(examples: Any, split: str, allow_empty: bool = False, program: Any = None) -> list[dspy.Example]:

@@ -35,6 +35,31 @@ def test_check_program_rejects_non_modules_and_modules_without_predictors():
         check_program(AsyncOnly())
 
 
+def test_a_program_whose_predictors_sit_in_a_part_marked_compiled_is_told_so():
+    """Regression: a program wrapping what BootstrapFewShot returned (marked ``_compiled``) was told to store its
+    predictors as attributes, which it did: dspy's named_predictors() skips a compiled part."""
+
+    class Outer(dspy.Module):
+        def __init__(self, inner, in_list=False):
+            super().__init__()
+            if in_list:
+                self.stages = [inner]
+            else:
+                self.inner = inner
+            self.answer = None
+
+        def forward(self, question):
+            return self.inner(question=question)
+
+    for in_list, where in ((False, "self.inner"), (True, "self.stages[0]")):
+        inner = dspy.ChainOfThought("question -> answer")
+        inner._compiled = True
+        with pytest.raises(ConfigurationError, match=rf"inside {where.replace('[', '.').replace(']', '.')}, marked"):
+            check_program(Outer(inner, in_list))
+        inner._compiled = False
+        check_program(Outer(inner, in_list))  # the fix the message gives
+
+
 def test_check_examples_names_the_bad_index_and_shows_the_fix():
     good = examples(3)
     assert check_examples(tuple(good), "trainset") == good

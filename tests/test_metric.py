@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+from decimal import Decimal
+from fractions import Fraction
 
 import dspy
 import pytest
@@ -137,7 +139,7 @@ def test_non_scores_raise_a_metric_error_that_says_what_is_accepted(value, fragm
         assert "a bool, a finite number, or dspy.Prediction(score=" in message
 
 
-@pytest.mark.parametrize("value", [4.5, 0, 5, -3, -0.25, 17])
+@pytest.mark.parametrize("value", [4.5, 0, 5, -3, -0.25, 17, Decimal("0.75"), Fraction(1, 4)])
 def test_any_finite_score_is_kept_as_returned(value):
     # 0-5 judges and GEPA rewards below zero are scored as dspy.Evaluate and GEPA score them: unchanged
     assert Metric(lambda e, p: value).score(GOLD, PRED) == (float(value), None)
