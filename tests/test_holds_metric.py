@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import types
+from types import SimpleNamespace
 
 import dspy
 import pytest
@@ -303,6 +304,31 @@ def test_a_metric_whose_best_score_is_below_the_pass_threshold_is_warned_about(c
     with caplog.at_level("WARNING", logger="rlmoptimizer"):
         compile_tickets([], metric=penalty, rlm_autopilot="loop", max_metric_calls=40, pass_threshold=0)
     assert not [r for r in caplog.records if "all at most 0" in r.getMessage()]
+
+
+class NoChoices(dspy.BaseLM):
+    """A provider that answers every request with an empty ``choices`` list (dspy makes an empty prediction)."""
+
+    def __init__(self):
+        super().__init__(model="no-choices")
+
+    def forward(self, prompt=None, messages=None, **kwargs):
+        return SimpleNamespace(choices=[], usage={"prompt_tokens": 1, "completion_tokens": 0}, model="no-choices")
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_an_evaluation_lm_that_answers_with_no_choices_is_warned_about(caplog):
+    """Regression: every example got an empty prediction, was charged and scored 0, and nothing said why."""
+    with caplog.at_level("WARNING", logger="rlmoptimizer"):
+        compile_tickets(
+            [], student=dspy.Predict("ticket -> queue"), eval_lm=NoChoices(), rlm_autopilot="loop", max_metric_calls=40
+        )
+    warned = [r.getMessage() for r in caplog.records if "no output field at all" in r.getMessage()]
+    assert warned and "answered with no choices" in warned[0]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rlmoptimizer"):
+        compile_tickets([], rlm_autopilot="loop", max_metric_calls=40)  # an LM that answers: not a word of it
+    assert not [r for r in caplog.records if "no output field at all" in r.getMessage()]
 
 
 def five_or_two(example, prediction, trace=None):  # a 0-5 judge: a wrong answer still scores 2

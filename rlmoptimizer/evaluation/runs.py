@@ -118,6 +118,16 @@ class Runs:
                 min(scores),
                 max(scores),
             )
+        empty = [r for r in records if not r.predicted and (r.error is None or r.error_kind == METRIC_ERROR)]
+        if len(records) >= 3 and len(empty) == len(records):  # (the program returned: the metric met no field)
+            logger.warning(
+                "Every one of the %d %s example(s) of the unchanged program returned a prediction with no output "
+                "field at all, so each scored as an empty answer (or the metric raised on it): the evaluation LM most likely answered with no "
+                "choices (a provider error, a content filter, a proxy that drops the body). Check the LM with one "
+                "call (eval_lm('hello')) before spending more: instructions cannot fix this.",
+                len(records),
+                run.split,
+            )
         unparsed = sum(1 for r in records if (r.error or "").startswith("AdapterParseError"))
         if len(records) >= 3 and unparsed == len(records):
             logger.warning(
