@@ -484,7 +484,8 @@ class Evaluator:
                 if unanswered >= self.max_unanswered_in_a_row and batch.fatal is None:
                     batch.fatal = EvaluationLMError(
                         f"the evaluation LM gave no answer on {unanswered} different examples in a row, each "
-                        f"after {self.transient_retries} retries (the last: {format_error(failure[1])}); they were "
+                        f"tried {self.transient_retries + 1} times here, each time after the LM's own retries (dspy.LM's "
+                        f"num_retries) (the last error: {format_error(failure[1])}); they were "
                         "not charged. It may be down, overloaded or rate-limiting hard: check it, then run compile() "
                         "again (with the same run_storage_dir it resumes where it stopped)."
                     )
