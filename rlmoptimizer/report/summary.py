@@ -316,8 +316,13 @@ def render(rundir: RunDirectory, picture: Path | str | None = None) -> Group:
     if manifest.get("created_at"):
         header.append(f"\nstarted: {_when(manifest['created_at'])}")
     if rundir.turns:
+        loop = (manifest.get("settings") or {}).get("rlm_autopilot") == "loop"  # no agent: the policy's phases
         header.append(
-            f"\nagent turns: {len(rundir.turns)}"
+            (
+                f"\nphases of the default loop (no agent): {len(rundir.turns)}"
+                if loop
+                else f"\nagent turns: {len(rundir.turns)}"
+            )
             + (" (the last one submitted)" if rundir.turns[-1].get("final") else "")
             + (f", last at {_when(rundir.turns[-1].get('created_at'))}" if rundir.turns[-1].get("created_at") else "")
         )

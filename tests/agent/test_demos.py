@@ -73,6 +73,7 @@ def test_the_default_loop_returns_a_program_with_demos_that_beats_the_baseline(t
     assert main(["report", str(tmp_path / "run"), "--no-plot"]) == 0  # the report says so too
     report = " ".join(capsys.readouterr().out.split())
     assert f"demos of the returned program: {step}: 4 from train {', '.join(map(str, ids))}" in report
+    assert "phases of the default loop (no agent): " in report and "agent turns" not in report
     assert result.selection["chosen_score"] == 1.0 > result.selection["baseline_score"] == 0.0
     calls = [c for turn in result.agent_trajectory for c in turn["pilot"]]
     assert "propose_demos()" in calls and any(c.startswith("compare(['current', 'demos-1']") for c in calls)
