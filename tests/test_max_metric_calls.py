@@ -123,6 +123,25 @@ def test_the_train_baseline_is_paid_when_read_and_once():
     assert "`baseline_train` is evaluated the first time you read it" in str(root.calls[0])
 
 
+def test_reading_the_train_baseline_takes_at_most_half_of_what_moves_may_spend():
+    """Regression: with a train set larger than the budget, reading `baseline_train` evaluated all it could and
+    spent every unit, so no candidate could be checked on validation and the run ended after one turn."""
+    result, calls, _ = compile_with(
+        [
+            "print('read', baseline_train['evaluated_count'], baseline_train['requested_count'],"
+            " sorted(e['example_id'] for e in baseline_train['examples']), optimization_status()['budget_left'])",
+            SUBMIT,
+        ],
+        max_metric_calls=30,
+    )
+    read = result.agent_trajectory[0]["output"].split()
+    # 22 units after the validation baseline; 8 stay for a check; half of the 14 others: a sample of 7 train examples
+    assert read[:3] == ["read", "7", "12"] and read[-1] == "15"
+    sampled = [int(i) for i in " ".join(read[3:-1]).strip("[]").split(",")]
+    assert len(sampled) == 7 and sampled != list(range(7))  # a sample, not the first ones
+    assert calls >= 8 + 7 and result.budget["spent"] <= 30 - 8
+
+
 def test_a_train_baseline_never_read_is_never_paid():
     result, calls, _ = compile_with([SUBMIT], max_metric_calls=40)
     assert calls == 8  # the validation baseline only

@@ -196,7 +196,8 @@ def budget_note(
             f"{new}: max_metric_calls={max_metric_calls}, every run of the program counts, and the "
             + (
                 f"validation baseline took {val_size}; `baseline_train` is evaluated the first time you read it (its "
-                "examples not yet run with the unchanged instructions are charged)"
+                "examples not yet run with the unchanged instructions are charged; at most half of the units beyond "
+                "one validation check: a random sample of a larger train set)"
                 if val_size
                 else f"baseline took {train_size}"
             )

@@ -5,21 +5,21 @@ A tool's name, parameters and docstring are its interface: the agent's tool list
 (the whole docstring) are built from exactly those, and nothing else describes them. Tools return JSON-friendly
 values. A bad argument raises an exception whose message says what to do next (the agent sees it as the error of
 its code cell); nothing a tool refuses changes state.
-The selection of example ids is parsed here, once per call; the inner rooms trust the ids they get.
+The selection of example ids is parsed here (``ids``), once per call; the inner rooms trust the ids they get.
 
 May import: ``rlmoptimizer.moves``, ``.budget``, ``.errors``, ``.evaluation.lm_failures``, ``.events``, ``.fingerprint``,
 ``.records``, ``.storage``
-and the agent wing's own ``pilot``, ``policy``, ``prompts``, ``services`` and ``working_program``.
+and the agent wing's own ``ids``, ``pilot``, ``policy``, ``prompts``, ``services``, ``stop`` and ``working_program``.
 """
 
 from __future__ import annotations
 
 import functools
 import random
-import re
 from collections.abc import Callable
 from typing import Any
 
+from rlmoptimizer.agent.ids import select_ids
 from rlmoptimizer.agent.pilot import Pilot
 from rlmoptimizer.agent.policy import (
     DEMOS,
@@ -35,7 +35,7 @@ from rlmoptimizer.agent.policy import (
 from rlmoptimizer.agent.prompts import BASELINE_TRAIN
 from rlmoptimizer.agent.services import CompileServices
 from rlmoptimizer.agent.stop import sub_lm_move_ended
-from rlmoptimizer.budget import SUB_LM_CALL, Reservation
+from rlmoptimizer.budget import SUB_LM_CALL, TRAIN_EXAMPLE, Reservation
 from rlmoptimizer.errors import ConfigurationError, StructureChangedError, agent_error
 from rlmoptimizer.events import CandidateAdded, GepaIteration
 from rlmoptimizer.fingerprint import canonical_json, demos_step, instructions_digest
@@ -73,66 +73,6 @@ def _stops_when_the_sub_lm_is_unusable(tool: Callable) -> Callable:
         return result
 
     return guarded
-
-
-def _parse_ids(ids: Any, split_size: int) -> list[int]:
-    valid = f"valid ids are 0..{split_size - 1}" if split_size else "the split is empty"
-    if isinstance(ids, str):
-        parts = [p for p in re.split(r"[,\s]+", ids.strip()) if p]
-        if not parts:
-            raise ValueError(f"ids must be comma-separated example ids like '3,7,12', got an empty string; {valid}")
-        try:
-            parsed = [int(p) for p in parts]
-        except ValueError:
-            raise ValueError(f"ids must be comma-separated integers like '3,7,12', got {ids!r}; {valid}") from None
-    elif isinstance(ids, int) and not isinstance(ids, bool):
-        parsed = [ids]
-    elif isinstance(ids, (list, tuple)):
-        parsed = []
-        for item in ids:
-            if isinstance(item, bool) or not isinstance(item, (int, str)):
-                raise ValueError(f"ids must be a list of integers like [3, 7, 12], got {ids!r}; {valid}")
-            try:
-                parsed.append(int(item))
-            except ValueError:
-                raise ValueError(f"ids must be a list of integers like [3, 7, 12], got {ids!r}; {valid}") from None
-        if not parsed:
-            raise ValueError(f"ids is empty; pass ids=None to select every example, or ids like '3,7,12'; {valid}")
-    else:
-        raise ValueError(f"ids must be a string like '3,7,12' or a list of integers, got {type(ids).__name__} {ids!r}")
-    bad = [i for i in parsed if not 0 <= i < split_size]
-    if bad:
-        raise ValueError(f"ids must be example ids of the split, got out-of-range {bad}; {valid}")
-    return list(dict.fromkeys(parsed))
-
-
-def select_ids(
-    split_size: int,
-    *,
-    limit: int | None = None,
-    sample: str | None = None,
-    seed: int = 0,
-    ids: Any = None,
-    failed_ids_from_run: list[int] | None = None,
-) -> list[int]:
-    """The example ids to evaluate: all in order by default, narrowed by ``ids``, by the failed ids of an
-    earlier run, shuffled reproducibly when ``sample='random'``, then cut to the first ``limit``.
-    :class:`ValueError` says what is wrong with an argument."""
-    if sample not in (None, "first", "random"):
-        raise ValueError(f"sample must be 'random' (shuffled with seed) or None (in id order), got {sample!r}")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-        raise ValueError(f"limit must be an integer >= 0 or None (no limit), got {limit!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an integer, got {seed!r}")
-    selected = list(range(split_size)) if ids is None else _parse_ids(ids, split_size)
-    if failed_ids_from_run is not None:
-        failed = set(_parse_ids(list(failed_ids_from_run), split_size)) if failed_ids_from_run else set()
-        selected = [i for i in selected if i in failed]
-    if sample == "random":
-        random.Random(seed).shuffle(selected)
-    if limit is not None:
-        selected = selected[:limit]
-    return selected
 
 
 class AgentTools:
@@ -554,11 +494,26 @@ class AgentTools:
 
     def _baseline_train(self) -> EvalRun:
         """The unchanged program's train run, evaluated now (examples already run with its instructions are free,
-        the others charged) unless a complete one exists: the REPL's ``baseline_train`` when it is on demand."""
-        stored = self.runs.complete_run("train", self.working.initial)
+        the others charged) unless a complete one exists: the REPL's ``baseline_train`` when it is on demand. It
+        takes at most half of what the moves may spend (the units beyond one check of a submission on validation):
+        a larger train set is evaluated on a random sample of that many, so reading it never leaves the run
+        without the units to check, or to find, a better candidate."""
+        initial = self.working.initial
+        stored = self.runs.complete_run("train", initial)
         if stored is not None:
             return stored
-        return self.working.evaluate("train", None, "baseline", instructions=self.working.initial)
+        size = len(self.runs.splits["train"])
+        new = size - len(self.runs.stored(initial, "train", range(size)))
+        share = max(0, self.ledger.left - len(self.runs.splits.get("val", ()))) // 2
+        if new <= share:
+            return self.working.evaluate("train", None, "baseline", instructions=initial)
+        order = list(range(size))
+        random.Random(self.seed).shuffle(order)  # the examples evaluated first: a sample, not the first ones
+        reservation = self.ledger.reserve(share, TRAIN_EXAMPLE)
+        try:
+            return self.working.evaluate("train", order, "baseline", instructions=initial, reservation=reservation)
+        finally:
+            reservation.release()
 
     def update_prompt(self, step: str, text: str) -> dict:
         """Set one step's instructions, or its demos ('<step>:demos'). Free.
