@@ -27,7 +27,7 @@ from rlmoptimizer.inputs import check_compile_args, check_settings, resolve_eval
 from rlmoptimizer.metric import Metric
 from rlmoptimizer.report import check_use_mlflow
 from rlmoptimizer.sandbox.limits import instructions as sandbox_rules
-from rlmoptimizer.student import check_examples, check_program, warn_repeated_examples
+from rlmoptimizer.student import check_examples, check_program, check_repl_data, warn_repeated_examples
 
 logger = logging.getLogger(__name__)
 
@@ -219,6 +219,8 @@ class RLMDocstringOptimizer(CostEstimation, Teleprompter):
         trainset = check_examples(trainset, "trainset", program=student)
         valset = check_examples(valset, "valset", allow_empty=True, program=student) if valset is not None else []
         warn_repeated_examples(trainset, valset)
+        if self.rlm_autopilot != "loop":  # (the loop runs in Python: no sandbox holds the data)
+            check_repl_data(trainset)
         eval_lm = resolve_eval_lm(self.eval_lm, student)
         config = self._sized(len(student.named_predictors()), len(trainset), len(valset))
         check_root_window(config, sandbox_rules(self.sandbox_timeout_s), student, len(trainset), len(valset))

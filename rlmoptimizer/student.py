@@ -210,3 +210,28 @@ def _content_key(example: dspy.Example) -> str | None:
         return json.dumps(dict(example.items()), sort_keys=True, ensure_ascii=False)
     except (TypeError, ValueError):
         return None
+
+
+REPL_DATA_LIMIT = 100_000_000
+"""The most characters of train data the agent's sandbox is given: each train example's record reaches the REPL as
+JSON with non-ASCII characters escaped (``\\uXXXX``), its inputs twice (the example's and its steps'), and Python
+objects in the sandbox's WebAssembly memory (2 GB) take several times that."""
+
+
+def check_repl_data(trainset: Sequence[dspy.Example]) -> None:
+    """:class:`ConfigurationError`, before any LM call, when the train set is too large to hand the agent's sandbox
+    (about :data:`REPL_DATA_LIMIT` characters, its examples' inputs counted twice as the records carry them): it
+    would be refused only after both baselines were paid, and again on every resume."""
+    size = 0
+    for example in trainset:
+        size += 2 * len(json.dumps(dict(example.items()), ensure_ascii=True, default=repr))
+        if size > REPL_DATA_LIMIT:
+            break
+    if size > REPL_DATA_LIMIT:
+        raise ConfigurationError(
+            f"the trainset is too large for the optimizer agent's sandbox: its records would take more than "
+            f"{REPL_DATA_LIMIT // 1_000_000} million characters in the REPL (each example's inputs twice, non-ASCII "
+            "characters escaped), more than its 2 GB of memory holds. Pass rlm_autopilot='loop' (the default loop "
+            "in Python: no sandbox), or fewer or shorter train examples (a sample of a few hundred is plenty to "
+            "optimize instructions on)."
+        )

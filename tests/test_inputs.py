@@ -239,3 +239,22 @@ def test_a_relative_run_storage_dir_is_the_one_of_the_working_directory_when_the
     monkeypatch.setenv("HOME", str(tmp_path))
     home = RLMDocstringOptimizer(root_lm=dspy.utils.DummyLM([]), run_storage_dir="~/runs/b")
     assert home.run_storage_dir == tmp_path / "runs" / "b"
+
+
+def test_a_trainset_too_large_for_the_sandbox_is_refused_before_any_lm_call(monkeypatch):
+    """Regression: a train set of long non-ASCII documents was paid for in both baselines, then the sandbox died
+    loading it, and every resume died the same way."""
+    from support.fakes import FunctionLM
+
+    from rlmoptimizer import RLMDocstringOptimizer
+    from rlmoptimizer import student as student_module
+
+    monkeypatch.setattr(student_module, "REPL_DATA_LIMIT", 40_000)
+    trainset = [dspy.Example(question="中" * 1_000, answer="a").with_inputs("question") for _ in range(4)]
+    lm = FunctionLM(lambda messages: {"answer": "a"})
+    optimizer = RLMDocstringOptimizer(root_lm=lm, eval_lm=lm, max_iterations=1)
+    with pytest.raises(ConfigurationError, match="too large for the optimizer agent's sandbox.*rlm_autopilot='loop'"):
+        optimizer.compile(dspy.Predict("question -> answer"), trainset=trainset, metric=lambda e, p, t=None: 1.0)
+    assert lm.calls == []  # (6,000 characters an example escaped, twice: 48,000 > 40,000)
+    check_repl_data_ok = student_module.check_repl_data  # the same data in ASCII fits
+    check_repl_data_ok([dspy.Example(question="z" * 1_000, answer="a").with_inputs("question") for _ in range(4)])
