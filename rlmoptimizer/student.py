@@ -102,7 +102,28 @@ def check_examples(examples: Any, split: str, allow_empty: bool = False, program
             )
         if forward is not None:
             _check_forward_takes(program, forward, example, f"{split}[{index}]")
+        if program is not None:
+            _check_no_label_as_input(program, forward, example, f"{split}[{index}]")
     return examples
+
+
+def _check_no_label_as_input(program: Any, forward: Any, example: dspy.Example, where: str) -> None:
+    """:class:`ConfigurationError` when ``example`` marks as an input a field that is an output of the program's
+    steps (and of none an input) which its ``forward`` does not name: the expected answer marked as an input."""
+    outputs, inputs = {}, set()
+    for name, predictor in program.named_predictors():
+        inputs |= set(predictor.signature.input_fields)
+        for field in predictor.signature.output_fields:
+            outputs.setdefault(field, name)
+    named = forward[1] if forward is not None and forward[1] is not None else set()
+    labels = sorted(k for k in example._input_keys if k in outputs and k not in inputs and k not in named)
+    if labels:
+        raise ConfigurationError(
+            f"{where} marks {labels} as input(s), but {'it is' if len(labels) == 1 else 'they are'} what step "
+            f"{outputs[labels[0]]!r} outputs: the expected answer would never be shown as expected (the records, "
+            "the analysis and the proposals would have none), and a forward(**kwargs) could pass it to the LM. Mark "
+            f"only the program's inputs, e.g. .with_inputs({', '.join(repr(k) for k in sorted(example._input_keys) if k not in labels)})."
+        )
 
 
 def _forward_parameters(program: Any) -> tuple[str, set[str] | None, set[str]] | None:

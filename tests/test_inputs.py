@@ -258,3 +258,21 @@ def test_a_trainset_too_large_for_the_sandbox_is_refused_before_any_lm_call(monk
     assert lm.calls == []  # (6,000 characters an example escaped, twice: 48,000 > 40,000)
     check_repl_data_ok = student_module.check_repl_data  # the same data in ASCII fits
     check_repl_data_ok([dspy.Example(question="z" * 1_000, answer="a").with_inputs("question") for _ in range(4)])
+
+
+def test_an_expected_answer_marked_as_an_input_is_refused_naming_the_fix():
+    """Regression: ``.with_inputs("question", "answer")`` was accepted: dspy dropped the answer before the LM call,
+    every record had no expected output, and the analysis and proposals were blind to what was right."""
+    marked = [dspy.Example(question="q", answer="a").with_inputs("question", "answer")]
+    with pytest.raises(ConfigurationError, match=r"marks \['answer'\] as input.*\.with_inputs\('question'\)"):
+        check_examples(marked, "trainset", program=dspy.ChainOfThought("question -> answer"))
+
+    class Verify(dspy.Module):  # a forward that names it takes it as its own input: not a label
+        def __init__(self):
+            super().__init__()
+            self.check = dspy.Predict("question, draft -> answer")
+
+        def forward(self, question, answer):
+            return self.check(question=question, draft=answer)
+
+    assert check_examples(marked, "trainset", program=Verify()) == marked
