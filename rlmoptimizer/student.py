@@ -104,7 +104,29 @@ def check_examples(examples: Any, split: str, allow_empty: bool = False, program
             _check_forward_takes(program, forward, example, f"{split}[{index}]")
         if program is not None:
             _check_no_label_as_input(program, forward, example, f"{split}[{index}]")
+        for key in input_keys:
+            if _unencodable(example[key]):
+                raise ConfigurationError(
+                    f"{split}[{index}].{key} holds text that cannot be encoded as UTF-8 (a lone surrogate, e.g. "
+                    "from a file read with errors='surrogateescape'): no LM request can carry it, so every call "
+                    "would fail. Clean it first, e.g. text.encode('utf-8', 'replace').decode('utf-8')."
+                )
     return examples
+
+
+def _unencodable(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` (text, or text in a list, tuple or dict, two levels deep) holds a lone surrogate."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if depth < 2 and isinstance(value, dict):
+        return any(_unencodable(v, depth + 1) for v in value.values())
+    if depth < 2 and isinstance(value, list | tuple):
+        return any(_unencodable(v, depth + 1) for v in value)
+    return False
 
 
 def _check_no_label_as_input(program: Any, forward: Any, example: dspy.Example, where: str) -> None:

@@ -276,3 +276,12 @@ def test_an_expected_answer_marked_as_an_input_is_refused_naming_the_fix():
             return self.check(question=question, draft=answer)
 
     assert check_examples(marked, "trainset", program=Verify()) == marked
+
+
+def test_text_no_lm_request_can_carry_is_refused_before_any_call():
+    """Regression: a lone surrogate in an input made dspy refuse every call; the run went on and paid for them."""
+    bad = [dspy.Example(question="fine", answer="a").with_inputs("question")]
+    bad.append(dspy.Example(question=["ok", "broken \ud800 text"], answer="a").with_inputs("question"))
+    with pytest.raises(ConfigurationError, match=r"trainset\[1\]\.question holds text that cannot be encoded"):
+        check_examples(bad, "trainset", program=dspy.Predict("question -> answer"))
+    assert len(check_examples(bad[:1], "trainset", program=dspy.Predict("question -> answer"))) == 1
