@@ -303,6 +303,31 @@ def test_submit_rebound_by_a_cell_is_restored_after_it():
         assert "[Notice]" not in run(box, "print('quiet')")  # nothing rebound: no notice
 
 
+@pytest.mark.parametrize(
+    "rebind, shown",
+    [
+        ("import json\njson.dumps = lambda *a, **k: '{}'", "json.dumps"),
+        ("import json\njson.loads = None", "json.loads"),
+        ("run_sync = None", "run_sync"),
+        ("JsProxy = None", "JsProxy"),
+        ("json = None", "json"),
+        ("import builtins\nbuiltins.isinstance = lambda *a: False", "isinstance"),
+        ("import builtins\nbuiltins.print = lambda *a, **k: None", "print"),
+    ],
+)
+def test_what_the_tools_and_submit_use_is_put_back_after_a_cell_that_rebound_it(rebind, shown):
+    """Regression: a cell that patched ``json.dumps`` (which dspy's tool stubs call) made every later tool call lose
+    its arguments (an evaluation asked for 1 example ran on all of them, run_gepa(budget=5) spent 24 units) and every
+    SUBMIT fail; rebinding ``run_sync`` or ``JsProxy`` broke every later call, and patching ``print`` silenced every
+    later turn. Each is put back after the cell, with a notice, as a rebound tool is."""
+    calls = []
+    with spending_sandbox(calls) as box:
+        assert f"[Notice] {shown}" in run(box, rebind)
+        assert run(box, "print(spend(value={'asked': 1}))") == "{'asked': 1}\n" and calls == [{"asked": 1}]
+        assert box.execute("SUBMIT(answer='real')") == FinalOutput({"answer": "real"})
+        assert "[Notice]" not in run(box, "import json\nprint(json.dumps([1]))")  # nothing rebound: no notice
+
+
 @pytest.mark.parametrize("code", ["import os\nos.system('ls')", "import os\nos.kill(os.getpid(), 9)"])
 def test_starting_or_signalling_a_process_is_an_error_of_the_cell_not_the_end_of_the_process(box, code):
     """Regression: os.system and os.kill aborted Pyodide (the agent lost every variable), where subprocess raises."""

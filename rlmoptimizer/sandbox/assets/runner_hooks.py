@@ -57,6 +57,10 @@ def _rlmopt_install_hooks(report, max_output_chars):
     compiled = {}
     _id, _type, _list, _isinstance, _len, _str, _repr = id, type, list, isinstance, len, str, repr
     _dumps, _float, _dict, _tuple, _print = json.dumps, float, dict, tuple, builtins.print
+    # what dspy's tool stubs and SUBMIT, and this hook, look up when they run: put back after a cell that rebound it
+    kept_builtins = {name: getattr(builtins, name) for name in _KEPT_BUILTINS if hasattr(builtins, name)}
+    kept_json = {name: getattr(json, name) for name in ("dumps", "loads")}
+    kept_globals, runner_globals = {}, _RUNNER_GLOBALS  # the runner's own names in the REPL's globals, as first seen
 
     def plain(value, depth=0):
         """``value`` with whatever JSON cannot carry as text."""
@@ -156,8 +160,29 @@ def _rlmopt_install_hooks(report, max_output_chars):
             return result
         return printed + value
 
+    def put_back(globals):
+        """The names the runner's stubs need that the cell rebound, each put back: their names."""
+        changed = []
+        for name, value in _list(kept_builtins.items()):
+            if getattr(builtins, name, None) is not value:
+                setattr(builtins, name, value)
+                changed.append(name)
+        for name, value in _list(kept_json.items()):
+            if getattr(json, name, None) is not value:
+                setattr(json, name, value)
+                changed.append("json." + name)
+        for name, value in _list(kept_globals.items()):
+            if globals is not None and globals.get(name) is not value:
+                globals[name] = value
+                changed.append(name)
+        return changed
+
     async def eval_code_async(source, globals=None, locals=None, **kwargs):
         builtins._rlmopt_submitted = None  # SUBMIT's wrapper notes what it raises here
+        if globals is not None:
+            for name in runner_globals:
+                if name not in kept_globals and name in globals:
+                    kept_globals[name] = globals[name]
         output = None
         if globals is not None:  # dspy's runner reads the output back as the global buf_stdout
             for name in ("stdout", "stderr"):
@@ -181,6 +206,16 @@ def _rlmopt_install_hooks(report, max_output_chars):
                 raise
             raise substitute from error
         finally:
+            try:
+                changed = put_back(globals)
+                if changed:
+                    _print(
+                        f"\n[Notice] {', '.join(changed)}: this cell rebound what the sandbox's tools and SUBMIT "
+                        "use, and the original is back now (your tools would have lost their arguments). Give your "
+                        "own functions other names, and leave builtins and the json module as they are."
+                    )
+            except BaseException:
+                pass
             try:
                 tools = getattr(builtins, "_rlmopt_tools", None) or {}
                 rebound = sorted(
@@ -225,6 +260,13 @@ def _rlmopt_install_hooks(report, max_output_chars):
     eval_code.__wrapped__, eval_code_async.__wrapped__ = original, original_async
     eval_code_async._rlmopt_hooked, eval_code_async.report = True, report
     code.eval_code, code.eval_code_async = eval_code, eval_code_async
+
+
+_KEPT_BUILTINS = (
+    "print", "isinstance", "len", "str", "repr", "dict", "list", "tuple", "type", "float", "int", "bool", "getattr",
+    "setattr", "hasattr", "id", "sorted", "RuntimeError", "Exception", "BaseException",
+)  # fmt: skip
+_RUNNER_GLOBALS = ("json", "run_sync", "JsProxy")  # (the same objects at every tool registration)
 
 
 def _no_processes():
