@@ -46,6 +46,11 @@ class _CallCeiling:
                 )
             self._count += n
 
+    def release(self, n: int) -> None:
+        """Give back ``n`` reserved calls that got no answer (as the ledger gives back their units)."""
+        with self._lock:
+            self._count = max(0, self._count - n)
+
 
 class _ChargedBudget:
     """The per-run call ceiling plus our ledger: a reservation is taken from both or from neither."""
@@ -66,6 +71,11 @@ class _ChargedBudget:
             reservation.release()
             raise
         return reservation
+
+    def unanswered(self, n: int) -> None:
+        """``n`` of the calls taken got no answer: they count against neither the ledger nor the ceiling."""
+        if n > 0:
+            self._rlm_budget.release(n)
 
 
 def _budget_message(exc: BaseException) -> str:
@@ -135,9 +145,10 @@ def sub_lm_tools(
         if kept is not None:  # answered before an interrupt: paid already
             return kept
         priced([prompt])
-        answered = False
+        answered = taken = False
         try:
             with charged.take(1) as reservation:
+                taken = True
                 try:
                     text = query(prompt)
                     answered = True
@@ -153,6 +164,8 @@ def sub_lm_tools(
         finally:
             if answered:  # on disk before the turn ends
                 observer.on_event(SubLMAnswered(1, ledger.snapshot()))
+            elif taken:  # (a refused take counted nothing)
+                charged.unanswered(1)
         return text
 
     def llm_query_batched(prompts: list[str]) -> list[str]:
@@ -197,8 +210,10 @@ def sub_lm_tools(
             charge(index, text)
             return text
 
+        taken = False
         try:
             with charged.take(len(todo)) as reservation, ThreadPoolExecutor(max_workers=max_workers) as pool:
+                taken = True
                 futures = {pool.submit(contextvars.copy_context().run, answer, i): i for i in todo}
                 try:
                     for future, index in futures.items():  # every prompt gets its answer or its error
@@ -217,6 +232,8 @@ def sub_lm_tools(
         finally:
             if paid:  # on disk before the turn ends (every callback ran: the pool was shut down)
                 observer.on_event(SubLMAnswered(len(paid), ledger.snapshot()))
+            if taken:
+                charged.unanswered(len(todo) - len(paid))
         if unusable is not None:
             raise unusable
         return [results[i] for i in range(len(prompts))]

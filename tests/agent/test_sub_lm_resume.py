@@ -234,3 +234,35 @@ def test_prompts_the_spending_cap_cannot_pay_are_refused_by_their_own_size_befor
         query["llm_query"]("x" * 1_000_000)  # the average so far (one short prompt) would have let it through
     assert query["llm_query_batched"](["y" * 1_000] * 3) == ["ok"] * 3
     assert sent == [1_000] * 4 and ledger.spent == 4
+
+
+def test_prompts_the_sub_lm_gave_no_answer_to_count_against_neither_the_budget_nor_the_call_ceiling(tmp_path):
+    """Regression: rlm_max_llm_calls counted every prompt sent, answered or not, while the budget counted only the
+    answered ones: after 150 prompts of which 50 failed, 60 more were refused as 150 + 60 > 200."""
+    import dspy
+
+    def reply(messages):  # down for the prompts that say so, even after dspy's retries
+        if "down" in str(messages):
+            return dspy.LMServerError("503 Service Unavailable", model="sub", status=503)
+        return "an answer"
+
+    ledger = BudgetLedger(100)
+    query = sub_lm_tools(
+        FunctionLM(reply, name="sub"),
+        max_llm_calls=6,
+        ledger=ledger,
+        usage=None,
+        observer=NO_OBSERVER,
+        as_sub=lambda fn: fn,
+        answers=AnswerStore(tmp_path),
+        max_workers=1,
+    )
+    answers = query["llm_query_batched"](["p0", "p1", "down 2", "p3", "p4", "down 5"])
+    assert sum(a.startswith("[ERROR]") for a in answers) == 2
+    assert ledger.snapshot()["spent_by_kind"][SUB_LM_CALL] == 4
+    with pytest.raises(dspy.LMServerError):
+        query["llm_query"]("down, alone")  # no answer: not counted either
+    assert query["llm_query"]("two more") and query["llm_query"]("fits")  # 4 + 2 answered: within 6
+    assert ledger.snapshot()["spent_by_kind"][SUB_LM_CALL] == 6
+    with pytest.raises(RuntimeError, match=r"LLM call limit exceeded: 6 \+ 1 > 6"):
+        query["llm_query"]("one too many")
