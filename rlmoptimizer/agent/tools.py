@@ -515,7 +515,7 @@ class AgentTools:
         finally:
             reservation.release()
 
-    def update_prompt(self, step: str, text: str) -> dict:
+    def update_prompt(self, step: str, text: str | list[dict]) -> dict:
         """Set one step's instructions, or its demos ('<step>:demos'). Free.
 
         The step is a name from step_names; demos ('<step>:demos') are a list of dicts of the step's fields, '[]' for none. Returns {'step', 'previous', 'version'}."""

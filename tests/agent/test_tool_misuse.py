@@ -173,3 +173,18 @@ def test_a_submit_whose_exception_the_cell_catches_still_ends_the_run(after):
     )
     assert len(result.agent_trajectory) == 1 and result.agent_trajectory[0]["final"]
     assert result.route.signature.instructions == POLICY_PROMPT
+
+
+def test_update_prompt_takes_a_steps_demos_as_the_list_its_docstring_names():
+    """Regression: the bridge refused ``update_prompt('route:demos', [{...}])`` as "text takes str", though the
+    tool's docstring (and SUBMIT) take demos as a list of dicts of the step's fields."""
+    demo = {"summary": "My bank opened a chargeback.", "queue": "disputes"}
+    result = compile_with(
+        [
+            {"reasoning": "a demo", "code": f"print(update_prompt('route:demos', [{demo!r}])['version'])"},
+            {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])"},
+        ]
+    )
+    assert result.agent_trajectory[0]["output"].strip() == "1"
+    versions = [v for v in result.agent_trajectory if "Error" in v["output"]]
+    assert versions == []
