@@ -184,8 +184,9 @@ def restart_message(
     if lost.timed_out:
         return (
             f"TimeoutError: this code ran for more than {timeout_s:g} s of sandbox time and was stopped. "
-            f"{restored} {lost_text} Work on smaller slices of the data, avoid unbounded loops, and keep "
-            "intermediate results in variables so a restart costs little. Waiting on a tool call does not count "
+            f"{restored} {lost_text} Work on smaller slices of the data and avoid unbounded loops. A restart "
+            "loses every variable, not what the tools keep on the host: keep what was costly to get (an LM's "
+            "answers) with a tool that stores it, since asking again is paid again. Waiting on a tool call does not count "
             "toward the limit; CPU the sandbox uses meanwhile (a Worker, a timer, other tasks of the cell) does."
         )
     return (
