@@ -83,10 +83,12 @@ def test_shadowed_builtins_and_a_deleted_report_tool_do_not_break_the_names(box)
 
 def test_a_report_that_cannot_arrive_falls_back_to_listing(box):
     before = len(box.extra_listings)
-    box.execute("json = {'shadowed': True}\nfp_json = 1")  # the runner's tool bridge needs the json module
+    # the runner's own tool call, which the report goes through, unbound for one cell (json, run_sync and JsProxy,
+    # which its stubs need too, are put back before the report: see test_hostile)
+    box.execute("_kept_call = _js_tool_call\n_js_tool_call = None\nfp_json = 1")
     assert "fp_json" in box._user_names
     assert len(box.extra_listings) == before + 1
-    box.execute("del json")
+    box.execute("_js_tool_call = _kept_call")
 
 
 def test_a_restart_names_what_the_last_execute_defined(box):
