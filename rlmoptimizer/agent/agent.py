@@ -369,7 +369,7 @@ class OptimizerAgent(dspy.Module):
                 break
             except AdapterParseError as exc:
                 salvaged = fenced_action(exc.lm_response)
-                if salvaged is not None:  # no fields, but a ```python block: run it, not pay for a retry
+                if salvaged is not None:  # no fields, but a ```python block or a code field: run it, no paid retry
                     action = Prediction(reasoning=salvaged[0] or "(none given)", code=salvaged[1])
                     action._cut_off = sender.last_cut_off if sender is not None else cut_off_since(root_lm, mark)
                     action._note = FIELDS_MISSED

@@ -1,6 +1,6 @@
 """What a root-LM reply holds: the Python cell of its ``code`` field (:func:`cell_of`), read as tolerantly as a
 small model writes it (fences, prose around them, blocks in other languages, indentation); the action of a reply
-that missed the turn's fields but holds a ```python block (:func:`fenced_action`); and why a cell would not run
+that missed the turn's fields but holds a ```python block or a code field (:func:`fenced_action`); and why a cell would not run
 (:func:`syntax_error`).
 
 May import: nothing of the package.
@@ -17,6 +17,7 @@ import re
 _FENCE = re.compile(r"^(?:[ \t]*|[^\n`]*[:.!?][ \t]*)```[ \t]*([\w+.-]*)(?:[ \t]+[^\n`]*)?[ \t]*$", re.MULTILINE)
 _PYTHON_TAGS = frozenset({"", "python", "py", "python3", "py3"})
 _FIELD_HEADER = re.compile(r"^[ \t]*\[\[ ## \w+ ## \]\][ \t]*$", re.MULTILINE)  # [[ ## reasoning ## ]]
+_CODE_FIELD = re.compile(r"^[ \t]*\[\[ ## code ## \]\][ \t]*$", re.MULTILINE | re.IGNORECASE)
 
 
 def _dedent(text: str) -> str:
@@ -81,14 +82,20 @@ def cell_of(reply: str) -> tuple[str, str]:
 
 def fenced_action(reply: str | None) -> tuple[str, str] | None:
     """A reply that did not parse into the turn's fields but holds a block tagged ```python (a model writing as in a
-    chat): ``(reasoning, code)``, the prose before that block and the text from it on (read by :func:`cell_of`), with
-    any field headers it did write dropped. None when it has no such block: a bare ``` block may be output the reply
-    shows, and prose alone is no action."""
+    chat), or a ``[[ ## code ## ]]`` field without the others: ``(reasoning, code)``, the prose before that block or
+    field and the code (read by :func:`cell_of`), with any field headers it did write dropped. None when it has
+    neither: a bare ``` block may be output the reply shows, and prose alone is no action."""
     text = _FIELD_HEADER.sub("", reply or "")
     first = next((fence for fence in _FENCE.finditer(text) if fence.group(1).lower() in _PYTHON_TAGS - {""}), None)
-    if first is None:
+    if first is not None:
+        return text[: first.start()].strip(), text[first.start() :].strip()
+    field = _CODE_FIELD.search(reply or "")
+    if field is None:
         return None
-    return text[: first.start()].strip(), text[first.start() :].strip()
+    after = (reply or "")[field.end() :]
+    following = _FIELD_HEADER.search(after)  # ([[ ## completed ## ]] or another field after the code)
+    code = (after[: following.start()] if following else after).strip()
+    return (_FIELD_HEADER.sub("", (reply or "")[: field.start()]).strip(), code) if code else None
 
 
 def _left_out_note(bodies: list[str]) -> str:

@@ -200,7 +200,9 @@ def _argument_checker(fn: Callable[..., Any]) -> Callable[[dict[str, Any]], dict
                 # True is not 1: a bool reaches only an argument that takes one (the moves refuse bools for counts).
                 checked[argument] = checker[0].validate_python(value, strict=isinstance(value, bool) or None)
             except ValidationError:
-                wanted = getattr(checker[1], "__name__", None) or str(checker[1]).replace("typing.", "")
+                hint = checker[1]
+                plain = isinstance(hint, type) and not typing.get_args(hint)  # list[str] says what its items are
+                wanted = hint.__name__ if plain else str(hint).replace("typing.", "")
                 raise AgentToolError(
                     f"{name}(): argument {argument!r} takes {wanted}, got {type(value).__name__} {value!r:.80}"
                     f" -> pass {argument}= a value of type {wanted}"

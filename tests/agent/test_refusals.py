@@ -40,6 +40,7 @@ def test_a_bool_nan_or_huge_argument_is_refused_clearly_and_spends_nothing():
                 "attempt('huge', lambda: update_prompt('x' * 200_000, 'text'))\n"
                 "attempt('huge_candidate', lambda: compare(['current', 'y' * 200_000]))\n"
                 "attempt('half', lambda: update_prompt('route', 'Route it \\ud83d'))\n"
+                "attempt('items', lambda: llm_query_batched([1, 2]))\n"
                 "print('spent', optimization_status()['budget_spent'])",
             },
             SUBMIT_CURRENT,
@@ -48,7 +49,8 @@ def test_a_bool_nan_or_huge_argument_is_refused_clearly_and_spends_nothing():
     )
     printed = outputs(result)[0]
     seen = refusals(printed)
-    assert set(seen) == {"rollouts", "n", "nan", "inf", "huge", "huge_candidate", "half"}, printed
+    assert set(seen) == {"rollouts", "n", "nan", "inf", "huge", "huge_candidate", "half", "items"}, printed
+    assert "argument 'prompts' takes list[str], got list [1, 2]" in seen["items"]  # (not "takes list, got list")
     assert all(line.startswith("REFUSED AgentToolError") for line in seen.values()), printed
     assert "argument 'rollouts' takes int, got bool True" in seen["rollouts"]
     assert "argument 'n' takes int, got bool True" in seen["n"]

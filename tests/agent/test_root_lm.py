@@ -388,6 +388,9 @@ def test_a_second_block_with_a_syntax_error_is_not_run_and_the_agent_is_told_why
         ("I will look first.\n```python\nprint(1)\n```", "I will look first.", "print(1)"),
         ("[[ ## reasoning ## ]]\nLook.\n```python\nprint(1)\n```\n[[ ## completed ## ]]", "Look.", "print(1)"),
         ("```py\nx = 1\n```\nthen\n```python\nprint(x)\n```", "", "x = 1\n\nprint(x)"),
+        # a code field without the reasoning field (regression: retried three times, then dropped)
+        ("[[ ## code ## ]]\nprint(1)\n\n[[ ## completed ## ]]", "", "print(1)"),
+        ("Look first.\n[[ ## Code ## ]]\nx = 1\nprint(x)", "Look first.", "x = 1\nprint(x)"),
     ],
 )
 def test_a_reply_without_fields_but_with_a_python_block_is_read_as_its_action(reply, reasoning, runs):
@@ -404,6 +407,7 @@ def test_a_reply_without_fields_but_with_a_python_block_is_read_as_its_action(re
         "Output:\n```\nprint(1)\n```",
         '```json\n{"a": 1}\n```',
         '{"code": "```python\\nprint(1)\\n```"}',
+        "[[ ## code ## ]]\n\n[[ ## completed ## ]]",  # an empty code field
     ],
 )
 def test_a_reply_without_fields_or_a_python_block_is_no_action(reply):
