@@ -40,7 +40,8 @@ def _parse_ids(ids: Any, split_size: int) -> list[int]:
         raise ValueError(f"ids must be a string like '3,7,12' or a list of integers, got {type(ids).__name__} {ids!r}")
     bad = [i for i in parsed if not 0 <= i < split_size]
     if bad:
-        raise ValueError(f"ids must be example ids of the split, got out-of-range {bad}; {valid}")
+        shown = f"{bad[:10]}" + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
+        raise ValueError(f"ids must be example ids of the split, got out-of-range {shown}; {valid}")
     return list(dict.fromkeys(parsed))
 
 

@@ -21,6 +21,8 @@ from rlmoptimizer.storage.run_store import RunStore
 
 def test_select_ids_defaults_ids_failed_sample_and_limit():
     assert select_ids(5) == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match=r"out-of-range \[12, 13, .*, 21\] and 9978 more; valid ids are 0..11$"):
+        select_ids(12, ids=list(range(10_000)))  # (the 9,988 ids are not all echoed back)
     assert select_ids(50, ids="3, 7,12") == [3, 7, 12]
     assert select_ids(50, ids=[12, 3, 12]) == [12, 3]
     assert select_ids(50, ids=[12, 3], failed_ids_from_run=[3, 4]) == [3]
