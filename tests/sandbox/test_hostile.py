@@ -326,6 +326,10 @@ def test_what_the_tools_and_submit_use_is_put_back_after_a_cell_that_rebound_it(
         assert run(box, "print(spend(value={'asked': 1}))") == "{'asked': 1}\n" and calls == [{"asked": 1}]
         assert box.execute("SUBMIT(answer='real')") == FinalOutput({"answer": "real"})
         assert "[Notice]" not in run(box, "import json\nprint(json.dumps([1]))")  # nothing rebound: no notice
+        # rebound and used in the same cell: the tool still gets its arguments, and the cell's end says so
+        same_cell = run(box, f"{rebind}\nanswer = spend(value={{'asked': 2}})\nimport builtins\nbuiltins.print(answer)")
+        assert same_cell.startswith("{'asked': 2}\n") and f"[Notice] {shown}" in same_cell
+        assert calls == [{"asked": 1}, {"asked": 2}]
 
 
 @pytest.mark.parametrize("code", ["import os\nos.system('ls')", "import os\nos.kill(os.getpid(), 9)"])
@@ -608,3 +612,15 @@ def test_a_cells_last_value_comes_after_what_it_printed_and_a_tool_result_shows_
     )
     assert run(box, "print(r['note'] is None, len(repr(dict(r))) > 5000)") == "True True\n"
     assert box.execute("echo({'a': 1})") == {"a": 1}  # no summary: a plain dict
+
+
+def test_a_tools_runtime_error_is_named_once():
+    """Regression: a tool's RuntimeError (the budget's refusal of a sub-LM prompt) reached the agent as
+    ``RuntimeError: RuntimeError: budget exhausted ...``."""
+
+    def refuse(value: object = None) -> object:
+        raise RuntimeError("budget exhausted: 1 sub_lm_call unit(s) requested, 0 left")
+
+    with Sandbox(tools={"refuse": refuse}, timeout_s=120) as box:
+        shown = run(box, "try:\n    refuse()\nexcept RuntimeError as e:\n    print(str(e))")
+        assert shown == "budget exhausted: 1 sub_lm_call unit(s) requested, 0 left\n"

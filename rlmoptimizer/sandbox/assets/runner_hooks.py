@@ -160,9 +160,12 @@ def _rlmopt_install_hooks(report, max_output_chars):
             return result
         return printed + value
 
+    restored = []  # put back during the cell (by a tool call), told at its end
+
     def put_back(globals):
-        """The names the runner's stubs need that the cell rebound, each put back: their names."""
-        changed = []
+        """The names the runner's stubs need that the cell rebound, each put back: their names (also kept in
+        ``restored`` until the cell's end tells the agent)."""
+        changed = restored
         for name, value in _list(kept_builtins.items()):
             if getattr(builtins, name, None) is not value:
                 setattr(builtins, name, value)
@@ -207,7 +210,8 @@ def _rlmopt_install_hooks(report, max_output_chars):
             raise substitute from error
         finally:
             try:
-                changed = put_back(globals)
+                changed = _list(_dict.fromkeys(put_back(globals)))
+                restored.clear()
                 if changed:
                     _print(
                         f"\n[Notice] {', '.join(changed)}: this cell rebound what the sandbox's tools and SUBMIT "
@@ -257,6 +261,7 @@ def _rlmopt_install_hooks(report, max_output_chars):
             except BaseException:
                 pass
 
+    builtins._rlmopt_put_back = put_back  # (a tool's wrapper calls it before the tool's stub runs)
     eval_code.__wrapped__, eval_code_async.__wrapped__ = original, original_async
     eval_code_async._rlmopt_hooked, eval_code_async.report = True, report
     code.eval_code, code.eval_code_async = eval_code, eval_code_async

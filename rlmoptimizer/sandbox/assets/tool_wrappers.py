@@ -147,10 +147,15 @@ def _rlmopt_wrap_tools(_names, _removed, _error_name, _SUBMITTED):
                         "cannot take -> pass text, numbers, True/False, None, lists or dicts (e.g. the instructions "
                         "as a string, or call your function first and pass what it returns)"
                     ) from None
+            put_back = getattr(builtins, "_rlmopt_put_back", None)
+            if put_back is not None:  # what dspy's stub uses (json.dumps, run_sync), as the cell may have rebound it
+                put_back(globals())
             try:
                 result = _tool(*args, **kwargs)
             except RuntimeError as exc:
                 message = str(exc.args[0]) if exc.args else ""
+                if message.startswith("RuntimeError: "):  # (the host's own RuntimeError, named once, not twice)
+                    raise RuntimeError(message[len("RuntimeError: ") :]) from None
                 if not message.startswith(prefix):
                     raise
                 raise error_type(message[len(prefix) :]) from None
