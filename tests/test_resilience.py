@@ -223,6 +223,23 @@ def test_a_sub_lm_that_is_down_stops_the_run_resumable_instead_of_ending_it_unch
     assert resumed.route.signature.instructions == POLICY_PROMPT
 
 
+@pytest.mark.parametrize("first", ["propose_instructions('route')", "analyze_failures()"])
+def test_a_sub_lm_that_is_down_for_proposals_or_an_analysis_stops_the_run_too(tmp_path, first):
+    """Regression: only two failed GEPA runs stopped the run; a proposal that got no answer was refused without its
+    cause, and an analysis that got none returned the code groups, so each reset the count."""
+    down = FunctionLM(lambda messages: dspy.LMServerError("503 Service Unavailable", model="gpt-4o", status=503))
+    attempt = "try:\n    {}\nexcept Exception as e:\n    print('REFUSED', e)"
+    turns = [
+        {"reasoning": "first", "code": attempt.format(first)},
+        {"reasoning": "again", "code": attempt.format("propose_instructions('route')")},
+        {"reasoning": "never reached", "code": "print('a third turn')"},
+    ]
+    with pytest.raises(OptimizationInterrupted, match="the sub LM gave no answer in 2 moves in a row"):
+        compile_in(tmp_path, scripted_agent(turns), FunctionLM(task_lm_reply), sub_lm=down)
+    taken = sorted((tmp_path / "turns").glob("turn-*.json"))
+    assert len(taken) == 2 and "REFUSED" in json.loads(taken[0].read_text())["output"]
+
+
 def test_a_turn_cut_off_while_its_code_ran_resumes_with_the_same_reply_unpaid(tmp_path):
     """Regression: the root LM's reply of the turn under way was kept only with the turn, so a Ctrl-C (or a kill)
     while its code ran asked the root LM again on resume: a second charge for that turn (usually the largest

@@ -141,6 +141,7 @@ class _Asked:
     prompts: int = 0
     spent: int = 0
     unanswered: list[str] = field(default_factory=list)  # no answer (not charged): the analysis is not kept for reuse
+    no_answer: BaseException | None = None  # the LM error of a prompt that got no answer
     unusable: list[str] = field(default_factory=list)  # answered with nothing usable (charged)
     copied: list[int] = field(default_factory=list)  # failures whose named cause copied their inputs (dropped)
 
@@ -191,6 +192,12 @@ class AnalysisMoves(MoveContext):
                 return done.reuse()
         analysed = spread_sample(failures, MAX_ANALYSED) if use_lm else []
         asked = self._ask(analysed, passing, step, source) if analysed else _Asked()
+        if asked.no_answer is not None and not asked.spent and not asked.causes:  # not one prompt answered
+            raise refuse(
+                f"analyze_failures: the sub LM gave no answer to any of its {asked.prompts} prompt(s) "
+                f"({asked.unanswered[0]}); nothing was charged",
+                "try again later, or pass use_lm=False for the grouping by code (free)",
+            ) from asked.no_answer
         with self._naming:
             analysis = self._assemble(book.next_id(), source, step, records, failures, analysed, passing, asked)
             analysis = replace(analysis, key=key if not asked.unanswered else "")  # one asked in part: not reused
@@ -270,6 +277,7 @@ class AnalysisMoves(MoveContext):
             except Exception as exc:
                 if classify_lm_failure(exc) is not None:  # no answer: not charged, not kept, tried again next time
                     asked.unanswered.append(failure_summary(exc))
+                    asked.no_answer = exc
                     return None
                 why = _unusable(exc)
                 asked.unusable.append(why)

@@ -215,14 +215,15 @@ class ProposalMoves(AnalysisMoves):
             lms = [nth_sample(lm, first + i) for i in range(reservation.granted)]
             outcomes = self._propose_all(proposer, lms, step, current, dataset, reservation, guidance)
             spent = reservation.spent
-        texts = [text for text, _ in outcomes if text is not None]
-        errors = [error for _, error in outcomes if error is not None]
+        texts = [text for text, _, _ in outcomes if text is not None]
+        errors = [error for _, error, _ in outcomes if error is not None]
         if not texts:
+            unanswered = next((exc for _, _, exc in outcomes if exc is not None), None)
             raise refuse(
                 f"the proposal LM gave no usable instructions ({len(errors)} of {len(outcomes)} asked): "
                 f"{errors[0] if errors else 'no answer'}",
                 "try again, pass guidance or other ids, or write the instructions yourself with update_prompt",
-            )
+            ) from unanswered  # (a sub LM that gave no answer: the compile counts it, see agent.stop)
         unique = list(dict.fromkeys(texts))
         if reservation.granted < n:
             notes.append(f"budget allowed {reservation.granted} of {n} proposals")
@@ -293,21 +294,23 @@ class ProposalMoves(AnalysisMoves):
 
     def _propose_all(
         self, proposer, lms, step, current, dataset, reservation: Reservation, guidance: str
-    ) -> list[tuple[str | None, str | None]]:
+    ) -> list[tuple[str | None, str | None, BaseException | None]]:
         kept = self._kept_proposals()
         prompt = json.dumps([step, current, dataset, guidance], sort_keys=True, default=repr)
 
-        def one(lm) -> tuple[str | None, str | None]:
+        def one(lm) -> tuple[str | None, str | None, BaseException | None]:
             key, _ = kept.key_for(prompt)  # the n-th asking of this prompt in this compile
             stored = kept.get(key)
             if stored is not None:  # answered before a resume: replayed, not paid again
-                return stored, None
+                return stored, None, None
             try:
                 text = ask_proposer(proposer, lm, step, current, dataset, reservation, self._answered)
             except Exception as exc:  # the LM answered with nothing usable (its reply shown), or did not answer
-                return None, reply_of(exc) if classify_lm_failure(exc) is None else failure_summary(exc)
+                if classify_lm_failure(exc) is None:
+                    return None, reply_of(exc), None
+                return None, failure_summary(exc), exc  # (no answer: the error goes with the refusal)
             kept.put(key, text)
-            return text, None
+            return text, None, None
 
         if len(lms) == 1:
             return [one(lms[0])]
