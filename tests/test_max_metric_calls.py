@@ -130,6 +130,10 @@ def test_reading_the_train_baseline_takes_at_most_half_of_what_moves_may_spend()
         [
             "print('read', baseline_train['evaluated_count'], baseline_train['requested_count'],"
             " sorted(e['example_id'] for e in baseline_train['examples']), optimization_status()['budget_left'])",
+            # read again (as after a restart or a resume): the same sample, nothing more paid
+            "again = run_data('baseline_train')\n"
+            "print(sorted(e['example_id'] for e in again['examples']) == sorted(e['example_id'] for e in "
+            "baseline_train['examples']), optimization_status()['budget_left'])",
             SUBMIT,
         ],
         max_metric_calls=30,
@@ -139,6 +143,7 @@ def test_reading_the_train_baseline_takes_at_most_half_of_what_moves_may_spend()
     assert read[:3] == ["read", "7", "12"] and read[-1] == "15"
     sampled = [int(i) for i in " ".join(read[3:-1]).strip("[]").split(",")]
     assert len(sampled) == 7 and sampled != list(range(7))  # a sample, not the first ones
+    assert result.agent_trajectory[1]["output"].split() == ["True", "15"]
     assert calls >= 8 + 7 and result.budget["spent"] <= 30 - 8
 
 

@@ -494,24 +494,27 @@ class AgentTools:
 
     def _baseline_train(self) -> EvalRun:
         """The unchanged program's train run, evaluated now (examples already run with its instructions are free,
-        the others charged) unless a complete one exists: the REPL's ``baseline_train`` when it is on demand. It
-        takes at most half of what the moves may spend (the units beyond one check of a submission on validation):
-        a larger train set is evaluated on a random sample of that many, so reading it never leaves the run
-        without the units to check, or to find, a better candidate."""
+        the others charged) unless a complete one exists: the REPL's ``baseline_train`` when it is on demand. Its
+        records take at most half of what the moves may spend in the whole compile (the budget beyond one check of
+        a submission on validation), and never what that check needs: a larger train set is a random sample of
+        that many, and reading it again (a restart, a resume) gives the same sample, paying nothing more."""
         initial = self.working.initial
-        stored = self.runs.complete_run("train", initial)
-        if stored is not None:
-            return stored
-        size = len(self.runs.splits["train"])
-        new = size - len(self.runs.stored(initial, "train", range(size)))
-        share = max(0, self.ledger.left - len(self.runs.splits.get("val", ()))) // 2
-        if new <= share:
+        complete = self.runs.complete_run("train", initial)
+        if complete is not None:
+            return complete
+        size, val_size = len(self.runs.splits["train"]), len(self.runs.splits.get("val", ()))
+        known = self.runs.stored(initial, "train", range(size))
+        share = max(0, self.ledger.limit - val_size) // 2 - len(known)  # (what is stored counts toward it)
+        share = max(0, min(share, self.ledger.left - val_size))
+        if size - len(known) <= share:
             return self.working.evaluate("train", None, "baseline", instructions=initial)
-        order = list(range(size))
-        random.Random(self.seed).shuffle(order)  # the examples evaluated first: a sample, not the first ones
+        rest = [i for i in range(size) if i not in known]
+        random.Random(self.seed).shuffle(rest)  # the examples evaluated: a sample, not the first ones
         reservation = self.ledger.reserve(share, TRAIN_EXAMPLE)
         try:
-            return self.working.evaluate("train", order, "baseline", instructions=initial, reservation=reservation)
+            return self.working.evaluate(
+                "train", sorted(known) + rest, "baseline", instructions=initial, reservation=reservation
+            )
         finally:
             reservation.release()
 
