@@ -59,7 +59,8 @@ def registration_code(names: list[str], removed: list[str]) -> str:
             "del _rlmopt_wrap_tools",
             _RUNNER_HOOKS,
             hooks,
-            "del _rlmopt_install_hooks, _hide_host_paths, _no_processes, _HARDEN_JS, _KEPT_BUILTINS, _RUNNER_GLOBALS",
+            "del _rlmopt_install_hooks, _hide_host_paths, _no_processes, _HARDEN_JS",
+            "del _KEPT_BUILTINS, _RUNNER_GLOBALS, _STUB_BUILTINS",
         ]
     )
 

@@ -313,6 +313,9 @@ def test_submit_rebound_by_a_cell_is_restored_after_it():
         ("json = None", "json"),
         ("import builtins\nbuiltins.isinstance = lambda *a: False", "isinstance"),
         ("import builtins\nbuiltins.print = lambda *a, **k: None", "print"),
+        ("import json\njson.dumps = lambda obj: 'x'", "json.dumps"),  # (takes none of the keywords a check passes)
+        ("import builtins\nbuiltins.setattr = None", "setattr"),  # (what putting back itself would use)
+        ("dict = {'a': 1}", "dict"),  # a variable named like a builtin the tools' stubs call
     ],
 )
 def test_what_the_tools_and_submit_use_is_put_back_after_a_cell_that_rebound_it(rebind, shown):

@@ -61,6 +61,7 @@ def _rlmopt_install_hooks(report, max_output_chars):
     kept_builtins = {name: getattr(builtins, name) for name in _KEPT_BUILTINS if hasattr(builtins, name)}
     kept_json = {name: getattr(json, name) for name in ("dumps", "loads")}
     kept_globals, runner_globals = {}, _RUNNER_GLOBALS  # the runner's own names in the REPL's globals, as first seen
+    stub_builtins, _getattr, _setattr = _STUB_BUILTINS, getattr, setattr
 
     def plain(value, depth=0):
         """``value`` with whatever JSON cannot carry as text."""
@@ -167,16 +168,20 @@ def _rlmopt_install_hooks(report, max_output_chars):
         ``restored`` until the cell's end tells the agent)."""
         changed = restored
         for name, value in _list(kept_builtins.items()):
-            if getattr(builtins, name, None) is not value:
-                setattr(builtins, name, value)
+            if _getattr(builtins, name, None) is not value:
+                _setattr(builtins, name, value)
                 changed.append(name)
         for name, value in _list(kept_json.items()):
-            if getattr(json, name, None) is not value:
-                setattr(json, name, value)
+            if _getattr(json, name, None) is not value:
+                _setattr(json, name, value)
                 changed.append("json." + name)
         for name, value in _list(kept_globals.items()):
             if globals is not None and globals.get(name) is not value:
                 globals[name] = value
+                changed.append(name)
+        for name in stub_builtins:  # a variable named like a builtin the stubs call (dict = {...}) hides it
+            if globals is not None and name in globals:
+                del globals[name]
                 changed.append(name)
         return changed
 
@@ -216,7 +221,7 @@ def _rlmopt_install_hooks(report, max_output_chars):
                     _print(
                         f"\n[Notice] {', '.join(changed)}: this cell rebound what the sandbox's tools and SUBMIT "
                         "use, and the original is back now (your tools would have lost their arguments). Give your "
-                        "own functions other names, and leave builtins and the json module as they are."
+                        "own variables and functions other names, and leave builtins and the json module as they are."
                     )
             except BaseException:
                 pass
@@ -271,6 +276,7 @@ _KEPT_BUILTINS = (
     "print", "isinstance", "len", "str", "repr", "dict", "list", "tuple", "type", "float", "int", "bool", "getattr",
     "setattr", "hasattr", "id", "sorted", "RuntimeError", "Exception", "BaseException",
 )  # fmt: skip
+_STUB_BUILTINS = ("isinstance", "dict", "RuntimeError")  # what dspy's tool stubs look up in the REPL's globals
 _RUNNER_GLOBALS = ("json", "run_sync", "JsProxy")  # (the same objects at every tool registration)
 
 

@@ -121,6 +121,11 @@ def _rlmopt_wrap_tools(_names, _removed, _error_name, _SUBMITTED):
             submitted = getattr(builtins, "_rlmopt_submitted", None)
             if submitted is not None and not _name.startswith("_"):
                 raise submitted  # code caught SUBMIT's exception: nothing is spent after the submission
+            put_back = getattr(builtins, "_rlmopt_put_back", None)
+            if (
+                put_back is not None
+            ):  # what this check and dspy's stub use (json.dumps, run_sync), if the cell rebound it
+                put_back(globals())
             for where, value in [*enumerate(args), *kwargs.items()]:
                 try:
                     json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8")
@@ -147,9 +152,6 @@ def _rlmopt_wrap_tools(_names, _removed, _error_name, _SUBMITTED):
                         "cannot take -> pass text, numbers, True/False, None, lists or dicts (e.g. the instructions "
                         "as a string, or call your function first and pass what it returns)"
                     ) from None
-            put_back = getattr(builtins, "_rlmopt_put_back", None)
-            if put_back is not None:  # what dspy's stub uses (json.dumps, run_sync), as the cell may have rebound it
-                put_back(globals())
             try:
                 result = _tool(*args, **kwargs)
             except RuntimeError as exc:
