@@ -382,7 +382,10 @@ class Metric:
                 feedback = str(feedback)
             if not _is_number(value):
                 raise self._error(value, "is not a number", where="its `score`")
-        score = _to_float(value)
+        try:
+            score = _to_float(value)
+        except (ValueError, OverflowError, TypeError):  # Decimal('sNaN'), a huge Fraction
+            score = math.nan
         if not math.isfinite(score):
             raise self._error(value, "is not a finite number", where="its `score`" if container is not value else "")
         return score, feedback

@@ -20,7 +20,7 @@ from dspy.teleprompt.teleprompt import Teleprompter
 from rich.console import Console
 
 from rlmoptimizer.agent.window import check_root_window
-from rlmoptimizer.budget import gepa_metric_calls
+from rlmoptimizer.budget import baseline_on_demand, gepa_metric_calls
 from rlmoptimizer.estimate import CostEstimation
 from rlmoptimizer.flow import Compile
 from rlmoptimizer.inputs import check_compile_args, check_settings, resolve_eval_lm
@@ -219,10 +219,11 @@ class RLMDocstringOptimizer(CostEstimation, Teleprompter):
         trainset = check_examples(trainset, "trainset", program=student)
         valset = check_examples(valset, "valset", allow_empty=True, program=student) if valset is not None else []
         warn_repeated_examples(trainset, valset)
-        if self.rlm_autopilot != "loop":  # (the loop runs in Python: no sandbox holds the data)
-            check_repl_data(trainset)
         eval_lm = resolve_eval_lm(self.eval_lm, student)
         config = self._sized(len(student.named_predictors()), len(trainset), len(valset))
+        if config.rlm_autopilot != "loop":  # (the loop runs in Python: no sandbox holds the data)
+            on_demand = baseline_on_demand(config.max_metric_calls, len(valset))  # then no more than it pays for
+            check_repl_data(trainset, most=config.max_metric_calls - len(valset) if on_demand else None)
         check_root_window(config, sandbox_rules(self.sandbox_timeout_s), student, len(trainset), len(valset))
         return Compile(config, student, trainset, valset, metric, eval_lm).run()
 

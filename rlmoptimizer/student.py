@@ -81,6 +81,7 @@ def check_examples(examples: Any, split: str, allow_empty: bool = False, program
         )
     examples = list(examples)
     forward = _forward_parameters(program) if program is not None else None
+    labels = _label_fields(program, forward) if program is not None else {}
     if not examples and not allow_empty:
         raise ConfigurationError(f"{split} is empty; pass at least one example built with {_EXAMPLE_FIX}")
     for index, example in enumerate(examples):
@@ -102,8 +103,8 @@ def check_examples(examples: Any, split: str, allow_empty: bool = False, program
             )
         if forward is not None:
             _check_forward_takes(program, forward, example, f"{split}[{index}]")
-        if program is not None:
-            _check_no_label_as_input(program, forward, example, f"{split}[{index}]")
+        if labels:
+            _check_no_label_as_input(labels, example, f"{split}[{index}]")
         for key in input_keys:
             if _unencodable(example[key]):
                 raise ConfigurationError(
@@ -129,16 +130,22 @@ def _unencodable(value: Any, depth: int = 0) -> bool:
     return False
 
 
-def _check_no_label_as_input(program: Any, forward: Any, example: dspy.Example, where: str) -> None:
-    """:class:`ConfigurationError` when ``example`` marks as an input a field that is an output of the program's
-    steps (and of none an input) which its ``forward`` does not name: the expected answer marked as an input."""
+def _label_fields(program: Any, forward: Any) -> dict[str, str]:
+    """The fields the program's steps output (and none takes as an input) that its ``forward`` does not name, each
+    with the step that outputs it: what an example must not mark as an input."""
     outputs, inputs = {}, set()
     for name, predictor in program.named_predictors():
         inputs |= set(predictor.signature.input_fields)
         for field in predictor.signature.output_fields:
             outputs.setdefault(field, name)
     named = forward[1] if forward is not None and forward[1] is not None else set()
-    labels = sorted(k for k in example._input_keys if k in outputs and k not in inputs and k not in named)
+    return {field: step for field, step in outputs.items() if field not in inputs and field not in named}
+
+
+def _check_no_label_as_input(outputs: dict[str, str], example: dspy.Example, where: str) -> None:
+    """:class:`ConfigurationError` when ``example`` marks as an input one of ``outputs`` (:func:`_label_fields`):
+    the expected answer marked as an input."""
+    labels = sorted(k for k in example._input_keys if k in outputs)
     if labels:
         raise ConfigurationError(
             f"{where} marks {labels} as input(s), but {'it is' if len(labels) == 1 else 'they are'} what step "
@@ -261,16 +268,15 @@ JSON with non-ASCII characters escaped (``\\uXXXX``), its inputs twice (the exam
 objects in the sandbox's WebAssembly memory (2 GB) take several times that."""
 
 
-def check_repl_data(trainset: Sequence[dspy.Example]) -> None:
+def check_repl_data(trainset: Sequence[dspy.Example], most: int | None = None) -> None:
     """:class:`ConfigurationError`, before any LM call, when the train set is too large to hand the agent's sandbox
-    (about :data:`REPL_DATA_LIMIT` characters, its examples' inputs counted twice as the records carry them): it
-    would be refused only after both baselines were paid, and again on every resume."""
-    size = 0
-    for example in trainset:
-        size += 2 * len(json.dumps(dict(example.items()), ensure_ascii=True, default=repr))
-        if size > REPL_DATA_LIMIT:
-            break
-    if size > REPL_DATA_LIMIT:
+    (about :data:`REPL_DATA_LIMIT` characters, each example counted twice, as its record carries its inputs twice):
+    it would be refused only after both baselines were paid, and again on every resume. ``most``: the most train
+    examples the REPL can ever get (a budget of metric calls evaluates no more), the largest of them counted."""
+    sizes = [2 * len(json.dumps(dict(example.items()), ensure_ascii=True, default=repr)) for example in trainset]
+    if most is not None:
+        sizes = sorted(sizes, reverse=True)[: max(0, most)]
+    if sum(sizes) > REPL_DATA_LIMIT:
         raise ConfigurationError(
             f"the trainset is too large for the optimizer agent's sandbox: its records would take more than "
             f"{REPL_DATA_LIMIT // 1_000_000} million characters in the REPL (each example's inputs twice, non-ASCII "

@@ -258,6 +258,10 @@ def test_a_trainset_too_large_for_the_sandbox_is_refused_before_any_lm_call(monk
     assert lm.calls == []  # (6,000 characters an example escaped, twice: 48,000 > 40,000)
     check_repl_data_ok = student_module.check_repl_data  # the same data in ASCII fits
     check_repl_data_ok([dspy.Example(question="z" * 1_000, answer="a").with_inputs("question") for _ in range(4)])
+    # with max_metric_calls and a valset the REPL gets no more train records than the budget evaluates
+    check_repl_data_ok(trainset, most=3)
+    with pytest.raises(ConfigurationError):
+        check_repl_data_ok(trainset, most=4)
 
 
 def test_an_expected_answer_marked_as_an_input_is_refused_naming_the_fix():

@@ -119,6 +119,7 @@ def test_an_object_with_score_and_feedback_attributes_is_accepted():
         (None, ["returned None (NoneType)", "not a score"]),
         (float("nan"), ["returned nan (float)", "not a finite number"]),
         (float("inf"), ["returned inf (float)", "not a finite number"]),
+        (Decimal("sNaN"), ["returned Decimal('sNaN') (Decimal)", "not a finite number"]),
         ("yes", ["returned 'yes' (str)", "not a score"]),
         ([1.0], ["returned [1.0] (list)"]),
         (dspy.Prediction(score="high"), ["whose `score` 'high' (str)", "not a number"]),
