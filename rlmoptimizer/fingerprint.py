@@ -200,6 +200,9 @@ def _lenient_copy(value: Any, memo: dict[int, Any], where: str, shared: list[str
         return value
 
 
+_SAID_SHARED: set[str] = set()
+
+
 def copy_program(program: Any) -> Any:
     """A copy of ``program`` whose predictors are its own, as lenient as dspy's ``Module.deepcopy()``.
 
@@ -210,8 +213,10 @@ def copy_program(program: Any) -> Any:
     """
     shared: list[str] = []
     new = _lenient_copy(program, {}, type(program).__name__, shared)
-    if shared:
-        logger.info("Copying the program shared what cannot be deep-copied (as dspy does): %s", ", ".join(shared))
+    said = ", ".join(shared)
+    if shared and said not in _SAID_SHARED:  # (once: every evaluation copies the program)
+        _SAID_SHARED.add(said)
+        logger.info("Copying the program shared what cannot be deep-copied (as dspy does): %s", said)
     originals = {id(predictor): name for name, predictor in program.named_predictors()}
     same = [name for name, predictor in new.named_predictors() if id(predictor) in originals]
     if same:
