@@ -19,10 +19,10 @@ from rlmoptimizer.storage.notes import NotesStore
 from rlmoptimizer.testing import FunctionLM
 
 
-def tools(sub, ledger, directory, turn="turn 1", workers=1):
+def tools(sub, ledger, directory, turn="turn 1", workers=1, max_llm_calls=50):
     return sub_lm_tools(
         sub,
-        max_llm_calls=50,
+        max_llm_calls=max_llm_calls,
         ledger=ledger,
         usage=None,
         observer=NO_OBSERVER,
@@ -247,16 +247,7 @@ def test_prompts_the_sub_lm_gave_no_answer_to_count_against_neither_the_budget_n
         return "an answer"
 
     ledger = BudgetLedger(100)
-    query = sub_lm_tools(
-        FunctionLM(reply, name="sub"),
-        max_llm_calls=6,
-        ledger=ledger,
-        usage=None,
-        observer=NO_OBSERVER,
-        as_sub=lambda fn: fn,
-        answers=AnswerStore(tmp_path),
-        max_workers=1,
-    )
+    query = tools(FunctionLM(reply, name="sub"), ledger, tmp_path, max_llm_calls=6)
     answers = query["llm_query_batched"](["p0", "p1", "down 2", "p3", "p4", "down 5"])
     assert sum(a.startswith("[ERROR]") for a in answers) == 2
     assert ledger.snapshot()["spent_by_kind"][SUB_LM_CALL] == 4
