@@ -63,13 +63,15 @@ def _stops_when_the_sub_lm_is_unusable(tool: Callable) -> Callable:
     @functools.wraps(tool)
     def guarded(self: AgentTools, *args: Any, **kwargs: Any) -> Any:
         before = self.ledger.spent_by_kind.get(SUB_LM_CALL, 0)
+        self.moves.silent_sub_lm = None
         try:
             result = tool(self, *args, **kwargs)
         except Exception as exc:
             answered = self.ledger.spent_by_kind.get(SUB_LM_CALL, 0) > before  # (an answered prompt is charged)
             sub_lm_move_ended(self.services.stop, exc, answered)
             raise
-        sub_lm_move_ended(self.services.stop, None, True)
+        silent, self.moves.silent_sub_lm = self.moves.silent_sub_lm, None  # (an analysis left to the code's groups)
+        sub_lm_move_ended(self.services.stop, silent, silent is None)
         return result
 
     return guarded

@@ -192,12 +192,8 @@ class AnalysisMoves(MoveContext):
                 return done.reuse()
         analysed = spread_sample(failures, MAX_ANALYSED) if use_lm else []
         asked = self._ask(analysed, passing, step, source) if analysed else _Asked()
-        if asked.no_answer is not None and not asked.spent and not asked.causes:  # not one prompt answered
-            raise refuse(
-                f"analyze_failures: the sub LM gave no answer to any of its {asked.prompts} prompt(s) "
-                f"({asked.unanswered[0]}); nothing was charged",
-                "try again later, or pass use_lm=False for the grouping by code (free)",
-            ) from asked.no_answer
+        # not one prompt answered: the analysis is the code's, and the compile counts the sub LM's silence
+        self.silent_sub_lm = asked.no_answer if not asked.spent and not asked.causes else None
         with self._naming:
             analysis = self._assemble(book.next_id(), source, step, records, failures, analysed, passing, asked)
             analysis = replace(analysis, key=key if not asked.unanswered else "")  # one asked in part: not reused

@@ -117,6 +117,7 @@ class MoveContext:
         self.kept_proposals: Any = None  # the proposal LM's answers in the run directory, opened on first use
         # How each named candidate came to be: {'parents': [ids], 'move': ..., ...}, for the agent and the report.
         self.lineage: dict[str, dict[str, Any]] = {}
+        self.silent_sub_lm: BaseException | None = None  # a move that returned although its sub LM never answered
         self.gepa_candidates = 0  # 'gepa-N' ids given so far
         self.gepa_runs = 0
         self.gepa_hooks: Any = None  # what GEPA runs need of the compile (moves.gepa.GepaHooks); None: nothing
