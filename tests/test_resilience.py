@@ -242,6 +242,29 @@ def test_a_sub_lm_that_is_down_for_proposals_or_an_analysis_stops_the_run_too(tm
     assert ("REFUSED" in first_output) == first.startswith("propose")
 
 
+def test_a_sub_lm_that_answers_between_two_failed_moves_is_not_taken_for_down(tmp_path):
+    """Only moves in a row with no answer between them stop the run: an answer to the agent's own llm_query shows the
+    sub LM is there (its proposals fail for their own reasons)."""
+    from support.optimizing import SUBMIT_CURRENT
+
+    def reply(messages):  # the proposals' prompts get no answer; plain prompts do
+        if "new_instruction" in str(messages):
+            return dspy.LMServerError("503 Service Unavailable", model="gpt-4o", status=503)
+        return "an answer"
+
+    attempt = "try:\n    propose_instructions('route')\nexcept Exception as e:\n    print('REFUSED', type(e).__name__)"
+    turns = [
+        {"reasoning": "propose", "code": attempt},
+        {"reasoning": "ask", "code": "print(llm_query('are you there?'))"},
+        {"reasoning": "propose again", "code": attempt},
+        SUBMIT_CURRENT,
+    ]
+    result = compile_in(tmp_path, scripted_agent(turns), FunctionLM(task_lm_reply), sub_lm=FunctionLM(reply))
+    outputs = [turn["output"] for turn in result.agent_trajectory]
+    assert "REFUSED" in outputs[0] and "an answer" in outputs[1] and "REFUSED" in outputs[2]
+    assert result.agent_trajectory[-1]["final"] and len(result.agent_trajectory) == 4  # not stopped
+
+
 def test_a_turn_cut_off_while_its_code_ran_resumes_with_the_same_reply_unpaid(tmp_path):
     """Regression: the root LM's reply of the turn under way was kept only with the turn, so a Ctrl-C (or a kill)
     while its code ran asked the root LM again on resume: a second charge for that turn (usually the largest

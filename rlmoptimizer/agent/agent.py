@@ -54,7 +54,12 @@ from rlmoptimizer.agent.pilot import LOOP_SUBMISSION
 from rlmoptimizer.agent.prompts import CUT_OFF_NOTE, action_signature, extract_signature, tool_docs_code
 from rlmoptimizer.agent.root_lm import TurnSender, cut_off_since, history_mark
 from rlmoptimizer.agent.services import CompileServices, TurnAids, TurnSettings
-from rlmoptimizer.agent.stop import StopRequest, current_instructions_submitted, stop_if_the_sub_lm_is_unusable
+from rlmoptimizer.agent.stop import (
+    StopRequest,
+    current_instructions_submitted,
+    stop_if_the_sub_lm_is_unusable,
+    sub_lm_move_ended,
+)
 from rlmoptimizer.agent.sub_lm import sub_lm_tools
 from rlmoptimizer.agent.texts import kept_output, valid_text, without_media
 from rlmoptimizer.budget import BudgetLedger
@@ -292,6 +297,7 @@ class OptimizerAgent(dspy.Module):
                 observer=self._observer,
                 as_sub=self._as_sub,
                 on_failure=functools.partial(stop_if_the_sub_lm_is_unusable, self._stop),
+                on_answer=functools.partial(sub_lm_move_ended, self._stop, None, True),  # it answers: not down
                 answers=self._answers,
                 scope=lambda: f"turn {len(self.turns) + 1}",  # a turn run again after an interrupt gets its answers
             )

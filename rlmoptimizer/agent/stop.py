@@ -66,8 +66,8 @@ def stop_if_the_sub_lm_is_unusable(stop: StopRequest, exc: BaseException) -> Non
 
 SILENT_SUB_LM_MOVES = 2
 """Moves in a row (a GEPA run, a proposal, an analysis) that failed because the sub LM gave no answer even after its
-retries (a 5xx, a timeout, a rate limit), with no move between them that got an answer, that stop the compile: the
-sub LM is down."""
+retries (a 5xx, a timeout, a rate limit), with no answer of the sub LM between them (to a move, or to the agent's own
+``llm_query``), that stop the compile: the sub LM is down."""
 
 
 def sub_lm_move_ended(stop: StopRequest, exc: BaseException | None, answered: bool) -> None:

@@ -94,6 +94,7 @@ def sub_lm_tools(
     observer: Observer,
     as_sub: Callable[[Any], Any],
     on_failure: Callable[[BaseException], None] = lambda exc: None,
+    on_answer: Callable[[], None] = lambda: None,
     max_workers: int = 8,
     answers: AnswerStore | None = None,
     scope: Callable[[], str] = str,
@@ -101,7 +102,8 @@ def sub_lm_tools(
     """The REPL's ``llm_query`` and ``llm_query_batched`` for one run of the agent: each prompt costs one unit of
     ``ledger`` and one of ``max_llm_calls``, taken before it is sent and kept only when it was answered (an
     answer that is not text is paid too); ``observer`` hears of every answered call before the turn ends;
-    ``on_failure`` of every prompt the LM failed to answer (the compile stops when it cannot be used). A
+    ``on_failure`` of every prompt the LM failed to answer (the compile stops when it cannot be used), and
+    ``on_answer()`` after prompts it answered (the sub LM is there: see ``agent.stop.sub_lm_move_ended``). A
     ``sub_lm`` of None is dspy's configured LM. ``answers`` (the run directory's) keeps every text answer as it
     arrives: the same prompt asked again in the same order in the same ``scope()`` (the agent's turn) after a
     resume (the cell of a turn an interrupt cut short, run again) is answered from it, free."""
@@ -164,6 +166,7 @@ def sub_lm_tools(
         finally:
             if answered:  # on disk before the turn ends
                 observer.on_event(SubLMAnswered(1, ledger.snapshot()))
+                on_answer()
             elif taken:  # (a refused take counted nothing)
                 charged.unanswered(1)
         return text
@@ -232,6 +235,7 @@ def sub_lm_tools(
         finally:
             if paid:  # on disk before the turn ends (every callback ran: the pool was shut down)
                 observer.on_event(SubLMAnswered(len(paid), ledger.snapshot()))
+                on_answer()
             if taken:
                 charged.unanswered(len(todo) - len(paid))
         if unusable is not None:
