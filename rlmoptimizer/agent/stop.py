@@ -32,7 +32,7 @@ class StopRequest:
         self._lock = threading.Lock()
         self._event = threading.Event()
         self.reason: BaseException | None = None
-        self.sub_lm_silent_moves = 0  # moves in a row whose sub LM gave no answer (sub_lm_move_ended)
+        self._silent_moves = 0  # moves in a row whose sub LM gave no answer (sub_lm_move_ended)
 
     def request(self, reason: BaseException) -> None:
         with self._lock:
@@ -43,6 +43,13 @@ class StopRequest:
     @property
     def requested(self) -> bool:
         return self._event.is_set()
+
+    def count_silent_move(self, silent: bool, answered: bool) -> int:
+        """The moves in a row whose sub LM gave no answer, after one more that ended: ``silent`` (it got none at its
+        end) or not (the count starts again); ``answered``: the sub LM answered earlier in it (it starts at 1)."""
+        with self._lock:
+            self._silent_moves = 0 if not silent else 1 if answered else self._silent_moves + 1
+            return self._silent_moves
 
     def raise_if_requested(self) -> None:
         """Raise the recorded failure, if a stop was requested."""
@@ -77,12 +84,7 @@ def sub_lm_move_ended(stop: StopRequest, exc: BaseException | None, answered: bo
     ending early with the unchanged program as if nothing could be improved, and finished, so never resumed."""
     if exc is not None:
         stop_if_the_sub_lm_is_unusable(stop, exc)
-    with stop._lock:
-        if exc is None or not is_outage(exc):
-            stop.sub_lm_silent_moves = 0
-            return
-        stop.sub_lm_silent_moves = 1 if answered else stop.sub_lm_silent_moves + 1
-        silent = stop.sub_lm_silent_moves
+    silent = stop.count_silent_move(exc is not None and is_outage(exc), answered)
     if silent >= SILENT_SUB_LM_MOVES:
         stop.request(
             OptimizationInterrupted(

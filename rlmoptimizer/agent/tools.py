@@ -56,7 +56,7 @@ from rlmoptimizer.storage.layout import GEPA_REFLECTIONS
 __all__ = ["AgentTools", "select_ids"]
 
 
-def _stops_when_the_sub_lm_is_unusable(tool: Callable) -> Callable:
+def _watches_the_sub_lm(tool: Callable) -> Callable:
     """``tool`` (one that asks the sub LM) requesting the compile's stop when the sub LM cannot be used, or gave no
     answer in several such tool calls in a row (:func:`~rlmoptimizer.agent.stop.sub_lm_move_ended`)."""
 
@@ -298,7 +298,7 @@ class AgentTools:
         run = self.working.evaluate("train", selected, label="agent")
         return run.agent_view()
 
-    @_stops_when_the_sub_lm_is_unusable
+    @_watches_the_sub_lm
     def run_gepa(
         self,
         budget: int | None = None,
@@ -348,7 +348,7 @@ class AgentTools:
         if observer is not None:
             observer.on_event(event)
 
-    @_stops_when_the_sub_lm_is_unusable
+    @_watches_the_sub_lm
     def analyze_failures(self, run_id: str | None = None, step: str | None = None, use_lm: bool = True) -> dict:
         """Group every failure of a train run by step and cause, with counts and example ids. 1 unit per sub-LM prompt (use_lm=False: code groups only, free). Changes nothing.
 
@@ -360,7 +360,7 @@ class AgentTools:
             self.pilot.record(Analyzed(groups))
         return analysis.to_dict()
 
-    @_stops_when_the_sub_lm_is_unusable
+    @_watches_the_sub_lm
     def propose_instructions(
         self, step: str, run_id: str | None = None, ids: Any = None, n: int = 1, guidance: str = "", group: Any = None
     ) -> dict:

@@ -110,8 +110,8 @@ class Runs:
             )
         if scale and scores and max(scores) <= 0 < threshold and len(set(scores)) > 1:
             logger.warning(
-                "pass_threshold=%r, but the metric's scores on the unchanged program are all at most 0 (from %r to %r): "
-                "if its best score is 0 or below (e.g. 0 right, -1 wrong), pass pass_threshold=<that score>. Every "
+                "pass_threshold=%r, but the metric's scores on the unchanged program are all at most 0 (from %r to "
+                "%r): if its best score is 0 or below (e.g. 0 right, -1 wrong), pass pass_threshold=<that score>. Every "
                 "example fails otherwise: the loop reflects on examples the program gets right, and no demos can be "
                 "made (they come from passing examples).",
                 threshold,
@@ -122,9 +122,10 @@ class Runs:
         if len(records) >= 3 and len(empty) == len(records):  # (the program returned: the metric met no field)
             logger.warning(
                 "Every one of the %d %s example(s) of the unchanged program returned a prediction with no output "
-                "field at all, so each scored as an empty answer (or the metric raised on it): the evaluation LM most likely answered with no "
-                "choices (a provider error, a content filter, a proxy that drops the body). Check the LM with one "
-                "call (eval_lm('hello')) before spending more: instructions cannot fix this.",
+                "field at all, so each scored as an empty answer (or the metric raised on it): the evaluation LM "
+                "most likely answered with no choices (a provider error, a content filter, a proxy that drops the "
+                "body). Check the LM with one call (eval_lm('hello')) before spending more: instructions cannot fix "
+                "this.",
                 len(records),
                 run.split,
             )

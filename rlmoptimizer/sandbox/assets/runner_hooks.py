@@ -164,26 +164,24 @@ def _rlmopt_install_hooks(report, max_output_chars):
     restored = []  # put back during the cell (by a tool call), told at its end
 
     def put_back(globals):
-        """The names the runner's stubs need that the cell rebound, each put back: their names (also kept in
-        ``restored`` until the cell's end tells the agent)."""
-        changed = restored
+        """Put back each name the runner's stubs need that the cell rebound, noting it in ``restored`` (the cell's
+        end tells the agent)."""
         for name, value in _list(kept_builtins.items()):
             if _getattr(builtins, name, None) is not value:
                 _setattr(builtins, name, value)
-                changed.append(name)
+                restored.append(name)
         for name, value in _list(kept_json.items()):
             if _getattr(json, name, None) is not value:
                 _setattr(json, name, value)
-                changed.append("json." + name)
+                restored.append("json." + name)
         for name, value in _list(kept_globals.items()):
             if globals is not None and globals.get(name) is not value:
                 globals[name] = value
-                changed.append(name)
+                restored.append(name)
         for name in stub_builtins:  # a variable named like a builtin the stubs call (dict = {...}) hides it
             if globals is not None and name in globals:
                 del globals[name]
-                changed.append(name)
-        return changed
+                restored.append(name)
 
     async def eval_code_async(source, globals=None, locals=None, **kwargs):
         builtins._rlmopt_submitted = None  # SUBMIT's wrapper notes what it raises here
@@ -215,7 +213,8 @@ def _rlmopt_install_hooks(report, max_output_chars):
             raise substitute from error
         finally:
             try:
-                changed = _list(_dict.fromkeys(put_back(globals)))
+                put_back(globals)
+                changed = _list(_dict.fromkeys(restored))
                 restored.clear()
                 if changed:
                     _print(

@@ -121,10 +121,9 @@ def _rlmopt_wrap_tools(_names, _removed, _error_name, _SUBMITTED):
             submitted = getattr(builtins, "_rlmopt_submitted", None)
             if submitted is not None and not _name.startswith("_"):
                 raise submitted  # code caught SUBMIT's exception: nothing is spent after the submission
+            # what the check below and dspy's stub use (json.dumps, run_sync), put back if the cell rebound it
             put_back = getattr(builtins, "_rlmopt_put_back", None)
-            if (
-                put_back is not None
-            ):  # what this check and dspy's stub use (json.dumps, run_sync), if the cell rebound it
+            if put_back is not None:
                 put_back(globals())
             for where, value in [*enumerate(args), *kwargs.items()]:
                 try:
