@@ -458,4 +458,4 @@ class Compile:
         )
         self.observer.on_event(CompileFinished(selection.to_dict(), self.ledger.snapshot()))
         self.journal.flush()  # the result on disk before it is returned (and the journal's sync thread gone)
-        return present_result(result.attach_to(program), self, best_outputs=self.config.track_best_outputs)
+        return present_result(program, result.attributes(), self, best_outputs=self.config.track_best_outputs)

@@ -427,20 +427,22 @@ class CompileResult:
     """Where the returned program's demos came from: ``{step: [train id of each demo, in order]}`` for every step
     with demos (None for a demo no train example holds, e.g. one the program already had)."""
 
-    def attach_to(self, program: Any) -> Any:
-        """Set the attributes on ``program`` (plain dicts and lists, as users read them) and return it."""
-        program.optimized_dspy_program = dict(self.optimized_dspy_program)
-        program.latest_run_id = self.latest_run_id
-        program.trial_logs = [dict(log) for log in self.trial_logs]
-        program.agent_trajectory = list(self.agent_trajectory)
-        program.agent_final_reasoning = self.agent_final_reasoning
-        program.selection = self.selection.to_dict()
-        program.budget = dict(self.budget)
-        program.run_storage_dir = self.run_storage_dir
-        program.step_lms = {step: dict(info) for step, info in self.step_lms.items()}
-        program.usage = dict(self.usage)
-        program.demo_sources = {step: list(ids) for step, ids in self.demo_sources.items()}
-        return program
+    def attributes(self) -> dict[str, Any]:
+        """The attributes compile() sets on the program it returns, by name (plain dicts and lists, as users read
+        them); :func:`rlmoptimizer.report.finish.present_result` sets them."""
+        return {
+            "optimized_dspy_program": dict(self.optimized_dspy_program),
+            "latest_run_id": self.latest_run_id,
+            "trial_logs": [dict(log) for log in self.trial_logs],
+            "agent_trajectory": list(self.agent_trajectory),
+            "agent_final_reasoning": self.agent_final_reasoning,
+            "selection": self.selection.to_dict(),
+            "budget": dict(self.budget),
+            "run_storage_dir": self.run_storage_dir,
+            "step_lms": {step: dict(info) for step, info in self.step_lms.items()},
+            "usage": dict(self.usage),
+            "demo_sources": {step: list(ids) for step, ids in self.demo_sources.items()},
+        }
 
     def result_file(self) -> dict[str, Any]:
         """What ``result.json`` holds."""

@@ -236,3 +236,58 @@ def test_a_metric_given_to_the_constructor_and_another_to_compile_is_warned_abou
         optimizer.compile(RouteTicket(), trainset=train, valset=val, metric=compile_metric)
     assert "compile()'s (compile_metric) is used" in caplog.text
     assert compile_calls and not constructor_calls
+
+
+class JudgedTicket(RouteTicket):
+    """A program that holds names compile()'s result also uses: a step called ``score``, a value ``budget`` and a
+    method ``usage``."""
+
+    budget = 3  # a class default of the user's
+
+    def __init__(self):
+        super().__init__()
+        self.score = self.route  # the routing step, under a name a judge step plausibly has
+        del self.route
+        self.selection = {"mine": True}  # a value of the user's
+
+    def usage(self):
+        return "the user's own method"
+
+    def forward(self, ticket):
+        return self.score(summary=self.summarize(ticket=ticket).summary)
+
+
+def test_the_result_never_replaces_a_step_or_an_attribute_of_the_users_program(tmp_path, caplog):
+    train, val = make_splits()
+    optimizer = RLMDocstringOptimizer(
+        metric_with_feedback, **{**gepa_arguments(tmp_path), "use_merge": True}, rlm_autopilot="loop"
+    )
+    with dspy.context(lm=FunctionLM(task_lm_reply)):
+        optimized = optimizer.compile(JudgedTicket(), trainset=train, valset=val)
+        assert isinstance(optimized.score, dspy.Predict) and optimized.score.signature.instructions == POLICY_PROMPT
+        assert [name for name, _ in optimized.named_predictors()] == ["summarize.predict", "score"]
+        assert optimized.budget == 3 and optimized.usage() == "the user's own method"
+        assert optimized.selection == {"mine": True}
+        assert optimized(ticket=train[3].ticket).queue == "disputes"  # the program still runs, optimized
+    said = " ".join(r.getMessage() for r in caplog.records if "left" in r.getMessage())
+    assert "left selection, budget, usage, score of the returned program" in said and "values are not set" in said
+    assert str(tmp_path / "gepa-logs") in said
+    # the rest of the result is set, and says what the skipped names would have
+    assert optimized.detailed_results.score == 1.0 and optimized.optimized_dspy_program["score"] == POLICY_PROMPT
+    assert json.loads((tmp_path / "gepa-logs" / "result.json").read_text())["selection"]["chosen_score"] == 1.0
+    path = tmp_path / "saved.json"
+    optimized.save(str(path))
+    loaded = JudgedTicket()
+    loaded.load(str(path))
+    assert loaded.score.signature.instructions == POLICY_PROMPT
+
+    # a program compile() returned, compiled again: the names it set are set anew, and only the user's are kept
+    caplog.clear()
+    plain = RLMDocstringOptimizer(metric_with_feedback, **gepa_arguments(tmp_path / "again"), rlm_autopilot="loop")
+    with dspy.context(lm=FunctionLM(task_lm_reply)):
+        first = plain.compile(RouteTicket(), trainset=train, valset=val)
+        first.score = 0.5  # as MIPROv2 or an earlier compile left it
+        again = RLMDocstringOptimizer(metric_with_feedback, **gepa_arguments(tmp_path / "third"), rlm_autopilot="loop")
+        second = again.compile(first, trainset=train, valset=val)
+    assert second.score == 1.0 and second.run_storage_dir == str(tmp_path / "third" / "gepa-logs")
+    assert not [r for r in caplog.records if "left" in r.getMessage() and "as they were" in r.getMessage()]

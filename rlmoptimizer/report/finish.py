@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import dspy
+
 from rlmoptimizer.fingerprint import copy_program
 from rlmoptimizer.report.compile_state import CompileState
 from rlmoptimizer.report.plot import picture_unavailable, write_run_picture
@@ -17,22 +19,66 @@ from rlmoptimizer.report.trajectory import Trajectory
 logger = logging.getLogger(__name__)
 
 
-def present_result(program: Any, state: CompileState, best_outputs: bool = False) -> Any:
-    """Attach the views of the finished run to ``program`` and return it. ``state`` is the compile's: its
+_MARK = "_rlmoptimizer_result_attributes"
+"""On a returned program: the names compile() set on it, so a later compile of that program may set them again."""
+_TELEPROMPTER_NAMES = frozenset({"score", "candidate_programs", "trial_logs", "detailed_results"})
+"""What dspy's own teleprompters (MIPROv2, SIMBA, GEPA, ...) set on the programs they return: a later compile of
+such a program sets them anew."""
+
+
+def attach_results(program: Any, values: dict[str, Any], directory: str) -> dict[str, Any]:
+    """Set each of ``values`` on ``program``, except a name the program holds for itself: a step or sub-module of
+    that name, a class attribute (a method, a property, a default), or an attribute it set (not one compile() or a
+    dspy teleprompter set on it earlier). Those are left as they are, with a warning naming them and where their
+    values are (``directory``): the returned program stays the user's program. Returns what was set."""
+    ours = set(getattr(program, _MARK, ()))
+    kept = []
+    for name in values:
+        own = program.__dict__.get(name, None)
+        if (
+            hasattr(type(program), name)
+            or isinstance(own, dspy.Module)
+            or (name in program.__dict__ and name not in ours and name not in _TELEPROMPTER_NAMES)
+        ):
+            kept.append(name)
+    attached = {name: value for name, value in values.items() if name not in kept}
+    for name, value in attached.items():
+        setattr(program, name, value)
+    program.__dict__[_MARK] = frozenset(ours | set(attached))
+    if kept:
+        logger.warning(
+            "compile() left %s of the returned program as they were: the program has its own attribute(s) of that "
+            "name (a step, a method or a value of yours), so the result's %s not set there. They are in the "
+            "run directory %s: result.json, and DetailedResults.from_run_directory(%r).",
+            ", ".join(kept),
+            "value is" if len(kept) == 1 else "values are",
+            directory,
+            directory,
+        )
+    return attached
+
+
+def present_result(program: Any, values: dict[str, Any], state: CompileState, best_outputs: bool = False) -> Any:
+    """Set the result ``values`` (:meth:`~rlmoptimizer.records.CompileResult.attributes`) and the views of the
+    finished run on ``program`` (:func:`attach_results`) and return it. ``state`` is the compile's: its
     ``directory``, ``student``, ``tracker`` (or None) and ``read_back`` (a finished run returned again writes
     nothing, so no picture). ``best_outputs``: the detailed results hold the best outputs per validation example
     (``track_best_outputs``). The picture never fails a finished run."""
     directory, student, tracker = state.directory, state.student, state.tracker
-    program.agent_trajectory = Trajectory(program.agent_trajectory)
     detailed = DetailedResults.from_run_directory(directory, program=copy_program(student), best_outputs=best_outputs)
-    program.detailed_results = detailed
-    program.score = program.selection["chosen_score"]  # MIPROv2's names
-    program.candidate_programs = detailed.candidate_programs
     estimate = state.cost_estimate
-    program.cost_estimate = estimate
-    program.cost_check = estimate.against(program.usage) if estimate is not None else None
-    if program.cost_check is not None and not state.read_back:
-        state.display.message(str(program.cost_check))
+    values = {
+        **values,
+        "agent_trajectory": Trajectory(values["agent_trajectory"]),
+        "detailed_results": detailed,
+        "score": values["selection"]["chosen_score"],  # MIPROv2's names
+        "candidate_programs": detailed.candidate_programs,
+        "cost_estimate": estimate,
+        "cost_check": estimate.against(values["usage"]) if estimate is not None else None,
+    }
+    attach_results(program, values, str(directory))
+    if values["cost_check"] is not None and not state.read_back:
+        state.display.message(str(values["cost_check"]))
     picture = None
     if not state.read_back and picture_unavailable() is not None:  # the plot extra is optional: nothing to say
         logger.debug("No run.png: %s", picture_unavailable())
@@ -47,12 +93,12 @@ def present_result(program: Any, state: CompileState, best_outputs: bool = False
             )
     if tracker is not None:
         tracker.compile_finished(
-            instructions=program.optimized_dspy_program,
-            selection=program.selection,
-            trajectory=list(program.agent_trajectory),
+            instructions=values["optimized_dspy_program"],
+            selection=values["selection"],
+            trajectory=list(values["agent_trajectory"]),
             picture=picture,
             detailed_results=detailed.to_dict(),
-            budget=program.budget,
+            budget=values["budget"],
             usage=detailed.usage,
             lineage=detailed.lineage_record(),
         )
