@@ -166,7 +166,7 @@ class RLMDocstringOptimizer(CostEstimation, Teleprompter):
         metric_id: str | None = None,
         pass_threshold: float = 1.0,
         max_demos: int = 4,
-        num_threads: int | None = 8,
+        num_threads: int | None = None,
         # the agent
         rlm_max_iterations: int = 200,
         rlm_max_llm_calls: int = 200,

@@ -76,7 +76,10 @@ def test_a_dspy_gepa_script_runs_with_the_optimizer_swapped_in(tmp_path):
             for index, output in results.best_outputs_valset[val_id]:
                 assert index in best_ids and output.queue == val[val_id].queue
         assert len(results.val_subscores) == len(results.candidates) == len(results.discovery_eval_counts)
-        assert results.discovery_eval_counts[0] == 0
+        counts = results.discovery_eval_counts
+        assert counts[0] == 0 and counts == sorted(counts) and counts[-1] < results.total_metric_calls
+        # gepa's scale: the validation baseline's metric calls count too (the budget, in units, leaves them out)
+        assert all(counts[i] - results.discovery_budget[i] == len(val) for i in range(1, len(counts)))
         spent = optimized.budget["spent"] + len(val)  # every metric call, the validation baseline's included
         assert results.total_metric_calls == spent and results.num_full_val_evals >= 2
         assert results.log_dir == str(tmp_path / "gepa-logs") and results.seed == 0
@@ -157,6 +160,8 @@ def test_dspy_gepas_names_mean_ours(tmp_path):
     assert optimizer.max_full_evals == 3 and optimizer.max_iterations is None
     assert optimizer.add_format_failure_as_feedback is True
     assert RLMDocstringOptimizer(root_lm=reflection).add_format_failure_as_feedback is False  # dspy.GEPA's default
+    with dspy.context(num_threads=3):  # left out, as in a dspy.GEPA script: dspy's setting, as dspy.GEPA takes it
+        assert RLMDocstringOptimizer(root_lm=reflection).num_threads == 3
     with pytest.raises(ConfigurationError, match="add_format_failure_as_feedback must be True or False"):
         RLMDocstringOptimizer(root_lm=reflection, add_format_failure_as_feedback="yes")
     # the budget auto stands for is sized in compile(); the constructor's window check sizes it for the smallest

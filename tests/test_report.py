@@ -139,8 +139,10 @@ def test_detailed_results_give_what_gepa_and_miprov2_users_look_for(finished):
     assert [p["score"] for p in programs] == sorted(results.val_aggregate_scores, reverse=True)
     assert programs[0]["program"].route.signature.instructions == POLICY_PROMPT and programs[0]["full_eval"] is True
     assert results.budget == optimized.budget and results.run_storage_dir == results.log_dir == str(directory)
-    # budget spent before each candidate was first evaluated: nothing for the unchanged program
-    assert results.discovery_eval_counts == [0, 0]
+    # before each candidate was first evaluated: nothing for the unchanged program; the baselines' metric calls (and
+    # no budget unit: baselines are not charged) for the new prompt, as gepa counts them
+    baselines = sum(log["evaluated_count"] for log in optimized.trial_logs if log["label"] == "baseline")
+    assert results.discovery_eval_counts == [0, baselines] and results.discovery_budget == (0, 0) and baselines > 0
     data = json.loads(json.dumps(results.to_dict()))
     assert data["pareto_front"] == [0, 1] and data["best_idx"] == 1 and data["status"] == "finished"
     with pytest.raises(ConfigurationError, match="program"):

@@ -120,6 +120,9 @@ class DetailedResults:
     """Per validation example id (train without a validation set), the candidates with its highest score there."""
     discovery_budget: tuple[int, ...]
     """Per candidate, the budget spent (in units) before it was first evaluated."""
+    discovery_metric_calls: tuple[int, ...]
+    """Per candidate, the metric calls (program runs, the baselines' included) made before it was first evaluated:
+    ``dspy.GEPA``'s ``discovery_eval_counts``, on the scale of ``total_metric_calls``."""
     # -- ours
     train_aggregate_scores: tuple[float | None, ...]
     train_subscores: tuple[dict[int, float], ...]
@@ -186,6 +189,7 @@ class DetailedResults:
         outputs: dict[str, list[dict[int, dict[str, Any]]]] = {"train": [], "val": []}
         run_ids: list[list[str]] = []
         discovery: list[int] = []
+        calls_before: list[int] = []
         metric_calls: set[tuple] = set()
         sizes: dict[str, int] = {}
         for run in rundir.runs:
@@ -201,6 +205,7 @@ class DetailedResults:
                     outputs[split].append({})
                 run_ids.append([])
                 discovery.append(max(0, rundir.spent_after(run) - run.budget_spent))
+                calls_before.append(len(metric_calls))
             i = index[key]
             run_ids[i].append(run.run_id)
             metric_calls.update((key, run.split, run.rollout, record.example_id) for record in run.records)
@@ -253,6 +258,7 @@ class DetailedResults:
             val_subscores=[dict(scores) for scores in subscores[split]],
             per_val_instance_best_candidates=best_val,
             discovery_budget=tuple(discovery),
+            discovery_metric_calls=tuple(calls_before),
             train_aggregate_scores=tuple(full["train"].get(i) for i in range(len(candidates))),
             train_subscores=tuple(subscores["train"]),
             run_ids=tuple(tuple(ids) for ids in run_ids),
@@ -301,9 +307,10 @@ class DetailedResults:
 
     @property
     def discovery_eval_counts(self) -> list[int]:
-        """``dspy.GEPA``'s name for :attr:`discovery_budget`: the budget spent before each candidate was first
-        evaluated (metric calls with ``max_metric_calls``; units otherwise, sub-LM prompts included)."""
-        return list(self.discovery_budget)
+        """``dspy.GEPA``'s name for :attr:`discovery_metric_calls`: the metric calls made before each candidate was
+        first evaluated, the baselines' included, as gepa counts them (:attr:`discovery_budget` has the budget
+        units)."""
+        return list(self.discovery_metric_calls)
 
     @property
     def log_dir(self) -> str:
@@ -405,6 +412,7 @@ class DetailedResults:
             "train_subscores": [dict(s) for s in self.train_subscores],
             "run_ids": [list(ids) for ids in self.run_ids],
             "discovery_budget": list(self.discovery_budget),
+            "discovery_metric_calls": list(self.discovery_metric_calls),
             "per_train_example_best_candidates": {
                 example: sorted(ids) for example, ids in self.per_train_example_best_candidates.items()
             },
