@@ -13,6 +13,7 @@ import difflib
 import inspect
 import logging
 import math
+import numbers
 import os
 from pathlib import Path
 from typing import Any
@@ -127,9 +128,9 @@ def check_budget(
 
 
 def check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:  # numpy's ints too
         raise ConfigurationError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
+    return int(value)
 
 
 MAX_DEMOS = 16
@@ -547,10 +548,15 @@ def from_dspy_gepa(given: dict[str, Any], dspy_gepa: dict[str, Any]) -> dict[str
                 ours[name] = value
         else:
             accepted, why = DSPY_GEPA_DEFAULTS[name]
-            if not any(value is taken or (type(value) is type(taken) and value == taken) for taken in accepted):
+            if not any(value is taken or (_kind(value) is _kind(taken) and value == taken) for taken in accepted):
                 kept = " or ".join(repr(taken) for taken in accepted)
                 raise ConfigurationError(f"{name}={value!r:.60}: {why}; drop {name} (or pass {kept})")
     return ours
+
+
+def _kind(value: Any) -> type:
+    """What a value is, for comparing it with a default: any real number (numpy's too) is a number, a bool is not."""
+    return float if isinstance(value, numbers.Real) and not isinstance(value, bool) else type(value)
 
 
 def _check_alias(name: str, value: Any) -> None:

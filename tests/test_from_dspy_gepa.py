@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import dspy
+import numpy as np
 import pytest
 from support.optimizing import proposer
 from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, task_lm_reply
@@ -160,6 +161,10 @@ def test_dspy_gepas_names_mean_ours(tmp_path):
     assert optimizer.max_full_evals == 3 and optimizer.max_iterations is None
     assert optimizer.add_format_failure_as_feedback is True
     assert RLMDocstringOptimizer(root_lm=reflection).add_format_failure_as_feedback is False  # dspy.GEPA's default
+    numpy_values = RLMDocstringOptimizer(root_lm=reflection, seed=np.int64(3), failure_score=np.float64(0.0))
+    assert numpy_values.attempt == 3 and type(numpy_values.attempt) is int  # a seed from numpy, as a notebook has it
+    with pytest.raises(ConfigurationError, match=r"failure_score=.*drop failure_score"):
+        RLMDocstringOptimizer(root_lm=reflection, failure_score=np.float64(0.5))
     with dspy.context(num_threads=3):  # left out, as in a dspy.GEPA script: dspy's setting, as dspy.GEPA takes it
         assert RLMDocstringOptimizer(root_lm=reflection).num_threads == 3
     with pytest.raises(ConfigurationError, match="add_format_failure_as_feedback must be True or False"):
