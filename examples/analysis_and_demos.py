@@ -173,7 +173,7 @@ def main() -> None:
     for candidate, lineage in results.lineage.items():
         if lineage.get("made_for"):
             made_for = lineage["made_for"]
-            text = results.instructions[lineage["candidate"]]["route"]
+            text = results.instructions_of(candidate)["route"]
             print(f"{candidate}, written for group {made_for['group']!r} of {made_for['analysis']}: {text!r}")
     print()
     print(f"demos of the returned program, from train examples {optimized.demo_sources['route']}:")

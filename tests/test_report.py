@@ -248,7 +248,9 @@ def test_report_of_a_run_killed_mid_evaluation(tmp_path, capsys):
     assert not has_colour(pixels, STAR)  # nothing returned yet
     results = DetailedResults.from_run_directory(directory)
     assert results.status == "interrupted" and results.best_idx is None and results.score is None
-    assert len(results.instructions) == 2  # the unchanged program and the re-run with the new prompt
+    # the unchanged program is a candidate; the re-run with the new prompt, on a few examples, is listed apart
+    assert len(results.instructions) == len(results.val_aggregate_scores) == 1
+    assert [u["run_ids"] for u in results.unscored] == [["run-0003"]] and results.unscored[0]["parents"] == [None]
 
 
 @pytest.mark.slow
@@ -289,9 +291,15 @@ def test_detailed_results_name_each_candidate_and_give_the_returned_ones_ancestr
         "proposal-1": {**stored["proposal-1"], "candidate": p1},
         "gepa-1": {**stored["gepa-1"], "candidate": best},
     }
-    for name, entry in results.lineage.items():  # children GEPA did not keep: evaluated, and made from a parent
-        assert entry == {**stored[name], "candidate": entry["candidate"]} and entry["candidate"] is not None
-        assert results.parents[entry["candidate"]] != [None]
+    for name, entry in results.lineage.items():  # children GEPA did not keep: evaluated in part, made from a parent
+        assert entry == {**stored[name], "candidate": entry["candidate"]}
+        if entry["candidate"] is None:
+            (unscored,) = [u for u in results.unscored if name in u["candidate_ids"]]
+            assert unscored["parents"] != [None] and unscored["run_ids"]
+        else:
+            assert results.parents[entry["candidate"]] != [None]
+    assert all(isinstance(score, float) for score in results.val_aggregate_scores)  # dspy.GEPA's code reads them
+    assert int(np.argmax(results.val_aggregate_scores)) == best
     assert results.candidate_lineage(best) == {"gepa-1": results.lineage["gepa-1"]}
 
     # the ancestry: the unchanged program, the proposal GEPA started from, GEPA's candidate (returned)

@@ -147,10 +147,7 @@ def _ancestry_points(rundir: RunDirectory, points: list[dict[str, Any]]) -> list
     split = results.selection_split or "val"
     placed = []
     for node in results.ancestry:
-        index = node["candidate"]
-        if index is None:
-            continue
-        runs = [by_run[r] for r in results.run_ids[index] if r in by_run]
+        runs = [by_run[r] for r in node["run_ids"] if r in by_run]
         chosen = by_run.get(rundir.selection.get("chosen_run_id")) if node.get("returned") else None
         whole = [p for p in runs if p["split"] == split and not p["partial"]]
         point = chosen or (whole[0] if whole else max(runs, key=lambda p: p["n"], default=None))

@@ -1,8 +1,10 @@
 """Detailed results of a run, readable by code written for ``dspy.GEPA``'s ``DspyGEPAResult``, built from the run
 directory.
 
-A *candidate* is one distinct instruction set that was evaluated (candidate 0 is the unchanged program). For each
-candidate: its score on the whole selection split (when it was checked there), its scores per example on train
+A *candidate* is one distinct instruction set scored on the whole selection split (validation; train without it), as
+``dspy.GEPA``'s candidates are its pool, each scored on its whole valset; candidate 0 is the unchanged program. The
+instruction sets evaluated only in part (a GEPA child its minibatch rejected, a proposal compared on a few examples)
+are ``unscored``, apart. For each candidate: its score on the whole selection split, its scores per example on train
 and validation (every first-sample record stored, the latest evaluation of an example winning; extra rollouts
 are in ``run_ids``), and the budget spent when it was first evaluated. The Pareto front is the set of candidates
 that score best on at least one train example.
@@ -14,9 +16,8 @@ program given as ``program=``), ``parents`` (per candidate, its parents' indices
 ``num_full_val_evals``, ``log_dir``, ``seed``, ``best_idx``, ``best_candidate`` (the returned program),
 ``highest_score_achieved_per_val_task`` and ``to_dict()`` (whose ``candidates`` are ``{step: text}`` maps, as
 dspy.GEPA's). The ``val_`` names are on the validation set, or on the train set without one, as ``dspy.GEPA`` uses
-its trainset as its valset then. Differences, where ours has no counterpart: a candidate never checked on the whole
-validation set (a proposal compared on a few examples) has the aggregate score None; ``best_idx`` is the candidate
-``compile()`` returned (the best checked there, never worse than the unchanged program), None until it returned one.
+its trainset as its valset then. Where ours differs: ``best_idx`` is the candidate ``compile()`` returned (the best
+checked there, never worse than the unchanged program), None until it returned one.
 
 Ours, beside them: ``instructions`` (each candidate's ``{step: text}`` map, what ``candidates`` held before it held
 programs), ``best_instructions``, ``train_subscores``, ``train_aggregate_scores``, ``run_ids``, ``ranking``, the
@@ -100,8 +101,8 @@ def _best(subscores: Sequence[dict[int, float]]) -> dict[int, set[int]]:
 @dataclass(frozen=True)
 class DetailedResults:
     """Every candidate of one run and how it scored, with the names and types of ``dspy.GEPA``'s ``DspyGEPAResult``
-    (``candidates`` are programs, ``instructions`` their ``{step: text}`` maps). A candidate never scored on the
-    whole validation set has the aggregate score None; ``best_idx`` is the candidate ``compile()`` returned.
+    (``candidates`` are programs, ``instructions`` their ``{step: text}`` maps): the instruction sets scored on the
+    whole validation set (``unscored`` lists the others); ``best_idx`` is the candidate ``compile()`` returned.
     Read-only; ``to_dict()`` is plain JSON."""
 
     # -- dspy.GEPA's DspyGEPAResult fields (``candidates`` and ``discovery_eval_counts`` are properties below)
@@ -109,11 +110,10 @@ class DetailedResults:
     """Each candidate's ``{step: text}`` map, candidate 0 the unchanged program (``candidates`` are the programs)."""
     parents: list[list[int | None]]
     """Per candidate, the indices of the candidates it was made from (two for a merge), as ``dspy.GEPA``'s
-    ``parents``: ``[None]`` for the unchanged program and for a candidate whose parents were never evaluated or not
-    recorded (the agent's own edit)."""
-    val_aggregate_scores: list[float | None]
-    """Per candidate, its score on the whole validation set (the train set without one); None when it was never
-    checked on all of it."""
+    ``parents``: ``[None]`` for the unchanged program and for a candidate whose parents were never scored on the
+    whole split or not recorded (the agent's own edit)."""
+    val_aggregate_scores: list[float]
+    """Per candidate, its score on the whole validation set (the train set without one)."""
     val_subscores: list[dict[int, float]]
     """Per candidate, ``{example id: score}`` on the validation set (the train set without one), where it ran."""
     per_val_instance_best_candidates: dict[int, set[int]]
@@ -165,13 +165,19 @@ class DetailedResults:
     """Per candidate id: ``parents`` (candidate ids, a run id or ``'current'``), ``move``, ``run`` (the GEPA run),
     ``steps``, ``reflected_on`` (train example ids), ``made_for`` (a proposal written for a group of a failure
     analysis: ``{"analysis", "group", "example_ids"}``) as the moves recorded them, and ``candidate`` (the index of
-    the instruction set it stands for; None when it was never evaluated)."""
+    the candidate it stands for; None when it was never scored on the whole split)."""
     ancestry: tuple[dict[str, Any], ...] = ()
     """The returned candidate's ancestors, the unchanged program (or the oldest ancestor known) first and the
     returned candidate last: per generation ``label`` (its id, or ``"the unchanged program"``), ``id``,
     ``candidate``, ``move``, ``parents`` (labels), ``run``, ``steps``, ``changed_steps`` (what differs from its first
     parent), ``reflected_on``, ``made_for``, ``generation``, ``score`` (on the whole selection split), ``val_score`` and
-    ``returned``. Empty until a candidate is returned."""
+    ``returned``, and ``run_ids`` (its runs: an ancestor never scored on the whole split has no ``candidate``). Empty
+    until a candidate is returned."""
+    unscored: tuple[dict[str, Any], ...] = ()
+    """The instruction sets evaluated but never scored on the whole selection split (a GEPA child its minibatch
+    rejected, a proposal compared on a few examples), which ``dspy.GEPA`` does not list either: each
+    ``{"instructions", "candidate_ids", "parents" (indices of candidates), "run_ids", "train_subscores",
+    "val_subscores"}``, in the order they were first evaluated."""
     program: Any = field(default=None, compare=False, repr=False)
 
     # -- building ----------------------------------------------------------------------------------
@@ -227,7 +233,6 @@ class DetailedResults:
             rank[split] = list(dict.fromkeys(index[_key(run.instructions)] for run in order))
 
         chosen = rundir.optimized_instructions
-        best_idx = index.get(_key(chosen)) if chosen else None
         named = Lineage(
             rundir.named_candidates,
             rundir.lineage,
@@ -238,31 +243,39 @@ class DetailedResults:
         )
         # dspy.GEPA's val_ names: on the selection split (validation; train without it, as dspy.GEPA uses its trainset)
         split = selection.get("split") or ("val" if sizes.get("val") else "train")
+        # the candidates are those scored on the whole split, as dspy.GEPA's pool; the rest are listed apart
+        kept = [i for i in range(len(candidates)) if i in full[split]]
+        new = {old: i for i, old in enumerate(kept)}
+        best_idx = new.get(index.get(_key(chosen))) if chosen else None
         ancestry = []
-        for node in named.ancestry(best_idx):
+        for node in named.ancestry(index.get(_key(chosen)) if chosen else None):
             i = node["candidate"]
             ancestry.append(
                 {
                     **node,
+                    "candidate": new.get(i),
+                    "run_ids": list(run_ids[i]) if i is not None else [],
                     "score": full[split].get(i) if i is not None else None,
                     "val_score": full["val"].get(i) if i is not None else None,
-                    "returned": i == best_idx,
+                    "returned": i is not None and new.get(i) == best_idx,
                 }
             )
-        val_scores = [full[split].get(i) for i in range(len(candidates))]
-        best_val = _best(subscores[split])
+        val_subscores = [dict(subscores[split][i]) for i in kept]
+        best_val = _best(val_subscores)
         return cls(
-            instructions=tuple(candidates),
-            parents=[_parents(named, i) for i in range(len(candidates))],
-            val_aggregate_scores=val_scores,
-            val_subscores=[dict(scores) for scores in subscores[split]],
+            instructions=tuple(candidates[i] for i in kept),
+            parents=[_parents(named, i, new) for i in kept],
+            val_aggregate_scores=[full[split][i] for i in kept],
+            val_subscores=val_subscores,
             per_val_instance_best_candidates=best_val,
-            discovery_budget=tuple(discovery),
-            discovery_metric_calls=tuple(calls_before),
-            train_aggregate_scores=tuple(full["train"].get(i) for i in range(len(candidates))),
-            train_subscores=tuple(subscores["train"]),
-            run_ids=tuple(tuple(ids) for ids in run_ids),
-            per_train_example_best_candidates={e: frozenset(ids) for e, ids in _best(subscores["train"]).items()},
+            discovery_budget=tuple(discovery[i] for i in kept),
+            discovery_metric_calls=tuple(calls_before[i] for i in kept),
+            train_aggregate_scores=tuple(full["train"].get(i) for i in kept),
+            train_subscores=tuple(subscores["train"][i] for i in kept),
+            run_ids=tuple(tuple(run_ids[i]) for i in kept),
+            per_train_example_best_candidates={
+                e: frozenset(ids) for e, ids in _best([subscores["train"][i] for i in kept]).items()
+            },
             best_idx=best_idx,
             selection_split=selection.get("split"),
             score=selection.get("chosen_score"),
@@ -274,22 +287,34 @@ class DetailedResults:
             status=rundir.status,
             best_outputs_valset=(
                 {
-                    example: [(i, dspy.Prediction(**outputs[split][i][example])) for i in sorted(ids)]
+                    example: [(i, dspy.Prediction(**outputs[split][kept[i]][example])) for i in sorted(ids)]
                     for example, ids in best_val.items()
                 }
                 if best_outputs
                 else None
             ),
             total_metric_calls=len(metric_calls),
-            num_full_val_evals=sum(score is not None for score in val_scores),
+            num_full_val_evals=len(kept),
             seed=(rundir.result or {}).get("seed"),
-            ranking=tuple(rank[split]),
-            candidate_ids=tuple(named.ids_of(i) for i in range(len(candidates))),
+            ranking=tuple(new[i] for i in rank[split]),
+            candidate_ids=tuple(named.ids_of(i) for i in kept),
             lineage={
-                name: {**entry, "candidate": named.candidate_of(name)}
+                name: {**entry, "candidate": new.get(named.candidate_of(name))}
                 for name, entry in ((n, rundir.lineage.get(n, {})) for n in rundir.named_candidates)
             },
             ancestry=tuple(ancestry),
+            unscored=tuple(
+                {
+                    "instructions": dict(candidates[i]),
+                    "candidate_ids": list(named.ids_of(i)),
+                    "parents": _parents(named, i, new),
+                    "run_ids": list(run_ids[i]),
+                    "train_subscores": dict(subscores["train"][i]),
+                    "val_subscores": dict(subscores["val"][i]),
+                }
+                for i in range(len(candidates))
+                if i not in new
+            ),
             program=program,
         )
 
@@ -344,6 +369,15 @@ class DetailedResults:
     def candidate_lineage(self, index: int) -> dict[str, dict[str, Any]]:
         """``{id: lineage}`` for every candidate id naming candidate ``index`` (empty when none does)."""
         return {name: self.lineage[name] for name in self.candidate_ids[index] if name in self.lineage}
+
+    def instructions_of(self, candidate_id: str) -> dict[str, str] | None:
+        """The ``{step: text}`` map candidate id ``candidate_id`` (``proposal-1``, ``gepa-3``) stands for, a candidate
+        or one of ``unscored``; None when it names none (never evaluated)."""
+        index = self.lineage.get(candidate_id, {}).get("candidate")
+        if index is not None:
+            return dict(self.instructions[index])
+        found = [u["instructions"] for u in self.unscored if candidate_id in u["candidate_ids"]]
+        return dict(found[0]) if found else None
 
     @property
     def returned_candidate_id(self) -> str | None:
@@ -429,16 +463,18 @@ class DetailedResults:
             "candidate_ids": [list(ids) for ids in self.candidate_ids],
             "lineage": {name: dict(entry) for name, entry in self.lineage.items()},
             "ancestry": [dict(node) for node in self.ancestry],
+            "unscored": [dict(entry) for entry in self.unscored],
         }
 
 
-def _parents(named: Lineage, index: int) -> list[int | None]:
-    """The indices of the candidates candidate ``index`` was made from, as its ancestry names them (``[None]`` when
-    none is known: the unchanged program, the agent's own edit, a parent never evaluated)."""
+def _parents(named: Lineage, index: int, new: dict[int, int]) -> list[int | None]:
+    """The indices (``new``: an instruction set's index among the candidates) of the candidates instruction set
+    ``index`` was made from, as its ancestry names them (``[None]`` when none is known: the unchanged program, the
+    agent's own edit, a parent never scored on the whole split)."""
     nodes = named.ancestry(index)
     if not nodes:
         return [None]
     by_label = {node["label"]: node["candidate"] for node in nodes}
-    parents = [by_label.get(label) for label in nodes[-1]["parents"]]
-    known = [p for p in parents if p != index]
+    parents = [new.get(by_label.get(label)) for label in nodes[-1]["parents"]]
+    known = [p for p in parents if p != new.get(index)]
     return known if any(p is not None for p in known) else [None]
