@@ -157,7 +157,9 @@ class EvalRun:
     """One evaluation: a set of instructions run on examples of one split.
 
     Invariants: ``evaluated_count == len(records)``; ``passed_count == sum(r.passed for r in records)``;
-    ``score`` is the mean record score (0.0 when nothing was evaluated); ``records`` are sorted by
+    ``score`` is the mean score of the records whose LM answered (a record whose LM call itself failed, after its
+    retries, was not charged and says nothing of the instructions: it counts in ``evaluated_count``, not in the
+    score; 0.0 when no record was answered); ``records`` are sorted by
     ``example_id``; ``budget_spent`` counts only the units this run charged (baseline runs and records
     reused from an earlier identical evaluation charge nothing). ``note`` says why fewer examples were
     evaluated than requested, if they were. ``rollout`` is the sample index: 0 is the evaluation LM as
@@ -185,8 +187,8 @@ class EvalRun:
         object.__setattr__(self, "records", records)
         object.__setattr__(self, "evaluated_count", len(records))
         object.__setattr__(self, "passed_count", sum(1 for r in records if r.passed))
-        score = sum(r.score for r in records) / len(records) if records else 0.0
-        object.__setattr__(self, "score", score)
+        answered = [r.score for r in records if r.reusable]  # an LM call that failed says nothing of the instructions
+        object.__setattr__(self, "score", sum(answered) / len(answered) if answered else 0.0)
 
     @property
     def failed_ids(self) -> list[int]:

@@ -119,6 +119,8 @@ def test_records_whose_lm_call_failed_are_evaluated_again_not_reused(tmp_path):
     assert first.records[1].error.startswith("LMServerError") and first.budget_spent == 2
     assert len(lm.calls) == 4  # q2 was tried twice (one retry), then recorded as an uncharged LM failure
     assert "1 example(s) failed in the LM call itself and were not charged" in first.note
+    # its score is on the answered examples: the unanswered one is not held against the instructions
+    assert first.score == 1.0 and first.passed_count == 2 and first.evaluated_count == 3
 
     state["down"] = False
     second = service.evaluate(dspy.Predict("question -> answer"), "train", label="agent", ids=[1, 2, 3])
