@@ -32,7 +32,7 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from typing import Any
 
@@ -47,6 +47,32 @@ from rlmoptimizer.metric import Metric
 from rlmoptimizer.records import LM_CALL_ERROR, METRIC_ERROR, PROGRAM_ERROR, ExampleResult, StepTrace, jsonable
 
 logger = logging.getLogger(__name__)
+
+
+def _wait_for_running(futures: list[Future], interrupted: bool) -> KeyboardInterrupt | None:
+    """Wait for the examples still running, so their records (paid for) are kept; a Ctrl-C stops the wait (returned):
+    those examples are left to finish in the background and their records are not kept. ``interrupted``: the
+    evaluation stops for a Ctrl-C already (then the wait is announced)."""
+    running = [future for future in futures if not future.done()]
+    if not running:
+        return None
+    if interrupted:
+        logger.warning(
+            "Evaluation interrupted: waiting for the %d example(s) already running so their records are kept "
+            "(Ctrl-C again stops without them).",
+            len(running),
+        )
+    try:
+        wait(running)
+    except KeyboardInterrupt as again:
+        left = sum(1 for future in running if not future.done())
+        logger.warning(
+            "Stopped without waiting: %d example(s) still running are left to finish in the background; their "
+            "records are not kept (their LM calls may still be paid), and Python exits once they return.",
+            left,
+        )
+        return again
+    return None
 
 
 class EvaluationStopped(Exception):  # noqa: N818 - a stop, not an error of its own: ``reason`` is the error
@@ -306,21 +332,22 @@ class Evaluator:
             batch.wake.wait()
         except BaseException as exc:  # e.g. Ctrl-C: start nothing new, keep what the running examples produce
             batch.stop.set()
-            logger.warning(
-                "Evaluation interrupted: waiting for the examples already running so their records are kept."
-            )
             for future in futures:
                 future.cancel()
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown(wait=False, cancel_futures=True)
+            _wait_for_running(futures, interrupted=True)
             raise EvaluationStopped(exc, sorted(batch.records, key=lambda r: r.example_id)) from exc
-        finally:
+        else:
             stopping = batch.stop.is_set()
             if stopping:
                 for future in futures:
                     future.cancel()
             # When everything finished, the idle workers may exit in the background; when stopping, wait
             # for the examples still running so that their records are kept.
-            pool.shutdown(wait=stopping, cancel_futures=True)
+            pool.shutdown(wait=False, cancel_futures=True)
+            interrupt = _wait_for_running(futures, interrupted=False) if stopping else None
+            if interrupt is not None:
+                raise EvaluationStopped(interrupt, sorted(batch.records, key=lambda r: r.example_id)) from interrupt
         records = sorted(batch.records, key=lambda r: r.example_id)
         if batch.crash is not None:  # an interrupt raised in a worker (or a bug outside program and metric)
             raise EvaluationStopped(batch.crash, records) from batch.crash

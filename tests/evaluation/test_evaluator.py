@@ -3,6 +3,7 @@ LMs, no network."""
 
 from __future__ import annotations
 
+import signal
 import sys
 import threading
 import types
@@ -639,3 +640,42 @@ def test_an_error_is_pinned_on_a_step_only_when_it_came_from_that_steps_call():
     assert failed("fallback") is None  # the ValueError's context is route's error, but inner.step ran after it
     assert failed("from") == "route"
     assert failed("suppressed") is None
+
+
+def test_a_second_ctrl_c_stops_waiting_for_the_examples_still_running(caplog):
+    """The first Ctrl-C waits for the examples already running (their records are kept); a second one stops the
+    wait: the evaluation ends with what finished while slow examples are still running."""
+    release = threading.Event()  # the slow LM calls return only when the test lets them (after the evaluation ended)
+    started = threading.Semaphore(0)
+
+    def reply(messages):
+        question = field(messages, "question")
+        if question in ("q0", "q1"):
+            started.release()
+            release.wait(60)
+        return {"answer": question.replace("q", "a")}
+
+    def press_ctrl_c_twice():
+        started.acquire()
+        started.acquire()  # both slow examples are running
+        for _ in range(2):
+            threading.Event().wait(0.3)
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    presser = threading.Thread(target=press_ctrl_c_twice, daemon=True)
+    presser.start()
+    try:
+        with pytest.raises(EvaluationStopped) as stopped:
+            make_evaluator(FunctionLM(reply), num_threads=3).evaluate(
+                dspy.Predict("question -> answer"), list(enumerate(examples(6)))
+            )
+        assert not release.is_set()  # it returned while the two slow examples were still running
+        assert isinstance(stopped.value.reason, KeyboardInterrupt)
+        kept = {r.example_id for r in stopped.value.records}
+        assert kept and not kept & {0, 1}  # what finished is kept; the abandoned examples are not
+        said = caplog.text
+        assert "waiting for the 2 example(s) already running" in said and "Ctrl-C again" in said
+        assert "2 example(s) still running are left to finish in the background" in said
+    finally:
+        release.set()
+        presser.join(5)
