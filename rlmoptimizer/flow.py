@@ -73,6 +73,7 @@ from rlmoptimizer.selection import (
     tiny_split_warning,
     with_spending_cap,
 )
+from rlmoptimizer.storage.files import WriteFailed
 from rlmoptimizer.storage.journal import RunJournal
 from rlmoptimizer.storage.lock import RunDirectoryLock
 from rlmoptimizer.storage.notes import NotesStore
@@ -266,6 +267,12 @@ class Compile:
                 return self._run(sandbox)
         except KeyboardInterrupt as exc:
             raise OptimizationInterrupted(self._where("interrupted")) from exc
+        except WriteFailed as exc:  # nothing kept is lost: the run resumes once the directory can be written
+            raise OptimizationInterrupted(
+                self._where(
+                    f"stopped: it {exc}. Free space on that disk (or give the run directory back its write permission)"
+                )
+            ) from exc.error
         except MetricError as exc:  # resuming with the fixed metric is refused (another metric): say what works
             raise MetricError(
                 f"{exc}\n{metric_failed_message(self.directory, self.store.is_temporary, self.metric.identity)}"
@@ -279,9 +286,13 @@ class Compile:
         finally:
             if sandbox is not None:
                 sandbox.shutdown()
-                self.journal.write_usage(self.usage.snapshot())  # an interrupted run says what it spent
-            self.store.flush()
-            self.journal.flush()  # (its sync thread ends with the compile, however it ended)
+            try:
+                if sandbox is not None:
+                    self.journal.write_usage(self.usage.snapshot())  # an interrupted run says what it spent
+                self.store.flush()
+                self.journal.flush()  # (its sync thread ends with the compile, however it ended)
+            except WriteFailed as exc:  # the run already stops (or ends) with what it kept: say what could not be
+                logger.warning("The run directory could not be written at the end of the run: %s", exc)
             self.metric.used()
 
     def _where(self, what: str) -> str:

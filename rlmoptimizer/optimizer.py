@@ -21,12 +21,14 @@ from rich.console import Console
 
 from rlmoptimizer.agent.window import check_root_window
 from rlmoptimizer.budget import baseline_on_demand, gepa_metric_calls
+from rlmoptimizer.errors import OptimizationInterrupted
 from rlmoptimizer.estimate import CostEstimation
 from rlmoptimizer.flow import Compile
 from rlmoptimizer.inputs import check_compile_args, check_settings, resolve_eval_lm
 from rlmoptimizer.metric import Metric
 from rlmoptimizer.report import check_use_mlflow
 from rlmoptimizer.sandbox.limits import instructions as sandbox_rules
+from rlmoptimizer.storage.files import WriteFailed
 from rlmoptimizer.student import check_examples, check_program, check_repl_data, warn_repeated_examples
 
 logger = logging.getLogger(__name__)
@@ -225,7 +227,13 @@ class RLMDocstringOptimizer(CostEstimation, Teleprompter):
             on_demand = baseline_on_demand(config.max_metric_calls, len(valset))  # then no more than it pays for
             check_repl_data(trainset, most=config.max_metric_calls - len(valset) if on_demand else None)
         check_root_window(config, sandbox_rules(self.sandbox_timeout_s), student, len(trainset), len(valset))
-        return Compile(config, student, trainset, valset, metric, eval_lm).run()
+        try:
+            return Compile(config, student, trainset, valset, metric, eval_lm).run()
+        except WriteFailed as exc:  # before the run started (its directory, its manifest): nothing was paid yet
+            raise OptimizationInterrupted(
+                f"compile() stopped before the run started: it {exc}. Free space on that disk, or pass another "
+                "run_storage_dir"
+            ) from exc.error
 
     def _sized(self, steps: int, train_size: int, val_size: int) -> RLMDocstringOptimizer:
         """This optimizer, or with ``auto`` / ``max_full_evals`` a copy of it with the ``max_metric_calls`` they stand

@@ -117,3 +117,56 @@ def test_a_ctrl_c_landing_as_an_evaluation_completes_keeps_its_paid_records_for_
     assert first.eval_calls + second.eval_calls == whole.eval_calls  # nothing paid twice
     assert resumed.budget["spent"] == reference.budget["spent"]
     assert resumed.optimized_dspy_program == reference.optimized_dspy_program
+
+
+@pytest.mark.parametrize("unwritable", ["holder.json", "run-0002.json", "ledger.json", "pending-"])
+def test_a_run_directory_that_cannot_be_written_once_stops_the_run_and_it_resumes_to_the_same_result(
+    tmp_path, monkeypatch, unwritable
+):
+    """Regression: one failed write (a full disk) of a run file was taken for a move that failed: the loop
+    submitted the unchanged program as a finished run, which compiling again only read back. Now the run stops,
+    says what could not be written, and compiling again (with the disk fine) resumes it to what one run returns."""
+    import errno
+    import os
+
+    whole = Lms()
+    reference = whole.compile(tmp_path / "whole", 40)
+    replace, failed = os.replace, []
+
+    def disk_full(name):
+        if unwritable in name and not failed:
+            failed.append(name)
+            raise OSError(errno.ENOSPC, "No space left on device", name)
+
+    def failing_replace(src, dst, *args, **kwargs):
+        disk_full(os.path.basename(str(dst)))
+        return replace(src, dst, *args, **kwargs)
+
+    class FailingHandle:  # the pending log's appends, after its header
+        def __init__(self, handle):
+            self._handle, self._lines = handle, 0
+
+        def write(self, text):
+            self._lines += 1
+            if self._lines > 1:
+                disk_full(os.path.basename(self._handle.name))
+            return self._handle.write(text)
+
+        def __getattr__(self, name):
+            return getattr(self._handle, name)
+
+    from rlmoptimizer.storage import run_store
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    monkeypatch.setattr(run_store, "open", lambda *a, **k: FailingHandle(open(*a, **k)), raising=False)
+    first = Lms()
+    with pytest.raises(OptimizationInterrupted, match=r"could not write .*No space left on device.*Free space") as e:
+        first.compile(tmp_path / "cut", 40)
+    assert failed and unwritable in str(e.value)
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(run_store, "open", open, raising=False)
+    second = Lms()
+    resumed = second.compile(tmp_path / "cut", 40)  # the directory is not held by the compile that stopped
+    assert resumed.optimized_dspy_program == reference.optimized_dspy_program
+    assert resumed.selection["chosen_score"] == reference.selection["chosen_score"]
+    assert first.eval_calls + second.eval_calls <= whole.eval_calls + 2  # (the record that could not be kept)

@@ -21,26 +21,42 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 
+class WriteFailed(BaseException):  # noqa: N818 - a stop, as asyncio's CancelledError, not an error to handle
+    """A file of the run directory could not be written (a full disk, a permission taken away): the run stops, and
+    resumes from what is on disk once the directory can be written again. A ``BaseException``, as asyncio's
+    ``CancelledError``, so that no ``except Exception`` of a move, a tool or the loop takes it for a move that
+    failed and carries on (and the run ends as finished, with what it could not keep lost)."""
+
+    def __init__(self, path: str | Path, error: OSError) -> None:
+        super().__init__(f"could not write {path}: {error.strerror or error}")
+        self.path = str(path)
+        self.error = error
+
+
 def atomic_write_text(path: str | Path, text: str, durable: bool = True) -> None:
     """Write ``text`` to ``path`` via a temporary file in the same directory, fsync, then ``os.replace``.
 
     With ``durable=False`` the fsyncs are skipped: the file is still complete or absent if the process dies,
     but a power loss may lose the latest version (for state rewritten very often, like the ledger)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             if durable:
                 os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+    except BaseException as exc:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        if isinstance(exc, OSError):
+            raise WriteFailed(path, exc) from exc
         raise
     if durable:
         fsync_path(path.parent)
@@ -127,7 +143,7 @@ class BackgroundSync:
         for future in syncs:
             try:
                 future.result()
-            except Exception as exc:  # fsync is best effort; nothing to undo
+            except (Exception, WriteFailed) as exc:  # fsync is best effort; nothing to undo
                 logger.warning("Could not sync a file to disk: %s", exc)
         if syncer is not None:
             syncer.shutdown(wait=True)  # its files are written: the thread ends now

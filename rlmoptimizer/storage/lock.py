@@ -104,7 +104,9 @@ class RunDirectoryLock:
                 "to start a separate run. A compile() that died leaves no lock behind."
             ) from None
         self._fd = fd
-        if not self.read_only:
+        if self.read_only:
+            return
+        try:
             now = datetime.datetime.now(datetime.timezone.utc)
             atomic_write_json(
                 self.directory / HOLDER_FILE,
@@ -116,7 +118,10 @@ class RunDirectoryLock:
                 },
                 durable=False,
             )
-            self._wrote_holder = True
+        except BaseException:  # (a full disk, say): the directory is not held by a compile that could not start
+            self.release()
+            raise
+        self._wrote_holder = True
 
     def release(self) -> None:
         """Give the directory up (idempotent)."""

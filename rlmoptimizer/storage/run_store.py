@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rlmoptimizer.records import SPLITS, EvalRun, ExampleResult
-from rlmoptimizer.storage.files import BackgroundSync, atomic_write_json, json_text
+from rlmoptimizer.storage.files import BackgroundSync, WriteFailed, atomic_write_json, json_text
 from rlmoptimizer.storage.layout import RUNS, RunLayout
 
 logger = logging.getLogger(__name__)
@@ -29,12 +29,18 @@ class PendingLog:
     def __init__(self, path: Path, header: dict[str, Any]) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self._handle = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in discard()
+        try:
+            self._handle = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in discard()
+        except OSError as exc:
+            raise WriteFailed(path, exc) from exc
         self._write(header)
 
     def _write(self, data: dict[str, Any]) -> None:
-        self._handle.write(json_text(data) + "\n")
-        self._handle.flush()
+        try:
+            self._handle.write(json_text(data) + "\n")
+            self._handle.flush()
+        except OSError as exc:  # a record that cannot be kept stops the run (it resumes from what is on disk)
+            raise WriteFailed(self.path, exc) from exc
 
     def append(self, record: ExampleResult) -> None:
         with self._lock:

@@ -12,7 +12,7 @@ import pytest
 
 from rlmoptimizer.records import EvalRun, ExampleResult, StepTrace
 from rlmoptimizer.storage import files as run_store
-from rlmoptimizer.storage.files import atomic_write_json, atomic_write_text
+from rlmoptimizer.storage.files import WriteFailed, atomic_write_json, atomic_write_text
 from rlmoptimizer.storage.run_store import RunStore
 
 
@@ -88,8 +88,9 @@ def test_a_crash_while_writing_leaves_the_old_file_and_no_temporary(tmp_path, mo
         raise OSError("disk pulled out")
 
     monkeypatch.setattr(run_store.os, "replace", crash)
-    with pytest.raises(OSError, match="disk pulled out"):
-        atomic_write_json(path, {"version": 2})
+    with pytest.raises(WriteFailed, match="could not write .*state.json: disk pulled out") as failed:
+        atomic_write_json(path, {"version": 2})  # a stop no `except Exception` of a move takes for a failed move
+    assert isinstance(failed.value.error, OSError) and not isinstance(failed.value, Exception)
     assert json.loads(path.read_text()) == {"version": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
 
