@@ -16,6 +16,7 @@ import os
 import re
 import tempfile
 import time
+from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("DSPY_CACHEDIR", os.path.join(tempfile.gettempdir(), "rlmoptimizer-example-cache"))
@@ -25,6 +26,7 @@ import json  # noqa: E402
 import dspy  # noqa: E402
 
 from rlmoptimizer import RLMDocstringOptimizer  # noqa: E402
+from rlmoptimizer.report.plot import picture_unavailable  # noqa: E402
 from rlmoptimizer.testing import FunctionLM, ScriptedLM, last_user_text, system_text  # noqa: E402
 
 # -- the task -------------------------------------------------------------------------------------------
@@ -177,8 +179,11 @@ def main() -> None:
             print(f"changed prompt of {step!r}:\n  before: {before[step]!r}\n  after:  {text!r}")
     print(f"budget: {optimized.budget['spent']} of {optimized.budget['limit']} units spent")
     print(f"agent turns: {len(optimized.agent_trajectory)}; runs: {[t['run_id'] for t in optimized.trial_logs]}")
+    picture = Path(optimized.run_storage_dir) / "run.png"
     print(
-        f"picture of the run: {optimized.run_storage_dir}/run.png (python -m rlmoptimizer report DIR prints a summary)"
+        f"picture of the run: {picture} (python -m rlmoptimizer report DIR prints a summary)"
+        if picture.exists()
+        else f"no picture of the run: {picture_unavailable() or 'see the warning above'}"
     )
     print(f"finished in {time.perf_counter() - started:.1f} s")
     if re.search("disputes", optimized.optimized_dspy_program["route"]) is None:
