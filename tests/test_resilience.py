@@ -294,3 +294,39 @@ def test_a_turn_cut_off_while_its_code_ran_resumes_with_the_same_reply_unpaid(tm
     assert [t["code"] for t in result.agent_trajectory] == [t["code"] for t in reference.agent_trajectory]
     assert result.optimized_dspy_program == reference.optimized_dspy_program
     assert not (tmp_path / "cut" / "pending_reply.json").exists()
+
+
+def test_a_turn_stopped_after_its_gepa_run_finished_replays_that_run_free_on_resume(tmp_path):
+    """Regression: a Ctrl-C after ``run_gepa`` had finished (here: in a callback told of GEPA's candidate), in the
+    turn that called it, left the run marked finished: the resumed turn's ``run_gepa(budget=40)`` was taken for a
+    new run and refused (20 units left), so the agent lost the GEPA run it had paid for."""
+    from support.lineage import REWORDED
+    from support.lineage import TURNS as LINEAGE_TURNS
+    from support.optimizing import compile_tickets, proposer
+
+    def interrupt(event):
+        if type(event).__name__ == "CandidateAdded" and event.candidate_id.startswith("gepa-"):
+            raise KeyboardInterrupt
+
+    def run(task, callbacks):
+        return compile_tickets(
+            LINEAGE_TURNS,
+            sub_lm=proposer(REWORDED, POLICY_PROMPT),
+            max_iterations=6,
+            run_storage_dir=tmp_path,
+            eval_lm=task,
+            callbacks=callbacks,
+        )
+
+    first_task = FunctionLM(task_lm_reply)
+    with pytest.raises(OptimizationInterrupted):
+        run(first_task, [interrupt])
+    second_task = FunctionLM(task_lm_reply)
+    result = run(second_task, [])
+    gepa_turn = result.agent_trajectory[2]
+    assert "run_gepa(budget=40)" in gepa_turn["code"] and "best gepa-1" in gepa_turn["output"]
+    assert "Error" not in gepa_turn["output"]
+    assert result.optimized_dspy_program["route"] == POLICY_PROMPT
+    # the GEPA run was replayed from what it had stored, and it had checked gepa-1 on validation: the resumed
+    # process evaluated nothing
+    assert second_task.calls == [] and first_task.calls

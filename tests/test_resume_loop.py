@@ -170,3 +170,36 @@ def test_a_run_directory_that_cannot_be_written_once_stops_the_run_and_it_resume
     assert resumed.optimized_dspy_program == reference.optimized_dspy_program
     assert resumed.selection["chosen_score"] == reference.selection["chosen_score"]
     assert first.eval_calls + second.eval_calls <= whole.eval_calls + 2  # (the record that could not be kept)
+
+
+def test_a_loop_stopped_after_gepa_finished_and_before_it_adopted_gepas_best_adopts_it_on_resume(tmp_path):
+    """Regression: a Ctrl-C after GEPA's run had finished (here: in a callback told of GEPA's candidate) and before
+    the loop adopted its best left the resumed loop believing GEPA had found nothing: it never adopted GEPA's best
+    and paid for more proposals than one run does."""
+    whole = Lms()
+    reference = whole.compile(tmp_path / "whole", 40)
+
+    def interrupt(event):
+        if type(event).__name__ == "CandidateAdded":
+            raise KeyboardInterrupt
+
+    first = Lms()
+    train, val = make_splits()
+    optimizer = RLMDocstringOptimizer(
+        rlm_autopilot="loop",
+        max_metric_calls=40,
+        sub_lm=first.sub,
+        eval_lm=first.eval,
+        run_storage_dir=tmp_path / "cut",
+        num_threads=1,
+        callbacks=[interrupt],
+    )
+    with pytest.raises(OptimizationInterrupted):
+        optimizer.compile(student=RouteTicket(), trainset=train, valset=val, metric=metric)
+    assert json.loads((tmp_path / "cut" / "gepa_runs.json").read_text())["gepa run 1"]["finished"]
+    second = Lms()
+    resumed = second.compile(tmp_path / "cut", 40)
+    assert resumed.optimized_dspy_program == reference.optimized_dspy_program
+    assert resumed.budget["spent"] == reference.budget["spent"]
+    assert first.eval_calls + second.eval_calls == whole.eval_calls  # nothing paid twice
+    assert first.sub.calls and len(first.sub.calls) + len(second.sub.calls) == len(whole.sub.calls)

@@ -89,10 +89,13 @@ class Pilot:
         progress: Callable[[], Any],
         *,
         gepa_ran: bool = False,
+        gepa_best: str | None = None,
     ) -> None:
         self._lock = threading.Lock()
-        # a resumed compile whose GEPA run finished: the loop goes on after it
-        self._memory = fold(LoopMemory.start(steps), GepaFinished(None)) if gepa_ran else LoopMemory.start(steps)
+        # a resumed compile whose GEPA run finished: the loop goes on after it (adopting its best, when the run
+        # stopped before it did)
+        start = LoopMemory.start(steps)
+        self._memory = fold(start, GepaFinished(gepa_best)) if gepa_ran else start
         self._budget = budget
         self.progress = progress
         self.tools: Any = None

@@ -51,7 +51,7 @@ from rlmoptimizer.storage.candidates import (
     write_candidates,
     write_gepa_progress,
 )
-from rlmoptimizer.storage.layout import GEPA_REFLECTIONS
+from rlmoptimizer.storage.layout import GEPA_REFLECTIONS, RunLayout
 
 __all__ = ["AgentTools", "select_ids"]
 
@@ -124,15 +124,44 @@ class AgentTools:
             default=0,
         )
         # the GEPA runs an earlier process finished (one killed in the middle is replayed under its own name)
-        self.moves.gepa_runs = max(
-            sum(1 for entry in self._gepa_progress.values() if entry["finished"]),
-            len({entry.get("run") for entry in lineage.values() if entry.get("move", "").startswith("gepa")}),
+        # (one that finished in the turn a resume replays is replayed under its own name too, free)
+        replaying = self._replayed_gepa_runs()
+        self.moves.gepa_runs = len(
+            (
+                {name for name, entry in self._gepa_progress.items() if entry["finished"]}
+                | {entry.get("run") for entry in lineage.values() if entry.get("move", "").startswith("gepa")}
+            )
+            - replaying
         )
         # the default policy's runner: the moves below report their outcomes to it
         self._tried: set[str] = set()  # every prompt map proposed or current so far (canonical JSON)
         self._evaluations = (0, 0)  # runs seen, distinct evaluations among them (what _progress counts)
-        self.pilot = Pilot(working.step_names, self._budget_view, self._progress, gepa_ran=self.moves.gepa_runs > 0)
+        self.pilot = Pilot(
+            working.step_names,
+            self._budget_view,
+            self._progress,
+            gepa_ran=self.moves.gepa_runs > 0,
+            gepa_best=self._gepa_best_not_adopted(working.instructions(), replaying),
+        )
         self.pilot.tools = self
+
+    def _replayed_gepa_runs(self) -> set[str]:
+        """The GEPA runs an earlier process started in the agent turn this resume replays (its reply was kept before
+        its code ran, so they started after): the replayed turn's ``run_gepa`` calls are those runs again."""
+        try:
+            since = RunLayout(self._directory).pending_reply.stat().st_mtime
+        except (OSError, TypeError):  # no turn to replay (or no directory)
+            return set()
+        return {name for name, entry in self._gepa_progress.items() if entry.get("started_at", 0.0) >= since}
+
+    def _gepa_best_not_adopted(self, current: dict[str, str], replaying: set[str]) -> str | None:
+        """On a resume: the best candidate of the last GEPA run an earlier process finished (not one the replayed turn
+        runs again), when nothing was adopted since (the current instructions are still the ones it started from),
+        so the loop adopts it as one run does."""
+        finished = [e for name, e in self._gepa_progress.items() if e.get("finished") and name not in replaying]
+        last = finished[-1] if finished else {}
+        best = last.get("best_new")
+        return best if best in self.moves.proposals and last.get("start") == instructions_digest(current) else None
 
     def _evaluate_instructions(
         self,

@@ -28,6 +28,7 @@ own modules.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -199,7 +200,7 @@ class GepaMoves(AnalysisMoves):
         from gepa.strategies.proposal_sampling import PxNSampling
 
         hooks, steps, use_merge = self.gepa_hooks or GepaHooks(), spec.steps, spec.use_merge
-        if exhausted(self.ledger) and not _unfinished(hooks.progress, self.gepa_runs + 1, spec.budget):
+        if exhausted(self.ledger) and not _replayed(hooks.progress, self.gepa_runs + 1, spec.budget):
             raise budget_spent("run_gepa", self.ledger)
         budget = _int_arg("budget", spec.budget, 1)
         seed = _int_arg("seed", spec.seed, 0)
@@ -233,9 +234,11 @@ class GepaMoves(AnalysisMoves):
         source = self.name_of(base) if source in ("current", "map") else source
         run_name = f"gepa run {self.gepa_runs + 1}"
         kept, keep = hooks.progress, hooks.keep_progress
-        # The same call replayed after a kill (same budget) goes on with what is left of it; another call is new.
+        # The same call replayed after a kill (same budget) goes on with what is left of it (a run that finished in the
+        # turn being replayed is replayed whole, free); another call is new.
         earlier = kept.get(run_name)
-        taken = earlier["taken"] if earlier and not earlier["finished"] and earlier["budget"] == budget else 0
+        taken = earlier["taken"] if earlier and earlier["budget"] == budget else 0
+        started_at = earlier["started_at"] if taken and "started_at" in earlier else time.time()
         if budget - taken > self.ledger.left:
             raise refuse(
                 f"run_gepa: budget={budget} but only {self.ledger.left} unit(s) are left",
@@ -258,13 +261,16 @@ class GepaMoves(AnalysisMoves):
         checks: list[int] = []
         evaluations: list[int] = []
 
-        def record(units: int, finished: bool = False) -> None:
+        def record(units: int, finished: bool = False, best_new: str | None = None) -> None:
             kept[run_name] = {
                 "budget": budget,
                 "taken": units,
                 "finished": finished,
                 "checks": list(checks),
                 "evaluations": list(evaluations),
+                "start": instructions_digest(base),  # a resume knows whether its best was adopted since
+                "started_at": started_at,  # a resume knows whether it ran in the turn it replays
+                **({"best_new": best_new} if finished else {}),
             }
             keep(kept)
 
@@ -370,10 +376,12 @@ class GepaMoves(AnalysisMoves):
             stopped = stop
         if result is None and watch.state is not None:
             result = GEPAResult.from_state(watch.state, seed=seed)
-        record(slice_.units - slice_.left, finished=True)
-        return self._gepa_outcome(
+        outcome = self._gepa_outcome(
             result, watch, adapter, reflection, slice_, stopped, source, steps, uses_val, run_name, made_for
         )
+        # finished once its outcome is taken (its candidates named): a run cut off before is replayed, free
+        record(slice_.units - slice_.left, finished=True, best_new=outcome["best"] if outcome["best_is_new"] else None)
+        return outcome
 
     def _gepa_outcome(
         self,
@@ -525,10 +533,11 @@ class GepaMoves(AnalysisMoves):
         return outcome
 
 
-def _unfinished(kept: dict[str, dict[str, Any]], number: int, budget: Any) -> bool:
-    """Whether GEPA run ``number`` was killed before it finished with this ``budget`` (a resume replays it)."""
+def _replayed(kept: dict[str, dict[str, Any]], number: int, budget: Any) -> bool:
+    """Whether GEPA run ``number`` ran in an earlier process with this ``budget``, killed before it finished or in
+    the turn a resume replays (its paid work is replayed free)."""
     earlier = kept.get(f"gepa run {number}")
-    return bool(earlier) and not earlier["finished"] and earlier["budget"] == budget
+    return bool(earlier) and earlier["budget"] == budget
 
 
 def _int_arg(name: str, value: Any, minimum: int, maximum: int | None = None) -> int:

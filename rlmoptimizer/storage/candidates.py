@@ -67,8 +67,10 @@ def write_candidates(
 
 def read_gepa_progress(directory: str | Path | None) -> dict[str, dict[str, Any]]:
     """``{GEPA run name: {"budget", "taken" (units paid or reserved), "finished", "checks" (what was taken at each of
-    its stop checks, so that a replay makes them as it did), "evaluations" (what it had spent on evaluations at each)}}`` as kept in ``directory``; empty when there is none
-    (entries of another shape are dropped; "checks" is empty when unknown)."""
+    its stop checks, so that a replay makes them as it did), "evaluations" (what it had spent on evaluations at each),
+    "start" (the digest of the instructions it started from), "started_at" (when it started) and, once finished, "best_new" (its best candidate's id
+    when that is not where it started)}}`` as kept in ``directory``; empty when there is none (entries of another
+    shape are dropped; "checks" is empty when unknown)."""
     if directory is None:
         return {}
     try:
@@ -91,6 +93,12 @@ def read_gepa_progress(directory: str | Path | None) -> dict[str, dict[str, Any]
             "finished": entry["finished"],
             "checks": checks(entry.get("checks")),
             "evaluations": checks(entry.get("evaluations")),
+            **{key: entry[key] for key in ("start", "best_new") if isinstance(entry.get(key), str)},
+            **(
+                {"started_at": float(entry["started_at"])}
+                if isinstance(entry.get("started_at"), (int, float)) and not isinstance(entry["started_at"], bool)
+                else {}
+            ),
         }
         for name, entry in data.items()
         if isinstance(name, str)
