@@ -41,6 +41,20 @@ def check_program(program: Any) -> None:
             "forward(self, ...) calling the same steps"
             + (" (dspy.Predict and dspy.ChainOfThought have both forms)." if has_async else ".")
         )
+    frozen = _compiled_parts(program) if program.named_predictors() else []
+    if frozen:
+        logger.warning(
+            "%s of %s %s marked compiled (_compiled=True, as an earlier optimizer such as BootstrapFewShot leaves its "
+            "result): dspy's named_predictors() skips %s, so %s predictors keep their instructions and demos here. "
+            "Set _compiled = False on %s to optimize %s too.",
+            ", ".join(frozen),
+            type(program).__name__,
+            "is" if len(frozen) == 1 else "are",
+            "it" if len(frozen) == 1 else "them",
+            "its" if len(frozen) == 1 else "their",
+            "it" if len(frozen) == 1 else "them",
+            "it" if len(frozen) == 1 else "them",
+        )
     if not program.named_predictors():
         frozen = _compiled_parts(program)
         if frozen:

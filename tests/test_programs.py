@@ -24,6 +24,7 @@ from rlmoptimizer.evaluation.evaluator import Evaluator
 from rlmoptimizer.evaluation.steps import StepNames
 from rlmoptimizer.fingerprint import copy_program
 from rlmoptimizer.metric import Metric, metric_identity
+from rlmoptimizer.student import check_program
 
 LOOK_AT_STEPS = {
     "reasoning": "which steps were traced",
@@ -535,3 +536,44 @@ def test_what_a_program_keeps_on_itself_never_carries_from_one_candidates_evalua
     assert result.selection["chosen_label"] != "baseline"
     assert result.selection["chosen_score"] > result.selection["baseline_score"]
     assert student.memo == {}  # the caller's program never ran
+
+
+def test_a_predictor_inside_a_part_marked_compiled_is_never_taken_for_a_step(caplog):
+    """Regression: a sub-module an earlier optimizer left compiled (``_compiled=True``: dspy's named_predictors()
+    skips it) holding a predictor that reads like a step (same fields, default instructions) had its calls recorded
+    as that step's, so the step's demos and failure analysis were built from another predictor's calls."""
+
+    class Rewrite(dspy.Module):
+        def __init__(self):
+            super().__init__()
+            self.p = dspy.Predict("question -> answer")
+
+        def forward(self, question):
+            return self.p(question=question)
+
+    class Outer(dspy.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Rewrite()
+            self.inner._compiled = True
+            self.post = dspy.Predict("question -> answer")
+
+        def forward(self, question):
+            return self.post(question=self.inner(question=question).answer)
+
+    program = Outer()
+    assert [name for name, _ in program.named_predictors()] == ["post"]
+    with caplog.at_level("WARNING"):
+        check_program(program)
+    assert "self.inner of Outer is marked compiled" in caplog.text and "_compiled = False" in caplog.text
+    names = StepNames(program)
+    assert names.name(program.inner.p) is None and names.name(program.post) == "post"
+
+    def reply(messages):
+        question = last_user_text(messages).split("[[ ## question ## ]]", 1)[1].split("Respond", 1)[0].strip()
+        return {"answer": question if question.startswith("mid-") else f"mid-{question}"}
+
+    records = Evaluator(metric=Metric(lambda e, p: 1.0), lm=FunctionLM(reply), num_threads=1).evaluate(
+        program, [(0, dspy.Example(question="q").with_inputs("question"))]
+    )
+    assert [(s.step_name, s.inputs) for s in records[0].steps] == [("post", {"question": "mid-q"})]

@@ -28,7 +28,9 @@ class StepNames:
     def __init__(self, program: Any) -> None:
         self._by_id: dict[int, str] = {}
         by_signature: dict[str, list[str]] = {}
-        for name, predictor in program.named_predictors():
+        steps = program.named_predictors()
+        self._not_steps = _other_predictors(program, {id(predictor) for _, predictor in steps})
+        for name, predictor in steps:
             self._by_id[id(predictor)] = name
             try:
                 predictor.__dict__[_STEP_TAG] = name
@@ -56,6 +58,8 @@ class StepNames:
         name = self._by_id.get(id(predictor))
         if name is not None:
             return name
+        if id(predictor) in self._not_steps:  # a predictor of a part marked compiled: its own, never a step's
+            return None
         signature = getattr(predictor, "signature", None)
         with self._lock:
             try:
@@ -66,3 +70,14 @@ class StepNames:
             except TypeError:  # an unhashable signature
                 key = self._key(predictor)
         return self._by_signature.get(key) if key is not None else None
+
+
+def _other_predictors(program: Any, steps: set[int]) -> set[int]:
+    """The ids of the program's predictors that are not steps: those inside a part marked compiled (as an earlier
+    optimizer leaves its result), which ``named_predictors()`` skips. Their calls must not be taken for a step's
+    when their signature reads the same."""
+    try:
+        modules = [module for _, module in program.named_sub_modules()]  # (compiled parts too)
+    except Exception:  # a program dspy cannot walk: only the steps are known
+        return set()
+    return {id(m) for m in modules if hasattr(m, "signature") and hasattr(m, "demos")} - steps
