@@ -364,8 +364,36 @@ def program_code_identity(program: Any) -> dict[str, Any]:
         classes.setdefault(cls.__qualname__, [])
         if digest not in classes[cls.__qualname__]:
             classes[cls.__qualname__].append(digest)
+    for _, module in program.named_sub_modules():  # the functions a module holds: a ReAct's tools, a reward_fn
+        held = _held_code(module)
+        if held:
+            name = f"{type(module).__qualname__} (the functions it holds)"
+            classes.setdefault(name, [])
+            if held not in classes[name]:
+                classes[name].append(held)
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
     return {"python": version, "classes": {name: "+".join(sorted(digests)) for name, digests in classes.items()}}
+
+
+def _held_code(module: Any) -> str | None:
+    """A digest of the functions ``module`` holds in its own attributes, directly or in a list, tuple or dict
+    (``dspy.ReAct``'s tools, as ``dspy.Tool``'s ``func``; ``dspy.Refine``'s ``reward_fn``): what they compute decides
+    the program's answers as its methods do. None when it holds none."""
+    found = []
+    for attribute, value in sorted(vars(module).items()):
+        items = (
+            value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list | tuple) else ()
+        )
+        for key, item in [(None, value)] if not items else list(items):
+            function = getattr(item, "func", item) if type(item).__name__ == "Tool" else item
+            if isinstance(getattr(function, "__func__", function), types.FunctionType):
+                found.append([attribute, repr(key), _code_only(function)])
+    if not found:
+        return None
+    try:
+        return sha256_json(found)[:16]
+    except Exception:  # noqa: BLE001 (code that cannot be described is not recognised by its code)
+        return "unknown"
 
 
 # -- comparing -----------------------------------------------------------------------------------

@@ -300,3 +300,37 @@ def test_the_module_a_class_is_imported_from_is_not_code():
     moved = type("RouteTicket", (RouteTicket,), {"__module__": "__main__"})  # the same functions, run as a script
     assert moved.__module__ != RouteTicket.__module__
     assert program_code_identity(moved())["classes"] == program_code_identity(RouteTicket())["classes"]
+
+
+def _lookup(query: str) -> str:
+    """Look the query up."""
+    return query.upper()
+
+
+def _broken_lookup(query: str) -> str:
+    """Look the query up."""
+    return ""
+
+
+def test_the_functions_a_module_holds_are_code_too():
+    """Regression: a dspy.ReAct whose tool changed (same name, docstring and arguments) resumed with the old tool's
+    records and scores: dspy's classes are skipped as code, and the tools they hold were recorded by type only."""
+    plain = program_code_identity(dspy.ChainOfThought("question -> answer"))
+    assert plain["classes"] == {}  # a program holding no function records none (older run directories still match)
+    react = program_code_identity(dspy.ReAct("question -> answer", tools=[_lookup]))
+    _broken_lookup.__name__ = _broken_lookup.__qualname__ = "_lookup"  # the same tool, edited
+    edited = program_code_identity(dspy.ReAct("question -> answer", tools=[_broken_lookup]))
+    assert list(react["classes"]) == ["ReAct (the functions it holds)"]
+    assert edited["classes"] != react["classes"]
+    assert program_code_identity(dspy.ReAct("question -> answer", tools=[dspy.Tool(_lookup)])) == react
+
+    def reward(args, prediction):
+        return 1.0
+
+    def stricter(args, prediction):
+        return 0.0
+
+    stricter.__name__ = stricter.__qualname__ = reward.__qualname__
+    best = program_code_identity(dspy.BestOfN(dspy.Predict("q -> a"), N=2, reward_fn=reward, threshold=1.0))
+    other = program_code_identity(dspy.BestOfN(dspy.Predict("q -> a"), N=2, reward_fn=stricter, threshold=1.0))
+    assert best["classes"] != other["classes"]

@@ -265,7 +265,8 @@ class RunJournal:
             )
             changed = "the code of " + ", ".join(names)
             what = (
-                f"holds what your program answered before its code changed ({changed}: its forward or another method)"
+                f"holds what your program answered before its code changed ({changed}: its forward, another method "
+                "or a function it holds)"
             )
         if not allow_change:
             raise RunDirectoryMismatchError(
