@@ -49,6 +49,16 @@ from rlmoptimizer.records import LM_CALL_ERROR, METRIC_ERROR, PROGRAM_ERROR, Exa
 logger = logging.getLogger(__name__)
 
 
+def _out_of_memory(exc: BaseException) -> MemoryError | None:
+    """The ``MemoryError`` ``exc`` is or was raised from (an LM client wraps it), None when it is not one."""
+    current: BaseException | None = exc
+    for _ in range(16):
+        if current is None or isinstance(current, MemoryError):
+            return current
+        current = current.__cause__
+    return None
+
+
 def _wait_for_running(futures: list[Future], interrupted: bool) -> KeyboardInterrupt | None:
     """Wait for the examples still running, so their records (paid for) are kept; a Ctrl-C stops the wait (returned):
     those examples are left to finish in the background and their records are not kept. ``interrupted``: the
@@ -397,6 +407,9 @@ class Evaluator:
                     prediction = program(**inputs)
                     break
                 except Exception as exc:
+                    out_of_memory = _out_of_memory(exc)
+                    if out_of_memory is not None:  # the machine, not the example: stop (resumable), keep no record
+                        raise out_of_memory
                     failure = classify_lm_failure(exc)
                     transient = failure is not None and failure[0] == TRANSIENT
                     if transient and attempt < self.transient_retries and not batch.stop.is_set():
@@ -432,6 +445,9 @@ class Evaluator:
                     batch.stop.set()
                 return
             except Exception as exc:
+                out_of_memory = _out_of_memory(exc)
+                if out_of_memory is not None:  # the machine, not the example: stop (resumable), keep no record
+                    raise out_of_memory
                 score, feedback, error = 0.0, None, format_error(exc)
                 error_kind = METRIC_ERROR
             if error is None and batch.step_feedback:

@@ -15,7 +15,8 @@ from support.qa import Outer, Triage, TwoSteps, echo_lm, examples, field, make_e
 
 from rlmoptimizer.budget import TRAIN_EXAMPLE, VAL_EXAMPLE, BudgetLedger
 from rlmoptimizer.errors import EvaluationLMError, MetricError
-from rlmoptimizer.evaluation.evaluator import EvaluationStopped, distinct_examples
+from rlmoptimizer.evaluation.evaluator import EvaluationStopped, Evaluator, distinct_examples
+from rlmoptimizer.metric import Metric
 from rlmoptimizer.records import LM_CALL_ERROR, PROGRAM_ERROR
 
 
@@ -679,3 +680,26 @@ def test_a_second_ctrl_c_stops_waiting_for_the_examples_still_running(caplog):
     finally:
         release.set()
         presser.join(5)
+
+
+@pytest.mark.parametrize("where", ["metric", "program"])
+def test_running_out_of_memory_stops_the_evaluation_and_is_no_record(where):
+    """Regression: a MemoryError from the metric (or the program) was stored as a failing record of the example,
+    reused on resume as if the instructions had failed it. It says nothing of the example: the evaluation stops,
+    keeping the records that completed, and the example is evaluated again on resume."""
+
+    def metric(example, prediction, trace=None):
+        if where == "metric" and example.question == "q3":
+            raise MemoryError("out of memory")
+        return 1.0
+
+    def reply(messages):
+        if where == "program" and field(messages, "question") == "q3":
+            raise MemoryError("out of memory")
+        return {"answer": field(messages, "question").replace("q", "a")}
+
+    evaluator = Evaluator(metric=Metric(metric), lm=FunctionLM(reply), num_threads=1)
+    with pytest.raises(EvaluationStopped) as stopped:
+        evaluator.evaluate(dspy.Predict("question -> answer"), list(enumerate(examples(6))))
+    assert isinstance(stopped.value.reason, MemoryError)
+    assert [r.example_id for r in stopped.value.records] == [0, 1, 2]
