@@ -38,6 +38,7 @@ from rlmoptimizer.budget import (
     baseline_on_demand,
     budget_for,
     budget_for_metric_calls,
+    example_kind,
     thin_budget_warning,
 )
 from rlmoptimizer.display import Display
@@ -327,6 +328,20 @@ class Compile:
             return stored
         if self.read_back:
             raise missing_from_finished_run(self.directory, f"the unchanged program's run on {split}")
+        size = len(self.runs.splits[split])
+        if self.store.unreadable and self.config.max_metric_calls is not None:  # its file was damaged: paid again
+            if self.ledger.left_for(example_kind(split)) >= size:  # from the budget, so the limit still holds
+                return self.runs.evaluate(copy_program(self.student), split, label="baseline")
+            logger.warning(
+                "The unchanged program's %s run is evaluated again (%d example(s)): its run file could not be read "
+                "(%s), and the budget has too little left to pay for it, so the program runs up to %d more times "
+                "than max_metric_calls=%d.",
+                split,
+                size,
+                ", ".join(self.store.unreadable),
+                size,
+                self.config.max_metric_calls,
+            )
         return self.runs.evaluate(copy_program(self.student), split, label="baseline", charged=False)
 
     def _run_agent(

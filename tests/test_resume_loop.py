@@ -203,3 +203,24 @@ def test_a_loop_stopped_after_gepa_finished_and_before_it_adopted_gepas_best_ado
     assert resumed.budget["spent"] == reference.budget["spent"]
     assert first.eval_calls + second.eval_calls == whole.eval_calls  # nothing paid twice
     assert first.sub.calls and len(first.sub.calls) + len(second.sub.calls) == len(whole.sub.calls)
+
+
+def test_a_baseline_whose_run_file_was_damaged_is_paid_from_the_budget_on_resume(tmp_path):
+    """Regression: a resume whose validation baseline's run file could not be read evaluated it again uncharged, so
+    the program ran more often than max_metric_calls allows. Now it is paid from the budget when the budget has
+    enough left (the limit holds), and a warning says so when it has not."""
+    train, val = make_splits()
+    first = Lms(interrupt_at=60)
+    with pytest.raises(OptimizationInterrupted):
+        first.compile(tmp_path, 40)
+    baseline = tmp_path / "runs" / "run-0001.json"
+    assert json.loads(baseline.read_text())["label"] == "baseline"
+    baseline.write_text('{"run_id": "run-0001", "spl')  # damaged, as a disk error or an editor leaves it
+    second = Lms()
+    resumed = second.compile(tmp_path, 40)
+    ran = (first.eval_calls + second.eval_calls) // 2  # two steps: two LM calls a program run
+    examples = resumed.budget["spent_by_kind"]["train_example"] + resumed.budget["spent_by_kind"]["val_example"]
+    # every program run is paid from the budget but the first validation baseline (free, outside the limit): the
+    # baseline run again is paid too (one more run at most: the example under way when the first process stopped)
+    assert ran - (examples + len(val)) in (0, 1), (ran, resumed.budget)
+    assert ran <= 40 + 1 and resumed.budget["spent"] <= resumed.budget["limit"]

@@ -409,7 +409,7 @@ class Evaluator:
                 except Exception as exc:
                     out_of_memory = _out_of_memory(exc)
                     if out_of_memory is not None:  # the machine, not the example: stop (resumable), keep no record
-                        raise out_of_memory
+                        raise out_of_memory from None
                     failure = classify_lm_failure(exc)
                     transient = failure is not None and failure[0] == TRANSIENT
                     if transient and attempt < self.transient_retries and not batch.stop.is_set():
@@ -447,7 +447,7 @@ class Evaluator:
             except Exception as exc:
                 out_of_memory = _out_of_memory(exc)
                 if out_of_memory is not None:  # the machine, not the example: stop (resumable), keep no record
-                    raise out_of_memory
+                    raise out_of_memory from None
                 score, feedback, error = 0.0, None, format_error(exc)
                 error_kind = METRIC_ERROR
             if error is None and batch.step_feedback:

@@ -153,6 +153,7 @@ class RunStore:
         self._lock = threading.Lock()
         self._runs: dict[str, EvalRun] = {}
         self._sync = BackgroundSync("runs")
+        self.unreadable: list[str] = []  # run files skipped as unreadable (damaged): their examples run again
         self._load()
         numbers = [_run_number(r) or 0 for r in self._runs] + [n for n, _ in self.layout.numbered(RUNS)]
         self._last_number = max(numbers, default=0)  # an unreadable run file's number is never written over
@@ -166,6 +167,7 @@ class RunStore:
                 run = EvalRun.from_dict(json.loads(path.read_text(encoding="utf-8")))
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 logger.warning("skipping unreadable run file %s: %s", path, exc)
+                self.unreadable.append(str(path))
                 continue
             self._runs[run.run_id] = replace(run, records=self._rescored(run.records))
 
