@@ -270,3 +270,29 @@ def test_use_mlflow_is_checked_when_the_optimizer_is_built(monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)
     with pytest.raises(ConfigurationError, match=r"rlmoptimizer\[mlflow\]"):
         RLMDocstringOptimizer(root_lm=FunctionLM(lambda m: "x"), use_mlflow=True)
+
+
+def test_a_tracking_server_that_does_not_answer_is_given_up_at_once(mlflow, monkeypatch, caplog):
+    """Regression: with a tracking server that was down, MLflow's own retries held the compile up for minutes before
+    its first evaluation. A server that accepts no connection is now given up at the start, with a warning."""
+    import socket
+
+    from rlmoptimizer.report.tracking import MlflowTracker
+
+    for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)  # a direct connection
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there any more
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"http://127.0.0.1:{port}")
+    try:
+        tracker = MlflowTracker()
+        with caplog.at_level(logging.WARNING):
+            tracker.compile_started({"max_metric_calls": 10})
+    finally:
+        mlflow.set_tracking_uri(previous)
+    assert not tracker.active and tracker.run_id is None
+    assert f"the tracking server 127.0.0.1:{port} did not answer" in caplog.text
+    assert "The optimization goes on" in caplog.text

@@ -34,8 +34,11 @@ The tracker is an observer of a compile()'s events (:meth:`MlflowTracker.on_even
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -68,6 +71,21 @@ def check_use_mlflow(value: Any) -> bool:
     if value:
         require_mlflow()  # fail when the optimizer is built, not after the baseline was paid for
     return value
+
+
+def _check_reachable(uri: Any, timeout_s: float = 5.0) -> None:
+    """``ConnectionError`` when ``uri`` names a tracking server (http or https) that does not accept a connection
+    within ``timeout_s``: MLflow's own retries would hold the compile up for minutes before its first evaluation."""
+    parsed = urllib.parse.urlparse(str(uri))
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    if urllib.request.getproxies().get(parsed.scheme) and not urllib.request.proxy_bypass(parsed.hostname):
+        return  # reached through a proxy: a direct connection says nothing
+    try:
+        socket.create_connection((parsed.hostname, port), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ConnectionError(f"the tracking server {parsed.hostname}:{port} did not answer ({exc})") from exc
 
 
 def _run_number(run_id: str, fallback: int) -> int:
@@ -135,6 +153,7 @@ class MlflowTracker:
             mlflow = self._mlflow
             from mlflow.entities import Param
 
+            _check_reachable(mlflow.get_tracking_uri())
             parent = mlflow.active_run()
             run = mlflow.start_run(run_name=self.run_name, nested=parent is not None)
             self._started_here = True
