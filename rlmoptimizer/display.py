@@ -180,12 +180,16 @@ class Display:
             return
         parts = []
         if turn.get("reasoning"):
-            parts.append(Panel(Text(_clip(turn["reasoning"])), title="reasoning", border_style="blue"))
+            parts.append(Panel(Text.from_ansi(_clip(turn["reasoning"])), title="reasoning", border_style="blue"))
         if turn.get("code"):
             parts.append(
-                Panel(Syntax(_clip(turn["code"]), "python", word_wrap=True), title="code", border_style="green")
+                Panel(
+                    Syntax(Text.from_ansi(_clip(turn["code"])).plain, "python", word_wrap=True),
+                    title="code",
+                    border_style="green",
+                )
             )
-        parts.append(Panel(Text(_clip(turn.get("output", ""))), title="output", border_style="yellow"))
+        parts.append(Panel(Text.from_ansi(_clip(turn.get("output", ""))), title="output", border_style="yellow"))
         title = f"agent turn {turn.get('iteration', '?')}" + (" (submitted)" if turn.get("final") else "")
         self.console.print(Panel(Group(*parts), title=title, border_style="magenta"))
 

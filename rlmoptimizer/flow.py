@@ -143,12 +143,13 @@ class Compile:
         try:  # anything that stops the setup (a refusal, Ctrl-C while litellm loads) gives the directory up
             self._open_directory(config)
             self.cost_estimate = estimate_at_start(self)  # before any paid call: verbose shows it, the result checks it
-            self.display.message(small_split_note(len(valset), len(trainset)) or "")
-            if not self.read_back:
+            if not self.read_back:  # (a finished run read back pays nothing: nothing to warn of)
+                tiny = tiny_split_warning(len(valset), len(trainset))  # said once: the warning, else the note
+                self.display.message("" if tiny else small_split_note(len(valset), len(trainset)) or "")
                 thin = config.max_metric_calls and thin_budget_warning(
                     config.max_metric_calls, len(trainset), len(valset)
                 )
-                for warning in (tiny_split_warning(len(valset), len(trainset)), thin):
+                for warning in (tiny, thin):
                     if warning:
                         logger.warning(warning)
         except BaseException:

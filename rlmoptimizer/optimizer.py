@@ -133,7 +133,8 @@ class RLMDocstringOptimizer(CostEstimation, Teleprompter):
         allow_program_change: Resume a ``run_storage_dir`` written before the program's own code (its
             ``forward`` or another method) changed, reusing the old code's records as the new code's.
         console: The ``rich.console.Console`` that ``verbose`` output goes to; a new one writing to standard
-            error when None.
+            error when None. In a notebook rich shows a console's output in the cell whatever its ``file``: to
+            send it to a file there, make it with ``Console(file=..., force_jupyter=False)``.
         use_mlflow: Log the run to MLflow (needs ``pip install "rlmoptimizer[mlflow]"``).
         callbacks: Objects with an ``on_event(event)`` method, or functions of the event, that see every event of
             the compile as it happens (the typed events of :mod:`rlmoptimizer.events`: compile started and finished,

@@ -160,5 +160,6 @@ def estimate_at_start(run: Any) -> CostEstimate | None:
     except Exception as exc:  # noqa: BLE001 - the estimate is advice: the compile goes on without it
         logger.warning("Could not estimate what this compile will cost (%s: %s).", type(exc).__name__, exc)
         return None
-    run.display.message(str(estimate))
+    if not run.read_back:  # a finished run read back pays nothing: no estimate to show
+        run.display.message(str(estimate))
     return estimate

@@ -205,6 +205,10 @@ class CostEstimate:
         """This estimate beside what a run spent (``optimized.usage``, ``usage.json``)."""
         return CostCheck.of(self, usage)
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """In IPython and Jupyter, the table :meth:`__str__` prints (the dataclass's repr is one long line)."""
+        printer.text(str(self))
+
     def __str__(self) -> str:
         lines = [
             "Cost estimate (before any paid call)",
@@ -326,6 +330,10 @@ class CostCheck:
 
     def to_dict(self) -> dict[str, Any]:
         return {"rows": [r.to_dict() for r in self.rows], "within_range": self.within_range}
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """In IPython and Jupyter, the table :meth:`__str__` prints (the dataclass's repr is one long line)."""
+        printer.text(str(self))
 
     def __str__(self) -> str:
         lines = [

@@ -356,6 +356,21 @@ class DetailedResults:
         """Candidates that score best on at least one train example (ties included), in candidate order."""
         return sorted({i for ids in self.per_train_example_best_candidates.values() for i in ids})
 
+    def __repr__(self) -> str:
+        best = (
+            f"best_idx={self.best_idx} ({self.val_aggregate_scores[self.best_idx]:.4f})"
+            if self.best_idx is not None
+            else "best_idx=None"
+        )
+        return (
+            f"DetailedResults({len(self.instructions)} candidate(s) scored on the whole "
+            f"{self.selection_split or 'val'} split, {len(self.unscored)} evaluated in part, {best}, "
+            f"total_metric_calls={self.total_metric_calls}, status={self.status!r}, log_dir={self.log_dir!r})"
+        )
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(repr(self))
+
     @property
     def selection_scores(self) -> tuple[float | None, ...]:
         """Each candidate's score on the whole selection split (validation, or train without a valset)."""

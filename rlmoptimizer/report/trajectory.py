@@ -13,8 +13,16 @@ from typing import Any
 _SHORT = 160
 
 
+def _plain(text: Any) -> str:
+    """``text`` as a person reads it: terminal escape codes (colours an LM or a program printed) taken out."""
+    from rich.text import Text
+
+    text = str(text or "")
+    return Text.from_ansi(text).plain if "\x1b" in text else text
+
+
 def _first_lines(text: Any, lines: int = 3, limit: int = _SHORT) -> str:
-    text = str(text or "").strip()
+    text = _plain(text).strip()
     kept = text.splitlines()[:lines]
     short = "\n".join(kept)
     if len(short) > limit:
@@ -38,7 +46,7 @@ def _title(turn: dict[str, Any], index: int | str = "?") -> str:
 
 def _blocks(turn: dict[str, Any]) -> list[tuple[str, str]]:
     """The parts of a turn shown in full: reasoning, code, output, and the default loop's actions when it took some."""
-    parts = [(key, str(turn.get(key, ""))) for key in ("reasoning", "code", "output")]
+    parts = [(key, _plain(turn.get(key, ""))) for key in ("reasoning", "code", "output")]
     ran = turn.get("pilot")
     if isinstance(ran, list) and ran:
         parts.append(("the default loop's actions", "\n".join(map(str, ran))))

@@ -1,0 +1,78 @@
+"""What a notebook shows of a run: terminal escape codes an LM or a program printed are taken out of the trajectory's
+views, the results and cost objects display as a summary or a table (not one dataclass line), a finished run read
+back again shows no cost estimate, and a small validation set is said once."""
+
+from __future__ import annotations
+
+import io
+import logging
+
+from IPython.lib.pretty import pretty
+from rich.console import Console
+from support.optimizing import proposer
+from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
+
+from rlmoptimizer import RLMDocstringOptimizer
+from rlmoptimizer.display import Display
+from rlmoptimizer.report.trajectory import Trajectory
+from rlmoptimizer.testing import FunctionLM
+
+RED = "\x1b[31m"
+RESET = "\x1b[0m"
+
+
+def test_terminal_escape_codes_are_taken_out_of_the_trajectorys_views():
+    turn = {
+        "iteration": 1,
+        "reasoning": f"{RED}look{RESET} at <b>this</b>",
+        "code": "print('x')",
+        "output": f"{RED}score 0.5{RESET}",
+    }
+    trajectory = Trajectory([turn])
+    table, full = trajectory._repr_html_(), trajectory.show(1)._repr_html_()
+    for html in (table, full):
+        assert "\x1b" not in html and "[31m" not in html
+        assert "score 0.5" in html and "&lt;b&gt;this&lt;/b&gt;" in html  # escaped, not taken out
+    assert "\x1b" not in repr(trajectory.show(1)) and "look at <b>this</b>" in repr(trajectory.show(1))
+    buffer = io.StringIO()
+    Display(True, Console(file=buffer, width=100, force_terminal=False, force_jupyter=False)).turn(turn)
+    assert "\x1b" not in buffer.getvalue() and "score 0.5" in buffer.getvalue()
+
+
+def compile_loop(directory, console):
+    train, val = make_splits()
+    optimizer = RLMDocstringOptimizer(
+        metric,
+        rlm_autopilot="loop",
+        max_metric_calls=40,
+        sub_lm=proposer(POLICY_PROMPT),
+        eval_lm=FunctionLM(task_lm_reply),
+        run_storage_dir=directory,
+        verbose=True,
+        console=console,
+    )
+    return optimizer, optimizer.compile(RouteTicket(), trainset=train, valset=val)
+
+
+def test_results_and_costs_display_readably_and_a_finished_run_read_back_shows_no_estimate(tmp_path, caplog):
+    first = io.StringIO()
+    with caplog.at_level(logging.WARNING):
+        optimizer, optimized = compile_loop(tmp_path, Console(file=first, width=120, force_jupyter=False))
+    shown = first.getvalue()
+    assert "Cost estimate (before any paid call)" in shown
+    # 8 validation examples: said once, as the warning (the note that says the same is not shown beside it)
+    said = shown + caplog.text
+    assert said.count("decides what is returned") == 1
+
+    results = optimized.detailed_results
+    assert repr(results).startswith("DetailedResults(") and len(repr(results)) < 400
+    assert f"best_idx={results.best_idx}" in repr(results) and "total_metric_calls=" in repr(results)
+    assert pretty(optimized.cost_estimate) == str(optimized.cost_estimate)  # the table, in IPython and Jupyter
+    assert pretty(optimized.cost_check) == str(optimized.cost_check)
+    assert "\n" in pretty(optimized.cost_estimate)
+
+    again = io.StringIO()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        compile_loop(tmp_path, Console(file=again, width=120, force_jupyter=False))
+    assert "Cost estimate" not in again.getvalue() and "decides what is returned" not in again.getvalue() + caplog.text
