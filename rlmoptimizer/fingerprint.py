@@ -367,12 +367,16 @@ def program_code_identity(program: Any) -> dict[str, Any]:
     for _, module in program.named_sub_modules():  # the functions a module holds: a ReAct's tools, a reward_fn
         held = _held_code(module)
         if held:
-            name = f"{type(module).__qualname__} (the functions it holds)"
+            name = f"{type(module).__qualname__}{HELD}"
             classes.setdefault(name, [])
             if held not in classes[name]:
                 classes[name].append(held)
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
     return {"python": version, "classes": {name: "+".join(sorted(digests)) for name, digests in classes.items()}}
+
+
+HELD = " (the functions it holds)"
+"""The end of the name under which :func:`program_code_identity` records the functions a module holds."""
 
 
 def _held_code(module: Any) -> str | None:
@@ -386,7 +390,10 @@ def _held_code(module: Any) -> str | None:
         )
         for key, item in [(None, value)] if not items else list(items):
             function = getattr(item, "func", item) if type(item).__name__ == "Tool" else item
-            if isinstance(getattr(function, "__func__", function), types.FunctionType):
+            plain = getattr(function, "__func__", function)
+            if isinstance(plain, types.FunctionType) and not (plain.__module__ or "").startswith(
+                "dspy"
+            ):  # (dspy's own)
                 found.append([attribute, repr(key), _code_only(function)])
     if not found:
         return None

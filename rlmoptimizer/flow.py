@@ -330,7 +330,8 @@ class Compile:
         if self.read_back:
             raise missing_from_finished_run(self.directory, f"the unchanged program's run on {split}")
         size = len(self.runs.splits[split])
-        if self.store.unreadable and self.config.max_metric_calls is not None:  # its file was damaged: paid again
+        damaged = self.store.unreadable and any(not r.label.startswith("baseline") for r in self.store.all())
+        if damaged and self.config.max_metric_calls is not None:  # it ran before (later runs exist): paid again
             if self.ledger.left_for(example_kind(split)) >= size:  # from the budget, so the limit still holds
                 return self.runs.evaluate(copy_program(self.student), split, label="baseline")
             logger.warning(

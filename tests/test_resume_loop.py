@@ -224,3 +224,25 @@ def test_a_baseline_whose_run_file_was_damaged_is_paid_from_the_budget_on_resume
     # baseline run again is paid too (one more run at most: the example under way when the first process stopped)
     assert ran - (examples + len(val)) in (0, 1), (ran, resumed.budget)
     assert ran <= 40 + 1 and resumed.budget["spent"] <= resumed.budget["limit"]
+
+
+def test_running_out_of_memory_stops_the_loop_resumably(tmp_path):
+    """Regression: a MemoryError in an evaluation was taken by the loop for a phase that failed: it submitted the
+    unchanged program as a finished run, which compiling again only read back."""
+    whole = Lms()
+    reference = whole.compile(tmp_path / "whole", 40)
+
+    class OutOfMemory(Lms):
+        def _task(self, messages):
+            if self.eval_calls == 40:
+                self.eval_calls += 1
+                raise MemoryError("cannot allocate")
+            return super()._task(messages)
+
+    first = OutOfMemory()
+    with pytest.raises(OptimizationInterrupted, match="MemoryError") as stopped:
+        first.compile(tmp_path / "cut", 40)
+    assert "resume" in str(stopped.value)
+    resumed = Lms().compile(tmp_path / "cut", 40)
+    assert resumed.optimized_dspy_program == reference.optimized_dspy_program
+    assert resumed.selection["chosen_score"] == reference.selection["chosen_score"]

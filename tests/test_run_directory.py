@@ -690,3 +690,43 @@ def test_the_manifest_keeps_the_structure_small_whatever_the_demos_hold():
     program.demos = [dspy.Example(question="x" * 49_999 + "y", answer="H")]  # differs past what is kept whole
     [change] = diff_fingerprints(kept, _compact_structure(structural_fingerprint(program)))
     assert change.startswith("step 'self': demo 0 changed from ")
+
+
+def _lower(text: str) -> str:
+    return text.lower()
+
+
+def _upper(text: str) -> str:
+    return text.upper()
+
+
+class CleanedTicket(RouteTicket):
+    """A program holding a function it calls (as a dspy.ReAct holds its tools)."""
+
+    def __init__(self, clean=_lower):
+        super().__init__()
+        self.clean = clean
+
+    def forward(self, ticket):
+        return super().forward(ticket=self.clean(ticket))
+
+
+def test_a_directory_written_before_held_functions_were_recorded_is_read_back_and_records_them(tmp_path):
+    """Regression: recording the functions a module holds as code refused every run directory an earlier version had
+    written for such a program, even to read its finished result back."""
+    compile_tickets(TURNS, student=CleanedTicket(), run_storage_dir=tmp_path, **loop())
+    path = tmp_path / "manifest.json"
+    manifest = json.loads(path.read_text())
+    held = {
+        name: digest for name, digest in manifest["program_code"]["classes"].items() if "functions it holds" in name
+    }
+    assert list(held) == ["CleanedTicket (the functions it holds)"]
+    for name in held:  # as an earlier version wrote it
+        del manifest["program_code"]["classes"][name]
+    path.write_text(json.dumps(manifest))
+    task = FunctionLM(task_lm_reply)
+    compile_tickets(TURNS, student=CleanedTicket(), run_storage_dir=tmp_path, eval_lm=task, **loop())
+    assert task.calls == []  # read back
+    assert json.loads(path.read_text())["program_code"]["classes"].items() >= held.items()  # and now recorded
+    with pytest.raises(RunDirectoryMismatchError, match="CleanedTicket \\(the functions it holds\\)"):
+        compile_tickets(TURNS, student=CleanedTicket(_upper), run_storage_dir=tmp_path, **loop())

@@ -15,6 +15,7 @@ and the agent wing's own ``ids``, ``pilot``, ``policy``, ``prompts``, ``services
 from __future__ import annotations
 
 import functools
+import json
 import random
 from collections.abc import Callable
 from typing import Any
@@ -126,12 +127,15 @@ class AgentTools:
         # the GEPA runs an earlier process finished (one killed in the middle is replayed under its own name)
         # (one that finished in the turn a resume replays is replayed under its own name too, free)
         replaying = self._replayed_gepa_runs()
+        self.moves.replaying_gepa = replaying
+        unfinished = {name for name, entry in self._gepa_progress.items() if not entry["finished"]}
         self.moves.gepa_runs = len(
             (
                 {name for name, entry in self._gepa_progress.items() if entry["finished"]}
                 | {entry.get("run") for entry in lineage.values() if entry.get("move", "").startswith("gepa")}
             )
             - replaying
+            - unfinished  # (one an error stopped named its candidates, and is replayed: it did not finish)
         )
         # the default policy's runner: the moves below report their outcomes to it
         self._tried: set[str] = set()  # every prompt map proposed or current so far (canonical JSON)
@@ -148,10 +152,16 @@ class AgentTools:
     def _replayed_gepa_runs(self) -> set[str]:
         """The GEPA runs an earlier process started in the agent turn this resume replays (its reply was kept before
         its code ran, so they started after): the replayed turn's ``run_gepa`` calls are those runs again."""
-        try:
-            since = RunLayout(self._directory).pending_reply.stat().st_mtime
-        except (OSError, TypeError):  # no turn to replay (or no directory)
+        path = RunLayout(self._directory).pending_reply if self._directory is not None else None
+        if path is None or not path.is_file():  # no turn to replay (or no directory)
             return set()
+        try:  # when the reply was kept (written in it: a copy of the directory keeps it), else the file's time
+            since = float(json.loads(path.read_text(encoding="utf-8"))["kept_at"])
+        except (OSError, ValueError, KeyError, TypeError):
+            try:
+                since = path.stat().st_mtime
+            except OSError:
+                return set()
         return {name for name, entry in self._gepa_progress.items() if entry.get("started_at", 0.0) >= since}
 
     def _gepa_best_not_adopted(self, current: dict[str, str], replaying: set[str]) -> str | None:
@@ -342,8 +352,8 @@ class AgentTools:
         """Run GEPA's engine (reflective proposals, Pareto selection, merge) from `start` for at most `budget` units (default: all that is left); returns its candidates and 'best', for adopt_candidate. Changes nothing.
 
         `start`: 'current' or a candidate id; `steps`: the steps it may change (all by default); `seed` orders its minibatches (default: the compile's attempt); group= a group of analyze_failures whose causes every reflection is told. Parents are chosen on the Pareto front, proposals are reflections on minibatches of failures. Returns {'best': a candidate id, 'best_is_new', 'candidate_ids': ['gepa-1', ...], 'candidates': [{'id', 'parents', 'score'}], 'pareto_front', 'best_score' (aggregate on validation, or train without one), 'spent', 'summary'}; then adopt_candidate(r['best'])."""
-        if budget is None:
-            budget = self.ledger.left
+        if budget is None:  # all that is left; a run an earlier process was cut off in goes on with its own
+            budget = self.moves.unfinished_gepa_budget() or self.ledger.left
         if steps is not None and not isinstance(steps, str):
             try:
                 steps = list(steps)

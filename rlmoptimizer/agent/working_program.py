@@ -193,7 +193,7 @@ class WorkingProgram:
                 return self.runs.evaluate(
                     program, split, label=label, charged=charged, ids=ids, rollout=rollout, reservation=reservation
                 )
-            except (EvaluationLMError, MetricError, ProgramError) as exc:
+            except (EvaluationLMError, MetricError, ProgramError, MemoryError) as exc:  # (out of memory: the machine)
                 self.stop.request(exc)
                 raise
 

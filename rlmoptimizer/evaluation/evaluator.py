@@ -207,6 +207,7 @@ class _Batch:
         self.wake = threading.Event()  # set when all are finished or the evaluation must stop
         self.on_record: Callable[[ExampleResult], None] | None = None
         self.step_feedback = False  # ask the metric for each step's own feedback (train)
+        self.abandoned = False  # the evaluation ended without waiting for the examples still running
 
 
 def _rollout_copy(lm: dspy.BaseLM, rollout: int) -> dspy.BaseLM:
@@ -346,7 +347,10 @@ class Evaluator:
                 future.cancel()
             pool.shutdown(wait=False, cancel_futures=True)
             _wait_for_running(futures, interrupted=True)
-            raise EvaluationStopped(exc, sorted(batch.records, key=lambda r: r.example_id)) from exc
+            with batch.lock:
+                batch.abandoned = True
+                records = sorted(batch.records, key=lambda r: r.example_id)
+            raise EvaluationStopped(exc, records) from exc
         else:
             stopping = batch.stop.is_set()
             if stopping:
@@ -357,7 +361,10 @@ class Evaluator:
             pool.shutdown(wait=False, cancel_futures=True)
             interrupt = _wait_for_running(futures, interrupted=False) if stopping else None
             if interrupt is not None:
-                raise EvaluationStopped(interrupt, sorted(batch.records, key=lambda r: r.example_id)) from interrupt
+                with batch.lock:
+                    batch.abandoned = True
+                    records = sorted(batch.records, key=lambda r: r.example_id)
+                raise EvaluationStopped(interrupt, records) from interrupt
         records = sorted(batch.records, key=lambda r: r.example_id)
         if batch.crash is not None:  # an interrupt raised in a worker (or a bug outside program and metric)
             raise EvaluationStopped(batch.crash, records) from batch.crash
@@ -502,6 +509,8 @@ class Evaluator:
 
     def _finish(self, batch: _Batch, record: ExampleResult, failure: tuple[str, BaseException] | None) -> None:
         with batch.lock:
+            if batch.abandoned:  # the evaluation ended without it (a second Ctrl-C): neither kept nor charged
+                return
             if batch.on_record is not None:  # logged before it is charged: a kill in between never loses a paid unit
                 batch.on_record(record)
             batch.records.append(record)  # (a record the log refused is neither kept nor charged)

@@ -120,6 +120,7 @@ class MoveContext:
         self.silent_sub_lm: BaseException | None = None  # a move that returned although its sub LM never answered
         self.gepa_candidates = 0  # 'gepa-N' ids given so far
         self.gepa_runs = 0
+        self.replaying_gepa: set[str] = set()  # GEPA runs the turn a resume replays had started (run again, free)
         self.gepa_hooks: Any = None  # what GEPA runs need of the compile (moves.gepa.GepaHooks); None: nothing
         self.perfect_score = pass_threshold  # an example passes at this score: gepa skips a minibatch all passed
         self._demo_index: tuple[int, dict[str, set[int]]] = (-1, {})  # (runs indexed, demo content -> train ids)

@@ -183,13 +183,15 @@ class GepaMoves(AnalysisMoves):
         return candidate_id
 
     def unfinished_gepa_budget(self) -> int | None:
-        """The budget of the next GEPA run when an earlier process of this compile was killed in the middle of it:
+        """The budget of the next GEPA run when an earlier process of this compile was killed in the middle of it (or
+        in the turn that ran it, which a resume replays):
         asked for with that budget, it is replayed (its paid work free) and goes on with what is left of it; asked
         for with another, it would start anew and drop what the killed run found."""
         earlier = (self.gepa_hooks.progress if self.gepa_hooks is not None else {}).get(
             f"gepa run {self.gepa_runs + 1}"
         )
-        return int(earlier["budget"]) if earlier and not earlier["finished"] else None
+        replayed = earlier and (not earlier["finished"] or f"gepa run {self.gepa_runs + 1}" in self.replaying_gepa)
+        return int(earlier["budget"]) if replayed else None
 
     def run_gepa(self, spec: GepaSpec) -> dict[str, Any]:
         """Run gepa's engine as ``spec`` says, wired to the compile by :attr:`gepa_hooks`. A run killed in the middle
@@ -379,8 +381,12 @@ class GepaMoves(AnalysisMoves):
         outcome = self._gepa_outcome(
             result, watch, adapter, reflection, slice_, stopped, source, steps, uses_val, run_name, made_for
         )
-        # finished once its outcome is taken (its candidates named): a run cut off before is replayed, free
-        record(slice_.units - slice_.left, finished=True, best_new=outcome["best"] if outcome["best_is_new"] else None)
+        # finished once its outcome is taken (its candidates named): a run cut off before is replayed, free; so is
+        # one an error stopped (an evaluation LM or a sub LM that failed, the machine out of memory), once resumed
+        finished = stopped is None or stopped.error is None
+        record(
+            slice_.units - slice_.left, finished=finished, best_new=outcome["best"] if outcome["best_is_new"] else None
+        )
         return outcome
 
     def _gepa_outcome(

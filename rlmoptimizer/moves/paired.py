@@ -287,7 +287,8 @@ class PairedMoves(MoveContext):
         out: dict[int, list[ExampleResult]] = {}
         for run in runs:
             for record in run.records:
-                out.setdefault(record.example_id, []).append(record)
+                if record.reusable:  # an LM call that failed without an answer says nothing of the instructions
+                    out.setdefault(record.example_id, []).append(record)
         return out
 
     def _per_example(self, runs: list[EvalRun]) -> dict[int, tuple[float, float]]:

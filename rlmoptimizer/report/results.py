@@ -257,7 +257,7 @@ class DetailedResults:
                     "run_ids": list(run_ids[i]) if i is not None else [],
                     "score": full[split].get(i) if i is not None else None,
                     "val_score": full["val"].get(i) if i is not None else None,
-                    "returned": i is not None and new.get(i) == best_idx,
+                    "returned": best_idx is not None and i is not None and new.get(i) == best_idx,
                 }
             )
         val_subscores = [dict(subscores[split][i]) for i in kept]

@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from rlmoptimizer.storage.files import atomic_write_json
+from rlmoptimizer.storage.files import WriteFailed, atomic_write_json
 from rlmoptimizer.storage.layout import RunLayout
 
 logger = logging.getLogger(__name__)
@@ -41,5 +41,5 @@ def write_analyses(directory: str | Path | None, records: list[dict[str, Any]], 
         return
     try:
         atomic_write_json(RunLayout(directory).analyses, {"analyses": records, "latest": latest}, durable=False)
-    except OSError as exc:  # the analyses still work in this process
+    except WriteFailed as exc:  # the analyses still work in this process (a resume asks again)
         logger.warning("could not keep the failure analyses in %s: %s", directory, exc)

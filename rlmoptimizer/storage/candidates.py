@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from rlmoptimizer.storage.files import atomic_write_json
+from rlmoptimizer.storage.files import WriteFailed, atomic_write_json
 from rlmoptimizer.storage.layout import RunLayout
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def write_candidates(
         atomic_write_json(
             RunLayout(directory).candidates, {"candidates": candidates, "lineage": lineage}, durable=False
         )
-    except OSError as exc:  # the candidates still work in this process
+    except WriteFailed as exc:  # the candidates still work in this process
         logger.warning("could not keep the named candidates in %s: %s", directory, exc)
 
 
@@ -115,7 +115,5 @@ def write_gepa_progress(directory: str | Path | None, progress: dict[str, dict[s
     together never spend more than its budget; a finished one is not replayed under its name."""
     if directory is None:
         return
-    try:
-        atomic_write_json(RunLayout(directory).gepa_runs, dict(progress), durable=False)
-    except OSError as exc:
-        logger.warning("could not keep the GEPA runs' progress in %s: %s", directory, exc)
+    # (not kept, a resume would take a GEPA run for new and could pay past its budget: a failed write stops the run)
+    atomic_write_json(RunLayout(directory).gepa_runs, dict(progress), durable=False)

@@ -18,15 +18,16 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from rlmoptimizer.errors import RunDirectoryMismatchError
 from rlmoptimizer.events import AgentReplied, AgentTurn, EvaluationFinished, Event, PromptUpdated, SubLMAnswered
-from rlmoptimizer.fingerprint import diff_fingerprints
+from rlmoptimizer.fingerprint import HELD, diff_fingerprints
 from rlmoptimizer.records import jsonable
-from rlmoptimizer.storage.files import BackgroundSync, atomic_write_json
+from rlmoptimizer.storage.files import BackgroundSync, WriteFailed, atomic_write_json
 from rlmoptimizer.storage.identity import describe_differences
 from rlmoptimizer.storage.layout import PROMPT_VERSIONS, TURNS, Numbered, RunLayout
 from rlmoptimizer.storage.lock import READ_ONLY_ERRNOS
@@ -105,8 +106,8 @@ class RunJournal:
         self._sync = BackgroundSync("journal")
 
     def on_event(self, event: Event) -> None:
-        if isinstance(event, AgentReplied):
-            atomic_write_json(self.layout.pending_reply, event.reply)
+        if isinstance(event, AgentReplied):  # (when: a resume knows which GEPA runs the replayed turn started)
+            atomic_write_json(self.layout.pending_reply, {**event.reply, "kept_at": time.time()})
         elif isinstance(event, AgentTurn):
             self.write_turn(event.turn)
             self.layout.pending_reply.unlink(missing_ok=True)  # (the turn is kept: its reply with it)
@@ -177,10 +178,10 @@ class RunJournal:
         if updates:
             try:
                 atomic_write_json(path, {**stored, **updates})
-            except OSError as exc:
-                if exc.errno not in READ_ONLY_ERRNOS:
+            except WriteFailed as exc:
+                if exc.error.errno not in READ_ONLY_ERRNOS:
                     raise
-                logger.warning("Could not record the change in %s (%s); the directory is read-only.", path, exc)
+                logger.warning("Could not record the change in %s (%s); the directory is read-only.", path, exc.error)
         return True
 
     def _check_starting_instructions(self, stored: dict[str, Any], manifest: dict[str, Any]) -> None:
@@ -251,6 +252,10 @@ class RunJournal:
             return {}
         if not isinstance(old, dict) or not isinstance(old.get("classes"), dict):  # written before it was recorded
             return {"program_code": code}
+        if not any(name.endswith(HELD) for name in old["classes"]):  # written before held functions were recorded
+            kept = {name: digest for name, digest in code["classes"].items() if not name.endswith(HELD)}
+            if {**old, "classes": old["classes"]} == {**code, "classes": kept}:
+                return {"program_code": code}
         if old.get("python") != code["python"]:
             what = (
                 f"was written under Python {old.get('python')} and this is Python {code['python']}: bytecode "
@@ -326,7 +331,11 @@ class RunJournal:
             isinstance(reply.get(f), int if f == "iteration" else str) for f in fields
         ):
             return None
-        return {f: reply[f] for f in fields}
+        kept_at = reply.get("kept_at")
+        when = (
+            {"kept_at": float(kept_at)} if isinstance(kept_at, (int, float)) and not isinstance(kept_at, bool) else {}
+        )
+        return {**{f: reply[f] for f in fields}, **when}
 
     def write_prompt_version(self, version: dict[str, Any]) -> None:
         self._write_numbered(PROMPT_VERSIONS, version)

@@ -665,10 +665,15 @@ def test_a_second_ctrl_c_stops_waiting_for_the_examples_still_running(caplog):
 
     presser = threading.Thread(target=press_ctrl_c_twice, daemon=True)
     presser.start()
+    logged: list[int] = []
+    ledger = BudgetLedger(100)
     try:
-        with pytest.raises(EvaluationStopped) as stopped:
+        with pytest.raises(EvaluationStopped) as stopped, ledger.reserve(6, TRAIN_EXAMPLE) as reservation:
             make_evaluator(FunctionLM(reply), num_threads=3).evaluate(
-                dspy.Predict("question -> answer"), list(enumerate(examples(6)))
+                dspy.Predict("question -> answer"),
+                list(enumerate(examples(6))),
+                reservation,
+                on_record=lambda r: logged.append(r.example_id),
             )
         assert not release.is_set()  # it returned while the two slow examples were still running
         assert isinstance(stopped.value.reason, KeyboardInterrupt)
@@ -677,6 +682,12 @@ def test_a_second_ctrl_c_stops_waiting_for_the_examples_still_running(caplog):
         said = caplog.text
         assert "waiting for the 2 example(s) already running" in said and "Ctrl-C again" in said
         assert "2 example(s) still running are left to finish in the background" in said
+        spent = ledger.spent
+        assert spent == len(kept)
+        release.set()  # the abandoned examples finish now: neither logged nor charged
+        for thread in [t for t in threading.enumerate() if t.name.startswith("rlmoptimizer-eval")]:
+            thread.join(10)
+        assert sorted(logged) == sorted(kept) and ledger.spent == spent
     finally:
         release.set()
         presser.join(5)
