@@ -146,6 +146,11 @@ class EvaluationProgress:
         self._state = None
 
 
+def _text(text: str) -> Text:
+    """``text`` for a panel: terminal escape codes an LM or a program printed read as the colours they stand for."""
+    return Text.from_ansi(text.replace("\r\n", "\n")) if "\x1b" in text else Text(text)
+
+
 def _clip(text: str, limit: int = _MAX_SHOWN) -> str:
     return text if len(text) <= limit else text[:limit] + f"\n... ({len(text) - limit:,} more characters)"
 
@@ -180,16 +185,16 @@ class Display:
             return
         parts = []
         if turn.get("reasoning"):
-            parts.append(Panel(Text.from_ansi(_clip(turn["reasoning"])), title="reasoning", border_style="blue"))
+            parts.append(Panel(_text(_clip(turn["reasoning"])), title="reasoning", border_style="blue"))
         if turn.get("code"):
             parts.append(
                 Panel(
-                    Syntax(Text.from_ansi(_clip(turn["code"])).plain, "python", word_wrap=True),
+                    Syntax(_text(_clip(turn["code"])).plain, "python", word_wrap=True),
                     title="code",
                     border_style="green",
                 )
             )
-        parts.append(Panel(Text.from_ansi(_clip(turn.get("output", ""))), title="output", border_style="yellow"))
+        parts.append(Panel(_text(_clip(turn.get("output", ""))), title="output", border_style="yellow"))
         title = f"agent turn {turn.get('iteration', '?')}" + (" (submitted)" if turn.get("final") else "")
         self.console.print(Panel(Group(*parts), title=title, border_style="magenta"))
 

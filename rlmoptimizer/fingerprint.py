@@ -372,11 +372,25 @@ def program_code_identity(program: Any) -> dict[str, Any]:
             if held not in classes[name]:
                 classes[name].append(held)
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    return {"python": version, "classes": {name: "+".join(sorted(digests)) for name, digests in classes.items()}}
+    classes_digest = {name: "+".join(sorted(digests)) for name, digests in classes.items()}
+    return {"python": version, "classes": classes_digest, "held": True}  # (held: the functions modules hold count)
 
 
 HELD = " (the functions it holds)"
 """The end of the name under which :func:`program_code_identity` records the functions a module holds."""
+
+
+def _cell(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
+
+
+def _dspys_own(function: types.FunctionType) -> bool:
+    """Whether ``function`` is dspy's (a ReAct's ``finish`` tool): it changes with dspy, not with the program."""
+    module = function.__module__ or ""
+    return module == "dspy" or module.startswith("dspy.")
 
 
 def _held_code(module: Any) -> str | None:
@@ -391,10 +405,15 @@ def _held_code(module: Any) -> str | None:
         for key, item in [(None, value)] if not items else list(items):
             function = getattr(item, "func", item) if type(item).__name__ == "Tool" else item
             plain = getattr(function, "__func__", function)
-            if isinstance(plain, types.FunctionType) and not (plain.__module__ or "").startswith(
-                "dspy"
-            ):  # (dspy's own)
+            if not isinstance(plain, types.FunctionType):
+                continue
+            if not _dspys_own(plain):
                 found.append([attribute, repr(key), _code_only(function)])
+                continue
+            for cell in plain.__closure__ or ():  # dspy's wrapper of the user's function (BestOfN's reward_fn)
+                inner = _cell(cell)
+                if isinstance(inner, types.FunctionType) and not _dspys_own(inner):
+                    found.append([attribute, repr(key), _code_only(inner)])
     if not found:
         return None
     try:

@@ -38,6 +38,16 @@ def test_terminal_escape_codes_are_taken_out_of_the_trajectorys_views():
     Display(True, Console(file=buffer, width=100, force_terminal=False, force_jupyter=False)).turn(turn)
     assert "\x1b" not in buffer.getvalue() and "score 0.5" in buffer.getvalue()
 
+    # lines ended by \r\n (tickets, e-mails, CSV rows), with escape codes or without, keep their text
+    crlf = {"iteration": 2, "reasoning": "look\r\nthen fix", "code": "x = 1\r\nprint(x)\r\n",
+            "output": f"{RED}PASS{RESET} row 1\r\nFAIL row 2\r\n"}  # fmt: skip
+    shown = repr(Trajectory([crlf]).show(2))
+    assert "PASS row 1" in shown and "FAIL row 2" in shown
+    buffer = io.StringIO()
+    Display(True, Console(file=buffer, width=100, force_terminal=False, force_jupyter=False)).turn(crlf)
+    for text in ("look", "then fix", "print(x)", "PASS row 1", "FAIL row 2"):
+        assert text in buffer.getvalue()
+
 
 def compile_loop(directory, console):
     train, val = make_splits()

@@ -723,6 +723,7 @@ def test_a_directory_written_before_held_functions_were_recorded_is_read_back_an
     assert list(held) == ["CleanedTicket (the functions it holds)"]
     for name in held:  # as an earlier version wrote it
         del manifest["program_code"]["classes"][name]
+    del manifest["program_code"]["held"]
     path.write_text(json.dumps(manifest))
     task = FunctionLM(task_lm_reply)
     compile_tickets(TURNS, student=CleanedTicket(), run_storage_dir=tmp_path, eval_lm=task, **loop())
@@ -730,3 +731,9 @@ def test_a_directory_written_before_held_functions_were_recorded_is_read_back_an
     assert json.loads(path.read_text())["program_code"]["classes"].items() >= held.items()  # and now recorded
     with pytest.raises(RunDirectoryMismatchError, match="CleanedTicket \\(the functions it holds\\)"):
         compile_tickets(TURNS, student=CleanedTicket(_upper), run_storage_dir=tmp_path, **loop())
+
+    # a directory written by this version for a program that held no function: one that holds one now is a change
+    other = tmp_path / "none"
+    compile_tickets(TURNS, student=CleanedTicket(clean=str), run_storage_dir=other, **loop())  # (a builtin: no code)
+    with pytest.raises(RunDirectoryMismatchError, match="CleanedTicket \\(the functions it holds\\)"):
+        compile_tickets(TURNS, student=CleanedTicket(), run_storage_dir=other, **loop())

@@ -15,7 +15,6 @@ and the agent wing's own ``ids``, ``pilot``, ``policy``, ``prompts``, ``services
 from __future__ import annotations
 
 import functools
-import json
 import random
 from collections.abc import Callable
 from typing import Any
@@ -47,12 +46,14 @@ from rlmoptimizer.moves.gepa import GepaHooks, GepaSpec
 from rlmoptimizer.records import EvalRun
 from rlmoptimizer.storage.answers import AnswerStore
 from rlmoptimizer.storage.candidates import (
+    gepa_runs_done,
     read_candidates,
     read_gepa_progress,
+    replayed_gepa_runs,
     write_candidates,
     write_gepa_progress,
 )
-from rlmoptimizer.storage.layout import GEPA_REFLECTIONS, RunLayout
+from rlmoptimizer.storage.layout import GEPA_REFLECTIONS
 
 __all__ = ["AgentTools", "select_ids"]
 
@@ -124,18 +125,14 @@ class AgentTools:
             [int(n.split("-", 1)[1]) for n in named if n.startswith("gepa-") and n.split("-", 1)[1].isdigit()],
             default=0,
         )
-        # the GEPA runs an earlier process finished (one killed in the middle is replayed under its own name)
-        # (one that finished in the turn a resume replays is replayed under its own name too, free)
-        replaying = self._replayed_gepa_runs()
+        # the GEPA runs an earlier process is done with; the runs at the end it did not finish, or started in the turn
+        # a resume replays, are replayed under their own names (their paid work free)
+        replaying = replayed_gepa_runs(self._directory, self._gepa_progress)
         self.moves.replaying_gepa = replaying
-        unfinished = {name for name, entry in self._gepa_progress.items() if not entry["finished"]}
-        self.moves.gepa_runs = len(
-            (
-                {name for name, entry in self._gepa_progress.items() if entry["finished"]}
-                | {entry.get("run") for entry in lineage.values() if entry.get("move", "").startswith("gepa")}
-            )
-            - replaying
-            - unfinished  # (one an error stopped named its candidates, and is replayed: it did not finish)
+        self.moves.gepa_runs = gepa_runs_done(
+            self._gepa_progress,
+            {entry.get("run") for entry in lineage.values() if entry.get("move", "").startswith("gepa")},
+            replaying,
         )
         # the default policy's runner: the moves below report their outcomes to it
         self._tried: set[str] = set()  # every prompt map proposed or current so far (canonical JSON)
@@ -148,21 +145,6 @@ class AgentTools:
             gepa_best=self._gepa_best_not_adopted(working.instructions(), replaying),
         )
         self.pilot.tools = self
-
-    def _replayed_gepa_runs(self) -> set[str]:
-        """The GEPA runs an earlier process started in the agent turn this resume replays (its reply was kept before
-        its code ran, so they started after): the replayed turn's ``run_gepa`` calls are those runs again."""
-        path = RunLayout(self._directory).pending_reply if self._directory is not None else None
-        if path is None or not path.is_file():  # no turn to replay (or no directory)
-            return set()
-        try:  # when the reply was kept (written in it: a copy of the directory keeps it), else the file's time
-            since = float(json.loads(path.read_text(encoding="utf-8"))["kept_at"])
-        except (OSError, ValueError, KeyError, TypeError):
-            try:
-                since = path.stat().st_mtime
-            except OSError:
-                return set()
-        return {name for name, entry in self._gepa_progress.items() if entry.get("started_at", 0.0) >= since}
 
     def _gepa_best_not_adopted(self, current: dict[str, str], replaying: set[str]) -> str | None:
         """On a resume: the best candidate of the last GEPA run an earlier process finished (not one the replayed turn

@@ -80,7 +80,8 @@ def _check_reachable(uri: Any, timeout_s: float = 5.0) -> None:
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         return
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    if urllib.request.getproxies().get(parsed.scheme) and not urllib.request.proxy_bypass(parsed.hostname):
+    proxies = urllib.request.getproxies()
+    if (proxies.get(parsed.scheme) or proxies.get("all")) and not urllib.request.proxy_bypass(parsed.hostname):
         return  # reached through a proxy: a direct connection says nothing
     try:
         socket.create_connection((parsed.hostname, port), timeout=timeout_s).close()

@@ -18,7 +18,7 @@ def _plain(text: Any) -> str:
     from rich.text import Text
 
     text = str(text or "")
-    return Text.from_ansi(text).plain if "\x1b" in text else text
+    return Text.from_ansi(text.replace("\r\n", "\n")).plain if "\x1b" in text else text
 
 
 def _first_lines(text: Any, lines: int = 3, limit: int = _SHORT) -> str:
@@ -115,7 +115,8 @@ class Trajectory(list):
         }
         if turn > 0 and str(turn) in numbered:
             return TurnView(numbered[str(turn)])
-        shown = f"turns 1 to {len(self)}" if len(self) > 1 else ("turn 1" if self else "no turn")
+        known = list(numbered)
+        shown = f"turns {known[0]} to {known[-1]}" if len(known) > 1 else (f"turn {known[0]}" if known else "no turn")
         raise IndexError(f"no turn {turn}: this trajectory has {shown} (show(-1) is the last)")
 
 

@@ -117,3 +117,39 @@ def write_gepa_progress(directory: str | Path | None, progress: dict[str, dict[s
         return
     # (not kept, a resume would take a GEPA run for new and could pay past its budget: a failed write stops the run)
     atomic_write_json(RunLayout(directory).gepa_runs, dict(progress), durable=False)
+
+
+def gepa_runs_done(progress: dict[str, dict[str, Any]], named: set[Any], replaying: set[str]) -> int:
+    """The number of the last GEPA run an earlier process of this compile is done with: the highest run number known
+    (its progress, or the lineage of its candidates), less the runs at the end that a resume runs again: those started
+    in the turn the resume replays, else the last run when it did not finish (cut off, or stopped by an error; one
+    that did not finish with runs after it is over). Runs are named by number
+    (``gepa run 2``), so the next one is this plus one: the first of those run again, else a new one."""
+    numbers = {}
+    for name in {*progress, *(n for n in named if isinstance(n, str))}:
+        tail = name.removeprefix("gepa run ")
+        if tail.isdigit():
+            numbers[int(tail)] = name
+    top = last = max(numbers, default=0)
+    while last and numbers.get(last) in replaying:  # started in the turn the resume replays
+        last -= 1
+    if last == top and last and not progress.get(numbers[last], {}).get("finished", True):  # cut off, or stopped
+        last -= 1
+    return last
+
+
+def replayed_gepa_runs(directory: str | Path | None, progress: dict[str, dict[str, Any]]) -> set[str]:
+    """The GEPA runs of ``progress`` an earlier process started in the agent turn a resume replays: its reply was kept
+    (``pending_reply.json``, with the time it was kept) before its code ran, so they started after; the replayed
+    turn's ``run_gepa`` calls are those runs again."""
+    path = RunLayout(directory).pending_reply if directory is not None else None
+    if path is None or not path.is_file():  # no turn to replay (or no directory)
+        return set()
+    try:  # when the reply was kept (written in it: a copy of the directory keeps it), else the file's time
+        since = float(json.loads(path.read_text(encoding="utf-8"))["kept_at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        try:
+            since = path.stat().st_mtime
+        except OSError:
+            return set()
+    return {name for name, entry in progress.items() if entry.get("started_at", 0.0) >= since}

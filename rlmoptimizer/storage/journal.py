@@ -252,9 +252,9 @@ class RunJournal:
             return {}
         if not isinstance(old, dict) or not isinstance(old.get("classes"), dict):  # written before it was recorded
             return {"program_code": code}
-        if not any(name.endswith(HELD) for name in old["classes"]):  # written before held functions were recorded
+        if not old.get("held"):  # written before the functions modules hold were recorded: compared without them
             kept = {name: digest for name, digest in code["classes"].items() if not name.endswith(HELD)}
-            if {**old, "classes": old["classes"]} == {**code, "classes": kept}:
+            if old.get("python") == code["python"] and old["classes"] == kept:
                 return {"program_code": code}
         if old.get("python") != code["python"]:
             what = (

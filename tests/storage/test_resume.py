@@ -62,3 +62,22 @@ def test_a_manifest_without_a_key_every_manifest_holds_is_another_compiles(tmp_p
     with pytest.raises(RunDirectoryMismatchError, match=message):
         open_run_directory(RunJournal(tmp_path), MANIFEST)
     assert json.loads((tmp_path / "manifest.json").read_text()) == older
+
+
+def test_the_gepa_runs_a_resume_runs_again_are_only_those_at_the_end():
+    """Runs are named by number: a resume goes on after the last run an earlier process is done with, and replays
+    under their own names only the runs at the end it did not finish or started in the turn it replays. Regression:
+    a run an error stopped early in a compile, followed by finished runs, made the next run reuse a finished run's
+    name (its progress overwritten, or the wrong run replayed)."""
+    from rlmoptimizer.storage.candidates import gepa_runs_done
+
+    def runs(*finished):
+        return {f"gepa run {i + 1}": {"budget": 10, "taken": 5, "finished": done} for i, done in enumerate(finished)}
+
+    assert gepa_runs_done({}, set(), set()) == 0
+    assert gepa_runs_done(runs(True, True), set(), set()) == 2
+    assert gepa_runs_done(runs(True, False), set(), set()) == 1  # the last was cut off: "gepa run 2" is replayed
+    assert gepa_runs_done(runs(False, True), set(), set()) == 2  # stopped by an error, then another ran: go on
+    assert gepa_runs_done(runs(False, True), set(), {"gepa run 2"}) == 1  # the turn replays run 2, not run 1 ...
+    assert gepa_runs_done(runs(True, True), set(), {"gepa run 2"}) == 1  # ... its own run, after the finished one
+    assert gepa_runs_done({}, {"gepa run 3", None, "other"}, set()) == 3  # older directories: the candidates' lineage
