@@ -123,9 +123,9 @@ class AgentReplied(_Snapshot):
 
 @dataclass(frozen=True)
 class SubLMAnswered(_Snapshot):
-    """Sub-LM prompts of the agent (``llm_query`` / ``llm_query_batched``) were answered and charged in the
-    middle of a turn: ``budget`` is the ledger's snapshot after them, so a process killed before the turn ends
-    still has them on disk."""
+    """Sub-LM prompts were answered and charged (the agent's ``llm_query`` / ``llm_query_batched``, a proposal, a GEPA
+    reflection, an analysis): ``budget`` is the ledger's snapshot after them, so a process killed before the turn
+    ends still has them on disk."""
 
     prompts: int
     budget: dict[str, Any]

@@ -437,7 +437,8 @@ class CostGate:
 
 
 class UsageObserver:
-    """Counts each evaluated example as a unit of the eval role (for the spending cap's estimate) and hands
+    """Counts each evaluated example as a unit of the eval role and each paid sub-LM prompt as one of the sub role
+    (for the spending cap's estimate) and hands
     the meter's snapshot to ``write`` after every evaluation and agent turn (``usage.json``)."""
 
     def __init__(self, meter: UsageMeter, write: Callable[[dict[str, Any]], None]) -> None:
@@ -448,4 +449,6 @@ class UsageObserver:
         if isinstance(event, ExampleEvaluated):
             self.meter.add_units(EVAL, 1)
         elif isinstance(event, (AgentTurn, EvaluationFinished, SubLMAnswered)):
+            if isinstance(event, SubLMAnswered):  # every paid sub-LM prompt: the agent's, a proposal, a reflection
+                self.meter.add_units(SUB, event.prompts)
             self.write(self.meter.snapshot())

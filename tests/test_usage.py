@@ -315,3 +315,25 @@ def test_litellm_imported_by_several_threads_at_once_is_whole_for_each(tmp_path)
     )
     shown = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert shown.stdout.strip() == "True 8", shown.stdout + shown.stderr[-2000:]
+
+
+def test_every_paid_sub_lm_prompt_is_a_unit_the_spending_cap_prices(tmp_path):
+    """Regression: only the agent's llm_query counted a sub-role unit, so the proposals, GEPA's reflections and the
+    analyses of a run cost the sub role 0 dollars a unit: the cap granted every such request in full and the sub LM
+    went past max_cost_usd. Every paid sub-LM prompt is now a unit."""
+    from support.optimizing import proposer
+    from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
+
+    from rlmoptimizer import RLMDocstringOptimizer
+
+    train, val = make_splits()
+    optimized = RLMDocstringOptimizer(
+        metric,
+        rlm_autopilot="loop",
+        max_metric_calls=40,
+        sub_lm=proposer(POLICY_PROMPT),
+        eval_lm=FunctionLM(task_lm_reply),
+        run_storage_dir=tmp_path,
+    ).compile(RouteTicket(), trainset=train, valset=val)
+    paid = optimized.budget["spent_by_kind"][SUB_LM_CALL]
+    assert paid > 0 and optimized.usage["sub_units"] == paid

@@ -114,9 +114,7 @@ def sub_lm_tools(
         lm = sub_lm if sub_lm is not None else dspy.settings.lm
         if lm is None:
             raise dspy.LMNotConfiguredError("No sub-LM configured for llm_query.")
-        response = as_sub(lm)(prompt)
-        if usage is not None:
-            usage.add_units(SUB, 1)
+        response = as_sub(lm)(prompt)  # (its unit of work is counted with its charge: SubLMAnswered)
         text = response.text if isinstance(response, dspy.lm15.Response) else None
         if text is None and isinstance(response, list) and response:
             first = response[0]
