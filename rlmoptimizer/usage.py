@@ -169,7 +169,12 @@ class _RoleTotals:
             "cached_input_tokens": self.cached_input_tokens,
             "output_tokens": self.output_tokens,
             "cost_usd": None if self.unpriced_models else float(self.usd),
-            **({"unpriced_models": sorted(self.unpriced_models)} if self.unpriced_models else {}),
+            # what the calls with a price cost: the cap counts them, and a resume goes on from them
+            **(
+                {"unpriced_models": sorted(self.unpriced_models), "priced_usd": float(self.usd)}
+                if self.unpriced_models
+                else {}
+            ),
         }
 
     def load(self, data: dict[str, Any]) -> None:
@@ -178,7 +183,11 @@ class _RoleTotals:
         self.cached_input_tokens = _int(data.get("cached_input_tokens"))
         self.output_tokens = _int(data.get("output_tokens"))
         cost = data.get("cost_usd")
-        self.usd = Decimal(repr(float(cost))) if isinstance(cost, (int, float)) else Decimal(0)
+        if not isinstance(cost, (int, float)) or isinstance(cost, bool):
+            cost = data.get("priced_usd")  # a role with an unpriced model: what its priced calls cost
+        self.usd = (
+            Decimal(repr(float(cost))) if isinstance(cost, (int, float)) and not isinstance(cost, bool) else Decimal(0)
+        )
         self.unpriced_models = set(data.get("unpriced_models") or ())
 
 

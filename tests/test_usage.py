@@ -337,3 +337,21 @@ def test_every_paid_sub_lm_prompt_is_a_unit_the_spending_cap_prices(tmp_path):
     ).compile(RouteTicket(), trainset=train, valset=val)
     paid = optimized.budget["spent_by_kind"][SUB_LM_CALL]
     assert paid > 0 and optimized.usage["sub_units"] == paid
+
+
+def test_a_resume_keeps_what_the_priced_calls_of_a_role_with_an_unpriced_model_cost():
+    """Regression: a role mixing a priced model (an LLM-judge metric) with an unpriced one (a local task LM) was
+    written with cost_usd None, and a resume restored it as 0 dollars: the cap then let the two processes together
+    spend past max_cost_usd."""
+    per_call = float(price_of_call("openai/gpt-4o-mini", 10_000, 100))
+    meter = UsageMeter(max_cost_usd=per_call * 3.5)
+    meter.record(EVAL, "local/unpriced", {"prompt_tokens": 50, "completion_tokens": 5})
+    for _ in range(3):
+        meter.record(EVAL, "openai/gpt-4o-mini", {"prompt_tokens": 10_000, "completion_tokens": 100})
+    snapshot = meter.snapshot()
+    assert snapshot[EVAL]["cost_usd"] is None and snapshot[EVAL]["priced_usd"] == pytest.approx(3 * per_call)
+    again = UsageMeter(max_cost_usd=per_call * 3.5)
+    again.restore(snapshot)
+    again.record(EVAL, "openai/gpt-4o-mini", {"prompt_tokens": 10_000, "completion_tokens": 100})
+    assert again.snapshot()[EVAL]["priced_usd"] == pytest.approx(4 * per_call)
+    assert again.cap_reached  # the fourth priced call went past the cap, counted with the three before the resume
