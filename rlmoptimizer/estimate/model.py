@@ -131,11 +131,19 @@ def _total(rows: Sequence[RoleCost], name: str) -> RoleCost:
     return total
 
 
-def _cap_verdict(cap: float | None, expected: RoleCost, at_most: RoleCost, rows: Sequence[RoleCost]) -> str:
-    """Whether ``max_cost_usd`` stops the run early, in a sentence."""
+def _cap_verdict(
+    cap: float | None, expected: RoleCost, at_most: RoleCost, rows: Sequence[RoleCost], baselines: float = 0.0
+) -> str:
+    """Whether ``max_cost_usd`` stops the run early, in a sentence; ``baselines``: the dollars of the unchanged
+    program's baseline runs (they run whole whatever the cap: every result is measured against them)."""
     if cap is None:
         return "max_cost_usd: not set (no spending cap)."
     given = f"max_cost_usd={dollars(cap)}"
+    if baselines > cap:
+        return (
+            f"{given} is below what the unchanged program's baselines are expected to cost ({dollars(baselines)}): "
+            "they run whole (every result is measured against them), then the cap stops the run."
+        )
     if expected.cost_usd is None:
         unpriced = ", ".join(sorted({r.model for r in rows if r.cost_usd is None}))
         return (
@@ -149,7 +157,10 @@ def _cap_verdict(cap: float | None, expected: RoleCost, at_most: RoleCost, rows:
             "candidate already checked is returned)."
         )
     if at_most.cost_usd is not None and at_most.cost_usd <= cap:
-        return f"{given} is above the most this run can spend ({dollars(at_most.cost_usd)}): it will not stop the run."
+        return (
+            f"{given} is above the most this run can spend ({dollars(at_most.cost_usd)}): it will not stop the run "
+            "(unless the metric's own LM calls, which this estimate leaves out, cost the difference)."
+        )
     return (
         f"{given} is above the expected {dollars(expected.cost_usd)}: it should not stop the run; it would if the "
         f"run went past the estimate (at most {dollars(at_most.cost_usd or 0)})."
@@ -279,7 +290,15 @@ def _estimate(
         baseline_runs=work.expected.baseline_runs,
         proposals=round(work.expected.proposals),
         root_turns=work.expected.root_turns,
-        cap=_cap_verdict(config.max_cost_usd, expected, most, rows),
+        cap=_cap_verdict(
+            config.max_cost_usd,
+            expected,
+            most,
+            rows,
+            sum(r.cost_usd for r in rows if r.role == EVAL and r.cost_usd is not None)
+            * work.expected.baseline_runs
+            / max(work.expected.program_runs, 1),
+        ),
         max_cost_usd=config.max_cost_usd,
         seconds_per_call=_latency(seconds_per_call),
         sampled=len(traces) if measured is not None else 0,

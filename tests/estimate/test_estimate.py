@@ -114,6 +114,12 @@ def test_dollars_come_from_litellm_and_the_cap_is_judged_against_them():
         max_iterations=2, rlm_autopilot="loop", sub_lm=lm, eval_lm=lm, max_cost_usd=10 * estimate.at_most.cost_usd
     ).estimate(RouteTicket(), trainset=trainset, valset=valset)
     assert "it will not stop the run" in above.cap
+    eval_usd = estimate.role("eval").cost_usd
+    baselines = eval_usd * estimate.baseline_runs / estimate.program_runs
+    tiny = RLMDocstringOptimizer(
+        max_iterations=2, rlm_autopilot="loop", sub_lm=lm, eval_lm=lm, max_cost_usd=baselines / 4
+    ).estimate(RouteTicket(), trainset=trainset, valset=valset)
+    assert "below what the unchanged program's baselines are expected to cost" in tiny.cap  # they run whole
     unpriced = RLMDocstringOptimizer(
         max_iterations=2, rlm_autopilot="loop", sub_lm=lm, eval_lm=FunctionLM(task_lm_reply), max_cost_usd=1.0
     ).estimate(RouteTicket(), trainset=trainset, valset=valset)
