@@ -15,6 +15,7 @@ import logging
 import math
 import numbers
 import os
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -398,7 +399,8 @@ def check_max_cost(value: Any) -> float | None:
     """``max_cost_usd``: None (no cap) or a finite number of dollars > 0."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    number = isinstance(value, (numbers.Real, Decimal)) and not isinstance(value, bool)  # numpy's and Decimal too
+    if not number or not math.isfinite(float(value) if not _signalling(value) else math.nan) or value <= 0:
         raise ConfigurationError(f"max_cost_usd must be a number of dollars > 0 (or None for no cap), got {value!r}")
     return float(value)
 
@@ -552,6 +554,10 @@ def from_dspy_gepa(given: dict[str, Any], dspy_gepa: dict[str, Any]) -> dict[str
                 kept = " or ".join(repr(taken) for taken in accepted)
                 raise ConfigurationError(f"{name}={value!r:.60}: {why}; drop {name} (or pass {kept})")
     return ours
+
+
+def _signalling(value: Any) -> bool:
+    return isinstance(value, Decimal) and value.is_snan()
 
 
 def _kind(value: Any) -> type:

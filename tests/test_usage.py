@@ -215,11 +215,23 @@ def test_meter_rejects_unknown_roles():
         UsageMeter().tracker("judge")
 
 
+def test_a_cap_of_any_kind_of_number_is_taken():
+    """numpy's floats and ints and a Decimal, as a notebook computes a cap."""
+    import numpy as np
+
+    from rlmoptimizer import RLMDocstringOptimizer
+
+    for value in (np.float32(0.5), np.int64(2), Decimal("0.25")):
+        assert RLMDocstringOptimizer(root_lm=FunctionLM(lambda m: ""), max_cost_usd=value).max_cost_usd == float(value)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
         ({"max_cost_usd": 0}, "max_cost_usd must be a number of dollars > 0"),
         ({"max_cost_usd": "5"}, "max_cost_usd must be a number of dollars > 0"),
+        ({"max_cost_usd": Decimal("sNaN")}, "max_cost_usd must be a number of dollars > 0"),
+        ({"max_cost_usd": True}, "max_cost_usd must be a number of dollars > 0"),
         ({"root_context_window": 1_000}, "root_context_window .* must be an int >= 4000"),
         ({"root_context_window": 32_000.5}, "root_context_window"),
     ],
