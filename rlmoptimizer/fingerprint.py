@@ -291,6 +291,13 @@ def fingerprint_digest(fp: dict[str, Any]) -> str:
 _PLAIN = (type(None), bool, int, float, complex, str, bytes)
 
 
+def _cell(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
+
+
 def _code_only(value: Any, depth: int = 0) -> Any:
     """What code ``value`` stands for, the same in every process and after every call: a function's bytecode,
     constants and names (its decorator's wrapped function too), its defaults and closure values as far as they are
@@ -313,12 +320,7 @@ def _code_only(value: Any, depth: int = 0) -> Any:
         }
     function = getattr(value, "__func__", value)  # a method, staticmethod or classmethod
     if isinstance(function, types.FunctionType):
-        cells = []
-        for cell in function.__closure__ or ():
-            try:
-                cells.append(cell.cell_contents)
-            except ValueError:  # an empty cell
-                cells.append(None)
+        cells = [_cell(cell) for cell in function.__closure__ or ()]
         return {
             "function": function.__qualname__,
             "code": _code_only(function.__code__, depth + 1),
@@ -378,13 +380,6 @@ def program_code_identity(program: Any) -> dict[str, Any]:
 
 HELD = " (the functions it holds)"
 """The end of the name under which :func:`program_code_identity` records the functions a module holds."""
-
-
-def _cell(cell: Any) -> Any:
-    try:
-        return cell.cell_contents
-    except ValueError:  # an empty cell
-        return None
 
 
 def _dspys_own(function: types.FunctionType) -> bool:

@@ -400,7 +400,8 @@ def check_max_cost(value: Any) -> float | None:
     if value is None:
         return None
     number = isinstance(value, (numbers.Real, Decimal)) and not isinstance(value, bool)  # numpy's and Decimal too
-    if not number or not math.isfinite(float(value) if not _signalling(value) else math.nan) or value <= 0:
+    finite = number and (value.is_finite() if isinstance(value, Decimal) else math.isfinite(value))
+    if not finite or value <= 0:
         raise ConfigurationError(f"max_cost_usd must be a number of dollars > 0 (or None for no cap), got {value!r}")
     return float(value)
 
@@ -554,10 +555,6 @@ def from_dspy_gepa(given: dict[str, Any], dspy_gepa: dict[str, Any]) -> dict[str
                 kept = " or ".join(repr(taken) for taken in accepted)
                 raise ConfigurationError(f"{name}={value!r:.60}: {why}; drop {name} (or pass {kept})")
     return ours
-
-
-def _signalling(value: Any) -> bool:
-    return isinstance(value, Decimal) and value.is_snan()
 
 
 def _kind(value: Any) -> type:

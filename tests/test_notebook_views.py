@@ -9,13 +9,11 @@ import logging
 
 from IPython.lib.pretty import pretty
 from rich.console import Console
-from support.optimizing import proposer
-from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
+from support.optimizing import loop_optimizer
+from support.tickets import RouteTicket, make_splits
 
-from rlmoptimizer import RLMDocstringOptimizer
 from rlmoptimizer.display import Display
 from rlmoptimizer.report.trajectory import Trajectory
-from rlmoptimizer.testing import FunctionLM
 
 RED = "\x1b[31m"
 RESET = "\x1b[0m"
@@ -51,16 +49,7 @@ def test_terminal_escape_codes_are_taken_out_of_the_trajectorys_views():
 
 def compile_loop(directory, console):
     train, val = make_splits()
-    optimizer = RLMDocstringOptimizer(
-        metric,
-        rlm_autopilot="loop",
-        max_metric_calls=40,
-        sub_lm=proposer(POLICY_PROMPT),
-        eval_lm=FunctionLM(task_lm_reply),
-        run_storage_dir=directory,
-        verbose=True,
-        console=console,
-    )
+    optimizer = loop_optimizer(directory, verbose=True, console=console)
     return optimizer, optimizer.compile(RouteTicket(), trainset=train, valset=val)
 
 

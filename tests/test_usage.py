@@ -333,20 +333,11 @@ def test_every_paid_sub_lm_prompt_is_a_unit_the_spending_cap_prices(tmp_path):
     """Regression: only the agent's llm_query counted a sub-role unit, so the proposals, GEPA's reflections and the
     analyses of a run cost the sub role 0 dollars a unit: the cap granted every such request in full and the sub LM
     went past max_cost_usd. Every paid sub-LM prompt is now a unit."""
-    from support.optimizing import proposer
-    from support.tickets import POLICY_PROMPT, RouteTicket, make_splits, metric, task_lm_reply
-
-    from rlmoptimizer import RLMDocstringOptimizer
+    from support.optimizing import loop_optimizer
+    from support.tickets import RouteTicket, make_splits
 
     train, val = make_splits()
-    optimized = RLMDocstringOptimizer(
-        metric,
-        rlm_autopilot="loop",
-        max_metric_calls=40,
-        sub_lm=proposer(POLICY_PROMPT),
-        eval_lm=FunctionLM(task_lm_reply),
-        run_storage_dir=tmp_path,
-    ).compile(RouteTicket(), trainset=train, valset=val)
+    optimized = loop_optimizer(tmp_path).compile(RouteTicket(), trainset=train, valset=val)
     paid = optimized.budget["spent_by_kind"][SUB_LM_CALL]
     assert paid > 0 and optimized.usage["sub_units"] == paid
 

@@ -210,6 +210,14 @@ class _Batch:
         self.abandoned = False  # the evaluation ended without waiting for the examples still running
 
 
+def _abandon(batch: _Batch) -> list[ExampleResult]:
+    """The records ``batch`` kept, sorted by id; the examples still running are left out (neither kept nor charged
+    when they finish)."""
+    with batch.lock:
+        batch.abandoned = True
+        return sorted(batch.records, key=lambda r: r.example_id)
+
+
 def _rollout_copy(lm: dspy.BaseLM, rollout: int) -> dspy.BaseLM:
     start = (getattr(lm, "kwargs", None) or {}).get("rollout_id") or 0
     return lm.copy(rollout_id=start + rollout)
@@ -347,10 +355,7 @@ class Evaluator:
                 future.cancel()
             pool.shutdown(wait=False, cancel_futures=True)
             _wait_for_running(futures, interrupted=True)
-            with batch.lock:
-                batch.abandoned = True
-                records = sorted(batch.records, key=lambda r: r.example_id)
-            raise EvaluationStopped(exc, records) from exc
+            raise EvaluationStopped(exc, _abandon(batch)) from exc
         else:
             stopping = batch.stop.is_set()
             if stopping:
@@ -361,10 +366,7 @@ class Evaluator:
             pool.shutdown(wait=False, cancel_futures=True)
             interrupt = _wait_for_running(futures, interrupted=False) if stopping else None
             if interrupt is not None:
-                with batch.lock:
-                    batch.abandoned = True
-                    records = sorted(batch.records, key=lambda r: r.example_id)
-                raise EvaluationStopped(interrupt, records) from interrupt
+                raise EvaluationStopped(interrupt, _abandon(batch)) from interrupt
         records = sorted(batch.records, key=lambda r: r.example_id)
         if batch.crash is not None:  # an interrupt raised in a worker (or a bug outside program and metric)
             raise EvaluationStopped(batch.crash, records) from batch.crash

@@ -187,10 +187,9 @@ class GepaMoves(AnalysisMoves):
         in the turn that ran it, which a resume replays):
         asked for with that budget, it is replayed (its paid work free) and goes on with what is left of it; asked
         for with another, it would start anew and drop what the killed run found."""
-        earlier = (self.gepa_hooks.progress if self.gepa_hooks is not None else {}).get(
-            f"gepa run {self.gepa_runs + 1}"
-        )
-        replayed = earlier and (not earlier["finished"] or f"gepa run {self.gepa_runs + 1}" in self.replaying_gepa)
+        name = f"gepa run {self.gepa_runs + 1}"
+        earlier = (self.gepa_hooks.progress if self.gepa_hooks is not None else {}).get(name)
+        replayed = earlier and (not earlier["finished"] or name in self.replaying_gepa)
         return int(earlier["budget"]) if replayed else None
 
     def run_gepa(self, spec: GepaSpec) -> dict[str, Any]:
@@ -262,6 +261,7 @@ class GepaMoves(AnalysisMoves):
             earlier_checks, earlier_evaluations = [], []
         checks: list[int] = []
         evaluations: list[int] = []
+        start = instructions_digest(base)  # a resume knows whether its best was adopted since
 
         def record(units: int, finished: bool = False, best_new: str | None = None) -> None:
             kept[run_name] = {
@@ -270,7 +270,7 @@ class GepaMoves(AnalysisMoves):
                 "finished": finished,
                 "checks": list(checks),
                 "evaluations": list(evaluations),
-                "start": instructions_digest(base),  # a resume knows whether its best was adopted since
+                "start": start,
                 "started_at": started_at,  # a resume knows whether it ran in the turn it replays
                 **({"best_new": best_new} if finished else {}),
             }

@@ -122,6 +122,20 @@ def proposer(*texts: str, name: str = "proposer") -> FunctionLM:
     return FunctionLM(reply, name=name)
 
 
+def loop_optimizer(directory: Any, **kwargs: Any) -> RLMDocstringOptimizer:
+    """The default loop with no agent on the ticket task, into the run directory ``directory``: the ticket metric,
+    ``max_metric_calls=40``, the policy's proposer as the sub LM and a new fake task LM (``kwargs`` add or replace)."""
+    settings = {
+        "rlm_autopilot": "loop",
+        "max_metric_calls": 40,
+        "sub_lm": proposer(POLICY_PROMPT),
+        "eval_lm": FunctionLM(task_lm_reply),
+        "run_storage_dir": directory,
+        **kwargs,
+    }
+    return RLMDocstringOptimizer(metric, **settings)
+
+
 def steps_seen(messages: list[dict]) -> int:
     """How many REPL steps the root LM's request shows (what ``scripted_agent`` counts its turns by)."""
     return sum(str(m.get("content", "")).count("=== Step ") for m in messages if m.get("role") == "user")
