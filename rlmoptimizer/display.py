@@ -13,6 +13,7 @@ May import: rich, IPython (in Jupyter only), ``rlmoptimizer.events``.
 from __future__ import annotations
 
 import html
+import re
 import threading
 import time
 from typing import Any
@@ -146,9 +147,18 @@ class EvaluationProgress:
         self._state = None
 
 
-def _text(text: str) -> Text:
-    """``text`` for a panel: terminal escape codes an LM or a program printed read as the colours they stand for."""
-    return Text.from_ansi(text.replace("\r\n", "\n")) if "\x1b" in text else Text(text)
+# An operating-system command (a hyperlink, a window title, a clipboard write), ended by BEL or ST or by nothing.
+_OSC = re.compile(r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?")
+# Control characters other than newline, tab and ESC (C0, DEL, C1: a backspace or a carriage return can hide text).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1a\x1c-\x1f\x7f-\x9f]")
+
+
+def terminal_text(text: Any) -> Text:
+    """What an LM or a program printed, as it is safe to show a person: colours kept, links and titles dropped,
+    every other control character written out (``\\x08``), so that printed text cannot hide or disguise other text."""
+    text = _OSC.sub("", str(text or "").replace("\r\n", "\n"))
+    text = _CONTROL.sub(lambda found: repr(found.group())[1:-1], text)
+    return Text.from_ansi(text) if "\x1b" in text else Text(text)
 
 
 def _clip(text: str, limit: int = _MAX_SHOWN) -> str:
@@ -185,16 +195,16 @@ class Display:
             return
         parts = []
         if turn.get("reasoning"):
-            parts.append(Panel(_text(_clip(turn["reasoning"])), title="reasoning", border_style="blue"))
+            parts.append(Panel(terminal_text(_clip(turn["reasoning"])), title="reasoning", border_style="blue"))
         if turn.get("code"):
             parts.append(
                 Panel(
-                    Syntax(_text(_clip(turn["code"])).plain, "python", word_wrap=True),
+                    Syntax(terminal_text(_clip(turn["code"])).plain, "python", word_wrap=True),
                     title="code",
                     border_style="green",
                 )
             )
-        parts.append(Panel(_text(_clip(turn.get("output", ""))), title="output", border_style="yellow"))
+        parts.append(Panel(terminal_text(_clip(turn.get("output", ""))), title="output", border_style="yellow"))
         title = f"agent turn {turn.get('iteration', '?')}" + (" (submitted)" if turn.get("final") else "")
         self.console.print(Panel(Group(*parts), title=title, border_style="magenta"))
 

@@ -47,6 +47,31 @@ def test_terminal_escape_codes_are_taken_out_of_the_trajectorys_views():
         assert text in buffer.getvalue()
 
 
+def test_text_an_agent_prints_cannot_hide_other_text_or_show_a_link():
+    hiding = {
+        "iteration": 1,
+        "reasoning": "fine",
+        "code": "evil = 'steal()'  # " + "\b" * 30 + "print('hello')",  # backspaces over the real code
+        "output": "evil output\rALL GOOD   \x9b2J",  # a carriage return over the output; an 8-bit CSI
+    }
+    linked = {
+        "iteration": 2,
+        "reasoning": "",
+        "code": "",
+        "output": "see \x1b]8;;https://evil.example/x\x1b\\the results\x1b]8;;\x1b\\.",
+    }
+    shown = repr(Trajectory([hiding]).show(1))
+    assert "steal()" in shown and "\\x08" in shown and "\b" not in shown
+    assert "evil output\\rALL GOOD" in shown and "\\x9b2J" in shown and "\x9b" not in shown
+    views = [Trajectory([hiding, linked])._repr_html_(), repr(Trajectory([linked]).show(2))]
+    assert all("evil.example" not in view and "see the results." in view for view in views)
+    for turn, kept in ((hiding, "steal()"), (linked, "the results")):
+        buffer = io.StringIO()
+        Display(True, Console(file=buffer, width=200, force_terminal=True, force_jupyter=False)).turn(turn)
+        out = buffer.getvalue()
+        assert kept in out and "evil.example" not in out and "\b" not in out and "\x9b" not in out
+
+
 def compile_loop(directory, console):
     train, val = make_splits()
     optimizer = loop_optimizer(directory, verbose=True, console=console)

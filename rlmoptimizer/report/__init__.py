@@ -16,7 +16,7 @@ the picture, the detailed results, the trajectory display, and MLflow tracking.
 
 May import: ``rlmoptimizer.errors``, ``rlmoptimizer.records``, ``rlmoptimizer.fingerprint``, ``rlmoptimizer.storage``
 (the run directory's formats and lock: read only),
-``rlmoptimizer.events``, ``rlmoptimizer.usage`` (how dollars read), rich, and, each only
+``rlmoptimizer.events``, ``rlmoptimizer.usage`` (how dollars read), ``rlmoptimizer.display`` (how printed text is shown), rich, and, each only
 where it is used, matplotlib and mlflow.
 """
 

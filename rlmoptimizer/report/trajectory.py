@@ -10,15 +10,14 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from rlmoptimizer.display import terminal_text
+
 _SHORT = 160
 
 
 def _plain(text: Any) -> str:
-    """``text`` as a person reads it: terminal escape codes (colours an LM or a program printed) taken out."""
-    from rich.text import Text
-
-    text = str(text or "")
-    return Text.from_ansi(text.replace("\r\n", "\n")).plain if "\x1b" in text else text
+    """``text`` as a person reads it: terminal escape codes taken out, other control characters written out."""
+    return terminal_text(text).plain
 
 
 def _first_lines(text: Any, lines: int = 3, limit: int = _SHORT) -> str:

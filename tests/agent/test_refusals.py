@@ -28,7 +28,8 @@ def test_a_bool_nan_or_huge_argument_is_refused_clearly_and_spends_nothing():
     """Regression: the bridge's lenient coercion turned True into 1 before the moves' checks (which refuse bools), so
     compare(..., rollouts=True) and propose_instructions(step, n=True) were accepted and spent 4 train units and a
     sub-LM prompt; float('nan') / float('inf') in any argument gave a raw "Tool bridge error ... is not valid JSON";
-    refusals echoed a 200,000-character argument whole."""
+    refusals echoed a 200,000-character argument whole; an int beyond 2**53 - 1 reached the host rounded, or as None
+    ("argument 'seed' takes int, got NoneType None")."""
     result = compile_tickets(
         [
             {
@@ -41,6 +42,9 @@ def test_a_bool_nan_or_huge_argument_is_refused_clearly_and_spends_nothing():
                 "attempt('huge_candidate', lambda: compare(['current', 'y' * 200_000]))\n"
                 "attempt('half', lambda: update_prompt('route', 'Route it \\ud83d'))\n"
                 "attempt('items', lambda: llm_query_batched([1, 2]))\n"
+                "attempt('bigint', lambda: evaluate_program(seed=10**400))\n"
+                "attempt('bigint_limit', lambda: evaluate_program(limit=10**30))\n"
+                "attempt('bigint_id', lambda: compare(['current', {'route': 'x'}], ids=[0, 2**53]))\n"
                 "print('spent', optimization_status()['budget_spent'])",
             },
             SUBMIT_CURRENT,
@@ -49,7 +53,22 @@ def test_a_bool_nan_or_huge_argument_is_refused_clearly_and_spends_nothing():
     )
     printed = outputs(result)[0]
     seen = refusals(printed)
-    assert set(seen) == {"rollouts", "n", "nan", "inf", "huge", "huge_candidate", "half", "items"}, printed
+    assert set(seen) == {
+        "rollouts",
+        "n",
+        "nan",
+        "inf",
+        "huge",
+        "huge_candidate",
+        "half",
+        "items",
+        "bigint",
+        "bigint_limit",
+        "bigint_id",
+    }
+    assert "argument 'seed' is or holds a 1,329-bit integer" in seen["bigint"] and "2**53 - 1" in seen["bigint"]
+    assert "argument 'limit' is or holds the integer 1000000000000000000000000000000," in seen["bigint_limit"]
+    assert "argument 'ids' is or holds the integer 9007199254740992" in seen["bigint_id"]
     assert "argument 'prompts' takes list[str], got list [1, 2]" in seen["items"]  # (not "takes list, got list")
     assert all(line.startswith("REFUSED AgentToolError") for line in seen.values()), printed
     assert "argument 'rollouts' takes int, got bool True" in seen["rollouts"]

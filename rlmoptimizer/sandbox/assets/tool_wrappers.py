@@ -8,7 +8,8 @@ registered tool to turn nulls back into None and to raise an error the host mean
 defined in builtins so code can catch it by name) carrying the message alone; the signature shown by
 help() stays the tool's. A wrapper refuses an argument JSON cannot carry (a function, an object) with an error
 naming the argument, instead of the transport's raw "not JSON serializable", a float nan or inf (anywhere in
-the argument) with one saying so, instead of the host's "is not valid JSON", and text holding half a character
+the argument) with one saying so, instead of the host's "is not valid JSON", an integer beyond 2**53 - 1 (which
+the transport would round, or turn into null) with one naming it, and text holding half a character
 (a lone surrogate, which no LM can receive) with one naming it, instead of a bare UnicodeEncodeError. It also
 removes the functions of tools no longer registered, and keeps the wrappers by name in ``builtins._rlmopt_tools``
 and dspy's ``SUBMIT`` in ``builtins._rlmopt_submit`` (the runner hooks restore a tool or SUBMIT that code rebound).
@@ -112,6 +113,27 @@ def _rlmopt_wrap_tools(_names, _removed, _error_name, _SUBMITTED):
             return [clean(item) for item in value]
         return value
 
+    SAFE = 2**53 - 1  # (JavaScript's largest exact integer: a larger one reaches the host rounded, or as null)
+
+    def too_big(value, depth=0):
+        """The first int in ``value`` (a list's items, a dict's values) that JavaScript cannot carry exactly."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value if abs(value) > SAFE else None
+        if depth < 100 and isinstance(value, (list, tuple, dict)):
+            for item in value.values() if isinstance(value, dict) else value:
+                found = too_big(item, depth + 1)
+                if found is not None:
+                    return found
+        return None
+
+    def argument_name(tool, where):
+        """A positional argument's index as the tool's parameter name (a keyword is its own name)."""
+        try:
+            params = list(inspect.signature(tool).parameters)
+            return params[where] if isinstance(where, int) and where < len(params) else where
+        except (TypeError, ValueError):
+            return where
+
     for name in _names:
         tool = globals().get(name)
         if tool is None or getattr(tool, "_rlmopt_clean", False):
@@ -126,14 +148,18 @@ def _rlmopt_wrap_tools(_names, _removed, _error_name, _SUBMITTED):
             if put_back is not None:
                 put_back(globals())
             for where, value in [*enumerate(args), *kwargs.items()]:
+                big = too_big(value)
+                if big is not None:
+                    where = argument_name(_tool, where)
+                    shown = f"the integer {big}" if big.bit_length() <= 200 else f"a {big.bit_length():,}-bit integer"
+                    raise error_type(
+                        f"{_name}(): argument {where!r} is or holds {shown}, beyond what a tool can take "
+                        f"exactly (the transport's numbers stop at 2**53 - 1 = {SAFE:,}) -> pass a smaller number"
+                    )
                 try:
                     json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8")
                 except (TypeError, ValueError, RecursionError) as exc:
-                    try:
-                        params = list(inspect.signature(_tool).parameters)
-                        where = params[where] if isinstance(where, int) and where < len(params) else where
-                    except (TypeError, ValueError):
-                        pass
+                    where = argument_name(_tool, where)
                     shown = repr(value)
                     if isinstance(exc, UnicodeEncodeError):
                         raise error_type(
