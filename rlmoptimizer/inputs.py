@@ -139,12 +139,12 @@ MAX_DEMOS = 16
 
 
 def check_max_demos(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_DEMOS:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value <= MAX_DEMOS:
         raise ConfigurationError(
             f"max_demos must be an int from 0 to {MAX_DEMOS} (the demos a step may be given; 0 switches demos off), "
             f"got {value!r}"
         )
-    return value
+    return int(value)
 
 
 def make_run_directory(path: Path) -> Path:
@@ -330,9 +330,16 @@ def check_metric(metric: Any) -> Any:
     return metric
 
 
+def finite_number(value: Any) -> bool:
+    """Whether ``value`` is a finite real number: an int or a float, numpy's numbers and a Decimal too; not a bool."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, Decimal)):
+        return False
+    return value.is_finite() if isinstance(value, Decimal) else math.isfinite(value)
+
+
 def check_pass_threshold(value: Any) -> float:
     """``value`` as a float if it is a finite number, else :class:`ConfigurationError`."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not finite_number(value):
         raise ConfigurationError(
             f"pass_threshold must be a finite number (the score at which an example counts as passed, on your "
             f"metric's scale, e.g. 1.0 for a 0-1 metric or 5 for a 0-5 one), got {value!r}"
@@ -345,12 +352,7 @@ MAX_SANDBOX_TIMEOUT_S = 86_400.0
 
 
 def check_timeout(name: str, value: Any) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or not 0 < value <= MAX_SANDBOX_TIMEOUT_S
-    ):
+    if not finite_number(value) or not 0 < value <= MAX_SANDBOX_TIMEOUT_S:
         raise ConfigurationError(
             f"{name} must be a number of seconds greater than 0 and at most {MAX_SANDBOX_TIMEOUT_S:g} "
             f"(one day), got {value!r}"
@@ -392,6 +394,12 @@ def check_context_window(value: Any) -> int | None:
     """``root_context_window``: None (litellm's figure for the root LM, or a default) or tokens >= 4000."""
     if value is None:
         return None
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and 0 < value < 4_000:
+        raise ConfigurationError(
+            f"root_context_window={value!r} is too small for the optimizer agent: no window under 4,000 tokens holds "
+            "its fixed prompt (its instructions and tools, the task brief and the optimizer state). Pass the root "
+            "LM's input window in tokens, or None to take it from litellm's model information"
+        )
     return check_positive_int("root_context_window (the root LM's input window, in tokens)", value, minimum=4_000)
 
 
@@ -399,9 +407,7 @@ def check_max_cost(value: Any) -> float | None:
     """``max_cost_usd``: None (no cap) or a finite number of dollars > 0."""
     if value is None:
         return None
-    number = isinstance(value, (numbers.Real, Decimal)) and not isinstance(value, bool)  # numpy's and Decimal too
-    finite = number and (value.is_finite() if isinstance(value, Decimal) else math.isfinite(value))
-    if not finite or value <= 0:
+    if not finite_number(value) or value <= 0:
         raise ConfigurationError(f"max_cost_usd must be a number of dollars > 0 (or None for no cap), got {value!r}")
     return float(value)
 
@@ -572,9 +578,7 @@ def _check_alias(name: str, value: Any) -> None:
         check_positive_int("seed", value, minimum=0)
     elif name == "reflection_lm":
         check_lm("reflection_lm", value, required=False)
-    elif name == "perfect_score" and (
-        isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-    ):
+    elif name == "perfect_score" and not finite_number(value):
         raise ConfigurationError(f"perfect_score must be a finite number (pass_threshold here), got {value!r}")
 
 

@@ -110,7 +110,7 @@ class RLMDocstringOptimizer(CostEstimation, Teleprompter):
         sandbox_timeout_s: Seconds of sandbox time one code cell may use (time spent in tools does not count);
             more than 0 and at most 86400 (one day).
         root_context_window: The root LM's input window in tokens; one too small for the agent's fixed prompt
-            (about 4,800 tokens for the smallest program) is refused, naming the smallest that works. None takes it
+            (about 4,600 tokens for the smallest program) is refused, naming the smallest that works. None takes it
             from litellm's model information, or 32,000 for a model litellm does not know.
         rlm_autopilot: Who runs the default loop (GEPA first, its best adopted and checked, targeted rounds,
             SUBMIT; the agent takes its next phase with the ``next_phase()`` tool). ``"assist"`` (the default):
@@ -209,7 +209,37 @@ class RLMDocstringOptimizer(CostEstimation, Teleprompter):
         metric_id: str | None = None,
         **kwargs: Any,
     ) -> dspy.Module:
-        """Return a copy of ``student`` with optimized instructions and the result attributes attached."""
+        """Optimize ``student`` and return a copy of it with the chosen instructions (and demos) applied.
+
+        ``student`` itself is never changed. What it scores on validation (on train without a valset) is measured
+        first, and the returned program never scores below it. With ``run_storage_dir`` set, everything paid for is
+        kept there, and calling ``compile()`` again with the same arguments resumes a stopped run (or reads back a
+        finished one at no cost).
+
+        Args:
+            student: The ``dspy.Module`` to optimize: its predictors' instructions (and demos) may change, nothing else.
+            trainset: ``dspy.Example`` objects with their inputs marked (``.with_inputs(...)``): what the optimizer
+                analyses and searches on.
+            valset: Examples that choose what is returned; never shown to the optimizer LMs. Optional: without
+                one, the train scores choose.
+            metric: ``metric(example, prediction, trace=None)`` returning a number, a bool or a
+                ``dspy.Prediction(score=..., feedback=...)``; overrides the constructor's.
+            metric_id: A name that identifies the metric in the run directory on resume (overrides the constructor's).
+            teacher: Not used: refused when given (dspy's teleprompters take one).
+            **kwargs: None taken: MIPROv2's ``compile()`` arguments are refused naming where their meaning lives here.
+
+        Returns:
+            A copy of ``student`` with the optimized instructions and demos, and the result attributes
+            (``detailed_results``, ``selection``, ``agent_trajectory``, ``usage``, ...; see the docs' API page).
+
+        Raises:
+            ConfigurationError: A bad program, examples, metric or setting, before anything is paid.
+            MetricError: The metric returns no score.
+            RunDirectoryMismatchError: ``run_storage_dir`` holds a run of another program, data, metric or LM.
+            RunDirectoryInUseError: Another compile() is using ``run_storage_dir``.
+            OptimizationInterrupted: The run stopped early (Ctrl-C, an LM that keeps failing, a full disk); the
+                message says how to resume, and nothing paid for is lost.
+        """
         if metric is not None and self.metric is not None and metric is not self.metric:
             logger.warning(
                 "A metric was given to RLMDocstringOptimizer(...) and another to compile(): compile()'s (%s) is used.",

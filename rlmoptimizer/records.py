@@ -406,13 +406,16 @@ class CompileResult:
     ``requested_count``, ``budget_spent``, ``budget_left``, ``note`` and the ``instructions`` evaluated."""
     agent_trajectory: tuple[dict[str, Any], ...]
     """Every agent turn in order, earlier turns first on a resume: ``{"iteration", "reasoning", "code",
-    "output", "final", "created_at"}``, and ``outputs`` (the submission) on the final turn."""
+    "output", "final", "created_at"}``; ``pilot`` (the default loop's actions the pilot took in that turn) where it
+    took any; on the final turn ``outputs`` (the submission) and ``submitted_by`` when the submission was not the
+    agent's own SUBMIT (the default loop's, or one extracted when the turns ran out)."""
     agent_final_reasoning: str
     """The agent's reasoning when it submitted ("" when it gave none)."""
     selection: Selection
     """Which candidate was returned and why: ``split``, ``chosen_run_id``, ``chosen_label``, ``chosen_score``,
-    ``submission_run_id``, ``submission_score``, ``baseline_score``, ``reason`` and the ``candidates`` compared
-    (a dict on the program; see :class:`Selection`)."""
+    ``submission_run_id``, ``submission_score``, ``baseline_score``, ``reason``, ``basis`` (``"submission"``,
+    ``"unchanged"``, ``"other candidate"`` or ``"best checked"``), ``spending_cap_reached`` and the ``candidates``
+    compared (a dict on the program; see :class:`Selection`)."""
     budget: dict[str, Any]
     """The budget in units: ``{"limit", "spent", "left", "spent_by_kind"}``, and with ``max_metric_calls``
     ``"sub_lm_limit"`` and ``"sub_lm_left"`` (the sub-LM prompts' own allowance)."""
@@ -420,11 +423,14 @@ class CompileResult:
     """The run directory: everything the run paid for, ``result.json`` and ``run.png``
     (``python -m rlmoptimizer report`` reads it)."""
     step_lms: dict[str, dict[str, str]]
-    """Which LM ran each step: ``{step: {"lm": name, "source": "eval_lm" | "dspy.settings.lm" | "predictor.lm"}}``."""
+    """Which LM ran each step: ``{step: {"lm": name, "source": "eval_lm" | "dspy.settings.lm" | "predictor.lm" |
+    "none"}}``."""
     usage: dict[str, Any] = field(default_factory=dict)
     """LM calls, tokens and dollars per role: ``{"root", "sub", "eval", "total"}``, each with ``calls``,
     ``input_tokens``, ``cached_input_tokens``, ``output_tokens`` and ``cost_usd`` (None when litellm has no
-    price for a model, listed in ``unpriced_models``)."""
+    price for a model, listed in ``unpriced_models``; ``priced_usd`` is then what the priced calls cost); the work
+    each role paid for (``root_units``, ``sub_units``, ``eval_units``); with ``max_cost_usd``, the cap and
+    ``cap_reached``."""
     demo_sources: dict[str, list[int | None]] = field(default_factory=dict)
     """Where the returned program's demos came from: ``{step: [train id of each demo, in order]}`` for every step
     with demos (None for a demo no train example holds, e.g. one the program already had)."""

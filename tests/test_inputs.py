@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import dspy
 import pytest
 from support.qa import echo_lm, examples
 
+from rlmoptimizer import RLMDocstringOptimizer
 from rlmoptimizer.errors import ConfigurationError
 from rlmoptimizer.inputs import check_pass_threshold, check_positive_int, resolve_eval_lm
 from rlmoptimizer.student import check_examples, check_program
@@ -93,6 +96,28 @@ def test_settings_are_checked_with_what_was_given():
     with pytest.raises(ConfigurationError, match=r"pass_threshold must be a finite number .* got inf"):
         check_pass_threshold(float("inf"))
     assert check_pass_threshold(1) == 1.0 and check_pass_threshold(5) == 5.0  # any scale: a 0-5 metric
+
+
+def test_numbers_from_numpy_or_a_decimal_are_taken_by_every_numeric_setting():
+    """Regression: pass_threshold, sandbox_timeout_s and max_demos refused numpy's numbers and a Decimal (values read
+    from a config or a DataFrame), which max_cost_usd, max_iterations and num_threads took."""
+    import numpy as np
+
+    lm = echo_lm()
+    optimizer = RLMDocstringOptimizer(
+        root_lm=lm,
+        pass_threshold=np.float32(0.5),
+        sandbox_timeout_s=Decimal("30"),
+        max_demos=np.int64(3),
+        max_iterations=np.int32(2),
+    )
+    assert (optimizer.pass_threshold, optimizer.sandbox_timeout_s, optimizer.max_demos) == (0.5, 30.0, 3)
+    assert type(optimizer.max_demos) is int and type(optimizer.sandbox_timeout_s) is float
+    for bad in (np.float64("nan"), Decimal("Infinity"), True):
+        with pytest.raises(ConfigurationError, match="pass_threshold must be a finite number"):
+            RLMDocstringOptimizer(root_lm=lm, pass_threshold=bad)
+    with pytest.raises(ConfigurationError, match="max_demos must be an int from 0 to 16"):
+        RLMDocstringOptimizer(root_lm=lm, max_demos=np.float64(3))
 
 
 def test_inputs_that_the_programs_forward_cannot_take_are_refused_naming_both():

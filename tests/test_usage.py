@@ -232,7 +232,8 @@ def test_a_cap_of_any_kind_of_number_is_taken():
         ({"max_cost_usd": "5"}, "max_cost_usd must be a number of dollars > 0"),
         ({"max_cost_usd": Decimal("sNaN")}, "max_cost_usd must be a number of dollars > 0"),
         ({"max_cost_usd": True}, "max_cost_usd must be a number of dollars > 0"),
-        ({"root_context_window": 1_000}, "root_context_window .* must be an int >= 4000"),
+        ({"root_context_window": 1_000}, "root_context_window=1000 is too small .* no window under 4,000 tokens"),
+        ({"root_context_window": 0}, "root_context_window .* must be an int >= 4000"),
         ({"root_context_window": 32_000.5}, "root_context_window"),
     ],
 )

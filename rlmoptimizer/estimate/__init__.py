@@ -27,13 +27,13 @@ the agent's first request), and every room below it.
 from __future__ import annotations
 
 import logging
-import math
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
 from rlmoptimizer.errors import ConfigurationError
 from rlmoptimizer.estimate.model import SECONDS_PER_CALL, estimate_cost
-from rlmoptimizer.inputs import resolve_eval_lm
+from rlmoptimizer.inputs import finite_number, resolve_eval_lm
 from rlmoptimizer.metric import Metric
 from rlmoptimizer.report.costs import CostCheck, CostEstimate, RoleCost
 from rlmoptimizer.student import check_examples, check_program
@@ -46,15 +46,20 @@ __all__ = ["CostCheck", "CostEstimate", "CostEstimation", "RoleCost", "estimate_
 def _check_count(name: str, value: Any, most: int | None = None) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (most is not None and value > most):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Integral)
+        or value < 0
+        or (most is not None and value > most)
+    ):
         bound = f"from 0 to {most}" if most is not None else ">= 0"
         raise ConfigurationError(f"{name} must be an int {bound}, got {value!r}")
-    return value
+    return int(value)
 
 
 def _check_latency(value: Any) -> float | dict[str, float]:
     def ok(v: Any) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+        return finite_number(v) and v >= 0
 
     if isinstance(value, Mapping):
         unknown = sorted(set(value) - {"eval", "sub", "root"})
@@ -66,6 +71,19 @@ def _check_latency(value: Any) -> float | dict[str, float]:
     if not ok(value):
         raise ConfigurationError(f"seconds_per_call must be seconds >= 0 (one LM call's latency), got {value!r}")
     return float(value)
+
+
+def _check_adapter(adapter: Any) -> None:
+    """``adapter``: None (dspy's own choice) or an adapter object, as ``dspy.configure(adapter=...)`` takes one."""
+    if adapter is None:
+        return
+    used = ("format", "format_assistant_message_content")  # what the estimate calls (dspy.Adapter's methods)
+    if isinstance(adapter, type) or not all(callable(getattr(adapter, name, None)) for name in used):
+        made = " (a class: pass an instance, e.g. dspy.JSONAdapter())" if isinstance(adapter, type) else ""
+        raise ConfigurationError(
+            f"adapter must be a dspy adapter, e.g. dspy.JSONAdapter() or dspy.ChatAdapter(), or None for the one "
+            f"dspy runs the program with; got {adapter!r:.60}{made}"
+        )
 
 
 class CostEstimation:
@@ -118,6 +136,7 @@ class CostEstimation:
         root_turns = _check_count("root_turns", root_turns)
         proposal_tokens = _check_count("proposal_tokens", proposal_tokens)
         latency = _check_latency(seconds_per_call)
+        _check_adapter(adapter)
         metric = metric if metric is not None else getattr(self, "metric", None)
         if sample and metric is None:
             raise ConfigurationError("sample= runs the metric too: pass metric= here or to RLMDocstringOptimizer(...)")

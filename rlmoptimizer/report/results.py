@@ -353,7 +353,8 @@ class DetailedResults:
     # -- ours --------------------------------------------------------------------------------------
     @property
     def pareto_front(self) -> list[int]:
-        """Candidates that score best on at least one train example (ties included), in candidate order."""
+        """Candidates that score best on at least one train example (ties included), in candidate order; dspy.GEPA's
+        front, per validation example, is :attr:`per_val_instance_best_candidates`."""
         return sorted({i for ids in self.per_train_example_best_candidates.values() for i in ids})
 
     def __repr__(self) -> str:

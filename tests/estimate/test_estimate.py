@@ -161,6 +161,9 @@ def test_a_sample_pays_for_a_few_runs_and_measures_them():
         ({"seconds_per_call": -1}, "seconds_per_call must be seconds >= 0"),
         ({"seconds_per_call": {"judge": 1}}, "'eval', 'sub' and 'root'"),
         ({"root_turns": 1.5}, "root_turns must be an int"),
+        ({"adapter": "json"}, r"adapter must be a dspy adapter, e.g. dspy.JSONAdapter\(\) .* got 'json'"),
+        ({"adapter": 3}, "adapter must be a dspy adapter"),
+        ({"adapter": dspy.JSONAdapter}, r"a class: pass an instance"),
     ],
 )
 def test_bad_arguments_are_refused_before_any_lm_call(kwargs, message):
@@ -268,3 +271,12 @@ def test_a_budget_given_as_dspy_gepa_gives_it_is_estimated_at_the_size_compile_r
     assert estimate == explicit.estimate(program, trainset=train, valset=val)
     assert f"max_metric_calls={calls}" in estimate.setting
     assert given.max_metric_calls is None  # sized per call, not kept
+
+
+def test_an_adapter_given_renders_the_requests_the_estimate_counts():
+    trainset, valset = make_splits()
+    lm = FunctionLM(raises)
+    optimizer = RLMDocstringOptimizer(rlm_autopilot="loop", sub_lm=lm, eval_lm=lm)
+    chat = optimizer.estimate(RouteTicket(), trainset=trainset, valset=valset, adapter=dspy.ChatAdapter())
+    as_json = optimizer.estimate(RouteTicket(), trainset=trainset, valset=valset, adapter=dspy.JSONAdapter())
+    assert chat.role("eval").input_tokens != as_json.role("eval").input_tokens and lm.calls == []
