@@ -5,7 +5,8 @@ in the middle goes on with its own budget, its paid work replayed.
 Regressions: the comparison sample was seeded by the number of stored runs and the demos by the number of
 candidates, both changed by the interrupted process, so the resumed turn paid for other examples (83 units where
 one run paid 66); the policy asked for GEPA with the budget left, not the interrupted run's, so that run started
-anew and the child it had found and paid for was dropped."""
+anew and the child it had found and paid for was dropped; a resume cut in the phase after GEPA's replayed GEPA's
+phase for free, took that as a phase that changed nothing and ended the run with half its budget unspent."""
 
 from __future__ import annotations
 
@@ -70,12 +71,22 @@ class Lms:
 
 @pytest.mark.parametrize(
     ("max_metric_calls", "where"),
-    [(150, "the comparisons after GEPA"), (150, "a GEPA iteration"), (40, "GEPA's check of its child")],
+    [
+        (150, "the comparisons after GEPA"),
+        (150, "the phase after GEPA's"),
+        (150, "a GEPA iteration"),
+        (40, "GEPA's check of its child"),
+    ],
 )
 def test_an_interrupted_loop_resumed_pays_what_one_run_pays(tmp_path, max_metric_calls, where):
     whole = Lms()
     reference = whole.compile(tmp_path / "whole", max_metric_calls)
-    at = {"the comparisons after GEPA": whole.eval_calls - 1, "a GEPA iteration": 88, "GEPA's check of its child": 60}
+    at = {
+        "the comparisons after GEPA": whole.eval_calls - 1,
+        "the phase after GEPA's": 110,
+        "a GEPA iteration": 88,
+        "GEPA's check of its child": 60,
+    }
     first = Lms(interrupt_at=at[where])
     with pytest.raises(OptimizationInterrupted):
         first.compile(tmp_path / "cut", max_metric_calls)

@@ -107,10 +107,12 @@ class Pilot:
         with self._lock:
             self._memory = fold(self._memory, outcome)
 
-    def state(self) -> LoopState:
+    def memory(self) -> LoopMemory:
         with self._lock:
-            memory = self._memory
-        return LoopState(memory, self._budget())
+            return self._memory
+
+    def state(self) -> LoopState:
+        return LoopState(self.memory(), self._budget())
 
     def describe(self) -> str:
         """What the state block closes with (:func:`describe`)."""
@@ -230,7 +232,8 @@ def run_loop(
         pilot.submitted = pilot.submitted or (decided and decided()) or cap
         report = {"ran": [], "summary": ""}
         if pilot.submitted is None:
-            before = pilot.progress()
+            # (a phase a resume replays pays nothing and may change no prompt, yet takes the loop on)
+            before = (pilot.progress(), pilot.memory())
             try:
                 report = pilot.take_phase()
             except Exception as exc:  # a move that failed: the loop stops here; a systemic failure is raised
@@ -238,7 +241,7 @@ def run_loop(
                 report["summary"] = f"[Error] {type(exc).__name__}: {exc}"
                 pilot.submitted = f"the loop's phase failed ({type(exc).__name__})"
             services.stop.raise_if_requested()
-            if pilot.submitted is None and pilot.progress() == before:
+            if pilot.submitted is None and (pilot.progress(), pilot.memory()) == before:
                 pilot.submitted = "the loop's last phase changed nothing" + (
                     f" ({pilot.refused})" if pilot.refused else ""
                 )
