@@ -257,8 +257,11 @@ class GepaMoves(AnalysisMoves):
         # and the units it had spent on evaluations there, so that its replayed iterations (free) are not idle
         earlier_checks = [int(u) for u in (earlier or {}).get("checks", ())] if taken else []
         earlier_evaluations = [int(u) for u in (earlier or {}).get("evaluations", ())] if taken else []
+        # the killed run's checks are known (its progress lists them, each kept with the next unit it paid): with
+        # none listed, all it took came before its first check, which its replay then makes as it would have
+        checks_known = bool(taken) and isinstance((earlier or {}).get("checks"), list)
         if len(earlier_evaluations) != len(earlier_checks):
-            earlier_checks, earlier_evaluations = [], []
+            earlier_checks, earlier_evaluations, checks_known = [], [], False
         checks: list[int] = []
         evaluations: list[int] = []
         start = instructions_digest(base)  # a resume knows whether its best was adopted since
@@ -320,8 +323,9 @@ class GepaMoves(AnalysisMoves):
                 checks.append(slice_.units - slice_.left)
                 evaluations.append((earlier_evaluations[-1] if earlier_evaluations else 0) + slice_.evaluations)
                 left = slice_.left
-                # (a run killed before its checks were kept: no check until the replay pays or asks something new)
-                caught_up = not taken or bool(earlier_checks) or slice_.spent or reflection.calls
+                # (a run whose checks were not kept, written by an older version or damaged: no check until the
+                # replay pays or asks something new, since all it took may have come after this one)
+                caught_up = not taken or checks_known or slice_.spent or reflection.calls
             if caught_up and left < (cost := keep_cost(state)):
                 return (
                     f"the {left} unit(s) left cannot pay a child that could be kept (its parent's minibatch, "

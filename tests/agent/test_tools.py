@@ -145,3 +145,35 @@ def test_a_gepa_run_replayed_after_a_kill_takes_only_what_is_left_of_its_budget(
     another = tools.run_gepa(budget=3)  # a new call: a new name, its whole budget
     assert another["summary"].startswith("gepa run 3:") and another["spent_before_resume"] == 0
     assert another["spent"] <= 3
+
+
+def test_a_gepa_run_killed_before_its_first_check_makes_that_check_when_replayed(tmp_path):
+    """Regression: an interrupt after GEPA's start was scored on validation, before its first stop check was kept,
+    left ``checks: []``; the replay skipped that check until it paid something new, so it paid a minibatch the run
+    would never have paid (the units left could not pay a child) and took them from the agent's own moves."""
+    from support.optimizing import proposer
+
+    from rlmoptimizer.storage.candidates import write_gepa_progress
+
+    def tools_on(ledger):
+        runs = Runs(
+            evaluator=make_evaluator(FunctionLM(lambda m: {"answer": "wrong"}), num_threads=2),
+            store=RunStore(tmp_path),
+            ledger=ledger,
+            splits={"train": examples(6), "val": examples(3)},
+        )
+        program = dspy.Predict("question -> answer")
+        working = WorkingProgram(
+            program=program, fingerprint=structural_fingerprint(program), runs=runs, stop=StopRequest()
+        )
+        services = CompileServices(runs=runs, ledger=ledger, working=working, sub_lm=proposer("Answer with care."))
+        return AgentTools(services)
+
+    tools_on(BudgetLedger(100)).evaluate_program(split="val")  # what the killed run paid: its start on validation
+    killed = {"budget": 12, "taken": 3, "finished": False, "checks": [], "evaluations": []}
+    write_gepa_progress(tmp_path, {"gepa run 1": killed})
+    ledger = BudgetLedger(100)
+    replayed = tools_on(ledger).run_gepa(budget=12)
+    # 9 units left of its 12 cannot pay a child (a minibatch, a reflection, the child's minibatch, 3 val examples)
+    assert replayed["spent"] == 0 and ledger.spent == 0, replayed["summary"]
+    assert "cannot pay a child" in replayed["summary"]
