@@ -232,8 +232,9 @@ def run_loop(
         pilot.submitted = pilot.submitted or (decided and decided()) or cap
         report = {"ran": [], "summary": ""}
         if pilot.submitted is None:
-            # (a phase a resume replays pays nothing and may change no prompt, yet takes the loop on)
-            before = (pilot.progress(), pilot.memory())
+            # (a phase a resume replays pays nothing and may change no prompt, yet takes the loop on; one that ended
+            # in a refusal and changed nothing else is where the loop stops)
+            before, remembered = pilot.progress(), pilot.memory()
             try:
                 report = pilot.take_phase()
             except Exception as exc:  # a move that failed: the loop stops here; a systemic failure is raised
@@ -241,7 +242,8 @@ def run_loop(
                 report["summary"] = f"[Error] {type(exc).__name__}: {exc}"
                 pilot.submitted = f"the loop's phase failed ({type(exc).__name__})"
             services.stop.raise_if_requested()
-            if pilot.submitted is None and (pilot.progress(), pilot.memory()) == before:
+            moved_on = pilot.refused is None and pilot.memory() != remembered
+            if pilot.submitted is None and pilot.progress() == before and not moved_on:
                 pilot.submitted = "the loop's last phase changed nothing" + (
                     f" ({pilot.refused})" if pilot.refused else ""
                 )
