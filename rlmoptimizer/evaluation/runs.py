@@ -80,6 +80,7 @@ class Runs:
         self.observer = observer
         self._lock = threading.Lock()
         self._cache: dict[tuple[str, int, str, int], ExampleResult] = {}
+        self._held: dict[tuple[str, str, int], set[int]] = {}  # (split, digest, rollout) -> ids in _cache
         # (the unchanged program's instructions, the error, the steps that ran) when it raised that one error on
         # every example of its first baseline, or when the metric raised on every one (the error None then: any
         # metric error); set before anything else is evaluated, read only after
@@ -360,6 +361,7 @@ class Runs:
             for record in run.records:
                 if record.reusable:
                     self._cache[(run.split, record.example_id, digest, run.rollout)] = record
+                    self._held.setdefault((run.split, digest, run.rollout), set()).add(record.example_id)
 
     def stored(
         self, instructions: dict[str, str], split: str, ids: Sequence[int], rollout: int = 0
@@ -369,6 +371,12 @@ class Runs:
         with self._lock:
             found = {i: self._cache.get((split, i, digest, rollout)) for i in ids}
         return {i: record for i, record in found.items() if record is not None}
+
+    def stored_count(self, instructions: dict[str, str], split: str, rollout: int = 0) -> int:
+        """How many examples of ``split`` have a stored record of ``instructions`` (what an evaluation of the whole
+        split would reuse), without looking each one up: a GEPA run asks it for every candidate, every iteration."""
+        with self._lock:
+            return len(self._held.get((split, instructions_digest(instructions), rollout), ()))
 
     def get(self, run_id: str) -> EvalRun:
         return self.store.get(run_id)
@@ -396,11 +404,10 @@ class Runs:
         ``split`` (an evaluation that was cut short)."""
         size = len(self.splits[split])
         with self._lock:
-            held: dict[str, set[int]] = {}
-            for key_split, example_id, digest, rollout in self._cache:
-                if key_split == split and rollout == 0:
-                    held.setdefault(digest, set()).add(example_id)
-        return size - max((len(ids) for ids in held.values() if len(ids) < size), default=0)
+            held = [
+                len(ids) for (held_split, _, rollout), ids in self._held.items() if held_split == split and not rollout
+            ]
+        return size - max((count for count in held if count < size), default=0)
 
     def evaluate(
         self,

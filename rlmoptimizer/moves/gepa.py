@@ -308,9 +308,7 @@ class GepaMoves(AnalysisMoves):
 
         def keep_cost(state: Any) -> int:
             parents = state.program_candidates if state is not None else [{}]  # {}: the start
-            unstored = max(
-                len(train_ids) - len(self.runs.stored(adapter.instructions(c), "train", train_ids)) for c in parents
-            )
+            unstored = max(len(train_ids) - self.runs.stored_count(adapter.instructions(c), "train") for c in parents)
             return proposals_per_iteration * (min(batch, unstored) + reflection_cost + batch) + len(valset)
 
         def too_little(state: Any) -> str | None:

@@ -628,6 +628,12 @@ def test_a_run_keeps_its_rollout_through_json_and_a_recovered_evaluation(tmp_pat
     assert recovered.label == "agent:recovered" and recovered.rollout == 3
     assert set(service.stored(world.initial, "train", [0, 1], rollout=3)) == {0}
     assert set(service.stored(world.initial, "train", [0, 1], rollout=2)) == {0, 1}
+    # the count a GEPA run asks for every candidate agrees with the records, per split and rollout
+    for rollout in (0, 2, 3):
+        expected = len(service.stored(world.initial, "train", range(4), rollout=rollout))
+        assert service.stored_count(world.initial, "train", rollout=rollout) == expected
+    assert service.stored_count(world.initial, "train", rollout=3) == 1
+    assert service.stored_count({"nothing": "stored"}, "train") == 0
 
 
 def test_an_evaluation_spends_from_a_callers_reservation_and_leaves_the_rest_reserved(tmp_path):
