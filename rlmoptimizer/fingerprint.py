@@ -36,6 +36,7 @@ from typing import Any
 
 from rlmoptimizer.errors import ConfigurationError, StructureChangedError
 from rlmoptimizer.records import jsonable
+from rlmoptimizer.student import DEMOS_SUFFIX
 
 FINGERPRINT_VERSION = 1
 
@@ -53,17 +54,16 @@ def sha256_json(value: Any) -> str:
     return hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()
 
 
-DEMOS_SUFFIX = ":demos"
 MAX_INSTRUCTION_CHARS = 50_000
 """The longest instructions the agent may give a step (about 12k tokens, sent with every call of the step), or twice
 the unchanged program's own when they are longer: a text past it is refused before any evaluation pays for it."""
 MAX_DEMOS_CHARS = 400_000
 """The same for a step's demos (their JSON text): examples the program runs on can be long documents."""
-"""A step's demos are the prompt map's entry ``step + DEMOS_SUFFIX`` (no predictor name holds a colon)."""
 
 
 def demos_key(step: str) -> str:
-    """The prompt map's key for the demos of ``step``."""
+    """The prompt map's key for the demos of ``step`` (no step's own name ends in :data:`DEMOS_SUFFIX`:
+    :func:`rlmoptimizer.student.check_program` refuses one)."""
     return step + DEMOS_SUFFIX
 
 

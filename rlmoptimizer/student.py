@@ -24,9 +24,13 @@ logger = logging.getLogger(__name__)
 _EXAMPLE_FIX = 'dspy.Example(question=..., answer=...).with_inputs("question")'
 
 
+DEMOS_SUFFIX = ":demos"
+"""A prompt map's key for a step's demos is the step's name and this (``route:demos``): no step's name may end in it."""
+
+
 def check_program(program: Any) -> None:
     """Raise :class:`ConfigurationError` unless ``program`` is a ``dspy.Module`` with a ``forward`` (not only an
-    ``aforward``) and at least one predictor."""
+    ``aforward``) and at least one predictor, none named as a step's demos are."""
     if not isinstance(program, dspy.Module):
         raise ConfigurationError(
             f"the program must be a dspy.Module (e.g. dspy.ChainOfThought('question -> answer') or your own "
@@ -69,6 +73,13 @@ def check_program(program: Any) -> None:
             "Store its dspy.Predict / dspy.ChainOfThought modules as attributes in __init__ "
             "(self.generate = dspy.ChainOfThought(...)) so that program.named_predictors() finds them."
         )
+    clashing = [name for name, _ in program.named_predictors() if name.endswith(DEMOS_SUFFIX)]
+    if clashing:
+        raise ConfigurationError(
+            f"the program's step(s) {clashing} end in {DEMOS_SUFFIX!r}, which names a step's demos in the prompt "
+            f"maps here (optimized_dspy_program: {{'route': instructions, 'route{DEMOS_SUFFIX}': its demos}}). "
+            "Rename the attribute that holds each (e.g. its name without the colon)."
+        )
 
 
 def _compiled_parts(program: Any) -> list[str]:
@@ -102,6 +113,11 @@ def check_examples(examples: Any, split: str, allow_empty: bool = False, program
         if not isinstance(example, dspy.Example):
             raise ConfigurationError(
                 f"{split}[{index}] is a {type(example).__name__}, not a dspy.Example. Build each example with {_EXAMPLE_FIX}."
+            )
+        if isinstance(example, dspy.Prediction):  # (an Example without marked inputs: a program's output)
+            raise ConfigurationError(
+                f"{split}[{index}] is a dspy.Prediction (what a program returns), not a dspy.Example. Build each "
+                f"example with {_EXAMPLE_FIX}, e.g. dspy.Example(**prediction).with_inputs(...)."
             )
         input_keys = example._input_keys
         if not input_keys:

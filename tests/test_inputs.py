@@ -73,6 +73,10 @@ def test_check_examples_names_the_bad_index_and_shows_the_fix():
         check_examples("q0,q1", "trainset")
     with pytest.raises(ConfigurationError, match=r"trainset\[1\] is a dict.*with_inputs\(\"question\"\)"):
         check_examples([good[0], {"question": "q"}], "trainset")
+    with pytest.raises(
+        ConfigurationError, match=r"trainset\[1\] is a dspy.Prediction .*dspy.Example\(\*\*prediction\)"
+    ):
+        check_examples([good[0], dspy.Prediction(question="q", answer="a")], "trainset")  # (was an AttributeError)
     with pytest.raises(ConfigurationError, match=r"valset\[2\] has no input fields marked.*with_inputs"):
         check_examples([good[0], good[1], dspy.Example(question="q", answer="a")], "valset")
     with pytest.raises(ConfigurationError, match=r"trainset\[0\] marks \['query'\] as inputs"):

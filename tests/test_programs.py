@@ -577,3 +577,25 @@ def test_a_predictor_inside_a_part_marked_compiled_is_never_taken_for_a_step(cap
         program, [(0, dspy.Example(question="q").with_inputs("question"))]
     )
     assert [(s.step_name, s.inputs) for s in records[0].steps] == [("post", {"question": "mid-q"})]
+
+
+def test_a_step_named_as_a_steps_demos_are_is_refused_before_any_lm_call():
+    """Regression: a predictor stored as ``route:demos`` beside ``route`` had its instructions read as the demos of
+    ``route``, and compile() stopped with a message about demos JSON and advice to resume, which could not help."""
+
+    class Program(dspy.Module):
+        def __init__(self):
+            super().__init__()
+            self.route = dspy.Predict("q -> answer")
+            setattr(self, "route:demos", dspy.Predict("q -> answer"))
+
+        def forward(self, q):
+            return self.route(q=q)
+
+    lm = FunctionLM(lambda messages: {"answer": "a"})
+    trainset = [dspy.Example(q="x", answer="a").with_inputs("q")]
+    with pytest.raises(ConfigurationError, match=r"step\(s\) \['route:demos'\] end in ':demos'.*Rename"):
+        RLMDocstringOptimizer(rlm_autopilot="loop", sub_lm=lm, eval_lm=lm).compile(
+            Program(), trainset=trainset, metric=lambda e, p, trace=None: 1.0
+        )
+    assert lm.calls == []
