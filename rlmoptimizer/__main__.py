@@ -1,4 +1,4 @@
-"""Command line: ``python -m rlmoptimizer report RUN_DIR [--out PICTURE.png | --no-plot]``."""
+"""Command line: ``python -m rlmoptimizer report RUN_DIR [--out PICTURE.png | --no-plot] [--all-runs]``."""
 
 from __future__ import annotations
 
@@ -23,12 +23,18 @@ def main(argv: list[str] | None = None) -> int:
     where = report.add_mutually_exclusive_group()
     where.add_argument("--out", metavar="PNG", help="write the picture here instead of RUN_DIR/run.png")
     where.add_argument("--no-plot", action="store_true", help="print the summary only, write no picture")
+    report.add_argument(
+        "--all-runs",
+        action="store_true",
+        help="a row for every evaluation run (by default a run with more than 60 shows the first, the last and "
+        "those the selection compared)",
+    )
     args = parser.parse_args(argv)
 
     from rlmoptimizer.report.summary import report as print_report
 
     try:
-        print_report(args.run_dir, picture=False if args.no_plot else (args.out or True))
+        print_report(args.run_dir, picture=False if args.no_plot else (args.out or True), all_runs=args.all_runs)
     except RLMOptimizerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

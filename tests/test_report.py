@@ -213,6 +213,20 @@ def test_the_report_reads_a_finished_run_and_writes_nothing_but_its_picture(fini
     assert "status: finished" in out and f"returned {optimized.selection['chosen_run_id']}" in out
 
 
+def test_a_run_directory_named_in_a_script_the_plots_font_lacks_draws_without_warnings(finished, tmp_path):
+    """Regression: a directory named ``日本語 ✓`` made matplotlib warn "Glyph ... missing from font" six times."""
+    import warnings
+
+    from rlmoptimizer.report.plot import write_run_picture
+
+    directory, _ = finished
+    copy = Path(shutil.copytree(directory, tmp_path / "rüns" / "日本語 ✓"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        written = write_run_picture(copy)
+    picture_pixels(written)
+
+
 @pytest.mark.slow
 def test_report_of_a_run_killed_mid_evaluation(tmp_path, capsys):
     directory, marker = tmp_path / "run", tmp_path / "in-validation"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -47,6 +48,29 @@ def test_the_report_reads_at_80_and_at_120_columns(gepa_run, columns, monkeypatc
     runs = [log["run_id"] for log in optimized.trial_logs]
     table = [line for line in lines if line.lstrip().startswith(tuple(runs)) and "│" in line]
     assert len(table) == len(runs)  # one line per run: no cell of the table wraps
+
+
+def test_a_run_with_many_evaluations_shows_the_first_the_last_and_those_compared(gepa_run, monkeypatch, capsys):
+    """Regression: the table had a row for every run, and large runs have hundreds (57,000 characters at 337)."""
+    from rlmoptimizer.report import summary
+
+    directory, optimized = gepa_run
+    runs = [log["run_id"] for log in optimized.trial_logs]
+    compared = {c["run_id"] for c in optimized.selection["candidates"]} | {optimized.selection["chosen_run_id"]}
+    monkeypatch.setattr(summary, "_MOST_RUN_ROWS", 3)
+    monkeypatch.setattr(summary, "_FIRST_ROWS", 1)
+    monkeypatch.setattr(summary, "_LAST_ROWS", 1)
+    monkeypatch.setenv("COLUMNS", "160")
+    assert main(["report", str(directory), "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    shown = [run for run in runs if any(line.lstrip().startswith(run) for line in out.splitlines())]
+    assert set(shown) == {runs[0], runs[-1], *compared}
+    left_out = [int(n) for n in re.findall(r"\.\.\. (\d+) run\(s\)", out)]
+    assert sum(left_out) == len(runs) - len(shown) > 0 and "report --all-runs shows them" in out
+    assert main(["report", str(directory), "--no-plot", "--all-runs"]) == 0
+    out = capsys.readouterr().out
+    assert all(any(line.lstrip().startswith(run) for line in out.splitlines()) for run in runs)
+    assert not re.search(r"\.\.\. \d+ run\(s\)", out)
 
 
 def _label_boxes(figure):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -378,9 +379,10 @@ def write_run_picture(rundir: RunDirectory | str | Path, path: str | Path | None
     if not isinstance(rundir, RunDirectory):
         rundir = read_run_directory(rundir)
     target = Path(path) if path is not None else RunLayout(rundir.directory).picture
-    figure = draw_run(rundir)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp")
-    figure.savefig(tmp, format="png")
+    with warnings.catch_warnings():  # a title in a script the font lacks (a run directory named in Japanese): boxes
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from font", category=UserWarning)
+        draw_run(rundir).savefig(tmp, format="png")
     tmp.replace(target)
     return target

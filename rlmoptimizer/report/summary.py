@@ -152,14 +152,47 @@ def _run_rows(rundir: RunDirectory) -> list[tuple[list[str], str]]:
     return rows
 
 
+_MOST_RUN_ROWS = 60  # more runs than this: the table shows the first, the last and those the selection compared
+_FIRST_ROWS, _LAST_ROWS = 5, 20
+
+
+def _elided(rows: list[tuple[list[str], str]], rundir: RunDirectory) -> list[tuple[list[str], str]]:
+    """``rows`` cut to the first and last ones, those the selection compared and the unfinished ones, each gap a row
+    saying how many runs it leaves out (``report --all-runs`` shows them)."""
+    selection = rundir.selection or {}
+    wanted = {c.get("run_id") for c in selection.get("candidates", [])} | {selection.get("chosen_run_id")}
+    saved = len(rundir.runs)  # (the unfinished evaluations' rows come after the saved runs')
+    shown = [
+        i < _FIRST_ROWS or i >= len(rows) - _LAST_ROWS or i >= saved or cells[0] in wanted
+        for i, (cells, _) in enumerate(rows)
+    ]
+    kept: list[tuple[list[str], str]] = []
+    gap = 0
+    for row, show in zip(rows, shown, strict=True):
+        if not show:
+            gap += 1
+            continue
+        if gap:
+            kept.append(
+                ([f"[dim]... {gap} run(s)[/]", *[""] * (len(row[0]) - 1)], "[dim]report --all-runs shows them[/]")
+            )
+            gap = 0
+        kept.append(row)
+    return kept
+
+
 class _RunsTable:
     """The evaluation runs, one row each, laid out for the width it is printed at: with a column for each run's
     notes (returned, candidate, the steps it changed, its note) when they have room, else the notes under the
     table, one line per run that has any (a narrow terminal: a notes column would get a word a line)."""
 
-    def __init__(self, rundir: RunDirectory):
+    def __init__(self, rundir: RunDirectory, every: bool = False):
         self.title = f"evaluation runs ({len(rundir.runs)} saved, {len(rundir.pending)} in flight or unfinished)"
-        self.rows = _run_rows(rundir)
+        rows = _run_rows(rundir)
+        if not every and len(rows) > _MOST_RUN_ROWS:
+            rows = _elided(rows, rundir)
+            self.title += f"; the first {_FIRST_ROWS}, the last {_LAST_ROWS} and those compared shown"
+        self.rows = rows
 
     def _table(self, with_notes: bool) -> Table:
         table = Table(title=self.title, title_justify="left", show_edge=False)
@@ -303,8 +336,9 @@ def _demos_text(rundir: RunDirectory) -> Text | None:
     )
 
 
-def render(rundir: RunDirectory, picture: Path | str | None = None) -> Group:
-    """The summary of ``rundir`` as one rich renderable."""
+def render(rundir: RunDirectory, picture: Path | str | None = None, *, all_runs: bool = False) -> Group:
+    """The summary of ``rundir`` as one rich renderable (``all_runs``: a row for every evaluation run, not only the
+    first, the last and those compared when there are many)."""
     color, meaning = _STATUS[rundir.status]
     header = Text()
     header.append(f"{rundir.directory}\n", style="bold")
@@ -332,7 +366,7 @@ def render(rundir: RunDirectory, picture: Path | str | None = None) -> Group:
         check = _cost_check(rundir)
         if check is not None:
             parts.append(check)
-        parts.append(_RunsTable(rundir))
+        parts.append(_RunsTable(rundir, every=all_runs))
         pending = _pending_text(rundir)
         if pending is not None:
             parts.append(pending)
@@ -353,13 +387,18 @@ def render(rundir: RunDirectory, picture: Path | str | None = None) -> Group:
 
 
 def report(
-    directory: str | Path, *, console: Console | None = None, picture: str | Path | None | bool = True
+    directory: str | Path,
+    *,
+    console: Console | None = None,
+    picture: str | Path | None | bool = True,
+    all_runs: bool = False,
 ) -> RunDirectory:
     """Print the summary of ``directory`` and write its picture.
 
     ``picture``: True writes ``run.png`` into the run directory, a path writes there, False writes none. An empty
-    directory gets no picture; without matplotlib (the ``plot`` extra) the summary says how to get it. Returns
-    what was read."""
+    directory gets no picture; without matplotlib (the ``plot`` extra) the summary says how to get it. With more
+    than 60 evaluation runs the table shows the first, the last and those the selection compared, unless
+    ``all_runs``. Returns what was read."""
     from rlmoptimizer.report.plot import picture_unavailable, write_run_picture
 
     console = console if console is not None else Console()
@@ -369,5 +408,5 @@ def report(
         written = picture_unavailable()
         if written is None:
             written = write_run_picture(rundir, None if picture is True or picture is None else picture)
-    console.print(render(rundir, written))
+    console.print(render(rundir, written, all_runs=all_runs))
     return rundir
