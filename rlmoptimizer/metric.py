@@ -322,7 +322,8 @@ class Metric:
         """Why a run directory's metric does not match, and how to resume anyway when it is the same metric."""
         return (
             f"Its metric was recorded as {stored!r}; this compile()'s metric is {self.identity!r}. A metric is "
-            "recognised by its code, qualified name, bound arguments and plain state (see README). If it is the "
+            "recognised by its code, qualified name, bound arguments and plain state (see README), and a newer "
+            "rlmoptimizer may recognise the same metric otherwise than the one that wrote the directory. If it is the "
             f"same metric, pass metric_id={stored!r} to RLMDocstringOptimizer(...) or compile() to resume; "
             "otherwise use a new run_storage_dir."
         )

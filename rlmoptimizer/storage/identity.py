@@ -80,7 +80,7 @@ def eval_lm_identity(lm: Any, program: Any, adapter: Any = None, default_adapter
         for name, predictor in program.named_predictors()
         if getattr(predictor, "lm", None) is not None
     }
-    identity = {"lm": lm_identity(lm), "per_step": per_step}
+    identity: dict[str, Any] = {"lm": lm_identity(lm), "per_step": per_step, "adapter": None}  # None: dspy's default
     if adapter is not None and (
         default_adapter is None or adapter_identity(adapter) != adapter_identity(default_adapter)
     ):

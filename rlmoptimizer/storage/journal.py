@@ -228,7 +228,12 @@ class RunJournal:
         old = stored.get("eval_lm") or {}  # a manifest without one names every setting as changed
         if old == identity:
             return {}
-        lines = describe_differences(old, identity)
+        compared = identity
+        if old and "adapter" not in old:  # written before the adapter was recorded: compared without it, then kept
+            compared = {key: value for key, value in identity.items() if key != "adapter"}
+            if old == compared:
+                return {"eval_lm": identity}
+        lines = describe_differences(old, compared)
         listed = "\n".join(f"  - {line}" for line in lines)
         if not allow_change:
             raise RunDirectoryMismatchError(
