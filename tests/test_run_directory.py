@@ -590,19 +590,20 @@ def test_a_resume_under_another_adapter_is_refused_and_dspys_default_named_is_th
     assert task.calls == [] and again.optimized_dspy_program == first.optimized_dspy_program
 
 
-def test_a_directory_written_before_the_adapter_was_recorded_reads_back_under_the_same_adapter(tmp_path):
+def test_a_directory_written_before_the_adapter_was_recorded_reads_back_under_the_same_adapter(tmp_path, caplog):
     """Regression: a run directory of a version that did not record the adapter, made under dspy.JSONAdapter(), was
     refused under that same adapter: "adapter.class: <not set> (stored) -> ...JSONAdapter", scores "from a different
     evaluation LM"; the free read-back of a finished run was lost."""
     with dspy.context(adapter=dspy.JSONAdapter()):
         first = compile_tickets([], rlm_autopilot="loop", max_metric_calls=60, run_storage_dir=tmp_path)
     manifest = json.loads((tmp_path / "manifest.json").read_text())
-    del manifest["eval_lm"]["adapter"]  # as such a version wrote it
+    del manifest["eval_lm"]["adapter"], manifest["program_code"]  # as such a version wrote it
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     task = FunctionLM(task_lm_reply)
-    with dspy.context(adapter=dspy.JSONAdapter()):
+    with dspy.context(adapter=dspy.JSONAdapter()), caplog.at_level(logging.WARNING):
         again = compile_tickets([], eval_lm=task, rlm_autopilot="loop", max_metric_calls=60, run_storage_dir=tmp_path)
     assert task.calls == [] and again.optimized_dspy_program == first.optimized_dspy_program
+    assert "does not record the adapter its scores were made with" in caplog.text
     recorded = json.loads((tmp_path / "manifest.json").read_text())["eval_lm"]["adapter"]
     assert recorded["class"].endswith("JSONAdapter")  # recorded now: another adapter is refused from here on
     with pytest.raises(RunDirectoryMismatchError, match="adapter"):
@@ -615,6 +616,21 @@ def test_a_directory_written_before_the_adapter_was_recorded_reads_back_under_th
         "lm.model" in str(refused.value)
         and "adapter" not in str(refused.value).split("uses:", 1)[1].split("Resuming")[0]
     )
+
+
+def test_a_directory_that_left_dspys_default_adapter_out_of_its_identity_still_tells_a_change(tmp_path):
+    """A version that recorded an adapter only when it was not dspy's default wrote none for the default: such a
+    directory resumes under the default, and is refused under another adapter."""
+    compile_tickets([], rlm_autopilot="loop", max_metric_calls=60, run_storage_dir=tmp_path)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["eval_lm"]["adapter"] is None and manifest["program_code"]["held"]
+    del manifest["eval_lm"]["adapter"]
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    task = FunctionLM(task_lm_reply)
+    with dspy.context(adapter=dspy.JSONAdapter()), pytest.raises(RunDirectoryMismatchError, match="adapter"):
+        compile_tickets([], eval_lm=task, rlm_autopilot="loop", max_metric_calls=60, run_storage_dir=tmp_path)
+    compile_tickets([], eval_lm=task, rlm_autopilot="loop", max_metric_calls=60, run_storage_dir=tmp_path)
+    assert task.calls == []
 
 
 def test_a_resume_from_other_instructions_is_refused_naming_the_steps(tmp_path):

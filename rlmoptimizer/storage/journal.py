@@ -229,9 +229,21 @@ class RunJournal:
         if old == identity:
             return {}
         compared = identity
-        if old and "adapter" not in old:  # written before the adapter was recorded: compared without it, then kept
+        code = stored.get("program_code")
+        if old and "adapter" not in old and isinstance(code, dict) and code.get("held"):
+            old = {**old, "adapter": None}  # written when dspy's default adapter was left out of the identity
+            if old == identity:
+                return {"eval_lm": identity}
+        elif old and "adapter" not in old:  # maybe written before the adapter was recorded: compared without it
             compared = {key: value for key, value in identity.items() if key != "adapter"}
             if old == compared:
+                if identity["adapter"] is not None:
+                    logger.warning(
+                        "%s does not record the adapter its scores were made with (written by an earlier version of "
+                        "rlmoptimizer); they are reused under this compile()'s %s as they are.",
+                        self.directory,
+                        identity["adapter"].get("class"),
+                    )
                 return {"eval_lm": identity}
         lines = describe_differences(old, compared)
         listed = "\n".join(f"  - {line}" for line in lines)
