@@ -296,6 +296,34 @@ def test_a_turn_cut_off_while_its_code_ran_resumes_with_the_same_reply_unpaid(tm
     assert not (tmp_path / "cut" / "pending_reply.json").exists()
 
 
+def test_a_turn_replayed_after_a_cut_is_not_taken_for_a_turn_without_progress(tmp_path):
+    """Regression: a Ctrl-C while the first turn read the train baseline (paid on first read) left that turn to
+    replay with the baseline's records free; the pilot took the free turn for one without progress and ran GEPA's
+    phase after it, which the uninterrupted run never did (57 units spent where it spent 25)."""
+
+    def run(directory, task):
+        return compile_in(directory, scripted_agent(TURNS), task, rlm_autopilot="assist", max_metric_calls=150)
+
+    reference = run(tmp_path / "whole", FunctionLM(task_lm_reply))
+    calls = {"n": 0}
+    val_calls = 2 * len(make_splits()[1])  # the validation baseline first, then the first turn reads train's
+
+    def interrupted(messages):
+        calls["n"] += 1
+        if calls["n"] == val_calls + 4:
+            _thread.interrupt_main()
+        return task_lm_reply(messages)
+
+    with pytest.raises(OptimizationInterrupted):
+        compile_in(tmp_path / "cut", scripted_agent(TURNS), FunctionLM(interrupted), rlm_autopilot="assist",
+                   max_metric_calls=150, num_threads=1)  # fmt: skip
+    resumed = run(tmp_path / "cut", FunctionLM(task_lm_reply))
+    assert not any(turn.get("pilot") for turn in reference.agent_trajectory)
+    assert not any(turn.get("pilot") for turn in resumed.agent_trajectory)
+    assert resumed.budget["spent"] == reference.budget["spent"]
+    assert resumed.optimized_dspy_program == reference.optimized_dspy_program
+
+
 def test_a_turn_stopped_after_its_gepa_run_finished_replays_that_run_free_on_resume(tmp_path):
     """Regression: a Ctrl-C after ``run_gepa`` had finished (here: in a callback told of GEPA's candidate), in the
     turn that called it, left the run marked finished: the resumed turn's ``run_gepa(budget=40)`` was taken for a

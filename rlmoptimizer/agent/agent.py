@@ -188,6 +188,7 @@ class OptimizerAgent(dspy.Module):
         self._pilot_ran: list[str] = []  # the pilot's actions in the current turn
         self._failed = False  # the current turn's cell failed: an error, a refused SUBMIT, a reply that did not parse
         self._failed_before = False  # so did the turn before it, which made no progress either
+        self._replayed = False  # the current turn runs the reply of a turn an earlier process was cut off in
 
     async def aforward(self, **input_args: Any) -> Prediction:
         """The same budgeted loop as :meth:`forward`, in a worker thread (the sandbox and the tools block)."""
@@ -222,7 +223,7 @@ class OptimizerAgent(dspy.Module):
                 if self._run_end is not None and self._run_end.ends_run():
                     setup.result()
                     return self._ended(self._run_end.outcome(history, output_field_names), iteration)
-                self._pilot_ran, self._failed = [], False
+                self._pilot_ran, self._failed, self._replayed = [], False, False
                 progress = self._pilot.progress() if self._pilot is not None else None
                 if unparsed >= UNPARSED_TURNS:
                     setup.result()
@@ -330,6 +331,7 @@ class OptimizerAgent(dspy.Module):
         pending, self._pending_reply = self._pending_reply, None
         if pending is not None and pending["iteration"] == iteration + 1:
             logger.info("Turn %d: running the root LM's reply again (its turn was cut off).", iteration + 1)
+            self._replayed = True  # what its code paid before the cut is free now: not a turn without progress
             return Prediction(reasoning=pending["reasoning"], code=pending["code"])
         action = self._next_action(variables, history, iteration)
         if not isinstance(action, REPLHistory):
@@ -433,7 +435,7 @@ class OptimizerAgent(dspy.Module):
         pilot = self._pilot
         if pilot is None:
             return result
-        idle = pilot.progress() == progress
+        idle = pilot.progress() == progress and not self._replayed
         first_failure, self._failed_before = self._failed and not self._failed_before, self._failed and idle
         if self._assist and pilot.submitted is None and not self._stop.requested and idle and not first_failure:
             last = result.entries[-1]
