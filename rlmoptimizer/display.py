@@ -147,18 +147,41 @@ class EvaluationProgress:
         self._state = None
 
 
-# An operating-system command (a hyperlink, a window title, a clipboard write), ended by BEL or ST or by nothing.
-_OSC = re.compile(r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?")
-# Control characters other than newline, tab and ESC (C0, DEL, C1: a backspace or a carriage return can hide text).
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1a\x1c-\x1f\x7f-\x9f]")
+# A colour (select graphic rendition): the one escape sequence shown for what it means.
+_SGR = re.compile(r"\x1b\[([0-9;]*)m")
+# What can hide or disguise other text, written out instead: control characters other than newline and tab (C0 with
+# ESC, DEL, C1: a backspace, a carriage return, an escape sequence other than a colour), bidirectional overrides and
+# zero-width characters (text that reads otherwise than it runs).
+_HIDING = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b\u200e\u200f\u202a-\u202e\u2060\u2066-\u2069\ufeff]")
+
+
+def _colour(parameters: str) -> str:
+    """An SGR sequence's parameters without 8 (concealed text); a 256-colour or RGB colour's own numbers are kept."""
+    items, kept, i = parameters.split(";"), [], 0
+    while i < len(items):
+        width = {"5": 3, "2": 5}.get(items[i + 1], 2) if items[i] in ("38", "48", "58") and i + 1 < len(items) else 1
+        if items[i : i + width] != ["8"]:
+            kept += items[i : i + width]
+        i += width
+    return ";".join(kept)
 
 
 def terminal_text(text: Any) -> Text:
-    """What an LM or a program printed, as it is safe to show a person: colours kept, links and titles dropped,
-    every other control character written out (``\\x08``), so that printed text cannot hide or disguise other text."""
-    text = _OSC.sub("", str(text or "").replace("\r\n", "\n"))
-    text = _CONTROL.sub(lambda found: repr(found.group())[1:-1], text)
-    return Text.from_ansi(text) if "\x1b" in text else Text(text)
+    """What an LM or a program printed, as it is safe to show a person: colours kept (concealed text shown), every
+    other escape sequence, control character, bidirectional override and zero-width character written out (``\\x1b``,
+    ``\\x08``, ``\\u202e``), so that printed text cannot hide or disguise other text, or act on the terminal."""
+    text = str(text or "").replace("\r\n", "\n")
+    written, pos = [], 0
+    for found in _SGR.finditer(text):
+        written += [_HIDING.sub(_written_out, text[pos : found.start()]), f"\x1b[{_colour(found.group(1))}m"]
+        pos = found.end()
+    written.append(_HIDING.sub(_written_out, text[pos:]))
+    shown = "".join(written)
+    return Text.from_ansi(shown) if "\x1b" in shown else Text(shown)
+
+
+def _written_out(found: re.Match) -> str:
+    return repr(found.group())[1:-1]
 
 
 def _clip(text: str, limit: int = _MAX_SHOWN) -> str:

@@ -47,7 +47,10 @@ def test_terminal_escape_codes_are_taken_out_of_the_trajectorys_views():
         assert text in buffer.getvalue()
 
 
-def test_text_an_agent_prints_cannot_hide_other_text_or_show_a_link():
+def test_text_an_agent_prints_cannot_hide_other_text_or_act_on_the_terminal():
+    """Regression: backspaces, a carriage return and an 8-bit CSI went through ``show(i)`` as they were, so code or
+    output printed over itself read as something else in a terminal; the live display made a printed link
+    clickable; an unterminated OSC, ``ESC c`` (reset), concealed text and bidirectional overrides hid text too."""
     hiding = {
         "iteration": 1,
         "reasoning": "fine",
@@ -60,16 +63,27 @@ def test_text_an_agent_prints_cannot_hide_other_text_or_show_a_link():
         "code": "",
         "output": "see \x1b]8;;https://evil.example/x\x1b\\the results\x1b]8;;\x1b\\.",
     }
+    tricks = {
+        "iteration": 3,
+        "reasoning": "",
+        "code": "access = 'user\u202e \u2066// admin\u2069 \u2066'",  # reads otherwise than it runs
+        "output": "x = 1\x1b]\nTraceback: the real error\n\x1bc\x1b[8mconcealed\x1b[0m \x1b[31mred\x1b[0m",
+    }
     shown = repr(Trajectory([hiding]).show(1))
     assert "steal()" in shown and "\\x08" in shown and "\b" not in shown
     assert "evil output\\rALL GOOD" in shown and "\\x9b2J" in shown and "\x9b" not in shown
     views = [Trajectory([hiding, linked])._repr_html_(), repr(Trajectory([linked]).show(2))]
-    assert all("evil.example" not in view and "see the results." in view for view in views)
-    for turn, kept in ((hiding, "steal()"), (linked, "the results")):
+    assert all("\x1b" not in view and "\\x1b]8;;https://evil.example/x" in view for view in views)
+    shown = repr(Trajectory([tricks]).show(3))
+    assert "the real error" in shown and "concealed" in shown and "red" in shown and "\\x1bc" in shown
+    assert "\\u202e" in shown and "\\u2066" in shown and "\u202e" not in shown and "\x1b" not in shown
+    for turn, kept in ((hiding, "steal()"), (linked, "the results"), (tricks, "the real error")):
         buffer = io.StringIO()
         Display(True, Console(file=buffer, width=200, force_terminal=True, force_jupyter=False)).turn(turn)
         out = buffer.getvalue()
-        assert kept in out and "evil.example" not in out and "\b" not in out and "\x9b" not in out
+        assert kept in out and "\b" not in out and "\x9b" not in out and "\x1b]" not in out and "\x1bc" not in out
+        assert "\x1b[8m" not in out and "\u202e" not in out
+    assert "\x1b[31m" in out  # colours are kept
 
 
 def compile_loop(directory, console):

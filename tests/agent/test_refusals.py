@@ -44,6 +44,8 @@ def test_a_bool_nan_or_huge_argument_is_refused_clearly_and_spends_nothing():
                 "attempt('items', lambda: llm_query_batched([1, 2]))\n"
                 "attempt('bigint', lambda: evaluate_program(seed=10**400))\n"
                 "attempt('bigint_limit', lambda: evaluate_program(limit=10**30))\n"
+                "attempt('bigint_deep', lambda: evaluate_program(ids=eval('[' * 150 + str(2**60) + ']' * 150)))\n"
+                "attempt('bigint_digits', lambda: evaluate_program(seed=10**5000))\n"
                 "attempt('bigint_id', lambda: compare(['current', {'route': 'x'}], ids=[0, 2**53]))\n"
                 "print('spent', optimization_status()['budget_spent'])",
             },
@@ -64,11 +66,15 @@ def test_a_bool_nan_or_huge_argument_is_refused_clearly_and_spends_nothing():
         "items",
         "bigint",
         "bigint_limit",
+        "bigint_deep",
+        "bigint_digits",
         "bigint_id",
     }
     assert "argument 'seed' is or holds a 1,329-bit integer" in seen["bigint"] and "2**53 - 1" in seen["bigint"]
     assert "argument 'limit' is or holds the integer 1000000000000000000000000000000," in seen["bigint_limit"]
     assert "argument 'ids' is or holds the integer 9007199254740992" in seen["bigint_id"]
+    assert "argument 'ids' is or holds the integer 1152921504606846976" in seen["bigint_deep"]  # at any depth
+    assert "argument 'seed' is or holds an integer of thousands of digits" in seen["bigint_digits"]
     assert "argument 'prompts' takes list[str], got list [1, 2]" in seen["items"]  # (not "takes list, got list")
     assert all(line.startswith("REFUSED AgentToolError") for line in seen.values()), printed
     assert "argument 'rollouts' takes int, got bool True" in seen["rollouts"]

@@ -115,16 +115,24 @@ def _rlmopt_wrap_tools(_names, _removed, _error_name, _SUBMITTED):
 
     SAFE = 2**53 - 1  # (JavaScript's largest exact integer: a larger one reaches the host rounded, or as null)
 
-    def too_big(value, depth=0):
-        """The first int in ``value`` (a list's items, a dict's values) that JavaScript cannot carry exactly."""
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value if abs(value) > SAFE else None
-        if depth < 100 and isinstance(value, (list, tuple, dict)):
-            for item in value.values() if isinstance(value, dict) else value:
-                found = too_big(item, depth + 1)
-                if found is not None:
-                    return found
-        return None
+    def too_big(dumped):
+        """The first integer in the JSON text ``dumped`` that JavaScript cannot carry exactly (at any depth)."""
+        found = []
+
+        def number(digits):
+            value = int(digits)
+            if abs(value) > SAFE and not found:
+                found.append(value)
+            return value
+
+        json.loads(dumped, parse_int=number)
+        return found[0] if found else None
+
+    def refuse_big(name, where, shown):
+        return error_type(
+            f"{name}(): argument {where!r} is or holds {shown}, beyond what a tool can take exactly (the "
+            f"transport's numbers stop at 2**53 - 1 = {SAFE:,}) -> pass a smaller number"
+        )
 
     def argument_name(tool, where):
         """A positional argument's index as the tool's parameter name (a keyword is its own name)."""
@@ -148,18 +156,21 @@ def _rlmopt_wrap_tools(_names, _removed, _error_name, _SUBMITTED):
             if put_back is not None:
                 put_back(globals())
             for where, value in [*enumerate(args), *kwargs.items()]:
-                big = too_big(value)
-                if big is not None:
-                    where = argument_name(_tool, where)
-                    shown = f"the integer {big}" if big.bit_length() <= 200 else f"a {big.bit_length():,}-bit integer"
-                    raise error_type(
-                        f"{_name}(): argument {where!r} is or holds {shown}, beyond what a tool can take "
-                        f"exactly (the transport's numbers stop at 2**53 - 1 = {SAFE:,}) -> pass a smaller number"
-                    )
                 try:
-                    json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8")
+                    dumped = json.dumps(value, allow_nan=False, ensure_ascii=False)
+                    dumped.encode("utf-8")
+                    big = too_big(dumped)
+                    if big is not None:
+                        shown = (
+                            f"the integer {big}" if big.bit_length() <= 200 else f"a {big.bit_length():,}-bit integer"
+                        )
+                        raise refuse_big(_name, argument_name(_tool, where), shown)
                 except (TypeError, ValueError, RecursionError) as exc:
+                    if isinstance(exc, error_type):
+                        raise
                     where = argument_name(_tool, where)
+                    if isinstance(exc, ValueError) and "integer string conversion" in str(exc):  # (too many digits)
+                        raise refuse_big(_name, where, "an integer of thousands of digits") from None
                     shown = repr(value)
                     if isinstance(exc, UnicodeEncodeError):
                         raise error_type(
