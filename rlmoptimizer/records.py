@@ -74,16 +74,22 @@ class StepTrace:
     outputs: dict[str, Any]
     feedback: str | None = None  # the metric's feedback for this step (GEPA's ``pred_name`` form), on train
 
-    def to_dict(self) -> dict[str, Any]:
-        data = {"step_name": self.step_name, "inputs": self.inputs, "outputs": self.outputs}
+    def to_dict(self, example_inputs: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The trace as JSON; given its example's ``example_inputs``, inputs equal to them are written as a mark
+        (``"inputs_of_example": true``) instead of a second copy (a first step's inputs are often the example's)."""
+        if example_inputs is not None and self.inputs == example_inputs:
+            data: dict[str, Any] = {"step_name": self.step_name, "inputs_of_example": True, "outputs": self.outputs}
+        else:
+            data = {"step_name": self.step_name, "inputs": self.inputs, "outputs": self.outputs}
         return data if self.feedback is None else {**data, "feedback": self.feedback}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> StepTrace:
+    def from_dict(cls, data: dict[str, Any], example_inputs: dict[str, Any] | None = None) -> StepTrace:
         feedback = data.get("feedback")
+        marked = data.get("inputs_of_example") is True and example_inputs is not None
         return cls(
             step_name=data["step_name"],
-            inputs=dict(data["inputs"]),
+            inputs=dict(example_inputs if marked else data["inputs"]),
             outputs=dict(data["outputs"]),
             feedback=feedback if isinstance(feedback, str) else None,
         )
@@ -120,7 +126,10 @@ class ExampleResult:
         those whose LM call itself failed (those deserve another try, and were not charged)."""
         return self.error_kind != LM_CALL_ERROR
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, compact: bool = False) -> dict[str, Any]:
+        """The record as JSON; ``compact`` (how the run directory stores it) writes a step's inputs equal to the
+        example's as a mark, not a second copy."""
+        own = self.inputs if compact else None
         data = {
             "example_id": self.example_id,
             "inputs": self.inputs,
@@ -131,24 +140,25 @@ class ExampleResult:
             "feedback": self.feedback,
             "error": self.error,
             "error_kind": self.error_kind,
-            "steps": [s.to_dict() for s in self.steps],
+            "steps": [s.to_dict(own) for s in self.steps],
         }
-        return data if self.failed_call is None else {**data, "failed_call": self.failed_call.to_dict()}
+        return data if self.failed_call is None else {**data, "failed_call": self.failed_call.to_dict(own)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ExampleResult:
+        own = dict(data["inputs"])
         return cls(
             example_id=int(data["example_id"]),
-            inputs=dict(data["inputs"]),
+            inputs=own,
             expected=dict(data["expected"]),
             predicted=dict(data["predicted"]),
             score=float(data["score"]),
             passed=bool(data["passed"]),
             feedback=data.get("feedback"),
             error=data.get("error"),
-            steps=tuple(StepTrace.from_dict(s) for s in data.get("steps", ())),
+            steps=tuple(StepTrace.from_dict(s, own) for s in data.get("steps", ())),
             error_kind=data.get("error_kind"),
-            failed_call=StepTrace.from_dict(data["failed_call"]) if data.get("failed_call") else None,
+            failed_call=StepTrace.from_dict(data["failed_call"], own) if data.get("failed_call") else None,
         )
 
 
@@ -220,13 +230,15 @@ class EvalRun:
             view["examples"] = [_agent_record(r) for r in self.records]
         return view
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, compact: bool = False) -> dict[str, Any]:
+        """The run as JSON (``compact``: its records as the run directory stores them, see
+        :meth:`ExampleResult.to_dict`)."""
         return {
             **self.summary(),
             "rollout": self.rollout,
             "instructions": dict(self.instructions),
             "created_at": self.created_at,
-            "records": [r.to_dict() for r in self.records],
+            "records": [r.to_dict(compact) for r in self.records],
         }
 
     @classmethod

@@ -45,7 +45,7 @@ class PendingLog:
     def append(self, record: ExampleResult) -> None:
         with self._lock:
             if not self._handle.closed:
-                self._write(record.to_dict())
+                self._write(record.to_dict(compact=True))
 
     def close(self) -> None:
         with self._lock:
@@ -200,12 +200,12 @@ class RunStore:
             raise ValueError(f"run_id must look like 'run-0001', got {run.run_id!r}")
         path = self.layout.run(run.run_id)
         if settles is None:
-            atomic_write_json(path, run.to_dict())
+            atomic_write_json(path, run.to_dict(compact=True))
         else:
             settles.close()
             # Written now (made durable in the background): the ledger written after this run's event must never
             # count records that a kill could leave only in the pending log, or a resume would charge them again.
-            atomic_write_json(path, run.to_dict(), durable=False)
+            atomic_write_json(path, run.to_dict(compact=True), durable=False)
             self._sync.submit(path, then_remove=settles.path)
         with self._lock:
             self._runs[run.run_id] = run
@@ -247,6 +247,8 @@ class RunStore:
         for path in self.layout.pending_logs():
             try:
                 parsed = read_pending_log(path)
+            except FileNotFoundError:  # settled since it was listed (its run saved; the log removed)
+                continue
             except ValueError as exc:  # damaged, not torn: kept for a person to look at, never guessed at
                 logger.warning("skipping the in-flight log %s: %s", path, exc)
                 continue

@@ -169,7 +169,9 @@ def test_a_gepa_run_killed_before_its_first_check_makes_that_check_when_replayed
         services = CompileServices(runs=runs, ledger=ledger, working=working, sub_lm=proposer("Answer with care."))
         return AgentTools(services)
 
-    tools_on(BudgetLedger(100)).evaluate_program(split="val")  # what the killed run paid: its start on validation
+    killed_process = tools_on(BudgetLedger(100))
+    killed_process.evaluate_program(split="val")  # what the killed run paid: its start on validation
+    killed_process.runs.store.flush()  # (its files settled, as when that process ended)
     killed = {"budget": 12, "taken": 3, "finished": False, "checks": [], "evaluations": []}
     write_gepa_progress(tmp_path, {"gepa run 1": killed})
     ledger = BudgetLedger(100)

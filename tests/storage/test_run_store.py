@@ -218,3 +218,43 @@ def test_a_damaged_pending_log_keeps_every_record_it_can_and_is_never_deleted_wi
 
     log.path.write_bytes(b'{"split": "tra')  # a header cut while it was written, nothing after it: nothing paid
     assert store.pending() == [] and not log.path.exists()
+
+
+def test_a_step_called_with_its_examples_inputs_keeps_them_once_on_disk_and_reads_back_whole(tmp_path):
+    """Regression: every record held its example's inputs twice (as the record's and as its first step's), so
+    examples of long documents took twice their size in each run file and pending log."""
+    document = {"document": "x" * 100_000, "question": "q"}
+    record = ExampleResult(
+        example_id=0,
+        inputs=document,
+        expected={"answer": "a"},
+        predicted={"answer": "a"},
+        score=1.0,
+        passed=True,
+        steps=(StepTrace("read", dict(document), {"notes": "n"}), StepTrace("answer", {"notes": "n"}, {"answer": "a"})),
+        error="AdapterParseError: no answer",
+        error_kind="program",
+        failed_call=StepTrace("check", dict(document), {}),
+    )
+    run = dataclasses.replace(make_run(), records=(record,), requested_count=1)
+    store = RunStore(tmp_path / "runs")
+    store.save(run)
+    log = store.open_pending({"split": "train", "instructions": run.instructions, "label": "agent", "requested": 1})
+    log.append(record)
+    log.close()
+    written = [path for path in (tmp_path / "runs").rglob("*") if path.suffix in (".json", ".jsonl")]
+    assert len(written) == 2
+    for path in written:
+        assert 100_000 < path.stat().st_size < 150_000, path.name  # the document once, not three times
+    assert RunStore(tmp_path / "runs").get(run.run_id).records == (record,)
+    [(_, _, recovered)] = RunStore(tmp_path / "runs").pending()
+    assert recovered == [record] and recovered[0].steps[0].inputs == document
+    assert run.to_dict()["records"][0]["steps"][0]["inputs"] == document  # what the agent and callers see: whole
+
+
+def test_an_in_flight_log_settled_while_a_store_opens_is_skipped(tmp_path, monkeypatch):
+    """Regression: a log another store removed (its run saved) between listing and reading raised FileNotFoundError."""
+    store = RunStore(tmp_path / "runs")
+    gone = tmp_path / "runs" / "runs" / "pending-0123456789abcdef.jsonl"
+    monkeypatch.setattr(type(store.layout), "pending_logs", lambda self: [gone])
+    assert store.pending() == []
