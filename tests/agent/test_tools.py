@@ -105,8 +105,25 @@ def test_a_systemic_failure_in_a_tool_requests_a_stop_with_that_failure(tmp_path
         stop.raise_if_requested()
 
 
-def test_a_gepa_run_replayed_after_a_kill_takes_only_what_is_left_of_its_budget(tmp_path):
+def gepa_tools(directory, ledger):
+    """The agent's tools over a run directory, with a task LM that always answers wrong (GEPA has failures to
+    reflect on) and a reflection LM."""
     from support.optimizing import proposer
+
+    runs = Runs(
+        evaluator=make_evaluator(FunctionLM(lambda m: {"answer": "wrong"}), num_threads=2),
+        store=RunStore(directory),
+        ledger=ledger,
+        splits={"train": examples(6), "val": examples(3)},
+    )
+    program = dspy.Predict("question -> answer")
+    working = WorkingProgram(
+        program=program, fingerprint=structural_fingerprint(program), runs=runs, stop=StopRequest()
+    )
+    return AgentTools(CompileServices(runs=runs, ledger=ledger, working=working, sub_lm=proposer("Answer with care.")))
+
+
+def test_a_gepa_run_replayed_after_a_kill_takes_only_what_is_left_of_its_budget(tmp_path):
 
     from rlmoptimizer.storage.candidates import read_gepa_progress, write_gepa_progress
 
@@ -119,17 +136,7 @@ def test_a_gepa_run_replayed_after_a_kill_takes_only_what_is_left_of_its_budget(
         },
     )
     ledger = BudgetLedger(100)
-    runs = Runs(
-        evaluator=make_evaluator(FunctionLM(lambda m: {"answer": "wrong"}), num_threads=2),
-        store=RunStore(tmp_path),
-        ledger=ledger,
-        splits={"train": examples(6), "val": examples(3)},
-    )
-    program = dspy.Predict("question -> answer")
-    working = WorkingProgram(
-        program=program, fingerprint=structural_fingerprint(program), runs=runs, stop=StopRequest()
-    )
-    tools = AgentTools(CompileServices(runs=runs, ledger=ledger, working=working, sub_lm=proposer("Answer with care.")))
+    tools = gepa_tools(tmp_path, ledger)
 
     replayed = tools.run_gepa(budget=10)  # the same call: it goes on with what is left of its 10
     assert replayed["summary"].startswith("gepa run 2:") and replayed["spent_before_resume"] == 6
@@ -151,31 +158,16 @@ def test_a_gepa_run_killed_before_its_first_check_makes_that_check_when_replayed
     """Regression: an interrupt after GEPA's start was scored on validation, before its first stop check was kept,
     left ``checks: []``; the replay skipped that check until it paid something new, so it paid a minibatch the run
     would never have paid (the units left could not pay a child) and took them from the agent's own moves."""
-    from support.optimizing import proposer
 
     from rlmoptimizer.storage.candidates import write_gepa_progress
 
-    def tools_on(ledger):
-        runs = Runs(
-            evaluator=make_evaluator(FunctionLM(lambda m: {"answer": "wrong"}), num_threads=2),
-            store=RunStore(tmp_path),
-            ledger=ledger,
-            splits={"train": examples(6), "val": examples(3)},
-        )
-        program = dspy.Predict("question -> answer")
-        working = WorkingProgram(
-            program=program, fingerprint=structural_fingerprint(program), runs=runs, stop=StopRequest()
-        )
-        services = CompileServices(runs=runs, ledger=ledger, working=working, sub_lm=proposer("Answer with care."))
-        return AgentTools(services)
-
-    killed_process = tools_on(BudgetLedger(100))
+    killed_process = gepa_tools(tmp_path, BudgetLedger(100))
     killed_process.evaluate_program(split="val")  # what the killed run paid: its start on validation
     killed_process.runs.store.flush()  # (its files settled, as when that process ended)
     killed = {"budget": 12, "taken": 3, "finished": False, "checks": [], "evaluations": []}
     write_gepa_progress(tmp_path, {"gepa run 1": killed})
     ledger = BudgetLedger(100)
-    replayed = tools_on(ledger).run_gepa(budget=12)
+    replayed = gepa_tools(tmp_path, ledger).run_gepa(budget=12)
     # 9 units left of its 12 cannot pay a child (a minibatch, a reflection, the child's minibatch, 3 val examples)
     assert replayed["spent"] == 0 and ledger.spent == 0, replayed["summary"]
     assert "cannot pay a child" in replayed["summary"]
