@@ -22,10 +22,12 @@ from rlmoptimizer.errors import (  # noqa: E402
 )
 from rlmoptimizer.optimizer import RLMDocstringOptimizer  # noqa: E402
 from rlmoptimizer.report.costs import CostEstimate  # noqa: E402
+from rlmoptimizer.report.finish import without_results  # noqa: E402
 
 __all__ = [
     "RLMDocstringOptimizer",
     "CostEstimate",
+    "without_results",
     "RLMOptimizerError",
     "ConfigurationError",
     "MetricError",

@@ -203,14 +203,29 @@ def _lenient_copy(value: Any, memo: dict[int, Any], where: str, shared: list[str
 _SAID_SHARED: set[str] = set()
 
 
+RESULTS_MARK = "_rlmoptimizer_result_attributes"
+"""On a program compile() returned: the names of the result attributes compile() set on it (``detailed_results``,
+``agent_trajectory``, ...). A copy of the program leaves them out, and a later compile of it may set them again."""
+
+
 def copy_program(program: Any) -> Any:
     """A copy of ``program`` whose predictors are its own, as lenient as dspy's ``Module.deepcopy()``.
 
     What can be deep-copied is; what cannot (a lock, a client, ``dspy.Parallel``, an LM holding a lock) is
     shallow-copied or shared by reference, as dspy does (modules inside lists, tuples and dicts are still
-    copied one by one). Raises :class:`ConfigurationError` if a predictor of the copy would still be the
-    original's object: changing its instructions would then change the caller's program.
+    copied one by one). The result attributes an earlier compile() set on it (:data:`RESULTS_MARK`) are left out:
+    they describe that run, not the copy. Raises :class:`ConfigurationError` if a predictor of the copy would still
+    be the original's object: changing its instructions would then change the caller's program.
     """
+    if RESULTS_MARK in getattr(program, "__dict__", {}):
+        try:
+            view = copy.copy(program)  # (its attributes the original's objects: the deep copy below copies them)
+        except Exception:
+            view = None
+        if view is not None:
+            for name in (*program.__dict__[RESULTS_MARK], RESULTS_MARK):
+                view.__dict__.pop(name, None)
+            program = view
     shared: list[str] = []
     new = _lenient_copy(program, {}, type(program).__name__, shared)
     said = ", ".join(shared)

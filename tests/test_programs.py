@@ -599,3 +599,42 @@ def test_a_step_named_as_a_steps_demos_are_is_refused_before_any_lm_call():
             Program(), trainset=trainset, metric=lambda e, p, trace=None: 1.0
         )
     assert lm.calls == []
+
+
+def test_the_returned_program_carries_no_second_copy_of_the_student_and_its_candidates_no_results(tmp_path):
+    """Regression: ``detailed_results`` held a deep copy of the student, so the returned program pickled with twice
+    the student's state (and four times once its candidates were read), kept an LM the user had removed from every
+    step (API key and all) and a lock that failed ``save(save_program=True)``; optimizing a returned program again
+    nested every earlier run's results, and its candidates carried the previous run's attributes."""
+    import cloudpickle
+    import numpy as np
+    from support.optimizing import loop_optimizer
+
+    import rlmoptimizer
+
+    student = RouteTicket()
+    student.index = np.zeros(250_000)  # 2 MB of the program's own state (an embedding index)
+    student.route.lm = FunctionLM(task_lm_reply)  # an LM pinned to a step, with its key
+    student.route.lm.kwargs["api_key"] = "sk-SECRET-123"
+    train, val = make_splits()
+    optimized = loop_optimizer(tmp_path / "first").compile(student, trainset=train, valset=val)
+    assert optimized.detailed_results.program is optimized
+    candidate = optimized.detailed_results.candidates[-1]  # built now, and kept on the results
+    assert candidate.index is not optimized.index and np.array_equal(candidate.index, optimized.index)
+    assert not any(hasattr(candidate, name) for name in ("detailed_results", "selection", "agent_trajectory"))
+    student.route.lm = None
+    size = len(cloudpickle.dumps(student))
+    optimized.route.lm = None  # to ship it: the LM comes from where it is loaded
+    pickled = cloudpickle.dumps(optimized)
+    assert len(pickled) < size + 200_000  # the state once, with the results beside it
+    assert b"sk-SECRET-123" not in pickled  # an LM taken off every step is not saved
+    alone = rlmoptimizer.without_results(optimized)  # what loads where rlmoptimizer is not installed
+    assert b"rlmoptimizer" in pickled and b"rlmoptimizer" not in cloudpickle.dumps(alone)
+    assert alone.route.signature.instructions == optimized.route.signature.instructions
+    assert not hasattr(alone, "detailed_results") and hasattr(optimized, "detailed_results")
+
+    again = loop_optimizer(tmp_path / "second").compile(optimized, trainset=train, valset=val)
+    assert again.detailed_results.program is again and again.run_storage_dir.endswith("second")
+    for built in (*again.detailed_results.candidates, again.candidate_programs[0]["program"]):
+        assert not hasattr(built, "detailed_results") and not hasattr(built, "run_storage_dir")
+    assert len(cloudpickle.dumps(again)) < size + 200_000  # no earlier run's results nested inside

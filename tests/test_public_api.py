@@ -9,6 +9,7 @@ def test_public_names():
         [
             "RLMDocstringOptimizer",
             "CostEstimate",
+            "without_results",
             "RLMOptimizerError",
             "ConfigurationError",
             "MetricError",

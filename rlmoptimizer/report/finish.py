@@ -10,7 +10,7 @@ from typing import Any
 
 import dspy
 
-from rlmoptimizer.fingerprint import copy_program
+from rlmoptimizer.fingerprint import RESULTS_MARK, copy_program
 from rlmoptimizer.report.compile_state import CompileState
 from rlmoptimizer.report.plot import picture_unavailable, write_run_picture
 from rlmoptimizer.report.results import DetailedResults
@@ -19,11 +19,18 @@ from rlmoptimizer.report.trajectory import Trajectory
 logger = logging.getLogger(__name__)
 
 
-_MARK = "_rlmoptimizer_result_attributes"
-"""On a returned program: the names compile() set on it, so a later compile of that program may set them again."""
+_MARK = RESULTS_MARK
 _TELEPROMPTER_NAMES = frozenset({"score", "candidate_programs", "trial_logs", "detailed_results"})
 """What dspy's own teleprompters (MIPROv2, SIMBA, GEPA, ...) set on the programs they return: a later compile of
 such a program sets them anew."""
+
+
+def without_results(program: Any) -> Any:
+    """A copy of ``program`` (one ``compile()`` returned) without the result attributes compile() set on it
+    (``detailed_results``, ``agent_trajectory``, ``selection``, ...): the program alone, its instructions and demos
+    kept. ``save(path, save_program=True)`` pickles every attribute, and loading those needs rlmoptimizer installed;
+    save this copy where the program is served without it (``save(path)``, the JSON state, never holds them)."""
+    return copy_program(program)
 
 
 def attach_results(program: Any, values: dict[str, Any], directory: str) -> dict[str, Any]:
@@ -61,11 +68,13 @@ def attach_results(program: Any, values: dict[str, Any], directory: str) -> dict
 def present_result(program: Any, values: dict[str, Any], state: CompileState, best_outputs: bool = False) -> Any:
     """Set the result ``values`` (:meth:`~rlmoptimizer.records.CompileResult.attributes`) and the views of the
     finished run on ``program`` (:func:`attach_results`) and return it. ``state`` is the compile's: its
-    ``directory``, ``student``, ``tracker`` (or None) and ``read_back`` (a finished run returned again writes
+    ``directory``, ``tracker`` (or None) and ``read_back`` (a finished run returned again writes
     nothing, so no picture). ``best_outputs``: the detailed results hold the best outputs per validation example
     (``track_best_outputs``). The picture never fails a finished run."""
-    directory, student, tracker = state.directory, state.student, state.tracker
-    detailed = DetailedResults.from_run_directory(directory, program=copy_program(student), best_outputs=best_outputs)
+    directory, tracker = state.directory, state.tracker
+    # (the candidates are built on the returned program, left out of it its result attributes: no second copy of
+    # the program, its LMs or its state rides along with it)
+    detailed = DetailedResults.from_run_directory(directory, program=program, best_outputs=best_outputs)
     estimate = state.cost_estimate
     values = {
         **values,

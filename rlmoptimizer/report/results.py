@@ -47,7 +47,7 @@ from typing import Any
 import dspy
 
 from rlmoptimizer.errors import ConfigurationError
-from rlmoptimizer.fingerprint import apply_instructions
+from rlmoptimizer.fingerprint import apply_instructions, copy_program
 from rlmoptimizer.records import first_sample_complete, ranked
 from rlmoptimizer.report.lineage import Lineage
 from rlmoptimizer.report.rundir import RunDirectory, read_run_directory
@@ -420,9 +420,15 @@ class DetailedResults:
                 "DetailedResults.from_run_directory(run_dir, program=MyProgram()) or results.build_program(i, program); "
                 "results.instructions has each candidate's {step: text}"
             )
-        built = base.deepcopy()
+        built = copy_program(base)  # (without the result attributes a returned program holds)
         apply_instructions(built, self.instructions[index], whole=True)
         return built
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a pickle or a deep copy keeps: not the candidate programs built so far (built again when read)."""
+        state = dict(self.__dict__)
+        state.pop("candidates", None)
+        return state
 
     @property
     def candidate_programs(self) -> CandidatePrograms:
