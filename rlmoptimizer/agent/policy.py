@@ -446,7 +446,7 @@ def next_action(state: LoopState) -> Action:
         return CompareValidation(memory.trial)
     if memory.trial is not None and not budget.val_size and budget.left >= 2 * budget.train_size:
         return Compare((memory.trial,), tuple(range(budget.train_size)))  # train is the selection split: all of it
-    if not memory.gepa_ran:
+    if not memory.gepa_ran and (budget.proposals_left > 0 or budget.unfinished_gepa):  # (it reflects: sub-LM prompts)
         return RunGepa(budget.unfinished_gepa or gepa_budget(budget))
     free = budget.left - budget.reserve  # what moves may spend
     pending = memory.pending

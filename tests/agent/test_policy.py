@@ -65,6 +65,15 @@ def test_gepa_comes_first_with_all_the_budget_unless_a_fifth_pays_a_targeted_rou
     assert RunGepa(80).phase == GEPA and RunGepa(80).call == "run_gepa(budget=80)"
 
 
+def test_no_gepa_run_when_no_sub_lm_prompt_is_left_for_its_reflections():
+    """Regression: the agent's own llm_query calls had spent every sub-LM prompt; the loop still ran GEPA, which
+    paid minibatches for reflections it could not ask, then found nothing."""
+    spent = state(left=40, proposals_left=0, demos=True)
+    assert next_action(spent) == ProposeDemos()  # what needs no sub LM, then the end
+    assert next_action(state(left=40, proposals_left=0)) == Submit("no sub-LM prompt is left for a proposal")
+    assert next_action(state(left=40, proposals_left=0, unfinished_gepa=12)) == RunGepa(12)  # its reflections kept
+
+
 def test_gepas_best_is_adopted_and_checked_even_with_nothing_left():
     memory = after(GepaFinished("gepa-2"))
     action = next_action(state(memory, left=0))
