@@ -188,3 +188,17 @@ def test_update_prompt_takes_a_steps_demos_as_the_list_its_docstring_names():
     assert result.agent_trajectory[0]["output"].strip() == "1"
     versions = [v for v in result.agent_trajectory if "Error" in v["output"]]
     assert versions == []
+
+
+def test_a_submit_with_another_keyword_says_which_it_takes():
+    """Regression: ``SUBMIT(program=...)`` gave Python's bare "got an unexpected keyword argument 'program'" every
+    turn, naming no field; every other refused submission says what to write."""
+    result = compile_with(
+        [
+            {"reasoning": "submit", "code": f"SUBMIT(program={{'route': {POLICY_PROMPT!r}}})"},
+            {"reasoning": "as told", "code": SUBMIT_LINE},
+        ]
+    )
+    first = result.agent_trajectory[0]["output"]
+    assert "unexpected keyword argument 'program'" in first and "-> call SUBMIT(optimized_dspy_program=...)" in first
+    assert len(result.agent_trajectory) == 2 and result.agent_trajectory[-1]["final"]

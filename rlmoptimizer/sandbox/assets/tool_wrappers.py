@@ -51,6 +51,12 @@ def _rlmopt_wrap_tools(_names, _removed, _error_name, _SUBMITTED):
         def noted_submit(*args, _submit=submit, **kwargs):
             try:
                 return _submit(*args, **kwargs)
+            except TypeError as exc:  # called with other arguments than the output fields: say which it takes
+                try:
+                    fields = ", ".join(f"{name}=..." for name in inspect.signature(_submit).parameters)
+                except (TypeError, ValueError):
+                    raise exc from None
+                raise error_type(f"SUBMIT(): {exc} -> call SUBMIT({fields})") from None
             except BaseException as final:
                 if type(final).__name__ == "_DSPyFinalOutput" and getattr(builtins, "_rlmopt_submitted", None) is None:
                     builtins._rlmopt_submitted = final  # the first: uncaught, it would have ended the cell
