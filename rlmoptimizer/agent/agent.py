@@ -189,6 +189,7 @@ class OptimizerAgent(dspy.Module):
         self._failed = False  # the current turn's cell failed: an error, a refused SUBMIT, a reply that did not parse
         self._failed_before = False  # so did the turn before it, which made no progress either
         self._replayed = False  # the current turn runs the reply of a turn an earlier process was cut off in
+        self._json_replies = False  # a reply parsed only with the JSON fallback: every attempt offers it from then on
 
     async def aforward(self, **input_args: Any) -> Prediction:
         """The same budgeted loop as :meth:`forward`, in a worker thread (the sandbox and the tools block)."""
@@ -365,7 +366,8 @@ class OptimizerAgent(dspy.Module):
                     )
                 else:
                     mark = history_mark(root_lm)
-                    with dspy.context(adapter=_root_adapter(last_attempt=attempt == self._parse_retries), trace=[]):
+                    last = attempt == self._parse_retries or self._json_replies
+                    with dspy.context(adapter=_root_adapter(last_attempt=last), trace=[]):
                         action = self.generate_action(
                             signature=signature,
                             variables_info=variables_info,
@@ -374,6 +376,9 @@ class OptimizerAgent(dspy.Module):
                             **({"config": {"cache": False}} if attempt else {}),
                         )
                     action._cut_off = cut_off_since(root_lm, mark)
+                    # parsed only with the JSON fallback: the model answers that way, so later turns offer it at once
+                    # (two calls a turn, not one more per retry)
+                    self._json_replies = self._json_replies or (attempt > 0 and attempt == self._parse_retries)
                 break
             except AdapterParseError as exc:
                 salvaged = fenced_action(exc.lm_response)

@@ -276,6 +276,20 @@ def test_a_reply_only_json_can_parse_is_retried_with_the_same_prompt_before_the_
     assert "Respond with a JSON object" in str(first_turn[3])
 
 
+def test_a_root_lm_that_answers_in_json_is_offered_the_json_fallback_at_once_after_its_first_turn():
+    """Regression: a model that always answers in JSON cost four root calls every turn (three ChatAdapter attempts
+    with the same prompt, then the JSON fallback): about four times the bill of a model that writes the fields."""
+    turns = [
+        '{"reasoning": "look", "code": "print(len(step_names))"}',
+        '{"reasoning": "again", "code": "print(len(step_names) + 1)"}',
+        '{"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program=optimization_status()[\'current_prompts\'])"}',
+    ]
+    root = scripted_agent(turns)
+    result = compile_tickets(root)
+    assert [o.strip() for o in outputs(result)[:2]] == ["2", "3"] and result.agent_trajectory[-1]["final"]
+    assert len(root.calls) == 4 + 2 + 2  # the first turn finds it out; later ones: the chat attempt, then JSON
+
+
 def test_half_a_character_in_a_cells_output_is_shown_escaped_and_the_run_goes_on(tmp_path):
     """Regression: a cell that printed a lone surrogate (half of an emoji: an LM's JS-style escape, a string sliced
     in the middle) stopped compile(): the turn's record could not be written as UTF-8, and no provider takes such a
