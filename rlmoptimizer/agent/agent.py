@@ -48,7 +48,7 @@ from rlmoptimizer.agent._dspy import (
     format_error_for_lm,
     resolve_interpreter_factory,
 )
-from rlmoptimizer.agent.bounded_context import is_context_refusal, turn_inputs
+from rlmoptimizer.agent.bounded_context import is_context_refusal, turn_inputs, window_too_small
 from rlmoptimizer.agent.cells import cell_of, fenced_action
 from rlmoptimizer.agent.pilot import LOOP_SUBMISSION
 from rlmoptimizer.agent.prompts import CUT_OFF_NOTE, action_signature, extract_signature, tool_docs_code
@@ -348,7 +348,7 @@ class OptimizerAgent(dspy.Module):
         last_error: AdapterParseError | None = None
         root_lm = self.generate_action.lm or dspy.settings.lm
         sender = self._turn_sender if self._turn_sender is not None and self._turn_sender.takes_turn(root_lm) else None
-        refusals = 0
+        refusals = refused_size = 0
         attempt = 0
         spent_all = self._run_end.spent_all if self._run_end is not None else lambda: None
         while attempt < 1 + self._parse_retries and not (attempt and spent_all() is not None):  # (a retry is a call)
@@ -393,7 +393,10 @@ class OptimizerAgent(dspy.Module):
             except Exception as exc:
                 if self._context is None or not is_context_refusal(exc) or refusals >= self._context_refusal_retries:
                     raise
-                refusals += 1
+                size, fixed = self._context.last_request
+                if refused_size and size > 0.95 * refused_size:  # compacting did not shorten it: its fixed part
+                    raise window_too_small(size, fixed) from exc
+                refused_size, refusals = size, refusals + 1
                 self._context.refused()
         else:
             raw = (last_error.lm_response or "")[:2000] if last_error else ""

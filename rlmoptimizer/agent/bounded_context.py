@@ -42,7 +42,7 @@ import dspy
 
 from rlmoptimizer.agent._dspy import ChatAdapter, REPLEntry, REPLHistory
 from rlmoptimizer.agent.texts import without_media
-from rlmoptimizer.errors import exception_chain
+from rlmoptimizer.errors import ConfigurationError, exception_chain
 from rlmoptimizer.usage import import_litellm
 
 logger = logging.getLogger(__name__)
@@ -289,6 +289,12 @@ class BoundedContext:
                 logger.debug("Root LM: %.2f characters per token measured over %d requests' tokens", ratio, reported)
                 self.budget = replace(self.budget, chars_per_token=ratio)
 
+    @property
+    def last_request(self) -> tuple[int, int]:
+        """The characters of the last request built: ``(all of it, its fixed part)`` (what no compaction shortens:
+        the instructions and tools, the task brief, the optimizer state)."""
+        return self._last_shown + self._last_fixed, self._last_fixed
+
     def refused(self) -> None:
         """The root LM refused the last request as too long: the next view compacts to a smaller limit."""
         last_request = self._last_shown + self._last_fixed
@@ -443,3 +449,15 @@ def turn_inputs(
     empty = {"variables_info": variables_info, "repl_history": REPLHistory(), "iteration": step}
     fixed = sum(len(str(m.get("content", ""))) for m in adapter.format(signature, demos=[], inputs=empty))
     return context.view(history, fixed_chars=fixed), step
+
+
+def window_too_small(size: int, fixed: int) -> ConfigurationError:
+    """The root LM refused a request as too long, and a compacted history did not shorten it: what it needs is
+    larger than the model's window, whatever the history."""
+    return ConfigurationError(
+        f"The root LM refused the agent's request ({size:,} characters) as longer than its context window, and "
+        f"compacting the agent's history did not shorten it: its fixed part alone (the agent's instructions and "
+        f"tools, the task brief and the optimizer state) takes {fixed:,} characters. Use a root LM with a larger "
+        "window, or rlm_autopilot='loop' (the default loop in Python: no root LM); root_context_window= is the "
+        "window the agent plans for, so set it no larger than the model's."
+    )

@@ -290,6 +290,24 @@ def test_a_root_lm_that_answers_in_json_is_offered_the_json_fallback_at_once_aft
     assert len(root.calls) == 4 + 2 + 2  # the first turn finds it out; later ones: the chat attempt, then JSON
 
 
+def test_a_window_smaller_than_the_fixed_prompt_stops_at_once_saying_so():
+    """Regression: a root LM whose real window is smaller than the agent's fixed prompt was asked four times with
+    requests of the same length (the history compacted to 1% of the limit, the fixed part unchanged), and the run
+    stopped with the provider's bare ContextWindowExceededError, which said nothing of what to change."""
+    import litellm
+
+    from rlmoptimizer import ConfigurationError
+
+    def small_window(messages):
+        return litellm.ContextWindowExceededError(message="maximum context length is 1000 tokens", model="m",
+                                                  llm_provider="openai")  # fmt: skip
+
+    root = FunctionLM(small_window, name="small")
+    with pytest.raises(ConfigurationError, match=r"its fixed part alone .* takes [\d,]+ characters") as stopped:
+        compile_tickets(root, rlm_autopilot="off")
+    assert "rlm_autopilot='loop'" in str(stopped.value) and len(root.calls) == 2
+
+
 def test_half_a_character_in_a_cells_output_is_shown_escaped_and_the_run_goes_on(tmp_path):
     """Regression: a cell that printed a lone surrogate (half of an emoji: an LM's JS-style escape, a string sliced
     in the middle) stopped compile(): the turn's record could not be written as UTF-8, and no provider takes such a
