@@ -217,17 +217,12 @@ def copy_program(program: Any) -> Any:
     they describe that run, not the copy. Raises :class:`ConfigurationError` if a predictor of the copy would still
     be the original's object: changing its instructions would then change the caller's program.
     """
-    if RESULTS_MARK in getattr(program, "__dict__", {}):
-        try:
-            view = copy.copy(program)  # (its attributes the original's objects: the deep copy below copies them)
-        except Exception:
-            view = None
-        if view is not None:
-            for name in (*program.__dict__[RESULTS_MARK], RESULTS_MARK):
-                view.__dict__.pop(name, None)
-            program = view
     shared: list[str] = []
     new = _lenient_copy(program, {}, type(program).__name__, shared)
+    own = getattr(new, "__dict__", None)
+    if isinstance(own, dict) and own is not getattr(program, "__dict__", None) and RESULTS_MARK in own:
+        for name in (*own[RESULTS_MARK], RESULTS_MARK):  # (taken off the copy: the original keeps its own)
+            own.pop(name, None)
     said = ", ".join(shared)
     if shared and said not in _SAID_SHARED:  # (once: every evaluation copies the program)
         _SAID_SHARED.add(said)

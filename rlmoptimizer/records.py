@@ -61,6 +61,15 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
+def _same_values(mine: dict[str, Any], theirs: dict[str, Any]) -> bool:
+    """Whether two input dicts hold the same values, each of the same type (``3.0`` is not ``3``, ``1`` not ``True``,
+    though ``==`` says they are): then one can stand for the other on disk."""
+    return mine.keys() == theirs.keys() and all(
+        value is theirs[key] or (type(value) is type(theirs[key]) and value == theirs[key])
+        for key, value in mine.items()
+    )
+
+
 @dataclass(frozen=True)
 class StepTrace:
     """One call of one predictor while running one example.
@@ -77,7 +86,7 @@ class StepTrace:
     def to_dict(self, example_inputs: dict[str, Any] | None = None) -> dict[str, Any]:
         """The trace as JSON; given its example's ``example_inputs``, inputs equal to them are written as a mark
         (``"inputs_of_example": true``) instead of a second copy (a first step's inputs are often the example's)."""
-        if example_inputs is not None and self.inputs == example_inputs:
+        if example_inputs is not None and _same_values(self.inputs, example_inputs):
             data: dict[str, Any] = {"step_name": self.step_name, "inputs_of_example": True, "outputs": self.outputs}
         else:
             data = {"step_name": self.step_name, "inputs": self.inputs, "outputs": self.outputs}

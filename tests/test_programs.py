@@ -638,3 +638,32 @@ def test_the_returned_program_carries_no_second_copy_of_the_student_and_its_cand
     for built in (*again.detailed_results.candidates, again.candidate_programs[0]["program"]):
         assert not hasattr(built, "detailed_results") and not hasattr(built, "run_storage_dir")
     assert len(cloudpickle.dumps(again)) < size + 200_000  # no earlier run's results nested inside
+
+
+def test_a_copy_leaves_out_the_result_attributes_and_never_takes_them_off_the_original():
+    """Regression (review): the copy was made from a shallow copy with the results taken off; a program whose
+    ``__getstate__`` hands over its own ``__dict__`` shared it, so reading the candidates of a returned program took
+    its results off the user's program."""
+    from rlmoptimizer.fingerprint import RESULTS_MARK
+
+    class SharesItsState(dspy.Module):
+        def __init__(self):
+            super().__init__()
+            self.answer = dspy.Predict("q -> a")
+
+        def __getstate__(self):
+            return self.__dict__
+
+        def __setstate__(self, state):
+            self.__dict__ = state
+
+        def forward(self, q):
+            return self.answer(q=q)
+
+    program = SharesItsState()
+    program.selection = {"chosen_score": 1.0}
+    program.__dict__[RESULTS_MARK] = frozenset({"selection"})
+    copied = copy_program(program)
+    assert not hasattr(copied, "selection") and RESULTS_MARK not in copied.__dict__
+    assert program.selection == {"chosen_score": 1.0} and RESULTS_MARK in program.__dict__
+    assert copied.answer is not program.answer

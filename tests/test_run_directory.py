@@ -590,40 +590,41 @@ def test_a_resume_under_another_adapter_is_refused_and_dspys_default_named_is_th
     assert task.calls == [] and again.optimized_dspy_program == first.optimized_dspy_program
 
 
-def test_a_directory_written_before_the_adapter_was_recorded_reads_back_under_the_same_adapter(tmp_path, caplog):
+def test_a_directory_that_names_no_adapter_is_refused_under_another_one_saying_how_to_resume_it(tmp_path):
     """Regression: a run directory of a version that did not record the adapter, made under dspy.JSONAdapter(), was
-    refused under that same adapter: "adapter.class: <not set> (stored) -> ...JSONAdapter", scores "from a different
-    evaluation LM"; the free read-back of a finished run was lost."""
+    refused under that same adapter with "adapter.class: <not set> (stored) -> ...JSONAdapter" and advice about
+    another evaluation LM. It is still refused (a directory that names no adapter may as well have been made under
+    dspy's default one), and the refusal now says so and how to resume it."""
     with dspy.context(adapter=dspy.JSONAdapter()):
         first = compile_tickets([], rlm_autopilot="loop", max_metric_calls=60, run_storage_dir=tmp_path)
     manifest = json.loads((tmp_path / "manifest.json").read_text())
-    del manifest["eval_lm"]["adapter"], manifest["program_code"]  # as such a version wrote it
+    del manifest["eval_lm"]["adapter"]  # as such a version wrote it
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     task = FunctionLM(task_lm_reply)
-    with dspy.context(adapter=dspy.JSONAdapter()), caplog.at_level(logging.WARNING):
-        again = compile_tickets([], eval_lm=task, rlm_autopilot="loop", max_metric_calls=60, run_storage_dir=tmp_path)
-    assert task.calls == [] and again.optimized_dspy_program == first.optimized_dspy_program
-    assert "does not record the adapter its scores were made with" in caplog.text
-    recorded = json.loads((tmp_path / "manifest.json").read_text())["eval_lm"]["adapter"]
-    assert recorded["class"].endswith("JSONAdapter")  # recorded now: another adapter is refused from here on
-    with pytest.raises(RunDirectoryMismatchError, match="adapter"):
-        compile_tickets([], eval_lm=task, rlm_autopilot="loop", max_metric_calls=60, run_storage_dir=tmp_path)
-    manifest["eval_lm"]["lm"]["model"] = "another-model"  # (the adapter left out again, as that version wrote it)
-    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     with dspy.context(adapter=dspy.JSONAdapter()), pytest.raises(RunDirectoryMismatchError) as refused:
         compile_tickets([], eval_lm=task, rlm_autopilot="loop", max_metric_calls=60, run_storage_dir=tmp_path)
-    assert (
-        "lm.model" in str(refused.value)
-        and "adapter" not in str(refused.value).split("uses:", 1)[1].split("Resuming")[0]
+    assert "The directory names no adapter" in str(refused.value) and "allow_eval_lm_change=True resumes it" in str(
+        refused.value
     )
+    with dspy.context(adapter=dspy.JSONAdapter()):
+        again = compile_tickets(
+            [], eval_lm=task, rlm_autopilot="loop", max_metric_calls=60, run_storage_dir=tmp_path,
+            allow_eval_lm_change=True,
+        )  # fmt: skip
+    assert task.calls == [] and again.optimized_dspy_program == first.optimized_dspy_program
+    manifest["eval_lm"]["lm"]["model"] = "another-model"  # another LM: the hint about the adapter is not given
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(RunDirectoryMismatchError) as refused:
+        compile_tickets([], eval_lm=task, rlm_autopilot="loop", max_metric_calls=60, run_storage_dir=tmp_path)
+    assert "lm.model" in str(refused.value) and "names no adapter" not in str(refused.value)
 
 
 def test_a_directory_that_left_dspys_default_adapter_out_of_its_identity_still_tells_a_change(tmp_path):
     """A version that recorded an adapter only when it was not dspy's default wrote none for the default: such a
-    directory resumes under the default, and is refused under another adapter."""
+    directory (made since adapters were recorded) resumes under the default, and is refused under another."""
     compile_tickets([], rlm_autopilot="loop", max_metric_calls=60, run_storage_dir=tmp_path)
     manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert manifest["eval_lm"]["adapter"] is None and manifest["program_code"]["held"]
+    assert manifest["eval_lm"]["adapter"] is None
     del manifest["eval_lm"]["adapter"]
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     task = FunctionLM(task_lm_reply)

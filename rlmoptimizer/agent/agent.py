@@ -52,7 +52,7 @@ from rlmoptimizer.agent.bounded_context import is_context_refusal, turn_inputs, 
 from rlmoptimizer.agent.cells import cell_of, fenced_action
 from rlmoptimizer.agent.pilot import LOOP_SUBMISSION
 from rlmoptimizer.agent.prompts import CUT_OFF_NOTE, action_signature, extract_signature, tool_docs_code
-from rlmoptimizer.agent.root_lm import TurnSender, cut_off_since, history_mark
+from rlmoptimizer.agent.root_lm import TurnSender, calls_since, cut_off_since, history_mark
 from rlmoptimizer.agent.services import CompileServices, TurnAids, TurnSettings
 from rlmoptimizer.agent.stop import (
     StopRequest,
@@ -376,9 +376,11 @@ class OptimizerAgent(dspy.Module):
                             **({"config": {"cache": False}} if attempt else {}),
                         )
                     action._cut_off = cut_off_since(root_lm, mark)
-                    # parsed only with the JSON fallback: the model answers that way, so later turns offer it at once
-                    # (two calls a turn, not one more per retry)
-                    self._json_replies = self._json_replies or (attempt > 0 and attempt == self._parse_retries)
+                    # parsed only by the JSON fallback (the chat call, then the fallback's): the model answers that
+                    # way, so later turns offer it at once (two calls a turn, not one more per retry)
+                    self._json_replies = self._json_replies or (
+                        attempt > 0 and attempt == self._parse_retries and calls_since(root_lm, mark) > 1
+                    )
                 break
             except AdapterParseError as exc:
                 salvaged = fenced_action(exc.lm_response)

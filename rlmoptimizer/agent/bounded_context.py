@@ -457,7 +457,8 @@ def window_too_small(size: int, fixed: int) -> ConfigurationError:
     return ConfigurationError(
         f"The root LM refused the agent's request ({size:,} characters) as longer than its context window, and "
         f"compacting the agent's history did not shorten it: its fixed part alone (the agent's instructions and "
-        f"tools, the task brief and the optimizer state) takes {fixed:,} characters. Use a root LM with a larger "
+        f"tools, the task brief and the optimizer state) takes {fixed:,} characters, the history at its shortest "
+        f"{size - fixed:,} more. Use a root LM with a larger "
         "window, or rlm_autopilot='loop' (the default loop in Python: no root LM); root_context_window= is the "
         "window the agent plans for, so set it no larger than the model's."
     )

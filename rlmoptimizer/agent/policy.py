@@ -463,6 +463,8 @@ def next_action(state: LoopState) -> Action:
     if not budget.failing:  # nothing to reflect on: find failures first, or stop when train has none
         if not budget.unevaluated:
             return Submit("the current instructions pass every train example")
+        if budget.proposals_left <= 0 and not budget.demos:  # a failure found now could pay for nothing
+            return _confirm(state) or Submit("no sub-LM prompt is left for a proposal")
         confirm = _confirm(state)
         if confirm is not None and free < 2 * MIN_USEFUL_BUDGET:  # a failure found now could pay no proposal with
             return confirm  # its comparison after it: what is left confirms the lead instead

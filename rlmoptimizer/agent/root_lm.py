@@ -389,6 +389,18 @@ def history_mark(lm: Any) -> Any:
     return history[-1].get("uuid") if isinstance(history, list) and history and isinstance(history[-1], dict) else None
 
 
+def calls_since(lm: Any, mark: Any) -> int:
+    """How many calls ``lm`` recorded in its history after ``mark`` (:func:`history_mark`); 0 when dspy recorded
+    none (history switched off) or ``mark`` is no longer in it."""
+    history = getattr(lm, "history", None)
+    if not isinstance(history, list):
+        return 0
+    ids = [entry.get("uuid") if isinstance(entry, dict) else None for entry in history]
+    if mark is None:
+        return len(ids)
+    return len(ids) - 1 - ids.index(mark) if mark in ids else 0
+
+
 def cut_off_since(lm: Any, mark: Any) -> bool:
     """Whether the reply ``lm`` recorded in its history after ``mark`` (:func:`history_mark`) ran into its output
     limit (``max_tokens``): its finish reason is ``"length"``. False when dspy recorded none (history switched off)."""

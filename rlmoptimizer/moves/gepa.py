@@ -201,8 +201,14 @@ class GepaMoves(AnalysisMoves):
         from gepa.strategies.proposal_sampling import PxNSampling
 
         hooks, steps, use_merge = self.gepa_hooks or GepaHooks(), spec.steps, spec.use_merge
-        if exhausted(self.ledger) and not _replayed(hooks.progress, self.gepa_runs + 1, spec.budget):
+        replayed = _replayed(hooks.progress, self.gepa_runs + 1, spec.budget)
+        if exhausted(self.ledger) and not replayed:
             raise budget_spent("run_gepa", self.ledger)
+        if self.ledger.left_for(SUB_LM_CALL) == 0 and not replayed:  # (a replayed run's reflections are kept)
+            raise refuse(
+                "run_gepa: no sub-LM prompt is left for GEPA's reflections, so it would pay minibatches for nothing",
+                "compare or adopt the candidates you have, propose_demos() (it needs no sub LM), or SUBMIT",
+            )
         budget = _int_arg("budget", spec.budget, 1)
         seed = _int_arg("seed", spec.seed, 0)
         minibatch_size = _int_arg("minibatch_size", spec.minibatch_size, 1)

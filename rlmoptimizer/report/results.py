@@ -60,9 +60,9 @@ def _key(instructions: dict[str, str]) -> tuple[tuple[str, str], ...]:
 class CandidatePrograms(Sequence):
     """MIPROv2's ``candidate_programs``: ``{"score", "program", "full_eval": True, "instructions",
     "candidate_idx"}`` per candidate evaluated on the whole selection split, best first as the selection ranks
-    them (:attr:`DetailedResults.ranking`). Each program is built when it is read, so the list costs nothing until
-    used, and (not being a ``list``) it is not walked by ``named_sub_modules()`` when attached to the returned
-    program."""
+    them (:attr:`DetailedResults.ranking`). Its programs are those of :attr:`DetailedResults.candidates`, built when
+    first read, so the list costs nothing until used, and (not being a ``list``) it is not walked by
+    ``named_sub_modules()`` when attached to the returned program."""
 
     def __init__(self, results: DetailedResults) -> None:
         self._results = results
@@ -77,7 +77,7 @@ class CandidatePrograms(Sequence):
         score, i = self._order[index]
         return {
             "score": score,
-            "program": self._results.build_program(i),
+            "program": self._results.candidates[i],  # (the same programs as ``candidates``)
             "full_eval": True,
             "instructions": dict(self._results.instructions[i]),
             "candidate_idx": i,
@@ -321,8 +321,10 @@ class DetailedResults:
     # -- dspy.GEPA's views -------------------------------------------------------------------------
     @cached_property
     def candidates(self) -> list[Any]:
-        """Every candidate as a program (a copy of ``program`` with its instructions), as ``dspy.GEPA``'s
-        ``candidates``; built once, when first read. :class:`ConfigurationError` without a program."""
+        """Every candidate as a program (a copy of ``program`` with its instructions and demos), as ``dspy.GEPA``'s
+        ``candidates``; built once, when first read, on ``program`` as it is then (for the results compile() attaches,
+        the returned program: an LM you set on its steps before reading them is theirs too).
+        :class:`ConfigurationError` without a program."""
         return [self.build_program(i) for i in range(len(self.instructions))]
 
     @property

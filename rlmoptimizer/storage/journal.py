@@ -34,6 +34,7 @@ from rlmoptimizer.storage.lock import READ_ONLY_ERRNOS
 
 logger = logging.getLogger(__name__)
 
+
 MANIFEST_KEYS_THAT_MUST_MATCH = ("program", "trainset", "valset", "metric", "budget_limit", "budget_mode")
 """What a run directory belongs to. ``budget_mode`` (``{"max_iterations": N}`` or ``{"max_metric_calls": B}``) says
 how its budget counts: the same limit means other work under the other mode (baselines free or paid)."""
@@ -225,26 +226,18 @@ class RunJournal:
         )
 
     def _check_eval_lm(self, stored: dict[str, Any], identity: dict[str, Any], allow_change: bool) -> dict[str, Any]:
+        """The evaluation LM (and adapter) must be the one that made the stored scores. A manifest that names no
+        adapter was made under dspy's default one (the identity left it out), or by a version that did not record
+        the adapter: the first is assumed, and a refusal under another adapter says how to resume if it is the same."""
         old = stored.get("eval_lm") or {}  # a manifest without one names every setting as changed
         if old == identity:
             return {}
-        compared = identity
-        code = stored.get("program_code")
-        if old and "adapter" not in old and isinstance(code, dict) and code.get("held"):
-            old = {**old, "adapter": None}  # written when dspy's default adapter was left out of the identity
+        unnamed = bool(old) and "adapter" not in old
+        if unnamed:
+            old = {**old, "adapter": None}
             if old == identity:
                 return {"eval_lm": identity}
-        elif old and "adapter" not in old:  # maybe written before the adapter was recorded: compared without it
-            compared = {key: value for key, value in identity.items() if key != "adapter"}
-            if old == compared:
-                if identity["adapter"] is not None:
-                    logger.warning(
-                        "%s does not record the adapter its scores were made with (written by an earlier version of "
-                        "rlmoptimizer); they are reused under this compile()'s %s as they are.",
-                        self.directory,
-                        identity["adapter"].get("class"),
-                    )
-                return {"eval_lm": identity}
+        compared = identity
         lines = describe_differences(old, compared)
         listed = "\n".join(f"  - {line}" for line in lines)
         if not allow_change:
@@ -253,6 +246,13 @@ class RunJournal:
                 f"than this compile() uses:\n{listed}\nResuming would reuse the old LM's scores as if the new one had "
                 "produced them. To start fresh, pass a new run_storage_dir (or move or delete this one); to resume "
                 "with the stored scores anyway, pass RLMDocstringOptimizer(..., allow_eval_lm_change=True)."
+                + (
+                    " The directory names no adapter: it was made under dspy's default one, or by a version of "
+                    "rlmoptimizer that did not record the adapter; if it was made under this same adapter, "
+                    "allow_eval_lm_change=True resumes it."
+                    if unnamed and identity.get("adapter") is not None
+                    else ""
+                )
             )
         logger.warning(
             "The evaluation LM differs from the one that produced the stored scores in %s (allowed by "

@@ -290,6 +290,23 @@ def test_a_root_lm_that_answers_in_json_is_offered_the_json_fallback_at_once_aft
     assert len(root.calls) == 4 + 2 + 2  # the first turn finds it out; later ones: the chat attempt, then JSON
 
 
+def test_a_chat_reply_that_parses_on_its_last_attempt_does_not_switch_later_turns_to_the_fallback():
+    """A reply that parsed as the chat format on the last attempt says nothing of JSON: later turns keep paying one
+    call an attempt (the fallback's call only on the last)."""
+    calls = []
+
+    def reply(messages):
+        calls.append(1)
+        if len(calls) == 3:  # the first turn parses on its third attempt, in the chat format
+            return {"reasoning": "look", "code": "print(len(step_names))"}
+        return "I think we should look at the data first."
+
+    root = FunctionLM(reply, name="late")
+    result = compile_tickets(root, max_iterations=7, rlm_max_iterations=30, rlm_autopilot="off")
+    assert outputs(result)[0].strip() == "2"
+    assert len(root.calls) == 3 + 3 * (3 + 1)  # then three turns that never parse, as for any model
+
+
 def test_a_window_smaller_than_the_fixed_prompt_stops_at_once_saying_so():
     """Regression: a root LM whose real window is smaller than the agent's fixed prompt was asked four times with
     requests of the same length (the history compacted to 1% of the limit, the fixed part unchanged), and the run

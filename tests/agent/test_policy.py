@@ -72,6 +72,10 @@ def test_no_gepa_run_when_no_sub_lm_prompt_is_left_for_its_reflections():
     assert next_action(spent) == ProposeDemos()  # what needs no sub LM, then the end
     assert next_action(state(left=40, proposals_left=0)) == Submit("no sub-LM prompt is left for a proposal")
     assert next_action(state(left=40, proposals_left=0, unfinished_gepa=12)) == RunGepa(12)  # its reflections kept
+    # nothing fails yet and nothing could use a failure found now (no sub-LM prompt, no demos): the end
+    nothing = state(after(GepaFinished(None)), left=40, proposals_left=0, failing=0, unevaluated=(1, 2, 3))
+    assert next_action(nothing) == Submit("no sub-LM prompt is left for a proposal")
+    assert next_action(replace(nothing, budget=replace(nothing.budget, proposals_left=5))) == EvaluateTrain((1, 2, 3))
 
 
 def test_gepas_best_is_adopted_and_checked_even_with_nothing_left():

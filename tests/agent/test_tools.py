@@ -171,3 +171,13 @@ def test_a_gepa_run_killed_before_its_first_check_makes_that_check_when_replayed
     # 9 units left of its 12 cannot pay a child (a minibatch, a reflection, the child's minibatch, 3 val examples)
     assert replayed["spent"] == 0 and ledger.spent == 0, replayed["summary"]
     assert "cannot pay a child" in replayed["summary"]
+
+
+def test_run_gepa_with_no_sub_lm_prompt_left_is_refused_before_paying_anything(tmp_path):
+    """Regression: with the sub-LM prompts spent (the agent's llm_query draws on them too), run_gepa paid its parent's
+    minibatch, then found it could not reflect."""
+    ledger = BudgetLedger(100, spent_by_kind={"sub_lm_call": 10}, sub_lm_limit=10)
+    tools = gepa_tools(tmp_path, ledger)
+    with pytest.raises(AgentToolError, match="no sub-LM prompt is left for GEPA's reflections") as refused:
+        tools.run_gepa(budget=20)
+    assert "propose_demos()" in str(refused.value) and ledger.spent == 0 and tools.runs.all() == []

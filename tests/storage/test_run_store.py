@@ -250,6 +250,16 @@ def test_a_step_called_with_its_examples_inputs_keeps_them_once_on_disk_and_read
     [(_, _, recovered)] = RunStore(tmp_path / "runs").pending()
     assert recovered == [record] and recovered[0].steps[0].inputs == document
     assert run.to_dict()["records"][0]["steps"][0]["inputs"] == document  # what the agent and callers see: whole
+    # values equal but of another type are written as they are (3.0 is not 3, 1 not True: an analysis hashes them)
+    typed = dataclasses.replace(
+        record, inputs={"k": 3, "flag": True}, steps=(StepTrace("read", {"k": 3.0, "flag": 1}, {}),)
+    )
+    assert "inputs" in typed.to_dict(compact=True)["steps"][0]
+    assert ExampleResult.from_dict(json.loads(json.dumps(typed.to_dict(compact=True)))).steps[0].inputs == {
+        "k": 3.0,
+        "flag": 1,
+    }
+    assert type(ExampleResult.from_dict(typed.to_dict(compact=True)).steps[0].inputs["k"]) is float
 
 
 def test_an_in_flight_log_settled_while_a_store_opens_is_skipped(tmp_path, monkeypatch):
