@@ -72,8 +72,8 @@ def present_result(program: Any, values: dict[str, Any], state: CompileState, be
     nothing, so no picture). ``best_outputs``: the detailed results hold the best outputs per validation example
     (``track_best_outputs``). The picture never fails a finished run."""
     directory, tracker = state.directory, state.tracker
-    # (the candidates are built on the returned program, left out of it its result attributes: no second copy of
-    # the program, its LMs or its state rides along with it)
+    # (candidates are copies of the returned program without its result attributes, made when read: no second copy
+    # of the program, its LMs or its state rides along with it)
     detailed = DetailedResults.from_run_directory(directory, program=program, best_outputs=best_outputs)
     estimate = state.cost_estimate
     values = {
