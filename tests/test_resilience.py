@@ -103,7 +103,8 @@ def test_an_unusable_evaluation_lm_stops_the_run_and_charges_nothing_for_it(tmp_
     assert calls["n"] - 40 <= 3 + 8
 
     resumed = compile_in(tmp_path, TURNS, FunctionLM(task_lm_reply))
-    assert resumed.optimized_dspy_program["route"] == POLICY_PROMPT
+    said = [(turn["code"][:60], turn["output"][:300]) for turn in resumed.agent_trajectory]
+    assert resumed.optimized_dspy_program["route"] == POLICY_PROMPT, (resumed.selection["reason"], said, calls)
 
 
 def test_a_metric_that_raises_on_some_examples_leaves_failing_records():
