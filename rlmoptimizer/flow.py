@@ -415,7 +415,12 @@ class Compile:
         size = len(self.valset) if self.valset else len(self.trainset)
         complete = first_sample_complete(self.runs.all(), split, size)
         train_runs = [r for r in self.runs.all() if r.split == "train"]
-        runs = {"initial": self.initial_instructions, "train_runs": train_runs, "submitted_by": submitted_by}
+        runs = {
+            "initial": self.initial_instructions,
+            "train_runs": train_runs,
+            "submitted_by": submitted_by,
+            "own_demos": self.tools.moves.demo_sources,  # on train (no valset), a demo's own answer is no evidence
+        }
         submitted_run = next((r for r in reversed(complete) if r.instructions == submission), None)
         cap_set = self.usage.max_cost_usd is not None
         cap = self.usage.cap_reason

@@ -251,7 +251,7 @@ class RLMDocstringOptimizer(CostEstimation, Teleprompter):
         check_program(student)
         trainset = check_examples(trainset, "trainset", program=student)
         valset = check_examples(valset, "valset", allow_empty=True, program=student) if valset is not None else []
-        warn_repeated_examples(trainset, valset)
+        warn_repeated_examples(trainset, valset, student)
         eval_lm = resolve_eval_lm(self.eval_lm, student)
         config = self._sized(len(student.named_predictors()), len(trainset), len(valset))
         if config.rlm_autopilot != "loop":  # (the loop runs in Python: no sandbox holds the data)

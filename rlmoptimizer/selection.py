@@ -30,7 +30,7 @@ May import: ``rlmoptimizer.records``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 
 from rlmoptimizer.records import EvalRun, Selection, first_sample_complete, ranked
@@ -98,10 +98,18 @@ def small_split_note(val_size: int, train_size: int) -> str | None:
     )
 
 
-def paired_differences(run: EvalRun, reference: EvalRun) -> list[float]:
+OwnDemos = Callable[[dict[str, str]], Collection[int]]
+"""The train ids whose own answers a candidate's instructions hold as demos (none by default)."""
+
+
+def _no_demos(instructions: dict[str, str]) -> Collection[int]:
+    return ()
+
+
+def paired_differences(run: EvalRun, reference: EvalRun, left_out: Collection[int] = ()) -> list[float]:
     """``run``'s score minus ``reference``'s on each example both have an answered record of (an LM call that failed
-    without an answer scores 0 and says nothing of the instructions)."""
-    theirs = {r.example_id: r.score for r in reference.records if r.reusable}
+    without an answer scores 0 and says nothing of the instructions), but those in ``left_out``."""
+    theirs = {r.example_id: r.score for r in reference.records if r.reusable and r.example_id not in left_out}
     return [r.score - theirs[r.example_id] for r in run.records if r.reusable and r.example_id in theirs]
 
 
@@ -129,10 +137,14 @@ def confirmed_differences(
     return [score - unchanged[i] for i, (label, score) in sorted(first.items()) if label == CONFIRM and i in unchanged]
 
 
-def _evidence(run: EvalRun, baseline: EvalRun, train_runs: Sequence[EvalRun]) -> tuple[list[float], list[float]]:
-    """``run``'s paired differences with the unchanged program on the selection split, and on fresh train examples."""
+def _evidence(
+    run: EvalRun, baseline: EvalRun, train_runs: Sequence[EvalRun], own_demos: OwnDemos = _no_demos
+) -> tuple[list[float], list[float]]:
+    """``run``'s paired differences with the unchanged program on the selection split, and on fresh train examples.
+    On train (no valset), the examples either program holds as demos are left out: a demo sees its own answer."""
     if run.split == "train":  # train is the selection split (no valset): its records are all counted already
-        return paired_differences(run, baseline), []
+        left_out = {*own_demos(run.instructions), *own_demos(baseline.instructions)}
+        return paired_differences(run, baseline, left_out), []
     return paired_differences(run, baseline), confirmed_differences(train_runs, run.instructions, baseline.instructions)
 
 
@@ -148,7 +160,10 @@ def describe_evidence(split_differences: Sequence[float], fresh: Sequence[float]
 
 
 def _clearly_better(
-    ranking: Sequence[EvalRun], initial: dict[str, str], train_runs: Sequence[EvalRun] = ()
+    ranking: Sequence[EvalRun],
+    initial: dict[str, str],
+    train_runs: Sequence[EvalRun] = (),
+    own_demos: OwnDemos = _no_demos,
 ) -> tuple[EvalRun, str]:
     """The first run of ``ranking`` that is the unchanged program or clearly better than it (:func:`clear_gain`
     over its paired differences on the split and on fresh train examples), and, when that passed over
@@ -158,13 +173,13 @@ def _clearly_better(
         return ranking[0], ""
     for run in ranking:
         if run.instructions == initial or clear_gain(
-            [d for part in _evidence(run, baseline, train_runs) for d in part]
+            [d for part in _evidence(run, baseline, train_runs, own_demos) for d in part]
         ):
             break
     if run is ranking[0]:
         return run, ""
     top = ranking[0]
-    on_split, fresh = _evidence(top, baseline, train_runs)
+    on_split, fresh = _evidence(top, baseline, train_runs, own_demos)
     confirm = (
         ""
         if fresh or top.split != "val"
@@ -190,12 +205,14 @@ def never_worse(
     initial: dict[str, str],
     train_runs: Sequence[EvalRun] = (),
     submitted_by: str = "the agent's submission",
+    own_demos: OwnDemos = _no_demos,
 ) -> Selection:
     """Choose among ``complete`` (every run that evaluated the whole ``split``, ``submitted_run`` among them);
     ``train_runs``: the compile's train runs (their fresh evidence counts, :func:`confirmed_differences`);
-    ``submitted_by``: what made the submission, as the reason names it (the agent's SUBMIT, the default loop, ...)."""
+    ``submitted_by``: what made the submission, as the reason names it (the agent's SUBMIT, the default loop, ...);
+    ``own_demos``: the train ids a candidate holds as demos (left out of its evidence on train)."""
     ranking = ranked(complete, initial=initial, preferred=submitted_run)
-    chosen_run, unclear = _clearly_better(ranking, initial, train_runs)
+    chosen_run, unclear = _clearly_better(ranking, initial, train_runs, own_demos)
     others = [r for r in complete if r.instructions != submission]
     best = max(others, key=lambda r: r.score, default=None)
     if chosen_run is submitted_run:
@@ -224,18 +241,22 @@ def never_worse(
         )
     if unclear:
         reason = f"{unclear}; returning {chosen_run.run_id} ({chosen_run.label}) at {chosen_run.score:.4f}"
-    reason += _confirmed(chosen_run, ranking, initial, train_runs)
+    reason += _confirmed(chosen_run, ranking, initial, train_runs, own_demos)
     return _selection(split, chosen_run, complete, reason, submitted_run, basis)
 
 
 def _confirmed(
-    chosen_run: EvalRun, ranking: Sequence[EvalRun], initial: dict[str, str], train_runs: Sequence[EvalRun]
+    chosen_run: EvalRun,
+    ranking: Sequence[EvalRun],
+    initial: dict[str, str],
+    train_runs: Sequence[EvalRun],
+    own_demos: OwnDemos = _no_demos,
 ) -> str:
     """What the returned change won on, when fresh train examples counted toward its clear gain."""
     baseline = next((r for r in ranking if r.instructions == initial), None)
     if baseline is None or chosen_run.instructions == initial:
         return ""
-    on_split, fresh = _evidence(chosen_run, baseline, train_runs)
+    on_split, fresh = _evidence(chosen_run, baseline, train_runs, own_demos)
     if not fresh:
         return ""
     return f" (a clear gain: it {describe_evidence(on_split, fresh, chosen_run.split)})"
@@ -251,11 +272,12 @@ def best_checked(
     partial: EvalRun | None = None,
     train_runs: Sequence[EvalRun] = (),
     submitted_by: str = "the agent's submission",
+    own_demos: OwnDemos = _no_demos,
 ) -> Selection:
     """The submission could not be checked on the whole ``split`` (``why``: the spending cap stopped spending, or
     ``max_metric_calls`` is spent), before its check or during it (``partial``: the run of it that was cut
     short): the best candidate that was checked (:func:`ranked`); never a submission checked on part of the split."""
-    chosen_run, unclear = _clearly_better(ranked(complete, initial=initial), initial, train_runs)
+    chosen_run, unclear = _clearly_better(ranked(complete, initial=initial), initial, train_runs, own_demos)
     if partial is None:
         when = f"before {submitted_by} could be checked on {split}"
     else:

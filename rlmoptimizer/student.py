@@ -250,12 +250,15 @@ def _check_forward_takes(
         )
 
 
-def warn_repeated_examples(trainset: Sequence[dspy.Example], valset: Sequence[dspy.Example]) -> list[str]:
-    """Warn (and return the warnings) when a split repeats an example (the same fields and values) or the validation
-    set repeats train examples: a copy in the validation set counts again in every comparison, so the rule that one
-    example never decides counts it twice; a copy is paid for again; a validation example the optimizer also learns
-    from (a proposal's failures, a demo) makes the validation score overstate. Examples whose content cannot be
-    compared (objects without a stable form) are left out of the check."""
+def warn_repeated_examples(
+    trainset: Sequence[dspy.Example], valset: Sequence[dspy.Example], program: dspy.Module | None = None
+) -> list[str]:
+    """Warn (and return the warnings) when a split repeats an example (the same fields and values), when validation
+    examples share their inputs with train examples, or when ``program``'s demos show a validation example's
+    inputs: a copy in the validation set counts again in every comparison, so the rule that one example never
+    decides counts it twice; a copy is paid for again; a validation example the optimizer also learns from (a
+    proposal's failures, a demo) or the program already sees answered makes the validation score overstate.
+    Examples whose content cannot be compared (objects without a stable form) are left out of the check."""
     keys = {"trainset": [_content_key(e) for e in trainset], "valset": [_content_key(e) for e in valset]}
     said = []
     for split, split_keys in keys.items():
@@ -273,23 +276,58 @@ def warn_repeated_examples(trainset: Sequence[dspy.Example], valset: Sequence[ds
                 )
                 + f". Remove the copies from {split}."
             )
-    shared = {k for k in keys["valset"] if k is not None} & {k for k in keys["trainset"] if k is not None}
+    train_inputs = {_content_key(e, inputs=True) for e in trainset} - {None}
+    shared = [k for k in (_content_key(e, inputs=True) for e in valset) if k is not None and k in train_inputs]
     if shared:
         said.append(
-            f"{len(shared)} valset example(s) are also in the trainset: the optimizer learns from train (failures to "
-            "fix, demos) and judges on validation, so these are judged after being learned from and the validation "
-            "score overstates what the program does on new data. Keep the two sets apart."
+            f"{len(shared)} valset example(s) are also in the trainset (the same inputs): the optimizer learns from "
+            "train (failures to fix, demos) and judges on validation, so these are judged after being learned from "
+            "and the validation score overstates what the program does on new data. Keep the two sets apart."
+        )
+    shown = _demos_showing(program, valset) if program is not None else {}
+    if shown:
+        steps = ", ".join(f"{step!r} ({n})" for step, n in shown.items())
+        said.append(
+            f"The program's demos show the inputs of valset examples, with their answers, to these steps: {steps}. "
+            "Every validation score then sees those answers and overstates what the program does on new data; "
+            "remove those demos, or those examples from the valset."
         )
     for message in said:
         logger.warning(message)
     return said
 
 
-def _content_key(example: dspy.Example) -> str | None:
+def _content_key(example: Any, inputs: bool = False) -> str | None:
+    """The JSON of an example's fields (of its input fields, with ``inputs``: all of them when it names none);
+    None for content without a stable form."""
     try:
-        return json.dumps(dict(example.items()), sort_keys=True, ensure_ascii=False)
-    except (TypeError, ValueError):
+        fields = dict(example.items())
+        names = getattr(example, "_input_keys", None) if inputs else None
+        return json.dumps(
+            {k: v for k, v in fields.items() if not names or k in names}, sort_keys=True, ensure_ascii=False
+        )
+    except (TypeError, ValueError, AttributeError):
         return None
+
+
+def _demos_showing(program: dspy.Module, valset: Sequence[dspy.Example]) -> dict[str, int]:
+    """Per step, how many of its demos hold every input field of a validation example, with the same values."""
+    wanted = []
+    for example in valset:
+        names = getattr(example, "_input_keys", None)
+        fields = {k: v for k, v in example.items() if names and k in names}
+        if fields:
+            wanted.append(fields)
+    shown: dict[str, int] = {}
+    for name, predictor in program.named_predictors() if wanted else ():
+        for demo in getattr(predictor, "demos", None) or ():
+            try:
+                held = dict(demo.items()) if callable(getattr(demo, "items", None)) else {}
+                if any(all(k in held and held[k] == v for k, v in fields.items()) for fields in wanted):
+                    shown[name] = shown.get(name, 0) + 1
+            except Exception:  # a value whose comparison raises (an array, say): not compared
+                continue
+    return shown
 
 
 REPL_DATA_LIMIT = 100_000_000

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import dspy
 import pytest
 
@@ -172,3 +174,20 @@ def test_without_a_valset_a_confirmation_adds_nothing_to_the_train_split_that_se
     selection = against_baseline(baseline, submitted, train_runs=[baseline, submitted, confirm])
     assert selection.instructions == INITIAL and "won 2 and lost 0 of 5 train examples" in selection.reason
     assert "confirm_gain" not in selection.reason  # train selects: there is nothing fresh to add
+
+
+def test_on_train_the_examples_a_candidate_holds_as_demos_are_no_evidence_for_it():
+    """With no valset the choice is made on train, where a demo answers its own example: the examples either
+    program holds as demos are left out of the comparison."""
+    baseline = replace(run("run-0001", "baseline", INITIAL, [0, 0, 0, 0, 1, 1]), split="train")
+    submitted = replace(run("run-0002", "submission", {"step": "new"}, [1, 1, 1, 1, 1, 1]), split="train")
+    assert against_baseline(baseline, submitted).basis == "submission"  # 4 won, 0 lost
+
+    def own_demos(instructions):
+        return {0, 1, 2, 3} if instructions == {"step": "new"} else {5}
+
+    selection = against_baseline(baseline, submitted, own_demos=own_demos)
+    assert selection.basis == "unchanged" and "won 0 and lost 0 of 1 train examples" in selection.reason
+    # on validation, demos are train examples: nothing is left out
+    on_val = against_baseline(replace(baseline, split="val"), replace(submitted, split="val"), own_demos=own_demos)
+    assert on_val.basis == "submission"

@@ -62,6 +62,19 @@ def example_fields(example: Any) -> dict[str, Any]:
     return dict(example.items()) if callable(getattr(example, "items", None)) else {}
 
 
+def example_inputs(example: Any) -> dict[str, Any]:
+    """An example's input fields (all its fields when it names none): what a program is shown of it."""
+    fields = example_fields(example)
+    keys = getattr(example, "_input_keys", None)
+    return {k: v for k, v in fields.items() if k in keys} if keys else fields
+
+
+def demo_key(fields: dict[str, Any]) -> str:
+    """The content a demo is matched by, to the train example or call it was taken from: its fields without dspy's
+    bookkeeping mark ``augmented=True`` (``dspy.BootstrapFewShot`` sets it on the demos it makes from traces)."""
+    return canonical_json({k: v for k, v in fields.items() if not (k == "augmented" and v is True)})
+
+
 def whole_validation(tool: str, how: str, *selection: Any) -> None:
     """Validation always runs on the whole split: a selection on it (any of ``selection`` given) is refused;
     ``how`` says the call without one. The one statement of the rule, for every tool that takes a split."""
@@ -266,13 +279,14 @@ class MoveContext:
         return rollouts
 
     def _in_validation(self) -> frozenset[int]:
-        """The train ids whose example is also a validation example (the splits are fixed: worked out once): never
-        a demo, nor evidence a confirmation counts."""
+        """The train ids whose inputs are a validation example's inputs (the splits are fixed: worked out once): never
+        a demo, nor evidence a confirmation counts. Inputs, not every field: a copy that differs in a label or in
+        metadata still shows the program a validation example."""
         found = getattr(self, "_train_in_val", None)
         if found is None:
-            val = {canonical_json(example_fields(example)) for example in self.runs.splits.get("val", ())}
+            val = {canonical_json(example_inputs(example)) for example in self.runs.splits.get("val", ())}
             train = self.runs.splits["train"]
-            found = frozenset(i for i, ex in enumerate(train) if canonical_json(example_fields(ex)) in val)
+            found = frozenset(i for i, ex in enumerate(train) if canonical_json(example_inputs(ex)) in val)
             self._train_in_val = found
         return found
 
@@ -280,7 +294,7 @@ class MoveContext:
         """The train ids whose own calls (or own fields) are demos in ``instructions``: an example a candidate
         sees as a demo is no evidence for it. Read from the data, so demos kept from an earlier process or written
         by hand count too."""
-        demos = [canonical_json(d) for ds in self._demos_by_step(instructions).values() for d in ds]
+        demos = [demo_key(d) for ds in self._demos_by_step(instructions).values() for d in ds]
         if not demos:
             return set()
         index = self._demos_index()
@@ -291,10 +305,7 @@ class MoveContext:
         (the lowest id when several match; None for a demo no train example or call holds)."""
         by_step = self._demos_by_step(instructions)
         index = self._demos_index() if by_step else {}
-        return {
-            step: [min(index.get(canonical_json(d), ()), default=None) for d in demos]
-            for step, demos in by_step.items()
-        }
+        return {step: [min(index.get(demo_key(d), ()), default=None) for d in demos] for step, demos in by_step.items()}
 
     @staticmethod
     def _demos_by_step(instructions: dict[str, str]) -> dict[str, list[dict]]:
@@ -308,10 +319,10 @@ class MoveContext:
         if self._demo_index[0] != len(runs):
             index: dict[str, set[int]] = {}
             for i, example in enumerate(self.runs.splits.get("train", [])):
-                index.setdefault(canonical_json(example_fields(example)), set()).add(i)
+                index.setdefault(demo_key(example_fields(example)), set()).add(i)
             for run in runs:
                 for record in run.records if run.split == "train" else ():
                     for call in record.steps:
-                        index.setdefault(canonical_json({**call.inputs, **call.outputs}), set()).add(record.example_id)
+                        index.setdefault(demo_key({**call.inputs, **call.outputs}), set()).add(record.example_id)
             self._demo_index = (len(runs), index)
         return self._demo_index[1]

@@ -193,3 +193,96 @@ def test_demos_cover_the_labels_failed_most_first_then_vary():
     copies = [record(i, "a" if i % 3 else "b", True, {"question": "same" if i % 3 else "other"}) for i in range(12)]
     chosen = choose_demos(copies, 4)
     assert len(chosen) == 2 and {copies[i].inputs["question"] for i in chosen} == {"same", "other"}
+
+
+def remembers_only_its_demos(messages):
+    """Right on an easy example, or when a demo shows this very question: nothing is learned of its kind."""
+    question = last_user_text(messages)
+    kind = next(k for k in LABELS if f"kind: {k}" in question)
+    asked = question.split("[[ ## question ## ]]")[-1].split("\n\n")[0].strip()
+    known = "(easy)" in question or asked in demos_in(messages)
+    return {"label": LABELS[kind] if known else "unknown"}
+
+
+@pytest.mark.slow
+def test_without_a_valset_a_candidates_own_demos_are_no_evidence_for_it(tmp_path):
+    """Regression: with no valset the final choice is made on train, where a candidate whose demos are four train
+    examples it got wrong 'won' exactly those four (each demo answers itself) and was returned as a clear gain,
+    although it answers nothing else better."""
+    from rlmoptimizer.testing import scripted_agent
+
+    train, _ = make_splits()
+    failing = [e for e in train if "(easy)" not in e.question][:4]
+    demos = [{"question": e.question, "label": e.label} for e in failing]
+    turns = [
+        {
+            "reasoning": "demos of the failures",
+            "code": (
+                "step = [k for k in optimization_status()['current_prompts'] if not k.endswith(':demos')][0]\n"
+                f"update_prompt(step + ':demos', {demos!r})"
+            ),
+        },
+        {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program=optimization_status()['current_prompts'])"},
+    ]
+    optimizer = RLMDocstringOptimizer(
+        root_lm=scripted_agent(turns),
+        eval_lm=FunctionLM(remembers_only_its_demos, name="task"),
+        sub_lm=useless_proposals(),
+        rlm_autopilot="off",
+        max_metric_calls=60,
+        num_threads=4,
+        run_storage_dir=str(tmp_path),
+    )
+    result = optimizer.compile(student=dspy.Predict("question -> label"), trainset=train, metric=metric)
+
+    [submitted] = [c for c in result.selection["candidates"] if c["label"] == "submission"]
+    assert (
+        submitted["score"] == 8 / 16 > result.selection["baseline_score"] == 4 / 16
+    )  # its four demos answer themselves
+    assert result.selection["basis"] == "unchanged" and not result.demos
+    assert "won 0 and lost 0 of 12 train examples" in result.selection["reason"]
+
+
+def test_a_near_copy_of_a_validation_example_never_becomes_a_demo(caplog):
+    """Regression: only exact copies were kept from the demos, so a train example with a validation example's
+    inputs and one more field (metadata) became a demo, and the validation score read its own answer."""
+    train, val = make_splits()
+    copies = [dspy.Example(**train[i], source="crm").with_inputs("question") for i in (0, 1)]
+    val = val + [dspy.Example(**train[i]).with_inputs("question") for i in (0, 1)]
+    train = copies + train[2:]
+    with caplog.at_level("WARNING", logger="rlmoptimizer"):
+        result = RLMDocstringOptimizer(
+            eval_lm=FunctionLM(task_reply, name="task"),
+            sub_lm=useless_proposals(),
+            num_threads=4,
+            rlm_autopilot="loop",
+            max_metric_calls=120,
+        ).compile(student=dspy.Predict("question -> label"), trainset=train, valset=val, metric=metric)
+    assert sorted(d.label for d in result.demos) == ["E5", "W9"]  # the two easy successes that are train only
+    assert not {d.question for d in result.demos} & {e.question for e in val}
+    assert any(
+        "2 valset example(s) are also in the trainset (the same inputs)" in r.getMessage() for r in caplog.records
+    )
+
+
+def test_demos_made_by_bootstrap_few_shot_are_traced_to_their_train_examples():
+    """dspy.BootstrapFewShot marks the demos it makes ``augmented=True``: the mark is not a field, and such a demo
+    is still the train example it was made from (left out of its candidate's comparisons, named in demo_sources)."""
+    from rlmoptimizer.moves.context import demo_key, example_fields
+
+    train, _ = make_splits()
+    bootstrapped = dspy.Example(augmented=True, **train[0])
+    assert demo_key(dict(bootstrapped.items())) == demo_key(example_fields(train[0]))
+    assert demo_key({"question": "q", "augmented": "yes"}) != demo_key({"question": "q"})  # a field of that name
+
+
+def test_a_student_whose_demos_show_validation_examples_is_warned_about(caplog):
+    from rlmoptimizer.student import warn_repeated_examples
+
+    train, val = make_splits()
+    student = dspy.Predict("question -> label")
+    student.demos = [dspy.Example(question=val[0].question, label=val[0].label, augmented=True), train[1]]
+    said = warn_repeated_examples(train, val, student)
+    assert len(said) == 1 and "demos show the inputs of valset examples" in said[0] and "'self' (1)" in said[0]
+    student.demos = [train[1]]
+    assert warn_repeated_examples(train, val, student) == []
