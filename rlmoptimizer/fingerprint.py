@@ -61,6 +61,11 @@ MAX_DEMOS_CHARS = 400_000
 """The same for a step's demos (their JSON text): examples the program runs on can be long documents."""
 
 
+def text_limit(initial: str | None, limit: int = MAX_INSTRUCTION_CHARS) -> int:
+    """The most characters a step's text may have: ``limit``, or twice the unchanged program's own (``initial``)."""
+    return max(limit, 2 * len(initial or ""))
+
+
 def demos_key(step: str) -> str:
     """The prompt map's key for the demos of ``step`` (no step's own name ends in :data:`DEMOS_SUFFIX`:
     :func:`rlmoptimizer.student.check_program` refuses one)."""

@@ -100,6 +100,7 @@ class AgentTools:
             check_map=lambda mapping: working.validate_prompt_map(mapping, what="a candidate"),
             proposal_lm=services.sub_lm,
             pass_threshold=getattr(runs.evaluator, "pass_threshold", 1.0),
+            initial=working.initial,
         )
         self.moves.max_demos = services.max_demos
         store = getattr(runs, "store", None)

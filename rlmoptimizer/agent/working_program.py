@@ -36,6 +36,7 @@ from rlmoptimizer.fingerprint import (
     parse_demos,
     restore_signatures,
     save_signatures,
+    text_limit,
 )
 from rlmoptimizer.records import EvalRun
 
@@ -124,8 +125,8 @@ class WorkingProgram:
 
     def _within_limit(self, step: str, text: str, limit: int) -> str:
         """``text``, unless it is longer than ``limit`` (or twice the unchanged program's own) and is not what the
-        step already holds (a candidate a move made, adopted: its own moves keep within the limit)."""
-        limit = max(limit, 2 * len(self.initial.get(step) or ""))
+        step already holds (a candidate a move made, adopted: the moves refuse a longer text from the sub-LM)."""
+        limit = text_limit(self.initial.get(step), limit)
         if len(text) > limit and text != self.instructions().get(step):
             raise agent_error(
                 f"the text for {step!r} has {len(text):,} characters, more than the {limit:,} a step may have (each "

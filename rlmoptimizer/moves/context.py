@@ -16,7 +16,7 @@ import dspy
 from rlmoptimizer.budget import BudgetLedger
 from rlmoptimizer.errors import agent_error as refuse  # the one format of a refusal
 from rlmoptimizer.events import SubLMAnswered
-from rlmoptimizer.fingerprint import canonical_json, demos_step, instructions_digest, parse_demos
+from rlmoptimizer.fingerprint import canonical_json, demos_step, instructions_digest, parse_demos, text_limit
 from rlmoptimizer.records import EvalRun, ExampleResult
 
 MAX_ROLLOUTS = 10
@@ -115,6 +115,7 @@ class MoveContext:
         check_map: Callable[[Any], dict[str, str]] | None = None,
         proposal_lm: dspy.BaseLM | Callable[[], dspy.BaseLM | None] | None = None,
         pass_threshold: float = 1.0,
+        initial: dict[str, str] | None = None,
     ) -> None:
         self.runs = runs
         self._evaluate = evaluate
@@ -123,6 +124,7 @@ class MoveContext:
         self._current = current
         self._check_map = check_map
         self._proposal_lm = proposal_lm
+        self._initial = dict(initial or {})  # the unchanged program's texts: how long a step's may grow
         # Every proposal of this compile() by id ('proposal-1', ...): a candidate the other moves accept by name.
         self.proposals: dict[str, dict[str, str]] = {}
         self._naming = threading.Lock()  # one id per candidate when moves run in parallel threads
@@ -155,6 +157,14 @@ class MoveContext:
         if lm is None:
             raise refuse("no LM to write proposals with", "pass sub_lm=dspy.LM(...) to the optimizer")
         return lm
+
+    def too_long(self, step: str, text: str) -> str | None:
+        """Why the sub-LM's ``text`` for ``step`` is refused for its length (:func:`text_limit`), or None: each call
+        of the step would send it, and every evaluation would pay for it."""
+        most = text_limit(self._initial.get(step))
+        if len(text) <= most:
+            return None
+        return f"an instruction of {len(text):,} characters, more than the {most:,} a step may have"
 
     # -- helpers --------------------------------------------------------------------------------------
     def _check_step(self, step: Any, tool: str) -> None:

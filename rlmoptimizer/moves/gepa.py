@@ -287,7 +287,13 @@ class GepaMoves(AnalysisMoves):
 
         slice_ = Slice(self.ledger, budget, taken=taken, on_change=record)
         reflection = Reflection(
-            self._lm(), slice_, hooks.answers, hooks.book, hooks.answered or self._answered, guidance=guidance
+            self._lm(),
+            slice_,
+            hooks.answers,
+            hooks.book,
+            hooks.answered or self._answered,
+            guidance=guidance,
+            too_long=self.too_long,
         )
         adapter = Adapter(
             self.runs,

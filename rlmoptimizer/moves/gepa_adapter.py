@@ -271,8 +271,10 @@ class Reflection:
         book: Callable[[Callable], Callable],
         answered: Callable[[], None],
         guidance: str | None = None,
+        too_long: Callable[[str, str], str | None] | None = None,
     ) -> None:
         self._lm = lm
+        self._too_long = too_long  # a text longer than a step may have proposes nothing (it was a call: charged)
         self._guidance = guidance
         self._budget = budget
         self._answers = answers
@@ -301,7 +303,8 @@ class Reflection:
 
         def ask() -> str:
             proposer = InstructionProposer(additional_instructions=self._guidance)
-            return str(ask_proposer(proposer, lm, step, text, dataset, reservation, self._answered) or "")
+            asked = ask_proposer(proposer, lm, step, text, dataset, reservation, self._answered, self._too_long)
+            return str(asked or "")
 
         failed: BaseException | None = None
         new = ""

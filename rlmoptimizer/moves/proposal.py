@@ -94,6 +94,10 @@ def nth_sample(lm: Any, k: int) -> Any:
     return lm if k == 0 else lm.copy(rollout_id=((lm.kwargs or {}).get("rollout_id") or 0) + k)
 
 
+class ProposalTooLong(ValueError):
+    """A proposal the LM answered (charged) with instructions longer than a step may have: no proposal."""
+
+
 def ask_proposer(
     proposer: Any,
     lm: Any,
@@ -102,6 +106,7 @@ def ask_proposer(
     dataset: list[dict[str, Any]],
     paid: Reservation,
     answered: Callable[[], None],
+    too_long: Callable[[str, str], str | None] | None = None,
 ) -> Any:
     """One proposal of ``proposer`` (dspy's ``InstructionProposer``) for ``step``, now ``text``, from the reflective
     ``dataset``, asked of ``lm``. One unit of ``paid`` is spent when the LM answered, also with a reply that does
@@ -117,6 +122,9 @@ def ask_proposer(
         raise
     paid.spend(1)
     answered()
+    why = too_long(step, str(new)) if too_long is not None and new is not None else None
+    if why:
+        raise ProposalTooLong(why)
     return new
 
 
@@ -304,7 +312,7 @@ class ProposalMoves(AnalysisMoves):
             if stored is not None:  # answered before a resume: replayed, not paid again
                 return stored, None, None
             try:
-                text = ask_proposer(proposer, lm, step, current, dataset, reservation, self._answered)
+                text = ask_proposer(proposer, lm, step, current, dataset, reservation, self._answered, self.too_long)
             except Exception as exc:  # the LM answered with nothing usable (its reply shown), or did not answer
                 if classify_lm_failure(exc) is None:
                     return None, reply_of(exc), None

@@ -97,6 +97,7 @@ class World:
             step_names=[name for name, _ in self.program.named_predictors()],
             current=lambda: get_instructions(self.program),
             proposal_lm=proposal_lm,
+            initial=self.initial,
         )
 
 
@@ -239,6 +240,23 @@ def test_propose_reflects_on_the_current_instructions_failures_and_charges_one_u
     world.moves.compare(["current"], ids=[0, 1, 2, 3])
     assert world.moves.propose_instructions("generate.predict")["example_ids"] == [2, 3]
     assert world.ledger.spent == 2 + 4 + 1
+
+
+def test_instructions_longer_than_a_step_may_have_are_no_proposal_and_no_gepa_child(tmp_path):
+    """Regression: the length limit held for the agent's own texts only; a sub-LM writing 60k characters of
+    instructions had them compared, adopted and returned, and every evaluation sent them."""
+    from rlmoptimizer.fingerprint import MAX_INSTRUCTION_CHARS
+
+    long = "Answer with a<i>. PASS:0,1,2,3,4,5 " + "x" * MAX_INSTRUCTION_CHARS
+    world = World(tmp_path, proposal_lm=proposal_reply(long))
+    with pytest.raises(
+        AgentToolError, match=r"ProposalTooLong: an instruction of 50,035 characters, more than the 50,000"
+    ):
+        world.moves.propose_instructions("generate.predict", n=2)
+    assert world.ledger.spent == 2  # both were answered: charged, as a reply that does not parse is
+    result = world.moves.run_gepa(GepaSpec(budget=20, steps=["generate.predict"]))
+    assert result["candidate_ids"] == [] and result["reflections_unusable"] == result["reflections"] >= 1
+    assert all(len(text) <= MAX_INSTRUCTION_CHARS for run in world.runs.all() for text in run.instructions.values())
 
 
 def test_each_proposal_reflects_on_another_sample_of_the_failures(tmp_path):
