@@ -44,6 +44,15 @@ _SYSTEMIC_LITELLM_NAMES = (
     "APIConnectionError",
     "BudgetExceededError",
 )
+# LiteLLM's own names for an outage (dspy.LM maps them to its transient errors): checked first, as litellm's
+# Timeout is an APIConnectionError.
+_TRANSIENT_LITELLM_NAMES = (
+    "RateLimitError",
+    "Timeout",
+    "InternalServerError",
+    "ServiceUnavailableError",
+    "BadGatewayError",
+)
 # LM errors that are about this example's request (it was sent and rejected): the example is charged.
 _REQUEST_LM_ERRORS: tuple[type[BaseException], ...] = (
     dspy_errors.LMInvalidRequestError,  # includes ContextWindowExceededError
@@ -73,6 +82,8 @@ def _is_systemic(exc: BaseException) -> bool:
 def _lm_failure_kind(exc: BaseException) -> str | None:
     """What ``exc`` itself says: SYSTEMIC, ``"request"`` (sent and rejected), TRANSIENT for a specific LM error
     (rate limit, timeout, server error), ``"unexpected"`` for dspy's catch-all wrapper, ``None`` for no LM error."""
+    if _litellm_error(exc, _TRANSIENT_LITELLM_NAMES):
+        return TRANSIENT
     if _is_systemic(exc):
         return SYSTEMIC
     if isinstance(exc, _REQUEST_LM_ERRORS) or _litellm_error(exc, _REQUEST_LITELLM_NAMES):

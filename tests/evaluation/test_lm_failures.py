@@ -82,3 +82,25 @@ def test_a_failure_reads_as_the_lm_error_behind_it_on_one_line():
 
 
 # -- selecting ids -------------------------------------------------------------------------------
+
+
+def test_litellms_own_outages_are_outages_also_when_a_custom_lm_raised_them_unmapped():
+    """Regression: a custom LM raising litellm's RateLimitError (which dspy.LM maps to its own) was no outage, so a
+    sub LM down that way ended the run early as finished; litellm's Timeout, an APIConnectionError, was even taken
+    for an unusable LM."""
+    import litellm
+
+    from rlmoptimizer.evaluation.lm_failures import is_outage
+
+    outages = [
+        litellm.RateLimitError("429", llm_provider="openai", model="m"),
+        litellm.Timeout("timed out", model="m", llm_provider="openai"),
+        litellm.InternalServerError("500", llm_provider="openai", model="m"),
+        litellm.ServiceUnavailableError("503", llm_provider="openai", model="m"),
+    ]
+    for error in outages:
+        unmapped = raised_from(dspy.LMUnexpectedError(f"[fake] {type(error).__name__}"), error)
+        assert classify_lm_failure(unmapped) == ("lm", error) and is_outage(unmapped), error
+    unreachable = litellm.APIConnectionError("connection refused", llm_provider="openai", model="m")
+    assert classify_lm_failure(unreachable)[0] == "systemic"
+    assert not is_outage(raised_from(dspy.LMUnexpectedError("[fake]"), RuntimeError("a bug in the client")))
