@@ -256,7 +256,9 @@ class UsageMeter:
         input_tokens = _int(usage.get("prompt_tokens", usage.get("input_tokens")))
         output_tokens = _int(usage.get("completion_tokens", usage.get("output_tokens")))
         cached = _cached_tokens(usage)
-        price = price_of_call(model, input_tokens, output_tokens, cached)
+        # A call that reports no input tokens (a client that returns no usage) costs what it costs: unknown, not $0.
+        price = price_of_call(model, input_tokens, output_tokens, cached) if input_tokens else None
+        unpriced = str(model) if input_tokens else f"{model} (no token usage reported)"
         with self._lock:
             totals = self._roles[role]
             totals.calls += 1
@@ -264,7 +266,14 @@ class UsageMeter:
             totals.output_tokens += output_tokens
             totals.cached_input_tokens += cached
             if price is None:
-                totals.unpriced_models.add(str(model))
+                if not input_tokens and unpriced not in totals.unpriced_models and self.max_cost_usd is not None:
+                    logger.warning(
+                        "A call of %s (%s) reported no token usage: its cost is unknown, and max_cost_usd counts "
+                        "only the calls it can price. Have the LM's client return its usage.",
+                        model,
+                        role,
+                    )
+                totals.unpriced_models.add(unpriced)
             else:
                 totals.usd += price
             if self.max_cost_usd is not None and self._cap_reached_at is None:  # (any role: the root's turns too)

@@ -96,6 +96,22 @@ def test_cached_input_tokens_are_priced_at_the_cached_rate():
     assert price_of_call("no-such-provider/no-such-model", 1_000, 100) is None
 
 
+def test_a_priced_model_whose_calls_report_no_usage_costs_an_unknown_amount_not_zero(caplog):
+    """Regression: a client returning no token counts had its calls of a priced model booked at $0 as a known
+    cost: the result said what they cost, and the spending cap never saw them."""
+    meter = UsageMeter(max_cost_usd=0.01)
+    meter.record(SUB, "openai/gpt-4o-mini", {"prompt_tokens": 1_000, "completion_tokens": 10})
+    with caplog.at_level("WARNING", logger="rlmoptimizer.usage"):
+        meter.record(SUB, "openai/gpt-4o-mini", {})
+        meter.record(SUB, "openai/gpt-4o-mini", {"prompt_tokens": 0})
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "reported no token usage" in warned[0] and "max_cost_usd counts only" in warned[0]
+    snap = meter.snapshot()
+    assert snap[SUB]["calls"] == 3 and snap[SUB]["cost_usd"] is None
+    assert snap[SUB]["unpriced_models"] == ["openai/gpt-4o-mini (no token usage reported)"]
+    assert snap[SUB]["priced_usd"] == pytest.approx(float(price_of_call("openai/gpt-4o-mini", 1_000, 10)))
+
+
 def test_a_tracker_installed_before_still_receives_every_call_once():
     meter = UsageMeter()
     lm = _qa_lm("openai/gpt-4o-mini")
