@@ -565,5 +565,5 @@ def checked_merge(answer: Any, ids: Sequence[int]) -> tuple[list[tuple[str, str,
         names[name.casefold()] += 1
         if names[name.casefold()] > 1:
             name = f"{name} ({names[name.casefold()]})"
-        groups.append((name, clip(getattr(item, "cause", "") or name, 300), members))
+        groups.append((name, clip(getattr(item, "cause", "") or "", 300) or name, members))  # (blank: its name)
     return groups, [i for i in ids if i not in placed], dropped

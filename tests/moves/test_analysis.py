@@ -523,3 +523,17 @@ def test_a_copy_of_a_multi_line_input_is_a_copy_and_a_quoted_rule_of_a_shared_po
     assert not copies_inputs(rule, records[0].inputs, shared)
     assert copies_inputs(rule, records[0].inputs)  # read as the example's own, it would be a copy
     assert shared_inputs(records[:1]) == frozenset()  # one failure: nothing is known to be shared
+
+
+def test_a_merged_group_whose_cause_is_blank_is_named_by_its_name():
+    """Regression: a merge group whose cause was whitespace became a group with cause "", and a proposal for it was
+    told "Their shared cause: " and nothing more."""
+    from rlmoptimizer.moves.failures import CauseGroup, checked_merge
+
+    answer = [
+        CauseGroup(name="refunds to billing", cause=" \n ", failure_ids=[1, 2]),
+        CauseGroup(name="x", cause="y", failure_ids=[3]),
+    ]
+    groups, unplaced, dropped = checked_merge(answer, [1, 2, 3])
+    assert groups == [("refunds to billing", "refunds to billing", [1, 2]), ("x", "y", [3])]
+    assert unplaced == [] and dropped == []
