@@ -3,7 +3,7 @@
 One JSON line per answer, ``{"key": ..., "text": ...}``, appended and flushed as soon as the answer arrives. The
 key says what was asked (a digest of the prompt and how many times the same prompt was asked before in this
 compile), so the same sequence of questions after a resume finds the same answers in the same order. A torn last
-line (a process killed mid-write) is ignored.
+line (a process killed mid-write) is ignored, and the next answer starts a line of its own.
 
 May import: ``rlmoptimizer.storage.layout`` and the standard library.
 """
@@ -30,8 +30,11 @@ class AnswerStore:
         self._lock = threading.Lock()
         self._answers: dict[str, str] = {}
         self._asked: dict[str, int] = {}
+        self._torn = False  # the file ends in a torn line: the next answer is written on a line of its own
         if self.path is not None and self.path.exists():
-            for line in self.path.read_bytes().decode("utf-8", errors="replace").splitlines():
+            data = self.path.read_bytes()
+            self._torn = bool(data) and not data.endswith(b"\n")
+            for line in data.decode("utf-8", errors="replace").splitlines():
                 try:
                     entry = json.loads(line)
                 except ValueError:
@@ -59,10 +62,13 @@ class AnswerStore:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 with open(self.path, "a", encoding="utf-8") as handle:
-                    handle.write(json.dumps({"key": key, "text": text}, ensure_ascii=True) + "\n")
+                    start = "\n" if self._torn else ""
+                    handle.write(start + json.dumps({"key": key, "text": text}, ensure_ascii=True) + "\n")
                     handle.flush()
                     os.fsync(handle.fileno())
+                self._torn = False
             except OSError as exc:  # the answer is still used; only a resume would ask again
+                self._torn = True  # (a write cut short may have left part of its line)
                 logger.warning("could not keep a sub-LM answer in %s: %s", self.path, exc)
 
     def __len__(self) -> int:

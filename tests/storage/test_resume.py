@@ -81,3 +81,17 @@ def test_the_gepa_runs_a_resume_runs_again_are_only_those_at_the_end():
     assert gepa_runs_done(runs(False, True), set(), {"gepa run 2"}) == 1  # the turn replays run 2, not run 1 ...
     assert gepa_runs_done(runs(True, True), set(), {"gepa run 2"}) == 1  # ... its own run, after the finished one
     assert gepa_runs_done({}, {"gepa run 3", None, "other"}, set()) == 3  # older directories: the candidates' lineage
+
+
+def test_an_answer_kept_after_a_torn_line_is_read_back(tmp_path):
+    """Regression: the next answer was appended to a torn last line (a process killed mid-write), and that whole
+    line was then unreadable: a resume paid for the answer again."""
+    from rlmoptimizer.storage.answers import AnswerStore
+
+    store = AnswerStore(tmp_path, name="answers.jsonl")
+    store.put("a", "first")
+    path = tmp_path / "answers.jsonl"
+    path.write_bytes(path.read_bytes() + b'{"key": "b", "text": "cut sh')  # killed while writing the second
+    AnswerStore(tmp_path, name="answers.jsonl").put("c", "third")
+    again = AnswerStore(tmp_path, name="answers.jsonl")
+    assert (again.get("a"), again.get("b"), again.get("c")) == ("first", None, "third")
