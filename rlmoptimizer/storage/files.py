@@ -21,6 +21,25 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 
+def _umask() -> int:
+    """The process's umask, read where it can be read without changing it (Linux), else set and restored at import
+    (before any thread of ours writes a file)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+FILE_MODE = 0o666 & ~_umask()
+"""The mode of the files written here: what ``open()`` would give them (``mkstemp`` makes them private)."""
+
+
 class WriteFailed(BaseException):  # noqa: N818 - a stop, as asyncio's CancelledError, not an error to handle
     """A file of the run directory could not be written (a full disk, a permission taken away): the run stops, and
     resumes from what is on disk once the directory can be written again. A ``BaseException``, as asyncio's
@@ -43,6 +62,8 @@ def atomic_write_text(path: str | Path, text: str, durable: bool = True) -> None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        if hasattr(os, "fchmod"):  # (not on Windows, where the mode says little)
+            os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()

@@ -95,3 +95,17 @@ def test_an_answer_kept_after_a_torn_line_is_read_back(tmp_path):
     AnswerStore(tmp_path, name="answers.jsonl").put("c", "third")
     again = AnswerStore(tmp_path, name="answers.jsonl")
     assert (again.get("a"), again.get("b"), again.get("c")) == ("first", None, "third")
+
+
+def test_run_directory_files_get_the_mode_any_file_of_the_process_gets(tmp_path):
+    """Regression: every JSON file of a run directory was written private (mkstemp's 0600) whatever the umask, so a
+    teammate, a CI artifact reader or a container running as another user could not resume or report it, while the
+    .jsonl files beside them were readable."""
+    import stat
+
+    from rlmoptimizer.storage.files import atomic_write_json
+
+    atomic_write_json(tmp_path / "ledger.json", {"spent": 1})
+    (tmp_path / "plain.jsonl").write_text("{}\n")
+    mode = stat.S_IMODE((tmp_path / "ledger.json").stat().st_mode)
+    assert mode == stat.S_IMODE((tmp_path / "plain.jsonl").stat().st_mode)
