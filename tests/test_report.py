@@ -5,6 +5,7 @@ a proposal (their ancestry), a run killed mid-evaluation (SIGKILL) and an empty 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -265,6 +266,11 @@ def test_report_of_a_run_killed_mid_evaluation(tmp_path, capsys):
     # the unchanged program is a candidate; the re-run with the new prompt, on a few examples, is listed apart
     assert len(results.instructions) == len(results.val_aggregate_scores) == 1
     assert [u["run_ids"] for u in results.unscored] == [["run-0003"]] and results.unscored[0]["parents"] == [None]
+
+    # the killed holder's pid now belongs to a live process (a container's pid 1, say): the free lock says it is dead
+    holder = json.loads((directory / "holder.json").read_text())
+    (directory / "holder.json").write_text(json.dumps({**holder, "pid": os.getpid()}))
+    assert read_run_directory(directory).status == "interrupted"
 
 
 @pytest.mark.slow

@@ -77,6 +77,12 @@ def read_record_file(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         why = None if isinstance(data, dict) else f"it holds a JSON {type(data).__name__}, not an object"
+    except PermissionError as exc:  # not damaged: another user's file
+        raise RunDirectoryMismatchError(
+            f"{path} cannot be read ({exc.strerror or exc}): it was written by another user or its permissions "
+            "were changed. Give this user read and write access to the run directory (e.g. chmod -R u+rw, or run "
+            "as its owner), then compile again: nothing is lost."
+        ) from None
     except (OSError, ValueError) as exc:
         why = f"{type(exc).__name__}: {exc}"
     if why is not None:

@@ -145,13 +145,16 @@ class RunDirectoryLock:
             os.close(fd)
 
 
-def _lock_is_held(lock_file: Path) -> bool:
+def _lock_is_held(lock_file: Path, unknown: bool = False) -> bool:
     """Test the OS lock on ``lock_file`` by asking for it and giving it back at once (a shared ``flock``; on
-    Windows the same one-byte ``msvcrt.locking`` region the holder locks)."""
+    Windows the same one-byte ``msvcrt.locking`` region the holder locks); ``unknown`` when the file exists but
+    cannot be opened (another user's)."""
     try:
         fd = os.open(lock_file, os.O_RDONLY)
-    except OSError:
+    except FileNotFoundError:
         return False
+    except OSError:
+        return unknown
     try:
         if fcntl is not None:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -227,9 +230,10 @@ def _process_alive(pid: int) -> bool:
 
 
 def holder_of(directory: str | Path) -> dict[str, Any] | None:
-    """``holder.json`` of a compile() using ``directory`` now (pid, host, since), or None when none is. On this
-    host the holder's process must be alive (a SIGKILLed one leaves ``holder.json`` behind); on another host the
-    lock itself is tested, with a shared lock given back at once. Never writes."""
+    """``holder.json`` of a compile() using ``directory`` now (pid, host, since), or None when none is. The lock
+    itself is tested, with a shared lock given back at once; on this host the holder's process must be alive too (a
+    SIGKILLed one leaves ``holder.json`` behind, and its pid may be another process's by now: a container's 1, say).
+    Never writes."""
     path = Path(directory)
     try:
         holder = json.loads((path / HOLDER_FILE).read_text(encoding="utf-8"))
@@ -237,7 +241,8 @@ def holder_of(directory: str | Path) -> dict[str, Any] | None:
         holder = None
     if isinstance(holder, dict) and isinstance(holder.get("pid"), int):
         if holder.get("host") == socket.gethostname():
-            return holder if _process_alive(holder["pid"]) else None
+            alive = _process_alive(holder["pid"])
+            return holder if alive and _lock_is_held(path / LOCK_FILE, unknown=True) else None
         return holder if _lock_is_held(path / LOCK_FILE) else None
     # no (readable) holder.json: a compile() in its first instant, or one whose details were lost
     return {"pid": None, "host": None, "since": None} if _lock_is_held(path / LOCK_FILE) else None

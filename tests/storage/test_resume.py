@@ -109,3 +109,26 @@ def test_run_directory_files_get_the_mode_any_file_of_the_process_gets(tmp_path)
     (tmp_path / "plain.jsonl").write_text("{}\n")
     mode = stat.S_IMODE((tmp_path / "ledger.json").stat().st_mode)
     assert mode == stat.S_IMODE((tmp_path / "plain.jsonl").stat().st_mode)
+
+
+def test_a_run_file_this_user_cannot_read_is_told_apart_from_a_damaged_one(tmp_path, monkeypatch):
+    """Regression: a manifest another user wrote (no read permission here) was called damaged, with the advice to
+    restore it from a backup or start over, and so pay everything again."""
+    from pathlib import Path
+
+    from rlmoptimizer.errors import RunDirectoryMismatchError
+    from rlmoptimizer.storage.journal import read_record_file
+
+    path = tmp_path / "manifest.json"
+    path.write_text("{}")
+    real = Path.read_text
+
+    def denied(self, *args, **kwargs):
+        if self == path:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", denied)
+    with pytest.raises(RunDirectoryMismatchError, match="another user") as refused:
+        read_record_file(path)
+    assert "Permission denied" in str(refused.value) and "backup" not in str(refused.value)
