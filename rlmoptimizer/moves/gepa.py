@@ -246,7 +246,16 @@ class GepaMoves(AnalysisMoves):
         earlier = kept.get(run_name)
         taken = earlier["taken"] if earlier and earlier["budget"] == budget else 0
         started_at = earlier["started_at"] if taken and "started_at" in earlier else time.time()
-        if budget - taken > self.ledger.left:
+        if budget - taken > self.ledger.left and earlier and earlier["budget"] == budget:
+            # a replay, with less left than the killed run had (a damaged run file paid again, say): it goes on
+            # with what is left, rather than dropping what the killed run paid for
+            logger.warning(
+                "%s is replayed with %s unit(s) left of the %s its budget still had: it stops when they are spent",
+                run_name,
+                self.ledger.left,
+                budget - taken,
+            )
+        elif budget - taken > self.ledger.left:
             raise refuse(
                 f"run_gepa: budget={budget} but only {self.ledger.left} unit(s) are left",
                 f"pass budget={self.ledger.left} or less",

@@ -167,6 +167,30 @@ def test_gepa_reflects_on_a_steps_own_parse_failures_only_when_asked_as_dspy_gep
     assert world.ledger.spent <= 20
 
 
+def test_a_gepa_run_replayed_with_less_left_than_its_budget_had_goes_on_with_what_is_left(tmp_path, caplog):
+    """Regression: a resume that paid again for a damaged run file had less left than the killed GEPA run's budget
+    still had; its replay was refused, and the loop ended early with the unchanged program and units unspent."""
+    import time
+
+    world = World(tmp_path, limit=30, proposal_lm=proposal_reply())
+    with world.ledger.reserve(18, TRAIN_EXAMPLE) as paid:  # the killed run's 10, and 8 paid again since
+        paid.spend(18)
+    killed = {
+        "budget": 30,
+        "taken": 10,
+        "finished": False,
+        "checks": [],
+        "evaluations": [],
+        "start": "",
+        "started_at": time.time(),
+    }
+    world.moves.gepa_hooks = GepaHooks(progress={"gepa run 1": killed})
+    with caplog.at_level("WARNING", logger="rlmoptimizer.moves.gepa"):
+        world.moves.run_gepa(GepaSpec(budget=30, steps=["generate.predict"]))
+    assert world.ledger.spent == 30  # it went on, and stopped at the limit
+    assert any("replayed with 12 unit(s) left of the 20" in r.getMessage() for r in caplog.records)
+
+
 def test_each_step_of_a_branching_program_gets_demos_from_the_passing_examples_it_ran_on(tmp_path):
     """Regression: demos were taken only from passing examples on which every step ran, which a program that
     branches never has: propose_demos was always refused there (and the loop mode ended the run on it)."""
