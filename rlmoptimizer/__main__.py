@@ -38,8 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     except RLMOptimizerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except OSError as exc:  # e.g. the run directory is read-only: say where else to write
-        print(f"error: {exc}. Pass --out PATH.png to write the picture elsewhere, or --no-plot.", file=sys.stderr)
+    except OSError as exc:  # e.g. the --out path cannot be written: say where else to write
+        hint = "" if args.no_plot else ". Pass --out PATH.png to write the picture elsewhere, or --no-plot"
+        print(f"error: {exc}{hint}.", file=sys.stderr)
         return 2
     return 0
 

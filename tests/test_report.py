@@ -205,6 +205,20 @@ def assert_report_reads_only(directory: Path, tmp_path: Path) -> str:
     return done.stdout
 
 
+def test_a_picture_that_cannot_be_written_leaves_the_summary_whole(finished, tmp_path, capsys):
+    """Regression: the picture was written before the summary was printed, through one fixed temporary name: a run
+    directory that could not take it (read-only, a full disk), or two reports at once, printed no summary at all."""
+    directory, optimized = finished
+    copy = Path(shutil.copytree(directory, tmp_path / "run"))
+    (copy / "run.png").unlink()
+    (copy / "run.png").mkdir()  # in the way: the picture cannot be written there, even by root
+    assert main(["report", str(copy)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "status: finished" in out and f"returned {optimized.selection['chosen_run_id']}" in out
+    assert "run.png could not be written" in out and "--out PATH.png" in out
+    assert not [p.name for p in copy.iterdir() if p.name.endswith(".tmp")]  # nothing half-written left behind
+
+
 @pytest.mark.slow
 def test_the_report_reads_a_finished_run_and_writes_nothing_but_its_picture(finished, tmp_path):
     directory, optimized = finished

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -380,9 +382,13 @@ def write_run_picture(rundir: RunDirectory | str | Path, path: str | Path | None
         rundir = read_run_directory(rundir)
     target = Path(path) if path is not None else RunLayout(rundir.directory).picture
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp")
-    with warnings.catch_warnings():  # a title in a script the font lacks (a run directory named in Japanese): boxes
-        warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from font", category=UserWarning)
-        draw_run(rundir).savefig(tmp, format="png")
-    tmp.replace(target)
+    # a name of its own: two reports at once (or a report as the compile ends) never write the same file
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with warnings.catch_warnings():  # a title in a script the font lacks (a run directory in Japanese): boxes
+            warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from font", category=UserWarning)
+            draw_run(rundir).savefig(tmp, format="png")
+        tmp.replace(target)
+    finally:
+        tmp.unlink(missing_ok=True)  # (a full disk left a half-written one behind)
     return target

@@ -406,7 +406,14 @@ def report(
     written: Path | str | None = None
     if picture is not False and rundir.status != "empty":
         written = picture_unavailable()
-        if written is None:
-            written = write_run_picture(rundir, None if picture is True or picture is None else picture)
+        if written is None and (picture is True or picture is None):
+            try:  # into the run directory: a read-only one, or a full disk, still gets its summary
+                written = write_run_picture(rundir)
+            except OSError as exc:
+                written = (
+                    f"run.png could not be written ({exc.strerror or exc}): pass --out PATH.png to write it elsewhere"
+                )
+        elif written is None:
+            written = write_run_picture(rundir, picture)
     console.print(render(rundir, written, all_runs=all_runs))
     return rundir
