@@ -44,6 +44,7 @@ from rlmoptimizer.budget import (
 from rlmoptimizer.display import Display
 from rlmoptimizer.errors import (
     AgentToolError,
+    ConfigurationError,
     MetricError,
     OptimizationInterrupted,
     RLMOptimizerError,
@@ -61,7 +62,7 @@ from rlmoptimizer.fingerprint import (
     get_instructions,
     structural_fingerprint,
 )
-from rlmoptimizer.inputs import make_run_directory, step_lms
+from rlmoptimizer.inputs import step_lms
 from rlmoptimizer.metric import Metric
 from rlmoptimizer.records import AgentOutcome, CompileResult, EvalRun, Selection, steps_never_run
 from rlmoptimizer.report import MlflowTracker, present_result, tracked
@@ -74,6 +75,7 @@ from rlmoptimizer.selection import (
     tiny_split_warning,
     with_spending_cap,
 )
+from rlmoptimizer.storage.directory import make_run_directory
 from rlmoptimizer.storage.files import WriteFailed
 from rlmoptimizer.storage.journal import RunJournal
 from rlmoptimizer.storage.lock import RunDirectoryLock
@@ -157,9 +159,16 @@ class Compile:
             raise
 
     def _open_directory(self, config: Any) -> None:
-        self.store = RunStore(config.run_storage_dir, pass_threshold=config.pass_threshold)
-        self.directory = Path(self.store.directory)
-        self.journal = RunJournal(self.directory)
+        try:
+            self.store = RunStore(config.run_storage_dir, pass_threshold=config.pass_threshold)
+            self.directory = Path(self.store.directory)
+            self.journal = RunJournal(self.directory)
+        except OSError as exc:  # e.g. runs/ replaced by a file, or by a symlink to nowhere
+            where = exc.filename or config.run_storage_dir
+            raise ConfigurationError(
+                f"the run directory {str(config.run_storage_dir)!r} cannot be opened: {where} is not what a compile "
+                f"left there ({exc.strerror or exc}). Put back the folder a compile made, or pass a new run_storage_dir"
+            ) from exc
         manifest = compile_manifest(
             self.program,
             self.fingerprint,

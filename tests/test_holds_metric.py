@@ -8,6 +8,7 @@ FileExistsError."""
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -79,6 +80,23 @@ def test_a_run_storage_dir_that_is_a_file_is_a_configuration_error(tmp_path):
     with pytest.raises(ConfigurationError, match="cannot be created"):
         compile_tickets(TURNS, run_storage_dir=path / "inside")
     assert path.read_text() == "{}"
+
+
+def test_run_storage_dirs_that_cannot_be_used_are_configuration_errors_that_say_why(tmp_path):
+    """Regression: a symlink to nowhere was "cannot be created (FileExistsError)", a path past the system's limit a
+    raw OSError, and a run directory whose runs/ folder had become a file a raw FileExistsError."""
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere" / "x")
+    with pytest.raises(ConfigurationError, match="is a symlink to .*which does not exist"):
+        compile_tickets([], rlm_autopilot="loop", run_storage_dir=tmp_path / "dangling")
+    too_long = tmp_path.joinpath(*["c" * 250] * 20)
+    with pytest.raises(ConfigurationError, match="cannot be used"):
+        compile_tickets([], rlm_autopilot="loop", run_storage_dir=too_long)
+    directory, loop = tmp_path / "run", {"rlm_autopilot": "loop", "max_metric_calls": 40, "sub_lm": proposer()}
+    compile_tickets([], run_storage_dir=directory, **loop)
+    shutil.rmtree(directory / "runs")
+    (directory / "runs").write_text("not a folder")
+    with pytest.raises(ConfigurationError, match="is not what a compile left there"):
+        compile_tickets([], run_storage_dir=directory, **loop)
 
 
 def test_a_metric_that_raises_the_same_error_on_every_example_stops_the_compile_at_its_baseline(tmp_path):

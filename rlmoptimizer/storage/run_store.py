@@ -49,11 +49,17 @@ class PendingLog:
 
     def close(self) -> None:
         with self._lock:
-            self._handle.close()
+            try:
+                self._handle.close()
+            except OSError as exc:  # its last lines could not be flushed (a full disk): the run stops, as in _write
+                raise WriteFailed(self.path, exc) from exc
 
     def discard(self) -> None:
         """Close and delete the log (the records now live in a saved run)."""
-        self.close()
+        try:
+            self.close()
+        except WriteFailed:
+            pass  # what it could not flush is kept in the saved run
         self.path.unlink(missing_ok=True)
 
 
