@@ -268,3 +268,25 @@ def test_an_in_flight_log_settled_while_a_store_opens_is_skipped(tmp_path, monke
     gone = tmp_path / "runs" / "runs" / "pending-0123456789abcdef.jsonl"
     monkeypatch.setattr(type(store.layout), "pending_logs", lambda self: [gone])
     assert store.pending() == []
+
+
+def test_a_pending_log_whose_last_lines_cannot_be_flushed_stops_the_run_naming_it(tmp_path):
+    """Regression: a full disk met when the log was closed escaped as a bare OSError, naming no file; discarding the
+    log (its records saved in a run) still removes it."""
+    from rlmoptimizer.storage.run_store import PendingLog
+
+    def on_a_full_disk(log):
+        real_close = log._handle.close
+
+        def close():
+            real_close()
+            raise OSError(28, "No space left on device")
+
+        log._handle.close = close
+        return log
+
+    log = on_a_full_disk(PendingLog(tmp_path / "pending-1.jsonl", {"split": "train"}))
+    with pytest.raises(WriteFailed, match="pending-1.jsonl: No space left on device"):
+        log.close()
+    on_a_full_disk(PendingLog(tmp_path / "pending-2.jsonl", {"split": "train"})).discard()
+    assert not (tmp_path / "pending-2.jsonl").exists()
