@@ -59,6 +59,7 @@ from rlmoptimizer.fingerprint import (
     apply_instructions,
     check_structure,
     copy_program,
+    demos_step,
     get_instructions,
     structural_fingerprint,
 )
@@ -492,6 +493,17 @@ class Compile:
                 "the program raised on every one of them before reaching them"
                 if always_raised
                 else "a branch the train set never takes? Add train examples that reach them",
+            )
+        replaced = [
+            step
+            for step, text in self.initial_instructions.items()
+            if demos_step(step) and text != "[]" and selection.instructions.get(step, text) != text
+        ]
+        if replaced and not self.read_back:  # the program's own demos (the user's, another optimizer's) are gone
+            logger.warning(
+                "The returned program's demos of %s replace those the program came with (the chosen candidate's "
+                "won); result.demo_sources says where the new ones came from. Pass max_demos=0 to keep yours.",
+                ", ".join(repr(demos_step(step)) for step in replaced),
             )
         if not self.read_back:  # a finished run returned again writes nothing: its seed is the one it ran with
             self.journal.write_result({**result.result_file(), "seed": self.config.attempt})

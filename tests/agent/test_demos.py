@@ -286,3 +286,22 @@ def test_a_student_whose_demos_show_validation_examples_is_warned_about(caplog):
     assert len(said) == 1 and "demos show the inputs of valset examples" in said[0] and "'self' (1)" in said[0]
     student.demos = [train[1]]
     assert warn_repeated_examples(train, val, student) == []
+
+
+def test_demos_the_program_came_with_replaced_by_the_chosen_candidates_are_warned_about(caplog):
+    """Regression: the demos a program came with (the user's, or another optimizer's) were replaced by the chosen
+    candidate's without a word; only demo_sources changing hinted at it."""
+    train, val = make_splits()
+    student = dspy.Predict("question -> label")
+    student.demos = [dspy.Example(question=train[4].question, label=train[4].label)]
+    with caplog.at_level("WARNING", logger="rlmoptimizer"):
+        result = RLMDocstringOptimizer(
+            eval_lm=FunctionLM(task_reply, name="task"),
+            sub_lm=useless_proposals(),
+            num_threads=4,
+            rlm_autopilot="loop",
+            max_metric_calls=120,
+        ).compile(student=student, trainset=train, valset=val, metric=metric)
+    assert len(result.demos) == 4 and [dict(d) for d in result.demos] != [dict(student.demos[0])]
+    warned = [r.getMessage() for r in caplog.records if "replace those the program came with" in r.getMessage()]
+    assert len(warned) == 1 and "'self'" in warned[0] and "max_demos=0" in warned[0]
