@@ -219,6 +219,20 @@ def test_a_picture_that_cannot_be_written_leaves_the_summary_whole(finished, tmp
     assert not [p.name for p in copy.iterdir() if p.name.endswith(".tmp")]  # nothing half-written left behind
 
 
+def test_what_an_lm_wrote_reaches_the_terminal_written_out_not_acted_on(finished, tmp_path, capsys):
+    """Regression: instructions and notes an LM wrote were printed as they were: an escape sequence in them could
+    retitle the terminal or hide text, and a NUL went out raw."""
+    directory, _ = finished
+    copy = Path(shutil.copytree(directory, tmp_path / "run"))
+    version = copy / "prompts" / "v-0001.json"
+    data = json.loads(version.read_text())
+    version.write_text(json.dumps({**data, "text": "Route \x1b]0;pwned\x07 tickets\x00 \x1b[8mhidden\x1b[0m"}))
+    assert main(["report", str(copy), "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b]" not in out and "\x00" not in out and "\x07" not in out
+    assert "\\x1b]0;pwned\\x07 tickets\\x00" in out
+
+
 @pytest.mark.slow
 def test_the_report_reads_a_finished_run_and_writes_nothing_but_its_picture(finished, tmp_path):
     directory, optimized = finished

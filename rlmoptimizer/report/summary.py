@@ -21,6 +21,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from rlmoptimizer.display import terminal_text
 from rlmoptimizer.report.costs import CostEstimate
 from rlmoptimizer.report.results import DetailedResults
 from rlmoptimizer.report.rundir import RunDirectory, read_run_directory
@@ -39,7 +40,9 @@ _STATUS = {
 
 
 def _clip(text: Any, limit: int = 100) -> str:
-    text = " ".join(str(text or "").split())
+    """``text`` on one line, at most ``limit`` characters, with what an LM wrote that a terminal would act on (escape
+    sequences, control characters) written out (:func:`~rlmoptimizer.display.terminal_text`)."""
+    text = " ".join(terminal_text(str(text or "")).plain.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
