@@ -263,7 +263,13 @@ class Compile:
     # -- the flow -----------------------------------------------------------------------------------
     def run(self) -> dspy.Module:
         try:
+            if not self.read_back:
+                self.journal.write_stop(None)  # a stop an earlier process wrote is not this one's
             return self._run_with_sandbox()
+        except BaseException as exc:  # the report says why the run stopped, also long after the notebook is gone
+            if not self.read_back:
+                self.journal.write_stop(exc)
+            raise
         finally:
             self.release()
 

@@ -202,9 +202,16 @@ def test_an_unusable_sub_lm_stops_the_run_naming_it_and_a_resume_with_a_working_
         compile_in(tmp_path, None, FunctionLM(task_lm_reply), sub_lm=bad_key, **loop)
     assert "sub_lm=" in str(stopped.value) and str(tmp_path) in str(stopped.value)
     assert bad_key.calls
+    # the report says why, long after the notebook that showed the error is gone
+    from rlmoptimizer.report.rundir import read_run_directory
+
+    left = read_run_directory(tmp_path)
+    assert left.status == "interrupted" and left.stopped["error"] == "OptimizationInterrupted"
+    assert "the sub LM is unusable: LMAuthError" in left.stopped["message"]
 
     resumed = compile_in(tmp_path, None, FunctionLM(task_lm_reply), sub_lm=proposer(POLICY_PROMPT), **loop)
     assert resumed.route.signature.instructions == POLICY_PROMPT
+    assert not (tmp_path / "stopped.json").exists()  # its stop is not the resumed compile's
 
 
 def test_a_sub_lm_that_is_down_stops_the_run_resumable_instead_of_ending_it_unchanged(tmp_path):

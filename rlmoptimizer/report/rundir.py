@@ -91,6 +91,9 @@ class RunDirectory:
     step), in the order they were made."""
     lineage: dict[str, dict[str, Any]] = field(default_factory=dict)
     """``candidates.json``: each named candidate's parents, the move that made it and what it reflected on."""
+    stopped: dict[str, str] | None = None
+    """``stopped.json``: what the last compile() raised as it stopped (``at``, ``error``, ``message``); None when
+    it finished, is running, was killed, or never stopped so."""
 
     # -- derived views ---------------------------------------------------------------------------
     @property
@@ -253,7 +256,17 @@ def read_run_directory(directory: str | Path) -> RunDirectory:
         estimate=estimate,
         named_candidates=named,
         lineage=lineage,
+        stopped=_stop_shape(_read_json(layout.stopped, problems), problems),
     )
+
+
+def _stop_shape(data: Any, problems: list[str]) -> dict[str, str] | None:
+    if data is None:
+        return None
+    if isinstance(data, dict) and all(isinstance(data.get(k), str) for k in ("at", "error", "message")):
+        return {k: data[k] for k in ("at", "error", "message")}
+    problems.append("stopped.json: not what a stopped compile writes (at, error, message)")
+    return None
 
 
 def _read_candidates(

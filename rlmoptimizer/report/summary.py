@@ -349,6 +349,9 @@ def render(rundir: RunDirectory, picture: Path | str | None = None, *, all_runs:
     holder = rundir.holder or {}
     if rundir.status == "in flight" and holder.get("pid") is not None:
         header.append(f" (process {holder['pid']} on {holder.get('host')}, since {holder.get('since')})", style=color)
+    if rundir.status == "interrupted" and rundir.stopped:
+        stop = rundir.stopped
+        header.append(f"\nstopped at {stop['at']} by {stop['error']}: {_clip(stop['message'], 300)}", style=color)
     manifest = rundir.manifest or {}
     if manifest.get("created_at"):
         header.append(f"\nstarted: {_when(manifest['created_at'])}")

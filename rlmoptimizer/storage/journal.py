@@ -386,6 +386,24 @@ class RunJournal:
         path = self.layout.usage  # (a damaged one would restart the spending cap from $0: refused, naming it)
         return read_record_file(path) if path.exists() else None
 
+    def write_stop(self, error: BaseException | None) -> None:
+        """stopped.json: what the compile raised as it stopped (``error``), for the report; None removes it (a
+        compile starts: a stop it ends with is its own). Never raises: the compile already stops with ``error``."""
+        try:
+            if error is None:
+                self.layout.stopped.unlink(missing_ok=True)
+                return
+            text = str(error)
+            stop = {
+                "at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                "error": type(error).__name__,
+                "message": text if len(text) <= 2000 else text[:1997] + "...",
+            }
+            with self._lock:
+                atomic_write_json(self.layout.stopped, stop)
+        except (OSError, WriteFailed) as exc:
+            logger.warning("could not write %s: %s", self.layout.stopped, exc)
+
     def write_estimate(self, estimate: dict[str, Any]) -> None:
         """estimate.json: what the compile was predicted to cost before its first paid call (written once)."""
         with self._lock:

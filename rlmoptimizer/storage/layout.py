@@ -26,6 +26,7 @@ made durable against a power loss a few milliseconds later, on a background thre
     analysis_answers.jsonl       the sub-LM's answers to the analyses' prompts, replayed on resume
     sub_lm_answers.jsonl         the answers of the agent's llm_query / llm_query_batched, replayed on resume
     result.json                  the final choice, once compile() has returned
+    stopped.json                 why the last compile() stopped with an error (what it raised), until one starts again
     run.png                      the picture of the run (rlmoptimizer.report.plot)
 
 May import: the standard library.
@@ -52,6 +53,7 @@ ANALYSES = "analyses.json"
 ANALYSIS_ANSWERS = "analysis_answers.jsonl"
 SUB_LM_ANSWERS = "sub_lm_answers.jsonl"
 RESULT = "result.json"
+STOPPED = "stopped.json"
 PENDING_REPLY = "pending_reply.json"
 PICTURE = "run.png"
 
@@ -138,6 +140,10 @@ class RunLayout:
     @property
     def result(self) -> Path:
         return self.directory / RESULT
+
+    @property
+    def stopped(self) -> Path:
+        return self.directory / STOPPED
 
     @property
     def picture(self) -> Path:

@@ -45,6 +45,10 @@ def test_every_file_the_storage_writes_is_named_by_the_layout_and_read_back_by_t
     write_candidates(tmp_path, {"proposal-1": {"s": "t"}}, {"proposal-1": {"move": "propose"}})
     write_gepa_progress(tmp_path, {"gepa-run-1": {"budget": 4, "taken": 2, "finished": False}})
     AnswerStore(tmp_path, name=layout.GEPA_REFLECTIONS).put("k", "an answer")
+    journal.write_stop(RuntimeError("the sub LM is down"))
+    stopped = read_run_directory(tmp_path)
+    assert stopped.stopped["error"] == "RuntimeError"  # (shown once no compile holds the directory)
+    assert stopped.stopped["message"] == "the sub LM is down"
     journal.write_result({"optimized_dspy_program": {"s": "t"}})
 
     named = {
@@ -58,6 +62,7 @@ def test_every_file_the_storage_writes_is_named_by_the_layout_and_read_back_by_t
         paths.gepa_runs,
         tmp_path / layout.GEPA_REFLECTIONS,
         paths.result,
+        paths.stopped,
         paths.run("run-0001"),
         paths.numbered_path(TURNS, 1),
         paths.numbered_path(PROMPT_VERSIONS, 1),
