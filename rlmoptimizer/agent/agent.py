@@ -49,7 +49,7 @@ from rlmoptimizer.agent._dspy import (
     resolve_interpreter_factory,
 )
 from rlmoptimizer.agent.bounded_context import is_context_refusal, turn_inputs, window_too_small
-from rlmoptimizer.agent.cells import cell_of, fenced_action
+from rlmoptimizer.agent.cells import cell_of, fenced_action, import_note
 from rlmoptimizer.agent.pilot import LOOP_SUBMISSION
 from rlmoptimizer.agent.prompts import CUT_OFF_NOTE, action_signature, extract_signature, tool_docs_code
 from rlmoptimizer.agent.root_lm import TurnSender, calls_since, cut_off_since, history_mark
@@ -482,7 +482,8 @@ class OptimizerAgent(dspy.Module):
             return repl.execute(code, variables=dict(input_args))
         except (CodeExecutionError, SyntaxError) as exc:
             self._failed = True
-            return self._error_text(exc)
+            error = self._error_text(exc)
+            return error + import_note(code, error, {*getattr(repl, "tools", {}), *(t.__name__ for t in self._tools)})
 
     @staticmethod
     def _error_text(exc: BaseException) -> str:

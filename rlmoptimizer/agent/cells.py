@@ -127,3 +127,22 @@ def _python_tag(fence: re.Match) -> None:
     tag = fence.group(1).lower()
     if tag not in _PYTHON_TAGS:
         raise SyntaxError(f"the code block is tagged ```{tag}: write Python in a ```python block")
+
+
+def import_note(code: str, error: str, names: frozenset[str] | set[str]) -> str:
+    """What a cell that failed on an import of ``names`` (the REPL's tools) is told: they need none. "" when the
+    error is not an import's or the cell imports none of them."""
+    if "ModuleNotFoundError" not in error and "ImportError" not in error:
+        return ""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return ""
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
+    asked = sorted(imported & set(names))
+    if not asked:
+        return ""
+    shown = ", ".join(asked[:4]) + (" ..." if len(asked) > 4 else "")
+    return (
+        f"\n[Note] {shown}: every tool is already defined in the REPL, as a global; call it directly, with no import."
+    )

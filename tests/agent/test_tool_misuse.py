@@ -52,6 +52,22 @@ def test_a_cell_that_rebinds_a_tool_is_told_and_the_next_cell_reaches_the_tool_a
     assert any(log["instructions"]["route"] == "Route by policy." for log in result.trial_logs)
 
 
+def test_a_cell_that_imports_a_tool_from_a_module_is_told_that_tools_need_no_import():
+    """A root LM wrote `from dspy_tools import evaluate_program, compare` (a module that does not exist) turn after
+    turn: the bare ModuleNotFoundError never said that the tools are already there."""
+    result = compile_with(
+        [
+            {"reasoning": "tools", "code": "from dspy_tools import evaluate_program, compare\nevaluate_program()"},
+            {"reasoning": "a library", "code": "from collections import OrderedDict\nimport not_a_module"},
+            {"reasoning": "submit", "code": SUBMIT_LINE},
+        ]
+    )
+    first, second = (turn["output"] for turn in result.agent_trajectory[:2])
+    assert "No module named 'dspy_tools'" in first
+    assert "[Note] compare, evaluate_program: every tool is already defined in the REPL" in first
+    assert "No module named 'not_a_module'" in second and "[Note]" not in second  # no tool asked for: no note
+
+
 def test_a_value_a_tool_cannot_take_gets_an_error_naming_the_argument():
     result = compile_with(
         [
