@@ -69,10 +69,19 @@ def example_inputs(example: Any) -> dict[str, Any]:
     return {k: v for k, v in fields.items() if k in keys} if keys else fields
 
 
-def demo_key(fields: dict[str, Any]) -> str:
-    """The content a demo is matched by, to the train example or call it was taken from: its fields without dspy's
-    bookkeeping mark ``augmented=True`` (``dspy.BootstrapFewShot`` sets it on the demos it makes from traces)."""
-    return canonical_json({k: v for k, v in fields.items() if not (k == "augmented" and v is True)})
+DemoIndex = dict[frozenset[str], dict[str, set[int]]]
+"""Train ids by the inputs they were shown: per set of input names (an example's, a step call's), by their values."""
+
+
+def demo_train_ids_of(demo: dict[str, Any], index: DemoIndex) -> set[int]:
+    """The train examples whose inputs ``demo`` shows (those of the example, or of one of its step calls), with an
+    answer: whatever else it holds (an answer of its own, the ``reasoning`` a teacher wrote, dspy's ``augmented``
+    mark), a candidate holding it sees that example answered."""
+    found: set[int] = set()
+    for names, by_value in index.items():
+        if names and names <= demo.keys():
+            found |= by_value.get(canonical_json({k: demo[k] for k in names}), set())
+    return found
 
 
 def whole_validation(tool: str, how: str, *selection: Any) -> None:
@@ -138,7 +147,7 @@ class MoveContext:
         self.replaying_gepa: set[str] = set()  # GEPA runs the turn a resume replays had started (run again, free)
         self.gepa_hooks: Any = None  # what GEPA runs need of the compile (moves.gepa.GepaHooks); None: nothing
         self.perfect_score = pass_threshold  # an example passes at this score: gepa skips a minibatch all passed
-        self._demo_index: tuple[int, dict[str, set[int]]] = (-1, {})  # (runs indexed, demo content -> train ids)
+        self._demo_index: tuple[int, DemoIndex] = (-1, {})  # (runs indexed, train ids by the inputs they showed)
 
     def _answered(self) -> None:
         """A sub-LM call of a move was answered and charged: :class:`~rlmoptimizer.events.SubLMAnswered` to the
@@ -301,21 +310,23 @@ class MoveContext:
         return found
 
     def demo_sources(self, instructions: dict[str, str]) -> set[int]:
-        """The train ids whose own calls (or own fields) are demos in ``instructions``: an example a candidate
+        """The train ids whose inputs (or a step call's) a demo in ``instructions`` shows: an example a candidate
         sees as a demo is no evidence for it. Read from the data, so demos kept from an earlier process or written
         by hand count too."""
-        demos = [demo_key(d) for ds in self._demos_by_step(instructions).values() for d in ds]
+        demos = [d for ds in self._demos_by_step(instructions).values() for d in ds]
         if not demos:
             return set()
         index = self._demos_index()
-        return {i for demo in demos for i in index.get(demo, ())}
+        return {i for demo in demos for i in demo_train_ids_of(demo, index)}
 
     def demo_train_ids(self, instructions: dict[str, str]) -> dict[str, list[int | None]]:
         """Per step with demos in ``instructions``, the train example each demo was taken from, in the demos' order
         (the lowest id when several match; None for a demo no train example or call holds)."""
         by_step = self._demos_by_step(instructions)
         index = self._demos_index() if by_step else {}
-        return {step: [min(index.get(demo_key(d), ()), default=None) for d in demos] for step, demos in by_step.items()}
+        return {
+            step: [min(demo_train_ids_of(d, index), default=None) for d in demos] for step, demos in by_step.items()
+        }
 
     @staticmethod
     def _demos_by_step(instructions: dict[str, str]) -> dict[str, list[dict]]:
@@ -323,16 +334,21 @@ class MoveContext:
         parsed = {demos_step(key): parse_demos(key, text) for key, text in instructions.items() if demos_step(key)}
         return {step: demos for step, demos in parsed.items() if demos}
 
-    def _demos_index(self) -> dict[str, set[int]]:
-        """The train examples' fields and every train call, by content (rebuilt when runs were added)."""
+    def _demos_index(self) -> DemoIndex:
+        """The train examples' inputs and every train call's (:data:`DemoIndex`), rebuilt when runs were added."""
         runs = self.runs.all()
         if self._demo_index[0] != len(runs):
-            index: dict[str, set[int]] = {}
+            index: DemoIndex = {}
+
+            def add(inputs: dict[str, Any], example_id: int) -> None:
+                by_value = index.setdefault(frozenset(inputs), {})
+                by_value.setdefault(canonical_json(inputs), set()).add(example_id)
+
             for i, example in enumerate(self.runs.splits.get("train", [])):
-                index.setdefault(demo_key(example_fields(example)), set()).add(i)
+                add(example_inputs(example), i)
             for run in runs:
                 for record in run.records if run.split == "train" else ():
                     for call in record.steps:
-                        index.setdefault(demo_key({**call.inputs, **call.outputs}), set()).add(record.example_id)
+                        add(dict(call.inputs), record.example_id)
             self._demo_index = (len(runs), index)
         return self._demo_index[1]
