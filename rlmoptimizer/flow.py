@@ -164,11 +164,17 @@ class Compile:
             self.store = RunStore(config.run_storage_dir, pass_threshold=config.pass_threshold)
             self.directory = Path(self.store.directory)
             self.journal = RunJournal(self.directory)
-        except OSError as exc:  # e.g. runs/ replaced by a file, or by a symlink to nowhere
-            where = exc.filename or config.run_storage_dir
+        except (FileExistsError, NotADirectoryError) as exc:  # e.g. runs/ replaced by a file, or a symlink to nowhere
             raise ConfigurationError(
-                f"the run directory {str(config.run_storage_dir)!r} cannot be opened: {where} is not what a compile "
-                f"left there ({exc.strerror or exc}). Put back the folder a compile made, or pass a new run_storage_dir"
+                f"the run directory {str(config.run_storage_dir)!r} cannot be opened: {exc.filename} is not what a "
+                f"compile left there ({exc.strerror or exc}). Put back the folder a compile made, or pass a new "
+                "run_storage_dir"
+            ) from exc
+        except OSError as exc:  # no write access, a full disk, no temporary directory
+            where = exc.filename or config.run_storage_dir or "a temporary run directory"
+            raise ConfigurationError(
+                f"{where} cannot be written ({exc.strerror or exc}): give this user write access or free space there, "
+                "or pass another run_storage_dir"
             ) from exc
         manifest = compile_manifest(
             self.program,
@@ -503,7 +509,7 @@ class Compile:
         replaced = [
             step
             for step, text in self.initial_instructions.items()
-            if demos_step(step) and text != "[]" and selection.instructions.get(step, text) != text
+            if demos_step(step) and text != "[]" and selection.instructions.get(step, "[]") != text
         ]
         if replaced and not self.read_back:  # the program's own demos (the user's, another optimizer's) are gone
             logger.warning(

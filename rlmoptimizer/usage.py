@@ -225,6 +225,7 @@ class UsageMeter:
         self._lock = threading.Lock()
         self._roles = {role: _RoleTotals() for role in ROLES}
         self._cap_reached_at: dict[str, Any] | None = None
+        self._warned: set[str] = set()  # models whose calls reported no usage, warned of once
 
     # -- recording --------------------------------------------------------------------------------------
     def tracker(self, role: str, forward: Any = None) -> RoleTracker:
@@ -266,7 +267,8 @@ class UsageMeter:
             totals.output_tokens += output_tokens
             totals.cached_input_tokens += cached
             if price is None:
-                if not input_tokens and unpriced not in totals.unpriced_models and self.max_cost_usd is not None:
+                if not input_tokens and unpriced not in self._warned and self.max_cost_usd is not None:
+                    self._warned.add(unpriced)  # once per model, whichever role calls it
                     logger.warning(
                         "A call of %s (%s) reported no token usage: its cost is unknown, and max_cost_usd counts "
                         "only the calls it can price. Have the LM's client return its usage.",

@@ -104,10 +104,11 @@ def test_a_priced_model_whose_calls_report_no_usage_costs_an_unknown_amount_not_
     with caplog.at_level("WARNING", logger="rlmoptimizer.usage"):
         meter.record(SUB, "openai/gpt-4o-mini", {})
         meter.record(SUB, "openai/gpt-4o-mini", {"prompt_tokens": 0})
+        meter.record(EVAL, "openai/gpt-4o-mini", {})  # the same model in another role: said already
     warned = [r.getMessage() for r in caplog.records]
     assert len(warned) == 1 and "reported no token usage" in warned[0] and "max_cost_usd counts only" in warned[0]
     snap = meter.snapshot()
-    assert snap[SUB]["calls"] == 3 and snap[SUB]["cost_usd"] is None
+    assert snap[SUB]["calls"] == 3 and snap[SUB]["cost_usd"] is None and snap[EVAL]["cost_usd"] is None
     assert snap[SUB]["unpriced_models"] == ["openai/gpt-4o-mini (no token usage reported)"]
     assert snap[SUB]["priced_usd"] == pytest.approx(float(price_of_call("openai/gpt-4o-mini", 1_000, 10)))
 

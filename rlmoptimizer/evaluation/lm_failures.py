@@ -44,8 +44,7 @@ _SYSTEMIC_LITELLM_NAMES = (
     "APIConnectionError",
     "BudgetExceededError",
 )
-# LiteLLM's own names for an outage (dspy.LM maps them to its transient errors): checked first, as litellm's
-# Timeout is an APIConnectionError.
+# LiteLLM's own names for an outage (dspy.LM maps them to its transient errors), checked before the systemic names.
 _TRANSIENT_LITELLM_NAMES = (
     "RateLimitError",
     "Timeout",

@@ -86,7 +86,7 @@ def _usage_table(rundir: RunDirectory) -> Table | Text:
     if cost is not None:
         table.caption = f"total cost: {dollars(cost)}"
     elif unpriced:
-        table.caption = f"total cost: unknown (litellm has no price for {', '.join(map(str, unpriced))})"
+        table.caption = f"total cost: unknown (no price for {', '.join(map(str, unpriced))})"
     return table
 
 

@@ -18,6 +18,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from rlmoptimizer.errors import RunDirectoryMismatchError
+
 logger = logging.getLogger(__name__)
 
 
@@ -50,6 +52,16 @@ class WriteFailed(BaseException):  # noqa: N818 - a stop, as asyncio's Cancelled
         super().__init__(f"could not write {path}: {error.strerror or error}")
         self.path = str(path)
         self.error = error
+
+
+def not_readable_here(path: str | Path, error: PermissionError) -> RunDirectoryMismatchError:
+    """The refusal of a run directory's file this user may not read: not damaged (restoring it, or starting over and
+    paying everything again, would be the wrong advice), but another user's or one whose permissions changed."""
+    return RunDirectoryMismatchError(
+        f"{path} cannot be read ({error.strerror or error}): it was written by another user or its permissions "
+        "were changed. Give this user read and write access to the run directory (e.g. chmod -R u+rw, or run as "
+        "its owner), then compile again: nothing is lost."
+    )
 
 
 def atomic_write_text(path: str | Path, text: str, durable: bool = True) -> None:

@@ -27,7 +27,7 @@ from rlmoptimizer.errors import RunDirectoryMismatchError
 from rlmoptimizer.events import AgentReplied, AgentTurn, EvaluationFinished, Event, PromptUpdated, SubLMAnswered
 from rlmoptimizer.fingerprint import HELD, diff_fingerprints
 from rlmoptimizer.records import jsonable
-from rlmoptimizer.storage.files import BackgroundSync, WriteFailed, atomic_write_json
+from rlmoptimizer.storage.files import BackgroundSync, WriteFailed, atomic_write_json, not_readable_here
 from rlmoptimizer.storage.identity import describe_differences
 from rlmoptimizer.storage.layout import PROMPT_VERSIONS, TURNS, Numbered, RunLayout
 from rlmoptimizer.storage.lock import READ_ONLY_ERRNOS
@@ -78,11 +78,7 @@ def read_record_file(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
         why = None if isinstance(data, dict) else f"it holds a JSON {type(data).__name__}, not an object"
     except PermissionError as exc:  # not damaged: another user's file
-        raise RunDirectoryMismatchError(
-            f"{path} cannot be read ({exc.strerror or exc}): it was written by another user or its permissions "
-            "were changed. Give this user read and write access to the run directory (e.g. chmod -R u+rw, or run "
-            "as its owner), then compile again: nothing is lost."
-        ) from None
+        raise not_readable_here(path, exc) from None
     except (OSError, ValueError) as exc:
         why = f"{type(exc).__name__}: {exc}"
     if why is not None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rlmoptimizer.records import SPLITS, EvalRun, ExampleResult
-from rlmoptimizer.storage.files import BackgroundSync, WriteFailed, atomic_write_json, json_text
+from rlmoptimizer.storage.files import BackgroundSync, WriteFailed, atomic_write_json, json_text, not_readable_here
 from rlmoptimizer.storage.layout import RUNS, RunLayout
 
 logger = logging.getLogger(__name__)
@@ -171,6 +171,8 @@ class RunStore:
         for _, path in self.layout.numbered(RUNS):
             try:
                 run = EvalRun.from_dict(json.loads(path.read_text(encoding="utf-8")))
+            except PermissionError as exc:  # not damaged: paying its examples again would be the loss
+                raise not_readable_here(path, exc) from None
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 logger.warning("skipping unreadable run file %s: %s", path, exc)
                 self.unreadable.append(str(path))

@@ -86,8 +86,7 @@ def test_a_failure_reads_as_the_lm_error_behind_it_on_one_line():
 
 def test_litellms_own_outages_are_outages_also_when_a_custom_lm_raised_them_unmapped():
     """Regression: a custom LM raising litellm's RateLimitError (which dspy.LM maps to its own) was no outage, so a
-    sub LM down that way ended the run early as finished; litellm's Timeout, an APIConnectionError, was even taken
-    for an unusable LM."""
+    sub LM down that way ended the run early as finished."""
     import litellm
 
     from rlmoptimizer.evaluation.lm_failures import is_outage

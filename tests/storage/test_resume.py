@@ -132,3 +132,25 @@ def test_a_run_file_this_user_cannot_read_is_told_apart_from_a_damaged_one(tmp_p
     with pytest.raises(RunDirectoryMismatchError, match="another user") as refused:
         read_record_file(path)
     assert "Permission denied" in str(refused.value) and "backup" not in str(refused.value)
+
+
+def test_a_run_file_this_user_cannot_read_stops_the_resume_instead_of_being_paid_again(tmp_path, monkeypatch):
+    """Regression: a run file another user wrote was skipped as damaged, and its examples were paid for again."""
+    from pathlib import Path
+
+    from rlmoptimizer.errors import RunDirectoryMismatchError
+    from rlmoptimizer.records import EvalRun
+    from rlmoptimizer.storage.run_store import RunStore
+
+    RunStore(tmp_path).save(EvalRun("run-0001", "train", "baseline", {"s": "i"}, (), 0, 0, 10))
+    path = tmp_path / "runs" / "run-0001.json"
+    real = Path.read_text
+
+    def denied(self, *args, **kwargs):
+        if self == path:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", denied)
+    with pytest.raises(RunDirectoryMismatchError, match="another user"):
+        RunStore(tmp_path)
