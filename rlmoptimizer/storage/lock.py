@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -88,10 +89,7 @@ class RunDirectoryLock:
         if fd is None:
             return
         try:
-            if fcntl is not None:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            elif msvcrt is not None:  # pragma: no cover - Windows
-                msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+            _lock_now(fd)
         except OSError as exc:
             os.close(fd)
             if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK, errno.EDEADLK):
@@ -143,6 +141,22 @@ class RunDirectoryLock:
             pass
         finally:
             os.close(fd)
+
+
+def _lock_now(fd: int, tries: int = 5) -> None:
+    """Take the exclusive lock on ``fd`` without waiting for a holder; a report testing the lock (it takes it shared
+    for an instant, :func:`_lock_is_held`) is waited out with a few short tries. OSError when it stays taken."""
+    for attempt in range(tries):
+        try:
+            if fcntl is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            elif msvcrt is not None:  # pragma: no cover - Windows
+                msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+            return
+        except OSError as exc:
+            if attempt == tries - 1 or exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise
+            time.sleep(0.02 * (attempt + 1))
 
 
 def _lock_is_held(lock_file: Path, unknown: bool = False) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import pytest
 from support.manifests import MANIFEST
@@ -154,3 +155,23 @@ def test_a_run_file_this_user_cannot_read_stops_the_resume_instead_of_being_paid
     monkeypatch.setattr(Path, "read_text", denied)
     with pytest.raises(RunDirectoryMismatchError, match="another user"):
         RunStore(tmp_path)
+
+
+def test_a_lock_a_report_is_testing_at_that_instant_is_waited_out(tmp_path):
+    """Regression: a report testing the lock (shared, for an instant) as a compile started made the compile fail
+    with RunDirectoryInUseError, naming whatever process the holder file named."""
+    import threading
+
+    fcntl = pytest.importorskip("fcntl")
+    from rlmoptimizer.storage.lock import RunDirectoryLock
+
+    (tmp_path / ".lock").touch()
+    fd = os.open(tmp_path / ".lock", os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+
+    def report_done():
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+    threading.Timer(0.03, report_done).start()
+    RunDirectoryLock(tmp_path).release()
