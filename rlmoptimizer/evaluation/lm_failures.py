@@ -4,7 +4,8 @@ an LM failure at all.
 * systemic: retrying cannot fix it and every example would fail the same way (bad key, no billing, unknown
   model, unreachable host after dspy's own retries); enough of them in a row stop the evaluation;
 * transient (``"lm"``): the LM call failed without an answer (rate limit, timeout, server error after
-  retries); the example is tried again, and if it still fails it is recorded but not charged;
+  retries, a connection the server reset mid-request); the example is tried again, and if it still fails it is
+  recorded but not charged;
 * anything else (a request the LM refused, a reply that does not parse, a bug in the program): charged.
 
 The evaluator classifies each failure once, when it makes the record, and stores the kind on it
@@ -31,7 +32,7 @@ _SYSTEMIC_LM_ERRORS: tuple[type[BaseException], ...] = (
     dspy_errors.LMConfigurationError,  # includes LMNotConfiguredError
     dspy_errors.LMUnsupportedModelError,
     dspy_errors.LMUnsupportedFeatureError,
-    dspy_errors.LMTransportError,  # already retried num_retries times by dspy.LM
+    dspy_errors.LMTransportError,  # a connection refused, an unknown host (after dspy.LM's retries); not a read cut off
 )
 # LiteLLM's own names for the same failures, in case one reaches us unwrapped (e.g. from a custom LM).
 # Checked before the request names below: litellm derives some of these from BadRequestError.
@@ -78,10 +79,21 @@ def _is_systemic(exc: BaseException) -> bool:
     return isinstance(exc, _SYSTEMIC_LM_ERRORS) or _litellm_error(exc, _SYSTEMIC_LITELLM_NAMES)
 
 
+# What a transport error that reached the server but got no answer holds: a read that timed out, a connection the
+# server reset or dropped mid-request. An outage, not an unusable LM (unlike a refused connection, an unknown host).
+_CUT_MID_REQUEST = (TimeoutError, ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
+
+
+def _cut_mid_request(exc: BaseException) -> bool:
+    return any(isinstance(e, _CUT_MID_REQUEST) for e in exception_chain(exc))
+
+
 def _lm_failure_kind(exc: BaseException) -> str | None:
     """What ``exc`` itself says: SYSTEMIC, ``"request"`` (sent and rejected), TRANSIENT for a specific LM error
     (rate limit, timeout, server error), ``"unexpected"`` for dspy's catch-all wrapper, ``None`` for no LM error."""
     if _litellm_error(exc, _TRANSIENT_LITELLM_NAMES):
+        return TRANSIENT
+    if isinstance(exc, dspy_errors.LMTransportError) and _cut_mid_request(exc):  # dspy's own client's read timeout
         return TRANSIENT
     if _is_systemic(exc):
         return SYSTEMIC

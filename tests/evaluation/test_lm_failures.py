@@ -103,3 +103,20 @@ def test_litellms_own_outages_are_outages_also_when_a_custom_lm_raised_them_unma
     unreachable = litellm.APIConnectionError("connection refused", llm_provider="openai", model="m")
     assert classify_lm_failure(unreachable)[0] == "systemic"
     assert not is_outage(raised_from(dspy.LMUnexpectedError("[fake]"), RuntimeError("a bug in the client")))
+
+
+def test_a_read_that_timed_out_or_a_connection_reset_mid_request_is_an_outage_not_an_unusable_lm():
+    """Regression: dspy's own client (its default engine) raises LMTransportError for a read that timed out and for
+    a connection the server reset, as for a refused connection: all three were taken for an unusable LM, and a
+    timeout= the docs advise stopped a compile on its first slow reply, saying to check the key and billing."""
+    from rlmoptimizer.evaluation.lm_failures import is_outage
+
+    def transport(message: str, cause: BaseException) -> BaseException:
+        return raised_from(dspy.LMTransportError(message, model="m"), cause)
+
+    timed_out = transport("read timed out waiting for headers", TimeoutError("timed out"))
+    reset = transport("read failed: [Errno 104] Connection reset by peer", ConnectionResetError(104, "reset"))
+    refused = transport("failed to connect: [Errno 111] Connection refused", ConnectionRefusedError(111, "refused"))
+    assert classify_lm_failure(timed_out)[0] == "lm" and is_outage(timed_out)
+    assert classify_lm_failure(reset)[0] == "lm" and is_outage(reset)
+    assert classify_lm_failure(refused)[0] == "systemic"  # nothing listens there: retrying cannot help
