@@ -73,7 +73,10 @@ def dollars(amount: float) -> str:
 
 
 def _int(value: Any) -> int:
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+    """A token count as reported, 0 for anything else (a missing, negative or non-finite count says nothing)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return 0
+    return int(value)
 
 
 def _cached_tokens(usage: dict[str, Any]) -> int:

@@ -113,6 +113,17 @@ def test_a_priced_model_whose_calls_report_no_usage_costs_an_unknown_amount_not_
     assert snap[SUB]["priced_usd"] == pytest.approx(float(price_of_call("openai/gpt-4o-mini", 1_000, 10)))
 
 
+def test_counts_no_provider_could_mean_are_no_tokens_and_never_negative_dollars():
+    """Regression: a reply reporting completion_tokens=-1000000 made usage show negative tokens and $-29.95, and the
+    spending cap took the negative total for reached."""
+    meter = UsageMeter(max_cost_usd=0.08)
+    meter.record(SUB, "openai/gpt-4o-mini", {"prompt_tokens": 1_000, "completion_tokens": -1_000_000})
+    meter.record(SUB, "openai/gpt-4o-mini", {"prompt_tokens": 1_000, "completion_tokens": float("nan")})
+    snap = meter.snapshot()
+    assert snap[SUB]["output_tokens"] == 0 and snap[SUB]["cost_usd"] > 0
+    assert not meter.cap_reached
+
+
 def test_a_tracker_installed_before_still_receives_every_call_once():
     meter = UsageMeter()
     lm = _qa_lm("openai/gpt-4o-mini")
