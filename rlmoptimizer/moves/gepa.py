@@ -244,7 +244,9 @@ class GepaMoves(AnalysisMoves):
         # The same call replayed after a kill (same budget) goes on with what is left of it (a run that finished in the
         # turn being replayed is replayed whole, free); another call is new.
         earlier = kept.get(run_name)
-        taken = earlier["taken"] if earlier and earlier["budget"] == budget else 0
+        # (what the killed run had reserved for work under way was never paid: its records that completed were
+        # charged when the resume recovered them, and are reused free)
+        taken = earlier["taken"] - earlier.get("reserved", 0) if earlier and earlier["budget"] == budget else 0
         started_at = earlier["started_at"] if taken and "started_at" in earlier else time.time()
         if budget - taken > self.ledger.left and earlier and earlier["budget"] == budget:
             # a replay, with less left than the killed run had (a damaged run file paid again, say): it goes on
@@ -281,10 +283,11 @@ class GepaMoves(AnalysisMoves):
         evaluations: list[int] = []
         start = instructions_digest(base)  # a resume knows whether its best was adopted since
 
-        def record(units: int, finished: bool = False, best_new: str | None = None) -> None:
+        def record(units: int, reserved: int = 0, finished: bool = False, best_new: str | None = None) -> None:
             kept[run_name] = {
                 "budget": budget,
                 "taken": units,
+                **({"reserved": reserved} if reserved else {}),
                 "finished": finished,
                 "checks": list(checks),
                 "evaluations": list(evaluations),

@@ -37,18 +37,20 @@ class Slice:
     """The units one run may spend, taken from the ledger one whole evaluation or reflection at a time."""
 
     def __init__(
-        self, ledger: BudgetLedger, units: int, taken: int = 0, on_change: Callable[[int], None] | None = None
+        self, ledger: BudgetLedger, units: int, taken: int = 0, on_change: Callable[[int, int], None] | None = None
     ) -> None:
-        """``taken``: units an earlier process already paid or reserved for this run (a run replayed on resume);
-        ``on_change(taken)`` is told what is paid or reserved of the slice after every change, before the work."""
+        """``taken``: units an earlier process already paid for this run (a run replayed on resume);
+        ``on_change(taken, reserved)`` is told what is paid or reserved of the slice, and how much of that is
+        reserved for work under way, after every change, before the work."""
         self.ledger = ledger
         self.units = units
         self.left = max(0, units - taken)
         self.before = taken
         self.spent = 0
+        self.reserved = 0  # reserved for work under way: a process killed then never paid it
         self.by_kind = {TRAIN_EXAMPLE: 0, VAL_EXAMPLE: 0, SUB_LM_CALL: 0}
         self._lock = threading.Lock()
-        self._on_change = on_change or (lambda taken: None)
+        self._on_change = on_change or (lambda taken, reserved: None)
 
     @property
     def evaluations(self) -> int:
@@ -72,7 +74,8 @@ class Slice:
                 raise Stop(f"{what} could not be paid: {exc}") from None
             if sliced:
                 self.left -= n
-                self._on_change(self.units - self.left)
+                self.reserved += n
+                self._on_change(self.units - self.left, self.reserved)
         return reservation
 
     def settle(self, reservation: Reservation) -> None:
@@ -81,8 +84,9 @@ class Slice:
         with self._lock:
             if sliced:
                 self.left += reservation.granted - reservation.spent
+                self.reserved -= reservation.granted
                 self.spent += reservation.spent
-                self._on_change(self.units - self.left)
+                self._on_change(self.units - self.left, self.reserved)
             self.by_kind[reservation.kind] += reservation.spent
 
 

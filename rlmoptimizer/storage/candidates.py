@@ -66,7 +66,8 @@ def write_candidates(
 
 
 def read_gepa_progress(directory: str | Path | None) -> dict[str, dict[str, Any]]:
-    """``{GEPA run name: {"budget", "taken" (units paid or reserved), "finished", "checks" (what was taken at each of
+    """``{GEPA run name: {"budget", "taken" (units paid or reserved), "reserved" (of those, reserved for work under
+    way, when some were), "finished", "checks" (what was taken at each of
     its stop checks, so that a replay makes them as it did), "evaluations" (what it had spent on evaluations at each),
     "start" (the digest of the instructions it started from), "started_at" (when it started) and, once finished, "best_new" (its best candidate's id
     when that is not where it started)}}`` as kept in ``directory``; empty when there is none (entries of another
@@ -90,6 +91,7 @@ def read_gepa_progress(directory: str | Path | None) -> dict[str, dict[str, Any]
         name: {
             "budget": entry["budget"],
             "taken": entry["taken"],
+            **({"reserved": entry["reserved"]} if count(entry.get("reserved")) and entry["reserved"] else {}),
             "finished": entry["finished"],
             "checks": checks(entry.get("checks")),
             "evaluations": checks(entry.get("evaluations")),

@@ -191,6 +191,33 @@ def test_a_gepa_run_replayed_with_less_left_than_its_budget_had_goes_on_with_wha
     assert any("replayed with 12 unit(s) left of the 20" in r.getMessage() for r in caplog.records)
 
 
+def test_a_gepa_run_killed_with_units_reserved_for_an_evaluation_replays_without_them(tmp_path):
+    """Regression: a run killed while a child was being scored on validation had its reservation for that
+    evaluation kept as taken; the replay then had 7 units where the child needed 8, dropped it, and the loop paid
+    sub-LM calls for other moves."""
+    import time
+
+    world = World(tmp_path, limit=60, proposal_lm=proposal_reply())
+    with world.ledger.reserve(17, TRAIN_EXAMPLE) as paid:  # what the killed run had paid
+        paid.spend(17)
+    killed = {
+        "budget": 32,
+        "taken": 25,
+        "reserved": 8,
+        "finished": False,
+        "checks": [],
+        "evaluations": [],
+        "start": "",
+        "started_at": time.time(),
+    }
+    world.moves.gepa_hooks = GepaHooks(progress={"gepa run 1": killed})
+    kept = []
+    world.moves.gepa_hooks.keep_progress = lambda progress: kept.append(dict(progress["gepa run 1"]))
+    result = world.moves.run_gepa(GepaSpec(budget=32, steps=["generate.predict"]))
+    assert result["spent_before_resume"] == 17  # the reservation was never paid
+    assert world.ledger.spent <= 17 + 15 and kept[-1]["taken"] <= 32 and "reserved" not in kept[-1]
+
+
 def test_each_step_of_a_branching_program_gets_demos_from_the_passing_examples_it_ran_on(tmp_path):
     """Regression: demos were taken only from passing examples on which every step ran, which a program that
     branches never has: propose_demos was always refused there (and the loop mode ended the run on it)."""
