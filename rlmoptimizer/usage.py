@@ -29,6 +29,7 @@ import logging
 import math
 import sys
 import threading
+import time
 from collections.abc import Callable
 from decimal import Decimal
 from functools import lru_cache
@@ -464,14 +465,28 @@ class UsageObserver:
     (for the spending cap's estimate) and hands
     the meter's snapshot to ``write`` after every evaluation and agent turn (``usage.json``)."""
 
+    EVERY_S = 0.1
+    """Within an evaluation, ``usage.json`` is written at most this often (a process killed in the middle of one
+    loses at most this much of what its calls cost; the records it paid are kept and charged on resume)."""
+
     def __init__(self, meter: UsageMeter, write: Callable[[dict[str, Any]], None]) -> None:
         self.meter = meter
         self.write = write
+        self._written = 0.0
+        self._lock = threading.Lock()
 
     def on_event(self, event: Event) -> None:
         if isinstance(event, ExampleEvaluated):
             self.meter.add_units(EVAL, 1)
+            with self._lock:  # (examples finish on the evaluation's threads)
+                due = time.monotonic() - self._written >= self.EVERY_S
+                if due:
+                    self._written = time.monotonic()
+            if due:
+                self.write(self.meter.snapshot())
         elif isinstance(event, (AgentTurn, EvaluationFinished, SubLMAnswered)):
             if isinstance(event, SubLMAnswered):  # every paid sub-LM prompt: the agent's, a proposal, a reflection
                 self.meter.add_units(SUB, event.prompts)
+            with self._lock:
+                self._written = time.monotonic()
             self.write(self.meter.snapshot())

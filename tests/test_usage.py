@@ -387,3 +387,22 @@ def test_a_resume_keeps_what_the_priced_calls_of_a_role_with_an_unpriced_model_c
     again.record(EVAL, "openai/gpt-4o-mini", {"prompt_tokens": 10_000, "completion_tokens": 100})
     assert again.snapshot()[EVAL]["priced_usd"] == pytest.approx(4 * per_call)
     assert again.cap_reached  # the fourth priced call went past the cap, counted with the three before the resume
+
+
+def test_usage_is_written_within_an_evaluation_not_only_after_it(monkeypatch):
+    """Regression: usage.json was written only after an evaluation ended, so a process killed in a long one left
+    its calls out: a resumed run said (and its spending cap counted) less than the provider billed."""
+    from rlmoptimizer.events import ExampleEvaluated
+    from rlmoptimizer.records import ExampleResult
+    from rlmoptimizer.usage import UsageObserver
+
+    now = [100.0]
+    monkeypatch.setattr("rlmoptimizer.usage.time.monotonic", lambda: now[0])
+    meter, written = UsageMeter(), []
+    observer = UsageObserver(meter, written.append)
+    example = ExampleEvaluated(ExampleResult(0, {}, {}, {}, 1.0, True))
+    for second in (0.0, 0.03, 0.06, 0.12, 0.14, 0.25):  # six examples finish over 0.25 s
+        now[0] = 100.0 + second
+        meter.record(EVAL, "fake", {"prompt_tokens": 10, "completion_tokens": 1})
+        observer.on_event(example)
+    assert [w[EVAL]["calls"] for w in written] == [1, 4, 6]  # at most one write in 0.1 s, each the latest counts
