@@ -55,6 +55,18 @@ def compile_labels(**kwargs):
     return result, eval_lm, sub_lm
 
 
+def loop_compile(student, train, val, reply=None, **settings):
+    """``student`` compiled by the default loop with no agent on ``train``/``val``, answered by ``reply``."""
+    optimizer = RLMDocstringOptimizer(
+        eval_lm=FunctionLM(reply or task_reply, name="task"),
+        sub_lm=useless_proposals(),
+        num_threads=4,
+        rlm_autopilot="loop",
+        **{"max_metric_calls": 120, **settings},
+    )
+    return optimizer.compile(student=student, trainset=train, valset=val, metric=metric)
+
+
 def demos_in(prompt: list[dict]) -> str:
     return " ".join(str(m.get("content")) for m in prompt[:-1])
 
@@ -250,13 +262,7 @@ def test_a_near_copy_of_a_validation_example_never_becomes_a_demo(caplog):
     val = val + [dspy.Example(**train[i]).with_inputs("question") for i in (0, 1)]
     train = copies + train[2:]
     with caplog.at_level("WARNING", logger="rlmoptimizer"):
-        result = RLMDocstringOptimizer(
-            eval_lm=FunctionLM(task_reply, name="task"),
-            sub_lm=useless_proposals(),
-            num_threads=4,
-            rlm_autopilot="loop",
-            max_metric_calls=120,
-        ).compile(student=dspy.Predict("question -> label"), trainset=train, valset=val, metric=metric)
+        result = loop_compile(dspy.Predict("question -> label"), train, val)
     assert sorted(d.label for d in result.demos) == ["E5", "W9"]  # the two easy successes that are train only
     assert not {d.question for d in result.demos} & {e.question for e in val}
     assert any(
@@ -278,14 +284,7 @@ def test_demos_made_by_bootstrap_few_shot_are_traced_to_their_train_examples():
     def reply(messages):
         return {"reasoning": "r", **task_reply(messages)}
 
-    result = RLMDocstringOptimizer(
-        eval_lm=FunctionLM(reply, name="task"),
-        sub_lm=useless_proposals(),
-        num_threads=4,
-        rlm_autopilot="loop",
-        max_metric_calls=60,
-        max_demos=0,
-    ).compile(student=student, trainset=train, valset=val, metric=metric)
+    result = loop_compile(student, train, val, reply, max_metric_calls=60, max_demos=0)
     assert result.demo_sources == {"predict": [5, 9]}
 
 
@@ -308,13 +307,7 @@ def test_demos_the_program_came_with_replaced_by_the_chosen_candidates_are_warne
     student = dspy.Predict("question -> label")
     student.demos = [dspy.Example(question=train[4].question, label=train[4].label)]
     with caplog.at_level("WARNING", logger="rlmoptimizer"):
-        result = RLMDocstringOptimizer(
-            eval_lm=FunctionLM(task_reply, name="task"),
-            sub_lm=useless_proposals(),
-            num_threads=4,
-            rlm_autopilot="loop",
-            max_metric_calls=120,
-        ).compile(student=student, trainset=train, valset=val, metric=metric)
+        result = loop_compile(student, train, val)
     assert len(result.demos) == 4 and [dict(d) for d in result.demos] != [dict(student.demos[0])]
     warned = [r.getMessage() for r in caplog.records if "replace those the program came with" in r.getMessage()]
     assert len(warned) == 1 and "'self'" in warned[0] and "max_demos=0" in warned[0]

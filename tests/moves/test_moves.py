@@ -167,24 +167,23 @@ def test_gepa_reflects_on_a_steps_own_parse_failures_only_when_asked_as_dspy_gep
     assert world.ledger.spent <= 20
 
 
+def killed_in_gepa(tmp_path, limit: int, *, paid: int, **progress: int) -> World:
+    """A world whose ledger has ``paid`` units spent and whose GEPA run 1 an earlier process was killed in, its
+    progress as ``progress`` says (``budget``, ``taken``, ``reserved``)."""
+    import time
+
+    world = World(tmp_path, limit=limit, proposal_lm=proposal_reply())
+    with world.ledger.reserve(paid, TRAIN_EXAMPLE) as reservation:
+        reservation.spend(paid)
+    killed = {"finished": False, "checks": [], "evaluations": [], "start": "", "started_at": time.time(), **progress}
+    world.moves.gepa_hooks = GepaHooks(progress={"gepa run 1": killed})
+    return world
+
+
 def test_a_gepa_run_replayed_with_less_left_than_its_budget_had_goes_on_with_what_is_left(tmp_path, caplog):
     """Regression: a resume that paid again for a damaged run file had less left than the killed GEPA run's budget
     still had; its replay was refused, and the loop ended early with the unchanged program and units unspent."""
-    import time
-
-    world = World(tmp_path, limit=30, proposal_lm=proposal_reply())
-    with world.ledger.reserve(18, TRAIN_EXAMPLE) as paid:  # the killed run's 10, and 8 paid again since
-        paid.spend(18)
-    killed = {
-        "budget": 30,
-        "taken": 10,
-        "finished": False,
-        "checks": [],
-        "evaluations": [],
-        "start": "",
-        "started_at": time.time(),
-    }
-    world.moves.gepa_hooks = GepaHooks(progress={"gepa run 1": killed})
+    world = killed_in_gepa(tmp_path, 30, paid=18, budget=30, taken=10)  # its 10, and 8 paid again since
     with caplog.at_level("WARNING", logger="rlmoptimizer.moves.gepa"):
         world.moves.run_gepa(GepaSpec(budget=30, steps=["generate.predict"]))
     assert world.ledger.spent == 30  # it went on, and stopped at the limit
@@ -195,22 +194,7 @@ def test_a_gepa_run_killed_with_units_reserved_for_an_evaluation_replays_without
     """Regression: a run killed while a child was being scored on validation had its reservation for that
     evaluation kept as taken; the replay then had 7 units where the child needed 8, dropped it, and the loop paid
     sub-LM calls for other moves."""
-    import time
-
-    world = World(tmp_path, limit=60, proposal_lm=proposal_reply())
-    with world.ledger.reserve(17, TRAIN_EXAMPLE) as paid:  # what the killed run had paid
-        paid.spend(17)
-    killed = {
-        "budget": 32,
-        "taken": 25,
-        "reserved": 8,
-        "finished": False,
-        "checks": [],
-        "evaluations": [],
-        "start": "",
-        "started_at": time.time(),
-    }
-    world.moves.gepa_hooks = GepaHooks(progress={"gepa run 1": killed})
+    world = killed_in_gepa(tmp_path, 60, paid=17, budget=32, taken=25, reserved=8)
     kept = []
     world.moves.gepa_hooks.keep_progress = lambda progress: kept.append(dict(progress["gepa run 1"]))
     result = world.moves.run_gepa(GepaSpec(budget=32, steps=["generate.predict"]))

@@ -112,16 +112,10 @@ def test_run_directory_files_get_the_mode_any_file_of_the_process_gets(tmp_path)
     assert mode == stat.S_IMODE((tmp_path / "plain.jsonl").stat().st_mode)
 
 
-def test_a_run_file_this_user_cannot_read_is_told_apart_from_a_damaged_one(tmp_path, monkeypatch):
-    """Regression: a manifest another user wrote (no read permission here) was called damaged, with the advice to
-    restore it from a backup or start over, and so pay everything again."""
+def not_readable(monkeypatch, path) -> None:
+    """``path`` as another user's file reads to this one: every read of it is denied."""
     from pathlib import Path
 
-    from rlmoptimizer.errors import RunDirectoryMismatchError
-    from rlmoptimizer.storage.journal import read_record_file
-
-    path = tmp_path / "manifest.json"
-    path.write_text("{}")
     real = Path.read_text
 
     def denied(self, *args, **kwargs):
@@ -130,6 +124,18 @@ def test_a_run_file_this_user_cannot_read_is_told_apart_from_a_damaged_one(tmp_p
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(Path, "read_text", denied)
+
+
+def test_a_run_file_this_user_cannot_read_is_told_apart_from_a_damaged_one(tmp_path, monkeypatch):
+    """Regression: a manifest another user wrote (no read permission here) was called damaged, with the advice to
+    restore it from a backup or start over, and so pay everything again."""
+
+    from rlmoptimizer.errors import RunDirectoryMismatchError
+    from rlmoptimizer.storage.journal import read_record_file
+
+    path = tmp_path / "manifest.json"
+    path.write_text("{}")
+    not_readable(monkeypatch, path)
     with pytest.raises(RunDirectoryMismatchError, match="another user") as refused:
         read_record_file(path)
     assert "Permission denied" in str(refused.value) and "backup" not in str(refused.value)
@@ -137,22 +143,13 @@ def test_a_run_file_this_user_cannot_read_is_told_apart_from_a_damaged_one(tmp_p
 
 def test_a_run_file_this_user_cannot_read_stops_the_resume_instead_of_being_paid_again(tmp_path, monkeypatch):
     """Regression: a run file another user wrote was skipped as damaged, and its examples were paid for again."""
-    from pathlib import Path
 
     from rlmoptimizer.errors import RunDirectoryMismatchError
     from rlmoptimizer.records import EvalRun
     from rlmoptimizer.storage.run_store import RunStore
 
     RunStore(tmp_path).save(EvalRun("run-0001", "train", "baseline", {"s": "i"}, (), 0, 0, 10))
-    path = tmp_path / "runs" / "run-0001.json"
-    real = Path.read_text
-
-    def denied(self, *args, **kwargs):
-        if self == path:
-            raise PermissionError(13, "Permission denied", str(self))
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(Path, "read_text", denied)
+    not_readable(monkeypatch, tmp_path / "runs" / "run-0001.json")
     with pytest.raises(RunDirectoryMismatchError, match="another user"):
         RunStore(tmp_path)
 
