@@ -106,22 +106,6 @@ def _no_demos(instructions: dict[str, str]) -> Collection[int]:
     return ()
 
 
-def _without_own_demos(
-    split: str, runs: Sequence[EvalRun], own_demos: OwnDemos
-) -> tuple[list[EvalRun], dict[str, EvalRun], str]:
-    """On train (no valset), each run without the examples it holds as demos (a demo answers its own example), so
-    that candidates are ranked on what they answer; the runs by id, and a note for the reason when any changed."""
-    if split != "train":
-        return list(runs), {r.run_id: r for r in runs}, ""
-    fair = []
-    for run in runs:
-        held = set(own_demos(run.instructions))
-        fair.append(replace(run, records=tuple(r for r in run.records if r.example_id not in held)) if held else run)
-    changed = any(f is not r for f, r in zip(fair, runs, strict=True))
-    note = " (each candidate scored on the train examples it does not hold as demos)" if changed else ""
-    return fair, {r.run_id: r for r in fair}, note
-
-
 def paired_differences(run: EvalRun, reference: EvalRun, left_out: Collection[int] = ()) -> list[float]:
     """``run``'s score minus ``reference``'s on each example both have an answered record of (an LM call that failed
     without an answer scores 0 and says nothing of the instructions), but those in ``left_out``."""
@@ -226,9 +210,7 @@ def never_worse(
     """Choose among ``complete`` (every run that evaluated the whole ``split``, ``submitted_run`` among them);
     ``train_runs``: the compile's train runs (their fresh evidence counts, :func:`confirmed_differences`);
     ``submitted_by``: what made the submission, as the reason names it (the agent's SUBMIT, the default loop, ...);
-    ``own_demos``: the train ids a candidate holds as demos (left out of its score and its evidence on train)."""
-    complete, by_id, fair = _without_own_demos(split, complete, own_demos)
-    submitted_run = by_id.get(submitted_run.run_id, submitted_run)
+    ``own_demos``: the train ids a candidate holds as demos (left out of its evidence on train)."""
     ranking = ranked(complete, initial=initial, preferred=submitted_run)
     chosen_run, unclear = _clearly_better(ranking, initial, train_runs, own_demos)
     others = [r for r in complete if r.instructions != submission]
@@ -259,7 +241,7 @@ def never_worse(
         )
     if unclear:
         reason = f"{unclear}; returning {chosen_run.run_id} ({chosen_run.label}) at {chosen_run.score:.4f}"
-    reason += _confirmed(chosen_run, ranking, initial, train_runs, own_demos) + fair
+    reason += _confirmed(chosen_run, ranking, initial, train_runs, own_demos)
     return _selection(split, chosen_run, complete, reason, submitted_run, basis)
 
 
@@ -295,7 +277,6 @@ def best_checked(
     """The submission could not be checked on the whole ``split`` (``why``: the spending cap stopped spending, or
     ``max_metric_calls`` is spent), before its check or during it (``partial``: the run of it that was cut
     short): the best candidate that was checked (:func:`ranked`); never a submission checked on part of the split."""
-    complete, _, fair = _without_own_demos(split, complete, own_demos)
     chosen_run, unclear = _clearly_better(ranked(complete, initial=initial), initial, train_runs, own_demos)
     if partial is None:
         when = f"before {submitted_by} could be checked on {split}"
@@ -305,13 +286,9 @@ def best_checked(
             f"{partial.evaluated_count} of {partial.requested_count} examples, so it is not returned)"
         )
     reason = (
-        (
-            f"{why} {when}; returning the best checked candidate, {chosen_run.run_id} ({chosen_run.label}) at "
-            f"{chosen_run.score:.4f}"
-        )
-        + (f" ({unclear})" if unclear else "")
-        + fair
-    )
+        f"{why} {when}; returning the best checked candidate, {chosen_run.run_id} ({chosen_run.label}) at "
+        f"{chosen_run.score:.4f}"
+    ) + (f" ({unclear})" if unclear else "")
     return replace(
         _selection(split, chosen_run, complete, reason, None, "best checked"), spending_cap_reached=spending_cap
     )

@@ -188,24 +188,6 @@ def test_on_train_the_examples_a_candidate_holds_as_demos_are_no_evidence_for_it
 
     selection = against_baseline(baseline, submitted, own_demos=own_demos)
     assert selection.basis == "unchanged" and "won 0 and lost 0 of 1 train examples" in selection.reason
-    assert "scored on the train examples it does not hold as demos" in selection.reason
-    # ranked on what it answers: a candidate whose demos answer 4 examples and who wins 3 others is below one
-    # without demos that wins 6
-    baseline = replace(run("run-0001", "baseline", INITIAL, [0] * 12 + [1] * 8), split="train")
-    held = replace(run("run-0002", "agent", {"step": "held"}, [1] * 7 + [0] * 5 + [1] * 8), split="train")
-    plain = replace(
-        run("run-0003", "submission", {"step": "new"}, [0] * 4 + [1] * 6 + [0] * 2 + [1] * 8), split="train"
-    )
-    assert held.score > plain.score  # as a whole-split score counts the demos' own answers
-    chosen = never_worse(
-        split="train",
-        complete=[baseline, held, plain],
-        submitted_run=plain,
-        submission={"step": "new"},
-        initial=INITIAL,
-        own_demos=lambda instructions: {0, 1, 2, 3} if instructions == {"step": "held"} else (),
-    )
-    assert chosen.chosen_run_id == "run-0003" and chosen.basis == "submission"
     # on validation, demos are train examples: nothing is left out
     on_val = against_baseline(replace(baseline, split="val"), replace(submitted, split="val"), own_demos=own_demos)
     assert on_val.basis == "submission"
