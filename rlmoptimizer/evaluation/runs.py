@@ -87,6 +87,9 @@ class Runs:
         self._code_error: tuple[dict[str, str], str | None, frozenset[str]] | None = None
         for run in store.all():
             self._index(run)
+        # units charged for records of evaluations a killed process never finished, by the evaluation's label: a
+        # GEPA run replayed on resume counts its own as paid (they are reused free in its replay)
+        self.recovered_now: dict[str, int] = {}
         self._recover_pending()
 
     def check_baseline(self, run: EvalRun | None, *, scale: bool = True) -> None:
@@ -343,6 +346,8 @@ class Runs:
                 kind = example_kind(header["split"])
                 with self.ledger.reserve(charged, kind) as reservation:
                     reservation.spend(reservation.granted)
+                label = header.get("label", "agent")
+                self.recovered_now[label] = self.recovered_now.get(label, 0) + reservation.granted
                 self._save(
                     f"{header.get('label', 'agent')}:recovered",
                     header["split"],

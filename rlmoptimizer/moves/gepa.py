@@ -244,9 +244,13 @@ class GepaMoves(AnalysisMoves):
         # The same call replayed after a kill (same budget) goes on with what is left of it (a run that finished in the
         # turn being replayed is replayed whole, free); another call is new.
         earlier = kept.get(run_name)
-        # (what the killed run had reserved for work under way was never paid: its records that completed were
-        # charged when the resume recovered them, and are reused free)
-        taken = earlier["taken"] - earlier.get("reserved", 0) if earlier and earlier["budget"] == budget else 0
+        # What the killed run had reserved for work under way was paid only for the records that completed: this
+        # process charged those when it recovered them (reused free in the replay), the rest was never paid.
+        taken = 0
+        if earlier and earlier["budget"] == budget:
+            reserved = earlier.get("reserved", 0)
+            recovered = getattr(self.runs, "recovered_now", {}).get("gepa", 0)
+            taken = earlier["taken"] - reserved + min(reserved, recovered)
         started_at = earlier["started_at"] if taken and "started_at" in earlier else time.time()
         if budget - taken > self.ledger.left and earlier and earlier["budget"] == budget:
             # a replay, with less left than the killed run had (a damaged run file paid again, say): it goes on

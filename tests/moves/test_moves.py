@@ -202,6 +202,17 @@ def test_a_gepa_run_killed_with_units_reserved_for_an_evaluation_replays_without
     assert world.ledger.spent <= 17 + 15 and kept[-1]["taken"] <= 32 and "reserved" not in kept[-1]
 
 
+def test_the_records_a_killed_gepa_evaluation_completed_count_as_its_run_paid_them(tmp_path):
+    """What the killed run had completed of the evaluation it was in was charged when the resume recovered it, and
+    is reused free by the replay: the run counts it as paid, and its two processes spend no more than its budget."""
+    world = killed_in_gepa(tmp_path, 200, paid=0, budget=30, taken=4, reserved=4)
+    world.runs.evaluate(world.program, "val", label="gepa:recovered", ids=[0, 1, 2])  # as the resume recovered them
+    world.runs.recovered_now = {"gepa": 3}
+    result = world.moves.run_gepa(GepaSpec(budget=30, steps=["generate.predict"]))
+    assert result["spent_before_resume"] == 3
+    assert world.ledger.spent <= 30
+
+
 def test_each_step_of_a_branching_program_gets_demos_from_the_passing_examples_it_ran_on(tmp_path):
     """Regression: demos were taken only from passing examples on which every step ran, which a program that
     branches never has: propose_demos was always refused there (and the loop mode ended the run on it)."""
