@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import dspy
@@ -69,19 +69,34 @@ def example_inputs(example: Any) -> dict[str, Any]:
     return {k: v for k, v in fields.items() if k in keys} if keys else fields
 
 
-DemoIndex = dict[frozenset[str], dict[str, set[int]]]
-"""Train ids by the inputs they were shown: per set of input names (an example's, a step call's), by their values."""
+@dataclass
+class DemoIndex:
+    """Train ids by what a demo may show of them: an example's inputs (per set of input names, by their values),
+    and a step call's inputs and outputs (by their content, without dspy's ``augmented`` mark)."""
+
+    inputs: dict[frozenset[str], dict[str, set[int]]] = field(default_factory=dict)
+    calls: dict[str, set[int]] = field(default_factory=dict)
+
+    def add_example(self, inputs: dict[str, Any], example_id: int) -> None:
+        self.inputs.setdefault(frozenset(inputs), {}).setdefault(canonical_json(inputs), set()).add(example_id)
+
+    def add_call(self, fields: dict[str, Any], example_id: int) -> None:
+        self.calls.setdefault(_call_key(fields), set()).add(example_id)
+
+    def train_ids(self, demo: dict[str, Any]) -> set[int]:
+        """The train examples ``demo`` shows answered: the one whose inputs it holds (with an answer of its own,
+        the reasoning a teacher wrote, dspy's ``augmented`` mark: ``dspy.BootstrapFewShot``'s demos of a first
+        step), or the one a step call of which it is (a later step's inputs can be alike across examples: only the
+        whole call says which example it was)."""
+        found = set(self.calls.get(_call_key(demo), ()))
+        for names, by_value in self.inputs.items():
+            if names and names <= demo.keys():
+                found |= by_value.get(canonical_json({k: demo[k] for k in names}), set())
+        return found
 
 
-def demo_train_ids_of(demo: dict[str, Any], index: DemoIndex) -> set[int]:
-    """The train examples whose inputs ``demo`` shows (those of the example, or of one of its step calls), with an
-    answer: whatever else it holds (an answer of its own, the ``reasoning`` a teacher wrote, dspy's ``augmented``
-    mark), a candidate holding it sees that example answered."""
-    found: set[int] = set()
-    for names, by_value in index.items():
-        if names and names <= demo.keys():
-            found |= by_value.get(canonical_json({k: demo[k] for k in names}), set())
-    return found
+def _call_key(fields: dict[str, Any]) -> str:
+    return canonical_json({k: v for k, v in fields.items() if not (k == "augmented" and v is True)})
 
 
 def whole_validation(tool: str, how: str, *selection: Any) -> None:
@@ -147,7 +162,7 @@ class MoveContext:
         self.replaying_gepa: set[str] = set()  # GEPA runs the turn a resume replays had started (run again, free)
         self.gepa_hooks: Any = None  # what GEPA runs need of the compile (moves.gepa.GepaHooks); None: nothing
         self.perfect_score = pass_threshold  # an example passes at this score: gepa skips a minibatch all passed
-        self._demo_index: tuple[int, DemoIndex] = (-1, {})  # (runs indexed, train ids by the inputs they showed)
+        self._demo_index: tuple[int, DemoIndex] = (-1, DemoIndex())  # (runs indexed, train ids by what they showed)
 
     def _answered(self) -> None:
         """A sub-LM call of a move was answered and charged: :class:`~rlmoptimizer.events.SubLMAnswered` to the
@@ -317,16 +332,14 @@ class MoveContext:
         if not demos:
             return set()
         index = self._demos_index()
-        return {i for demo in demos for i in demo_train_ids_of(demo, index)}
+        return {i for demo in demos for i in index.train_ids(demo)}
 
     def demo_train_ids(self, instructions: dict[str, str]) -> dict[str, list[int | None]]:
         """Per step with demos in ``instructions``, the train example each demo was taken from, in the demos' order
         (the lowest id when several match; None for a demo no train example or call holds)."""
         by_step = self._demos_by_step(instructions)
-        index = self._demos_index() if by_step else {}
-        return {
-            step: [min(demo_train_ids_of(d, index), default=None) for d in demos] for step, demos in by_step.items()
-        }
+        index = self._demos_index() if by_step else DemoIndex()
+        return {step: [min(index.train_ids(d), default=None) for d in demos] for step, demos in by_step.items()}
 
     @staticmethod
     def _demos_by_step(instructions: dict[str, str]) -> dict[str, list[dict]]:
@@ -335,20 +348,15 @@ class MoveContext:
         return {step: demos for step, demos in parsed.items() if demos}
 
     def _demos_index(self) -> DemoIndex:
-        """The train examples' inputs and every train call's (:data:`DemoIndex`), rebuilt when runs were added."""
+        """The train examples' inputs and every train call (:class:`DemoIndex`), rebuilt when runs were added."""
         runs = self.runs.all()
         if self._demo_index[0] != len(runs):
-            index: DemoIndex = {}
-
-            def add(inputs: dict[str, Any], example_id: int) -> None:
-                by_value = index.setdefault(frozenset(inputs), {})
-                by_value.setdefault(canonical_json(inputs), set()).add(example_id)
-
+            index = DemoIndex()
             for i, example in enumerate(self.runs.splits.get("train", [])):
-                add(example_inputs(example), i)
+                index.add_example(example_inputs(example), i)
             for run in runs:
                 for record in run.records if run.split == "train" else ():
                     for call in record.steps:
-                        add(dict(call.inputs), record.example_id)
+                        index.add_call({**call.inputs, **call.outputs}, record.example_id)
             self._demo_index = (len(runs), index)
         return self._demo_index[1]

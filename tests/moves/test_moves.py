@@ -773,3 +773,23 @@ def test_paid_records_stay_pending_only_when_an_interrupt_ends_the_process(tmp_p
     assert len(left) == (1 if raised is KeyboardInterrupt else 0)
     if left:  # its header and the 4 paid records
         assert len(left[0].read_text().splitlines()) == 1 + 4, left[0].read_text()
+
+
+def test_a_demo_of_a_later_step_is_traced_to_the_example_whose_call_it_is_not_to_every_alike_input(tmp_path):
+    """Regression: demos were traced by the inputs they show alone, so a demo of a step whose inputs take few
+    values (explain: label -> explanation) was traced to every train example with that label: half the train set
+    left the candidate's comparisons."""
+    from rlmoptimizer.moves.context import DemoIndex
+
+    index = DemoIndex()
+    for i in range(20):
+        label = "pos" if i % 2 == 0 else "neg"
+        index.add_example({"question": f"review {i}"}, i)
+        index.add_call({"question": f"review {i}", "label": label}, i)
+        index.add_call({"label": label, "explanation": f"because of review {i}"}, i)
+    assert index.train_ids({"label": "pos", "explanation": "because of review 4"}) == {4}
+    # a first step's demo as dspy.BootstrapFewShot makes it: the example's inputs, a teacher's reasoning, its mark
+    assert index.train_ids({"question": "review 7", "reasoning": "a teacher's", "label": "neg", "augmented": True}) == {
+        7
+    }
+    assert index.train_ids({"label": "pos", "explanation": "written by hand"}) == set()
