@@ -166,7 +166,8 @@ class Compile:
             self.journal = RunJournal(self.directory)
         except (FileExistsError, NotADirectoryError) as exc:  # e.g. runs/ replaced by a file, or a symlink to nowhere
             raise ConfigurationError(
-                f"the run directory {str(config.run_storage_dir)!r} cannot be opened: {exc.filename} is not what a "
+                f"the run directory {str(config.run_storage_dir)!r} cannot be opened: "
+                f"{exc.filename or config.run_storage_dir} is not what a "
                 f"compile left there ({exc.strerror or exc}). Put back the folder a compile made, or pass a new "
                 "run_storage_dir"
             ) from exc
@@ -217,7 +218,7 @@ class Compile:
             [
                 self.journal,
                 self.display,
-                UsageObserver(self.usage, self.journal.write_usage),
+                UsageObserver(self.usage, self.journal.write_usage, self.journal.write_usage_soon),
                 *([self.tracker] if self.tracker else []),
                 UserCallbacks(config.event_callbacks),
             ]

@@ -75,9 +75,9 @@ def dollars(amount: float) -> str:
 
 def _int(value: Any) -> int:
     """A token count as reported, 0 for anything else (a missing, negative or non-finite count says nothing)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         return 0
-    return int(value)
+    return int(value) if isinstance(value, int) or math.isfinite(value) else 0
 
 
 def _cached_tokens(usage: dict[str, Any]) -> int:
@@ -466,12 +466,21 @@ class UsageObserver:
     the meter's snapshot to ``write`` after every evaluation and agent turn (``usage.json``)."""
 
     EVERY_S = 0.1
-    """Within an evaluation, ``usage.json`` is written at most this often (a process killed in the middle of one
-    loses at most this much of what its calls cost; the records it paid are kept and charged on resume)."""
+    """Within an evaluation, ``usage.json`` is written after an example at most this often (a process killed in the
+    middle of one loses what its calls cost since the last write; the records it paid are kept and charged on
+    resume)."""
 
-    def __init__(self, meter: UsageMeter, write: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(
+        self,
+        meter: UsageMeter,
+        write: Callable[[dict[str, Any]], None],
+        write_soon: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        """``write_soon``: how a snapshot is written after an example, on the evaluation's thread (default
+        ``write``); one that cannot be written then is written when the evaluation ends."""
         self.meter = meter
         self.write = write
+        self.write_soon = write_soon or write
         self._written = 0.0
         self._lock = threading.Lock()
 
@@ -483,7 +492,7 @@ class UsageObserver:
                 if due:
                     self._written = time.monotonic()
             if due:
-                self.write(self.meter.snapshot())
+                self.write_soon(self.meter.snapshot())
         elif isinstance(event, (AgentTurn, EvaluationFinished, SubLMAnswered)):
             if isinstance(event, SubLMAnswered):  # every paid sub-LM prompt: the agent's, a proposal, a reflection
                 self.meter.add_units(SUB, event.prompts)

@@ -85,7 +85,13 @@ _CUT_MID_REQUEST = (TimeoutError, ConnectionResetError, ConnectionAbortedError, 
 
 
 def _cut_mid_request(exc: BaseException) -> bool:
-    return any(isinstance(e, _CUT_MID_REQUEST) for e in exception_chain(exc))
+    """Whether ``exc`` holds a read that timed out or a connection cut mid-request, not a connection that was never
+    made (a connect timeout to a host that drops packets is an unreachable host, as a refused one is: dspy's client
+    names it ``ConnectTimeout``/``ConnectError``, over a ``TimeoutError``)."""
+    chain = list(exception_chain(exc))
+    if any(type(e).__name__ in ("ConnectTimeout", "ConnectError") for e in chain):
+        return False
+    return any(isinstance(e, _CUT_MID_REQUEST) for e in chain)
 
 
 def _lm_failure_kind(exc: BaseException) -> str | None:

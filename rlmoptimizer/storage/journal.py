@@ -378,6 +378,14 @@ class RunJournal:
         with self._lock:
             atomic_write_json(self.layout.usage, snapshot, durable=False)
 
+    def write_usage_soon(self, snapshot: dict[str, Any]) -> None:
+        """:meth:`write_usage` from an evaluation's thread, as its examples finish: a write that fails (a reader
+        holding the file on Windows, a full disk) is left to the evaluation's end, which writes it or stops."""
+        try:
+            self.write_usage(snapshot)
+        except WriteFailed as exc:
+            logger.debug("usage.json not written after an example: %s", exc)
+
     def read_usage(self) -> dict[str, Any] | None:
         path = self.layout.usage  # (a damaged one would restart the spending cap from $0: refused, naming it)
         return read_record_file(path) if path.exists() else None

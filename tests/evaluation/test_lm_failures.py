@@ -120,3 +120,9 @@ def test_a_read_that_timed_out_or_a_connection_reset_mid_request_is_an_outage_no
     assert classify_lm_failure(timed_out)[0] == "lm" and is_outage(timed_out)
     assert classify_lm_failure(reset)[0] == "lm" and is_outage(reset)
     assert classify_lm_failure(refused)[0] == "systemic"  # nothing listens there: retrying cannot help
+
+    class ConnectTimeout(Exception):  # dspy's client's name for a connection never made
+        pass
+
+    never_made = transport("failed to connect: timed out", raised_from(ConnectTimeout("timed out"), TimeoutError()))
+    assert classify_lm_failure(never_made)[0] == "systemic"  # a host that drops packets: an unreachable host
