@@ -297,14 +297,19 @@ def warn_repeated_examples(
     return said
 
 
+def example_inputs(example: Any) -> dict[str, Any]:
+    """An example's input fields (all its fields when it names none): what a program is shown of it."""
+    fields = dict(example.items()) if callable(getattr(example, "items", None)) else {}
+    names = getattr(example, "_input_keys", None)
+    return {k: v for k, v in fields.items() if k in names} if names else fields
+
+
 def _content_key(example: Any, inputs: bool = False) -> str | None:
-    """The JSON of an example's fields (of its input fields, with ``inputs``: all of them when it names none);
-    None for content without a stable form."""
+    """The JSON of an example's fields (of its input fields, with ``inputs``); None for content without a stable
+    form."""
     try:
-        fields = dict(example.items())
-        names = getattr(example, "_input_keys", None) if inputs else None
         return json.dumps(
-            {k: v for k, v in fields.items() if not names or k in names}, sort_keys=True, ensure_ascii=False
+            example_inputs(example) if inputs else dict(example.items()), sort_keys=True, ensure_ascii=False
         )
     except (TypeError, ValueError, AttributeError):
         return None
@@ -312,12 +317,7 @@ def _content_key(example: Any, inputs: bool = False) -> str | None:
 
 def _demos_showing(program: dspy.Module, valset: Sequence[dspy.Example]) -> dict[str, int]:
     """Per step, how many of its demos hold every input field of a validation example, with the same values."""
-    wanted = []
-    for example in valset:
-        names = getattr(example, "_input_keys", None)
-        fields = {k: v for k, v in example.items() if names and k in names}
-        if fields:
-            wanted.append(fields)
+    wanted = [fields for fields in map(example_inputs, valset) if fields]
     shown: dict[str, int] = {}
     for name, predictor in program.named_predictors() if wanted else ():
         for demo in getattr(predictor, "demos", None) or ():

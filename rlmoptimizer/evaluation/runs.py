@@ -349,7 +349,7 @@ class Runs:
                 label = header.get("label", "agent")
                 self.recovered_now[label] = self.recovered_now.get(label, 0) + reservation.granted
                 self._save(
-                    f"{header.get('label', 'agent')}:recovered",
+                    f"{label}:recovered",
                     header["split"],
                     header["instructions"],
                     records,

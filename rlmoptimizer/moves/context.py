@@ -1,7 +1,8 @@
 """What every move works over: the runs, an evaluate function, the ledger and the current instructions; the
 checks and refusals the moves share.
 
-May import: dspy, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.events``, ``.fingerprint``, ``.records``.
+May import: dspy, ``rlmoptimizer.evaluation``, ``.budget``, ``.errors``, ``.events``, ``.fingerprint``, ``.records``,
+``.student``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from rlmoptimizer.errors import agent_error as refuse  # the one format of a ref
 from rlmoptimizer.events import SubLMAnswered
 from rlmoptimizer.fingerprint import canonical_json, demos_step, instructions_digest, parse_demos, text_limit
 from rlmoptimizer.records import EvalRun, ExampleResult
+from rlmoptimizer.student import example_inputs
 
 MAX_ROLLOUTS = 10
 """The most samples per example one call may ask for."""
@@ -60,13 +62,6 @@ class Source:
 def example_fields(example: Any) -> dict[str, Any]:
     """An example's fields (a ``dspy.Example``'s items), or none for anything else."""
     return dict(example.items()) if callable(getattr(example, "items", None)) else {}
-
-
-def example_inputs(example: Any) -> dict[str, Any]:
-    """An example's input fields (all its fields when it names none): what a program is shown of it."""
-    fields = example_fields(example)
-    keys = getattr(example, "_input_keys", None)
-    return {k: v for k, v in fields.items() if k in keys} if keys else fields
 
 
 @dataclass

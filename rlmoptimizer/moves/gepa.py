@@ -246,13 +246,14 @@ class GepaMoves(AnalysisMoves):
         earlier = kept.get(run_name)
         # What the killed run had reserved for work under way was paid only for the records that completed: this
         # process charged those when it recovered them (reused free in the replay), the rest was never paid.
+        replay = bool(earlier) and earlier["budget"] == budget
         taken = 0
-        if earlier and earlier["budget"] == budget:
+        if replay:
             reserved = earlier.get("reserved", 0)
             recovered = getattr(self.runs, "recovered_now", {}).get("gepa", 0)
             taken = earlier["taken"] - reserved + min(reserved, recovered)
         started_at = earlier["started_at"] if taken and "started_at" in earlier else time.time()
-        if budget - taken > self.ledger.left and earlier and earlier["budget"] == budget:
+        if budget - taken > self.ledger.left and replay:
             # a replay, with less left than the killed run had (a damaged run file paid again, say): it goes on
             # with what is left, rather than dropping what the killed run paid for
             logger.warning(
