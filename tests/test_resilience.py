@@ -251,6 +251,25 @@ def test_a_custom_sub_lm_down_with_litellms_own_error_stops_the_run_resumable(tm
     assert resumed.route.signature.instructions == POLICY_PROMPT
 
 
+def test_a_custom_sub_lm_whose_own_code_raises_stops_the_run_resumable(tmp_path):
+    """Regression: a custom sub LM whose own code raised on every call (a bug in the user's LM class) ended the run
+    early with the unchanged program, as finished, after paying for evaluations: compiling again once it was fixed
+    read that result back instead of going on."""
+    from support.optimizing import proposer
+
+    def buggy(messages):
+        return None.upper()  # an AttributeError in the user's own LM code
+
+    loop = {"rlm_autopilot": "loop", "max_metric_calls": 120}
+    with pytest.raises(OptimizationInterrupted, match="the sub LM gave no answer in 2 moves in a row") as stopped:
+        compile_in(tmp_path, None, FunctionLM(task_lm_reply), sub_lm=FunctionLM(buggy), **loop)
+    assert "its own code raised" in str(stopped.value) and "AttributeError" in str(stopped.value)
+    assert not (tmp_path / "result.json").exists()
+
+    resumed = compile_in(tmp_path, None, FunctionLM(task_lm_reply), sub_lm=proposer(POLICY_PROMPT), **loop)
+    assert resumed.route.signature.instructions == POLICY_PROMPT
+
+
 @pytest.mark.parametrize("first", ["propose_instructions('route')", "analyze_failures()"])
 def test_a_sub_lm_that_is_down_for_proposals_or_an_analysis_stops_the_run_too(tmp_path, first):
     """Regression: only two failed GEPA runs stopped the run; a proposal that got no answer was refused without its

@@ -20,7 +20,13 @@ from typing import Any
 from dspy import Prediction
 
 from rlmoptimizer.errors import OptimizationInterrupted
-from rlmoptimizer.evaluation.lm_failures import SYSTEMIC, classify_lm_failure, failure_summary, is_outage
+from rlmoptimizer.evaluation.lm_failures import (
+    SYSTEMIC,
+    TRANSIENT,
+    classify_lm_failure,
+    failure_summary,
+    is_outage,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -82,18 +88,26 @@ def sub_lm_move_ended(stop: StopRequest, exc: BaseException | None, answered: bo
     answered a prompt of it. A sub LM that cannot be used stops the compile at once; one that gave no answer in
     :data:`SILENT_SUB_LM_MOVES` moves in a row stops it too (resumable, as an unusable one), instead of the run
     ending early with the unchanged program as if nothing could be improved, and finished, so never resumed. No
-    answer: an outage (a rate limit, a timeout, a server error after retries; dspy's or litellm's own), not a
-    custom LM's own code raising (the moves go on without that LM's answers)."""
+    answer: an outage (a rate limit, a timeout, a server error after retries; dspy's or litellm's own), or a custom
+    LM's own code raising instead of answering (a bug in it, or its client's own outage). A reply that does not
+    parse is an answer (charged): the moves go on without it."""
     if exc is not None:
         stop_if_the_sub_lm_is_unusable(stop, exc)
-    silent = stop.count_silent_move(exc is not None and is_outage(exc), answered)
+    failure = classify_lm_failure(exc) if exc is not None else None
+    silent = stop.count_silent_move(failure is not None and failure[0] == TRANSIENT, answered)
     if silent >= SILENT_SUB_LM_MOVES:
+        outage = failure is not None and is_outage(exc)
+        why = (
+            "it may be down, overloaded or rate-limiting"
+            if outage
+            else "its own code raised (an LM class of your own, or its client: see the error)"
+        )
         stop.request(
             OptimizationInterrupted(
                 f"the sub LM gave no answer in {silent} moves in a row, even after its retries (last: "
-                f"{failure_summary(exc)}): it may be down, overloaded or rate-limiting. Everything paid for is "
-                "kept: once it answers again, compile again with the same run_storage_dir to resume (sub_lm=..., or "
-                "root_lm when sub_lm is not given; a timeout= on the LM bounds a request that hangs)"
+                f"{failure_summary(exc)}): {why}. Everything paid for is kept: once it answers again, compile again "
+                "with the same run_storage_dir to resume (sub_lm=..., or root_lm when sub_lm is not given; a timeout= "
+                "on the LM bounds a request that hangs)"
             )
         )
 

@@ -153,5 +153,7 @@ def failure_summary(exc: BaseException) -> str:
     ``exc`` itself, as ``"TypeName: first line of its message"``."""
     failure = classify_lm_failure(exc)
     cause = failure[1] if failure else exc
+    if isinstance(cause, dspy_errors.LMUnexpectedError) and cause.__cause__ is not None:
+        cause = cause.__cause__  # dspy's catch-all around a custom LM's own error: that error says what went wrong
     text = str(cause)
     return f"{type(cause).__name__}: {text.splitlines()[0] if text else ''}"

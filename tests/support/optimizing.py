@@ -59,6 +59,8 @@ def optimizer(root: dspy.BaseLM | list, *, eval_lm: Any = _DEFAULT, **kwargs: An
     # Scripted turns are an agent that decides every turn: the pilot stays out unless a test is about it.
     kwargs.setdefault("rlm_autopilot", "off")
     root_lm = scripted_agent(root) if isinstance(root, list) else root
+    if isinstance(root, list) and not root:  # no agent turn: the sub LM (else the root LM) proposes nothing new
+        kwargs.setdefault("sub_lm", proposer(ORIGINAL_ROUTE, name="no-news"))
     return RLMDocstringOptimizer(
         root_lm=root_lm, eval_lm=FunctionLM(task_lm_reply) if eval_lm is _DEFAULT else eval_lm, **kwargs
     )
