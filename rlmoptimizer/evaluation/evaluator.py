@@ -32,7 +32,7 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -59,27 +59,31 @@ def _out_of_memory(exc: BaseException) -> MemoryError | None:
     return None
 
 
-def _wait_for_running(futures: list[Future], interrupted: bool) -> KeyboardInterrupt | None:
-    """Wait for the examples still running, so their records (paid for) are kept; a Ctrl-C stops the wait (returned):
-    those examples are left to finish in the background and their records are not kept. ``interrupted``: the
-    evaluation stops for a Ctrl-C already (then the wait is announced)."""
-    running = [future for future in futures if not future.done()]
+def _wait_for_running(batch: _Batch, interrupted: bool) -> KeyboardInterrupt | None:
+    """Stop ``batch`` from starting examples and wait for those already running, so their records (paid for) are
+    kept; a Ctrl-C stops the wait (returned): those examples are left to finish in the background and their records
+    are not kept. ``interrupted``: the evaluation stops for a Ctrl-C already (then the wait is announced). Running
+    examples are counted by the workers themselves, so one whose submission a Ctrl-C cut off is waited for too."""
+    with batch.lock:
+        batch.stop.set()  # (under the lock: no example starts after it)
+        running = batch.running
     if not running:
         return None
     if interrupted:
         logger.warning(
             "Evaluation interrupted: waiting for the %d example(s) already running so their records are kept "
             "(Ctrl-C again stops without them).",
-            len(running),
+            running,
         )
     try:
-        wait(running)
+        with batch.idle:
+            while batch.running:
+                batch.idle.wait(0.5)
     except KeyboardInterrupt as again:
-        left = sum(1 for future in running if not future.done())
         logger.warning(
             "Stopped without waiting: %d example(s) still running are left to finish in the background; their "
             "records are not kept (their LM calls may still be paid), and Python exits once they return.",
-            left,
+            batch.running,
         )
         return again
     return None
@@ -204,6 +208,8 @@ class _Batch:
         self.fatal: BaseException | None = None
         self.crash: BaseException | None = None
         self.finished = 0  # examples finished or skipped
+        self.running = 0  # examples started and not finished (started only while ``stop`` is not set)
+        self.idle = threading.Condition(self.lock)  # notified when ``running`` falls to 0
         self.wake = threading.Event()  # set when all are finished or the evaluation must stop
         self.on_record: Callable[[ExampleResult], None] | None = None
         self.step_feedback = False  # ask the metric for each step's own feedback (train)
@@ -354,7 +360,7 @@ class Evaluator:
             for future in futures:
                 future.cancel()
             pool.shutdown(wait=False, cancel_futures=True)
-            _wait_for_running(futures, interrupted=True)
+            _wait_for_running(batch, interrupted=True)
             raise EvaluationStopped(exc, _abandon(batch)) from exc
         else:
             stopping = batch.stop.is_set()
@@ -364,7 +370,7 @@ class Evaluator:
             # When everything finished, the idle workers may exit in the background; when stopping, wait
             # for the examples still running so that their records are kept.
             pool.shutdown(wait=False, cancel_futures=True)
-            interrupt = _wait_for_running(futures, interrupted=False) if stopping else None
+            interrupt = _wait_for_running(batch, interrupted=False) if stopping else None
             if interrupt is not None:
                 raise EvaluationStopped(interrupt, _abandon(batch)) from interrupt
         records = sorted(batch.records, key=lambda r: r.example_id)
@@ -389,8 +395,12 @@ class Evaluator:
     def _task(
         self, lm: dspy.BaseLM | None, program: Any, names: StepNames, example_id: int, example: Any, batch: _Batch
     ) -> None:
+        with batch.lock:
+            started = not batch.stop.is_set()
+            batch.running += started
         try:
-            self._run_one(lm, program, names, example_id, example, batch)
+            if started:
+                self._run_one(lm, program, names, example_id, example, batch)
         except BaseException as exc:  # a bug outside the program and metric (or an interrupt): stop everything
             with batch.lock:
                 if batch.crash is None:
@@ -399,6 +409,9 @@ class Evaluator:
         finally:
             with batch.lock:
                 batch.finished += 1
+                batch.running -= started
+                if not batch.running:
+                    batch.idle.notify_all()
                 if batch.finished == batch.total or batch.stop.is_set():
                     batch.wake.set()
 

@@ -543,6 +543,42 @@ def test_an_interrupt_raised_inside_the_metric_keeps_the_records_completed_befor
     assert [r.example_id for r in stopped.value.records] == [0, 1, 2]
 
 
+def test_a_ctrl_c_that_cuts_off_an_examples_submission_waits_for_that_example_and_keeps_its_record(monkeypatch):
+    """Regression: ThreadPoolExecutor.submit queues the example before it starts a worker thread and waits for it;
+    a Ctrl-C landing in that wait raised out of submit, so the example's future was never kept: it ran on in the
+    background (its LM calls paid), the evaluation returned without waiting for it, and its record was lost and paid
+    again on resume."""
+    import concurrent.futures.thread as pool_module
+
+    release = threading.Event()
+    started = threading.Event()
+
+    def reply(messages):
+        started.set()
+        release.wait(10)
+        return {"answer": field(messages, "question").replace("q", "a")}
+
+    original = pool_module.ThreadPoolExecutor._adjust_thread_count
+
+    def start_then_ctrl_c(self):  # the first worker starts, then the Ctrl-C lands in submit, as a SIGINT does
+        original(self)
+        if self._thread_name_prefix.startswith("rlmoptimizer-eval"):
+            started.wait(10)
+            threading.Timer(0.3, release.set).start()  # the example finishes after the evaluation saw the Ctrl-C
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(pool_module.ThreadPoolExecutor, "_adjust_thread_count", start_then_ctrl_c)
+    lm = FunctionLM(reply)
+    ledger = BudgetLedger(100)
+    with pytest.raises(EvaluationStopped) as stopped, ledger.reserve(4, TRAIN_EXAMPLE) as reservation:
+        make_evaluator(lm, num_threads=2).evaluate(
+            dspy.Predict("question -> answer"), list(enumerate(examples(4))), reservation
+        )
+    assert isinstance(stopped.value.reason, KeyboardInterrupt)
+    assert len(lm.calls) == 1  # the example whose submission was cut off ran; no other started
+    assert [r.example_id for r in stopped.value.records] == [0] and ledger.spent == 1  # kept and charged
+
+
 @pytest.mark.parametrize("unparsed_in", ["tech", "billing"])
 def test_a_record_keeps_the_step_call_that_raised_wherever_the_program_calls_it(unparsed_in):
     """The trace keeps only calls that returned, so which step raised cannot be read from it when the program
