@@ -193,6 +193,10 @@ class _RaisingSteps(dspy.utils.BaseCallback):
         return None
 
 
+EVAL_LM = "the evaluation LM"
+METRIC_LM = "the LM your metric calls (a judge)"
+
+
 class _Batch:
     """Mutable state of one ``Evaluator.evaluate`` call, shared by its worker threads."""
 
@@ -205,6 +209,7 @@ class _Batch:
         self.consecutive_lm_failures = 0
         self.systemic_failures = 0
         self.last_lm_error: BaseException | None = None
+        self.last_lm_whose = EVAL_LM  # whose LM failed last: the program's or the metric's own
         self.fatal: BaseException | None = None
         self.crash: BaseException | None = None
         self.finished = 0  # examples finished or skipped
@@ -381,7 +386,7 @@ class Evaluator:
             if isinstance(fatal, EvaluationLMError) and batch.systemic_failures:
                 answered = len(records) - batch.systemic_failures
                 fatal = EvaluationLMError(
-                    "the evaluation LM appears unusable: "
+                    f"{batch.last_lm_whose} appears unusable: "
                     f"{self.max_consecutive_lm_failures} consecutive examples failed with "
                     f"{format_error(batch.last_lm_error)}. {answered} of {batch.total} example(s) were evaluated "
                     "before the evaluation stopped; examples that failed this way were not charged. Check the LM's "
@@ -455,23 +460,46 @@ class Evaluator:
                     return
         with dspy.context(lm=lm, trace=trace):
             steps = self._steps(trace, names)
-            try:
-                score, feedback = self.metric.score(example, prediction)
-                error = error_kind = None
-            except MetricError as exc:
-                with batch.lock:
-                    if batch.fatal is None:
-                        fatal = MetricError(f"{exc} (first seen on example {example_id})")
-                        fatal.__cause__ = exc
-                        batch.fatal = fatal
-                    batch.stop.set()
-                return
-            except Exception as exc:
-                out_of_memory = _out_of_memory(exc)
-                if out_of_memory is not None:  # the machine, not the example: stop (resumable), keep no record
-                    raise out_of_memory from None
-                score, feedback, error = 0.0, None, format_error(exc)
-                error_kind = METRIC_ERROR
+            for attempt in range(self.transient_retries + 1):
+                try:
+                    score, feedback = self.metric.score(example, prediction)
+                    error = error_kind = None
+                    break
+                except MetricError as exc:
+                    with batch.lock:
+                        if batch.fatal is None:
+                            fatal = MetricError(f"{exc} (first seen on example {example_id})")
+                            fatal.__cause__ = exc
+                            batch.fatal = fatal
+                        batch.stop.set()
+                    return
+                except Exception as exc:
+                    out_of_memory = _out_of_memory(exc)
+                    if out_of_memory is not None:  # the machine, not the example: stop (resumable), keep no record
+                        raise out_of_memory from None
+                    failure = classify_lm_failure(exc)
+                    if failure is None:  # the metric's own error: the example scores 0 (charged)
+                        score, feedback, error, error_kind = 0.0, None, format_error(exc), METRIC_ERROR
+                        break
+                    # an LM the metric calls (a judge) gave no answer: tried again as the program's LM is; failing
+                    # still, the example is an LM failure (not charged, asked again later), not a score of 0
+                    if failure[0] == TRANSIENT and attempt < self.transient_retries and not batch.stop.is_set():
+                        delay = getattr(failure[1], "retry_after", None) or self.retry_backoff_s * 2**attempt
+                        batch.stop.wait(min(float(delay), 60.0))
+                        continue
+                    record = ExampleResult(
+                        example_id=example_id,
+                        inputs=_json_dict(inputs),
+                        expected=_json_dict(labels),
+                        predicted=_fields(prediction),
+                        score=0.0,
+                        passed=False,
+                        error=f"the metric's LM call failed: {format_error(failure[1])}",
+                        error_kind=LM_CALL_ERROR,
+                        steps=steps,
+                    )
+                    self._finish(batch, record, failure, whose=METRIC_LM)
+                    return
             if error is None and batch.step_feedback:
                 steps = self._with_step_feedback(steps, list(trace), names, example, prediction)
         if error is None and not 0.0 <= score <= 1.0 and not self._scale_noted:
@@ -522,7 +550,11 @@ class Evaluator:
                 out[index[name]] = replace(out[index[name]], feedback=text)
         return tuple(out)
 
-    def _finish(self, batch: _Batch, record: ExampleResult, failure: tuple[str, BaseException] | None) -> None:
+    def _finish(
+        self, batch: _Batch, record: ExampleResult, failure: tuple[str, BaseException] | None, whose: str = EVAL_LM
+    ) -> None:
+        """Keep and charge ``record``; a failed LM call (``failure``, of ``whose`` LM) is kept uncharged and counted
+        toward the evaluation's stop."""
         with batch.lock:
             if batch.abandoned:  # the evaluation ended without it (a second Ctrl-C): neither kept nor charged
                 return
@@ -543,6 +575,7 @@ class Evaluator:
                 batch.systemic_failures += 1
                 batch.consecutive_lm_failures += 1
                 batch.last_lm_error = failure[1]
+                batch.last_lm_whose = whose
                 if batch.consecutive_lm_failures >= self.max_consecutive_lm_failures and batch.fatal is None:
                     batch.fatal = EvaluationLMError("the evaluation LM appears unusable")
                     batch.stop.set()
@@ -550,7 +583,7 @@ class Evaluator:
                 batch.consecutive_lm_failures = 0
                 if unanswered >= self.max_unanswered_in_a_row and batch.fatal is None:
                     batch.fatal = EvaluationLMError(
-                        f"the evaluation LM gave no answer on {unanswered} different examples in a row, each "
+                        f"{whose} gave no answer on {unanswered} different examples in a row, each "
                         f"tried {self.transient_retries + 1} times here, each time after the LM's own retries (dspy.LM's "
                         f"num_retries) (the last error: {format_error(failure[1])}); they were "
                         "not charged. It may be down, overloaded or rate-limiting hard: check it, then run compile() "

@@ -387,6 +387,47 @@ def test_an_lm_that_never_answers_stops_after_examples_in_a_row_over_small_evalu
     assert len(info.value.records) == 2 and ledger.spent == 3  # only the answered minibatch was charged
 
 
+def test_a_metric_whose_judge_lm_gives_no_answer_is_retried_then_not_scored_0_nor_charged():
+    """Regression: a metric asking its own LM (a judge) that was rate-limited scored the example 0 as a metric error,
+    charged it and stored it for reuse: good candidates lost on validation to an outage and a resume never asked
+    the judge again. The judge's outage is now the program's LM outage: tried again, then not charged, not reused,
+    and counted toward the evaluation's stop."""
+    outage = {"left": 2}  # the judge's first two calls fail: the retry is answered
+
+    def judge_reply(messages):
+        if outage["left"]:
+            outage["left"] -= 1
+            return dspy.LMServerError("503 Service Unavailable", model="judge", status=503)
+        return {"correct": True}
+
+    judge_lm = FunctionLM(judge_reply, name="judge")
+    judge_lm.num_retries = 0
+    judge = dspy.Predict("expected, got -> correct: bool")
+
+    def judged(example, prediction, trace=None):
+        with dspy.context(lm=judge_lm):
+            return float(judge(expected=example.answer, got=prediction.answer).correct)
+
+    evaluator = make_evaluator(echo_lm(), metric=judged, num_threads=1, retry_backoff_s=0.0, transient_retries=2)
+    program, pool = dspy.Predict("question -> answer"), list(enumerate(examples(3)))
+    records = evaluator.evaluate(program, pool[:1])
+    assert records[0].error is None and records[0].score == 1.0  # retried until the judge answered
+
+    outage["left"] = 10**6  # down for good: no score of 0, no charge, and the evaluation stops naming the judge
+    evaluator = make_evaluator(
+        echo_lm(), metric=judged, num_threads=1, retry_backoff_s=0.0, transient_retries=1, max_unanswered_in_a_row=3
+    )
+    ledger = BudgetLedger(100)
+    with pytest.raises(EvaluationStopped) as info, ledger.reserve(3, TRAIN_EXAMPLE) as reservation:
+        evaluator.evaluate(program, pool, reservation)
+    kept = info.value.records
+    assert [r.error_kind for r in kept] == [LM_CALL_ERROR] * 3 and not any(r.reusable for r in kept)
+    assert all(r.error.startswith("the metric's LM call failed: LMServerError") for r in kept)
+    assert kept[0].predicted == {"answer": "a0"} and ledger.spent == 0
+    message = str(info.value.reason)
+    assert isinstance(info.value.reason, EvaluationLMError) and message.startswith("the LM your metric calls")
+
+
 def test_examples_that_fail_on_their_own_drawn_again_and_again_are_no_outage():
     """Regression: two examples the LM failed on (a 5xx on those inputs only), drawn into minibatch after minibatch
     (unanswered, they are never stored, so every draw runs them again), counted as 8 "in a row" and stopped the
