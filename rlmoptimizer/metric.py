@@ -47,9 +47,13 @@ def _metric_name(fn: Callable) -> str:
 
 
 def _arity(fn: Callable, name: str) -> int:
-    """How many positional arguments to pass: 2, 3 or 5."""
+    """How many positional arguments to pass: 2, 3 or 5.
+
+    A ``dspy.Module`` is read by its ``forward`` (its ``__call__`` passes everything on to it). GEPA's form is five
+    positional parameters whose 4th and 5th are required or named ``pred_name`` and ``pred_trace``; five or more
+    with other defaulted extras (``field="answer"``) are the DSPy form, and keep their defaults."""
     try:
-        signature = inspect.signature(fn)
+        signature = inspect.signature(_called(fn))
     except (TypeError, ValueError):
         return 2  # builtins without a signature: call the way dspy.Evaluate does
     positional = [p for p in signature.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
@@ -69,7 +73,9 @@ def _arity(fn: Callable, name: str) -> int:
             f"a metric must accept {_STYLES}."
         )
     if len(positional) >= 5:
-        return 5
+        step = positional[3:5]
+        if all(p.default is p.empty for p in step) or [p.name for p in step] == ["pred_name", "pred_trace"]:
+            return 5
     if len(positional) >= 3:
         return 3
     if len(positional) == 2 or var_positional:
@@ -78,6 +84,18 @@ def _arity(fn: Callable, name: str) -> int:
         f"metric {name!r} takes {len(positional)} positional argument(s); a metric must accept {_STYLES}, "
         "for example `def metric(example, prediction, trace=None): return float(prediction.answer == example.answer)`."
     )
+
+
+def _called(fn: Callable) -> Callable:
+    """What a call of ``fn`` runs: a ``dspy.Module``'s bound ``forward`` unless its class has its own ``__call__``
+    (read past the module's warning about ``forward`` used directly), else ``fn`` itself."""
+    import dspy
+
+    if isinstance(fn, dspy.Module) and type(fn).__call__ is dspy.Module.__call__:
+        forward = getattr(type(fn), "forward", None)
+        if callable(forward):
+            return object.__getattribute__(fn, "forward")
+    return fn
 
 
 # -- identity -------------------------------------------------------------------------------------

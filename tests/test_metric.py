@@ -74,6 +74,81 @@ def test_callable_objects_methods_partials_and_varargs():
     assert Metric(Judge()).fn.__class__ is Judge
 
 
+def test_defaulted_parameters_after_trace_keep_their_defaults_and_gepa_form_is_told_by_the_4th_and_5th():
+    """Regression: ``metric(example, pred, trace=None, field=..., lowercase=...)`` was taken for GEPA's form and
+    called with None for ``field`` and ``lowercase`` (and with a step's name for ``field`` on step feedback)."""
+    seen = []
+
+    def tuned(example, prediction, trace=None, field="answer", lowercase=True):
+        seen.append((trace, field, lowercase))
+        return float(getattr(prediction, field) == example[field])
+
+    metric = Metric(tuned)
+    assert metric.score(GOLD, PRED) == (1.0, None)
+    assert seen == [(None, "answer", True)]
+    assert not metric.gives_step_feedback
+    assert metric.step_feedback(GOLD, PRED, [], "predict", []) is None
+    assert seen == [(None, "answer", True)]  # not asked for a step's feedback
+    assert metric.describe().endswith("tuned(example, prediction, trace)")
+
+    def gepa_with_defaults(gold, pred, trace=None, pred_name=None, pred_trace=None):
+        seen.append((pred_name, pred_trace))
+        return dspy.Prediction(score=1.0, feedback=f"on {pred_name}")
+
+    def gepa_renamed(gold, pred, trace, name, calls, extra=0):
+        seen.append((name, calls, extra))
+        return dspy.Prediction(score=1.0, feedback=f"on {name}")
+
+    seen.clear()
+    for fn in (gepa_with_defaults, gepa_renamed):
+        metric = Metric(fn)
+        assert metric.arity == 5 and metric.gives_step_feedback
+        assert metric.score(GOLD, PRED) == (1.0, "on None")
+        assert metric.step_feedback(GOLD, PRED, ["t"], "predict", ["s"]) == "on predict"
+    assert seen == [(None, None), ("predict", ["s"]), (None, None, 0), ("predict", ["s"], 0)]
+
+
+class GepaModuleMetric(dspy.Module):
+    def forward(self, gold, pred, trace, pred_name, pred_trace):
+        return dspy.Prediction(
+            score=float(pred.answer == gold.answer), feedback=f"{pred_name}: {len(pred_trace or [])}"
+        )
+
+
+class DspyModuleMetric(dspy.Module):
+    def forward(self, example, prediction, trace=None):
+        return dspy.Prediction(score=0.5, feedback=f"trace {trace}")
+
+
+class ModuleWithOwnCall(dspy.Module):
+    def __call__(self, example, prediction):
+        return 0.25
+
+    def forward(self, gold, pred, trace, pred_name, pred_trace):
+        raise AssertionError("not called: the class's own __call__ is")
+
+
+def test_a_module_metric_is_called_by_its_forward_and_a_bare_varargs_wrapper_with_two_arguments():
+    """Regression: a ``dspy.Module`` metric in GEPA's form (``forward(self, gold, pred, trace, pred_name,
+    pred_trace)``, which dspy.GEPA accepts) was called with two arguments, as its ``__call__(*args, **kwargs)`` reads,
+    and raised TypeError on every example."""
+    gepa = Metric(GepaModuleMetric())
+    assert gepa.describe() == "GepaModuleMetric(gold, pred, trace, pred_name, pred_trace)"
+    assert gepa.score(GOLD, PRED) == (1.0, "None: 0")
+    assert gepa.step_feedback(GOLD, PRED, [], "predict", ["call"]) == "predict: 1"
+    assert Metric(DspyModuleMetric()).score(GOLD, PRED) == (0.5, "trace None")
+    assert Metric(ModuleWithOwnCall()).score(GOLD, PRED) == (0.25, None)
+
+    calls = []
+
+    def wrapper(*args, **kwargs):
+        calls.append((args, kwargs))
+        return 1.0
+
+    assert Metric(wrapper).score(GOLD, PRED) == (1.0, None)
+    assert calls == [((GOLD, PRED), {})]
+
+
 @pytest.mark.parametrize(
     ("fn", "message"),
     [
