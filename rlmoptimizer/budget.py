@@ -48,11 +48,12 @@ def budget_for_metric_calls(max_metric_calls: int, train_size: int, val_size: in
     left = max_metric_calls - baseline
     if left < baseline:
         split = f"{val_size} validation" if val_size else f"{train_size} train"
+        fewer = ", or use fewer examples" if _fewer_examples_help(max_metric_calls, val_size) else ""
         raise ConfigurationError(
-            f"max_metric_calls={max_metric_calls} does not cover the baseline evaluation of the unchanged program "
+            f"{_calls_named(max_metric_calls)} does not cover the baseline evaluation of the unchanged program "
             f"({split} examples) and one check of a changed program there (a changed program is returned only "
-            f"once it scores better there): pass max_metric_calls >= {2 * baseline} (a useful run needs several "
-            "times the train set more), or use fewer examples"
+            f"once it scores better there): pass {_at_least(max_metric_calls, 2 * baseline, train_size, val_size)} "
+            f"(a useful run needs several times the train set more){fewer}"
         )
     return left
 
@@ -71,15 +72,60 @@ def thin_budget_warning(max_metric_calls: int, train_size: int, val_size: int) -
     needed = 2 * baseline + found
     if max_metric_calls >= needed:
         return None
+    split = "validation" if val_size else "train"
+    fewer = f", or use fewer {split} examples" if _fewer_examples_help(max_metric_calls, val_size) else ""
     return (
-        f"max_metric_calls={max_metric_calls} leaves {max_metric_calls - baseline} after the baseline on the "
-        f"{baseline} {'validation' if val_size else 'train'} examples, and a first changed program costs about "
+        f"{_calls_named(max_metric_calls)} leaves {max_metric_calls - baseline} after the baseline on the "
+        f"{baseline} {split} examples, and a first changed program costs about "
         f"{found + baseline} (found on a {FIRST_CANDIDATE // 2}-example minibatch, then checked on all "
         f"{baseline}): the default loop tries no change on what is left, an agent's own moves have those "
-        f"{max_metric_calls - baseline} for all they try, and the "
-        f"unchanged program is the likely result. Pass max_metric_calls >= {needed} (a useful run needs several times "
-        f"the train set more), or use fewer {'validation' if val_size else 'train'} examples."
+        f"{max_metric_calls - baseline} for all they try, and the unchanged program is the likely result. "
+        f"Pass {_at_least(max_metric_calls, needed, train_size, val_size)} (a useful run needs several times "
+        f"the train set more){fewer}."
     )
+
+
+class SizedMetricCalls(int):
+    """The ``max_metric_calls`` that ``auto`` or ``max_full_evals`` stands for (:func:`gepa_metric_calls`): an int
+    that keeps the setting it was sized from (``setting``: its name and value, e.g. ``("max_full_evals", 1)``), so
+    what :func:`budget_for_metric_calls` and :func:`thin_budget_warning` say of it names what the user passed."""
+
+    setting: tuple[str, Any]
+
+    def __new__(cls, calls: int, name: str, value: Any) -> SizedMetricCalls:
+        sized = super().__new__(cls, calls)
+        sized.setting = (name, value)
+        return sized
+
+    def __getnewargs__(self) -> tuple[int, str, Any]:  # (copied and pickled with its setting)
+        return (int(self), *self.setting)
+
+
+def _calls_named(max_metric_calls: int) -> str:
+    """``max_metric_calls=N`` as the user passed it: ``max_full_evals=1 gives max_metric_calls=12, which`` when a
+    setting sized it (see :class:`SizedMetricCalls`)."""
+    setting = getattr(max_metric_calls, "setting", None)
+    if setting is None:
+        return f"max_metric_calls={max_metric_calls}"
+    return f"{setting[0]}={setting[1]!r} gives max_metric_calls={int(max_metric_calls)}, which"
+
+
+def _at_least(max_metric_calls: int, needed: int, train_size: int, val_size: int) -> str:
+    """What to pass for ``needed`` metric calls or more, in the setting the user passed: ``max_full_evals >= N`` (the
+    fewest evaluations of both sets that cover it), ``max_metric_calls >= needed`` instead of ``auto``, else
+    ``max_metric_calls >= needed``."""
+    name, value = getattr(max_metric_calls, "setting", ("max_metric_calls", None))
+    if name == "max_full_evals":
+        return f"max_full_evals >= {math.ceil(needed / (train_size + val_size))}"
+    if name == "auto":
+        return f"max_metric_calls >= {needed} instead of auto={value!r}"
+    return f"max_metric_calls >= {needed}"
+
+
+def _fewer_examples_help(max_metric_calls: int, val_size: int) -> bool:
+    """Whether fewer examples could make ``max_metric_calls`` cover what it must: not when ``max_full_evals`` sized it
+    without a validation set (it shrinks with the train set that the baseline is paid on)."""
+    return val_size > 0 or getattr(max_metric_calls, "setting", ("",))[0] != "max_full_evals"
 
 
 AUTO_CANDIDATES = {"light": 6, "medium": 12, "heavy": 18}
@@ -102,12 +148,12 @@ def gepa_metric_calls(
     auto: str | None, max_full_evals: int | None, steps: int, train_size: int, val_size: int
 ) -> int | None:
     """The ``max_metric_calls`` that ``auto`` or ``max_full_evals`` stand for on this program and data, as
-    ``dspy.GEPA`` sizes it in its ``compile()``; None when neither is set. ``max_full_evals`` is that many evaluations
-    of the train and validation sets together."""
+    ``dspy.GEPA`` sizes it in its ``compile()`` (a :class:`SizedMetricCalls`, which names the setting); None when
+    neither is set. ``max_full_evals`` is that many evaluations of the train and validation sets together."""
     if auto is not None:
-        return auto_metric_calls(auto, steps, val_size or train_size)
+        return SizedMetricCalls(auto_metric_calls(auto, steps, val_size or train_size), "auto", auto)
     if max_full_evals is not None:
-        return max_full_evals * (train_size + val_size)
+        return SizedMetricCalls(max_full_evals * (train_size + val_size), "max_full_evals", max_full_evals)
     return None
 
 

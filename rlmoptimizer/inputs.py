@@ -479,6 +479,12 @@ RENAMED = {
     "max_labeled_demos": "max_demos=N (demos per step, from the program's own successful train traces; 0: none)",
     "num_candidates": "max_metric_calls=N or auto= for how much to search (candidates are proposed as it goes)",
     "init_temperature": "nothing: the proposal LM's settings are the sub_lm's own (dspy.LM(..., temperature=...))",
+    "max_errors": "nothing: an example on which the program raises scores 0 here and the run goes on",
+    # dspy.BootstrapFewShot's
+    "max_rounds": "nothing: demos here come from one run of the program on each train example, those it got right; "
+    "max_demos=N sets how many a step gets",
+    "teacher_settings": "nothing: demos here come from the program's own runs with eval_lm, as there is no teacher; "
+    "eval_lm=... sets that LM",
 }
 """Names from dspy's other modules a user may bring along, and what to write here."""
 

@@ -234,3 +234,39 @@ def test_compile_warns_of_a_budget_that_pays_no_candidate_when_it_starts(caplog)
     assert "the default loop tries no change" in warned[0]
     # and it tries none: nothing is spent after the validation baseline, and the unchanged program is returned
     assert result.budget["spent"] == 0 and result.selection["chosen_label"] == "baseline"
+
+
+def test_a_budget_sized_from_max_full_evals_or_auto_is_refused_and_warned_about_in_the_users_own_setting(caplog):
+    """Regression: max_full_evals=1 without a valset was refused as "max_metric_calls=12 ...: pass max_metric_calls >=
+    24", a setting the user never wrote, and passing it besides max_full_evals is refused as two budgets."""
+    from support.optimizing import compile_tickets, proposer
+    from support.tickets import make_splits
+
+    from rlmoptimizer.budget import budget_for_metric_calls, thin_budget_warning
+    from rlmoptimizer.errors import ConfigurationError
+
+    train, _ = make_splits()
+    with pytest.raises(ConfigurationError) as refused:
+        compile_tickets([], valset=None, rlm_autopilot="loop", max_iterations=None, max_full_evals=1, sub_lm=proposer())
+    said = str(refused.value)
+    assert said.startswith(f"max_full_evals=1 gives max_metric_calls={len(train)}, which does not cover")
+    assert "pass max_full_evals >= 2" in said and "max_metric_calls >=" not in said
+    assert "fewer examples" not in said  # (max_full_evals shrinks with the train set its baseline is paid on)
+    # its advice taken: accepted, and the thin budget is said in the same setting
+    with caplog.at_level("WARNING", logger="rlmoptimizer"):
+        compile_tickets([], valset=None, rlm_autopilot="loop", max_iterations=None, max_full_evals=2, sub_lm=proposer())
+    warned = [r.getMessage() for r in caplog.records if " leaves " in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith(f"max_full_evals=2 gives max_metric_calls={2 * len(train)}, which")
+    assert "Pass max_full_evals >= 3" in warned[0]
+    # with a valset: the fewest full evaluations of both sets that cover it, and fewer validation examples help
+    sized = gepa_metric_calls(None, 1, 1, 4, 12)
+    with pytest.raises(ConfigurationError, match=r"^max_full_evals=1 gives max_metric_calls=16, .* >= 2 .*fewer ex"):
+        budget_for_metric_calls(sized, 4, 12)
+    assert "Pass max_full_evals >= 3 " in thin_budget_warning(gepa_metric_calls(None, 2, 1, 2, 12), 2, 12)
+    # auto= sizes too much for either; were it less, the message would name it and what to pass instead
+    assert thin_budget_warning(gepa_metric_calls("light", None, 1, 12, 0), 12, 0) is None
+    with pytest.raises(ConfigurationError, match=r"^auto='light' gives .* pass max_metric_calls >= 24 instead of auto"):
+        budget_for_metric_calls(type(sized)(20, "auto", "light"), 12, 0)
+    # a max_metric_calls the user wrote is named as before
+    with pytest.raises(ConfigurationError, match=r"^max_metric_calls=20 does not cover .* >= 24 .* fewer examples"):
+        budget_for_metric_calls(20, 12, 0)

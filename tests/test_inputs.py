@@ -318,3 +318,20 @@ def test_text_no_lm_request_can_carry_is_refused_before_any_call():
     with pytest.raises(ConfigurationError, match=r"trainset\[1\]\.question holds text that cannot be encoded"):
         check_examples(bad, "trainset", program=dspy.Predict("question -> answer"))
     assert len(check_examples(bad[:1], "trainset", program=dspy.Predict("question -> answer"))) == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "said"),
+    [
+        ("max_errors", 10, "an example on which the program raises scores 0 here and the run goes on"),
+        ("max_rounds", 1, "demos here come from one run of the program on each train example"),
+        ("teacher_settings", {}, "the program's own runs with eval_lm, as there is no teacher"),
+    ],
+)
+def test_miprov2_and_bootstrap_names_are_answered_with_their_meaning_here_not_a_close_spelling(name, value, said):
+    """Regression: max_errors and max_rounds were answered "did you mean max_demos or max_iterations?", settings of
+    another meaning, and teacher_settings "no argument is close to it"."""
+    with pytest.raises(ConfigurationError) as refused:
+        RLMDocstringOptimizer(rlm_autopilot="loop", sub_lm=echo_lm(), **{name: value})
+    assert f"unexpected argument {name} (write nothing: " in str(refused.value) and said in str(refused.value)
+    assert "did you mean" not in str(refused.value) and "no argument is close" not in str(refused.value)
