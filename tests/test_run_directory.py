@@ -437,6 +437,28 @@ def test_a_folder_of_other_files_is_refused_and_left_as_it_was(tmp_path):
     assert compile_in(empty, None, FunctionLM(task_lm_reply), **loop()).selection["chosen_score"] is not None
 
 
+@pytest.mark.parametrize(
+    ("files", "manifest"),
+    [
+        ({"index.html": "<html></html>"}, '{"name": "my-app", "version": "1.0"}'),
+        ({"popup.js": ""}, '{\n  // an extension\'s manifest, with a comment\n  "name": "ext"\n}'),
+        ({"runs/2024-01.csv": "step,loss"}, '{"experiments": ["2024-01"], "program": "train.py"}'),
+    ],
+    ids=["a web app", "not JSON", "its own runs"],
+)
+def test_a_folder_with_a_manifest_json_of_its_own_is_refused_and_left_as_it_was(tmp_path, files, manifest):
+    """Regression: refused as "a run of a different program, trainset, valset, metric, budget" (delete it, it said),
+    after .lock, prompts/, runs/ and turns/ were made in it."""
+    for name, text in {"manifest.json": manifest, **files}.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    listing = sorted(tmp_path.rglob("*"))
+    with pytest.raises(ConfigurationError, match=r"its manifest\.json is not a run's.*Pass a new or empty directory"):
+        compile_in(tmp_path, None, FunctionLM(task_lm_reply), **loop())
+    assert sorted(tmp_path.rglob("*")) == listing
+    assert (tmp_path / "manifest.json").read_text() == manifest
+
+
 @pytest.fixture(scope="module")
 def finished_loop(tmp_path_factory):
     """A finished loop-mode run directory (compiled once for the module); tests copy it."""
