@@ -63,7 +63,7 @@ def test_a_dspy_gepa_script_runs_with_the_optimizer_swapped_in(tmp_path):
         assert best is results.best_candidate
         assert best(ticket=train[3].ticket).queue == "disputes"  # a program that runs, with the best instructions
         assert results.candidates[0].route.signature.instructions == RouteTicket().route.signature.instructions
-        assert results.val_aggregate_scores[results.best_idx] == 1.0 == optimized.score
+        assert results.val_aggregate_scores[results.best_idx] == 1.0 and optimized.score == 100.0
         assert results.val_aggregate_scores[0] == optimized.selection["baseline_score"] < 1.0
         assert results.parents[0] == [None]
         # every other candidate was made from one: a child GEPA did not keep is not a second seed
@@ -296,8 +296,8 @@ def test_the_result_never_replaces_a_step_or_an_attribute_of_the_users_program(t
     plain = RLMDocstringOptimizer(metric_with_feedback, **gepa_arguments(tmp_path / "again"), rlm_autopilot="loop")
     with dspy.context(lm=FunctionLM(task_lm_reply)):
         first = plain.compile(RouteTicket(), trainset=train, valset=val)
-        first.score = 0.5  # as MIPROv2 or an earlier compile left it
+        first.score = 50.0  # as MIPROv2 or an earlier compile left it
         again = RLMDocstringOptimizer(metric_with_feedback, **gepa_arguments(tmp_path / "third"), rlm_autopilot="loop")
         second = again.compile(first, trainset=train, valset=val)
-    assert second.score == 1.0 and second.run_storage_dir == str(tmp_path / "third" / "gepa-logs")
+    assert second.score == 100.0 and second.run_storage_dir == str(tmp_path / "third" / "gepa-logs")
     assert not [r for r in caplog.records if "left" in r.getMessage() and "as they were" in r.getMessage()]

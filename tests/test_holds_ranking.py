@@ -57,11 +57,11 @@ def test_a_lucky_rollout_never_ranks_first_in_candidate_programs_or_detailed_res
     ).compile(student=RouteTicket(), trainset=trainset, metric=metric)
 
     assert optimized.agent_trajectory[0]["output"].strip() == "[0, 1]"  # the scenario: only rollout 1 passes
-    assert optimized.optimized_dspy_program["route"] == ORIGINAL_ROUTE and optimized.score == 10 / 12
+    assert optimized.optimized_dspy_program["route"] == ORIGINAL_ROUTE and optimized.score == round(100 * 10 / 12, 2)
 
     best = optimized.candidate_programs[0]
     assert best["instructions"] == optimized.optimized_dspy_program and best["score"] == optimized.score
-    assert [c["score"] for c in optimized.candidate_programs] == [10 / 12, 0.0]
+    assert [c["score"] for c in optimized.candidate_programs] == [83.33, 0.0]
     assert best["program"].route.signature.instructions == ORIGINAL_ROUTE
 
     for results in (optimized.detailed_results, DetailedResults.from_run_directory(tmp_path)):

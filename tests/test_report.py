@@ -66,9 +66,12 @@ def test_compile_leaves_the_picture_and_attaches_detailed_results(finished, tmp_
     assert has_colour(pixels, STAR)
     assert optimized.detailed_results == DetailedResults.from_run_directory(directory)
     assert optimized.detailed_results.best_instructions == optimized.optimized_dspy_program
-    assert optimized.score == optimized.selection["chosen_score"]
+    # MIPROv2's scale for code written for it (dspy.Evaluate's percentage), dspy.GEPA's mean in detailed_results
+    assert optimized.score == round(100 * optimized.selection["chosen_score"], 2)
     [best, baseline] = optimized.candidate_programs
-    assert best["score"] == optimized.score and baseline["score"] == optimized.selection["baseline_score"]
+    assert best["score"] == optimized.score and baseline["score"] == round(
+        100 * optimized.selection["baseline_score"], 2
+    )
     assert best["program"].route.signature.instructions == POLICY_PROMPT
     assert baseline["program"].route.signature.instructions == RouteTicket().route.signature.instructions
     # the returned program is still the same ordinary module: the candidates are not among its predictors
@@ -135,7 +138,7 @@ def test_detailed_results_give_what_gepa_and_miprov2_users_look_for(finished):
     assert all(results.per_train_example_best_candidates[i] == {1} for i in failed)
     # MIPROv2's names: candidates evaluated on the whole selection split, best first, as programs
     programs = results.candidate_programs
-    assert [p["score"] for p in programs] == sorted(results.val_aggregate_scores, reverse=True)
+    assert [p["score"] for p in programs] == [round(100 * s, 2) for s in sorted(results.val_aggregate_scores)[::-1]]
     assert programs[0]["program"].route.signature.instructions == POLICY_PROMPT and programs[0]["full_eval"] is True
     assert results.budget == optimized.budget and results.run_storage_dir == results.log_dir == str(directory)
     # before each candidate was first evaluated: nothing for the unchanged program; the baselines' metric calls (and

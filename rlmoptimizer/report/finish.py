@@ -13,7 +13,7 @@ import dspy
 from rlmoptimizer.fingerprint import RESULTS_MARK, copy_program
 from rlmoptimizer.report.compile_state import CompileState
 from rlmoptimizer.report.plot import picture_unavailable, write_run_picture
-from rlmoptimizer.report.results import DetailedResults
+from rlmoptimizer.report.results import DetailedResults, percent
 from rlmoptimizer.report.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ def present_result(program: Any, values: dict[str, Any], state: CompileState, be
         **values,
         "agent_trajectory": Trajectory(values["agent_trajectory"]),
         "detailed_results": detailed,
-        "score": values["selection"]["chosen_score"],  # MIPROv2's names
+        "score": percent(values["selection"]["chosen_score"]),  # MIPROv2's names, on its scale
         "candidate_programs": detailed.candidate_programs,
         "cost_estimate": estimate,
         "cost_check": estimate.against(values["usage"]) if estimate is not None else None,

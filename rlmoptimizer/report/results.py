@@ -57,10 +57,16 @@ def _key(instructions: dict[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(instructions.items()))
 
 
+def percent(score: float | None) -> float | None:
+    """A mean score on MIPROv2's scale: ``dspy.Evaluate``'s, 100 times the mean, rounded to 2 decimals."""
+    return None if score is None else round(100 * score, 2)
+
+
 class CandidatePrograms(Sequence):
     """MIPROv2's ``candidate_programs``: ``{"score", "program", "full_eval": True, "instructions",
     "candidate_idx"}`` per candidate evaluated on the whole selection split, best first as the selection ranks
-    them (:attr:`DetailedResults.ranking`). Its programs are those of :attr:`DetailedResults.candidates`, built when
+    them (:attr:`DetailedResults.ranking`); ``score`` on MIPROv2's scale (:func:`percent`), as code written for it
+    reads it. Its programs are those of :attr:`DetailedResults.candidates`, built when
     first read, so the list costs nothing until used, and (not being a ``list``) it is not walked by
     ``named_sub_modules()`` when attached to the returned program."""
 
@@ -76,7 +82,7 @@ class CandidatePrograms(Sequence):
             return [self[i] for i in range(*index.indices(len(self)))]
         score, i = self._order[index]
         return {
-            "score": score,
+            "score": percent(score),
             "program": self._results.candidates[i],  # (the same programs as ``candidates``)
             "full_eval": True,
             "instructions": dict(self._results.instructions[i]),
@@ -84,7 +90,7 @@ class CandidatePrograms(Sequence):
         }
 
     def __repr__(self) -> str:
-        shown = ", ".join(f"candidate {i}: {s:.3f}" for s, i in self._order)
+        shown = ", ".join(f"candidate {i}: {percent(s)}" for s, i in self._order)
         return f"CandidatePrograms([{shown}])"
 
 
