@@ -189,11 +189,13 @@ class Runs:
             "The metric raised on every one of the %d %s example(s) of the unchanged program (the first, example %d: "
             "%s), so every example scores 0 and no change can show a gain. If the metric does not fit the program's "
             "outputs (a field name, a table left to fill), stop the run (Ctrl-C keeps what was paid), fix it and "
-            "compile again with a new run_storage_dir; the run stops by itself if other instructions do not change it.",
+            "compile again with a new run_storage_dir. The run stops by itself with MetricError once %d other "
+            "instructions for each step have not changed it, or returns the unchanged program if the budget ends first.",
             len(records),
             run.split,
             first.example_id,
             (first.error or "")[:200],
+            CODE_ERROR_TRIES,
         )
 
     def _check_code_error(self, label: str, new: Sequence[ExampleResult]) -> None:
