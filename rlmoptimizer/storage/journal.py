@@ -41,7 +41,10 @@ how its budget counts: the same limit means other work under the other mode (bas
 
 
 def _what_differs(different: list[str]) -> str:
-    """The keys of :data:`MANIFEST_KEYS_THAT_MUST_MATCH` that differ, as a user says them (the budget's two: budget)."""
+    """The keys of :data:`MANIFEST_KEYS_THAT_MUST_MATCH` that differ, as a user says them (the budget's two: budget;
+    not the budget's units alone when the data changed under the same setting: they follow from the data's size)."""
+    if "budget_mode" not in different and {"trainset", "valset"} & set(different):
+        different = [key for key in different if key != "budget_limit"]
     return ", ".join(dict.fromkeys("budget" if key.startswith("budget_") else key for key in different))
 
 

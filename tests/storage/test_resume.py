@@ -41,6 +41,17 @@ def test_a_directory_of_another_compile_is_refused(tmp_path):
         open_run_directory(RunJournal(tmp_path), {**MANIFEST, "metric": "other"})
 
 
+def test_a_changed_valset_under_the_same_budget_setting_is_not_called_a_changed_budget(tmp_path):
+    """Regression: a valset of 6 instead of 8 under the same max_metric_calls was refused as "a different valset,
+    budget", pointing at a setting the user never changed (the budget's units follow from the valset's size)."""
+    open_run_directory(RunJournal(tmp_path), MANIFEST)
+    smaller = {**MANIFEST, "valset": "other", "budget_limit": MANIFEST["budget_limit"] + 2}
+    with pytest.raises(RunDirectoryMismatchError, match=r"a run of a different valset; it cannot be resumed"):
+        open_run_directory(RunJournal(tmp_path), smaller)
+    with pytest.raises(RunDirectoryMismatchError, match=r"a run of a different valset, budget;"):  # both changed
+        open_run_directory(RunJournal(tmp_path), {**smaller, "budget_mode": {"max_metric_calls": 99}})
+
+
 def test_a_directory_whose_examples_were_digested_another_way_is_another_run(tmp_path):
     """0.1.0 reads no earlier digest of the examples: a manifest of another ``examples_digest_version`` holds
     other trainset/valset digests, so it is refused with the usual message and left as it was."""
