@@ -135,6 +135,13 @@ def _priced_name(model: str) -> str | None:
     return None
 
 
+def unpriced_models(rows: Any) -> list[str]:
+    """The models litellm has no price for among ``rows`` (objects with ``model`` and ``cost_usd``) whose dollars are
+    unknown; a row's ``model`` may name several (``"a, b"``: the program's steps on different LMs)."""
+    names = {name for row in rows if row.cost_usd is None and row.model for name in row.model.split(", ")}
+    return sorted(name for name in names if price_of_call(name, 1, 1) is None)
+
+
 def price_of_call(model: str, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0) -> Decimal | None:
     """Dollars for one call by litellm's price table, or None when litellm has no price for ``model``."""
     name = _priced_name(model) if isinstance(model, str) and model else None

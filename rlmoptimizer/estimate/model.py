@@ -35,7 +35,7 @@ from rlmoptimizer.estimate.tokens import TokenCounter, model_name
 from rlmoptimizer.fingerprint import copy_program
 from rlmoptimizer.report.costs import CostEstimate, RoleCost
 from rlmoptimizer.sandbox.limits import instructions as sandbox_rules
-from rlmoptimizer.usage import EVAL, ROOT, SUB, dollars, price_of_call
+from rlmoptimizer.usage import EVAL, ROOT, SUB, dollars, price_of_call, unpriced_models
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ def _cap_verdict(
             "they run whole (every result is measured against them), then the cap stops the run."
         )
     if expected.cost_usd is None:
-        unpriced = ", ".join(sorted({r.model for r in rows if r.cost_usd is None}))
+        unpriced = ", ".join(unpriced_models(rows))
         return (
             f"{given}: litellm has no price for {unpriced}, and the cap counts priced calls only: it can only stop "
             "the run on what the priced LMs spend."
@@ -158,8 +158,10 @@ def _cap_verdict(
         )
     if at_most.cost_usd is not None and at_most.cost_usd <= cap:
         return (
-            f"{given} is above the most this run can spend ({dollars(at_most.cost_usd)}): it will not stop the run "
-            "(unless the metric's own LM calls, which this estimate leaves out, cost the difference)."
+            f"{given} is above the most this run can spend at the sizes assumed ({dollars(at_most.cost_usd)}): it "
+            "should not stop the run, unless replies run longer than assumed (a ChainOfThought's reasoning; "
+            "estimate(..., sample=3) measures them), a step runs several times an example, or the metric's own LM "
+            "calls, which this estimate leaves out, cost the difference."
         )
     return (
         f"{given} is above the expected {dollars(expected.cost_usd)}: it should not stop the run; it would if the "

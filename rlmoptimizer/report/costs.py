@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rlmoptimizer.usage import EVAL, ROOT, SUB, dollars
+from rlmoptimizer.usage import EVAL, ROOT, SUB, dollars, unpriced_models
 
 __all__ = ["CostCheck", "CostEstimate", "RoleCheck", "RoleCost"]
 
@@ -232,7 +232,7 @@ class CostEstimate:
                 f"{_tokens(scenario.output_tokens)} out, {_money(scenario.cost_usd)}"
             )
         lines.append(self.cap)
-        unknown = sorted({r.model for r in self.roles if r.cost_usd is None and r.model})
+        unknown = unpriced_models(self.roles)
         if unknown:
             lines.append(f"dollars unknown: litellm has no price for {', '.join(unknown)}")
         return "\n".join(_wrap(line) for line in lines)

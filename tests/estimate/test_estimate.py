@@ -113,7 +113,7 @@ def test_dollars_come_from_litellm_and_the_cap_is_judged_against_them():
     above = RLMDocstringOptimizer(
         max_iterations=2, rlm_autopilot="loop", sub_lm=lm, eval_lm=lm, max_cost_usd=10 * estimate.at_most.cost_usd
     ).estimate(RouteTicket(), trainset=trainset, valset=valset)
-    assert "it will not stop the run" in above.cap
+    assert "it should not stop the run, unless replies run longer than assumed" in above.cap  # sizes assumed
     eval_usd = estimate.role("eval").cost_usd
     baselines = eval_usd * estimate.baseline_runs / estimate.program_runs
     tiny = RLMDocstringOptimizer(
@@ -125,6 +125,14 @@ def test_dollars_come_from_litellm_and_the_cap_is_judged_against_them():
     ).estimate(RouteTicket(), trainset=trainset, valset=valset)
     assert unpriced.cost_usd is None and "litellm has no price for fake" in unpriced.cap
     assert "unknown" in str(unpriced)
+    # one step on an unpriced LM, the eval LM priced: only the unpriced one is named as such
+    mixed = RouteTicket()
+    mixed.route.lm = FunctionLM(task_lm_reply, name="local/my-finetune")
+    named = RLMDocstringOptimizer(
+        max_iterations=2, rlm_autopilot="loop", sub_lm=lm, eval_lm=lm, max_cost_usd=1.0
+    ).estimate(mixed, trainset=trainset, valset=valset)
+    assert "litellm has no price for local/my-finetune" in named.cap and model not in named.cap.split("price for")[1]
+    assert "dollars unknown: litellm has no price for local/my-finetune\n" in str(named) + "\n"
 
 
 def test_estimate_calls_no_lm():
