@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlmoptimizer.errors import ConfigurationError
-from rlmoptimizer.estimate.model import SECONDS_PER_CALL, estimate_cost
+from rlmoptimizer.estimate.model import SECONDS_PER_CALL, estimate_cost, with_cap
 from rlmoptimizer.inputs import finite_number, resolve_eval_lm
 from rlmoptimizer.metric import Metric
 from rlmoptimizer.report.costs import CostCheck, CostEstimate, RoleCost
@@ -170,8 +170,8 @@ def estimate_at_start(run: Any) -> CostEstimate | None:
     there. ``verbose`` shows it. Never fails the compile: an estimate that cannot be made is a warning."""
     try:
         stored = run.journal.read_estimate()
-        if stored is not None:
-            estimate = CostEstimate.from_dict(stored)
+        if stored is not None:  # (judged against this compile's cap: a resume may raise it)
+            estimate = with_cap(CostEstimate.from_dict(stored), run.config.max_cost_usd)
         else:
             estimate = estimate_cost(run.config, run.student, run.trainset, run.valset, eval_lm=run.eval_lm)
             if not run.read_back:

@@ -7,6 +7,7 @@ May import what :mod:`rlmoptimizer.estimate` may.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
@@ -169,6 +170,21 @@ def _cap_verdict(
     )
 
 
+def _baselines_usd(rows: Sequence[RoleCost], baseline_runs: float, program_runs: float) -> float:
+    """The dollars of the unchanged program's baseline runs: their share of the program's runs."""
+    eval_usd = sum(r.cost_usd for r in rows if r.role == EVAL and r.cost_usd is not None)
+    return eval_usd * baseline_runs / max(program_runs, 1)
+
+
+def with_cap(estimate: CostEstimate, cap: float | None) -> CostEstimate:
+    """``estimate`` judged against the spending cap ``cap`` (a resumed compile's may differ from the first one's)."""
+    if cap == estimate.max_cost_usd:
+        return estimate
+    baselines = _baselines_usd(estimate.roles, estimate.baseline_runs, estimate.program_runs)
+    verdict = _cap_verdict(cap, estimate.total, estimate.at_most, estimate.roles, baselines)
+    return dataclasses.replace(estimate, cap=verdict, max_cost_usd=cap)
+
+
 def estimate_cost(
     config: Any,
     program: dspy.Module,
@@ -297,9 +313,7 @@ def _estimate(
             expected,
             most,
             rows,
-            sum(r.cost_usd for r in rows if r.role == EVAL and r.cost_usd is not None)
-            * work.expected.baseline_runs
-            / max(work.expected.program_runs, 1),
+            _baselines_usd(rows, work.expected.baseline_runs, work.expected.program_runs),
         ),
         max_cost_usd=config.max_cost_usd,
         seconds_per_call=_latency(seconds_per_call),

@@ -235,6 +235,24 @@ def test_a_resumed_or_read_back_compile_keeps_the_estimate_made_before_the_first
     assert (tmp_path / "run" / "estimate.json").read_text() == stored
 
 
+def test_a_kept_estimate_is_judged_again_against_the_cap_a_resume_gives():
+    """Regression: a run resumed with a higher max_cost_usd showed the first compile's verdict ("it will stop the
+    run early") about a cap no longer in force."""
+    from rlmoptimizer.estimate.model import with_cap
+
+    trainset, valset = make_splits()
+    lm = FunctionLM(task_lm_reply, name="openai/gpt-4o-mini")
+    settings = {"max_iterations": 2, "rlm_autopilot": "loop", "sub_lm": lm, "eval_lm": lm}
+    expected = RLMDocstringOptimizer(**settings).estimate(RouteTicket(), trainset=trainset, valset=valset).cost_usd
+    low = RLMDocstringOptimizer(**settings, max_cost_usd=expected / 2).estimate(
+        RouteTicket(), trainset=trainset, valset=valset
+    )
+    assert "will stop the run early" in low.cap
+    raised = with_cap(CostEstimate.from_dict(json.loads(json.dumps(low.to_dict()))), 3 * expected)
+    assert raised.max_cost_usd == 3 * expected and "it should not stop the run" in raised.cap
+    assert raised.roles == low.roles and with_cap(low, low.max_cost_usd) is low
+
+
 def test_an_estimate_that_cannot_be_made_never_fails_the_compile(tmp_path, monkeypatch, caplog):
     def broken(*args, **kwargs):
         raise ValueError("no estimate today")
