@@ -202,7 +202,7 @@ def test_compile_with_use_mlflow_is_logged_to_the_users_store(store, tmp_path, m
         assert [(m.step, m.value) for m in history] == [
             (int(r["run_id"][-4:]), r["score"]) for r in runs if r["split"] == split
         ]
-    assert child.data.metrics["final_score"] == optimized.score
+    assert child.data.metrics["final_score"] == optimized.selection["chosen_score"]
 
     paths = artifact_paths(client, run_id)
     assert {
@@ -296,3 +296,114 @@ def test_a_tracking_server_that_does_not_answer_is_given_up_at_once(mlflow, monk
     assert not tracker.active and tracker.run_id is None
     assert f"the tracking server 127.0.0.1:{port} did not answer" in caplog.text
     assert "The optimization goes on" in caplog.text
+
+
+def _http_server(handler_body):
+    """A local HTTP server whose every request is answered by ``handler_body(handler)``; (server, url, seen paths)."""
+    import http.server
+    import threading
+
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _any(self):
+            seen.append(self.path)
+            handler_body(self)
+
+        do_GET = do_POST = _any  # noqa: N815 (http.server's spelling)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}", seen
+
+
+def test_a_tracking_server_that_answers_500_is_given_up_after_a_few_tries_not_minutes(mlflow, monkeypatch, caplog):
+    """Regression: MLflow's own retries (7, backing off to minutes) held the compile up for 4 minutes at the first
+    call to a server that answered 500, and again at each later call. The tracker's calls now try 3 times."""
+    from rlmoptimizer.report.tracking import MlflowTracker
+
+    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    for name in (
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
+        "MLFLOW_HTTP_REQUEST_TIMEOUT",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR",
+    ):
+        monkeypatch.delenv(name, raising=False)
+
+    def fail(handler):
+        handler.send_response(500)
+        handler.end_headers()
+
+    server, url, seen = _http_server(fail)
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(url)
+    try:
+        tracker = MlflowTracker()
+        with caplog.at_level(logging.WARNING):
+            tracker.compile_started({"max_metric_calls": 10})
+    finally:
+        mlflow.set_tracking_uri(previous)
+        server.shutdown()
+    assert not tracker.active and "MLflow tracking stopped (starting the MLflow run failed" in caplog.text
+    api_calls = [path for path in seen if "/api/" in path]
+    assert 1 <= len(api_calls) <= 3  # one call, tried 3 times at most (MLflow alone: 8)
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # the bound was for the tracker's call only
+
+
+def test_a_tracking_server_that_accepts_but_never_answers_is_given_up_at_the_start(mlflow, monkeypatch, caplog):
+    """Regression: a server that accepted connections and never replied passed the start's check; MLflow then waited
+    120 s a try, 8 tries, before the first evaluation."""
+    import socket
+
+    from rlmoptimizer.report.tracking import MlflowTracker
+
+    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # connections are accepted by the kernel; nothing ever answers
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"http://127.0.0.1:{silent.getsockname()[1]}")
+    try:
+        tracker = MlflowTracker()
+        with caplog.at_level(logging.WARNING):
+            tracker.compile_started({"max_metric_calls": 10})
+    finally:
+        mlflow.set_tracking_uri(previous)
+        silent.close()
+    assert not tracker.active and tracker.run_id is None
+    assert "did not answer (timed out)" in caplog.text
+
+
+def test_a_launchers_run_is_the_parent_of_the_compiles_run_and_is_left_running(store, mlflow, monkeypatch):
+    """Regression: under `mlflow run` (MLFLOW_RUN_ID set, no run started in Python) the tracker took the launcher's
+    run over: its parameters collided with the user's, and the launcher's run was ended as FINISHED."""
+    from rlmoptimizer.report.tracking import MlflowTracker
+
+    client = mlflow.MlflowClient()
+    launcher = client.create_run(store["experiment_id"], run_name="the launcher's").info.run_id
+    client.log_param(launcher, "trainset_size", "99")
+    monkeypatch.setenv("MLFLOW_RUN_ID", launcher)
+    tracker = MlflowTracker(run_name="ours")
+    tracker.compile_started({"trainset_size": 12})
+    tracker.compile_finished(instructions={"step": "v"}, selection={"chosen_score": 1.0}, trajectory=[])
+    ours = client.get_run(tracker.run_id)
+    assert tracker.run_id != launcher and ours.data.tags["mlflow.parentRunId"] == launcher
+    assert ours.data.params["trainset_size"] == "12" and ours.info.status == "FINISHED"
+    assert client.get_run(launcher).info.status == "RUNNING" and os.environ["MLFLOW_RUN_ID"] == launcher
+
+
+def test_a_resumed_runs_agent_turns_metric_counts_the_turns_before_it(store, mlflow):
+    """Regression: a compile resumed after 2 turns logged agent_turns 1, 2 for its turns 3 and 4."""
+    from rlmoptimizer.report.tracking import MlflowTracker
+
+    tracker = MlflowTracker(run_name="resumed")
+    tracker.compile_started({"max_iterations": 1})
+    for number in (3, 4):
+        tracker.agent_turn({"iteration": number, "code": "x", "output": ""})
+    history = mlflow.MlflowClient().get_metric_history(tracker.run_id, "agent_turns")
+    assert [(m.step, m.value) for m in history] == [(3, 3.0), (4, 4.0)]

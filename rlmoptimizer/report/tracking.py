@@ -33,7 +33,10 @@ The tracker is an observer of a compile()'s events (:meth:`MlflowTracker.on_even
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import logging
+import os
 import socket
 import threading
 import time
@@ -49,6 +52,14 @@ from rlmoptimizer.events import AgentTurn, EvaluationFinished, Event, PromptUpda
 logger = logging.getLogger(__name__)
 
 MLFLOW_EXTRA = 'pip install "rlmoptimizer[mlflow]"'
+_BOUNDED_REQUESTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
+}
+"""MLflow's HTTP settings for the tracker's own calls, where the user set none: its defaults (7 retries, each waiting
+up to 120 s) held a compile up for minutes at each call once a tracking server broke."""
+_STOPPED_TAG = "stopped before the end (see the warning); the run directory has everything"
 _PARAM_LIMIT = 500  # the smallest value length MLflow stores have accepted for a parameter
 
 
@@ -73,9 +84,28 @@ def check_use_mlflow(value: Any) -> bool:
     return value
 
 
+_LAST_TRY = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+"""For closing a run once tracking failed: one short try (the store broke already)."""
+
+
+@contextlib.contextmanager
+def _bounded_requests(bounds: dict[str, str] = _BOUNDED_REQUESTS):
+    """MLflow's HTTP retries and timeout bounded (``bounds``) for one call of the tracker; what the user set stays.
+    MLflow reads them at each request."""
+    set_here = [name for name in bounds if name not in os.environ]
+    for name in set_here:
+        os.environ[name] = bounds[name]
+    try:
+        yield
+    finally:
+        for name in set_here:
+            os.environ.pop(name, None)
+
+
 def _check_reachable(uri: Any, timeout_s: float = 5.0) -> None:
-    """``ConnectionError`` when ``uri`` names a tracking server (http or https) that does not accept a connection
-    within ``timeout_s``: MLflow's own retries would hold the compile up for minutes before its first evaluation."""
+    """``ConnectionError`` when ``uri`` names a tracking server (http or https) that does not accept a connection,
+    or does not answer a request (any answer will do), within ``timeout_s``: MLflow's own retries would hold the
+    compile up for minutes before its first evaluation."""
     parsed = urllib.parse.urlparse(str(uri))
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         return
@@ -85,7 +115,14 @@ def _check_reachable(uri: Any, timeout_s: float = 5.0) -> None:
         return  # reached through a proxy: a direct connection says nothing
     try:
         socket.create_connection((parsed.hostname, port), timeout=timeout_s).close()
-    except OSError as exc:
+        if parsed.scheme == "http":  # (a TLS server's answer needs its certificates: its connection is enough)
+            connection = http.client.HTTPConnection(parsed.hostname, port, timeout=timeout_s)
+            try:
+                connection.request("GET", "/health")
+                connection.getresponse().read(1024)
+            finally:
+                connection.close()
+    except (OSError, http.client.HTTPException) as exc:
         raise ConnectionError(f"the tracking server {parsed.hostname}:{port} did not answer ({exc})") from exc
 
 
@@ -125,7 +162,8 @@ class MlflowTracker:
             if self._failed:
                 return
             try:
-                action()
+                with _bounded_requests():
+                    action()
             except Exception as exc:  # a broken store must not break the optimization
                 self._failed = True
                 logger.warning(
@@ -156,7 +194,15 @@ class MlflowTracker:
 
             _check_reachable(mlflow.get_tracking_uri())
             parent = mlflow.active_run()
-            run = mlflow.start_run(run_name=self.run_name, nested=parent is not None)
+            launcher = None if parent is not None else os.environ.get("MLFLOW_RUN_ID")
+            if launcher:  # a launcher's run (`mlflow run`): ours nests under it, left for the launcher to end
+                os.environ.pop("MLFLOW_RUN_ID")
+                try:
+                    run = mlflow.start_run(run_name=self.run_name, parent_run_id=launcher)
+                finally:
+                    os.environ["MLFLOW_RUN_ID"] = launcher
+            else:
+                run = mlflow.start_run(run_name=self.run_name, nested=parent is not None)
             self._started_here = True
             self.run_id = run.info.run_id
             self._client = mlflow.MlflowClient()
@@ -204,8 +250,9 @@ class MlflowTracker:
             number = (
                 int(turn.get("iteration", self._turns)) if str(turn.get("iteration", "")).isdigit() else self._turns
             )
+            self._turns = max(self._turns, number)  # (a resumed run's turns go on from those an earlier one took)
             self._client.log_dict(self.run_id, dict(turn), f"turns/turn-{number:04d}.json")
-            self._client.log_metric(self.run_id, "agent_turns", self._turns, step=self._turns)
+            self._client.log_metric(self.run_id, "agent_turns", number, step=number)
 
         self._guard("logging an agent turn", log)
 
@@ -287,10 +334,17 @@ class MlflowTracker:
         mlflow = self._mlflow
         try:
             active = mlflow.active_run()
-            if active is not None and active.info.run_id == self.run_id:
-                mlflow.end_run(status=status)
-            elif self._client is not None:
-                self._client.set_terminated(self.run_id, status=status)
+            with _bounded_requests(_LAST_TRY if self._failed else _BOUNDED_REQUESTS):
+                if self._failed and self._client is not None:  # what MLflow holds is incomplete: say so, if it can
+                    with contextlib.suppress(Exception):
+                        self._client.set_tag(self.run_id, "tracking", _STOPPED_TAG)
+                if active is not None and active.info.run_id == self.run_id:
+                    launcher = os.environ.get("MLFLOW_RUN_ID")
+                    mlflow.end_run(status=status)  # (it unsets MLFLOW_RUN_ID: the launcher's run is not ours to drop)
+                    if launcher:
+                        os.environ["MLFLOW_RUN_ID"] = launcher
+                elif self._client is not None:
+                    self._client.set_terminated(self.run_id, status=status)
         except Exception as exc:  # never fail the optimization for this
             if not self._failed:
                 logger.warning("Could not close the MLflow run %s: %s", self.run_id, exc)
