@@ -176,6 +176,7 @@ class OptimizerAgent(dspy.Module):
         self._parse_retries = settings.parse_retries
         self._validate_submission = services.working.validate_submission if services is not None else None
         self._current = services.working.instructions if services is not None else dict
+        self._keeps_current_prompts = services is not None
         self._context = aids.context
         self._state_block = aids.state_block
         self._pilot = aids.pilot
@@ -478,8 +479,11 @@ class OptimizerAgent(dspy.Module):
         )
 
     def _execute(self, repl: CodeInterpreter, code: str, input_args: dict[str, Any]) -> Any:
+        variables = dict(input_args)
+        if self._keeps_current_prompts:  # as each turn begins: what a tool changed in an earlier turn is in it
+            variables["current_prompts"] = self._current()
         try:
-            return repl.execute(code, variables=dict(input_args))
+            return repl.execute(code, variables=variables)
         except (CodeExecutionError, SyntaxError) as exc:
             self._failed = True
             error = self._error_text(exc)

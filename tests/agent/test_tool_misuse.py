@@ -218,3 +218,17 @@ def test_a_submit_with_another_keyword_says_which_it_takes():
     first = result.agent_trajectory[0]["output"]
     assert "unexpected keyword argument 'program'" in first and "-> call SUBMIT(optimized_dspy_program=...)" in first
     assert len(result.agent_trajectory) == 2 and result.agent_trajectory[-1]["final"]
+
+
+def test_current_prompts_is_the_current_instructions_in_the_turns_after_a_tool_changed_them():
+    """Regression: ``current_prompts`` was read once, at setup: an agent that edited a prompt with update_prompt and
+    then submitted ``current_prompts`` in a later turn submitted the unchanged instructions, and its edit was lost
+    without a word."""
+    submit = "print(current_prompts['route'][:20])\nSUBMIT(optimized_dspy_program=current_prompts)"
+    turns = [
+        {"reasoning": "edit", "code": f"update_prompt('route', {POLICY_PROMPT!r})"},
+        {"reasoning": "submit", "code": submit},
+    ]
+    result = compile_with(turns)
+    assert POLICY_PROMPT[:20] in result.agent_trajectory[-1]["output"]
+    assert result.route.signature.instructions == POLICY_PROMPT
