@@ -145,6 +145,10 @@ def test_the_root_lm_sees_each_tool_once_with_its_parameters_and_no_sub_agent_ru
     root = scripted_agent([SUBMIT_CURRENT])
     compile_tickets(root)
     system = system_text(root.calls[0])
+    from rlmoptimizer.agent.tools import AgentTools
+
+    listed = [tool.__name__ for tool in AgentTools.tool_functions(AgentTools.__new__(AgentTools))]
+    assert list(TOOL_NAMES) == listed  # (the window's estimate counts the tools by these names)
     for name in (*TOOL_NAMES, "llm_query", "llm_query_batched"):
         assert system.count(f"- {name}(") == 1, name
     assert "- evaluate_program(split='train', limit=None, sample=None, ids=None, failed_from_run=None" in system

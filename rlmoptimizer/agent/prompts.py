@@ -28,6 +28,7 @@ TOOL_NAMES: tuple[str, ...] = (
     "propose_demos",
     "compare",
     "adopt_candidate",
+    "confirm_gain",
     "diff_runs",
     "hard_examples",
     "candidates",
