@@ -49,7 +49,7 @@ def registration_code(names: list[str], removed: list[str]) -> str:
     """What runs in the sandbox after dspy registered the tools ``names`` (``removed`` are gone since)."""
     wrap = (
         f"_rlmopt_wrap_tools({json.dumps(names)}, {json.dumps(removed)}, {json.dumps(AgentToolError.__name__)}, "
-        f"{json.dumps(SUBMITTED_TOOL)})"
+        f"{json.dumps(SUBMITTED_TOOL)}, {MAX_LINE_BYTES})"
     )
     hooks = f"_rlmopt_install_hooks(globals().get({json.dumps(NAMES_TOOL)}), {MAX_LINE_BYTES})"
     return "\n".join(

@@ -215,6 +215,20 @@ def test_tool_calls_receive_json_values(sandbox):
     assert output == "{'k': [1, 2.5, None, True]} list\n"
 
 
+def test_a_tool_call_whose_arguments_no_message_can_carry_is_refused_at_once_and_the_cell_goes_on(sandbox):
+    """Regression: a call whose arguments passed the 32 MiB a message to the host can carry was dropped by the host's
+    reader: the cell waited for its time limit, its output and the REPL's variables were lost, and the error blamed
+    the code for running too long."""
+    code = (
+        "print('before the call')\nkept = 1\n"
+        "try:\n    echo(value='u' * (40 * 2**20))\nexcept AgentToolError as e:\n    print('refused:', e)\n"
+        "print('after', kept)"
+    )
+    output = run(sandbox, code)
+    assert output.startswith("before the call\nrefused: echo(): its arguments come to 40.0 MiB, more than the 32 MiB")
+    assert output.endswith("after 1\n") and run(sandbox, "print(kept)") == "1\n"
+
+
 def test_a_tool_error_is_an_agent_error_and_the_repl_survives(sandbox):
     with pytest.raises(CodeExecutionError, match="bad input"):
         sandbox.execute("fail(message='bad input')")

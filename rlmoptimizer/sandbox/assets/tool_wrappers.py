@@ -10,7 +10,9 @@ help() stays the tool's. A wrapper refuses an argument JSON cannot carry (a func
 naming the argument, instead of the transport's raw "not JSON serializable", a float nan or inf (anywhere in
 the argument) with one saying so, instead of the host's "is not valid JSON", an integer beyond 2**53 - 1 (which
 the transport would round, or turn into null) with one naming it, and text holding half a character
-(a lone surrogate, which no LM can receive) with one naming it, instead of a bare UnicodeEncodeError. It also
+(a lone surrogate, which no LM can receive) with one naming it, instead of a bare UnicodeEncodeError, and arguments
+larger than one message to the host can carry (``max_bytes``) with one saying so, instead of a call the host never
+reads, which waited for the cell's time limit. It also
 removes the functions of tools no longer registered, and keeps the wrappers by name in ``builtins._rlmopt_tools``
 and dspy's ``SUBMIT`` in ``builtins._rlmopt_submit`` (the runner hooks restore a tool or SUBMIT that code rebound).
 ``SUBMIT`` is wrapped to note the first submission it raises in ``builtins._rlmopt_submitted``: code that catches
@@ -23,11 +25,11 @@ characters that every later turn of the root LM would carry in its history.
 The first submission is also reported to the host through the tool named ``submitted_tool``, which then refuses every
 tool call after it in that execute and ends the execute with it, whatever the cell does to ``builtins``.
 
-The host appends one call: ``_rlmopt_wrap_tools(names, removed, error_name, submitted_tool)``.
+The host appends one call: ``_rlmopt_wrap_tools(names, removed, error_name, submitted_tool, max_bytes)``.
 """
 
 
-def _rlmopt_wrap_tools(_names, _removed, _error_name, _SUBMITTED):
+def _rlmopt_wrap_tools(_names, _removed, _error_name, _SUBMITTED, _max_bytes=None):
     import builtins
     import functools
     import inspect
@@ -161,10 +163,11 @@ def _rlmopt_wrap_tools(_names, _removed, _error_name, _SUBMITTED):
             put_back = getattr(builtins, "_rlmopt_put_back", None)
             if put_back is not None:
                 put_back(globals())
+            carried = 0  # the bytes of the arguments the call's message carries
             for where, value in [*enumerate(args), *kwargs.items()]:
                 try:
                     dumped = json.dumps(value, allow_nan=False, ensure_ascii=False)
-                    dumped.encode("utf-8")
+                    carried += len(dumped.encode("utf-8"))
                     big = too_big(dumped)
                     if big is not None:
                         shown = (
@@ -194,6 +197,12 @@ def _rlmopt_wrap_tools(_names, _removed, _error_name, _SUBMITTED):
                         "cannot take -> pass text, numbers, True/False, None, lists or dicts (e.g. the instructions "
                         "as a string, or call your function first and pass what it returns)"
                     ) from None
+            if _max_bytes is not None and carried > _max_bytes - 4096:  # (the message's own fields need room)
+                raise error_type(
+                    f"{_name}(): its arguments come to {carried / 2**20:.1f} MiB, more than the "
+                    f"{_max_bytes / 2**20:.0f} MiB one tool call carries to the host -> pass less (a slice, a "
+                    "summary), or split it over several calls"
+                )
             try:
                 result = _tool(*args, **kwargs)
             except RuntimeError as exc:
