@@ -246,6 +246,7 @@ class Compile:
             runs=self.runs,
             stop=self.stop,
             observer=self.observer,
+            demos_allowed=config.max_demos > 0,
         )
         self.notes = NotesStore(self.directory)
         self.services = CompileServices(

@@ -57,8 +57,10 @@ class WorkingProgram:
         runs: Runs,
         stop: StopRequest,
         observer: Observer = NO_OBSERVER,
+        demos_allowed: bool = True,
     ) -> None:
         self.program = program
+        self.demos_allowed = demos_allowed  # False with max_demos=0: a step's demos stay as they are
         self.fingerprint = fingerprint
         self.runs = runs
         self.stop = stop
@@ -99,12 +101,19 @@ class WorkingProgram:
 
     def check_text(self, step: str, text: Any) -> str:
         """The agent's text for ``step`` (a demos key takes a list of dicts, or its JSON text), checked; demos other
-        than the unchanged program's own must each have a field of the step."""
+        than the unchanged program's own must each have a field of the step, and none other than the current ones
+        may be given when demos are switched off."""
         if demos_step(step) is not None:  # a step's demos: the JSON text of a list of field dicts
             try:
                 demos = parse_demos(step, canonical_json(text) if isinstance(text, list) else text)
             except ConfigurationError as exc:
                 raise agent_error(str(exc), "pass a list of dicts of the step's fields, or '[]' for no demos") from None
+            if not self.demos_allowed and canonical_json(demos) != self.instructions().get(step, "[]"):
+                raise agent_error(
+                    f"{step!r}: demos are switched off for this compile (max_demos=0): each step keeps the demos "
+                    "it has",
+                    "change the instructions instead, and leave the ':demos' entries out",
+                )
             fields = set(dict(self.program.named_predictors())[demos_step(step)].signature.fields)
             strangers = [i for i, demo in enumerate(demos) if not fields & set(demo)]
             if strangers and canonical_json(demos) != self.initial.get(step):  # (the program's own are the user's)

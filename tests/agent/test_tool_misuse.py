@@ -14,7 +14,7 @@ from rlmoptimizer import RLMDocstringOptimizer
 pytestmark = pytest.mark.slow
 
 
-def compile_with(turns):
+def compile_with(turns, **settings):
     trainset, valset = make_splits()
     optimizer = RLMDocstringOptimizer(
         max_iterations=2,
@@ -22,6 +22,7 @@ def compile_with(turns):
         eval_lm=FunctionLM(task_lm_reply),
         num_threads=2,
         rlm_autopilot="off",  # scripted turns decide every turn
+        **settings,
     )
     return optimizer.compile(student=RouteTicket(), trainset=trainset, metric=metric, valset=valset)
 
@@ -204,6 +205,27 @@ def test_update_prompt_takes_a_steps_demos_as_the_list_its_docstring_names():
     assert result.agent_trajectory[0]["output"].strip() == "1"
     versions = [v for v in result.agent_trajectory if "Error" in v["output"]]
     assert versions == []
+
+
+def test_with_max_demos_0_the_agent_cannot_give_a_step_demos_either():
+    """Regression: max_demos=0 ("0 switches demos off, so only instructions change") refused propose_demos, but the
+    agent's own update_prompt('route:demos', ...) and a SUBMIT with demos were taken, and the program came back with
+    demos."""
+    demo = {"summary": "My bank opened a chargeback.", "queue": "disputes"}
+    attempt = "try:\n    {}\nexcept AgentToolError as e:\n    print('refused:', e)"
+    result = compile_with(
+        [
+            {"reasoning": "a demo", "code": attempt.format(f"update_prompt('route:demos', [{demo!r}])")},
+            {"reasoning": "submit", "code": f"SUBMIT(optimized_dspy_program={{'route:demos': [{demo!r}]}})"},
+            {"reasoning": "keep", "code": "SUBMIT(optimized_dspy_program={'route:demos': '[]'})"},
+        ],
+        max_demos=0,
+    )
+    outputs = [turn["output"] for turn in result.agent_trajectory]
+    assert "refused: 'route:demos': demos are switched off for this compile (max_demos=0)" in outputs[0]
+    assert "demos are switched off" in outputs[1] and not result.agent_trajectory[1]["final"]
+    assert len(outputs) == 3 and result.agent_trajectory[2]["final"]  # the demos it has (none) may be submitted
+    assert result.route.demos == []
 
 
 def test_a_submit_with_another_keyword_says_which_it_takes():
