@@ -105,52 +105,40 @@ BASELINE_TRAIN = "baseline_train"
 
 ON_DEMAND_SETUP_CODE = """\
 class OnFirstRead(dict):
-    \"\"\"A run read from the host the first time it is read (the train baseline: its new examples are charged).\"\"\"
+    \"\"\"A run read from the host the first time it is used, read or written (the train baseline: its new examples
+    are charged). Not empty before (C code that sees a dict's size, as json.dumps does, then asks for its items).\"\"\"
 
     def __init__(self, run_id):
-        super().__init__()
-        self._run_id = run_id
+        super().__init__(not_read_yet=run_id)
+        self._run_id, self._pending = run_id, True
 
     def _data(self):
-        if not dict.__len__(self):
-            dict.update(self, run_data(self._run_id))
+        if self._pending:
+            data = run_data(self._run_id)
+            dict.clear(self)
+            dict.update(self, data)
+            self._pending = False
         return self
 
-    def __getitem__(self, key):
-        return dict.__getitem__(self._data(), key)
-
-    def get(self, key, default=None):
-        return dict.get(self._data(), key, default)
-
-    def __contains__(self, key):
-        return dict.__contains__(self._data(), key)
-
-    def __iter__(self):
-        return dict.__iter__(self._data())
-
-    def __len__(self):
-        return dict.__len__(self._data())
-
-    def __eq__(self, other):
-        return dict.__eq__(self._data(), other)
-
-    def __repr__(self):
-        return dict.__repr__(self._data())
-
-    __str__ = __repr__
     __hash__ = None
 
-    def keys(self):
-        return dict.keys(self._data())
 
-    def values(self):
-        return dict.values(self._data())
+def _on_first_read(name, method):
+    def call(self, *args, **kwargs):
+        return method(self._data(), *args, **kwargs)
 
-    def items(self):
-        return dict.items(self._data())
+    call.__name__ = name
+    return call
 
-    def copy(self):
-        return dict(self._data())
+
+for _name in (
+    "__getitem__", "__setitem__", "__delitem__", "__contains__", "__iter__", "__reversed__", "__len__", "__eq__",
+    "__ne__", "__repr__", "__or__", "__ror__", "__ior__", "get", "keys", "values", "items", "pop", "popitem",
+    "setdefault", "update", "clear", "copy",
+):
+    setattr(OnFirstRead, _name, _on_first_read(_name, getattr(dict, _name)))
+OnFirstRead.__str__ = OnFirstRead.__repr__
+del _name, _on_first_read
 
 
 baseline_train = OnFirstRead({baseline_id!r})

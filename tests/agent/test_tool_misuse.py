@@ -254,3 +254,27 @@ def test_current_prompts_is_the_current_instructions_in_the_turns_after_a_tool_c
     result = compile_with(turns)
     assert POLICY_PROMPT[:20] in result.agent_trajectory[-1]["output"]
     assert result.route.signature.instructions == POLICY_PROMPT
+
+
+def test_the_train_baseline_read_on_demand_is_whole_whatever_the_first_use_of_it():
+    """Regression: with max_metric_calls the train baseline is read on first use, but only reads triggered it:
+    ``json.dumps(baseline_train)`` gave '{}', ``baseline_train | {}`` gave {}, and a write first (a key of the
+    agent's own) stored that key and kept the data from ever loading (every later read raised KeyError)."""
+    from support.optimizing import compile_tickets
+
+    code = (
+        "import json\n"
+        "baseline_train['mine'] = 'x'\n"
+        "print('score', baseline_train['score'], 'mine', baseline_train['mine'])\n"
+        "print('dumped', len(json.loads(json.dumps(baseline_train))['examples']))"
+    )
+    fresh = "import json\nprint('dumped', sorted(json.loads(json.dumps(baseline_train)))[:3])"
+    result = compile_tickets(
+        [{"reasoning": "use it", "code": code}, {"reasoning": "again", "code": SUBMIT_LINE}], max_metric_calls=60
+    )
+    output = result.agent_trajectory[0]["output"]
+    assert "score 0.83" in output and "mine x" in output and "dumped 12" in output
+    other = compile_tickets(
+        [{"reasoning": "dump", "code": fresh}, {"reasoning": "submit", "code": SUBMIT_LINE}], max_metric_calls=60
+    )
+    assert "dumped ['budget_left', 'budget_spent', 'evaluated_count']" in other.agent_trajectory[0]["output"]
