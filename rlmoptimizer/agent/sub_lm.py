@@ -80,8 +80,9 @@ class _ChargedBudget:
 
 def _budget_message(exc: BaseException) -> str:
     return (
-        f"{exc}. Sub-LM calls cost 1 unit each and the optimization budget cannot cover this. "
-        "Analyse with Python code instead, update prompts, and SUBMIT when ready."
+        f"{exc}. Sub-LM calls cost 1 unit each and the optimization budget cannot cover this call (none of its "
+        "prompts was sent; fewer prompts may fit: optimization_status() says what is left). Analyse with Python "
+        "code instead, update prompts, and SUBMIT when ready."
     )
 
 

@@ -313,9 +313,12 @@ class AgentTools:
             )
         except ValueError as exc:
             raise agent_error(str(exc), "fix the selection arguments and call evaluate_program again") from None
+        if not selected:  # (an empty run would read as a score of 0)
+            why = f"run {failed_from_run!r} has no failures" if failed == [] and failed_from_run is not None else ""
+            raise agent_error(
+                f"the selection is empty{f' ({why})' if why else ''}", "select at least one example (ids=..., limit=N)"
+            )
         if rollouts != 1:
-            if not selected:
-                raise agent_error("the selection is empty", "select at least one example (ids=..., limit=N)")
             return self.moves.evaluate_rollouts(self.working.instructions(), "train", selected, rollouts)
         run = self.working.evaluate("train", selected, label="agent")
         return run.agent_view()
@@ -334,7 +337,7 @@ class AgentTools:
     ) -> dict:
         """Run GEPA's engine (reflective proposals, Pareto selection, merge) from `start` for at most `budget` units (default: all that is left); returns its candidates and 'best', for adopt_candidate. Changes nothing.
 
-        `start`: 'current' or a candidate id; `steps`: the steps it may change (all by default); `seed` orders its minibatches (default: the compile's attempt); group= a group of analyze_failures whose causes every reflection is told. Parents are chosen on the Pareto front, proposals are reflections on minibatches of failures. Returns {'best': a candidate id, 'best_is_new', 'candidate_ids': ['gepa-1', ...], 'candidates': [{'id', 'parents', 'score'}], 'pareto_front', 'best_score' (aggregate on validation, or train without one), 'spent', 'summary'}; then adopt_candidate(r['best'])."""
+        `start`: 'current' or a candidate id; `steps`: the steps it may change (all by default); `seed` orders its minibatches (default: the compile's attempt); group= a group of analyze_failures whose causes every reflection is told. Parents are chosen on the Pareto front, proposals are reflections on minibatches of failures. Returns {'best': a candidate id, 'best_is_new', 'candidate_ids': ['gepa-1', ...], 'candidates': [{'id', 'parents', 'score'}], 'pareto_front', 'best_score' (aggregate on validation, or train without one), 'spent', 'summary'}; then adopt_candidate(r['best']) when r['best_is_new'] ('best' is 'current' when nothing beat the start)."""
         if budget is None:  # all that is left; a run an earlier process was cut off in goes on with its own
             budget = self.moves.unfinished_gepa_budget() or self.ledger.left
         if steps is not None and not isinstance(steps, str):

@@ -79,6 +79,8 @@ def make_tools(tmp_path, lm):
         (lambda t: t.evaluate_program(failed_from_run="run-0042"), r"no run with id 'run-0042' -> use one of \[\]"),
         (lambda t: t.update_prompt("nope", "text"), r"unknown step name 'nope' -> use one of \['self'\]"),
         (lambda t: t.update_prompt("self", "  "), "are empty -> pass non-empty instructions text"),
+        # an empty selection would be a run scoring 0 (the agent's "did my fix break things?" read 0.0)
+        (lambda t: t.evaluate_program(limit=0), r"the selection is empty -> select at least one example"),
     ],
 )
 def test_a_refused_tool_call_says_what_to_do_and_changes_nothing(tmp_path, call, message):
@@ -86,6 +88,14 @@ def test_a_refused_tool_call_says_what_to_do_and_changes_nothing(tmp_path, call,
     with pytest.raises(AgentToolError, match=message):
         call(tools)
     assert tools.runs.all() == [] and tools.working.prompt_versions == [] and tools.ledger.spent == 0
+
+
+def test_failures_asked_of_a_run_with_none_are_refused_naming_the_run(tmp_path):
+    tools, _ = make_tools(tmp_path, echo_lm())
+    run_id = tools.evaluate_program(ids=[0, 1])["run_id"]  # the echo LM answers every example right
+    with pytest.raises(AgentToolError, match=rf"the selection is empty \(run '{run_id}' has no failures\)"):
+        tools.evaluate_program(failed_from_run=run_id)
+    assert len(tools.runs.all()) == 1
 
 
 def test_ids_are_selected_once_and_the_run_holds_exactly_them(tmp_path):
