@@ -329,6 +329,8 @@ REQUIREMENTS: dict[str, tuple[Requirement, ...]] = {
         Requirement("dspy.utils", "BaseCallback"),
         Requirement("dspy.utils:BaseCallback", "on_module_start", params=("call_id", "instance", "inputs")),
         Requirement("dspy.utils:BaseCallback", "on_module_end", params=("call_id", "outputs", "exception")),
+        # usage.py: an error an LM call raised is marked as the LM's (a custom BaseLM's, which dspy does not wrap)
+        Requirement("dspy.utils:BaseCallback", "on_lm_end", params=("call_id", "outputs", "exception")),
     ),
     # The teleprompter itself (rlmoptimizer/optimizer.py).
     "optimizer": (

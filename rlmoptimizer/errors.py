@@ -30,6 +30,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+RAISED_BY_LM = "_rlmoptimizer_raised_by_lm"
+"""The attribute set (True) on an exception an LM call raised (:func:`rlmoptimizer.usage.mark_lm_errors`): a custom
+LM's own error, which ``dspy.LM`` would have wrapped in its ``LMUnexpectedError``, is then known for an LM that gave
+no answer, not a bug of the program around it."""
+
 
 def exception_chain(exc: BaseException | None, limit: int = 16) -> Iterator[BaseException]:
     """``exc``, then the errors it was raised from or while handling (``__cause__``, ``__context__``), nearest

@@ -20,7 +20,7 @@ Dollars: ``litellm.cost_per_token`` for the model name the call reports, per cal
 request), summed as decimals so the total is the same whatever order threads finish in. A model litellm has no
 price for makes that role's dollars ``None`` (never a guess) while its tokens are still counted.
 
-May import: dspy, litellm, ``rlmoptimizer.events`` and the standard library.
+May import: dspy, litellm, ``rlmoptimizer.events``, ``rlmoptimizer.errors`` and the standard library.
 """
 
 from __future__ import annotations
@@ -202,6 +202,26 @@ class _RoleTotals:
         self.unpriced_models = set(data.get("unpriced_models") or ())
 
 
+@lru_cache(maxsize=1)
+def mark_lm_errors() -> Any:
+    """The dspy callback that marks every exception an LM call raises (:data:`~rlmoptimizer.errors.RAISED_BY_LM`): a
+    custom ``dspy.BaseLM``'s own error reaches us unwrapped, and is then still told for an LM that gave no answer.
+    One instance, made on first use (dspy is imported then)."""
+    from dspy.utils import BaseCallback
+
+    from rlmoptimizer.errors import RAISED_BY_LM
+
+    class MarksLMErrors(BaseCallback):
+        def on_lm_end(self, call_id: str, outputs: Any, exception: Exception | None = None) -> None:
+            if exception is not None:
+                try:
+                    setattr(exception, RAISED_BY_LM, True)
+                except (AttributeError, TypeError):  # (an exception type without attributes: left unmarked)
+                    pass
+
+    return MarksLMErrors()
+
+
 class RoleTracker:
     """A ``dspy.settings.usage_tracker`` that books every call to one role of a :class:`UsageMeter`."""
 
@@ -248,14 +268,21 @@ class UsageMeter:
 
     def in_role(self, role: str, fn: Callable) -> Callable:
         """``fn`` with every LM call it makes (in its thread and the threads it starts with a copied context)
-        booked to ``role``; a tracker installed when it is called still receives them too."""
+        booked to ``role``; a tracker installed when it is called still receives them too. An error an LM call
+        raises is marked as the LM's (:func:`mark_lm_errors`)."""
         import functools
 
         import dspy
 
         @functools.wraps(fn)
         def booked(*args: Any, **kwargs: Any) -> Any:
-            with dspy.context(usage_tracker=self.tracker(role, forward=dspy.settings.usage_tracker)):
+            callbacks = list(dspy.settings.get("callbacks") or [])
+            mark = mark_lm_errors()
+            if not any(callback is mark for callback in callbacks):
+                callbacks.append(mark)
+            with dspy.context(
+                usage_tracker=self.tracker(role, forward=dspy.settings.usage_tracker), callbacks=callbacks
+            ):
                 return fn(*args, **kwargs)
 
         return booked

@@ -251,20 +251,31 @@ def test_a_custom_sub_lm_down_with_litellms_own_error_stops_the_run_resumable(tm
     assert resumed.route.signature.instructions == POLICY_PROMPT
 
 
-def test_a_custom_sub_lm_whose_own_code_raises_stops_the_run_resumable(tmp_path):
-    """Regression: a custom sub LM whose own code raised on every call (a bug in the user's LM class) ended the run
-    early with the unchanged program, as finished, after paying for evaluations: compiling again once it was fixed
-    read that result back instead of going on."""
-    from support.optimizing import proposer
+class _BuggyLM(dspy.BaseLM):
+    """A custom LM of the usual kind (its own forward), whose code raises: dspy does not wrap its error."""
 
-    def buggy(messages):
+    def __init__(self):
+        super().__init__(model="my-own-lm")
+
+    def forward(self, prompt=None, messages=None, **kwargs):
         return None.upper()  # an AttributeError in the user's own LM code
 
+
+@pytest.mark.parametrize("kind", ["a dspy.LM", "a dspy.BaseLM of its own"])
+def test_a_custom_sub_lm_whose_own_code_raises_stops_the_run_resumable(tmp_path, kind):
+    """Regression: a custom sub LM whose own code raised on every call (a bug in the user's LM class) ended the run
+    early with the unchanged program, as finished, after paying for evaluations: compiling again once it was fixed
+    read that result back instead of going on. A BaseLM's own error reaches us unwrapped (dspy.LM wraps its in
+    LMUnexpectedError), and was charged as a reply besides."""
+    from support.optimizing import proposer
+
+    buggy = FunctionLM(lambda messages: None.upper()) if kind == "a dspy.LM" else _BuggyLM()
     loop = {"rlm_autopilot": "loop", "max_metric_calls": 120}
     with pytest.raises(OptimizationInterrupted, match="the sub LM gave no answer in 2 moves in a row") as stopped:
-        compile_in(tmp_path, None, FunctionLM(task_lm_reply), sub_lm=FunctionLM(buggy), **loop)
+        compile_in(tmp_path, None, FunctionLM(task_lm_reply), sub_lm=buggy, **loop)
     assert "its own code raised" in str(stopped.value) and "AttributeError" in str(stopped.value)
     assert not (tmp_path / "result.json").exists()
+    assert json.loads((tmp_path / "ledger.json").read_text())["spent_by_kind"].get("sub_lm_call", 0) == 0
 
     resumed = compile_in(tmp_path, None, FunctionLM(task_lm_reply), sub_lm=proposer(POLICY_PROMPT), **loop)
     assert resumed.route.signature.instructions == POLICY_PROMPT

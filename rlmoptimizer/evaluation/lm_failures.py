@@ -20,7 +20,7 @@ import sys
 
 from dspy.utils import exceptions as dspy_errors
 
-from rlmoptimizer.errors import exception_chain
+from rlmoptimizer.errors import RAISED_BY_LM, exception_chain
 
 SYSTEMIC = "systemic"
 TRANSIENT = "lm"
@@ -96,7 +96,8 @@ def _cut_mid_request(exc: BaseException) -> bool:
 
 def _lm_failure_kind(exc: BaseException) -> str | None:
     """What ``exc`` itself says: SYSTEMIC, ``"request"`` (sent and rejected), TRANSIENT for a specific LM error
-    (rate limit, timeout, server error), ``"unexpected"`` for dspy's catch-all wrapper, ``None`` for no LM error."""
+    (rate limit, timeout, server error), ``"unexpected"`` for dspy's catch-all wrapper or another error an LM call
+    raised (marked :data:`~rlmoptimizer.errors.RAISED_BY_LM`), ``None`` for no LM error."""
     if _litellm_error(exc, _TRANSIENT_LITELLM_NAMES):
         return TRANSIENT
     if isinstance(exc, dspy_errors.LMTransportError) and _cut_mid_request(exc):  # dspy's own client's read timeout
@@ -109,6 +110,8 @@ def _lm_failure_kind(exc: BaseException) -> str | None:
         return "unexpected"
     if isinstance(exc, dspy_errors.LMError):
         return TRANSIENT
+    if getattr(exc, RAISED_BY_LM, False):  # raised by an LM call itself: a custom LM's own error (dspy.LM wraps
+        return "unexpected"  # those in LMUnexpectedError)
     return None
 
 
