@@ -396,6 +396,12 @@ def test_a_launchers_run_is_the_parent_of_the_compiles_run_and_is_left_running(s
     assert ours.data.params["trainset_size"] == "12" and ours.info.status == "FINISHED"
     assert client.get_run(launcher).info.status == "RUNNING" and os.environ["MLFLOW_RUN_ID"] == launcher
 
+    broken = MlflowTracker(run_name="closing fails")  # the store breaks as the run closes: the launcher's id stays
+    broken.compile_started({"trainset_size": 12})
+    monkeypatch.setattr(mlflow.MlflowClient, "set_terminated", lambda *args, **kwargs: 1 / 0)
+    broken.compile_failed(RuntimeError("stopped"))
+    assert os.environ["MLFLOW_RUN_ID"] == launcher and mlflow.active_run() is None
+
 
 def test_a_resumed_runs_agent_turns_metric_counts_the_turns_before_it(store, mlflow):
     """Regression: a compile resumed after 2 turns logged agent_turns 1, 2 for its turns 3 and 4."""

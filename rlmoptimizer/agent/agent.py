@@ -177,6 +177,7 @@ class OptimizerAgent(dspy.Module):
         self._validate_submission = services.working.validate_submission if services is not None else None
         self._current = services.working.instructions if services is not None else dict
         self._keeps_current_prompts = services is not None
+        self._prompts_shown: dict | None = None  # the instructions the REPL's current_prompts was last set to
         self._context = aids.context
         self._state_block = aids.state_block
         self._pilot = aids.pilot
@@ -480,8 +481,9 @@ class OptimizerAgent(dspy.Module):
 
     def _execute(self, repl: CodeInterpreter, code: str, input_args: dict[str, Any]) -> Any:
         variables = dict(input_args)
-        if self._keeps_current_prompts:  # as each turn begins: what a tool changed in an earlier turn is in it
-            variables["current_prompts"] = self._current()
+        current = self._current() if self._keeps_current_prompts else None
+        if current is not None and current != self._prompts_shown:  # a tool changed them: the REPL's name follows
+            variables["current_prompts"] = self._prompts_shown = current  # (else the agent's own edits of it stay)
         try:
             return repl.execute(code, variables=variables)
         except (CodeExecutionError, SyntaxError) as exc:

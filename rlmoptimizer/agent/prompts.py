@@ -48,8 +48,8 @@ In the REPL:
   "examples": [{"example_id", "inputs", "expected", "predicted", "score", "passed", "feedback", "error",
   "steps": [{"step_name", "inputs", "outputs"}]}]} (every predictor call of the example, in order).
 - `baseline_val`: its validation run, aggregates only: validation examples are never shown.
-- `step_names`; `current_prompts` {step name: instructions} as this turn began (`optimization_status()` is always
-  current); `task_brief`; the tools listed below.
+- `step_names`; `current_prompts` {step name: instructions}, set anew at the start of a turn after a tool changed
+  them (`optimization_status()` is always current); `task_brief`; the tools listed below.
 
 Budget: $budget units. $budget_note Your turns are free. With the budget spent you can still analyse, update
 prompts and SUBMIT.

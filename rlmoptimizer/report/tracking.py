@@ -340,9 +340,11 @@ class MlflowTracker:
                         self._client.set_tag(self.run_id, "tracking", _STOPPED_TAG)
                 if active is not None and active.info.run_id == self.run_id:
                     launcher = os.environ.get("MLFLOW_RUN_ID")
-                    mlflow.end_run(status=status)  # (it unsets MLFLOW_RUN_ID: the launcher's run is not ours to drop)
-                    if launcher:
-                        os.environ["MLFLOW_RUN_ID"] = launcher
+                    try:
+                        mlflow.end_run(status=status)
+                    finally:  # (end_run unsets MLFLOW_RUN_ID, even when it fails: the launcher's run is not ours)
+                        if launcher:
+                            os.environ["MLFLOW_RUN_ID"] = launcher
                 elif self._client is not None:
                     self._client.set_terminated(self.run_id, status=status)
         except Exception as exc:  # never fail the optimization for this

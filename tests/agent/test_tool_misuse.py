@@ -207,6 +207,19 @@ def test_update_prompt_takes_a_steps_demos_as_the_list_its_docstring_names():
     assert versions == []
 
 
+def test_the_agents_own_edit_of_current_prompts_stays_until_a_tool_changes_the_instructions():
+    """current_prompts is set anew only after a tool changed the instructions: an agent that edits the dict itself
+    and submits it in a later turn submits its edit."""
+    result = compile_with(
+        [
+            {"reasoning": "edit the dict", "code": f"current_prompts['route'] = {POLICY_PROMPT!r}"},
+            {"reasoning": "look", "code": "print(optimization_status()['budget']['left'])"},
+            {"reasoning": "submit", "code": "SUBMIT(optimized_dspy_program=current_prompts)"},
+        ]
+    )
+    assert result.route.signature.instructions == POLICY_PROMPT
+
+
 def test_with_max_demos_0_the_agent_cannot_give_a_step_demos_either():
     """Regression: max_demos=0 ("0 switches demos off, so only instructions change") refused propose_demos, but the
     agent's own update_prompt('route:demos', ...) and a SUBMIT with demos were taken, and the program came back with
