@@ -390,7 +390,12 @@ class Evaluator:
                     f"{self.max_consecutive_lm_failures} consecutive examples failed with "
                     f"{format_error(batch.last_lm_error)}. {answered} of {batch.total} example(s) were evaluated "
                     "before the evaluation stopped; examples that failed this way were not charged. Check the LM's "
-                    "model name, API key, billing and network access (eval_lm=... or dspy.configure(lm=...))."
+                    "model name, API key, billing and network access ("
+                    + (
+                        "the LM your metric sets for its own calls)."
+                        if batch.last_lm_whose == METRIC_LM
+                        else "eval_lm=... or dspy.configure(lm=...))."
+                    )
                 )
                 fatal.__cause__ = batch.last_lm_error
             raise EvaluationStopped(fatal, records)

@@ -427,6 +427,13 @@ def test_a_metric_whose_judge_lm_gives_no_answer_is_retried_then_not_scored_0_no
     message = str(info.value.reason)
     assert isinstance(info.value.reason, EvaluationLMError) and message.startswith("the LM your metric calls")
 
+    judge_lm.fn = lambda messages: dspy.LMAuthError("invalid api key", model="judge")  # unusable: stops at once
+    evaluator = make_evaluator(echo_lm(), metric=judged, num_threads=1, retry_backoff_s=0.0)
+    with pytest.raises(EvaluationStopped) as info:
+        evaluator.evaluate(program, pool)
+    message = str(info.value.reason)
+    assert message.startswith("the LM your metric calls (a judge) appears unusable") and "eval_lm" not in message
+
 
 def test_examples_that_fail_on_their_own_drawn_again_and_again_are_no_outage():
     """Regression: two examples the LM failed on (a 5xx on those inputs only), drawn into minibatch after minibatch
