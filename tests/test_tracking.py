@@ -389,8 +389,11 @@ def test_a_launchers_run_is_the_parent_of_the_compiles_run_and_is_left_running(s
     client.log_param(launcher, "trainset_size", "99")
     monkeypatch.setenv("MLFLOW_RUN_ID", launcher)
     tracker = MlflowTracker(run_name="ours")
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
     tracker.compile_started({"trainset_size": 12})
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"  # bounded while the compile tracks
     tracker.compile_finished(instructions={"step": "v"}, selection={"chosen_score": 1.0}, trajectory=[])
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # and left as it was after
     ours = client.get_run(tracker.run_id)
     assert tracker.run_id != launcher and ours.data.tags["mlflow.parentRunId"] == launcher
     assert ours.data.params["trainset_size"] == "12" and ours.info.status == "FINISHED"

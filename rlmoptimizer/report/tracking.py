@@ -57,8 +57,8 @@ _BOUNDED_REQUESTS = {
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
 }
-"""MLflow's HTTP settings for the tracker's own calls, where the user set none: its defaults (7 retries, each waiting
-up to 120 s) held a compile up for minutes at each call once a tracking server broke."""
+"""MLflow's HTTP settings while a compile tracks, where the user set none: its defaults (7 retries, each waiting up
+to 120 s) held a compile up for minutes at each call once a tracking server broke."""
 _STOPPED_TAG = "stopped before the end (see the warning); the run directory has everything"
 _PARAM_LIMIT = 500  # the smallest value length MLflow stores have accepted for a parameter
 
@@ -88,18 +88,28 @@ _LAST_TRY = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOU
 """For closing a run once tracking failed: one short try (the store broke already)."""
 
 
-@contextlib.contextmanager
-def _bounded_requests(bounds: dict[str, str] = _BOUNDED_REQUESTS):
-    """MLflow's HTTP retries and timeout bounded (``bounds``) for one call of the tracker; what the user set stays.
-    MLflow reads them at each request."""
+def _bound(bounds: dict[str, str]) -> list[str]:
+    """Set MLflow's HTTP retries and timeout to ``bounds`` where the user set none (MLflow reads them at each
+    request); the names set here, for :func:`_unbound`."""
     set_here = [name for name in bounds if name not in os.environ]
     for name in set_here:
         os.environ[name] = bounds[name]
+    return set_here
+
+
+def _unbound(names: list[str]) -> None:
+    for name in names:
+        os.environ.pop(name, None)
+
+
+@contextlib.contextmanager
+def _bounded_requests(bounds: dict[str, str]):
+    """``bounds`` for one closing call, where the user set none."""
+    set_here = _bound(bounds)
     try:
         yield
     finally:
-        for name in set_here:
-            os.environ.pop(name, None)
+        _unbound(set_here)
 
 
 def _check_reachable(uri: Any, timeout_s: float = 5.0) -> None:
@@ -149,6 +159,7 @@ class MlflowTracker:
         self._started_here = False
         self._lock = threading.Lock()
         self._failed = False
+        self._bounded: list[str] = []  # MLflow's settings set for this compile (undone at its end)
         self._evaluations = 0
         self._turns = 0
         self._versions = 0
@@ -162,8 +173,7 @@ class MlflowTracker:
             if self._failed:
                 return
             try:
-                with _bounded_requests():
-                    action()
+                action()
             except Exception as exc:  # a broken store must not break the optimization
                 self._failed = True
                 logger.warning(
@@ -210,7 +220,11 @@ class MlflowTracker:
             self._client.log_batch(self.run_id, params=values, tags=[])
             self._client.set_tag(self.run_id, "optimizer", "rlmoptimizer.RLMDocstringOptimizer")
 
+        self._bounded = _bound(_BOUNDED_REQUESTS)  # for the compile: one change of the environment, undone at its end
         self._guard("starting the MLflow run", start)
+        if self.run_id is None:
+            _unbound(self._bounded)
+            self._bounded = []
 
     def evaluation_finished(self, run: Any, budget: dict[str, Any] | None = None, cost: float | None = None) -> None:
         """One metric step for an evaluation run (an ``EvalRun`` or its ``summary()``); ``budget`` is the ledger
@@ -331,10 +345,12 @@ class MlflowTracker:
     def _end(self, status: str) -> None:
         if self.run_id is None or not self._started_here:
             return
+        _unbound(self._bounded)
+        self._bounded = []
         mlflow = self._mlflow
         try:
             active = mlflow.active_run()
-            with _bounded_requests(_LAST_TRY if self._failed else _BOUNDED_REQUESTS):
+            with _bounded_requests(_LAST_TRY if self._failed else _BOUNDED_REQUESTS):  # (the compile's are undone)
                 if self._failed and self._client is not None:  # what MLflow holds is incomplete: say so, if it can
                     with contextlib.suppress(Exception):
                         self._client.set_tag(self.run_id, "tracking", _STOPPED_TAG)
