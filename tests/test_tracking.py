@@ -272,27 +272,33 @@ def test_use_mlflow_is_checked_when_the_optimizer_is_built(monkeypatch):
         RLMDocstringOptimizer(root_lm=FunctionLM(lambda m: "x"), use_mlflow=True)
 
 
-def test_a_tracking_server_that_does_not_answer_is_given_up_at_once(mlflow, monkeypatch, caplog):
-    """Regression: with a tracking server that was down, MLflow's own retries held the compile up for minutes before
-    its first evaluation. A server that accepts no connection is now given up at the start, with a warning."""
-    import socket
-
+def _started_against(mlflow, uri, caplog, monkeypatch):
+    """A tracker started against the tracking server ``uri``, reached directly (no proxy); MLflow's URI restored."""
     from rlmoptimizer.report.tracking import MlflowTracker
 
     for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)  # a direct connection
-    closed = socket.socket()
-    closed.bind(("127.0.0.1", 0))
-    port = closed.getsockname()[1]
-    closed.close()  # nothing listens there any more
+        monkeypatch.delenv(name, raising=False)
     previous = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(f"http://127.0.0.1:{port}")
+    mlflow.set_tracking_uri(uri)
     try:
         tracker = MlflowTracker()
         with caplog.at_level(logging.WARNING):
             tracker.compile_started({"max_metric_calls": 10})
     finally:
         mlflow.set_tracking_uri(previous)
+    return tracker
+
+
+def test_a_tracking_server_that_does_not_answer_is_given_up_at_once(mlflow, monkeypatch, caplog):
+    """Regression: with a tracking server that was down, MLflow's own retries held the compile up for minutes before
+    its first evaluation. A server that accepts no connection is now given up at the start, with a warning."""
+    import socket
+
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there any more
+    tracker = _started_against(mlflow, f"http://127.0.0.1:{port}", caplog, monkeypatch)
     assert not tracker.active and tracker.run_id is None
     assert f"the tracking server 127.0.0.1:{port} did not answer" in caplog.text
     assert "The optimization goes on" in caplog.text
@@ -323,10 +329,6 @@ def _http_server(handler_body):
 def test_a_tracking_server_that_answers_500_is_given_up_after_a_few_tries_not_minutes(mlflow, monkeypatch, caplog):
     """Regression: MLflow's own retries (7, backing off to minutes) held the compile up for 4 minutes at the first
     call to a server that answered 500, and again at each later call. The tracker's calls now try 3 times."""
-    from rlmoptimizer.report.tracking import MlflowTracker
-
-    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)
     for name in (
         "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
         "MLFLOW_HTTP_REQUEST_TIMEOUT",
@@ -339,14 +341,9 @@ def test_a_tracking_server_that_answers_500_is_given_up_after_a_few_tries_not_mi
         handler.end_headers()
 
     server, url, seen = _http_server(fail)
-    previous = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(url)
     try:
-        tracker = MlflowTracker()
-        with caplog.at_level(logging.WARNING):
-            tracker.compile_started({"max_metric_calls": 10})
+        tracker = _started_against(mlflow, url, caplog, monkeypatch)
     finally:
-        mlflow.set_tracking_uri(previous)
         server.shutdown()
     assert not tracker.active and "MLflow tracking stopped (starting the MLflow run failed" in caplog.text
     api_calls = [path for path in seen if "/api/" in path]
@@ -359,21 +356,12 @@ def test_a_tracking_server_that_accepts_but_never_answers_is_given_up_at_the_sta
     120 s a try, 8 tries, before the first evaluation."""
     import socket
 
-    from rlmoptimizer.report.tracking import MlflowTracker
-
-    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(8)  # connections are accepted by the kernel; nothing ever answers
-    previous = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(f"http://127.0.0.1:{silent.getsockname()[1]}")
     try:
-        tracker = MlflowTracker()
-        with caplog.at_level(logging.WARNING):
-            tracker.compile_started({"max_metric_calls": 10})
+        tracker = _started_against(mlflow, f"http://127.0.0.1:{silent.getsockname()[1]}", caplog, monkeypatch)
     finally:
-        mlflow.set_tracking_uri(previous)
         silent.close()
     assert not tracker.active and tracker.run_id is None
     assert "did not answer (timed out)" in caplog.text

@@ -60,10 +60,9 @@ def _out_of_memory(exc: BaseException) -> MemoryError | None:
 
 
 def _wait_for_running(batch: _Batch, interrupted: bool) -> KeyboardInterrupt | None:
-    """Stop ``batch`` from starting examples and wait for those already running, so their records (paid for) are
-    kept; a Ctrl-C stops the wait (returned): those examples are left to finish in the background and their records
-    are not kept. ``interrupted``: the evaluation stops for a Ctrl-C already (then the wait is announced). Running
-    examples are counted by the workers themselves, so one whose submission a Ctrl-C cut off is waited for too."""
+    """Stop ``batch`` from starting examples and wait for those running (counted by the workers: one whose submission a
+    Ctrl-C cut off too), so their paid records are kept; a Ctrl-C stops the wait (returned), leaving them to finish
+    unkept. ``interrupted``: the evaluation stops for a Ctrl-C already (then the wait is announced)."""
     with batch.lock:
         batch.stop.set()  # (under the lock: no example starts after it)
         running = batch.running
@@ -443,11 +442,7 @@ class Evaluator:
                     if out_of_memory is not None:  # the machine, not the example: stop (resumable), keep no record
                         raise out_of_memory from None
                     failure = classify_lm_failure(exc)
-                    transient = failure is not None and failure[0] == TRANSIENT
-                    if transient and attempt < self.transient_retries and not batch.stop.is_set():
-                        # rate limit, timeout, server error: back off and try the example again (charged once)
-                        delay = getattr(failure[1], "retry_after", None) or self.retry_backoff_s * 2**attempt
-                        batch.stop.wait(min(float(delay), 60.0))
+                    if self._waited_to_retry(batch, failure, attempt):  # (the example is charged once)
                         continue
                     record = ExampleResult(
                         example_id=example_id,
@@ -488,9 +483,7 @@ class Evaluator:
                         break
                     # an LM the metric calls (a judge) gave no answer: tried again as the program's LM is; failing
                     # still, the example is an LM failure (not charged, asked again later), not a score of 0
-                    if failure[0] == TRANSIENT and attempt < self.transient_retries and not batch.stop.is_set():
-                        delay = getattr(failure[1], "retry_after", None) or self.retry_backoff_s * 2**attempt
-                        batch.stop.wait(min(float(delay), 60.0))
+                    if self._waited_to_retry(batch, failure, attempt):
                         continue
                     record = ExampleResult(
                         example_id=example_id,
@@ -554,6 +547,14 @@ class Evaluator:
             if text is not None and name in index:
                 out[index[name]] = replace(out[index[name]], feedback=text)
         return tuple(out)
+
+    def _waited_to_retry(self, batch: _Batch, failure: tuple[str, BaseException] | None, attempt: int) -> bool:
+        """Whether a call that failed so (a rate limit, a timeout, a server error) is tried again, after a back-off."""
+        if failure is None or failure[0] != TRANSIENT or attempt >= self.transient_retries or batch.stop.is_set():
+            return False
+        delay = getattr(failure[1], "retry_after", None) or self.retry_backoff_s * 2**attempt
+        batch.stop.wait(min(float(delay), 60.0))
+        return True
 
     def _finish(
         self, batch: _Batch, record: ExampleResult, failure: tuple[str, BaseException] | None, whose: str = EVAL_LM
