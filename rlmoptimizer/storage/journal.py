@@ -40,12 +40,15 @@ MANIFEST_KEYS_THAT_MUST_MATCH = ("program", "trainset", "valset", "metric", "bud
 how its budget counts: the same limit means other work under the other mode (baselines free or paid)."""
 
 
-def _what_differs(different: list[str]) -> str:
-    """The keys of :data:`MANIFEST_KEYS_THAT_MUST_MATCH` that differ, as a user says them (the budget's two: budget;
-    not the budget's units alone when the data changed under the same setting: they follow from the data's size)."""
-    if "budget_mode" not in different and {"trainset", "valset"} & set(different):
-        different = [key for key in different if key != "budget_limit"]
-    return ", ".join(dict.fromkeys("budget" if key.startswith("budget_") else key for key in different))
+def _what_differs(different: list[str], stored: dict[str, Any], manifest: dict[str, Any]) -> list[str]:
+    """The keys of :data:`MANIFEST_KEYS_THAT_MUST_MATCH` that differ, as a user says them (the budget's two: budget),
+    without the budget when the data changed under the same setting: its numbers follow from the data's size."""
+    same_setting = "budget_mode" not in different or (
+        stored.get("budget_setting") is not None and stored.get("budget_setting") == manifest.get("budget_setting")
+    )
+    if same_setting and {"trainset", "valset"} & set(different):
+        different = [key for key in different if not key.startswith("budget_")]
+    return list(dict.fromkeys("budget" if key.startswith("budget_") else key for key in different))
 
 
 def _structure_changes(stored: dict[str, Any], manifest: dict[str, Any], different: list[str]) -> str:
@@ -147,10 +150,11 @@ class RunJournal:
         stored = read_record_file(path)
         different = [key for key in MANIFEST_KEYS_THAT_MUST_MATCH if stored.get(key) != manifest.get(key)]
         if different:
+            told = _what_differs(different, stored, manifest)
             raise RunDirectoryMismatchError(
                 f"run_storage_dir {str(self.directory)!r} holds a run of a different "
-                f"{_what_differs(different)}; it cannot be resumed with this compile(). Use a new run_storage_dir "
-                f"(or delete this one) to start over.{_budget_hint(stored, manifest)}"
+                f"{', '.join(told)}; it cannot be resumed with this compile(). Use a new run_storage_dir "
+                f"(or delete this one) to start over.{_budget_hint(stored, manifest) if 'budget' in told else ''}"
                 + "".join(
                     f" {hints[key](stored[key])}" for key in different if key in (hints or {}) and stored.get(key)
                 )

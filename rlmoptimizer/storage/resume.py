@@ -122,6 +122,17 @@ def _compact_structure(fingerprint: dict[str, Any]) -> dict[str, Any]:
     return compact
 
 
+def _budget_setting(config: Any) -> dict[str, Any]:
+    """The budget as the user set it: ``auto`` or ``max_full_evals`` where one sized ``max_metric_calls`` (its number
+    follows the data's size), else ``budget_mode``'s own. Told, never compared: a message names what changed."""
+    sized = getattr(config.max_metric_calls, "setting", None)
+    if sized is not None:
+        return {sized[0]: sized[1]}
+    if config.max_metric_calls:
+        return {"max_metric_calls": int(config.max_metric_calls)}
+    return {"max_iterations": config.max_iterations}
+
+
 def compile_manifest(
     program: Any,
     fingerprint: Any,
@@ -154,6 +165,7 @@ def compile_manifest(
             if config.max_metric_calls
             else {"max_iterations": config.max_iterations}
         ),
+        "budget_setting": _budget_setting(config),
         "pass_threshold": config.pass_threshold,
         "attempt": config.attempt,
         "settings": {name: getattr(config, name) for name in RESULT_SETTINGS},

@@ -52,6 +52,20 @@ def test_a_changed_valset_under_the_same_budget_setting_is_not_called_a_changed_
         open_run_directory(RunJournal(tmp_path), {**smaller, "budget_mode": {"max_metric_calls": 99}})
 
 
+def test_a_changed_trainset_under_the_same_max_full_evals_is_not_called_a_changed_budget(tmp_path):
+    """Regression: max_full_evals=1 sizes max_metric_calls from the data, so 24 train examples instead of 20 changed
+    the stored budget too, and the refusal said to pass max_metric_calls=20 to resume: a setting never passed."""
+    sized = {**MANIFEST, "budget_mode": {"max_metric_calls": 28}, "budget_setting": {"max_full_evals": 1}}
+    open_run_directory(RunJournal(tmp_path), sized)
+    more = {**sized, "trainset": "more", "budget_mode": {"max_metric_calls": 32}, "budget_limit": 24}
+    with pytest.raises(RunDirectoryMismatchError) as refused:
+        open_run_directory(RunJournal(tmp_path), more)
+    assert "a run of a different trainset; it cannot" in str(refused.value)
+    assert "max_metric_calls" not in str(refused.value)
+    with pytest.raises(RunDirectoryMismatchError, match=r"a run of a different trainset, budget;"):
+        open_run_directory(RunJournal(tmp_path), {**more, "budget_setting": {"max_full_evals": 2}})
+
+
 def test_a_directory_whose_examples_were_digested_another_way_is_another_run(tmp_path):
     """0.1.0 reads no earlier digest of the examples: a manifest of another ``examples_digest_version`` holds
     other trainset/valset digests, so it is refused with the usual message and left as it was."""
