@@ -49,14 +49,16 @@ from rlmoptimizer.records import LM_CALL_ERROR, METRIC_ERROR, PROGRAM_ERROR, Exa
 logger = logging.getLogger(__name__)
 
 
-def _out_of_memory(exc: BaseException) -> MemoryError | None:
-    """The ``MemoryError`` ``exc`` is or was raised from (an LM client wraps it), None when it is not one."""
+def _raise_if_out_of_memory(exc: BaseException) -> None:
+    """Raise the ``MemoryError`` ``exc`` is or was raised from (an LM client wraps it): the machine, not the example,
+    so the evaluation stops (resumable) and keeps no record of it."""
     current: BaseException | None = exc
     for _ in range(16):
-        if current is None or isinstance(current, MemoryError):
-            return current
+        if current is None:
+            return
+        if isinstance(current, MemoryError):
+            raise current from None
         current = current.__cause__
-    return None
 
 
 def _wait_for_running(batch: _Batch, interrupted: bool) -> KeyboardInterrupt | None:
@@ -438,9 +440,7 @@ class Evaluator:
                     prediction = program(**inputs)
                     break
                 except Exception as exc:
-                    out_of_memory = _out_of_memory(exc)
-                    if out_of_memory is not None:  # the machine, not the example: stop (resumable), keep no record
-                        raise out_of_memory from None
+                    _raise_if_out_of_memory(exc)
                     failure = classify_lm_failure(exc)
                     if self._waited_to_retry(batch, failure, attempt):  # (the example is charged once)
                         continue
@@ -474,9 +474,7 @@ class Evaluator:
                         batch.stop.set()
                     return
                 except Exception as exc:
-                    out_of_memory = _out_of_memory(exc)
-                    if out_of_memory is not None:  # the machine, not the example: stop (resumable), keep no record
-                        raise out_of_memory from None
+                    _raise_if_out_of_memory(exc)
                     failure = classify_lm_failure(exc)
                     if failure is None:  # the metric's own error: the example scores 0 (charged)
                         score, feedback, error, error_kind = 0.0, None, format_error(exc), METRIC_ERROR

@@ -59,6 +59,8 @@ _BOUNDED_REQUESTS = {
 }
 """MLflow's HTTP settings while a compile tracks, where the user set none: its defaults (7 retries, each waiting up
 to 120 s) held a compile up for minutes at each call once a tracking server broke."""
+_LAST_TRY = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+"""For closing a run once tracking failed: one short try (the store broke already)."""
 _STOPPED_TAG = "stopped before the end (see the warning); the run directory has everything"
 _PARAM_LIMIT = 500  # the smallest value length MLflow stores have accepted for a parameter
 
@@ -82,10 +84,6 @@ def check_use_mlflow(value: Any) -> bool:
     if value:
         require_mlflow()  # fail when the optimizer is built, not after the baseline was paid for
     return value
-
-
-_LAST_TRY = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
-"""For closing a run once tracking failed: one short try (the store broke already)."""
 
 
 def _bound(bounds: dict[str, str]) -> list[str]:
